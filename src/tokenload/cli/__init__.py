@@ -1,0 +1,1 @@
+"""The ``tokenload`` command line: thin argparse subcommands over the library."""

@@ -1,0 +1,40 @@
+"""Token files on disk: Megatron ``.bin/.idx`` (read and write), flat nanoGPT ``.bin`` (read),
+the sidecar manifest, merge, describe and verify."""
+
+from __future__ import annotations
+
+from .bin import ReadMode, warmup_file
+from .flat import FlatTokenFile, write_flat
+from .idx import IndexHeader, dtype_code, optimal_dtype
+from .inspect import describe, document_token_counts, file_xxh3, verify
+from .merge import merge_token_files, prefixes_in
+from .reader import TokenFile
+from .sidecar import Sidecar, read_sidecar, sidecar_path
+from .writer import TokenFileWriter
+
+__all__ = [
+    "FlatTokenFile",
+    "IndexHeader",
+    "ReadMode",
+    "Sidecar",
+    "TokenFile",
+    "TokenFileWriter",
+    "describe",
+    "document_token_counts",
+    "dtype_code",
+    "file_xxh3",
+    "merge_token_files",
+    "open_token_file",
+    "optimal_dtype",
+    "prefixes_in",
+    "read_sidecar",
+    "sidecar_path",
+    "verify",
+    "warmup_file",
+    "write_flat",
+]
+
+
+def open_token_file(prefix: str, **options) -> TokenFile:
+    """Open ``prefix`` (lazily) with ``TokenFile`` options: mode, dtype_codes, multimodal, warmup."""
+    return TokenFile(prefix, **options)

@@ -1,0 +1,215 @@
+"""Three ways to read tokens out of a ``.bin`` file, behind one interface.
+
+* ``mmap`` (default): the file is mapped once per process and reads are NumPy views or gathers;
+  the page cache does the work, nothing is copied until a sample is assembled.
+* ``pread``: positional reads into fresh arrays, no mapping at all (Megatron's
+  ``--no-mmap-bin-files``), for filesystems where mmap is slow or where live mappings are capped
+  (WekaFS refuses new mappings after a few hundred).
+* ``memory``: the whole file read into RAM once (GPT-NeoX ``data_impl=cached``).
+
+Every read is bounds-checked against the file, so a corrupt index yields ``FormatError``, never
+a NumPy error or bytes from outside the file. ``read_spans`` gathers many ``(start, length)``
+token ranges into one array with a single vectorized index (mmap/memory) or one ``preadv`` per
+range (pread).
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+
+import numpy as np
+
+from ..errors import FormatError, StorageError
+
+WARMUP_CHUNK = 100 << 20  # GPT-NeoX's mmap warm-up reads in 100 MiB chunks
+
+
+class ReadMode(str, enum.Enum):
+    """How ``.bin`` bytes are read."""
+
+    MMAP = "mmap"
+    PREAD = "pread"
+    MEMORY = "memory"
+
+    @classmethod
+    def parse(cls, value: "ReadMode | str") -> "ReadMode":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"read mode must be one of {[m.value for m in cls]}, got {value!r}") from None
+
+
+class BinSource:
+    """Token reads from one ``.bin`` file; ``num_tokens`` is the file size in tokens."""
+
+    def __init__(self, path: str, dtype: np.dtype) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        try:
+            size = os.stat(path).st_size
+        except OSError as exc:
+            raise StorageError(
+                f"cannot open token data ({exc.strerror})",
+                path=path,
+                hint="check that the .bin file exists next to its .idx and is readable",
+            ) from None
+        if size % self.dtype.itemsize:
+            raise FormatError(
+                f".bin is {size} bytes, not a multiple of the {self.dtype} item size {self.dtype.itemsize}",
+                path=path,
+                hint="the file is truncated or was written with another dtype; rewrite it",
+            )
+        self.num_bytes = size
+        self.num_tokens = size // self.dtype.itemsize
+
+    def read(self, start: int, length: int) -> np.ndarray:
+        """Tokens ``[start, start + length)`` of the file."""
+        self._check(np.array([start], np.int64), np.array([length], np.int64))
+        return self._read(int(start), int(length))
+
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The concatenation of tokens ``[starts[i], starts[i] + lengths[i])`` for every i."""
+        starts = np.asarray(starts, dtype=np.int64).ravel()
+        lengths = np.asarray(lengths, dtype=np.int64).ravel()
+        self._check(starts, lengths)
+        return self._read_spans(starts, lengths)
+
+    def _check(self, starts: np.ndarray, lengths: np.ndarray) -> None:
+        if starts.size == 0:
+            return
+        bad = (starts < 0) | (lengths < 0) | (starts + lengths > self.num_tokens)
+        if bool(bad.any()):
+            i = int(np.flatnonzero(bad)[0])
+            raise FormatError(
+                f"read of tokens [{int(starts[i])}, {int(starts[i] + lengths[i])}) is outside the"
+                f" {self.num_tokens} tokens of the file",
+                path=self.path,
+                hint="the .idx does not match this .bin (corrupt or mismatched pair); run `tokenload verify`",
+            )
+
+    def _read(self, start: int, length: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the file handle or mapping."""
+
+
+def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Flat positions of every token in the spans: ``concat(arange(s, s + l))``, vectorized."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    # Each span contributes arange(s, s+l); as one arange(total) shifted by (s - span_begin).
+    shift = np.repeat(starts - (ends - lengths), lengths)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+class _ArrayBin(BinSource):
+    """Reads from an in-process array (a mapping or a RAM copy)."""
+
+    tokens: np.ndarray
+
+    def _read(self, start: int, length: int) -> np.ndarray:
+        return self.tokens[start : start + length]
+
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        if starts.size == 1:
+            return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].copy()
+        return self.tokens[gather_index(starts, lengths)]
+
+
+class MmapBin(_ArrayBin):
+    def __init__(self, path: str, dtype: np.dtype) -> None:
+        super().__init__(path, dtype)
+        self._map: mmap.mmap | None = None
+        if self.num_bytes == 0:
+            self.tokens = np.zeros(0, dtype=self.dtype)
+            return
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.tokens = np.frombuffer(self._map, dtype=self.dtype)
+
+    def close(self) -> None:
+        # Views may still reference the buffer; dropping our references lets the GC unmap it.
+        self.tokens = np.zeros(0, dtype=self.dtype)
+        self._map = None
+
+
+class MemoryBin(_ArrayBin):
+    def __init__(self, path: str, dtype: np.dtype) -> None:
+        super().__init__(path, dtype)
+        self.tokens = np.fromfile(path, dtype=self.dtype)
+        if self.tokens.size != self.num_tokens:
+            raise StorageError(
+                f"read {self.tokens.size} tokens, expected {self.num_tokens}",
+                path=path,
+                hint="the file changed while it was read; retry",
+            )
+
+
+class PreadBin(BinSource):
+    def __init__(self, path: str, dtype: np.dtype) -> None:
+        super().__init__(path, dtype)
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def _fill(self, out: np.ndarray, start: int) -> None:
+        view = memoryview(out).cast("B")
+        offset, done = start * self.dtype.itemsize, 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise StorageError(
+                    f"file ended after {offset + done} bytes, expected {offset + len(view)}",
+                    path=self.path,
+                    hint="the file was truncated while in use; rewrite it",
+                )
+            done += got
+
+    def _read(self, start: int, length: int) -> np.ndarray:
+        out = np.empty(length, dtype=self.dtype)
+        if length:
+            self._fill(out, start)
+        return out
+
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        out = np.empty(int(lengths.sum()), dtype=self.dtype)
+        pos = 0
+        for start, length in zip(starts.tolist(), lengths.tolist()):
+            if length:
+                self._fill(out[pos : pos + length], start)
+            pos += length
+        return out
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+_SOURCES = {ReadMode.MMAP: MmapBin, ReadMode.PREAD: PreadBin, ReadMode.MEMORY: MemoryBin}
+
+
+def open_bin(path: str, dtype: np.dtype, mode: ReadMode | str) -> BinSource:
+    """A ``BinSource`` for ``path`` in ``mode``."""
+    return _SOURCES[ReadMode.parse(mode)](path, dtype)
+
+
+def warmup_file(path: str, chunk: int = WARMUP_CHUNK) -> int:
+    """Read ``path`` sequentially so its pages sit in the page cache; returns bytes read."""
+    buf = bytearray(min(chunk, max(os.stat(path).st_size, 1)))
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while n := f.readinto(buf):
+            total += n
+    return total

@@ -1,0 +1,265 @@
+"""Read Megatron-LM / GPT-NeoX token files (``PREFIX.idx`` + ``PREFIX.bin``).
+
+A ``TokenFile`` is cheap to create and to pickle: it holds only ``(prefix, options)`` and opens
+the files on first use, in the process that uses them, re-opening after a fork. So DataLoader
+workers and forked or spawned processes never share a file offset or a mapping.
+
+Opening costs O(1): the header is parsed and both file sizes are checked against it (the last
+pointer plus the last length must end exactly at the end of ``.bin``). The O(N) invariants are
+``verify``'s job. The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
+``pread`` mode creates no mapping at all.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import FormatError, StorageError
+from .bin import BinSource, ReadMode, open_bin, warmup_file
+from .idx import HEADER_SIZE, DtypeCodes, IndexHeader, index_arrays, parse_header
+
+
+@dataclass
+class _Opened:
+    pid: int
+    header: IndexHeader
+    lengths: np.ndarray
+    pointers: np.ndarray
+    documents: np.ndarray
+    modes: np.ndarray | None
+    bin: BinSource
+
+
+class TokenFile:
+    """One token file pair, read lazily.
+
+    ``mode``: "mmap" (default), "pread" or "memory" (see ``tokenload.format.bin``).
+    ``dtype_codes``: "megatron" (default) or "neox" (codes 6/7 swapped).
+    ``multimodal``: whether the index has a modes array; None infers it from the size.
+    ``warmup``: pre-read both files into the page cache when first opened.
+    """
+
+    def __init__(
+        self,
+        prefix: str | os.PathLike[str],
+        *,
+        mode: ReadMode | str = ReadMode.MMAP,
+        dtype_codes: DtypeCodes = "megatron",
+        multimodal: bool | None = None,
+        warmup: bool = False,
+    ) -> None:
+        self.prefix = _strip_suffix(os.fspath(prefix))
+        self.mode = ReadMode.parse(mode)
+        self.dtype_codes: DtypeCodes = dtype_codes
+        self.multimodal = multimodal
+        self.warmup = warmup
+        self._state: _Opened | None = None
+
+    @property
+    def idx_path(self) -> str:
+        return self.prefix + ".idx"
+
+    @property
+    def bin_path(self) -> str:
+        return self.prefix + ".bin"
+
+    # -- lazy opening ----------------------------------------------------------------------------
+    def _opened(self) -> _Opened:
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            state = self._state = self._open()
+        return state
+
+    def _open(self) -> _Opened:
+        if self.warmup:
+            warmup_file(self.idx_path)
+            warmup_file(self.bin_path)
+        buffer = self._read_index()
+        header = parse_header(
+            bytes(buffer[:HEADER_SIZE]),
+            len(buffer),
+            self.idx_path,
+            dtype_codes=self.dtype_codes,
+            multimodal=self.multimodal,
+        )
+        lengths, pointers, documents, modes = index_arrays(buffer, header)
+        source = open_bin(self.bin_path, header.dtype, self.mode)
+        _check_bin_size(header, lengths, pointers, source, self.bin_path)
+        return _Opened(os.getpid(), header, lengths, pointers, documents, modes, source)
+
+    def _read_index(self):
+        try:
+            with open(self.idx_path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if self.mode is ReadMode.MMAP and size > 0:
+                    return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                return memoryview(f.read())
+        except OSError as exc:
+            raise StorageError(
+                f"cannot open the index ({exc.strerror})",
+                path=self.idx_path,
+                hint="check the path prefix: PREFIX.idx and PREFIX.bin must both exist",
+            ) from None
+
+    def close(self) -> None:
+        """Drop file handles and mappings; the next access reopens."""
+        if self._state is not None:
+            self._state.bin.close()
+            self._state = None
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_state"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._state = None
+
+    def __repr__(self) -> str:
+        return f"TokenFile({self.prefix!r}, mode={self.mode.value!r})"
+
+    # -- the index -------------------------------------------------------------------------------
+    @property
+    def header(self) -> IndexHeader:
+        return self._opened().header
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._opened().header.dtype
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        """int32 tokens per sequence (read-only view)."""
+        return self._opened().lengths
+
+    @property
+    def sequence_pointers(self) -> np.ndarray:
+        """int64 byte offset of each sequence in ``.bin`` (read-only view)."""
+        return self._opened().pointers
+
+    @property
+    def document_indices(self) -> np.ndarray:
+        """int64 ``[0, end_0, end_1, ...]``: document d is sequences ``[di[d], di[d+1])``."""
+        return self._opened().documents
+
+    @property
+    def sequence_modes(self) -> np.ndarray | None:
+        """int8 modes of a multimodal file, else None."""
+        return self._opened().modes
+
+    @property
+    def num_sequences(self) -> int:
+        return self._opened().header.sequence_count
+
+    @property
+    def num_documents(self) -> int:
+        return self._opened().header.document_count - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self._opened().bin.num_tokens
+
+    def __len__(self) -> int:
+        return self.num_sequences
+
+    # -- token reads -----------------------------------------------------------------------------
+    def _starts(self, sequences: np.ndarray) -> np.ndarray:
+        state = self._opened()
+        return state.pointers[sequences] // state.header.dtype.itemsize
+
+    def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens ``[offset, offset + length)`` of sequence ``index`` (length: to its end)."""
+        state = self._opened()
+        index = _sequence_index(index, state.header.sequence_count, self.idx_path)
+        seq_len = int(state.lengths[index])
+        if seq_len < 0:
+            raise _negative_length(index, seq_len, self.idx_path)
+        if length is None:
+            length = seq_len - offset
+        if offset < 0 or length < 0 or offset + length > seq_len:
+            raise IndexError(
+                f"tokens [{offset}, {offset + length}) are outside sequence {index} of length {seq_len}"
+            )
+        start = int(state.pointers[index]) // state.header.dtype.itemsize + offset
+        return state.bin.read(start, length)
+
+    def __getitem__(self, key: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(key, slice):
+            return self._slice(key)
+        return self.get(int(key))
+
+    def _slice(self, key: slice) -> list[np.ndarray]:
+        state = self._opened()
+        begin, end, step = key.indices(state.header.sequence_count)
+        if step != 1:
+            raise ValueError("token files support slices with step 1 only")
+        if end <= begin:
+            return []
+        lengths = state.lengths[begin:end].astype(np.int64)
+        if int(lengths.min()) < 0:
+            i = begin + int(np.argmin(lengths))
+            raise _negative_length(i, int(state.lengths[i]), self.idx_path)
+        start = int(state.pointers[begin]) // state.header.dtype.itemsize
+        flat = state.bin.read(start, int(lengths.sum()))
+        return np.split(flat, np.cumsum(lengths)[:-1])
+
+    def read_pieces(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Concatenated tokens of pieces ``(sequence, offset, length)``, in one vectorized read."""
+        sequences = np.asarray(sequences, dtype=np.int64)
+        starts = self._starts(sequences) + np.asarray(offsets, dtype=np.int64)
+        return self._opened().bin.read_spans(starts, lengths)
+
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``."""
+        return self._opened().bin.read_spans(starts, lengths)
+
+    def document(self, index: int) -> np.ndarray:
+        """All tokens of document ``index`` (its sequences concatenated)."""
+        docs = self.document_indices
+        if not 0 <= index < len(docs) - 1:
+            raise IndexError(f"document {index} out of range for {len(docs) - 1} documents")
+        first, last = int(docs[index]), int(docs[index + 1])
+        if first == last:
+            return np.zeros(0, dtype=self.dtype)
+        parts = self[first:last]
+        return np.concatenate(parts)
+
+
+def _sequence_index(index: int, count: int, path: str) -> int:
+    if index < 0:
+        index += count
+    if not 0 <= index < count:
+        raise IndexError(f"sequence {index} out of range for {count} sequences in {path}")
+    return index
+
+
+def _negative_length(index: int, length: int, path: str) -> FormatError:
+    return FormatError(
+        f"sequence {index} has length {length}, expected a length >= 0",
+        path=path,
+        hint="the index is corrupt; run `tokenload verify` and rewrite the file",
+    )
+
+
+def _check_bin_size(header, lengths, pointers, source: BinSource, path: str) -> None:
+    if header.sequence_count == 0:
+        expected = 0
+    else:
+        expected = int(pointers[-1]) + int(lengths[-1]) * header.dtype.itemsize
+    if expected != source.num_bytes:
+        state = "shorter" if source.num_bytes < expected else "longer"
+        raise FormatError(
+            f".bin is {source.num_bytes} bytes, {state} than the {expected} bytes its index describes",
+            path=path,
+            hint="the .bin and .idx do not belong together or one was truncated; rewrite the pair",
+        )
+
+
+def _strip_suffix(prefix: str) -> str:
+    for ext in (".bin", ".idx"):
+        if prefix.endswith(ext):
+            return prefix[: -len(ext)]
+    return prefix
