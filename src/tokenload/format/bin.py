@@ -154,6 +154,8 @@ class MemoryBin(_ArrayBin):
 
 
 class PreadBin(BinSource):
+    _fd = -1
+
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
         self._fd = os.open(path, os.O_RDONLY)

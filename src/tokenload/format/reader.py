@@ -88,7 +88,11 @@ class TokenFile:
         )
         lengths, pointers, documents, modes = index_arrays(buffer, header)
         source = open_bin(self.bin_path, header.dtype, self.mode)
-        _check_bin_size(header, lengths, pointers, source, self.bin_path)
+        try:
+            _check_bin_size(header, lengths, pointers, source, self.bin_path)
+        except FormatError:
+            source.close()
+            raise
         return _Opened(os.getpid(), header, lengths, pointers, documents, modes, source)
 
     def _read_index(self):
@@ -222,10 +226,15 @@ class TokenFile:
         if not 0 <= index < len(docs) - 1:
             raise IndexError(f"document {index} out of range for {len(docs) - 1} documents")
         first, last = int(docs[index]), int(docs[index + 1])
+        if not 0 <= first <= last <= self.num_sequences:
+            raise FormatError(
+                f"document {index} spans sequences [{first}, {last}), outside [0, {self.num_sequences}]",
+                path=self.idx_path,
+                hint="the index is corrupt; run `tokenload verify` and rewrite the file",
+            )
         if first == last:
             return np.zeros(0, dtype=self.dtype)
-        parts = self[first:last]
-        return np.concatenate(parts)
+        return np.concatenate(self[first:last])
 
 
 def _sequence_index(index: int, count: int, path: str) -> int:

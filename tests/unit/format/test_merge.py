@@ -1,0 +1,51 @@
+"""Merging follows Megatron's merge_datasets: sorted order, offset document indices, same dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import write_documents
+
+from tokenload.errors import ConfigError
+from tokenload.format import TokenFile, merge_token_files, prefixes_in, verify
+
+
+def test_merge_equals_single_write(tmp_path):
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 1000, size=int(n)) for n in rng.integers(0, 50, size=60)]
+    (tmp_path / "parts").mkdir()
+    write_documents(tmp_path / "parts" / "b", docs[20:45])
+    write_documents(tmp_path / "parts" / "a", docs[:20])
+    write_documents(tmp_path / "parts" / "c", docs[45:])
+    whole = write_documents(tmp_path / "whole", docs)
+    prefixes = prefixes_in(tmp_path / "parts")
+    assert [p.rsplit("/", 1)[1] for p in prefixes] == ["a", "b", "c"]
+    merge_token_files(prefixes, tmp_path / "merged")
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"merged{ext}").read_bytes() == open(whole + ext, "rb").read()
+    assert verify(str(tmp_path / "merged"), hashes=True) == []
+
+
+def test_merge_keeps_multi_sequence_documents(tmp_path):
+    a = write_documents(tmp_path / "a", [[1, 2, 3], []], lengths=[[2, 1], []])
+    b = write_documents(tmp_path / "b", [[4, 5]], lengths=[[1, 1]])
+    merge_token_files([a, b], tmp_path / "m")
+    tf = TokenFile(tmp_path / "m")
+    assert tf.document_indices.tolist() == [0, 2, 2, 4]
+    assert tf.sequence_lengths.tolist() == [2, 1, 1, 1]
+
+
+def test_merge_refuses_mixed_dtypes(tmp_path):
+    a = write_documents(tmp_path / "a", [[1, 2]], dtype=np.uint16)
+    b = write_documents(tmp_path / "b", [[70000]], dtype=np.int32)
+    with pytest.raises(ConfigError, match="different token dtypes") as info:
+        merge_token_files([a, b], tmp_path / "m")
+    assert "HINT" in str(info.value)
+    assert not (tmp_path / "m.bin").exists() and not (tmp_path / "m.idx").exists()
+
+
+def test_folder_with_unpaired_file_is_refused(tmp_path):
+    write_documents(tmp_path / "a", [[1]])
+    (tmp_path / "b.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="without their pair"):
+        prefixes_in(tmp_path)

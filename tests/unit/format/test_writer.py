@@ -1,0 +1,149 @@
+"""Writer output: the spec's worked example byte for byte, round trips, atomic publication."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenload.errors import ConfigError
+from tokenload.format import ReadMode, TokenFile, TokenFileWriter, optimal_dtype, read_sidecar
+
+# spec §1.1: the 122-byte index of documents [1..5]/[5], [6,7,8]/[2,1], []/[], [9]/[1] (uint16)
+EXAMPLE_IDX = bytes.fromhex(
+    "4d4d49444944580000" "0100000000000000" "08" "0400000000000000" "0500000000000000"
+    "05000000" "02000000" "01000000" "01000000"
+    "0000000000000000" "0a00000000000000" "0e00000000000000" "1000000000000000"
+    "0000000000000000" "0100000000000000" "0300000000000000" "0300000000000000" "0400000000000000"
+)
+
+
+def test_worked_example_is_byte_identical(small_file):
+    assert len(EXAMPLE_IDX) == 122
+    with open(small_file + ".idx", "rb") as f:
+        assert f.read() == EXAMPLE_IDX
+    with open(small_file + ".bin", "rb") as f:
+        assert f.read() == np.arange(1, 10, dtype="<u2").tobytes()
+
+
+def test_sidecar_records_counts_and_hashes(small_file):
+    side = read_sidecar(small_file)
+    assert (side.dtype, side.sequences, side.documents, side.tokens) == ("uint16", 4, 4, 9)
+    assert (side.bin_bytes, side.idx_bytes) == (18, 122)
+    import xxhash
+
+    assert side.hashes["idx"]["xxh3_64"] == xxhash.xxh3_64(EXAMPLE_IDX).hexdigest()
+
+
+@pytest.mark.parametrize("vocab,expected", [(1000, np.uint16), (65499, np.uint16), (65500, np.int32), (200_000, np.int32)])
+def test_optimal_dtype_follows_megatron_writer_rule(vocab, expected):
+    assert optimal_dtype(vocab) == np.dtype(expected)
+
+
+documents = st.lists(
+    st.lists(st.lists(st.integers(0, 65535), max_size=12), max_size=4),  # a document = its sequences
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=documents, dtype=st.sampled_from([np.uint16, np.int32]), mode=st.sampled_from(list(ReadMode)))
+def test_round_trip(tmp_path, docs, dtype, mode):
+    prefix = str(tmp_path / f"rt{abs(hash(str(docs))) % 10**9}")
+    with TokenFileWriter(prefix, dtype) as w:
+        for doc in docs:
+            flat = [t for seq in doc for t in seq]
+            w.add_document(np.array(flat, dtype=np.int64), [len(s) for s in doc])
+    tf = TokenFile(prefix, mode=mode)
+    sequences = [s for doc in docs for s in doc]
+    assert tf.num_sequences == len(sequences)
+    assert tf.num_documents == len(docs)
+    assert tf.num_tokens == sum(map(len, sequences))
+    for i, seq in enumerate(sequences):
+        np.testing.assert_array_equal(tf[i], np.array(seq, dtype=dtype))
+    for d, doc in enumerate(docs):
+        np.testing.assert_array_equal(tf.document(d), np.array([t for s in doc for t in s], dtype=dtype))
+    assert tf.document_indices.tolist() == [0, *np.cumsum([len(d) for d in docs]).tolist()]
+
+
+def test_item_api_matches_document_api(tmp_path):
+    with TokenFileWriter(tmp_path / "a", np.int32) as w:
+        w.add_document([1, 2, 3, 4], [3, 1])
+        w.add_document([5], [1])
+    with TokenFileWriter(tmp_path / "b", np.int32) as w:
+        w.add_item([1, 2, 3])
+        w.add_item([4])
+        w.end_document()
+        w.add_item([5])
+        w.end_document()
+    with TokenFileWriter(tmp_path / "c", np.int32) as w:
+        w.add_document([1, 2, 3, 4], [3, 1])
+        w.add_documents(np.array([5]), np.array([1]))
+    for name in "bc":
+        for ext in (".bin", ".idx"):
+            assert (tmp_path / f"a{ext}").read_bytes() == (tmp_path / f"{name}{ext}").read_bytes()
+
+
+def test_multimodal_modes_round_trip(tmp_path):
+    with TokenFileWriter(tmp_path / "mm", np.int32, multimodal=True) as w:
+        w.add_item([1, 2], mode=1)
+        w.end_document()
+        w.add_document([3, 4, 5], [1, 2])
+    tf = TokenFile(tmp_path / "mm")
+    assert tf.header.multimodal
+    assert tf.sequence_modes.tolist() == [1, 0, 0]
+    assert tf.sequence_lengths.tolist() == [2, 1, 2]
+
+
+def test_lengths_must_partition_document(tmp_path):
+    w = TokenFileWriter(tmp_path / "bad", np.uint16)
+    with pytest.raises(ConfigError, match="sum to"):
+        w.add_document([1, 2, 3], [2])
+    w.abort()
+
+
+def test_failed_writer_leaves_no_files(tmp_path):
+    with pytest.raises(RuntimeError):
+        with TokenFileWriter(tmp_path / "x", np.uint16) as w:
+            w.add_document([1, 2, 3])
+            raise RuntimeError("killed")
+    assert os.listdir(tmp_path) == []
+
+
+def test_rewrite_replaces_pair_atomically(tmp_path):
+    prefix = tmp_path / "p"
+    with TokenFileWriter(prefix, np.uint16) as w:
+        w.add_document([1, 2, 3])
+    with TokenFileWriter(prefix, np.uint16) as w:
+        w.add_document([7, 8])
+        # Before finalize, the old pair is still the valid one and no new name is visible.
+        assert TokenFile(prefix, mode="pread")[0].tolist() == [1, 2, 3]
+    assert TokenFile(prefix)[0].tolist() == [7, 8]
+    assert sorted(os.listdir(tmp_path)) == ["p.bin", "p.idx", "p.json"]
+
+
+def test_killed_writer_leaves_only_hidden_temp_files(tmp_path):
+    """A writer process killed with SIGKILL mid-way leaves nothing a reader would open."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, time, sys\n"
+        "from tokenload.format import TokenFileWriter\n"
+        f"w = TokenFileWriter({str(tmp_path / 'k')!r}, np.uint16)\n"
+        "w.add_document(np.arange(100000) % 60000)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    visible = [n for n in os.listdir(tmp_path) if not n.startswith(".")]
+    assert visible == []
+    assert any(n.startswith(".k.bin.tmp-") for n in os.listdir(tmp_path))
