@@ -66,8 +66,9 @@ class BinSource:
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the file."""
-        self._check(np.array([start], np.int64), np.array([length], np.int64))
-        return self._read(int(start), int(length))
+        if start < 0 or length < 0 or start + length > self.num_tokens:
+            self._check(np.array([start], np.int64), np.array([length], np.int64))
+        return self._read(start, length)
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The concatenation of tokens ``[starts[i], starts[i] + lengths[i])`` for every i."""
@@ -161,8 +162,11 @@ class PreadBin(BinSource):
         self._fd = os.open(path, os.O_RDONLY)
 
     def _fill(self, out: np.ndarray, start: int) -> None:
+        offset = start * self.dtype.itemsize
+        done = os.preadv(self._fd, [out], offset)  # one syscall in the common case
+        if done == out.nbytes:
+            return
         view = memoryview(out).cast("B")
-        offset, done = start * self.dtype.itemsize, 0
         while done < len(view):
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:

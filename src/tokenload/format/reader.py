@@ -33,6 +33,10 @@ class _Opened:
     modes: np.ndarray | None
     bin: BinSource
 
+    @property
+    def itemsize(self) -> int:
+        return self.header.dtype.itemsize
+
 
 class TokenFile:
     """One token file pair, read lazily.
@@ -176,8 +180,15 @@ class TokenFile:
 
     def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``[offset, offset + length)`` of sequence ``index`` (length: to its end)."""
-        state = self._opened()
-        index = _sequence_index(index, state.header.sequence_count, self.idx_path)
+        # The hot path of random access: plain ints, no temporary arrays.
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            state = self._opened()
+        count = state.header.sequence_count
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError(f"sequence {index} out of range for {count} sequences in {self.idx_path}")
         seq_len = int(state.lengths[index])
         if seq_len < 0:
             raise _negative_length(index, seq_len, self.idx_path)
@@ -187,13 +198,12 @@ class TokenFile:
             raise IndexError(
                 f"tokens [{offset}, {offset + length}) are outside sequence {index} of length {seq_len}"
             )
-        start = int(state.pointers[index]) // state.header.dtype.itemsize + offset
-        return state.bin.read(start, length)
+        return state.bin.read(int(state.pointers[index]) // state.itemsize + offset, length)
 
     def __getitem__(self, key: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(key, slice):
             return self._slice(key)
-        return self.get(int(key))
+        return self.get(key.__index__())
 
     def _slice(self, key: slice) -> list[np.ndarray]:
         state = self._opened()
@@ -235,14 +245,6 @@ class TokenFile:
         if first == last:
             return np.zeros(0, dtype=self.dtype)
         return np.concatenate(self[first:last])
-
-
-def _sequence_index(index: int, count: int, path: str) -> int:
-    if index < 0:
-        index += count
-    if not 0 <= index < count:
-        raise IndexError(f"sequence {index} out of range for {count} sequences in {path}")
-    return index
 
 
 def _negative_length(index: int, length: int, path: str) -> FormatError:
