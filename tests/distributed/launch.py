@@ -1,0 +1,58 @@
+"""Run a function on N real processes joined by a torch.distributed gloo group (CPU).
+
+Each rank runs ``fn(rank, world_size, *args)`` after ``init_process_group("gloo")`` through a
+FileStore (no ports to collide); the return values come back as a list indexed by rank.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import tempfile
+import traceback
+
+
+def _entry(fn, rank, world_size, store_path, out_path, args, env):
+    os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
+        result = ("ok", fn(rank, world_size, *args))
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # report the failure to the parent instead of hanging the others
+        result = ("error", traceback.format_exc())
+    with open(out_path, "wb") as f:
+        pickle.dump(result, f)
+
+
+def run_ranks(world_size: int, fn, *args, timeout: float = 300, env: dict | None = None) -> list:
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        outs = [os.path.join(tmp, f"rank{r}.pkl") for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_entry, args=(fn, r, world_size, store, outs[r], args, env or {}))
+            for r in range(world_size)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            p.kill()
+        if alive:
+            raise TimeoutError(f"{len(alive)} of {world_size} ranks still running after {timeout}s")
+        results = []
+        for r, path in enumerate(outs):
+            if not os.path.exists(path):
+                raise RuntimeError(f"rank {r} exited with code {procs[r].exitcode} and no result")
+            status, value = pickle.load(open(path, "rb"))
+            if status != "ok":
+                raise RuntimeError(f"rank {r} failed:\n{value}")
+            results.append(value)
+        return results
