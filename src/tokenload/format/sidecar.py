@@ -8,6 +8,7 @@ each file, so ``verify --hashes`` and stale-cache detection need not trust modif
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
+
+logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "tokenload-token-file"
 FORMAT_VERSION = 1
@@ -84,6 +87,7 @@ class Sidecar:
 
     @classmethod
     def from_json(cls, text: str, path: str = "<sidecar>") -> "Sidecar":
+        """Parse a sidecar; FormatError when it claims to be one but is malformed."""
         try:
             data = json.loads(text)
             if data.get("format") != FORMAT_NAME:
@@ -98,11 +102,23 @@ class Sidecar:
 
 
 def read_sidecar(prefix: str | os.PathLike[str]) -> Sidecar | None:
-    """The sidecar of ``prefix``, or None when the file has none (e.g. written by Megatron)."""
+    """The sidecar of ``prefix``, or None when there is none.
+
+    A ``PREFIX.json`` that is not a tokenload sidecar (another tool's file of the same name) is
+    ignored, since reading never needs a sidecar; one that says it is ours but is malformed
+    raises FormatError.
+    """
     path = sidecar_path(prefix)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
+        return None
+    try:
+        claims_ours = json.loads(text).get("format") == FORMAT_NAME
+    except (ValueError, AttributeError):
+        claims_ours = False
+    if not claims_ours:
+        logger.debug("%s is not a tokenload sidecar; ignoring it", path)
         return None
     return Sidecar.from_json(text, path)

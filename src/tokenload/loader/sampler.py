@@ -35,7 +35,8 @@ class MicroBatchPlan:
     dp_size: int = 1
     """Number of data-parallel ranks."""
     drop_last: bool = True
-    """Drop a last incomplete group of ``micro_batch_size * dp_size`` samples."""
+    """Drop a last incomplete group of ``micro_batch_size * dp_size`` samples; if False every rank
+    takes one more (short, possibly empty) micro-batch."""
 
     def __post_init__(self) -> None:
         if self.total_samples <= 0:
@@ -68,7 +69,7 @@ class PretrainingSampler:
 
     def __len__(self) -> int:
         full, rest = divmod(self.plan.total_samples - self.consumed_samples, self.plan.group)
-        return full + (0 if self.plan.drop_last or rest <= self.plan.dp_rank * self.plan.micro_batch_size else 1)
+        return full + (0 if self.plan.drop_last or rest == 0 else 1)
 
     def __iter__(self) -> Iterator[list[int]]:
         p = self.plan
@@ -78,11 +79,11 @@ class PretrainingSampler:
         for step in range(full):
             base = offset + step * p.group
             yield list(range(base, base + p.micro_batch_size))
-        if not p.drop_last:
+        if not p.drop_last and start + full * p.group < p.total_samples:
+            # Like Megatron, every rank takes a last step, possibly short or empty, so all ranks
+            # run the same number of steps and none waits in a collective for the others.
             base = offset + full * p.group
-            end = min(base + p.micro_batch_size, p.total_samples)
-            if base < end:
-                yield list(range(base, end))
+            yield list(range(base, min(base + p.micro_batch_size, p.total_samples)))
 
 
 class CyclicSampler:

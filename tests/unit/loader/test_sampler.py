@@ -28,6 +28,8 @@ def test_drop_last_false_yields_partial_group():
     assert list(PretrainingSampler(plan(0)))[-1] == [8, 9]
     assert list(PretrainingSampler(plan(1)))[-1] == [10]
     assert len(PretrainingSampler(plan(1))) == 3 and len(PretrainingSampler(plan(0))) == 3
+    three = [list(PretrainingSampler(_plan(9, 2, r, 3, drop_last=False))) for r in range(3)]
+    assert [b[-1] for b in three] == [[6, 7], [8], []]  # same step count on every rank
 
 
 def test_spec_example_cyclic():
