@@ -1,0 +1,135 @@
+"""The work item of preprocess: parse one chunk, encode it in one batch, lay out its documents.
+
+Runs in a worker thread or process. Each key's texts of the chunk go to the tokenizer as one
+batch; the document structure is then built with NumPy, not per document in Python:
+zero-token sequences are dropped, and with ``append_eod`` the EOD id is added to the last
+sequence of every non-empty document (Megatron-LM's preprocess_data.py rule; an empty document
+stays a document with zero sequences and gets no EOD).
+
+The result is independent of how the input was cut into chunks, which is what makes the output
+the same for any number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError
+from .config import TokenizerSpec
+from .records import parse_chunk
+from .sources import Chunk
+from .tokenizer import TextTokenizer, load_tokenizer
+
+_TOKENIZERS: dict[TokenizerSpec, TextTokenizer] = {}
+
+
+@dataclass(frozen=True)
+class EncodeTask:
+    """Everything a worker needs besides the chunk; small and picklable."""
+
+    tokenizer: TokenizerSpec
+    keys: tuple[str, ...]
+    append_eod: bool
+    strict: bool
+    dtype: str
+
+
+@dataclass
+class Encoded:
+    """One chunk's documents per key: tokens (output dtype), sequence lengths (int32) and the
+    number of sequences of each document (int32; 0 for an empty document)."""
+
+    outputs: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    documents: int
+    input_bytes: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+
+
+def tokenizer_for(spec: TokenizerSpec) -> TextTokenizer:
+    """The process's tokenizer for ``spec``, loaded once."""
+    tok = _TOKENIZERS.get(spec)
+    if tok is None:
+        tok = _TOKENIZERS[spec] = load_tokenizer(spec)
+    return tok
+
+
+def register_tokenizer(spec: TokenizerSpec, tok: TextTokenizer) -> None:
+    """Share an already loaded tokenizer with worker threads of this process."""
+    _TOKENIZERS[spec] = tok
+
+
+def init_worker_process(spec: TokenizerSpec) -> None:
+    """Process-pool initializer: one encoder thread per process, tokenizer loaded up front."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    tokenizer_for(spec)
+
+
+def encode_chunk(task: EncodeTask, chunk: Chunk) -> Encoded:
+    """Parse and encode ``chunk``."""
+    parsed = parse_chunk(chunk, task.keys, task.strict)
+    tok = tokenizer_for(task.tokenizer)
+    dtype = np.dtype(task.dtype)
+    outputs = []
+    for column in parsed.columns:
+        if parsed.has_lists:
+            texts, owners = _flatten_sentences(column)
+        else:
+            texts, owners = column, None
+        ids, lengths = tok.encode_batch(texts)
+        outputs.append(layout_documents(ids, lengths, owners, len(column), tok.eod_id if task.append_eod else None, dtype))
+    return Encoded(outputs, parsed.documents, chunk.size, dict(parsed.skipped), parsed.examples)
+
+
+def _flatten_sentences(column: list) -> tuple[list[str], np.ndarray]:
+    texts: list[str] = []
+    counts = np.empty(len(column), dtype=np.int64)
+    for d, value in enumerate(column):
+        if type(value) is str:
+            texts.append(value)
+            counts[d] = 1
+        else:
+            texts.extend(value)
+            counts[d] = len(value)
+    return texts, np.repeat(np.arange(len(column), dtype=np.int64), counts)
+
+
+def layout_documents(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    owners: np.ndarray | None,
+    documents: int,
+    eod: int | None,
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Documents from encoded texts: ``owners[i]`` is the document of text i (None: text i is
+    document i). Returns (tokens, sequence lengths, sequences per document)."""
+    owners = np.arange(lengths.size, dtype=np.int64) if owners is None else owners
+    keep = lengths > 0
+    kept_owners = owners[keep]
+    seq_lengths = lengths[keep]
+    per_doc = np.bincount(kept_owners, minlength=documents)
+    ids = _cast(ids, dtype)
+    if eod is not None and seq_lengths.size:
+        last = np.empty(kept_owners.size, dtype=bool)
+        last[:-1] = kept_owners[1:] != kept_owners[:-1]
+        last[-1] = True
+        ends = np.cumsum(lengths)[keep][last]
+        ids = np.insert(ids, ends, dtype.type(eod))
+        seq_lengths = seq_lengths + last
+    return ids, seq_lengths.astype(np.int32), per_doc.astype(np.int32)
+
+
+def _cast(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if ids.size and ids.dtype != dtype:
+        top, low = int(ids.max()), int(ids.min())
+        info = np.iinfo(dtype)
+        if top > info.max or low < info.min:
+            raise ConfigError(
+                f"token id {top if top > info.max else low} does not fit the output dtype {dtype}",
+                hint="the tokenizer produced an id beyond its stated vocabulary size",
+            )
+    return ids.astype(dtype, copy=False)

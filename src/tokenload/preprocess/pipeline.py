@@ -1,0 +1,304 @@
+"""``preprocess``: input files -> Megatron token files, in parallel, deterministic and resumable.
+
+The main thread reads each input file as a stream of chunks (about ``chunk_bytes`` of whole
+lines) and submits them to a pool of workers (threads when the tokenizer's encoder runs outside
+the GIL, as every Rust encoder does; processes otherwise). Results are taken back strictly in
+submission order and appended to the current file's part writers, at most ``2 x workers + 2``
+chunks in flight, so memory stays bounded and the bytes do not depend on the worker count.
+When a file's last chunk is written its parts are published in the work folder and the file is
+marked done (see ``workdir``); the final outputs are the parts concatenated in input order.
+Trade-off: every token is written twice (part, then output), which costs little next to
+tokenizing and buys restart without redoing finished files.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, RecordError
+from ..format import TokenFileWriter
+from .config import PreprocessConfig
+from .encode import EncodeTask, Encoded, encode_chunk, init_worker_process, register_tokenizer
+from .progress import Progress
+from .sources import InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
+from .tokenizer import TextTokenizer, load_tokenizer
+from .workdir import WorkDir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreprocessResult:
+    """What a preprocess run wrote and measured."""
+
+    outputs: dict[str, str]
+    """Key -> token file prefix written."""
+    files: int
+    """Input files of this shard."""
+    files_resumed: int
+    """Files whose finished parts were reused from an interrupted run."""
+    documents: int
+    """Documents written per key (every key has the same count)."""
+    tokens: dict[str, int]
+    """Tokens written per key."""
+    skipped: dict[str, int]
+    """Skipped records (and blank lines, unreadable files) by reason."""
+    input_bytes: int
+    """Input text bytes encoded by this run (resumed files excluded)."""
+    encoded_tokens: int
+    """Tokens encoded by this run (resumed files excluded), all keys."""
+    seconds: float
+    """Wall time of the run."""
+    engine: str
+    """The encoder used (gigatoken, tokenizers, tiktoken, sentencepiece, transformers, numpy)."""
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.encoded_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> PreprocessResult:
+    """Run the job ``config`` describes; ``progress``: bar on (True), off (False), on a tty (None)."""
+    start = time.perf_counter()
+    tok = load_tokenizer(config.tokenizer)
+    _check_eod(config, tok)
+    files = shard_files(expand_inputs(config.inputs, config.input_format), config.num_shards, config.shard_index)
+    _check_keys_for_text(config, files)
+    job = _job_description(config, tok, files)
+    work = WorkDir(config.shard_prefix, job)
+    work.open(config.resume)
+    summaries: dict[int, dict[str, Any]] = {}
+    for index, file in enumerate(files):
+        done = work.finished(index, file, config.json_keys)
+        if done is not None and not (config.on_bad_record == "error" and _bad_records(done)):
+            summaries[index] = done
+    todo = [(i, f) for i, f in enumerate(files) if i not in summaries]
+    resumed = len(summaries)
+    if resumed:
+        log.info("resuming: %d of %d input files already done", resumed, len(files))
+    bar = Progress(files=files, todo=[f for _, f in todo], enabled=progress)
+    try:
+        if todo:
+            _encode_files(config, tok, work, todo, summaries, bar)
+    finally:
+        bar.close()
+    totals = _totals(summaries.values(), config.json_keys)
+    _write_outputs(config, tok, work, len(files), totals)
+    work.remove()
+    return PreprocessResult(
+        outputs=config.outputs, files=len(files), files_resumed=resumed, documents=totals["documents"],
+        tokens=totals["tokens"], skipped=totals["skipped"], input_bytes=bar.input_bytes,
+        encoded_tokens=bar.tokens, seconds=time.perf_counter() - start, engine=tok.engine,
+    )
+
+
+def _bad_records(summary: dict[str, Any]) -> int:
+    """Records a part skipped (a part made with --on-bad-record skip is redone in error mode)."""
+    return sum(n for reason, n in summary["skipped"].items() if reason != "blank_line")
+
+
+def _check_eod(config: PreprocessConfig, tok: TextTokenizer) -> None:
+    if not config.append_eod:
+        return
+    if tok.eod_id is None:
+        raise ConfigError(
+            f"--append-eod needs an EOD token, and this {tok.kind} tokenizer has none",
+            hint="name one with --eod-token TEXT or --eod-id N",
+        )
+    if tok.eod_id > np.iinfo(tok.dtype).max:
+        raise ConfigError(f"EOD id {tok.eod_id} does not fit the output dtype {tok.dtype}",
+                          hint="pass an --eod-id inside the tokenizer's vocabulary")
+
+
+def _check_keys_for_text(config: PreprocessConfig, files: list[InputFile]) -> None:
+    if len(config.json_keys) > 1 and any(f.format in ("text", "lines") for f in files):
+        raise ConfigError(
+            "plain text inputs have a single text field, but several --json-keys were given",
+            hint="give one key (it names the output) or pass only JSONL/parquet inputs",
+        )
+
+
+def _job_description(config: PreprocessConfig, tok: TextTokenizer, files: list[InputFile]) -> dict[str, Any]:
+    """Everything that decides the parts' bytes (never the worker count or executor; the
+    bad-record policy only decides whether a part may be reused, see ``_bad_records``)."""
+    return {
+        "version": 1,
+        "tokenizer": tok.identity(),
+        "dtype": tok.dtype.name,
+        "keys": list(config.json_keys),
+        "append_eod": config.append_eod,
+        "input_format": config.input_format,
+        "shard": [config.shard_index, config.num_shards],
+        "inputs": [f.path for f in files],
+    }
+
+
+# -- encoding -------------------------------------------------------------------------------------
+class _FileJob:
+    """One input file being encoded: its part writers and what it has counted so far."""
+
+    def __init__(self, index: int, file: InputFile, config: PreprocessConfig, work: WorkDir, dtype: np.dtype) -> None:
+        self.index, self.file, self.work, self.config = index, file, work, config
+        self.writers = [TokenFileWriter(work.part(index, k), dtype) for k in config.json_keys]
+        self.documents = 0
+        self.skipped: Counter = Counter()
+        self.damaged: str | None = None
+
+    def add(self, result: Encoded) -> None:
+        if self.damaged:
+            return
+        for writer, (tokens, seq_lengths, per_doc) in zip(self.writers, result.outputs):
+            write_documents(writer, tokens, seq_lengths, per_doc)
+        self.documents += result.documents
+        self.skipped.update(result.skipped)
+        for example in result.examples:
+            log.warning("skipped %s", example)
+
+    def commit(self) -> dict[str, Any]:
+        if self.damaged:
+            self.abort()
+            dtype = np.dtype(self.writers[0].dtype)
+            self.writers = [TokenFileWriter(self.work.part(self.index, k), dtype) for k in self.config.json_keys]
+            self.documents, self.skipped = 0, Counter({"unreadable_file": 1})
+        tokens = {}
+        for key, writer in zip(self.config.json_keys, self.writers):
+            tokens[key] = writer.num_tokens
+            writer.finalize()
+        summary = {"path": self.file.path, "stamp": self.file.stamp, "documents": self.documents,
+                   "tokens": tokens, "skipped": dict(sorted(self.skipped.items()))}
+        self.work.commit(self.index, summary)
+        return summary
+
+    def abort(self) -> None:
+        for writer in self.writers:
+            writer.abort()
+
+
+def _executor(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
+    kind = config.executor
+    if kind == "auto":
+        kind = "threads" if tok.releases_gil else "processes"
+    if kind == "threads":
+        register_tokenizer(_resolved_spec(config, tok), tok)
+        return ThreadPoolExecutor(config.workers, thread_name_prefix="tokenload-encode")
+    import multiprocessing
+
+    return ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=init_worker_process, initargs=(_resolved_spec(config, tok),))
+
+
+def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
+    """The spec with the engine the main process settled on, so every worker uses the same one."""
+    from dataclasses import replace
+
+    if config.tokenizer.kind == "byte":
+        return config.tokenizer
+    return replace(config.tokenizer, engine="gigatoken" if tok.engine == "gigatoken" else "native")
+
+
+def _encode_files(config, tok, work, todo, summaries, bar) -> None:
+    task = EncodeTask(tokenizer=_resolved_spec(config, tok), keys=config.json_keys,
+                      append_eod=config.append_eod, strict=config.on_bad_record == "error",
+                      dtype=tok.dtype.name)
+    depth = 2 * config.workers + 2
+    pending: deque = deque()
+    jobs: list[_FileJob] = []
+    executor = _executor(config, tok)
+    try:
+        for index, file in todo:
+            job = _FileJob(index, file, config, work, tok.dtype)
+            jobs.append(job)
+            try:
+                for chunk in read_chunks(file, config.chunk_bytes, config.json_keys):
+                    pending.append((job, executor.submit(encode_chunk, task, chunk)))
+                    while len(pending) > depth:
+                        _drain_one(pending, summaries, bar)
+            except UnreadableFile as exc:
+                _damaged(job, str(exc), config)
+            pending.append((job, None))
+        while pending:
+            _drain_one(pending, summaries, bar)
+    except BaseException:
+        for _, future in pending:
+            if future is not None:
+                future.cancel()
+        for job in jobs:
+            job.abort()
+        raise
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _damaged(job: _FileJob, reason: str, config: PreprocessConfig) -> None:
+    if config.on_bad_record == "error":
+        raise RecordError(
+            f"cannot read the file to its end: {reason}",
+            path=job.file.path,
+            hint="replace the damaged file, or pass --on-bad-record skip to skip unreadable files",
+        )
+    log.warning("skipped %s: unreadable: %s", job.file.path, reason)
+    job.damaged = reason
+
+
+def _drain_one(pending: deque, summaries: dict, bar: Progress) -> None:
+    job, future = pending.popleft()
+    if future is None:
+        summaries[job.index] = job.commit()
+        bar.file_done()
+        return
+    result = future.result()
+    job.add(result)
+    bar.update(result)
+
+
+def write_documents(writer: TokenFileWriter, tokens: np.ndarray, seq_lengths: np.ndarray, per_doc: np.ndarray) -> None:
+    """Append documents given as (tokens, sequence lengths, sequences per document)."""
+    if per_doc.size and bool((per_doc == 1).all()):
+        writer.add_documents(tokens, seq_lengths)
+        return
+    seq_bounds = np.concatenate(([0], np.cumsum(per_doc, dtype=np.int64)))
+    tok_bounds = np.concatenate(([0], np.cumsum(seq_lengths, dtype=np.int64)))
+    doc = 0
+    for irregular in np.flatnonzero(per_doc != 1).tolist() + [per_doc.size]:
+        if irregular > doc:  # a run of single-sequence documents
+            s0, s1 = seq_bounds[doc], seq_bounds[irregular]
+            writer.add_documents(tokens[tok_bounds[s0] : tok_bounds[s1]], seq_lengths[s0:s1])
+        if irregular < per_doc.size:
+            s0, s1 = seq_bounds[irregular], seq_bounds[irregular + 1]
+            writer.add_document(tokens[tok_bounds[s0] : tok_bounds[s1]], seq_lengths[s0:s1])
+        doc = irregular + 1
+
+
+# -- final outputs --------------------------------------------------------------------------------
+def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
+    documents, tokens, skipped = 0, Counter({k: 0 for k in keys}), Counter()
+    for s in summaries:
+        documents += s["documents"]
+        tokens.update(s["tokens"])
+        skipped.update(s["skipped"])
+    return {"documents": documents, "tokens": dict(tokens), "skipped": dict(sorted(skipped.items()))}
+
+
+def _write_outputs(config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, nfiles: int, totals) -> None:
+    metadata = {
+        "producer": "tokenload preprocess",
+        "inputs": work.job["inputs"],
+        "json_keys": list(config.json_keys),
+        "append_eod": config.append_eod,
+        "on_bad_record": config.on_bad_record,
+        "shard": {"index": config.shard_index, "count": config.num_shards},
+        "skipped": totals["skipped"],
+    }
+    for key in config.json_keys:
+        with TokenFileWriter(config.output_for(key), tok.dtype, tokenizer=work.job["tokenizer"],
+                             metadata={**metadata, "json_key": key}) as writer:
+            for index in range(nfiles):
+                writer.append(work.part(index, key))
+            writer.finalize()

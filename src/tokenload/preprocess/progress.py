@@ -1,0 +1,52 @@
+"""Progress of a preprocess run: a tqdm bar over input bytes with documents/s and tokens/s.
+
+The bar is shown on a terminal only (or when asked); counters are kept either way, since the
+run's result reports them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .encode import Encoded
+from .sources import InputFile
+
+
+class Progress:
+    """Counts encoded documents, tokens and input bytes; drives an optional bar."""
+
+    def __init__(self, *, files: list[InputFile], todo: list[InputFile], enabled: bool | None) -> None:
+        self.documents = self.tokens = self.input_bytes = self.files_done = 0
+        self.files_todo = len(todo)
+        self._start = time.perf_counter()
+        self._bar = None
+        if enabled is False or not todo:
+            return
+        from tqdm import tqdm
+
+        sized = all(f.compression is None and f.size is not None and f.format != "parquet" for f in todo)
+        self._bar = tqdm(
+            total=sum(f.size for f in todo) if sized else None,
+            unit="B", unit_scale=True, unit_divisor=1024, desc="preprocess",
+            disable=None if enabled is None else False, mininterval=0.5, dynamic_ncols=True,
+        )
+
+    def update(self, result: Encoded) -> None:
+        self.documents += result.documents
+        self.tokens += sum(int(t.size) for t, _, _ in result.outputs)
+        self.input_bytes += result.input_bytes
+        if self._bar is not None:
+            elapsed = max(time.perf_counter() - self._start, 1e-9)
+            self._bar.set_postfix_str(
+                f"files {self.files_done}/{self.files_todo}  {self.documents / elapsed:,.0f} docs/s"
+                f"  {self.tokens / elapsed / 1e6:,.2f}M tok/s",
+                refresh=False,
+            )
+            self._bar.update(result.input_bytes)
+
+    def file_done(self) -> None:
+        self.files_done += 1
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,198 @@
+"""Turn one input chunk into documents: the text of each key per record, and the bad records.
+
+Megatron-LM's rules: each JSON line is one document; a key's value is its text, and a list of
+strings is taken as the document's sentences (each one a sequence). A record that cannot give
+every key a text is bad as a whole (skipping one key alone would misalign the per-key outputs).
+Bad-record reasons: ``malformed_json``, ``not_utf8``, ``not_object``, ``missing_key``,
+``not_text``. Blank lines of a JSONL file and empty lines of a ``lines`` file are no documents
+and no error; they are counted as ``blank_line``. An empty text is a document with no sequence.
+
+With ``strict`` the first bad record raises RecordError naming ``file:line`` and the reason;
+otherwise it is counted and a few examples are kept for the log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..errors import RecordError
+from .sources import Chunk
+
+_SKIP_HINT = "fix or remove the record, or pass --on-bad-record skip to skip and count bad records"
+_MAX_EXAMPLES = 5
+
+
+@dataclass
+class Parsed:
+    """The documents of one chunk: ``columns[k][d]`` is key k's text (or sentence list) of doc d."""
+
+    columns: list[list]
+    documents: int = 0
+    has_lists: bool = False
+    skipped: Counter = field(default_factory=Counter)
+    examples: list[str] = field(default_factory=list)
+
+
+class _Bad:
+    """Records a bad record: raise in strict mode, count otherwise."""
+
+    def __init__(self, parsed: Parsed, path: str, strict: bool) -> None:
+        self.parsed, self.path, self.strict = parsed, path, strict
+
+    def __call__(self, reason: str, line: int, message: str) -> None:
+        where = f"{self.path}:{line}"
+        if self.strict:
+            raise RecordError(f"{reason}: {message}", path=where, hint=_SKIP_HINT)
+        self.parsed.skipped[reason] += 1
+        if len(self.parsed.examples) < _MAX_EXAMPLES:
+            self.parsed.examples.append(f"{where}: {reason}: {message}")
+
+
+def parse_chunk(chunk: Chunk, keys: tuple[str, ...], strict: bool) -> Parsed:
+    """The documents of ``chunk`` for ``keys`` (text inputs fill the single key)."""
+    parsed = Parsed(columns=[[] for _ in keys])
+    bad = _Bad(parsed, chunk.path, strict)
+    if chunk.format == "jsonl":
+        _parse_jsonl(chunk, keys, parsed, bad)
+    elif chunk.format == "lines":
+        _parse_lines(chunk, parsed, bad)
+    elif chunk.format == "text":
+        _parse_text(chunk, parsed, bad)
+    else:
+        _parse_parquet(chunk, keys, parsed, bad)
+    return parsed
+
+
+def _lines(payload: bytes) -> list[bytes]:
+    lines = payload.split(b"\n")
+    if payload.endswith(b"\n"):
+        lines.pop()
+    return lines
+
+
+def _parse_jsonl(chunk: Chunk, keys: tuple[str, ...], parsed: Parsed, bad: _Bad) -> None:
+    from orjson import JSONDecodeError, loads
+
+    columns = parsed.columns
+    for number, line in enumerate(_lines(chunk.payload), chunk.first):
+        try:
+            record = loads(line)
+        except JSONDecodeError as exc:
+            if not line.strip():
+                parsed.skipped["blank_line"] += 1
+            elif _utf8_error(line):
+                bad("not_utf8", number, _utf8_error(line))
+            else:
+                bad("malformed_json", number, f"not valid JSON ({exc})")
+            continue
+        if type(record) is not dict:
+            bad("not_object", number, f"a JSON {_json_type(record)} where an object was expected")
+            continue
+        values = []
+        for key in keys:
+            value = record.get(key, _MISSING)
+            if type(value) is not str and _check_value(value, key, record, number, bad, parsed):
+                break
+            values.append(value)
+        else:
+            for column, value in zip(columns, values):
+                column.append(value)
+            parsed.documents += 1
+
+
+_MISSING = object()
+
+
+def _check_value(value, key: str, record: dict, number: int, bad: _Bad, parsed: Parsed) -> bool:
+    """True (after reporting) when ``value`` is not a text; a list of strings is one."""
+    if value is _MISSING:
+        present = ", ".join(repr(k) for k in list(record)[:8]) or "none"
+        bad("missing_key", number, f"no key {key!r} (keys present: {present})")
+        return True
+    if type(value) is list and all(type(v) is str for v in value):
+        parsed.has_lists = True
+        return False
+    bad("not_text", number, f"key {key!r} holds a JSON {_json_type(value)}, expected a string or a list of strings")
+    return True
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+             float: "number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _utf8_error(line: bytes) -> str | None:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not valid UTF-8 (byte 0x{line[exc.start]:02x} at byte offset {exc.start} of the line)"
+    return None
+
+
+def _parse_lines(chunk: Chunk, parsed: Parsed, bad: _Bad) -> None:
+    column = parsed.columns[0]
+    try:
+        lines = chunk.payload.decode("utf-8").split("\n")
+        if chunk.payload.endswith(b"\n"):
+            lines.pop()
+    except UnicodeDecodeError:
+        lines = None
+    raw = _lines(chunk.payload) if lines is None else None
+    count = len(lines) if lines is not None else len(raw)
+    for i in range(count):
+        number = chunk.first + i
+        if lines is not None:
+            text = lines[i]
+        else:
+            problem = _utf8_error(raw[i])
+            if problem:
+                bad("not_utf8", number, problem)
+                continue
+            text = raw[i].decode("utf-8")
+        if text.endswith("\r"):
+            text = text[:-1]
+        if not text:
+            parsed.skipped["blank_line"] += 1
+            continue
+        column.append(text)
+        parsed.documents += 1
+
+
+def _parse_text(chunk: Chunk, parsed: Parsed, bad: _Bad) -> None:
+    try:
+        text = chunk.payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = chunk.payload.count(b"\n", 0, exc.start) + 1
+        bad("not_utf8", line, f"not valid UTF-8 (byte 0x{chunk.payload[exc.start]:02x})")
+        return
+    parsed.columns[0].append(text)
+    parsed.documents += 1
+
+
+def _parse_parquet(chunk: Chunk, keys: tuple[str, ...], parsed: Parsed, bad: _Bad) -> None:
+    if isinstance(chunk.payload, dict):  # a requested column is missing from the file
+        missing = [k for k in keys if k not in chunk.payload["names"]][0]
+        present = ", ".join(repr(n) for n in chunk.payload["names"][:8])
+        for row in range(chunk.payload["rows"]):
+            bad("missing_key", chunk.first + row, f"no column {missing!r} (columns: {present})")
+        return
+    values = [chunk.payload.column(k).to_pylist() for k in keys]
+    for row, record in enumerate(zip(*values)):
+        number = chunk.first + row
+        texts = []
+        for key, value in zip(keys, record):
+            if type(value) is bytes:
+                problem = _utf8_error(value)
+                if problem:
+                    bad("not_utf8", number, f"column {key!r}: {problem}")
+                    break
+                value = value.decode("utf-8")
+            if type(value) is not str and _check_value(value, key, {}, number, bad, parsed):
+                break
+            texts.append(value)
+        else:
+            for column, text in zip(parsed.columns, texts):
+                column.append(text)
+            parsed.documents += 1

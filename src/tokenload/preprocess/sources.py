@@ -1,0 +1,268 @@
+"""Input files for preprocess: expand paths, folders, globs and fsspec URLs; read them as streams.
+
+Expansion keeps the order the inputs are given in and sorts what each glob or folder yields, so
+the file list (and with it the output) is the same on every machine. Line-based files are cut into
+chunks of about ``chunk_bytes`` at line boundaries; each chunk carries the number of its first
+line, so a worker reports ``file:line`` without seeing the rest of the file. Compressed files are
+decompressed block by block with an explicit end-of-stream check: a truncated ``.gz``/``.zst`` is
+an error, never a silently shorter file (zstandard's stream reader would just stop).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ..errors import ConfigError, StorageError, require
+
+_BLOCK = 1 << 20
+_FORMAT_BY_EXT = {
+    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
+    ".parquet": "parquet", ".pq": "parquet",
+    ".txt": "text", ".text": "text", ".md": "text",
+}
+_COMPRESSION_BY_EXT = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One input file and how to read it."""
+
+    path: str
+    format: str
+    """jsonl, parquet, text (the file is one document) or lines (each line is one)."""
+    compression: str | None
+    size: int | None
+    stamp: str
+    """Size and modification time (or etag): a finished part is reused only if it still matches."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A slice of one input file: whole lines, a whole text file, or a batch of parquet rows."""
+
+    path: str
+    format: str
+    first: int
+    """1-based number of the first line (row) in the chunk."""
+    payload: Any
+    """bytes, or a pyarrow RecordBatch for parquet."""
+    size: int
+    """Bytes of input text (decompressed) the chunk holds, for progress."""
+
+
+class UnreadableFile(Exception):
+    """The file could not be read to its end (I/O error, corrupt or truncated compression)."""
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+def expand_inputs(patterns: tuple[str, ...] | list[str], input_format: str = "auto") -> list[InputFile]:
+    """The input files ``patterns`` name, in order, each glob or folder sorted."""
+    files: list[InputFile] = []
+    for pattern in patterns:
+        paths = _expand_url(pattern) if is_url(pattern) else _expand_local(pattern, input_format)
+        files.extend(_describe(p, input_format) for p in paths)
+    return files
+
+
+def _expand_local(pattern: str, input_format: str) -> list[str]:
+    if os.path.isdir(pattern):
+        found = []
+        for root, dirs, names in os.walk(pattern):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
+        found = sorted(p for p in found if input_format != "auto" or _format_of(p, "auto"))
+        if not found:
+            raise ConfigError(f"folder {pattern!r} holds no input files", path=pattern,
+                              hint="inputs end in .jsonl/.json/.ndjson/.parquet/.txt (optionally .gz/.zst)")
+        return found
+    if glob.has_magic(pattern):
+        found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if not found:
+            raise ConfigError(f"no file matches {pattern!r}", hint="check the glob (quote it in the shell)")
+        return found
+    if not os.path.isfile(pattern):
+        raise ConfigError(f"input {pattern!r} does not exist", path=pattern, hint="check the path")
+    return [pattern]
+
+
+def _expand_url(pattern: str) -> list[str]:
+    fsspec = require("fsspec", "s3", f"reading {pattern}")
+    fs, _, paths = fsspec.core.get_fs_token_paths(pattern)
+    found: list[str] = []
+    for p in sorted(paths):
+        if fs.isdir(p):
+            found.extend(sorted(x for x in fs.find(p) if not os.path.basename(x).startswith(".")))
+        else:
+            found.append(p)
+    if not found:
+        raise ConfigError(f"no file matches {pattern!r}", hint="check the URL and its credentials")
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return [p if is_url(p) else f"{protocol}://{p}" for p in found]
+
+
+def _format_of(path: str, input_format: str) -> str | None:
+    name = path.lower()
+    root, ext = os.path.splitext(name)
+    if ext in _COMPRESSION_BY_EXT:
+        root, ext = os.path.splitext(root)
+    if input_format != "auto":
+        return input_format
+    return _FORMAT_BY_EXT.get(ext)
+
+
+def _describe(path: str, input_format: str) -> InputFile:
+    fmt = _format_of(path, input_format)
+    if fmt is None:
+        raise ConfigError(f"cannot tell the format of {path!r} from its extension", path=path,
+                          hint="pass --input-format jsonl|parquet|text|lines")
+    ext = os.path.splitext(path.lower())[1]
+    compression = _COMPRESSION_BY_EXT.get(ext)
+    if fmt == "parquet" and compression:
+        raise ConfigError("parquet files compress internally; a compressed .parquet file is not supported",
+                          path=path, hint="decompress it first")
+    size, stamp = _stat(path)
+    return InputFile(path=path, format=fmt, compression=compression, size=size, stamp=stamp)
+
+
+def _stat(path: str) -> tuple[int | None, str]:
+    if not is_url(path):
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise StorageError(f"cannot stat ({exc.strerror})", path=path, hint="check the file") from None
+        return st.st_size, f"{st.st_size}:{st.st_mtime_ns}"
+    fsspec = require("fsspec", "s3", f"reading {path}")
+    fs, fs_path = fsspec.core.url_to_fs(path)
+    info = fs.info(fs_path)
+    tag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
+    return info.get("size"), f"{info.get('size')}:{tag}"
+
+
+def shard_files(files: list[InputFile], num_shards: int, shard_index: int) -> list[InputFile]:
+    """Contiguous block ``shard_index`` of ``num_shards``: concatenating shards in order gives back
+    the full list, so merging the shards' outputs in shard order equals a one-machine run."""
+    n = len(files)
+    return files[shard_index * n // num_shards : (shard_index + 1) * n // num_shards]
+
+
+# -- reading --------------------------------------------------------------------------------------
+def read_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[Chunk]:
+    """The chunks of ``file`` in order; raises UnreadableFile if it cannot be read to its end."""
+    if file.format == "parquet":
+        yield from _parquet_chunks(file, chunk_bytes, columns)
+        return
+    blocks = _blocks(file, chunk_bytes)
+    if file.format == "text":
+        data = b"".join(blocks)
+        yield Chunk(file.path, "text", 1, data, len(data))
+        return
+    line = 1
+    for data in _line_chunks(blocks, chunk_bytes):
+        yield Chunk(file.path, file.format, line, data, len(data))
+        line += data.count(b"\n")
+
+
+def _line_chunks(blocks: Iterator[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """Regroup ``blocks`` into pieces of about ``chunk_bytes`` that end at a newline."""
+    pending: list[bytes] = []
+    size = 0
+    for block in blocks:
+        pending.append(block)
+        size += len(block)
+        if size < chunk_bytes:
+            continue
+        data = b"".join(pending)
+        cut = data.rfind(b"\n")
+        if cut < 0:  # one line longer than a chunk: keep reading until it ends
+            pending, size = [data], len(data)
+            continue
+        yield data[: cut + 1]
+        pending = [data[cut + 1 :]]
+        size = len(pending[0])
+    if size:
+        yield b"".join(pending)
+
+
+def _blocks(file: InputFile, chunk_bytes: int) -> Iterator[bytes]:
+    """Decompressed bytes of ``file`` in blocks."""
+    try:
+        with _open_raw(file.path) as raw:
+            size = chunk_bytes if file.compression is None else _BLOCK
+            raw_blocks = iter(lambda: raw.read(size), b"")
+            if file.compression is None:
+                yield from raw_blocks
+            else:
+                yield from _decompress(raw_blocks, file.compression)
+    except UnreadableFile:
+        raise
+    except (OSError, EOFError, zlib.error) as exc:
+        raise UnreadableFile(str(exc) or type(exc).__name__) from None
+    except Exception as exc:
+        if type(exc).__name__ == "ZstdError":
+            raise UnreadableFile(str(exc)) from None
+        raise
+
+
+def _open_raw(path: str):
+    if is_url(path):
+        fsspec = require("fsspec", "s3", f"reading {path}")
+        return fsspec.open(path, "rb").open()
+    return open(path, "rb")
+
+
+def _decompress(raw_blocks: Iterator[bytes], compression: str) -> Iterator[bytes]:
+    """Decompress concatenated gzip members / zstd frames; a stream cut short is an error."""
+    if compression == "gzip":
+        new = lambda: zlib.decompressobj(wbits=31)  # noqa: E731
+    else:
+        zstandard = require("zstandard", "preprocess", "reading .zst files")
+        new = lambda: zstandard.ZstdDecompressor().decompressobj()  # noqa: E731
+    obj, inside = new(), False
+    for block in raw_blocks:
+        while block:
+            out = obj.decompress(block)
+            inside = True
+            if out:
+                yield out
+            if obj.eof:
+                block, obj, inside = obj.unused_data, new(), False
+            else:
+                block = b""
+    if inside:
+        raise UnreadableFile(f"the {compression} stream is truncated (ends before its end-of-stream marker)")
+
+
+def _parquet_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[Chunk]:
+    pq = require("pyarrow.parquet", "parquet", "reading parquet files")
+    try:
+        with _open_raw(file.path) as raw:
+            pf = pq.ParquetFile(raw)
+            meta = pf.metadata
+            names = set(pf.schema_arrow.names)
+            present = [c for c in columns if c in names]
+            rows_total = max(1, meta.num_rows)
+            row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) / rows_total
+            batch_rows = max(1, int(chunk_bytes / max(row_bytes, 1.0)))
+            first = 1
+            if len(present) < len(columns):  # the worker reports the missing column per row
+                for start in range(0, meta.num_rows, batch_rows):
+                    n = min(batch_rows, meta.num_rows - start)
+                    yield Chunk(file.path, "parquet", first, {"rows": n, "names": sorted(names)}, 0)
+                    first += n
+                return
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=list(columns)):
+                yield Chunk(file.path, "parquet", first, batch, int(batch.nbytes))
+                first += batch.num_rows
+    except (OSError, EOFError) as exc:
+        raise UnreadableFile(str(exc) or type(exc).__name__) from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("pyarrow"):
+            raise UnreadableFile(str(exc)) from None
+        raise

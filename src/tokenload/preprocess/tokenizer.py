@@ -1,0 +1,158 @@
+"""Tokenizers for preprocess: one batch interface over every kind, and their identity.
+
+Every tokenizer encodes a batch of texts into one flat id array plus one length per text, so the
+pipeline never holds a Python list per document longer than the encoder itself does. The
+built-in byte-level tokenizer needs no files: ids are the UTF-8 bytes (0..255) and EOD is 256, so
+its vocabulary of 257 fits uint16. The other kinds live in ``backends``; gigatoken replaces the
+native encoder only where a probe on load shows identical ids (and tests prove it per kind).
+
+A tokenizer's identity (kind, files and their xxh3-64 hashes, vocabulary size, EOD id, options
+that change ids) goes into each output's sidecar; the engine that produced the ids does not,
+since it never changes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..format import file_xxh3, optimal_dtype
+from .config import TokenizerSpec
+
+log = logging.getLogger(__name__)
+
+#: Texts on which gigatoken must reproduce the native encoder exactly before it is used.
+PROBE_TEXTS = (
+    "",
+    " ",
+    "Hello, world! It's a test -- don't panic.",
+    "  leading and trailing spaces  ",
+    "line one\nline two\r\n\ttabbed\n\n\nblank lines",
+    "numbers 1 12 123 1234 12345 3.14159 1e-9 0x1F",
+    "héllo wörld ñ ß Æ ø; 日本語のテキスト; 中文; 한국어; Ελληνικά; русский",
+    "emoji 🙂👍🏽 and symbols ©®™ € £ ¥ ← → ∑ ∫",
+    "CamelCaseWord snake_case_word kebab-case-word UPPER lower MiXeD",
+    "def f(x):\n    return x ** 2  # comment\n",
+    "    deeply   spaced     words\u00a0nbsp\u2028sep",
+    "a" * 300 + " " + "ab" * 200,
+    "<|endoftext|> <s> </s> [CLS] special-looking text",
+)
+
+
+class TextTokenizer:
+    """Batch text -> ids. Subclasses set the attributes and implement ``encode_batch``."""
+
+    kind: str = ""
+    engine: str = ""
+    vocab_size: int = 0
+    eod_id: int | None = None
+    #: whether encode_batch spends its time outside the GIL (threads then scale)
+    releases_gil: bool = True
+    files: tuple[str, ...] = ()
+    options: dict[str, Any] = {}
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encode ``texts``: (all ids concatenated, int64 length per text)."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Token dtype: Megatron's rule on the vocabulary size."""
+        return optimal_dtype(self.vocab_size)
+
+    def identity(self) -> dict[str, Any]:
+        """What the sidecar records about this tokenizer (deterministic; no engine, no time)."""
+        files = [{"path": f, "xxh3_64": _path_hash(f)} for f in self.files]
+        out: dict[str, Any] = {
+            "name": self.kind if not self.files else f"{self.kind}:{Path(self.files[0]).name}",
+            "kind": self.kind,
+            "vocab_size": int(self.vocab_size),
+            "eod_id": None if self.eod_id is None else int(self.eod_id),
+        }
+        if files:
+            out["file"] = files[0]["path"]
+            out["xxh3_64"] = files[0]["xxh3_64"]
+            out["files"] = files
+        if self.options:
+            out["options"] = dict(self.options)
+        return out
+
+
+class ByteTokenizer(TextTokenizer):
+    """UTF-8 bytes as ids (0..255), EOD 256, vocabulary 257 (uint16); needs no files."""
+
+    kind = "byte"
+    engine = "numpy"
+    vocab_size = 257
+
+    def __init__(self, eod_id: int | None = None) -> None:
+        self.eod_id = 256 if eod_id is None else eod_id
+        if self.eod_id < 256:
+            raise ConfigError(
+                f"the byte tokenizer's EOD id {self.eod_id} collides with a byte value",
+                hint="use an EOD id of 256 or more (default 256)",
+            )
+        self.vocab_size = max(257, self.eod_id + 1)
+        self.options = {} if eod_id is None else {"eod_id": eod_id}
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        return np.frombuffer(b"".join(encoded), dtype=np.uint8), lengths
+
+
+def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
+    """Build the tokenizer ``spec`` names (gigatoken-accelerated where it is proven equal)."""
+    if spec.kind == "byte":
+        if spec.model or spec.vocab_file or spec.merge_file:
+            raise ConfigError(
+                "the byte tokenizer takes no files",
+                hint="drop --tokenizer-model/--vocab-file/--merge-file, or pick --tokenizer-type",
+            )
+        if spec.engine == "gigatoken":
+            raise ConfigError("gigatoken does not encode the byte tokenizer", hint="drop --engine gigatoken")
+        return ByteTokenizer(spec.eod_id)
+    for path in (spec.model, spec.vocab_file, spec.merge_file):
+        if path is not None and not os.path.exists(path):
+            raise ConfigError(
+                f"tokenizer file {path!r} does not exist",
+                path=path,
+                hint="tokenizers are read from local files only; check the path",
+            )
+    from . import backends
+
+    return backends.load(spec)
+
+
+def check_ids_fit(tok: TextTokenizer, ids: np.ndarray) -> None:
+    """Refuse ids that would not fit the output dtype (a vocabulary larger than it claims)."""
+    if ids.size and int(ids.max()) >= (1 << 16) and tok.dtype == np.uint16:
+        raise ConfigError(
+            f"the tokenizer produced id {int(ids.max())}, beyond its vocabulary size {tok.vocab_size}"
+            " and beyond uint16",
+            hint="pass a tokenizer whose vocabulary covers every id it produces",
+        )
+
+
+def _path_hash(path: str) -> str:
+    """xxh3-64 of a file, or of a folder's tokenizer files (names and contents, sorted)."""
+    p = Path(path)
+    if not p.is_dir():
+        return file_xxh3(path)
+    import xxhash
+
+    h = xxhash.xxh3_64()
+    for entry in sorted(p.iterdir()):
+        if entry.is_file() and _is_tokenizer_file(entry.name):
+            h.update(entry.name.encode() + b"\0" + file_xxh3(str(entry)).encode() + b"\0")
+    return h.hexdigest()
+
+
+def _is_tokenizer_file(name: str) -> bool:
+    weights = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx", ".gguf", ".ckpt")
+    return not name.startswith(".") and not name.endswith(weights)
