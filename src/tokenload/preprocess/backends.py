@@ -277,6 +277,12 @@ class SentencePieceTokenizer(TextTokenizer):
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return _flatten(self.sp.encode(texts, out_type=int, num_threads=1))
 
+    def control_pieces(self) -> tuple[str, ...]:
+        """Texts of the control and unknown pieces (never matched in text by SentencePiece)."""
+        sp = self.sp
+        ids = [i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)]
+        return tuple(sorted({sp.id_to_piece(i) for i in ids} - {""}))
+
 
 def _load_sentencepiece(spec: TokenizerSpec):
     spm = require("sentencepiece", "sentencepiece", "the sentencepiece tokenizer")
@@ -299,18 +305,31 @@ _LOADERS = {
 
 # -- gigatoken ------------------------------------------------------------------------------------
 class GigatokenTokenizer(TextTokenizer):
-    """gigatoken's encoder with the identity and affixes of the native tokenizer it replaces."""
+    """gigatoken's encoder with the identity and affixes of the native tokenizer it replaces.
+
+    gigatoken always matches special-token texts inside the input; SentencePiece never does for
+    its control pieces (``<s>``, ``</s>``, ``<unk>``). Texts containing one of those ``markers``
+    (a C-speed substring test) are therefore encoded by the native tokenizer instead.
+    """
 
     engine = "gigatoken"
 
-    def __init__(self, native: TextTokenizer, giga, prefix: list[int], suffix: list[int]) -> None:
-        self.native, self.giga = native, giga
+    def __init__(self, native: TextTokenizer, giga, prefix: list[int], suffix: list[int],
+                 markers: tuple[str, ...] = ()) -> None:
+        self.native, self.giga, self.markers = native, giga, markers
         self.kind, self.files, self.options = native.kind, native.files, native.options
         self.vocab_size, self.eod_id = native.vocab_size, native.eod_id
         self.prefix = np.asarray(prefix, dtype=np.int64)
         self.suffix = np.asarray(suffix, dtype=np.int64)
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.markers:
+            routed = [i for i, t in enumerate(texts) if any(m in t for m in self.markers)]
+            if routed:
+                return self._encode_mixed(texts, routed)
+        return self._encode_fast(texts)
+
+    def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         layout = self.giga.encode_batch(texts, parallel=False).layout
@@ -320,6 +339,19 @@ class GigatokenTokenizer(TextTokenizer):
         if self.prefix.size or self.suffix.size:
             return _wrap(flat, lengths, self.prefix, self.suffix)
         return flat, lengths
+
+    def _encode_mixed(self, texts: list[str], routed: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        native_mask = np.zeros(len(texts), dtype=bool)
+        native_mask[routed] = True
+        fast_ids, fast_lengths = self._encode_fast([t for t, m in zip(texts, native_mask) if not m])
+        slow_ids, slow_lengths = self.native.encode_batch([texts[i] for i in routed])
+        lengths = np.empty(len(texts), dtype=np.int64)
+        lengths[~native_mask], lengths[native_mask] = fast_lengths, slow_lengths
+        starts = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), dtype=np.int64)
+        out[np.repeat(starts[~native_mask], fast_lengths) + _ranks_within(fast_lengths)] = fast_ids
+        out[np.repeat(starts[native_mask], slow_lengths) + _ranks_within(slow_lengths)] = slow_ids
+        return out, lengths
 
 
 def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.ndarray):
@@ -360,7 +392,8 @@ def _accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextToken
         else:
             giga = gigatoken.Tokenizer(source)
         prefix, suffix = native.affixes() if isinstance(native, HFTokenizer) else ([], [])
-        fast = GigatokenTokenizer(native, giga, prefix, suffix)
+        markers = native.control_pieces() if isinstance(native, SentencePieceTokenizer) else ()
+        fast = GigatokenTokenizer(native, giga, prefix, suffix, markers)
         same = _same_ids(native, fast)
     except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
         same, reason = False, str(exc).splitlines()[0]
