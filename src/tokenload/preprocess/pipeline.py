@@ -163,6 +163,13 @@ class _FileJob:
 
     def commit(self) -> dict[str, Any]:
         if self.damaged:
+            if self.config.on_bad_record == "error":
+                raise RecordError(
+                    f"cannot read the file to its end: {self.damaged}",
+                    path=self.file.path,
+                    hint="replace the damaged file, or pass --on-bad-record skip to skip unreadable files",
+                )
+            log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
             self.abort()
             dtype = np.dtype(self.writers[0].dtype)
             self.writers = [TokenFileWriter(self.work.part(self.index, k), dtype) for k in self.config.json_keys]
@@ -221,8 +228,10 @@ def _encode_files(config, tok, work, todo, summaries, bar) -> None:
                     while len(pending) > depth:
                         _drain_one(pending, summaries, bar)
             except UnreadableFile as exc:
-                _damaged(job, str(exc), config)
+                job.damaged = str(exc)
             pending.append((job, None))
+            if job.damaged and config.on_bad_record == "error":
+                break  # its error is raised once every earlier result is written, in input order
         while pending:
             _drain_one(pending, summaries, bar)
     except BaseException:
@@ -234,17 +243,6 @@ def _encode_files(config, tok, work, todo, summaries, bar) -> None:
         raise
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _damaged(job: _FileJob, reason: str, config: PreprocessConfig) -> None:
-    if config.on_bad_record == "error":
-        raise RecordError(
-            f"cannot read the file to its end: {reason}",
-            path=job.file.path,
-            hint="replace the damaged file, or pass --on-bad-record skip to skip unreadable files",
-        )
-    log.warning("skipped %s: unreadable: %s", job.file.path, reason)
-    job.damaged = reason
 
 
 def _drain_one(pending: deque, summaries: dict, bar: Progress) -> None:
