@@ -35,14 +35,26 @@ def sample_texts(n: int, seed: int = 0) -> list[str]:
 
 def test_preprocess_writes_megatron_names_and_prints_a_summary(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", ["hello", "", "wörld"])
-    out = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "corpus", "--append-eod",
-                  "--workers", "2", "--no-progress")
+    out = run_cli(
+        "preprocess",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "corpus",
+        "--append-eod",
+        "--workers",
+        "2",
+        "--no-progress",
+    )
     assert out.returncode == 0, out.stderr
     prefix = str(tmp_path / "corpus_text_document")
     assert "preprocess: 3 documents, 13 tokens from 1 input file(s)" in out.stdout
     assert "skipped  none" in out.stdout and f"output   {prefix}.bin/.idx/.json" in out.stdout
     tf = TokenFile(prefix)
-    assert [tf[i].tolist() for i in range(tf.num_sequences)] == [list(b"hello") + [256], list("wörld".encode()) + [256]]
+    assert [tf[i].tolist() for i in range(tf.num_sequences)] == [
+        list(b"hello") + [256],
+        list("wörld".encode()) + [256],
+    ]
     assert tf.num_documents == 3
     verify = run_cli("verify", "--hashes", "--vocab-size", "257", prefix)
     assert verify.returncode == 0, verify.stdout
@@ -55,10 +67,20 @@ def test_bad_input_exits_2_with_file_line_and_reason(tmp_path):
     assert out.returncode == 2
     assert f"error: {src}:2: malformed_json: not valid JSON" in out.stderr
     assert "--on-bad-record skip" in out.stderr
-    skip = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "o", "--on-bad-record", "skip",
-                   "--no-progress")
+    skip = run_cli(
+        "preprocess",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "o",
+        "--on-bad-record",
+        "skip",
+        "--no-progress",
+    )
     assert skip.returncode == 0 and "skipped  malformed_json 1" in skip.stdout
-    missing = run_cli("preprocess", "--input", tmp_path / "nope.jsonl", "--output-prefix", tmp_path / "o")
+    missing = run_cli(
+        "preprocess", "--input", tmp_path / "nope.jsonl", "--output-prefix", tmp_path / "o"
+    )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
@@ -68,33 +90,61 @@ def _slow_tokenizer(path: Path, texts) -> str:
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok.save(str(path))
     return str(path)
 
 
 def test_killed_run_resumes_to_the_same_bytes(tmp_path):
     tokenizer = _slow_tokenizer(tmp_path / "tok.json", sample_texts(300, seed=99))
-    inputs = [write_jsonl(tmp_path / f"part{i:02d}.jsonl", sample_texts(250, seed=i)) for i in range(40)]
-    args = ["preprocess", "--input", str(tmp_path / "part*.jsonl"), "--tokenizer-type", "HuggingFaceTokenizer",
-            "--tokenizer-model", tokenizer, "--engine", "native", "--append-eod", "--workers", "1", "--no-progress"]
+    inputs = [
+        write_jsonl(tmp_path / f"part{i:02d}.jsonl", sample_texts(250, seed=i)) for i in range(40)
+    ]
+    args = [
+        "preprocess",
+        "--input",
+        str(tmp_path / "part*.jsonl"),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        tokenizer,
+        "--engine",
+        "native",
+        "--append-eod",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     clean = run_cli(*args, "--output-prefix", tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr
 
     prefix = tmp_path / "killed"
     work = Path(str(prefix) + ".tokenload-work")
-    proc = subprocess.Popen([sys.executable, "-m", "tokenload.cli.main", *args, "--output-prefix", str(prefix)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenload.cli.main", *args, "--output-prefix", str(prefix)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None and len(list(work.glob("*.done"))) < 3:
+    while (
+        time.monotonic() < deadline and proc.poll() is None and len(list(work.glob("*.done"))) < 3
+    ):
         time.sleep(0.005)
     still_running = proc.poll() is None
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = len(list(work.glob("*.done")))
-    assert still_running and 3 <= finished < len(inputs), f"not killed mid-run ({finished} files done)"
+    assert still_running and 3 <= finished < len(inputs), (
+        f"not killed mid-run ({finished} files done)"
+    )
     print(f"killed after {finished} of {len(inputs)} files")
     assert not Path(str(prefix) + "_text_document.idx").exists()  # nothing valid-looking yet
 
@@ -113,7 +163,9 @@ def test_shards_from_torchrun_environment_merge_to_a_single_run(tmp_path):
     assert single.returncode == 0, single.stderr
     shards = []
     for rank in range(2):
-        out = run_cli(*common, "--output-prefix", tmp_path / "sh", env={"RANK": str(rank), "WORLD_SIZE": "2"})
+        out = run_cli(
+            *common, "--output-prefix", tmp_path / "sh", env={"RANK": str(rank), "WORLD_SIZE": "2"}
+        )
         assert out.returncode == 0, out.stderr
         assert "tokenload merge" in out.stdout
         shards.append(str(tmp_path / f"sh-{rank:05d}-of-00002_text_document"))
@@ -128,7 +180,14 @@ def test_corpus_command_writes_stdlib_jsonl_that_preprocesses(tmp_path):
     assert out.returncode == 0, out.stderr and out.stdout.startswith("wrote ")
     lines = (tmp_path / "stdlib.jsonl").read_text(encoding="utf-8").splitlines()
     assert lines and all("text" in json.loads(line) for line in lines)
-    pre = run_cli("preprocess", "--input", tmp_path / "stdlib.jsonl", "--output-prefix", tmp_path / "std",
-                  "--append-eod", "--no-progress")
+    pre = run_cli(
+        "preprocess",
+        "--input",
+        tmp_path / "stdlib.jsonl",
+        "--output-prefix",
+        tmp_path / "std",
+        "--append-eod",
+        "--no-progress",
+    )
     assert pre.returncode == 0, pre.stderr
     assert TokenFile(str(tmp_path / "std_text_document")).num_documents == len(lines)

@@ -20,56 +20,136 @@ def register(sub) -> None:
 
 
 def register_preprocess(sub) -> None:
-    from ..preprocess.config import _KIND_ALIASES, TOKENIZER_KINDS, TIKTOKEN_PATTERNS
-
     p = sub.add_parser(
         "preprocess",
-        help="tokenize JSONL/parquet/text into Megatron token files (parallel, deterministic, resumable)",
-        description="Writes {output_prefix}_{key}_document.bin/.idx/.json per --json-keys key. A killed"
-        " run restarted with the same command resumes without redoing finished input files.",
+        help="tokenize JSONL/parquet/text into Megatron token files (parallel, resumable)",
+        description="Writes {output_prefix}_{key}_document.bin/.idx/.json per --json-keys key."
+        " A killed run restarted with the same command resumes without redoing finished input"
+        " files.",
     )
-    io = p.add_argument_group("input and output")
-    io.add_argument("--input", nargs="+", action="extend", required=True, metavar="PATH",
-                    help="files, folders, globs or fsspec URLs (.jsonl/.json/.ndjson[.gz|.zst], .parquet,"
-                    " .txt); repeatable; order kept, each glob/folder sorted")
+    _input_flags(p.add_argument_group("input and output"))
+    _tokenizer_flags(p.add_argument_group("tokenizer"))
+    _runtime_flags(p.add_argument_group("runtime"))
+    p.set_defaults(func=run_preprocess)
+
+
+def _input_flags(io) -> None:
+    io.add_argument(
+        "--input",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="PATH",
+        help="files, folders, globs or fsspec URLs (.jsonl/.json/.ndjson[.gz|.zst], .parquet,"
+        " .txt); repeatable; order kept, each glob/folder sorted",
+    )
     io.add_argument("--output-prefix", required=True, help="output prefix (folder must exist)")
-    io.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
-                    help="keys (JSONL) or columns (parquet) to tokenize, one output each (default: text)")
-    io.add_argument("--input-format", default="auto", choices=("auto", "jsonl", "parquet", "text", "lines"),
-                    help="auto: from the extension; text: one document per file; lines: one per line")
-    io.add_argument("--append-eod", action="store_true", help="end every non-empty document with the EOD token")
-    io.add_argument("--on-bad-record", default="error", choices=("error", "skip"),
-                    help="error: stop at the first bad record (file:line); skip: skip and count by reason")
-    tk = p.add_argument_group("tokenizer")
-    tk.add_argument("--tokenizer-type", default="byte", metavar="TYPE",
-                    help=f"{', '.join(TOKENIZER_KINDS)} or a Megatron name ({', '.join(_KIND_ALIASES)});"
-                    " default: byte (UTF-8 bytes, EOD 256, needs no files)")
-    tk.add_argument("--tokenizer-model", default=None, metavar="PATH",
-                    help="tokenizer.json or local HF model folder, .tiktoken file, or SentencePiece .model")
+    io.add_argument(
+        "--json-keys",
+        nargs="+",
+        default=["text"],
+        metavar="KEY",
+        help="keys (JSONL) or columns (parquet) to tokenize, one output each (default: text)",
+    )
+    io.add_argument(
+        "--input-format",
+        default="auto",
+        choices=("auto", "jsonl", "parquet", "text", "lines"),
+        help="auto: from the extension; text: one document per file; lines: one per line",
+    )
+    io.add_argument(
+        "--append-eod", action="store_true", help="end every non-empty document with the EOD token"
+    )
+    io.add_argument(
+        "--on-bad-record",
+        default="error",
+        choices=("error", "skip"),
+        help="error: stop at the first bad record (file:line); skip: skip and count by reason",
+    )
+
+
+def _tokenizer_flags(tk) -> None:
+    from ..preprocess.config import _KIND_ALIASES, TIKTOKEN_PATTERNS, TOKENIZER_KINDS
+
+    tk.add_argument(
+        "--tokenizer-type",
+        default="byte",
+        metavar="TYPE",
+        help=f"{', '.join(TOKENIZER_KINDS)} or a Megatron name ({', '.join(_KIND_ALIASES)});"
+        " default: byte (UTF-8 bytes, EOD 256, needs no files)",
+    )
+    tk.add_argument(
+        "--tokenizer-model",
+        default=None,
+        metavar="PATH",
+        help="tokenizer.json or local HF model folder, .tiktoken file, or SentencePiece .model",
+    )
     tk.add_argument("--vocab-file", default=None, help="GPT-2 vocab.json (tokenizer type gpt2)")
     tk.add_argument("--merge-file", default=None, help="GPT-2 merges.txt (tokenizer type gpt2)")
-    tk.add_argument("--tiktoken-pattern", default=None, choices=TIKTOKEN_PATTERNS,
-                    help="split regex of a .tiktoken file (default: from the file name)")
-    tk.add_argument("--eod-token", default=None, help="token text that ends documents (default: the tokenizer's)")
+    tk.add_argument(
+        "--tiktoken-pattern",
+        default=None,
+        choices=TIKTOKEN_PATTERNS,
+        help="split regex of a .tiktoken file (default: from the file name)",
+    )
+    tk.add_argument(
+        "--eod-token",
+        default=None,
+        help="token text that ends documents (default: the tokenizer's)",
+    )
     tk.add_argument("--eod-id", type=int, default=None, help="token id that ends documents")
-    tk.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_true",
-                    help="huggingface: do not add the post-processor's special tokens (BOS/EOS)")
-    tk.add_argument("--engine", default="auto", choices=("auto", "gigatoken", "native"),
-                    help="auto: gigatoken where it gives identical ids; native: the reference encoder")
+    tk.add_argument(
+        "--tokenizer-hf-no-include-special-tokens",
+        action="store_true",
+        help="huggingface: do not add the post-processor's special tokens (BOS/EOS)",
+    )
+    tk.add_argument(
+        "--engine",
+        default="auto",
+        choices=("auto", "gigatoken", "native"),
+        help="auto: gigatoken where it gives identical ids; native: the reference encoder",
+    )
     tk.add_argument("--use-gigatoken", action="store_true", help="same as --engine gigatoken")
-    rt = p.add_argument_group("runtime")
-    rt.add_argument("--workers", type=int, default=None, help="encoding workers (default: usable CPUs)")
-    rt.add_argument("--executor", default="auto", choices=("auto", "threads", "processes"),
-                    help="auto: threads for Rust encoders, processes for Python ones")
-    rt.add_argument("--num-shards", type=int, default=None,
-                    help="split the input files across N machines (default: WORLD_SIZE/SLURM_NTASKS or 1)")
-    rt.add_argument("--shard-index", type=int, default=None,
-                    help="this machine's shard (default: RANK/SLURM_PROCID or 0)")
-    rt.add_argument("--chunk-mb", type=float, default=4.0, help="input MB per work item (default 4)")
-    rt.add_argument("--no-resume", action="store_true", help="discard an interrupted run's work and start over")
-    rt.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
-    rt.add_argument("--no-progress", dest="progress", action="store_false", help="never show a progress bar")
-    p.set_defaults(func=run_preprocess)
+
+
+def _runtime_flags(rt) -> None:
+    rt.add_argument(
+        "--workers", type=int, default=None, help="encoding workers (default: usable CPUs)"
+    )
+    rt.add_argument(
+        "--executor",
+        default="auto",
+        choices=("auto", "threads", "processes"),
+        help="auto: threads for Rust encoders, processes for Python ones",
+    )
+    rt.add_argument(
+        "--num-shards",
+        type=int,
+        default=None,
+        help="split the input files across N machines (default: WORLD_SIZE/SLURM_NTASKS or 1)",
+    )
+    rt.add_argument(
+        "--shard-index",
+        type=int,
+        default=None,
+        help="this machine's shard (default: RANK/SLURM_PROCID or 0)",
+    )
+    rt.add_argument(
+        "--chunk-mb", type=float, default=4.0, help="input MB per work item (default 4)"
+    )
+    rt.add_argument(
+        "--no-resume", action="store_true", help="discard an interrupted run's work and start over"
+    )
+    rt.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always show a progress bar",
+    )
+    rt.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="never show a progress bar"
+    )
 
 
 def config_from_args(args: argparse.Namespace):
@@ -78,27 +158,42 @@ def config_from_args(args: argparse.Namespace):
     from ..preprocess import PreprocessConfig, TokenizerSpec, shard_from_environment
 
     spec = TokenizerSpec(
-        kind=args.tokenizer_type, model=args.tokenizer_model, vocab_file=args.vocab_file,
-        merge_file=args.merge_file, tiktoken_pattern=args.tiktoken_pattern, eod_token=args.eod_token,
-        eod_id=args.eod_id, add_special_tokens=not args.tokenizer_hf_no_include_special_tokens,
+        kind=args.tokenizer_type,
+        model=args.tokenizer_model,
+        vocab_file=args.vocab_file,
+        merge_file=args.merge_file,
+        tiktoken_pattern=args.tiktoken_pattern,
+        eod_token=args.eod_token,
+        eod_id=args.eod_id,
+        add_special_tokens=not args.tokenizer_hf_no_include_special_tokens,
         engine="gigatoken" if args.use_gigatoken else args.engine,
     )
     shard_index, num_shards = args.shard_index, args.num_shards
     if (shard_index is None) != (num_shards is None):
         env = shard_from_environment()
         if env is None:
-            raise ConfigError("--num-shards and --shard-index go together", hint="pass both, or neither")
+            raise ConfigError(
+                "--num-shards and --shard-index go together", hint="pass both, or neither"
+            )
         shard_index = env[0] if shard_index is None else shard_index
         num_shards = env[1] if num_shards is None else num_shards
     elif shard_index is None:
         shard_index, num_shards = shard_from_environment() or (0, 1)
     extra = {} if args.workers is None else {"workers": args.workers}
     return PreprocessConfig(
-        inputs=tuple(args.input), output_prefix=args.output_prefix, tokenizer=spec,
-        json_keys=tuple(args.json_keys), input_format=args.input_format, append_eod=args.append_eod,
-        executor=args.executor, on_bad_record=args.on_bad_record, num_shards=num_shards,
-        shard_index=shard_index, chunk_bytes=max(1024, int(args.chunk_mb * (1 << 20))),
-        resume=not args.no_resume, **extra,
+        inputs=tuple(args.input),
+        output_prefix=args.output_prefix,
+        tokenizer=spec,
+        json_keys=tuple(args.json_keys),
+        input_format=args.input_format,
+        append_eod=args.append_eod,
+        executor=args.executor,
+        on_bad_record=args.on_bad_record,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        chunk_bytes=max(1024, int(args.chunk_mb * (1 << 20))),
+        resume=not args.no_resume,
+        **extra,
     )
 
 
@@ -118,31 +213,45 @@ def summary_text(config, result) -> str:
     tokens = sum(result.tokens.values())
     mb = result.input_bytes / 1e6
     lines = [
-        f"preprocess: {result.documents:,} documents, {tokens:,} tokens from {result.files} input file(s)"
+        f"preprocess: {result.documents:,} documents, {tokens:,} tokens"
+        f" from {result.files} input file(s)"
         + (f" ({result.files_resumed} resumed)" if result.files_resumed else ""),
         f"  time     {result.seconds:.2f} s: {result.tokens_per_second / 1e6:.2f}M tokens/s,"
-        f" {mb / max(result.seconds, 1e-9):.1f} MB/s  [{result.engine}, {config.workers} worker(s)]",
+        f" {mb / max(result.seconds, 1e-9):.1f} MB/s"
+        f"  [{result.engine}, {config.workers} worker(s)]",
         "  skipped  " + (", ".join(f"{r} {n:,}" for r, n in result.skipped.items()) or "none"),
     ]
     for key, prefix in result.outputs.items():
         lines.append(f"  output   {prefix}.bin/.idx/.json  ({key}: {result.tokens[key]:,} tokens)")
     if config.num_shards > 1:
         key = config.json_keys[0]
-        shards = [f"{config.output_prefix}-{i:05d}-of-{config.num_shards:05d}_{key}_document"
-                  for i in range(config.num_shards)]
+        shards = [
+            f"{config.output_prefix}-{i:05d}-of-{config.num_shards:05d}_{key}_document"
+            for i in range(config.num_shards)
+        ]
         listing = " ".join(shards) if len(shards) <= 16 else f"{shards[0]} ... {shards[-1]}"
-        lines.append(f"  shard    {config.shard_index} of {config.num_shards}; when every shard is done:"
-                     f" tokenload merge {listing} --output-prefix {config.output_prefix}_{key}_document"
-                     + (" (and likewise per key)" if len(config.json_keys) > 1 else ""))
+        lines.append(
+            f"  shard    {config.shard_index} of {config.num_shards}; when every shard is done:"
+            f" tokenload merge {listing} --output-prefix {config.output_prefix}_{key}_document"
+            + (" (and likewise per key)" if len(config.json_keys) > 1 else "")
+        )
     return "\n".join(lines)
 
 
 def register_corpus(sub) -> None:
-    p = sub.add_parser("corpus", help="write a sample JSONL corpus from this Python's standard library sources")
+    p = sub.add_parser(
+        "corpus", help="write a sample JSONL corpus from this Python's standard library sources"
+    )
     p.add_argument("--output", required=True, help="JSONL file to write")
-    p.add_argument("--max-mb", type=float, default=None, help="stop before the file exceeds this size")
-    p.add_argument("--min-mb", type=float, default=None,
-                   help="repeat the sources (records marked with 'pass') until at least this size")
+    p.add_argument(
+        "--max-mb", type=float, default=None, help="stop before the file exceeds this size"
+    )
+    p.add_argument(
+        "--min-mb",
+        type=float,
+        default=None,
+        help="repeat the sources (records marked with 'pass') until at least this size",
+    )
     p.set_defaults(func=run_corpus)
 
 
@@ -152,7 +261,12 @@ def run_corpus(args: argparse.Namespace) -> int:
     def to_bytes(mb: float | None) -> int | None:
         return None if mb is None else int(mb * 1_000_000)
 
-    s = write_stdlib_corpus(args.output, max_bytes=to_bytes(args.max_mb), min_bytes=to_bytes(args.min_mb))
-    print(f"wrote {s.path}: {s.documents:,} documents from {s.source_files:,} standard library files,"
-          f" {s.bytes / 1e6:.1f} MB", file=sys.stdout)
+    s = write_stdlib_corpus(
+        args.output, max_bytes=to_bytes(args.max_mb), min_bytes=to_bytes(args.min_mb)
+    )
+    print(
+        f"wrote {s.path}: {s.documents:,} documents from {s.source_files:,} standard library files,"
+        f" {s.bytes / 1e6:.1f} MB",
+        file=sys.stdout,
+    )
     return 0

@@ -6,10 +6,8 @@ their post-processor (BOS/EOS templates) unless ``add_special_tokens`` is off, t
 padding stored in a tokenizer.json are ignored (transformers resets them per call), tiktoken
 recognises its special tokens in text (``allowed_special="all"``), SentencePiece encodes plain.
 
-gigatoken (Rust, single-threaded per call here: the pipeline owns parallelism) takes over the
-encoding of byte-level BPE and byte-fallback SentencePiece BPE tokenizers. It ignores
-post-processors, so the fixed prefix/suffix ids a post-processor adds are re-added around its
-output. It is used only when it reproduces the native encoder on ``PROBE_TEXTS``.
+``load`` hands the native tokenizer to ``fast.accelerate``, which swaps in gigatoken where it
+gives the same ids.
 """
 
 from __future__ import annotations
@@ -53,8 +51,20 @@ _O200K = "|".join(
         r"""\s+""",
     ]
 )
-_TIKTOKEN_PATTERNS = {"gpt2": _R50K, "r50k": _R50K, "p50k": _R50K, "cl100k": _CL100K, "o200k": _O200K}
-_GIGATOKEN_SCHEMES = {"gpt2": "gpt2", "r50k": "r50k", "p50k": "r50k", "cl100k": "cl100k", "o200k": "o200k"}
+_TIKTOKEN_PATTERNS = {
+    "gpt2": _R50K,
+    "r50k": _R50K,
+    "p50k": _R50K,
+    "cl100k": _CL100K,
+    "o200k": _O200K,
+}
+_GIGATOKEN_SCHEMES = {
+    "gpt2": "gpt2",
+    "r50k": "r50k",
+    "p50k": "r50k",
+    "cl100k": "cl100k",
+    "o200k": "o200k",
+}
 
 
 def load(spec: TokenizerSpec) -> TextTokenizer:
@@ -62,9 +72,14 @@ def load(spec: TokenizerSpec) -> TextTokenizer:
     native, giga_source = _LOADERS[spec.kind](spec)
     if spec.engine == "native" or giga_source is None:
         if spec.engine == "gigatoken":
-            raise ConfigError(f"gigatoken cannot encode this {spec.kind} tokenizer", hint="drop --engine gigatoken")
+            raise ConfigError(
+                f"gigatoken cannot encode this {spec.kind} tokenizer",
+                hint="drop --engine gigatoken",
+            )
         return native
-    return _accelerate(native, giga_source, spec)
+    from .fast import accelerate
+
+    return accelerate(native, giga_source, spec)
 
 
 # -- HF tokenizers --------------------------------------------------------------------------------
@@ -73,8 +88,17 @@ class HFTokenizer(TextTokenizer):
 
     engine = "tokenizers"
 
-    def __init__(self, tok, *, kind: str, files: tuple[str, ...], eod_id: int | None,
-                 vocab_size: int, add_special_tokens: bool, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        tok,
+        *,
+        kind: str,
+        files: tuple[str, ...],
+        eod_id: int | None,
+        vocab_size: int,
+        add_special_tokens: bool,
+        options: dict[str, Any],
+    ) -> None:
         tok.no_truncation()
         tok.no_padding()
         self.tok = tok
@@ -84,7 +108,9 @@ class HFTokenizer(TextTokenizer):
         self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # fast: no offsets
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        return _flatten([e.ids for e in self._encode(texts, add_special_tokens=self.add_special_tokens)])
+        return _flatten(
+            [e.ids for e in self._encode(texts, add_special_tokens=self.add_special_tokens)]
+        )
 
     def affixes(self) -> tuple[list[int], list[int]]:
         """Ids the post-processor puts before and after every text (BOS/EOS templates)."""
@@ -113,15 +139,19 @@ def _hf_eod(tok, spec: TokenizerSpec, config_eos: str | None) -> int | None:
         if token_id is not None:
             return token_id
     if spec.eod_token:
-        raise ConfigError(f"EOD token {spec.eod_token!r} is not in the tokenizer's vocabulary",
-                          hint="pass an existing token with --eod-token, or an id with --eod-id")
+        raise ConfigError(
+            f"EOD token {spec.eod_token!r} is not in the tokenizer's vocabulary",
+            hint="pass an existing token with --eod-token, or an id with --eod-id",
+        )
     return None
 
 
 def _config_eos(folder: Path) -> str | None:
     """eos_token from a tokenizer_config.json beside the tokenizer, if any."""
     try:
-        eos = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("eos_token")
+        eos = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get(
+            "eos_token"
+        )
     except (OSError, ValueError, AttributeError):
         return None
     return eos.get("content") if isinstance(eos, dict) else eos
@@ -135,12 +165,20 @@ def _load_huggingface(spec: TokenizerSpec):
     try:
         tok = tokenizers.Tokenizer.from_file(str(path))
     except Exception as exc:  # tokenizers raises a bare Exception on parse errors
-        raise ConfigError(f"cannot load tokenizer.json ({exc})", path=str(path),
-                          hint="pass a tokenizer.json saved by HF tokenizers/transformers") from None
-    native = HFTokenizer(tok, kind="huggingface", files=(spec.model,),
-                         eod_id=_hf_eod(tok, spec, _config_eos(path.parent)),
-                         vocab_size=_hf_vocab_size(tok), add_special_tokens=spec.add_special_tokens,
-                         options=_options(spec))
+        raise ConfigError(
+            f"cannot load tokenizer.json ({exc})",
+            path=str(path),
+            hint="pass a tokenizer.json saved by HF tokenizers/transformers",
+        ) from None
+    native = HFTokenizer(
+        tok,
+        kind="huggingface",
+        files=(spec.model,),
+        eod_id=_hf_eod(tok, spec, _config_eos(path.parent)),
+        vocab_size=_hf_vocab_size(tok),
+        add_special_tokens=spec.add_special_tokens,
+        options=_options(spec),
+    )
     return native, tok
 
 
@@ -150,35 +188,34 @@ def _load_folder(spec: TokenizerSpec, folder: Path):
     except MissingExtraError:
         if not (folder / "tokenizer.json").is_file():
             raise
-        log.warning("transformers is not installed: using %s/tokenizer.json without tokenizer_config.json", folder)
-        return _load_huggingface(TokenizerSpec(**{**spec.to_dict(), "model": str(folder / "tokenizer.json")}))
+        log.warning(
+            "transformers is not installed: using %s/tokenizer.json without tokenizer_config.json",
+            folder,
+        )
+        return _load_huggingface(
+            TokenizerSpec(**{**spec.to_dict(), "model": str(folder / "tokenizer.json")})
+        )
     tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     eod = spec.eod_id
     if eod is None:
         eod = tok.convert_tokens_to_ids(spec.eod_token) if spec.eod_token else tok.eos_token_id
     if not getattr(tok, "is_fast", False):
-        return SlowTransformersTokenizer(tok, spec, eod), None
+        raise ConfigError(
+            f"the tokenizer in {str(folder)!r} has no fast (Rust) implementation",
+            path=str(folder),
+            hint="save it with a tokenizer.json (save_pretrained of a fast tokenizer writes one)",
+        )
     backend = tok.backend_tokenizer
-    native = HFTokenizer(backend, kind="huggingface", files=(spec.model,), eod_id=eod,
-                         vocab_size=max(len(tok), _hf_vocab_size(backend)),
-                         add_special_tokens=spec.add_special_tokens, options=_options(spec))
+    native = HFTokenizer(
+        backend,
+        kind="huggingface",
+        files=(spec.model,),
+        eod_id=eod,
+        vocab_size=max(len(tok), _hf_vocab_size(backend)),
+        add_special_tokens=spec.add_special_tokens,
+        options=_options(spec),
+    )
     return native, backend
-
-
-class SlowTransformersTokenizer(TextTokenizer):
-    """A Python (slow) transformers tokenizer: per-document work under the GIL."""
-
-    kind = "huggingface"
-    engine = "transformers"
-    releases_gil = False
-
-    def __init__(self, tok, spec: TokenizerSpec, eod: int | None) -> None:
-        self.tok, self.eod_id, self.vocab_size = tok, eod, len(tok)
-        self.files, self.options = (spec.model,), _options(spec)
-        self.add_special_tokens = spec.add_special_tokens
-
-    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        return _flatten(self.tok(texts, add_special_tokens=self.add_special_tokens)["input_ids"])
 
 
 def _load_gpt2(spec: TokenizerSpec):
@@ -188,16 +225,25 @@ def _load_gpt2(spec: TokenizerSpec):
     try:
         tok = tokenizers.Tokenizer(models.BPE.from_file(spec.vocab_file, spec.merge_file))
     except Exception as exc:
-        raise ConfigError(f"cannot load GPT-2 vocab/merges ({exc})", path=spec.vocab_file,
-                          hint="pass GPT-2's vocab.json with --vocab-file and merges.txt with --merge-file") from None
+        raise ConfigError(
+            f"cannot load GPT-2 vocab/merges ({exc})",
+            path=spec.vocab_file,
+            hint="pass GPT-2's vocab.json with --vocab-file and merges.txt with --merge-file",
+        ) from None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     if tok.token_to_id("<|endoftext|>") is not None:
         # transformers' GPT2Tokenizer (Megatron's GPT2BPETokenizer) treats it as a special token
         tok.add_special_tokens(["<|endoftext|>"])
-    native = HFTokenizer(tok, kind="gpt2", files=(spec.vocab_file, spec.merge_file),
-                         eod_id=_hf_eod(tok, spec, None), vocab_size=_hf_vocab_size(tok),
-                         add_special_tokens=False, options=_options(spec))
+    native = HFTokenizer(
+        tok,
+        kind="gpt2",
+        files=(spec.vocab_file, spec.merge_file),
+        eod_id=_hf_eod(tok, spec, None),
+        vocab_size=_hf_vocab_size(tok),
+        add_special_tokens=False,
+        options=_options(spec),
+    )
     return native, tok
 
 
@@ -208,7 +254,9 @@ class TiktokenTokenizer(TextTokenizer):
     kind = "tiktoken"
     engine = "tiktoken"
 
-    def __init__(self, enc, *, spec: TokenizerSpec, eod: tuple[str, int], pattern: str, vocab_size: int) -> None:
+    def __init__(
+        self, enc, *, spec: TokenizerSpec, eod: tuple[str, int], pattern: str, vocab_size: int
+    ) -> None:
         self.enc, self.eod_id, self.vocab_size = enc, eod[1], vocab_size
         self.eod_token, self.pattern = eod[0], pattern
         self.files = (spec.model,)
@@ -225,17 +273,32 @@ def _load_tiktoken(spec: TokenizerSpec):
     known_pattern, known_eod = _TIKTOKEN_KNOWN.get(stem, (None, None))
     pattern = spec.tiktoken_pattern or known_pattern
     if pattern is None:
-        raise ConfigError(f"cannot tell the split pattern of {Path(spec.model).name!r} from its name",
-                          path=spec.model, hint="pass --tiktoken-pattern gpt2|cl100k|o200k")
+        raise ConfigError(
+            f"cannot tell the split pattern of {Path(spec.model).name!r} from its name",
+            path=spec.model,
+            hint="pass --tiktoken-pattern gpt2|cl100k|o200k",
+        )
     eod_token = spec.eod_token or "<|endoftext|>"
-    eod_id = spec.eod_id if spec.eod_id is not None else (known_eod if known_eod is not None else len(ranks))
+    eod_id = (
+        spec.eod_id
+        if spec.eod_id is not None
+        else (known_eod if known_eod is not None else len(ranks))
+    )
     if eod_id in ranks.values():
-        raise ConfigError(f"EOD id {eod_id} is already a mergeable token of {spec.model}",
-                          hint="pass an --eod-id beyond the file's ranks")
-    enc = tiktoken.Encoding(name=stem, pat_str=_TIKTOKEN_PATTERNS[pattern], mergeable_ranks=ranks,
-                            special_tokens={eod_token: eod_id})
+        raise ConfigError(
+            f"EOD id {eod_id} is already a mergeable token of {spec.model}",
+            hint="pass an --eod-id beyond the file's ranks",
+        )
+    enc = tiktoken.Encoding(
+        name=stem,
+        pat_str=_TIKTOKEN_PATTERNS[pattern],
+        mergeable_ranks=ranks,
+        special_tokens={eod_token: eod_id},
+    )
     vocab_size = max(max(ranks.values(), default=-1), eod_id) + 1
-    native = TiktokenTokenizer(enc, spec=spec, eod=(eod_token, eod_id), pattern=pattern, vocab_size=vocab_size)
+    native = TiktokenTokenizer(
+        enc, spec=spec, eod=(eod_token, eod_id), pattern=pattern, vocab_size=vocab_size
+    )
     return native, ("tiktoken", spec.model, _GIGATOKEN_SCHEMES[pattern], {eod_token: eod_id})
 
 
@@ -249,8 +312,11 @@ def _read_tiktoken_ranks(path: str) -> dict[bytes, int]:
                 token, rank = line.split()
                 ranks[base64.b64decode(token, validate=True)] = int(rank)
             except ValueError:
-                raise ConfigError(f"line {number} is not '<base64 token> <rank>'", path=path,
-                                  hint="pass a .tiktoken rank file") from None
+                raise ConfigError(
+                    f"line {number} is not '<base64 token> <rank>'",
+                    path=path,
+                    hint="pass a .tiktoken rank file",
+                ) from None
     return ranks
 
 
@@ -269,8 +335,10 @@ class SentencePieceTokenizer(TextTokenizer):
         elif spec.eod_token:
             self.eod_id = sp.piece_to_id(spec.eod_token)
             if self.eod_id == sp.unk_id() and spec.eod_token != sp.id_to_piece(sp.unk_id()):
-                raise ConfigError(f"EOD token {spec.eod_token!r} is not in {spec.model}",
-                                  hint="pass an existing piece with --eod-token, or --eod-id")
+                raise ConfigError(
+                    f"EOD token {spec.eod_token!r} is not in {spec.model}",
+                    hint="pass an existing piece with --eod-token, or --eod-id",
+                )
         else:
             self.eod_id = sp.eos_id() if sp.eos_id() >= 0 else None
 
@@ -290,8 +358,11 @@ def _load_sentencepiece(spec: TokenizerSpec):
     try:
         sp.Load(spec.model)
     except (OSError, RuntimeError) as exc:
-        raise ConfigError(f"cannot load the SentencePiece model ({exc})", path=spec.model,
-                          hint="pass a .model file written by SentencePieceTrainer") from None
+        raise ConfigError(
+            f"cannot load the SentencePiece model ({exc})",
+            path=spec.model,
+            hint="pass a .model file written by SentencePieceTrainer",
+        ) from None
     return SentencePieceTokenizer(sp, spec), ("sentencepiece", spec.model)
 
 
@@ -301,119 +372,6 @@ _LOADERS = {
     "tiktoken": _load_tiktoken,
     "sentencepiece": _load_sentencepiece,
 }
-
-
-# -- gigatoken ------------------------------------------------------------------------------------
-class GigatokenTokenizer(TextTokenizer):
-    """gigatoken's encoder with the identity and affixes of the native tokenizer it replaces.
-
-    gigatoken always matches special-token texts inside the input; SentencePiece never does for
-    its control pieces (``<s>``, ``</s>``, ``<unk>``). Texts containing one of those ``markers``
-    (a C-speed substring test) are therefore encoded by the native tokenizer instead.
-    """
-
-    engine = "gigatoken"
-
-    def __init__(self, native: TextTokenizer, giga, prefix: list[int], suffix: list[int],
-                 markers: tuple[str, ...] = ()) -> None:
-        self.native, self.giga, self.markers = native, giga, markers
-        self.kind, self.files, self.options = native.kind, native.files, native.options
-        self.vocab_size, self.eod_id = native.vocab_size, native.eod_id
-        self.prefix = np.asarray(prefix, dtype=np.int64)
-        self.suffix = np.asarray(suffix, dtype=np.int64)
-
-    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self.markers:
-            routed = [i for i, t in enumerate(texts) if any(m in t for m in self.markers)]
-            if routed:
-                return self._encode_mixed(texts, routed)
-        return self._encode_fast(texts)
-
-    def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        if not texts:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        layout = self.giga.encode_batch(texts, parallel=False).layout
-        offsets = np.asarray(layout.offsets.data)
-        flat = np.asarray(layout.content.data)[offsets[0] : offsets[-1]]
-        lengths = np.diff(offsets).astype(np.int64)
-        if self.prefix.size or self.suffix.size:
-            return _wrap(flat, lengths, self.prefix, self.suffix)
-        return flat, lengths
-
-    def _encode_mixed(self, texts: list[str], routed: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        native_mask = np.zeros(len(texts), dtype=bool)
-        native_mask[routed] = True
-        fast_ids, fast_lengths = self._encode_fast([t for t, m in zip(texts, native_mask) if not m])
-        slow_ids, slow_lengths = self.native.encode_batch([texts[i] for i in routed])
-        lengths = np.empty(len(texts), dtype=np.int64)
-        lengths[~native_mask], lengths[native_mask] = fast_lengths, slow_lengths
-        starts = np.cumsum(lengths) - lengths
-        out = np.empty(int(lengths.sum()), dtype=np.int64)
-        out[np.repeat(starts[~native_mask], fast_lengths) + _ranks_within(fast_lengths)] = fast_ids
-        out[np.repeat(starts[native_mask], slow_lengths) + _ranks_within(slow_lengths)] = slow_ids
-        return out, lengths
-
-
-def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.ndarray):
-    """Put ``prefix`` before and ``suffix`` after every text's ids, vectorized."""
-    extra = prefix.size + suffix.size
-    new_lengths = lengths + extra
-    starts = np.concatenate(([0], np.cumsum(new_lengths)[:-1]))
-    out = np.empty(int(new_lengths.sum()), dtype=np.int64)
-    body = np.repeat(starts + prefix.size, lengths) + _ranks_within(lengths)
-    out[body] = flat
-    if prefix.size:
-        out[(starts[:, None] + np.arange(prefix.size)).ravel()] = np.tile(prefix, lengths.size)
-    if suffix.size:
-        tail = starts + prefix.size + lengths
-        out[(tail[:, None] + np.arange(suffix.size)).ravel()] = np.tile(suffix, lengths.size)
-    return out, new_lengths
-
-
-def _ranks_within(lengths: np.ndarray) -> np.ndarray:
-    """0..len-1 for each group of ``lengths``, concatenated."""
-    total = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.arange(total, dtype=np.int64) - starts
-
-
-def _accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokenizer:
-    try:
-        gigatoken = require("gigatoken", "fast", "the gigatoken engine")
-    except MissingExtraError:
-        if spec.engine == "gigatoken":
-            raise
-        return native
-    try:
-        if isinstance(source, tuple) and source[0] == "tiktoken":
-            giga = gigatoken.Tokenizer.from_tiktoken(source[1], pretokenizer=source[2], special_tokens=source[3])
-        elif isinstance(source, tuple):
-            giga = gigatoken.Tokenizer.from_sentencepiece(source[1])
-        else:
-            giga = gigatoken.Tokenizer(source)
-        prefix, suffix = native.affixes() if isinstance(native, HFTokenizer) else ([], [])
-        markers = native.control_pieces() if isinstance(native, SentencePieceTokenizer) else ()
-        fast = GigatokenTokenizer(native, giga, prefix, suffix, markers)
-        same = _same_ids(native, fast)
-    except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
-        same, reason = False, str(exc).splitlines()[0]
-    else:
-        reason = "its ids differ from the native encoder's on the probe texts"
-    if same:
-        log.debug("encoding with gigatoken")
-        return fast
-    if spec.engine == "gigatoken":
-        raise ConfigError(f"gigatoken cannot be used for this {spec.kind} tokenizer: {reason}",
-                          hint="drop --engine gigatoken (the native encoder gives the reference ids)")
-    log.info("gigatoken not used for this %s tokenizer (%s); using %s", spec.kind, reason, native.engine)
-    return native
-
-
-def _same_ids(a: TextTokenizer, b: TextTokenizer) -> bool:
-    texts = list(PROBE_TEXTS)
-    fa, la = a.encode_batch(texts)
-    fb, lb = b.encode_batch(texts)
-    return np.array_equal(la, lb) and np.array_equal(fa.astype(np.int64), fb.astype(np.int64))
 
 
 def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -432,4 +390,3 @@ def _options(spec: TokenizerSpec) -> dict[str, Any]:
     if spec.eod_id is not None:
         out["eod_id"] = spec.eod_id
     return out
-

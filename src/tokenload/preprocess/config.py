@@ -88,15 +88,19 @@ class TokenizerSpec:
                     hint="pass --vocab-file vocab.json --merge-file merges.txt",
                 )
         elif self.kind in ("huggingface", "tiktoken", "sentencepiece") and not self.model:
-            what = {"huggingface": "a tokenizer.json or a local model folder",
-                    "tiktoken": "a .tiktoken file", "sentencepiece": "a SentencePiece .model file"}
+            what = {
+                "huggingface": "a tokenizer.json or a local model folder",
+                "tiktoken": "a .tiktoken file",
+                "sentencepiece": "a SentencePiece .model file",
+            }
             raise ConfigError(
                 f"the {self.kind} tokenizer needs {what[self.kind]}",
                 hint="pass it with --tokenizer-model PATH",
             )
         if self.tiktoken_pattern is not None and self.tiktoken_pattern not in TIKTOKEN_PATTERNS:
             raise ConfigError(
-                f"tiktoken pattern is {self.tiktoken_pattern!r}, expected one of {TIKTOKEN_PATTERNS}"
+                f"tiktoken pattern is {self.tiktoken_pattern!r},"
+                f" expected one of {', '.join(TIKTOKEN_PATTERNS)}"
             )
         if self.eod_id is not None and self.eod_id < 0:
             raise ConfigError(f"eod id is {self.eod_id}, expected a non-negative token id")
@@ -117,7 +121,7 @@ class PreprocessConfig:
     """One preprocess job: inputs -> ``{output_prefix}_{key}_document.bin/.idx`` per JSON key."""
 
     inputs: tuple[str, ...]
-    """Files, folders, globs or fsspec URLs; expanded in the order given, each glob/folder sorted."""
+    """Files, folders, globs or fsspec URLs; expanded in the order given, globs/folders sorted."""
     output_prefix: str
     """Output prefix; each key writes ``{output_prefix}_{key}_document`` (Megatron's naming)."""
     tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)

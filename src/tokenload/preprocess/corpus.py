@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from ..errors import ConfigError
 from ..format.atomic import temp_path
@@ -58,11 +58,16 @@ def write_stdlib_corpus(
     import json
 
     if max_bytes is not None and min_bytes is not None and min_bytes > max_bytes:
-        raise ConfigError(f"min size {min_bytes} exceeds max size {max_bytes}", hint="lower --min-mb or raise --max-mb")
+        raise ConfigError(
+            f"min size {min_bytes} exceeds max size {max_bytes}",
+            hint="lower --min-mb or raise --max-mb",
+        )
     output = os.fspath(output)
     folder = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(folder):
-        raise ConfigError(f"output folder {folder!r} does not exist", path=output, hint="create it first")
+        raise ConfigError(
+            f"output folder {folder!r} does not exist", path=output, hint="create it first"
+        )
     tmp = temp_path(output)
     documents = written = sources = 0
     try:
@@ -70,7 +75,11 @@ def write_stdlib_corpus(
             for k in range(1 << 30):
                 added = 0
                 for rel, text in stdlib_sources(root):
-                    record = {"text": text, "path": rel} if k == 0 else {"text": text, "path": rel, "pass": k}
+                    record = (
+                        {"text": text, "path": rel}
+                        if k == 0
+                        else {"text": text, "path": rel, "pass": k}
+                    )
                     line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
                     if max_bytes is not None and written + len(line) > max_bytes:
                         break

@@ -80,7 +80,11 @@ def encode_chunk(task: EncodeTask, chunk: Chunk) -> Encoded:
         else:
             texts, owners = column, None
         ids, lengths = tok.encode_batch(texts)
-        outputs.append(layout_documents(ids, lengths, owners, len(column), tok.eod_id if task.append_eod else None, dtype))
+        outputs.append(
+            layout_documents(
+                ids, lengths, owners, len(column), tok.eod_id if task.append_eod else None, dtype
+            )
+        )
     return Encoded(outputs, parsed.documents, chunk.size, dict(parsed.skipped), parsed.examples)
 
 

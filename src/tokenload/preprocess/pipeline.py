@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ConfigError, RecordError
 from ..format import TokenFileWriter
 from .config import PreprocessConfig
-from .encode import EncodeTask, Encoded, encode_chunk, init_worker_process, register_tokenizer
+from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .progress import Progress
 from .sources import InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
 from .tokenizer import TextTokenizer, load_tokenizer
@@ -65,11 +65,13 @@ class PreprocessResult:
 
 
 def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> PreprocessResult:
-    """Run the job ``config`` describes; ``progress``: bar on (True), off (False), on a tty (None)."""
+    """Run the job ``config`` describes; ``progress``: bar on, off, or None (on a terminal)."""
     start = time.perf_counter()
     tok = load_tokenizer(config.tokenizer)
     _check_eod(config, tok)
-    files = shard_files(expand_inputs(config.inputs, config.input_format), config.num_shards, config.shard_index)
+    files = shard_files(
+        expand_inputs(config.inputs, config.input_format), config.num_shards, config.shard_index
+    )
     _check_keys_for_text(config, files)
     job = _job_description(config, tok, files)
     work = WorkDir(config.shard_prefix, job)
@@ -93,9 +95,16 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     _write_outputs(config, tok, work, len(files), totals)
     work.remove()
     return PreprocessResult(
-        outputs=config.outputs, files=len(files), files_resumed=resumed, documents=totals["documents"],
-        tokens=totals["tokens"], skipped=totals["skipped"], input_bytes=bar.input_bytes,
-        encoded_tokens=bar.tokens, seconds=time.perf_counter() - start, engine=tok.engine,
+        outputs=config.outputs,
+        files=len(files),
+        files_resumed=resumed,
+        documents=totals["documents"],
+        tokens=totals["tokens"],
+        skipped=totals["skipped"],
+        input_bytes=bar.input_bytes,
+        encoded_tokens=bar.tokens,
+        seconds=time.perf_counter() - start,
+        engine=tok.engine,
     )
 
 
@@ -113,8 +122,10 @@ def _check_eod(config: PreprocessConfig, tok: TextTokenizer) -> None:
             hint="name one with --eod-token TEXT or --eod-id N",
         )
     if tok.eod_id > np.iinfo(tok.dtype).max:
-        raise ConfigError(f"EOD id {tok.eod_id} does not fit the output dtype {tok.dtype}",
-                          hint="pass an --eod-id inside the tokenizer's vocabulary")
+        raise ConfigError(
+            f"EOD id {tok.eod_id} does not fit the output dtype {tok.dtype}",
+            hint="pass an --eod-id inside the tokenizer's vocabulary",
+        )
 
 
 def _check_keys_for_text(config: PreprocessConfig, files: list[InputFile]) -> None:
@@ -125,7 +136,9 @@ def _check_keys_for_text(config: PreprocessConfig, files: list[InputFile]) -> No
         )
 
 
-def _job_description(config: PreprocessConfig, tok: TextTokenizer, files: list[InputFile]) -> dict[str, Any]:
+def _job_description(
+    config: PreprocessConfig, tok: TextTokenizer, files: list[InputFile]
+) -> dict[str, Any]:
     """Everything that decides the parts' bytes (never the worker count or executor; the
     bad-record policy only decides whether a part may be reused, see ``_bad_records``)."""
     return {
@@ -144,7 +157,9 @@ def _job_description(config: PreprocessConfig, tok: TextTokenizer, files: list[I
 class _FileJob:
     """One input file being encoded: its part writers and what it has counted so far."""
 
-    def __init__(self, index: int, file: InputFile, config: PreprocessConfig, work: WorkDir, dtype: np.dtype) -> None:
+    def __init__(
+        self, index: int, file: InputFile, config: PreprocessConfig, work: WorkDir, dtype: np.dtype
+    ) -> None:
         self.index, self.file, self.work, self.config = index, file, work, config
         self.writers = [TokenFileWriter(work.part(index, k), dtype) for k in config.json_keys]
         self.documents = 0
@@ -167,19 +182,26 @@ class _FileJob:
                 raise RecordError(
                     f"cannot read the file to its end: {self.damaged}",
                     path=self.file.path,
-                    hint="replace the damaged file, or pass --on-bad-record skip to skip unreadable files",
+                    hint="replace the damaged file, or pass --on-bad-record skip to skip it",
                 )
             log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
             self.abort()
             dtype = np.dtype(self.writers[0].dtype)
-            self.writers = [TokenFileWriter(self.work.part(self.index, k), dtype) for k in self.config.json_keys]
+            self.writers = [
+                TokenFileWriter(self.work.part(self.index, k), dtype) for k in self.config.json_keys
+            ]
             self.documents, self.skipped = 0, Counter({"unreadable_file": 1})
         tokens = {}
         for key, writer in zip(self.config.json_keys, self.writers):
             tokens[key] = writer.num_tokens
             writer.finalize()
-        summary = {"path": self.file.path, "stamp": self.file.stamp, "documents": self.documents,
-                   "tokens": tokens, "skipped": dict(sorted(self.skipped.items()))}
+        summary = {
+            "path": self.file.path,
+            "stamp": self.file.stamp,
+            "documents": self.documents,
+            "tokens": tokens,
+            "skipped": dict(sorted(self.skipped.items())),
+        }
         self.work.commit(self.index, summary)
         return summary
 
@@ -197,8 +219,12 @@ def _executor(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
         return ThreadPoolExecutor(config.workers, thread_name_prefix="tokenload-encode")
     import multiprocessing
 
-    return ProcessPoolExecutor(config.workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=init_worker_process, initargs=(_resolved_spec(config, tok),))
+    return ProcessPoolExecutor(
+        config.workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=init_worker_process,
+        initargs=(_resolved_spec(config, tok),),
+    )
 
 
 def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
@@ -211,9 +237,13 @@ def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
 
 
 def _encode_files(config, tok, work, todo, summaries, bar) -> None:
-    task = EncodeTask(tokenizer=_resolved_spec(config, tok), keys=config.json_keys,
-                      append_eod=config.append_eod, strict=config.on_bad_record == "error",
-                      dtype=tok.dtype.name)
+    task = EncodeTask(
+        tokenizer=_resolved_spec(config, tok),
+        keys=config.json_keys,
+        append_eod=config.append_eod,
+        strict=config.on_bad_record == "error",
+        dtype=tok.dtype.name,
+    )
     depth = 2 * config.workers + 2
     pending: deque = deque()
     jobs: list[_FileJob] = []
@@ -256,7 +286,9 @@ def _drain_one(pending: deque, summaries: dict, bar: Progress) -> None:
     bar.update(result)
 
 
-def write_documents(writer: TokenFileWriter, tokens: np.ndarray, seq_lengths: np.ndarray, per_doc: np.ndarray) -> None:
+def write_documents(
+    writer: TokenFileWriter, tokens: np.ndarray, seq_lengths: np.ndarray, per_doc: np.ndarray
+) -> None:
     """Append documents given as (tokens, sequence lengths, sequences per document)."""
     if per_doc.size and bool((per_doc == 1).all()):
         writer.add_documents(tokens, seq_lengths)
@@ -281,10 +313,16 @@ def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
         documents += s["documents"]
         tokens.update(s["tokens"])
         skipped.update(s["skipped"])
-    return {"documents": documents, "tokens": dict(tokens), "skipped": dict(sorted(skipped.items()))}
+    return {
+        "documents": documents,
+        "tokens": dict(tokens),
+        "skipped": dict(sorted(skipped.items())),
+    }
 
 
-def _write_outputs(config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, nfiles: int, totals) -> None:
+def _write_outputs(
+    config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, nfiles: int, totals
+) -> None:
     metadata = {
         "producer": "tokenload preprocess",
         "inputs": work.job["inputs"],
@@ -295,8 +333,12 @@ def _write_outputs(config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, 
         "skipped": totals["skipped"],
     }
     for key in config.json_keys:
-        with TokenFileWriter(config.output_for(key), tok.dtype, tokenizer=work.job["tokenizer"],
-                             metadata={**metadata, "json_key": key}) as writer:
+        with TokenFileWriter(
+            config.output_for(key),
+            tok.dtype,
+            tokenizer=work.job["tokenizer"],
+            metadata={**metadata, "json_key": key},
+        ) as writer:
             for index in range(nfiles):
                 writer.append(work.part(index, key))
             writer.finalize()

@@ -15,7 +15,9 @@ from .sources import InputFile
 class Progress:
     """Counts encoded documents, tokens and input bytes; drives an optional bar."""
 
-    def __init__(self, *, files: list[InputFile], todo: list[InputFile], enabled: bool | None) -> None:
+    def __init__(
+        self, *, files: list[InputFile], todo: list[InputFile], enabled: bool | None
+    ) -> None:
         self.documents = self.tokens = self.input_bytes = self.files_done = 0
         self.files_todo = len(todo)
         self._start = time.perf_counter()
@@ -24,11 +26,18 @@ class Progress:
             return
         from tqdm import tqdm
 
-        sized = all(f.compression is None and f.size is not None and f.format != "parquet" for f in todo)
+        sized = all(
+            f.compression is None and f.size is not None and f.format != "parquet" for f in todo
+        )
         self._bar = tqdm(
             total=sum(f.size for f in todo) if sized else None,
-            unit="B", unit_scale=True, unit_divisor=1024, desc="preprocess",
-            disable=None if enabled is None else False, mininterval=0.5, dynamic_ncols=True,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc="preprocess",
+            disable=None if enabled is None else False,
+            mininterval=0.5,
+            dynamic_ncols=True,
         )
 
     def update(self, result: Encoded) -> None:

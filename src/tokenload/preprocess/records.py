@@ -113,13 +113,24 @@ def _check_value(value, key: str, record: dict, number: int, bad: _Bad, parsed: 
     if type(value) is list and all(type(v) is str for v in value):
         parsed.has_lists = True
         return False
-    bad("not_text", number, f"key {key!r} holds a JSON {_json_type(value)}, expected a string or a list of strings")
+    bad(
+        "not_text",
+        number,
+        f"key {key!r} holds a JSON {_json_type(value)}, expected a string or a list of strings",
+    )
     return True
 
 
 def _json_type(value) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-             float: "number", type(None): "null"}
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        type(None): "null",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -127,7 +138,9 @@ def _utf8_error(line: bytes) -> str | None:
     try:
         line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return f"not valid UTF-8 (byte 0x{line[exc.start]:02x} at byte offset {exc.start} of the line)"
+        return (
+            f"not valid UTF-8 (byte 0x{line[exc.start]:02x} at byte offset {exc.start} of the line)"
+        )
     return None
 
 

@@ -13,16 +13,22 @@ from __future__ import annotations
 import glob
 import os
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ConfigError, StorageError, require
 
 _BLOCK = 1 << 20
 _FORMAT_BY_EXT = {
-    ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-    ".parquet": "parquet", ".pq": "parquet",
-    ".txt": "text", ".text": "text", ".md": "text",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
 }
 _COMPRESSION_BY_EXT = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
@@ -62,7 +68,9 @@ def is_url(path: str) -> bool:
     return "://" in path
 
 
-def expand_inputs(patterns: tuple[str, ...] | list[str], input_format: str = "auto") -> list[InputFile]:
+def expand_inputs(
+    patterns: tuple[str, ...] | list[str], input_format: str = "auto"
+) -> list[InputFile]:
     """The input files ``patterns`` name, in order, each glob or folder sorted."""
     files: list[InputFile] = []
     for pattern in patterns:
@@ -79,13 +87,18 @@ def _expand_local(pattern: str, input_format: str) -> list[str]:
             found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
         found = sorted(p for p in found if input_format != "auto" or _format_of(p, "auto"))
         if not found:
-            raise ConfigError(f"folder {pattern!r} holds no input files", path=pattern,
-                              hint="inputs end in .jsonl/.json/.ndjson/.parquet/.txt (optionally .gz/.zst)")
+            raise ConfigError(
+                f"folder {pattern!r} holds no input files",
+                path=pattern,
+                hint="inputs end in .jsonl/.json/.ndjson/.parquet/.txt (optionally .gz/.zst)",
+            )
         return found
     if glob.has_magic(pattern):
         found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
         if not found:
-            raise ConfigError(f"no file matches {pattern!r}", hint="check the glob (quote it in the shell)")
+            raise ConfigError(
+                f"no file matches {pattern!r}", hint="check the glob (quote it in the shell)"
+            )
         return found
     if not os.path.isfile(pattern):
         raise ConfigError(f"input {pattern!r} does not exist", path=pattern, hint="check the path")
@@ -120,13 +133,19 @@ def _format_of(path: str, input_format: str) -> str | None:
 def _describe(path: str, input_format: str) -> InputFile:
     fmt = _format_of(path, input_format)
     if fmt is None:
-        raise ConfigError(f"cannot tell the format of {path!r} from its extension", path=path,
-                          hint="pass --input-format jsonl|parquet|text|lines")
+        raise ConfigError(
+            f"cannot tell the format of {path!r} from its extension",
+            path=path,
+            hint="pass --input-format jsonl|parquet|text|lines",
+        )
     ext = os.path.splitext(path.lower())[1]
     compression = _COMPRESSION_BY_EXT.get(ext)
     if fmt == "parquet" and compression:
-        raise ConfigError("parquet files compress internally; a compressed .parquet file is not supported",
-                          path=path, hint="decompress it first")
+        raise ConfigError(
+            "parquet files compress internally; a compressed .parquet file is not supported",
+            path=path,
+            hint="decompress it first",
+        )
     size, stamp = _stat(path)
     return InputFile(path=path, format=fmt, compression=compression, size=size, stamp=stamp)
 
@@ -136,12 +155,16 @@ def _stat(path: str) -> tuple[int | None, str]:
         try:
             st = os.stat(path)
         except OSError as exc:
-            raise StorageError(f"cannot stat ({exc.strerror})", path=path, hint="check the file") from None
+            raise StorageError(
+                f"cannot stat ({exc.strerror})", path=path, hint="check the file"
+            ) from None
         return st.st_size, f"{st.st_size}:{st.st_mtime_ns}"
     fsspec = require("fsspec", "s3", f"reading {path}")
     fs, fs_path = fsspec.core.url_to_fs(path)
     info = fs.info(fs_path)
-    tag = info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
+    tag = (
+        info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
+    )
     return info.get("size"), f"{info.get('size')}:{tag}"
 
 
@@ -236,7 +259,9 @@ def _decompress(raw_blocks: Iterator[bytes], compression: str) -> Iterator[bytes
             else:
                 block = b""
     if inside:
-        raise UnreadableFile(f"the {compression} stream is truncated (ends before its end-of-stream marker)")
+        raise UnreadableFile(
+            f"the {compression} stream is truncated (ends before its end-of-stream marker)"
+        )
 
 
 def _parquet_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[Chunk]:
@@ -248,7 +273,10 @@ def _parquet_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...])
             names = set(pf.schema_arrow.names)
             present = [c for c in columns if c in names]
             rows_total = max(1, meta.num_rows)
-            row_bytes = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)) / rows_total
+            row_bytes = (
+                sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+                / rows_total
+            )
             batch_rows = max(1, int(chunk_bytes / max(row_bytes, 1.0)))
             first = 1
             if len(present) < len(columns):  # the worker reports the missing column per row

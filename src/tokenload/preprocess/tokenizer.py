@@ -115,7 +115,9 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
                 hint="drop --tokenizer-model/--vocab-file/--merge-file, or pick --tokenizer-type",
             )
         if spec.engine == "gigatoken":
-            raise ConfigError("gigatoken does not encode the byte tokenizer", hint="drop --engine gigatoken")
+            raise ConfigError(
+                "gigatoken does not encode the byte tokenizer", hint="drop --engine gigatoken"
+            )
         return ByteTokenizer(spec.eod_id)
     for path in (spec.model, spec.vocab_file, spec.merge_file):
         if path is not None and not os.path.exists(path):
@@ -127,16 +129,6 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
     from . import backends
 
     return backends.load(spec)
-
-
-def check_ids_fit(tok: TextTokenizer, ids: np.ndarray) -> None:
-    """Refuse ids that would not fit the output dtype (a vocabulary larger than it claims)."""
-    if ids.size and int(ids.max()) >= (1 << 16) and tok.dtype == np.uint16:
-        raise ConfigError(
-            f"the tokenizer produced id {int(ids.max())}, beyond its vocabulary size {tok.vocab_size}"
-            " and beyond uint16",
-            hint="pass a tokenizer whose vocabulary covers every id it produces",
-        )
 
 
 def _path_hash(path: str) -> str:

@@ -45,16 +45,23 @@ class WorkDir:
             except (OSError, ValueError):
                 old = None
             if old != self.job:
-                changed = sorted(k for k in set(self.job) | set(old or {}) if (old or {}).get(k) != self.job.get(k))
+                changed = sorted(
+                    k
+                    for k in set(self.job) | set(old or {})
+                    if (old or {}).get(k) != self.job.get(k)
+                )
                 raise ConfigError(
-                    f"the work folder {str(self.root)!r} belongs to an interrupted job with different"
-                    f" settings (differs in: {', '.join(changed) or 'format'})",
-                    hint="rerun with the original settings to resume it, or pass --no-resume to start over",
+                    f"the work folder {str(self.root)!r} belongs to an interrupted job with"
+                    f" different settings (differs in: {', '.join(changed) or 'format'})",
+                    hint="rerun with the original settings to resume it, or pass --no-resume"
+                    " to start over",
                 )
             self._remove_temporaries()
             return
         self.root.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(job_file, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode())
+        write_bytes_atomic(
+            job_file, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode()
+        )
 
     def part(self, index: int, key: str) -> str:
         """Token file prefix of input file ``index``'s part for ``key``."""
@@ -80,7 +87,9 @@ class WorkDir:
 
     def commit(self, index: int, summary: dict[str, Any]) -> None:
         """Mark input file ``index`` finished (its part files are already published)."""
-        write_bytes_atomic(self._marker(index), (json.dumps(summary, sort_keys=True) + "\n").encode())
+        write_bytes_atomic(
+            self._marker(index), (json.dumps(summary, sort_keys=True) + "\n").encode()
+        )
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)

@@ -16,9 +16,40 @@ import random
 import pytest
 
 WORDS = [
-    "the", "cat", "sat", "on", "mat", "data", "token", "loader", "Megatron", "héllo", "wörld",
-    "日本語", "中文", "Ελληνικά", "русский", "emoji🙂", "123", "4567", "3.14", "don't", "it's",
-    "CAPS", "snake_case", "x", "(", ")", "{", "}", ",", ".", "!", "?", "def", "return",
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "data",
+    "token",
+    "loader",
+    "Megatron",
+    "héllo",
+    "wörld",
+    "日本語",
+    "中文",
+    "Ελληνικά",
+    "русский",
+    "emoji🙂",
+    "123",
+    "4567",
+    "3.14",
+    "don't",
+    "it's",
+    "CAPS",
+    "snake_case",
+    "x",
+    "(",
+    ")",
+    "{",
+    "}",
+    ",",
+    ".",
+    "!",
+    "?",
+    "def",
+    "return",
 ]
 SEPARATORS = [" ", " ", " ", "  ", "\n", "\t", "\n\n", " \n"]
 
@@ -44,7 +75,9 @@ def texts() -> list[str]:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    )
     mapping, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -65,8 +98,12 @@ def _train_bytelevel(corpus, vocab_size=500):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus, trainer)
     return tok
 
@@ -77,13 +114,26 @@ def _sentencepiece_style_json(corpus) -> str:
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                        show_progress=False))
+    tok.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+        ),
+    )
     data = json.loads(tok.to_str())
     specials = ["<unk>", "<s>", "</s>"]
-    learned = [k for k, _ in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1]) if k not in specials]
+    learned = [
+        k
+        for k, _ in sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+        if k not in specials
+    ]
     order = specials + [f"<0x{i:02X}>" for i in range(256)] + learned
-    data["model"].update(vocab={k: i for i, k in enumerate(order)}, byte_fallback=True, unk_token="<unk>", fuse_unk=True)
+    data["model"].update(
+        vocab={k: i for i, k in enumerate(order)},
+        byte_fallback=True,
+        unk_token="<unk>",
+        fuse_unk=True,
+    )
     for added in data["added_tokens"]:
         added["id"] = order.index(added["content"])
     return json.dumps(data)
@@ -106,9 +156,15 @@ def _train_sentencepiece(corpus, model_type: str) -> bytes:
     out = io.BytesIO()
     lines = [line for t in corpus for line in t.split("\n") if line.strip()]
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=out, vocab_size=400 if model_type == "bpe" else 90, hard_vocab_limit=False,
-        model_type=model_type, byte_fallback=model_type == "bpe", character_coverage=1.0,
-        minloglevel=2, num_threads=1,
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=400 if model_type == "bpe" else 90,
+        hard_vocab_limit=False,
+        model_type=model_type,
+        byte_fallback=model_type == "bpe",
+        character_coverage=1.0,
+        minloglevel=2,
+        num_threads=1,
     )
     return out.getvalue()
 
@@ -128,7 +184,9 @@ def tokenizer_files(tmp_path_factory, texts) -> dict[str, str]:
 
     bos = Tokenizer.from_str(bl.to_str())
     eot = bos.token_to_id("<|endoftext|>")
-    bos.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", eot)])
+    bos.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", eot)]
+    )
     paths["bytelevel_bos"] = str(root / "bytelevel_bos.json")
     bos.save(paths["bytelevel_bos"])
 
@@ -138,21 +196,30 @@ def tokenizer_files(tmp_path_factory, texts) -> dict[str, str]:
     wp = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     wp.normalizer = normalizers.BertNormalizer(lowercase=True)
     wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    wp.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "[SEP]"],
-                                                             show_progress=False))
+    wp.train_from_iterator(
+        corpus,
+        trainers.WordPieceTrainer(
+            vocab_size=300, special_tokens=["[UNK]", "[SEP]"], show_progress=False
+        ),
+    )
     paths["wordpiece"] = str(root / "wordpiece.json")
     wp.save(paths["wordpiece"])
 
     model = json.loads(bl.to_str())["model"]
     paths["gpt2_vocab"] = str(root / "vocab.json")
     paths["gpt2_merges"] = str(root / "merges.txt")
-    (root / "vocab.json").write_text(json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8")
+    (root / "vocab.json").write_text(
+        json.dumps(model["vocab"], ensure_ascii=False), encoding="utf-8"
+    )
     merges = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in _merge_pairs(model))
     (root / "merges.txt").write_text(merges, encoding="utf-8")
 
     ranks = _tiktoken_ranks(bl)
     paths["tiktoken"] = str(root / "tiny.tiktoken")
-    lines = (f"{base64.b64encode(tok).decode()} {rank}\n" for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+    lines = (
+        f"{base64.b64encode(tok).decode()} {rank}\n"
+        for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1])
+    )
     (root / "tiny.tiktoken").write_text("".join(lines), encoding="ascii")
 
     for kind in ("bpe", "unigram"):

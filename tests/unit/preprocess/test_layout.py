@@ -17,7 +17,9 @@ from tokenload.preprocess.pipeline import write_documents
 EOD = 999
 
 # a document: either one text (an int: its token count) or a list of sentences (token counts)
-documents = st.lists(st.one_of(st.integers(0, 6), st.lists(st.integers(0, 4), max_size=4)), max_size=25)
+documents = st.lists(
+    st.one_of(st.integers(0, 6), st.lists(st.integers(0, 4), max_size=4)), max_size=25
+)
 
 
 def megatron_rule(docs, ids_of, eod):
@@ -75,7 +77,9 @@ def test_layout_equals_megatron_rule(docs, append_eod):
 def test_write_documents_equals_add_document_loop(tmp_path_factory, docs):
     folder = tmp_path_factory.mktemp("w")
     texts, flat, lengths, owners = encoded_inputs(docs)
-    tokens, seq_lengths, per_doc = layout_documents(flat, lengths, owners, len(docs), EOD, np.dtype(np.uint16))
+    tokens, seq_lengths, per_doc = layout_documents(
+        flat, lengths, owners, len(docs), EOD, np.dtype(np.uint16)
+    )
     with TokenFileWriter(folder / "fast", np.uint16) as w:
         write_documents(w, tokens, seq_lengths, per_doc)
     it = iter(texts)
@@ -89,8 +93,14 @@ def test_write_documents_equals_add_document_loop(tmp_path_factory, docs):
 
 def test_byte_ids_with_eod_256_are_widened_not_wrapped():
     flat = np.frombuffer(b"ab", dtype=np.uint8)
-    tokens, seq_lengths, per_doc = layout_documents(flat, np.array([2, 0]), None, 2, 256, np.dtype(np.uint16))
-    assert tokens.tolist() == [97, 98, 256] and seq_lengths.tolist() == [3] and per_doc.tolist() == [1, 0]
+    tokens, seq_lengths, per_doc = layout_documents(
+        flat, np.array([2, 0]), None, 2, 256, np.dtype(np.uint16)
+    )
+    assert (
+        tokens.tolist() == [97, 98, 256]
+        and seq_lengths.tolist() == [3]
+        and per_doc.tolist() == [1, 0]
+    )
 
 
 def test_ids_beyond_the_dtype_are_refused():

@@ -49,7 +49,10 @@ def write_jsonl(path: Path, docs, key="text", extra=None) -> str:
 
 def run(inputs, out, **kw):
     kw.setdefault("workers", 2)
-    return preprocess(PreprocessConfig(inputs=tuple(map(str, inputs)), output_prefix=str(out), **kw), progress=False)
+    return preprocess(
+        PreprocessConfig(inputs=tuple(map(str, inputs)), output_prefix=str(out), **kw),
+        progress=False,
+    )
 
 
 @pytest.fixture
@@ -60,16 +63,27 @@ def docs():
 def test_jsonl_equals_megatron_rule_with_hf_tokenizer_and_two_keys(tmp_path, tokenizer_files, docs):
     from tokenizers import Tokenizer
 
-    files = [write_jsonl(tmp_path / f"in{i}.jsonl", docs[i * 100 : (i + 1) * 100], extra=lambda j: {"title": f"t{j}"})
-             for i in range(4)]
+    files = [
+        write_jsonl(
+            tmp_path / f"in{i}.jsonl",
+            docs[i * 100 : (i + 1) * 100],
+            extra=lambda j: {"title": f"t{j}"},
+        )
+        for i in range(4)
+    ]
     spec = TokenizerSpec(kind="HuggingFaceTokenizer", model=tokenizer_files["bytelevel"])
-    result = run(files, tmp_path / "out", tokenizer=spec, json_keys=("text", "title"), append_eod=True)
+    result = run(
+        files, tmp_path / "out", tokenizer=spec, json_keys=("text", "title"), append_eod=True
+    )
     hf = Tokenizer.from_file(tokenizer_files["bytelevel"])
     eod = hf.token_to_id("<|endoftext|>")
     ref = reference(tmp_path / "ref", docs, lambda t: hf.encode(t).ids, eod)
     assert same_files(result.outputs["text"], ref)
     titles = [f"t{j}" for _ in range(4) for j in range(100)]
-    assert same_files(result.outputs["title"], reference(tmp_path / "ref_t", titles, lambda t: hf.encode(t).ids, eod))
+    assert same_files(
+        result.outputs["title"],
+        reference(tmp_path / "ref_t", titles, lambda t: hf.encode(t).ids, eod),
+    )
     assert result.outputs["text"] == str(tmp_path / "out_text_document")
     assert result.documents == 400 and result.engine == "gigatoken"
     side = read_sidecar(result.outputs["text"])
@@ -97,7 +111,10 @@ def test_bytes_identical_for_any_workers_chunking_and_executor(tmp_path, tokeniz
         dict(workers=4, chunk_bytes=2048),
         dict(workers=2, chunk_bytes=1500, executor="processes"),
     ]
-    outs = [run(files, tmp_path / f"o{i}", tokenizer=spec, append_eod=True, **kw).outputs["text"] for i, kw in enumerate(runs)]
+    outs = [
+        run(files, tmp_path / f"o{i}", tokenizer=spec, append_eod=True, **kw).outputs["text"]
+        for i, kw in enumerate(runs)
+    ]
     for other in outs[1:]:
         assert same_files(outs[0], other, (".bin", ".idx", ".json"))
 
@@ -133,7 +150,10 @@ def test_every_input_kind_gives_the_same_documents(tmp_path, docs):
 def test_skip_mode_counts_reasons_and_skips_damaged_files(tmp_path):
     good = write_jsonl(tmp_path / "a.jsonl", ["one", "two"])
     bad = tmp_path / "b.jsonl"
-    bad.write_bytes(b'{"text": "three"}\n{"text": 3}\n\n{broken\n{"body": "x"}\n{"text": "\xff"}\n{"text": "four"}\n')
+    bad.write_bytes(
+        b'{"text": "three"}\n{"text": 3}\n\n{broken\n{"body": "x"}\n'
+        b'{"text": "\xff"}\n{"text": "four"}\n'
+    )
     payload = gzip.compress(b'{"text": "lost"}\n' * 2000)
     damaged = tmp_path / "c.jsonl.gz"
     damaged.write_bytes(payload[: len(payload) // 2])
@@ -143,8 +163,14 @@ def test_skip_mode_counts_reasons_and_skips_damaged_files(tmp_path):
     result = run([good, bad, damaged], tmp_path / "out", on_bad_record="skip", resume=False)
     ref = reference(tmp_path / "ref", ["one", "two", "three", "four"], byte_ids, None)
     assert same_files(result.outputs["text"], ref)
-    expected = {"blank_line": 1, "malformed_json": 1, "missing_key": 1, "not_text": 1, "not_utf8": 1,
-                "unreadable_file": 1}
+    expected = {
+        "blank_line": 1,
+        "malformed_json": 1,
+        "missing_key": 1,
+        "not_text": 1,
+        "not_utf8": 1,
+        "unreadable_file": 1,
+    }
     assert result.skipped == expected
     assert read_sidecar(result.outputs["text"]).metadata["skipped"] == expected
 
@@ -153,7 +179,9 @@ def test_damaged_file_stops_error_mode(tmp_path):
     payload = zstandard.ZstdCompressor().compress(b'{"text": "x"}\n' * 5000)
     path = tmp_path / "d.jsonl.zst"
     path.write_bytes(payload[:-20])
-    with pytest.raises(RecordError, match="cannot read the file to its end: the zstd stream is truncated"):
+    with pytest.raises(
+        RecordError, match="cannot read the file to its end: the zstd stream is truncated"
+    ):
         run([path], tmp_path / "out")
 
 
@@ -190,10 +218,18 @@ def test_a_changed_input_is_redone_and_a_different_job_is_refused(tmp_path, docs
 
 def test_shards_merged_in_order_equal_a_single_run(tmp_path, tokenizer_files, docs):
     files = [write_jsonl(tmp_path / f"in{i}.jsonl", docs[i * 57 : (i + 1) * 57]) for i in range(7)]
-    spec = TokenizerSpec(kind="gpt2", vocab_file=tokenizer_files["gpt2_vocab"], merge_file=tokenizer_files["gpt2_merges"])
+    spec = TokenizerSpec(
+        kind="gpt2",
+        vocab_file=tokenizer_files["gpt2_vocab"],
+        merge_file=tokenizer_files["gpt2_merges"],
+    )
     single = run(files, tmp_path / "single", tokenizer=spec, append_eod=True).outputs["text"]
-    shards = [run(files, tmp_path / "sh", tokenizer=spec, append_eod=True, num_shards=3, shard_index=i).outputs["text"]
-              for i in range(3)]
+    shards = [
+        run(
+            files, tmp_path / "sh", tokenizer=spec, append_eod=True, num_shards=3, shard_index=i
+        ).outputs["text"]
+        for i in range(3)
+    ]
     assert shards[1] == str(tmp_path / "sh-00001-of-00003_text_document")
     assert [len(read_sidecar(s).metadata["inputs"]) for s in shards] == [2, 2, 3]
     merge_token_files(shards, tmp_path / "merged")
@@ -212,8 +248,12 @@ def test_append_eod_needs_an_eod_token(tmp_path, tokenizer_files):
     spec = TokenizerSpec(kind="hf", model=tokenizer_files["wordpiece"])
     with pytest.raises(ConfigError, match="--append-eod needs an EOD token"):
         run([path], tmp_path / "out", tokenizer=spec, append_eod=True)
-    ok = run([path], tmp_path / "out", tokenizer=TokenizerSpec(kind="hf", model=tokenizer_files["wordpiece"], eod_token="[SEP]"),
-             append_eod=True)
+    ok = run(
+        [path],
+        tmp_path / "out",
+        tokenizer=TokenizerSpec(kind="hf", model=tokenizer_files["wordpiece"], eod_token="[SEP]"),
+        append_eod=True,
+    )
     assert TokenFile(ok.outputs["text"])[0].tolist()[-1] == 1
 
 

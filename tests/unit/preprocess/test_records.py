@@ -16,7 +16,9 @@ def jsonl(payload: bytes, first: int = 1) -> Chunk:
 
 
 def test_jsonl_documents_blank_lines_and_sentence_lists():
-    payload = b'{"text": "a", "id": 1}\n\n   \n{"text": ""}\n{"text": ["s1", "", "s2"]}\n{"text": "last"}'
+    payload = (
+        b'{"text": "a", "id": 1}\n\n   \n{"text": ""}\n{"text": ["s1", "", "s2"]}\n{"text": "last"}'
+    )
     parsed = parse_chunk(jsonl(payload), ("text",), strict=True)
     assert parsed.columns == [["a", "", ["s1", "", "s2"], "last"]]
     assert parsed.documents == 4 and parsed.has_lists
@@ -73,7 +75,9 @@ def test_lines_format_reports_the_non_utf8_line():
     payload = b"good\nbad \xff\ngood again\n"
     with pytest.raises(RecordError, match=r"t.txt:11: not_utf8"):
         parse_chunk(Chunk("t.txt", "lines", 10, payload, len(payload)), ("text",), strict=True)
-    parsed = parse_chunk(Chunk("t.txt", "lines", 10, payload, len(payload)), ("text",), strict=False)
+    parsed = parse_chunk(
+        Chunk("t.txt", "lines", 10, payload, len(payload)), ("text",), strict=False
+    )
     assert parsed.columns == [["good", "good again"]] and parsed.skipped == {"not_utf8": 1}
 
 
@@ -87,10 +91,12 @@ def test_text_format_is_one_document_even_when_empty():
 
 
 def test_parquet_rows_nulls_binary_and_missing_columns():
-    batch = pa.record_batch({
-        "text": pa.array(["a", None, "c", "d"]),
-        "raw": pa.array([b"x", b"y", b"\xff", b"w"], type=pa.binary()),
-    })
+    batch = pa.record_batch(
+        {
+            "text": pa.array(["a", None, "c", "d"]),
+            "raw": pa.array([b"x", b"y", b"\xff", b"w"], type=pa.binary()),
+        }
+    )
     chunk = Chunk("p.parquet", "parquet", 101, batch, 0)
     parsed = parse_chunk(chunk, ("text", "raw"), strict=False)
     assert parsed.columns == [["a", "d"], ["x", "w"]]

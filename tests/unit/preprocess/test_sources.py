@@ -34,7 +34,11 @@ def test_expansion_keeps_given_order_and_sorts_globs_and_folders(tmp_path):
     files = expand_inputs([b, str(tmp_path / "g" / "*.jsonl*"), str(tmp_path / "d")])
     assert [f.path for f in files] == [b, a1, a2, d1, d2]
     assert [(f.format, f.compression) for f in files] == [
-        ("jsonl", None), ("jsonl", None), ("jsonl", "gzip"), ("text", None), ("parquet", None)
+        ("jsonl", None),
+        ("jsonl", None),
+        ("jsonl", "gzip"),
+        ("text", None),
+        ("parquet", None),
     ]
     assert [f.format for f in expand_inputs([d1], "lines")] == ["lines"]
 
@@ -72,7 +76,9 @@ def test_line_chunks_cover_the_file_and_count_lines(tmp_path, chunk_bytes):
     assert b"".join(c.payload for c in chunks) == data
     assert all(c.payload.endswith(b"\n") for c in chunks)
     firsts = [c.first for c in chunks]
-    assert firsts == [1 + data[: sum(len(c.payload) for c in chunks[:i])].count(b"\n") for i in range(len(chunks))]
+    assert firsts == [
+        1 + data[: sum(len(c.payload) for c in chunks[:i])].count(b"\n") for i in range(len(chunks))
+    ]
 
 
 def test_a_line_longer_than_a_chunk_stays_whole(tmp_path):
@@ -125,7 +131,9 @@ def test_parquet_batches_carry_row_numbers_and_missing_columns(tmp_path):
     assert len(chunks) > 1
     rows = [r for c in chunks for r in c.payload.column("text").to_pylist()]
     assert rows == table.column("text").to_pylist()
-    assert [c.first for c in chunks] == [1 + sum(c.payload.num_rows for c in chunks[:i]) for i in range(len(chunks))]
+    assert [c.first for c in chunks] == [
+        1 + sum(c.payload.num_rows for c in chunks[:i]) for i in range(len(chunks))
+    ]
     missing = list(read_chunks(file, 2048, ("body",)))
     assert sum(c.payload["rows"] for c in missing) == 1000
     corrupt = touch(tmp_path / "bad.parquet", b"PAR1 this is not parquet")

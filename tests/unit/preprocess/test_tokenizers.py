@@ -13,9 +13,18 @@ from hypothesis import strategies as st
 
 from tokenload.errors import ConfigError
 from tokenload.preprocess import TokenizerSpec, load_tokenizer
-from tokenload.preprocess.backends import _wrap
+from tokenload.preprocess.fast import _wrap
 
-EXTRA = ["", " ", "<|endoftext|> inside text", "<s> and </s> or <unk> in text", "a" * 2000, "\r\n\r\n", "\u00a0\u2028", "🙂" * 30]
+EXTRA = [
+    "",
+    " ",
+    "<|endoftext|> inside text",
+    "<s> and </s> or <unk> in text",
+    "a" * 2000,
+    "\r\n\r\n",
+    "\u00a0\u2028",
+    "🙂" * 30,
+]
 
 
 def split(flat, lengths):
@@ -25,9 +34,16 @@ def split(flat, lengths):
 
 def spec_for(name: str, files: dict[str, str], **kw) -> TokenizerSpec:
     if name == "gpt2":
-        return TokenizerSpec(kind="GPT2BPETokenizer", vocab_file=files["gpt2_vocab"], merge_file=files["gpt2_merges"], **kw)
+        return TokenizerSpec(
+            kind="GPT2BPETokenizer",
+            vocab_file=files["gpt2_vocab"],
+            merge_file=files["gpt2_merges"],
+            **kw,
+        )
     if name == "tiktoken":
-        return TokenizerSpec(kind="tiktoken", model=files["tiktoken"], tiktoken_pattern="gpt2", **kw)
+        return TokenizerSpec(
+            kind="tiktoken", model=files["tiktoken"], tiktoken_pattern="gpt2", **kw
+        )
     if name.startswith("sp_") and not name.endswith("json"):
         return TokenizerSpec(kind="GPTSentencePieceTokenizer", model=files[name], **kw)
     return TokenizerSpec(kind="HuggingFaceTokenizer", model=files[name], **kw)
@@ -48,7 +64,12 @@ def reference_ids(name: str, files: dict[str, str], texts: list[str]) -> list[li
         from tiktoken_ext.openai_public import r50k_pat_str
 
         ranks = load_tiktoken_bpe(files["tiktoken"])
-        enc = tiktoken.Encoding("t", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": len(ranks)})
+        enc = tiktoken.Encoding(
+            "t",
+            pat_str=r50k_pat_str,
+            mergeable_ranks=ranks,
+            special_tokens={"<|endoftext|>": len(ranks)},
+        )
         return [enc.encode(t, allowed_special="all") for t in texts]
     import sentencepiece as spm
 
@@ -56,7 +77,16 @@ def reference_ids(name: str, files: dict[str, str], texts: list[str]) -> list[li
     return [sp.encode(t) for t in texts]
 
 
-ALL = ["bytelevel", "bytelevel_bos", "sp_bpe_json", "wordpiece", "gpt2", "tiktoken", "sp_bpe", "sp_unigram"]
+ALL = [
+    "bytelevel",
+    "bytelevel_bos",
+    "sp_bpe_json",
+    "wordpiece",
+    "gpt2",
+    "tiktoken",
+    "sp_bpe",
+    "sp_unigram",
+]
 GIGATOKEN_KINDS = ["bytelevel", "bytelevel_bos", "sp_bpe_json", "gpt2", "tiktoken", "sp_bpe"]
 
 
@@ -96,7 +126,9 @@ _unicode_docs = st.lists(st.text(max_size=80), min_size=1, max_size=8)
 
 
 @pytest.mark.parametrize("name", ["bytelevel", "sp_bpe_json", "sp_bpe", "tiktoken"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(docs=_unicode_docs)
 def test_gigatoken_equals_native_on_arbitrary_unicode(name, tokenizer_files, docs):
     fast = _cached(name, tokenizer_files, "auto")
@@ -158,7 +190,9 @@ def test_tokenizer_config_eos_beside_tokenizer_json(tmp_path, tokenizer_files):
     tok = Tokenizer.from_file(tokenizer_files["wordpiece"])
     tok.save(str(tmp_path / "tokenizer.json"))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "[SEP]"}}))
-    assert load_tokenizer(TokenizerSpec(kind="hf", model=str(tmp_path / "tokenizer.json"))).eod_id == 1
+    assert (
+        load_tokenizer(TokenizerSpec(kind="hf", model=str(tmp_path / "tokenizer.json"))).eod_id == 1
+    )
 
 
 def test_identity_records_file_hash_and_vocab(tokenizer_files):
@@ -166,7 +200,10 @@ def test_identity_records_file_hash_and_vocab(tokenizer_files):
     ident = tok.identity()
     vocab_bytes = open(tokenizer_files["gpt2_vocab"], "rb").read()
     assert ident["xxh3_64"] == xxhash.xxh3_64(vocab_bytes).hexdigest()
-    assert [f["path"] for f in ident["files"]] == [tokenizer_files["gpt2_vocab"], tokenizer_files["gpt2_merges"]]
+    assert [f["path"] for f in ident["files"]] == [
+        tokenizer_files["gpt2_vocab"],
+        tokenizer_files["gpt2_merges"],
+    ]
     assert ident["vocab_size"] == len(json.loads(vocab_bytes))
     assert ident["kind"] == "gpt2" and ident["name"] == "gpt2:vocab.json"
 
@@ -210,3 +247,24 @@ def test_bad_tokenizer_settings_are_config_errors(tmp_path, tokenizer_files):
     renamed.write_bytes(open(tokenizer_files["tiktoken"], "rb").read())
     with pytest.raises(ConfigError, match="--tiktoken-pattern"):
         load_tokenizer(TokenizerSpec(kind="tiktoken", model=str(renamed)))
+
+
+def test_local_model_folder_goes_through_transformers(tmp_path, tokenizer_files, texts):
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_file(tokenizer_files["bytelevel_bos"])
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>").save_pretrained(
+        tmp_path / "model"
+    )
+    tok = load_tokenizer(TokenizerSpec(kind="hf", model=str(tmp_path / "model")))
+    reference = AutoTokenizer.from_pretrained(str(tmp_path / "model"), local_files_only=True)
+    sample = texts[:80] + EXTRA
+    flat, lengths = tok.encode_batch(sample)
+    assert split(flat, lengths) == reference(sample)["input_ids"]
+    assert (tok.eod_id, tok.vocab_size, tok.engine) == (
+        reference.eos_token_id,
+        len(reference),
+        "gigatoken",
+    )
+    assert tok.identity()["name"] == "huggingface:model"

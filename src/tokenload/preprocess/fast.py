@@ -1,0 +1,146 @@
+"""gigatoken as the encoder of byte-level BPE and byte-fallback SentencePiece BPE tokenizers.
+
+gigatoken (Rust; single-threaded per call here, since the pipeline owns parallelism) gives the
+ids of HF tokenizers / tiktoken / SentencePiece for these kinds many times faster. It ignores
+post-processors, so the fixed prefix/suffix ids a post-processor adds (BOS/EOS templates) are put
+back around its output, vectorized. It is used only when it reproduces the native encoder on
+``PROBE_TEXTS`` at load; the tests check equality on every kind it accepts.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..errors import ConfigError, MissingExtraError, require
+from .backends import HFTokenizer, SentencePieceTokenizer
+from .config import TokenizerSpec
+from .tokenizer import PROBE_TEXTS, TextTokenizer
+
+log = logging.getLogger(__name__)
+
+
+class GigatokenTokenizer(TextTokenizer):
+    """gigatoken's encoder with the identity and affixes of the native tokenizer it replaces.
+
+    gigatoken always matches special-token texts inside the input; SentencePiece never does for
+    its control pieces (``<s>``, ``</s>``, ``<unk>``). Texts containing one of those ``markers``
+    (a C-speed substring test) are therefore encoded by the native tokenizer instead.
+    """
+
+    engine = "gigatoken"
+
+    def __init__(
+        self,
+        native: TextTokenizer,
+        giga,
+        prefix: list[int],
+        suffix: list[int],
+        markers: tuple[str, ...] = (),
+    ) -> None:
+        self.native, self.giga, self.markers = native, giga, markers
+        self.kind, self.files, self.options = native.kind, native.files, native.options
+        self.vocab_size, self.eod_id = native.vocab_size, native.eod_id
+        self.prefix = np.asarray(prefix, dtype=np.int64)
+        self.suffix = np.asarray(suffix, dtype=np.int64)
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.markers:
+            routed = [i for i, t in enumerate(texts) if any(m in t for m in self.markers)]
+            if routed:
+                return self._encode_mixed(texts, routed)
+        return self._encode_fast(texts)
+
+    def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if not texts:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        layout = self.giga.encode_batch(texts, parallel=False).layout
+        offsets = np.asarray(layout.offsets.data)
+        flat = np.asarray(layout.content.data)[offsets[0] : offsets[-1]]
+        lengths = np.diff(offsets).astype(np.int64)
+        if self.prefix.size or self.suffix.size:
+            return _wrap(flat, lengths, self.prefix, self.suffix)
+        return flat, lengths
+
+    def _encode_mixed(self, texts: list[str], routed: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        native_mask = np.zeros(len(texts), dtype=bool)
+        native_mask[routed] = True
+        fast_ids, fast_lengths = self._encode_fast([t for t, m in zip(texts, native_mask) if not m])
+        slow_ids, slow_lengths = self.native.encode_batch([texts[i] for i in routed])
+        lengths = np.empty(len(texts), dtype=np.int64)
+        lengths[~native_mask], lengths[native_mask] = fast_lengths, slow_lengths
+        starts = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), dtype=np.int64)
+        out[np.repeat(starts[~native_mask], fast_lengths) + _ranks_within(fast_lengths)] = fast_ids
+        out[np.repeat(starts[native_mask], slow_lengths) + _ranks_within(slow_lengths)] = slow_ids
+        return out, lengths
+
+
+def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.ndarray):
+    """Put ``prefix`` before and ``suffix`` after every text's ids, vectorized."""
+    extra = prefix.size + suffix.size
+    new_lengths = lengths + extra
+    starts = np.concatenate(([0], np.cumsum(new_lengths)[:-1]))
+    out = np.empty(int(new_lengths.sum()), dtype=np.int64)
+    body = np.repeat(starts + prefix.size, lengths) + _ranks_within(lengths)
+    out[body] = flat
+    if prefix.size:
+        out[(starts[:, None] + np.arange(prefix.size)).ravel()] = np.tile(prefix, lengths.size)
+    if suffix.size:
+        tail = starts + prefix.size + lengths
+        out[(tail[:, None] + np.arange(suffix.size)).ravel()] = np.tile(suffix, lengths.size)
+    return out, new_lengths
+
+
+def _ranks_within(lengths: np.ndarray) -> np.ndarray:
+    """0..len-1 for each group of ``lengths``, concatenated."""
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.arange(total, dtype=np.int64) - starts
+
+
+def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokenizer:
+    """``native``, or gigatoken standing in for it when it is available and gives the same ids."""
+    try:
+        gigatoken = require("gigatoken", "fast", "the gigatoken engine")
+    except MissingExtraError:
+        if spec.engine == "gigatoken":
+            raise
+        return native
+    try:
+        if isinstance(source, tuple) and source[0] == "tiktoken":
+            giga = gigatoken.Tokenizer.from_tiktoken(
+                source[1], pretokenizer=source[2], special_tokens=source[3]
+            )
+        elif isinstance(source, tuple):
+            giga = gigatoken.Tokenizer.from_sentencepiece(source[1])
+        else:
+            giga = gigatoken.Tokenizer(source)
+        prefix, suffix = native.affixes() if isinstance(native, HFTokenizer) else ([], [])
+        markers = native.control_pieces() if isinstance(native, SentencePieceTokenizer) else ()
+        fast = GigatokenTokenizer(native, giga, prefix, suffix, markers)
+        same = _same_ids(native, fast)
+    except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
+        same, reason = False, str(exc).splitlines()[0]
+    else:
+        reason = "its ids differ from the native encoder's on the probe texts"
+    if same:
+        log.debug("encoding with gigatoken")
+        return fast
+    if spec.engine == "gigatoken":
+        raise ConfigError(
+            f"gigatoken cannot be used for this {spec.kind} tokenizer: {reason}",
+            hint="drop --engine gigatoken (the native encoder gives the reference ids)",
+        )
+    log.info(
+        "gigatoken not used for this %s tokenizer (%s); using %s", spec.kind, reason, native.engine
+    )
+    return native
+
+
+def _same_ids(a: TextTokenizer, b: TextTokenizer) -> bool:
+    texts = list(PROBE_TEXTS)
+    fa, la = a.encode_batch(texts)
+    fb, lb = b.encode_batch(texts)
+    return np.array_equal(la, lb) and np.array_equal(fa.astype(np.int64), fb.astype(np.int64))
