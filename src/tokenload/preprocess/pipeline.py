@@ -13,11 +13,13 @@ tokenizing and buys restart without redoing finished files.
 
 from __future__ import annotations
 
+import glob
 import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +69,7 @@ class PreprocessResult:
 def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> PreprocessResult:
     """Run the job ``config`` describes; ``progress``: bar on, off, or None (on a terminal)."""
     start = time.perf_counter()
+    _check_output_folder(config)
     tok = load_tokenizer(config.tokenizer)
     _check_eod(config, tok)
     files = shard_files(
@@ -106,6 +109,20 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         seconds=time.perf_counter() - start,
         engine=tok.engine,
     )
+
+
+def _check_output_folder(config: PreprocessConfig) -> None:
+    folder = Path(config.output_prefix).parent
+    if not folder.is_dir():
+        raise ConfigError(
+            f"output folder {str(folder)!r} does not exist",
+            path=config.output_prefix,
+            hint="create the folder first or choose another --output-prefix",
+        )
+    for key in config.json_keys:  # temporaries of a run killed while writing the outputs
+        name = Path(config.output_for(key)).name
+        for stale in folder.glob(f".{glob.escape(name)}.*.tmp-*"):
+            stale.unlink(missing_ok=True)
 
 
 def _bad_records(summary: dict[str, Any]) -> int:
@@ -195,6 +212,7 @@ class _FileJob:
         for key, writer in zip(self.config.json_keys, self.writers):
             tokens[key] = writer.num_tokens
             writer.finalize()
+        self.writers = []  # a finished writer still holds its index arrays
         summary = {
             "path": self.file.path,
             "stamp": self.file.stamp,

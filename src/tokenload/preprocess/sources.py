@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ConfigError, StorageError, require
 
 _BLOCK = 1 << 20
+WORK_SUFFIX = ".tokenload-work"  # preprocess's work folders, never inputs
 _FORMAT_BY_EXT = {
     ".jsonl": "jsonl",
     ".json": "jsonl",
@@ -83,9 +84,15 @@ def _expand_local(pattern: str, input_format: str) -> list[str]:
     if os.path.isdir(pattern):
         found = []
         for root, dirs, names in os.walk(pattern):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            dirs[:] = sorted(
+                d for d in dirs if not d.startswith(".") and not d.endswith(WORK_SUFFIX)
+            )
             found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
-        found = sorted(p for p in found if input_format != "auto" or _format_of(p, "auto"))
+        found = sorted(
+            p
+            for p in found
+            if (input_format != "auto" or _format_of(p, "auto")) and not _is_token_file(p)
+        )
         if not found:
             raise ConfigError(
                 f"folder {pattern!r} holds no input files",
@@ -94,7 +101,11 @@ def _expand_local(pattern: str, input_format: str) -> list[str]:
             )
         return found
     if glob.has_magic(pattern):
-        found = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        found = sorted(
+            p
+            for p in glob.glob(pattern, recursive=True)
+            if os.path.isfile(p) and not _is_token_file(p) and WORK_SUFFIX not in p
+        )
         if not found:
             raise ConfigError(
                 f"no file matches {pattern!r}", hint="check the glob (quote it in the shell)"
@@ -103,6 +114,14 @@ def _expand_local(pattern: str, input_format: str) -> list[str]:
     if not os.path.isfile(pattern):
         raise ConfigError(f"input {pattern!r} does not exist", path=pattern, hint="check the path")
     return [pattern]
+
+
+def _is_token_file(path: str) -> bool:
+    """A token file or its sidecar (e.g. earlier outputs in the input folder): never an input."""
+    root, ext = os.path.splitext(path)
+    if ext in (".bin", ".idx"):
+        return True
+    return ext == ".json" and (os.path.exists(root + ".idx") or os.path.exists(root + ".bin"))
 
 
 def _expand_url(pattern: str) -> list[str]:

@@ -19,11 +19,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..format.atomic import write_bytes_atomic
-from .sources import InputFile
+from .sources import WORK_SUFFIX, InputFile
 
 log = logging.getLogger(__name__)
 
-WORK_SUFFIX = ".tokenload-work"
 _JOB = "job.json"
 
 
@@ -58,7 +57,7 @@ class WorkDir:
                 )
             self._remove_temporaries()
             return
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(exist_ok=True)
         write_bytes_atomic(
             job_file, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode()
         )

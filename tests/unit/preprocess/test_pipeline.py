@@ -268,3 +268,22 @@ def test_config_validation():
         PreprocessConfig(inputs=("a",), output_prefix="x", num_shards=2, shard_index=2)
     with pytest.raises(ConfigError, match="workers"):
         PreprocessConfig(inputs=("a",), output_prefix="x", workers=0)
+
+
+def test_output_folder_must_exist_and_stale_temporaries_are_removed(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", ["x"])
+    with pytest.raises(ConfigError, match="output folder .* does not exist"):
+        run([path], tmp_path / "missing" / "out")
+    stale = tmp_path / ".out_text_document.bin.tmp-999999-abcd"
+    stale.write_bytes(b"left by a killed run")
+    unrelated = tmp_path / ".other_text_document.bin.tmp-999999-abcd"
+    unrelated.write_bytes(b"not ours")
+    run([path], tmp_path / "out")
+    assert not stale.exists() and unrelated.exists()
+
+
+def test_progress_bar_reports_rates(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "a.jsonl", ["some text"] * 50)
+    preprocess(PreprocessConfig(inputs=(path,), output_prefix=str(tmp_path / "o")), progress=True)
+    err = capsys.readouterr().err
+    assert "preprocess" in err and "docs/s" in err and "M tok/s" in err

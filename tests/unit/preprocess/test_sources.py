@@ -139,3 +139,14 @@ def test_parquet_batches_carry_row_numbers_and_missing_columns(tmp_path):
     corrupt = touch(tmp_path / "bad.parquet", b"PAR1 this is not parquet")
     with pytest.raises(UnreadableFile):
         list(read_chunks(expand_inputs([corrupt])[0], 2048, ("text",)))
+
+
+def test_folders_and_globs_skip_token_files_sidecars_and_work_folders(tmp_path):
+    data = touch(tmp_path / "data.jsonl")
+    touch(tmp_path / "out_text_document.bin", b"\0\0")
+    touch(tmp_path / "out_text_document.idx", b"\0")
+    touch(tmp_path / "out_text_document.json", b"{}")
+    touch(tmp_path / "out.tokenload-work" / "000000_text.json")
+    listed = [str(tmp_path)], [str(tmp_path / "*")], [str(tmp_path / "**" / "*.json*")]
+    for patterns in listed:
+        assert [f.path for f in expand_inputs(patterns)] == [data], patterns
