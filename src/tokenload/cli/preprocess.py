@@ -24,8 +24,11 @@ def register_preprocess(sub) -> None:
         "preprocess",
         help="tokenize JSONL/parquet/text into Megatron token files (parallel, resumable)",
         description="Writes {output_prefix}_{key}_document.bin/.idx/.json per --json-keys key."
-        " A killed run restarted with the same command resumes without redoing finished input"
-        " files.",
+        " As in Megatron-LM's preprocess_data.py, each JSON line (parquet row, text line or text"
+        " file) is one document and its text one sequence (a list of strings: one sequence each);"
+        " an empty text stays a document with no sequence and gets no EOD; blank lines are no"
+        " documents. A killed run restarted with the same command resumes without redoing"
+        " finished input files and writes the same bytes.",
     )
     _input_flags(p.add_argument_group("input and output"))
     _tokenizer_flags(p.add_argument_group("tokenizer"))

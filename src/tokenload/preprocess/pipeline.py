@@ -59,7 +59,7 @@ class PreprocessResult:
     seconds: float
     """Wall time of the run."""
     engine: str
-    """The encoder used (gigatoken, tokenizers, tiktoken, sentencepiece, transformers, numpy)."""
+    """The encoder used: gigatoken, tokenizers, tiktoken, sentencepiece or numpy (byte)."""
 
     @property
     def tokens_per_second(self) -> float:

@@ -3,7 +3,8 @@
 One session fixture trains them all on a small generated corpus (about a second): byte-level
 BPE tokenizer.json (plain and with a BOS post-processor), a SentencePiece-style BPE tokenizer.json
 with byte fallback, WordPiece tokenizer.json, GPT-2 vocab.json + merges.txt, a .tiktoken rank
-file, and SentencePiece BPE (byte fallback) and unigram .model files.
+file, SentencePiece BPE (byte fallback) and unigram .model files, and a plain (whitespace,
+unknown-token) BPE tokenizer.json.
 """
 
 from __future__ import annotations
@@ -203,6 +204,15 @@ def tokenizer_files(tmp_path_factory, texts) -> dict[str, str]:
         ),
     )
     paths["wordpiece"] = str(root / "wordpiece.json")
+
+    plain = Tokenizer(models.BPE(unk_token="[UNK]"))
+    plain.pre_tokenizer = pre_tokenizers.Whitespace()
+    plain.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"], show_progress=False),
+    )
+    paths["bpe_plain"] = str(root / "bpe_plain.json")
+    plain.save(paths["bpe_plain"])
     wp.save(paths["wordpiece"])
 
     model = json.loads(bl.to_str())["model"]

@@ -51,7 +51,7 @@ def spec_for(name: str, files: dict[str, str], **kw) -> TokenizerSpec:
 
 def reference_ids(name: str, files: dict[str, str], texts: list[str]) -> list[list[int]]:
     """Ids from the reference library, one text at a time."""
-    if name in ("bytelevel", "bytelevel_bos", "sp_bpe_json", "wordpiece"):
+    if name in ("bytelevel", "bytelevel_bos", "sp_bpe_json", "wordpiece", "bpe_plain"):
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(files[name])
@@ -82,6 +82,7 @@ ALL = [
     "bytelevel_bos",
     "sp_bpe_json",
     "wordpiece",
+    "bpe_plain",
     "gpt2",
     "tiktoken",
     "sp_bpe",
@@ -148,7 +149,7 @@ def _cached(name, files, engine):
     return _CACHE[key]
 
 
-@pytest.mark.parametrize("name", ["wordpiece", "sp_unigram"])
+@pytest.mark.parametrize("name", ["wordpiece", "sp_unigram", "bpe_plain"])
 def test_gigatoken_not_used_where_it_does_not_apply(name, tokenizer_files):
     assert load_tokenizer(spec_for(name, tokenizer_files)).engine in ("tokenizers", "sentencepiece")
     with pytest.raises(ConfigError, match="gigatoken cannot"):
