@@ -1,0 +1,328 @@
+"""Blending indices: which dataset, and which of its samples, each blended sample comes from.
+
+Megatron's C++ helpers run a greedy loop: at step ``k`` pick the dataset with the largest error
+``w[d] * max(k, 1) - count[d]`` (ties to the lowest index), record ``(d, count[d])``, increment
+``count[d]``. The exhaustive variant weights by ``size[d] / sum(size)`` and drops datasets once
+exhausted, until all are. Each step depends on every previous one, so there is no closed form.
+
+It is computed here by a verified parallel-in-time simulation (proof in docs/ORDER.md):
+
+* Cut ``[0, size)`` into ``B`` blocks of ``L`` steps. Block 0 starts from the true state (all
+  counts 0). Block ``b > 0`` starts ``W`` steps early (a burn-in) from a guessed state (the
+  largest-remainder rounding of ``w * k``). All blocks advance together, one vectorized NumPy
+  step per step of a block, doing exactly the C++'s float64 operations.
+* The greedy forgets its starting state fast: two states at the same step meet after a few
+  steps (measured: a handful for 3 datasets, a few hundred for 20 datasets with weights near
+  0.001), so after the burn-in a block usually is on the true trajectory.
+* Proof instead of hope: the dynamics is deterministic in ``(k, counts)``, so block ``b`` is
+  exact if its state at its first step equals the state block ``b - 1`` reached there and block
+  ``b - 1`` is exact. Block 0 is exact, so checking that equality for every ``b`` (``B x D``
+  integers) proves the whole result equal to the sequential loop. Blocks that fail the check
+  are rerun from their predecessor's end state until every check holds; each round makes at
+  least the first failing block exact, so the repair terminates.
+
+The trade-off: about ``(1 + W/L)`` times the C++'s arithmetic, done as NumPy vector operations
+(measured ~6 ns per blended sample for 3 datasets), in exchange for no compiled code; the check
+costs nothing measurable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenload.errors import ConfigError
+
+__all__ = [
+    "MAX_DATASETS",
+    "build_blending_indices",
+    "build_exhaustive_blending_indices",
+    "check_oversampling",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_DATASETS = 32766
+"""Most datasets one blend can hold: ``dataset_index`` is int16 (Megatron asserts ``< 32767``)."""
+
+_LANES = 8192  # blocks advanced together (measured: 4k-16k alike, 8k a little ahead)
+_LANE_ELEMENTS = 1 << 18  # lanes x datasets cap: keeps the (lanes, D) arrays in L2 for large D
+_MIN_LANES = 64
+_MIN_BURN_IN = 32
+_MAX_BURN_IN = 4096
+_CHAIN_MAX_D = 16  # up to this many datasets an elementwise max chain beats argmax(axis=0)
+_FLUSH = 64  # steps recorded before a flush to the lane-major output
+
+
+def _check_weights(weights: Sequence[float] | npt.ArrayLike) -> npt.NDArray[np.float64]:
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0:
+        raise ConfigError(f"blend weights have shape {w.shape}; expected a non-empty 1-D list")
+    if w.size > MAX_DATASETS:
+        raise ConfigError(
+            f"blend has {w.size} datasets; expected at most {MAX_DATASETS} "
+            "(Megatron's dataset_index is int16)",
+            hint="merge prefixes into fewer token files (tokenload merge)",
+        )
+    if not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ConfigError(f"blend weights {w.tolist()}; expected positive finite numbers")
+    return w
+
+
+def _burn_in(weights: npt.NDArray[np.float64]) -> int:
+    # The smaller a weight, the longer a wrong count for it can persist; a failed burn-in is
+    # caught by the check and only costs a repair round, so this is a speed knob, not a proof.
+    return int(min(_MAX_BURN_IN, max(_MIN_BURN_IN, math.ceil(1.0 / float(weights.min())))))
+
+
+def _guess_counts(w, caps, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Largest-remainder rounding of ``w * start`` per lane, summing to ``start``."""
+    quota = w[:, None] * starts[None, :].astype(np.float64)
+    base = np.floor(quota)
+    if caps is not None:
+        np.minimum(base, caps[:, None], out=base)
+    short = starts - base.sum(axis=0).astype(np.int64)
+    rank = np.argsort(np.argsort(base - quota, axis=0, kind="stable"), axis=0, kind="stable")
+    d = w.shape[0]
+    counts = base.astype(np.int64) + (rank < short[None, :]) - (rank >= d + short[None, :])
+    return counts
+
+
+class _Lanes:
+    """State of ``nl`` independent greedy runs advanced in lock step.
+
+    Few datasets: counts are ``(D, nl)`` and the argmax is an elementwise max chain over rows
+    (one vector operation per dataset). Many datasets: counts are ``(nl, D)`` and the argmax is a
+    contiguous per-lane ``argmax(axis=1)`` (measured 0.3-0.4 ns per element against 1.4-6 ns for
+    ``argmax(axis=0)`` at D = 100-1000). Lane 0 may be *frozen* for its first steps: it then
+    records but does not count them, which lets it start at step 0 exactly while the other
+    lanes run their burn-in.
+    """
+
+    def __init__(self, w, caps, k_start, counts, frozen: int = 0):
+        d, nl = counts.shape
+        self.wide = d > _CHAIN_MAX_D
+        shape = (nl, d) if self.wide else (d, nl)
+        self.w = w[None, :] if self.wide else w[:, None]
+        self.caps = None if caps is None else (caps[None, :] if self.wide else caps[:, None])
+        self.k = k_start.astype(np.float64)
+        # Wide lanes keep float64 counts (exact below 2**53): it spares a conversion pass over
+        # the (nl, D) array per step; narrow lanes gain nothing from it (measured).
+        src = counts.T if self.wide else counts
+        ctype = np.float64 if self.wide else np.int64
+        self.counts = np.array(src, dtype=ctype, order="C")  # a copy: callers keep theirs
+        self.picked = np.empty(nl, dtype=ctype) if self.wide else None
+        self.flat = self.counts.reshape(-1)
+        # flat index of (lane, dataset 0) and the stride between datasets
+        self.base = np.arange(nl, dtype=np.intp) * (d if self.wide else 1)
+        self.stride = 1 if self.wide else nl
+        self.err = np.empty(shape)
+        self.kd = np.empty(nl)
+        self.m = np.empty(nl)
+        self.gt = np.empty(nl, dtype=bool)
+        self.mask = np.empty(shape, dtype=bool)
+        self.idx = np.empty(nl, dtype=np.intp)
+        self.ids = np.arange(d, dtype=np.int16)[:, None]
+        self.clip = bool(k_start.size and k_start.min() < 1)
+        self.frozen = frozen
+
+    def snapshot(self) -> npt.NDArray[np.int64]:
+        """Counts as ``(D, nl)`` int64."""
+        return (self.counts.T if self.wide else self.counts).astype(np.int64)
+
+    def _errors(self):
+        err = self.err
+        kd = np.maximum(self.k, 1.0, out=self.kd) if self.clip else self.k
+        if self.wide:
+            # One product per element, like multiply.outer, but ~2x faster than a broadcast
+            # multiply with a stride-0 operand (measured 0.40 vs 0.76 ns per element).
+            np.einsum("i,j->ij", kd, self.w[0], out=err)
+        else:
+            np.multiply(self.w, kd, out=err)
+        np.subtract(err, self.counts, out=err)
+        if self.caps is not None:  # exhausted datasets drop out of the argmax
+            np.greater_equal(self.counts, self.caps, out=self.mask)
+            np.copyto(err, -np.inf, where=self.mask)
+        return err
+
+    def step(self, best, samples_row) -> None:
+        """One greedy step in every lane; writes the picks and the picked datasets' counts."""
+        err = self._errors()
+        if self.wide:
+            np.copyto(best, err.argmax(axis=1), casting="unsafe")  # first max: lowest index
+        else:
+            m = self.m
+            best.fill(0)
+            np.copyto(m, err[0])
+            for j in range(1, err.shape[0]):
+                np.greater(err[j], m, out=self.gt)  # strict: ties keep the lowest index
+                np.maximum(m, err[j], out=m)
+                np.copyto(best, j, where=self.gt)
+        np.multiply(best, self.stride, out=self.idx, dtype=np.intp)
+        self.idx += self.base
+        if self.wide:  # 'raise' mode would buffer; float counts go through a scratch row
+            np.take(self.flat, self.idx, out=self.picked, mode="clip")
+            samples_row[...] = self.picked
+        else:
+            np.take(self.flat, self.idx, out=samples_row, mode="clip")
+        self._count(best)
+        self.k += 1.0
+        if self.clip and self.k.min() >= 1.0:
+            self.clip = False
+
+    def _count(self, best) -> None:
+        skip_lane0 = self.frozen > 0
+        if skip_lane0:
+            self.frozen -= 1
+        if self.wide:  # one index per lane, no duplicates: a fancy increment is exact
+            self.flat[self.idx[1:] if skip_lane0 else self.idx] += 1
+        else:
+            np.equal(self.ids, best, out=self.mask)
+            if skip_lane0:
+                self.mask[:, 0] = False
+            np.add(self.counts, self.mask, out=self.counts, casting="unsafe")
+
+
+def _simulate(w, caps, k_start, counts, steps: int, snaps=(), keep_from: int = 0, frozen: int = 0):
+    """Run lanes for ``steps`` steps from ``counts`` at steps ``k_start``.
+
+    Returns picks and picked counts as ``(nl, steps - keep_from)`` arrays (steps before
+    ``keep_from`` are not kept) and copies of the counts before each step listed in ``snaps``
+    (``steps`` means after the last).
+    """
+    lanes = _Lanes(w, caps, k_start, counts, frozen)
+    nl = k_start.shape[0]
+    picks = np.empty((nl, steps - keep_from), dtype=np.int16)
+    samples = np.empty((nl, steps - keep_from), dtype=np.int64)
+    # Rows are recorded contiguously and flushed _FLUSH at a time into the lane-major output:
+    # a strided write per step costs ~3x more (one cache line per lane per step).
+    buf_p = np.empty((_FLUSH, nl), dtype=np.int16)
+    buf_s = np.empty((_FLUSH, nl), dtype=np.int64)
+    taken: dict[int, npt.NDArray[np.int64]] = {}
+    row = 0
+    for t in range(steps):
+        if t in snaps:
+            taken[t] = lanes.snapshot()
+        lanes.step(buf_p[row], buf_s[row])
+        row += 1
+        if row == _FLUSH or t == steps - 1:
+            lo, hi = t + 1 - row - keep_from, t + 1 - keep_from
+            if hi > 0:
+                skip = max(0, -lo)
+                picks[:, lo + skip : hi] = buf_p[skip:row].T
+                samples[:, lo + skip : hi] = buf_s[skip:row].T
+            row = 0
+    if steps in snaps:
+        taken[steps] = lanes.snapshot()
+    return picks, samples, [taken[s] for s in snaps]
+
+
+def _greedy(w, size: int, caps) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int64]]:
+    d = w.shape[0]
+    burn = _burn_in(w)
+    lanes = min(_LANES, max(_MIN_LANES, _LANE_ELEMENTS // d))
+    block = max(2 * burn, -(-size // lanes))
+    nb = -(-size // block)
+    if nb <= 2:  # too small to split: one exact lane
+        picks, samples, _ = _simulate(
+            w, caps, np.zeros(1, np.int64), np.zeros((d, 1), np.int64), size
+        )
+        return picks[0], samples[0]
+    k0 = np.arange(nb, dtype=np.int64) * block
+    starts = k0 - burn  # lane 0 starts at -burn, frozen until step 0: exact from the start
+    guess = _guess_counts(w, caps, np.maximum(starts, 0))
+    guess[:, 0] = 0
+    picks, samples, (first, last) = _simulate(
+        w, caps, starts, guess, burn + block, (burn, burn + block), keep_from=burn, frozen=burn
+    )
+    _repair(w, caps, k0, block, picks, samples, first, last)
+    return picks.reshape(-1)[:size], samples.reshape(-1)[:size]
+
+
+def _repair(w, caps, k0, block, picks, samples, first, last) -> None:
+    """Rerun blocks whose first state differs from their predecessor's last, until none does.
+
+    Every round makes at least the first failing block exact (it restarts from a verified
+    state), so this ends after at most one round per block; measured, it takes none or one.
+    """
+    rounds = 0
+    while True:
+        bad = np.flatnonzero(np.any(first[:, 1:] != last[:, :-1], axis=0)) + 1
+        if bad.size == 0:
+            break
+        rounds += 1
+        start = last[:, bad - 1]
+        p, s, (end,) = _simulate(w, caps, k0[bad], start, block, (block,))
+        picks[bad], samples[bad] = p, s
+        first[:, bad], last[:, bad] = start, end
+    if rounds:
+        logger.debug("blending: %d repair round(s)", rounds)
+
+
+def build_blending_indices(
+    weights: Sequence[float] | npt.ArrayLike, size: int
+) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int64]]:
+    """Return ``(dataset_index int16, dataset_sample_index int64)`` of length ``size``.
+
+    Bit-identical to Megatron's ``helpers.build_blending_indices(weights, size)``; pass the
+    weights exactly as Megatron does (normalized twice, see ``plan.resolve_blend``).
+    """
+    w = _check_weights(weights)
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise ConfigError(f"blend size is {size!r}; expected an int >= 0")
+    size = int(size)
+    if size == 0:
+        return np.zeros(0, np.int16), np.zeros(0, np.int64)
+    return _greedy(w, size, None)
+
+
+def build_exhaustive_blending_indices(
+    sizes: Sequence[int] | npt.ArrayLike,
+) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int64]]:
+    """Return the exhaustive blend of datasets with ``sizes`` samples (length ``sum(sizes)``).
+
+    Bit-identical to Megatron's ``helpers.build_exhaustive_blending_indices``: weights
+    ``size / sum(sizes)``, the greedy loop over datasets not yet exhausted.
+    """
+    caps = np.asarray(sizes)
+    if caps.ndim != 1 or caps.size == 0 or not np.issubdtype(caps.dtype, np.integer):
+        raise ConfigError(f"blend sizes {caps.tolist()}; expected a non-empty list of ints")
+    caps = caps.astype(np.int64)
+    if np.any(caps <= 0):
+        raise ConfigError(
+            f"blend sizes {caps.tolist()}; expected every dataset to hold > 0 samples",
+            hint="drop empty datasets from the blend",
+        )
+    total = int(caps.sum())
+    w = _check_weights(caps.astype(np.float64) / float(total))
+    return _greedy(w, total, caps)
+
+
+def check_oversampling(
+    dataset_index: npt.ArrayLike, lengths: Sequence[int], split: str = "train"
+) -> None:
+    """Raise ``ConfigError`` if the blend draws more samples from a dataset than it holds.
+
+    Megatron raises ``IndexError`` here. ``ConfigError`` (a ``ValueError``) is used instead:
+    the cause is a configuration (too small a ``mid_level_dataset_surplus``), nothing indexes
+    out of range yet, and no caller is known to catch Megatron's ``IndexError`` specifically.
+    """
+    lengths = [int(n) for n in lengths]
+    counts = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(lengths))
+    if counts.shape[0] > len(lengths):
+        raise ConfigError(
+            f"the {split} blend refers to dataset {counts.shape[0] - 1}; "
+            f"expected ids below {len(lengths)}"
+        )
+    over = np.flatnonzero(counts > np.asarray(lengths, dtype=np.int64))
+    if over.size:
+        d = int(over[0])
+        raise ConfigError(
+            f"the {split} blend draws {int(counts[d])} samples from dataset {d}, which holds "
+            f"{lengths[d]}; expected at most {lengths[d]}",
+            hint="raise mid_level_dataset_surplus (--mid-level-dataset-surplus)",
+        )

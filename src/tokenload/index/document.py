@@ -1,0 +1,74 @@
+"""The document index: every epoch's sequence ids, shuffled by Megatron's ``RandomState``.
+
+Megatron tiles the split's sequence ids ``E`` times through ``numpy.mgrid`` (a 2 x E x n int64
+temporary), casts to int32 and calls ``RandomState.shuffle`` once on all of it, or, when the
+final epoch is separate, once on the first ``E - 1`` epochs and once on the last. A legacy
+``RandomState`` shuffle of a 1-D array consumes the generator according to its length only
+(not its dtype or memory layout), so this module writes the tiles straight into one int32 array
+and shuffles views of it in place: identical output and generator state, one array of memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenload.errors import ConfigError
+
+__all__ = ["as_sequence_ids", "build_document_index", "tokens_per_epoch"]
+
+_INT32_MAX = np.iinfo(np.int32).max
+
+
+def as_sequence_ids(documents: npt.ArrayLike, name: str = "documents") -> npt.NDArray[np.int32]:
+    """Return ``documents`` as a 1-D int32 array, raising ``ConfigError`` if ids do not fit.
+
+    Megatron keeps sequence ids in int32 (``indexed_indices`` and the document index); a file
+    with more than 2**31 - 1 sequences cannot be indexed by it.
+    """
+    arr = np.asarray(documents)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ConfigError(f"{name} has shape {arr.shape} and dtype {arr.dtype}; "
+                          "expected a 1-D integer array of sequence ids")
+    if arr.dtype == np.int32:
+        return arr
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _INT32_MAX):
+        raise ConfigError(
+            f"{name} holds ids in [{int(arr.min())}, {int(arr.max())}]; expected 0..{_INT32_MAX} "
+            "(Megatron's document index is int32)",
+            hint="split the token file into files of fewer than 2**31 sequences",
+        )
+    return arr.astype(np.int32)
+
+
+def tokens_per_epoch(sequence_lengths: npt.ArrayLike, documents: npt.ArrayLike) -> int:
+    """Total tokens of the sequences ``documents`` selects (int64 sum, as Megatron's)."""
+    lengths = np.asarray(sequence_lengths)
+    return int(np.sum(lengths[np.asarray(documents)], dtype=np.int64))
+
+
+def build_document_index(
+    documents: npt.ArrayLike,
+    num_epochs: int,
+    rng: np.random.RandomState,
+    separate_final_epoch: bool,
+) -> npt.NDArray[np.int32]:
+    """Return the shuffled document index (int32, length ``num_epochs * len(documents)``).
+
+    Identical to Megatron's ``_build_document_index`` for the same ``rng`` state, and leaves
+    ``rng`` in the same state: one shuffle of all epochs, or, when ``separate_final_epoch`` and
+    ``num_epochs > 1``, a shuffle of the first ``num_epochs - 1`` epochs then one of the last.
+    """
+    docs = as_sequence_ids(documents)
+    if num_epochs < 1:
+        raise ConfigError(f"num_epochs is {num_epochs}; expected >= 1")
+    n = docs.shape[0]
+    out = np.empty(num_epochs * n, dtype=np.int32)
+    out.reshape(num_epochs, n)[...] = docs
+    if separate_final_epoch and num_epochs > 1:
+        cut = (num_epochs - 1) * n
+        rng.shuffle(out[:cut])
+        rng.shuffle(out[cut:])
+    else:
+        rng.shuffle(out)
+    return out

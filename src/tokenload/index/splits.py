@@ -1,0 +1,130 @@
+"""Split strings, split matrices and the sequence range each split takes from a token file.
+
+Megatron turns ``--split "969, 30, 1"`` into three weights, normalizes them with a float64 NumPy
+sum, accumulates them left to right with Python float addition starting from the *int* 0, and
+cuts every token file into three contiguous ranges of sequences with Python's round-half-even.
+Every one of those details reaches the cache hash (the matrix is serialized into the description
+JSON) or the sequence ranges, so this module reproduces them operation for operation instead of
+computing "the same" numbers some nicer way. The trade-off is readability: the arithmetic is
+deliberately naive.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from tokenload.errors import ConfigError
+
+__all__ = [
+    "SPLIT_NAMES",
+    "Bookend",
+    "SplitMatrix",
+    "normalize",
+    "parse_split",
+    "split_matrix",
+    "split_range",
+    "split_ranges",
+    "spoofed_split_matrix",
+]
+
+SPLIT_NAMES: tuple[str, str, str] = ("train", "valid", "test")
+"""The three splits in Megatron's order (``Split.train/valid/test``, values 0/1/2)."""
+
+Bookend = tuple[float, float]
+"""``(begin, end)`` fractions of a token file's sequences; the first begin is the int ``0``."""
+
+SplitMatrix = list[Bookend | None]
+"""One bookend per split, ``None`` for a split of zero weight."""
+
+_NUMBER = re.compile(r"[.0-9]+")
+
+
+def normalize(weights: Sequence[float]) -> list[float]:
+    """Return ``weights / sum(weights)`` computed exactly as Megatron's ``normalize``.
+
+    The sum is NumPy's float64 (pairwise) sum and the result is a list of Python floats, so the
+    values are bit-identical to Megatron's, which matters because they end up in cache hashes.
+    Raises ``ConfigError`` when the weights do not sum to a positive finite number.
+    """
+    w = np.array(weights, dtype=np.float64)
+    total = np.sum(w)
+    if not np.isfinite(total) or total <= 0:
+        raise ConfigError(
+            f"weights {list(weights)} sum to {float(total)}; expected a positive finite sum",
+            hint="give at least one positive weight and no inf/nan",
+        )
+    return (w / total).tolist()
+
+
+def parse_split(split: str) -> list[float]:
+    """Parse a split string (``"99,1,0"``, ``"99/1/0"``, ``"969, 30, 1"``) into 3 normalized weights.
+
+    Like Megatron, every run of digits and dots is a number and missing trailing numbers are 0.
+    Unlike Megatron, a minus sign is an error (Megatron silently drops it, turning ``-5`` into 5).
+    """
+    if not isinstance(split, str):
+        raise ConfigError(f"split is {split!r}; expected a string such as '99,1,0'")
+    if re.search(r"-\s*[.0-9]", split):
+        raise ConfigError(
+            f"split {split!r} has a negative number; expected non-negative weights",
+            hint="write the split as three non-negative numbers, e.g. '98,2,0'",
+        )
+    try:
+        values = [float(x) for x in _NUMBER.findall(split)]
+    except ValueError:
+        raise ConfigError(
+            f"split {split!r} has a malformed number; expected numbers like '99,1,0'"
+        ) from None
+    if len(values) > len(SPLIT_NAMES):
+        raise ConfigError(
+            f"split {split!r} has {len(values)} numbers; expected at most 3 (train, valid, test)"
+        )
+    values += [0.0] * (len(SPLIT_NAMES) - len(values))
+    return normalize(values)
+
+
+def split_matrix(split: str) -> SplitMatrix:
+    """Return Megatron's split matrix for a split string.
+
+    ``[(0, v0), (v0, v0+v1), (v0+v1, v0+v1+v2)]`` with the first bookend the int ``0`` and later
+    ones accumulated by left-to-right Python float addition (``"90/5/5"`` ends at
+    ``0.9500000000000001``); a split whose bookend is empty (``end <= begin``) is ``None``.
+    """
+    vector = parse_split(split)
+    expansion: list[float] = [0]
+    for v in vector:
+        expansion.append(expansion[-1] + v)
+    matrix: SplitMatrix = []
+    for begin, end in zip(expansion[:-1], expansion[1:]):
+        matrix.append(None if end <= begin else (begin, end))
+    return matrix
+
+
+def spoofed_split_matrix(split_index: int) -> SplitMatrix:
+    """The matrix Megatron builds with in per-split-blend mode: ``(0.0, 1.0)`` for one split only.
+
+    It selects whole token files; it is used for building and never reaches the cache hash
+    (there ``split`` and ``split_matrix`` are ``null``).
+    """
+    matrix: SplitMatrix = [None] * len(SPLIT_NAMES)
+    matrix[split_index] = (0.0, 1.0)
+    return matrix
+
+
+def split_range(bookend: Bookend, num_sequences: int) -> tuple[int, int]:
+    """Return the ``[begin, end)`` sequence ids one bookend selects from a file of N sequences.
+
+    ``int(round(fraction * float(N)))`` with Python's round-half-even, as Megatron does.
+    """
+    n = float(num_sequences)
+    return int(round(bookend[0] * n)), int(round(bookend[1] * n))
+
+
+def split_ranges(matrix: SplitMatrix, num_sequences: int) -> list[tuple[int, int] | None]:
+    """Apply ``split_range`` to every split of a matrix (``None`` stays ``None``)."""
+    if num_sequences < 0:
+        raise ConfigError(f"num_sequences is {num_sequences}; expected >= 0")
+    return [None if b is None else split_range(b, num_sequences) for b in matrix]
