@@ -28,6 +28,16 @@ _LAZY = {
     "ReadMode": "tokenload.format",
     "open_token_file": "tokenload.format",
     "merge_token_files": "tokenload.format",
+    # preprocessing
+    "preprocess": "tokenload.preprocess",
+    "PreprocessConfig": "tokenload.preprocess",
+    "TokenizerSpec": "tokenload.preprocess",
+    "write_stdlib_corpus": "tokenload.preprocess",
+    # loading
+    "build_dataloader": "tokenload.loader",
+    "LoaderConfig": "tokenload.loader",
+    "FlatTokenDataset": "tokenload.datasets",
+    "FlatDatasetConfig": "tokenload.datasets",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -18,7 +18,7 @@ from .. import __version__
 from ..errors import TokenloadError
 
 #: Modules under tokenload.cli that register subcommands, in the order ``--help`` lists them.
-COMMANDS = ("tokenfiles", "preprocess")
+COMMANDS = ("demo", "preprocess", "tokenfiles")
 
 
 def build_parser() -> argparse.ArgumentParser:
