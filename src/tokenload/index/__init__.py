@@ -16,8 +16,26 @@ from tokenload.index.blending import (
     check_oversampling,
 )
 from tokenload.index.blends import Blend, parse_blend, read_data_args_file, read_per_split_data_args
+from tokenload.index.cache import (
+    BLENDED_ARRAYS,
+    GPT_ARRAYS,
+    CacheFiles,
+    blended_identifiers,
+    default_cache_dir,
+    describe,
+    description_hash,
+    gpt_identifiers,
+)
+from tokenload.index.cache_io import CacheCheck, CacheState, check_cache, load_cache, write_cache
 from tokenload.index.document import as_sequence_ids, build_document_index, tokens_per_epoch
 from tokenload.index.epochs import EpochPlan, num_epochs, plan_epochs, separate_final_epoch
+from tokenload.index.gpt import (
+    GPTIndexConfig,
+    GPTIndices,
+    build_gpt_indices,
+    drop_last_for,
+    gpt_length,
+)
 from tokenload.index.plan import (
     DEFAULT_SURPLUS,
     MOCK_SPLIT,
@@ -72,9 +90,28 @@ __all__ = [
     "sample_index_dtype",
     "build_shuffle_index",
     "shuffle_index_dtype",
+    "GPTIndexConfig",
+    "GPTIndices",
+    "build_gpt_indices",
+    "drop_last_for",
+    "gpt_length",
     # blending
     "MAX_DATASETS",
     "build_blending_indices",
     "build_exhaustive_blending_indices",
     "check_oversampling",
+    # cache identity and files
+    "GPT_ARRAYS",
+    "BLENDED_ARRAYS",
+    "gpt_identifiers",
+    "blended_identifiers",
+    "describe",
+    "description_hash",
+    "default_cache_dir",
+    "CacheFiles",
+    "CacheState",
+    "CacheCheck",
+    "write_cache",
+    "load_cache",
+    "check_cache",
 ]

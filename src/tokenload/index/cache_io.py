@@ -1,0 +1,247 @@
+"""Writing, loading and checking index cache files (names and identity: ``cache``).
+
+Writes are atomic per file: a temporary name in the cache folder, flush, fsync, ``os.replace``
+over the final name, then an fsync of the folder. The ``.npy`` arrays go first, the tokenload
+sidecar next and Megatron's description last: Megatron counts a cache as complete when the
+description and the arrays exist, so a build killed at any point never leaves a cache that
+Megatron or tokenload would take for complete, and two builders racing for one cache leave one
+valid cache (their bytes are identical). Arrays are written with ``numpy.save`` as Megatron
+writes them, so each side loads the other's cache.
+
+The sidecar ``{md5}-{Class}-{split}-tokenload.json`` records what Megatron's hash forgets
+(``add_extra_token``, the validation drop-last flag, the surplus, fingerprints of the token
+files -- whatever the caller passes as ``fields``) and the arrays' shapes and dtypes.
+``check_cache`` compares it, the description and the ``.npy`` headers (a few hundred bytes per
+file, never the arrays) with what the caller expects.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenload.errors import CacheError, FormatError
+from tokenload.index.cache import CacheFiles
+
+__all__ = ["CacheCheck", "CacheState", "check_cache", "load_cache", "write_cache"]
+
+logger = logging.getLogger(__name__)
+
+SIDECAR_FORMAT = "tokenload-index-cache"
+SIDECAR_VERSION = 1
+
+
+class CacheState(str, enum.Enum):
+    """Outcome of ``check_cache``."""
+
+    HIT = "hit"
+    """Complete, and nothing recorded contradicts the expected settings."""
+    MISS = "miss"
+    """At least one of Megatron's files is missing: build."""
+    STALE = "stale"
+    """Complete for Megatron, but built with other settings or damaged: rebuild."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheCheck:
+    """What ``check_cache`` found."""
+
+    state: CacheState
+    """Hit, miss or stale."""
+    reasons: tuple[str, ...]
+    """Why (missing files, differing fields, truncated arrays); empty for a verified hit."""
+    has_sidecar: bool
+    """False when the cache carries no tokenload sidecar (e.g. Megatron built it): a hit is
+    then checked on the description and array shapes only."""
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some filesystems do not open folders; the renames are still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: str, write) -> None:
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _array_facts(arr: npt.NDArray[Any]) -> dict[str, Any]:
+    return {"dtype": np.lib.format.dtype_to_descr(arr.dtype), "shape": list(arr.shape)}
+
+
+def _canonical(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def write_cache(
+    files: CacheFiles,
+    *,
+    description: str,
+    arrays: Mapping[str, npt.NDArray[Any]],
+    fields: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a complete cache atomically: arrays, then the sidecar, then the description.
+
+    ``arrays`` must hold exactly ``files.arrays``; ``fields`` are the sidecar's extra facts
+    (JSON-serializable). Raises ``CacheError`` when the folder cannot be created or written.
+    """
+    if set(arrays) != set(files.arrays):
+        raise CacheError(f"arrays {sorted(arrays)}; expected exactly {list(files.arrays)}")
+    sidecar = {
+        "format": SIDECAR_FORMAT,
+        "version": SIDECAR_VERSION,
+        "description_md5": files.hash,
+        "class": files.class_name,
+        "split": files.split,
+        "arrays": {name: _array_facts(np.asarray(arrays[name])) for name in files.arrays},
+        "fields": _canonical(dict(fields or {})),
+    }
+    try:
+        os.makedirs(files.directory, exist_ok=True)
+        for name in files.arrays:
+            arr = np.ascontiguousarray(arrays[name])
+            _atomic_write(files.array(name), lambda f, a=arr: np.save(f, a, allow_pickle=False))
+        text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
+        _atomic_write(files.sidecar, lambda f: f.write(text))
+        _atomic_write(files.description, lambda f: f.write(description.encode("utf-8")))
+        _fsync_dir(files.directory)
+    except OSError as exc:
+        raise CacheError(
+            f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
+            path=files.directory,
+            hint="point the cache at a writable folder on a filesystem every rank can read "
+            "(path_to_cache / --data-cache-path), or build the indices in memory",
+        ) from None
+    logger.debug("wrote index cache %s", files.description)
+
+
+def load_cache(files: CacheFiles, *, mmap: bool = True) -> dict[str, npt.NDArray[Any]]:
+    """Load the cache's arrays (memory-mapped read-only by default; pickles refused)."""
+    out = {}
+    for name in files.arrays:
+        path = files.array(name)
+        try:
+            out[name] = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise CacheError(f"cannot load cache array ({exc})", path=path,
+                             hint="delete the cache files of this hash and rebuild") from None
+    return out
+
+
+def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Shape, dtype and whether the file is as long as its header says."""
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if reader is None:
+                raise FormatError(f"npy version {version}; expected 1.0 or 2.0", path=path)
+            shape, _fortran, dtype = reader(f)
+        except ValueError as exc:
+            raise FormatError(f"not a .npy file ({exc})", path=path) from None
+        size = os.fstat(f.fileno()).st_size
+        whole = size == f.tell() + math.prod(shape) * dtype.itemsize
+    return tuple(shape), dtype, whole
+
+
+def _read_sidecar(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _check_arrays(files, recorded, expected_shapes, reasons) -> None:
+    for name in files.arrays:
+        path = files.array(name)
+        try:
+            shape, dtype, whole = _npy_header(path)
+        except (OSError, FormatError) as exc:
+            reasons.append(f"{name}: unreadable ({exc})")
+            continue
+        if not whole:
+            reasons.append(f"{name}: file length does not match its header (truncated?)")
+        facts = {"dtype": np.lib.format.dtype_to_descr(dtype), "shape": list(shape)}
+        if recorded is not None and recorded.get(name) != facts:
+            reasons.append(f"{name}: cached {facts}, sidecar recorded {recorded.get(name)}")
+        want = None if expected_shapes is None else expected_shapes.get(name)
+        if want is not None and tuple(want) != shape:
+            reasons.append(f"{name}: cached shape {shape}, expected {tuple(want)}")
+
+
+def check_cache(
+    files: CacheFiles,
+    *,
+    description: str,
+    fields: Mapping[str, Any] | None = None,
+    expected_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> CacheCheck:
+    """Say whether the cache at ``files`` can be used for a dataset with this description.
+
+    MISS: one of Megatron's files is missing. STALE: the description differs, an array is
+    truncated or has another shape than ``expected_shapes`` (e.g. from ``gpt.gpt_length``), or
+    the sidecar records other ``fields`` or other array facts. HIT otherwise; without a sidecar
+    the ``fields`` cannot be checked (``has_sidecar`` is False).
+    """
+    missing = [p for p in files.megatron_files if not os.path.isfile(p)]
+    sidecar = _read_sidecar(files.sidecar)
+    has_sidecar = sidecar is not None
+    if missing:
+        names = ", ".join(os.path.basename(p) for p in missing)
+        return CacheCheck(state=CacheState.MISS, reasons=(f"missing {names}",),
+                          has_sidecar=has_sidecar)
+    reasons: list[str] = []
+    try:
+        with open(files.description, "rb") as f:
+            if f.read() != description.encode("utf-8"):
+                reasons.append("description text differs from the expected one")
+    except OSError as exc:
+        reasons.append(f"description unreadable ({exc.strerror})")
+    recorded = None
+    if sidecar is not None:
+        if sidecar.get("format") != SIDECAR_FORMAT or sidecar.get("description_md5") != files.hash:
+            reasons.append("sidecar is damaged or belongs to another description")
+        else:
+            recorded = sidecar.get("arrays") or {}
+            want, have = _canonical(dict(fields or {})), sidecar.get("fields") or {}
+            for key in sorted(set(want) | set(have)):
+                if want.get(key) != have.get(key):
+                    reasons.append(f"{key}: cached {have.get(key)!r}, expected {want.get(key)!r}")
+    _check_arrays(files, recorded, expected_shapes, reasons)
+    state = CacheState.STALE if reasons else CacheState.HIT
+    return CacheCheck(state=state, reasons=tuple(reasons), has_sidecar=has_sidecar)
