@@ -95,7 +95,8 @@ def build_gpt_indices(
     ``sequence_lengths``: every sequence length of the token file (int); ``documents``: the
     sequence ids of this split (Megatron's ``indexed_indices``, usually ``arange(beg, end)``);
     ``num_samples``: the requested sample count, or ``None`` for one epoch. Bit-identical to
-    megatron-core's ``GPTDataset`` arrays. Raises ``ConfigError`` for an empty split.
+    megatron-core's ``GPTDataset`` arrays. A split without tokens gives an empty dataset when
+    ``num_samples`` is ``None`` and raises ``ConfigError`` otherwise.
     """
     lengths = np.asarray(sequence_lengths)
     docs = as_sequence_ids(documents)
@@ -106,12 +107,8 @@ def build_gpt_indices(
         )
     extra = config.extra
     tokens = tokens_per_epoch(lengths, docs)
-    if tokens == 0:
-        raise ConfigError(
-            f"the split's {docs.shape[0]} sequences hold 0 tokens; expected a non-empty split",
-            hint="change the split string or the data so that every built split holds tokens "
-            "(Megatron loops forever or aborts here)",
-        )
+    # An empty split asked for samples is a ConfigError (raised by plan_epochs; Megatron loops
+    # forever); without a sample count it is an empty dataset, as in Megatron.
     epochs = plan_epochs(
         tokens_per_epoch=tokens,
         num_samples=num_samples,
