@@ -1,0 +1,146 @@
+"""Megatron's GPT dataset: sample k reads the tokens its document, sample and shuffle indices
+point at, from a token file (or the mock source), a whole micro-batch in one vectorized read.
+
+Sample j spans document-index positions ``b..e`` (rows j and j+1 of the sample index): from
+offset ``bo`` of position b, whole sequences in between, up to offset ``eo`` (inclusive of the
+``extra`` overlap token) of position e. ``__getitems__`` turns a batch of samples into one flat
+list of (sequence, offset, length) pieces with ``repeat``/``cumsum`` arithmetic, reads them with
+one call, scatters them into a padded ``(B, S + extra)`` matrix, and builds the item fields
+(``items.build_items``). Index arrays may be in memory or memory-mapped cache files that are
+opened on first use in each process (deferred mmap), so pickling a dataset is cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from ..format.bin import gather_index
+from .items import ItemConfig, build_items
+
+
+class IndexArrays:
+    """document/sample/shuffle index arrays, held in memory or loaded lazily from ``.npy`` paths."""
+
+    def __init__(self, arrays: dict[str, np.ndarray] | None = None, paths: dict[str, str] | None = None) -> None:
+        if (arrays is None) == (paths is None):
+            raise ValueError("give either arrays or paths")
+        self._arrays = arrays
+        self.paths = paths
+        self._pid = os.getpid()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self._arrays is None or self._pid != os.getpid():
+            assert self.paths is not None
+            self._arrays = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
+            self._pid = os.getpid()
+        return self._arrays[name]
+
+    def __getstate__(self) -> dict:
+        # Cached arrays travel as paths (each process maps them itself); built ones travel as data.
+        state = dict(self.__dict__)
+        if self.paths is not None:
+            state["_arrays"] = None
+        return state
+
+
+class GPTDataset:
+    """Items of one split of one token file (or of the mock source) in Megatron's order."""
+
+    def __init__(
+        self,
+        source: Any,
+        indices: IndexArrays,
+        item: ItemConfig,
+        *,
+        identity: str,
+        length: int | None = None,
+    ) -> None:
+        self.source = source
+        self.indices = indices
+        self.item = item
+        self.identity = identity
+        self._length = length
+
+    def __len__(self) -> int:
+        if self._length is None:
+            self._length = int(self.indices["sample_index"].shape[0]) - 1
+        return self._length
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of data, order and item layout: what a resume state must match."""
+        return hashlib.sha256(f"{self.identity}|{self.item!r}".encode()).hexdigest()[:16]
+
+    @property
+    def document_index(self) -> np.ndarray:
+        return self.indices["document_index"]
+
+    @property
+    def sample_index(self) -> np.ndarray:
+        return self.indices["sample_index"]
+
+    @property
+    def shuffle_index(self) -> np.ndarray:
+        return self.indices["shuffle_index"]
+
+    def windows(self, indices) -> np.ndarray:
+        """int64 ``(B, S + extra)`` token windows of dataset indices, padded with ``pad_id``."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        if idx.size and (int(idx.min()) < -len(self) or int(idx.max()) >= len(self)):
+            raise IndexError(f"sample indices must lie in [0, {len(self)})")
+        idx = np.where(idx < 0, idx + len(self), idx)
+        samples = np.asarray(self.shuffle_index[idx], dtype=np.int64)
+        seqs, offsets, lengths, per_sample = self._pieces(samples)
+        flat = self.source.read_pieces(seqs, offsets, lengths).astype(np.int64)
+        width = self.item.window
+        out = np.full((idx.size, width), self.item.pad_id, dtype=np.int64)
+        counts = np.minimum(per_sample, width)
+        rows = np.repeat(np.arange(idx.size, dtype=np.int64), counts)
+        cols = gather_index(np.zeros(idx.size, np.int64), counts)
+        out[rows, cols] = flat[: rows.size] if flat.size == rows.size else _clip_rows(flat, per_sample, counts)
+        return out
+
+    def _pieces(self, samples: np.ndarray):
+        """Flat (sequence, offset, length) pieces of every sample, and tokens per sample."""
+        sample_index, document_index = self.sample_index, self.document_index
+        lengths_all = self.source.sequence_lengths
+        extra = self.item.extra
+        begin = np.asarray(sample_index[samples], dtype=np.int64)
+        end = np.asarray(sample_index[samples + 1], dtype=np.int64)
+        b, bo, e, eo = begin[:, 0], begin[:, 1], end[:, 0], end[:, 1]
+        n_pieces = e - b + 1
+        owner = np.repeat(np.arange(samples.size), n_pieces)
+        first = np.cumsum(n_pieces) - n_pieces
+        pos = b[owner] + (np.arange(owner.size) - first[owner])  # document-index positions
+        seqs = np.asarray(document_index[pos], dtype=np.int64)
+        seq_len = np.asarray(lengths_all[seqs], dtype=np.int64)
+        is_first = pos == b[owner]
+        is_last = pos == e[owner]
+        start = np.where(is_first, bo[owner], 0)
+        stop = np.where(is_last, eo[owner] + extra, seq_len)
+        # The last sample of a partial final epoch may point past its sequence's end: clip.
+        stop = np.minimum(stop, seq_len)
+        length = np.maximum(stop - start, 0)
+        per_sample = np.bincount(owner, weights=length, minlength=samples.size).astype(np.int64)
+        return seqs, start, length, per_sample
+
+    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+        return build_items(self.windows(indices), self.item)
+
+    def __getitem__(self, index: int | None) -> dict[str, np.ndarray]:
+        if index is None:  # Megatron's batch padding: sample 0 with no loss
+            item = {k: v[0] for k, v in self.__getitems__([0]).items()}
+            item["loss_mask"] = np.zeros_like(item["loss_mask"])
+            return item
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+
+def _clip_rows(flat: np.ndarray, per_sample: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Keep the first ``counts[i]`` of each sample's ``per_sample[i]`` tokens (never needed for
+    well-formed indices; guards against a sample longer than its window)."""
+    keep = gather_index(np.cumsum(per_sample) - per_sample, counts)
+    return flat[keep]

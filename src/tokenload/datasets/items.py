@@ -1,0 +1,125 @@
+"""Turning token windows into training items, a whole micro-batch at a time.
+
+Given a ``(B, S + extra)`` matrix of token windows (short windows padded with ``pad_id``), this
+builds Megatron's item fields for all rows at once: ``tokens``, ``labels``, ``loss_mask``,
+``position_ids`` and, only when asked, the ``(B, 1, S, S)`` boolean ``attention_mask`` (True =
+masked; it costs S x S per sample, so it is off by default) or ``cu_seqlens``/``max_seqlen`` for
+document-aware attention. Resets after EOD are computed with running maxima over EOD positions
+rather than a Python loop per EOD, and the order of Megatron's masking steps is kept: masks come
+from the input tokens, then padded labels lose their loss and pad ids become 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemConfig:
+    """Which fields a GPT item carries and how EOD and padding are treated."""
+
+    sequence_length: int
+    """S, tokens per sample."""
+    add_extra_token: bool = True
+    """Read S + 1 tokens so labels are the inputs shifted by one (Megatron's default)."""
+    eod_id: int | None = None
+    """End-of-document token id (needed by the EOD options and cu_seqlens)."""
+    pad_id: int = -1
+    """Padding id for short samples (-1 when the tokenizer has none, as in Megatron)."""
+    eod_mask_loss: bool = False
+    """Zero the loss where the input token is EOD."""
+    reset_position_ids: bool = False
+    """Restart position ids after every EOD."""
+    reset_attention_mask: bool = False
+    """Block attention across EOD boundaries (in the attention mask)."""
+    create_attention_mask: bool = False
+    """Return the S x S attention mask (Megatron creates it unless told not to; we do not)."""
+    inter_document_masking: bool = False
+    """Return cu_seqlens and max_seqlen (document boundaries after EODs) instead of a mask."""
+
+    def __post_init__(self) -> None:
+        if self.sequence_length < 1:
+            raise ConfigError(f"sequence_length is {self.sequence_length}", hint="use a positive sequence length")
+        needs_eod = self.eod_mask_loss or self.reset_position_ids or self.reset_attention_mask or self.inter_document_masking
+        if needs_eod and self.eod_id is None:
+            raise ConfigError(
+                "EOD masking, position/attention resets and cu_seqlens need eod_id",
+                hint="pass eod_id (the tokenizer's end-of-document id)",
+            )
+
+    @property
+    def extra(self) -> int:
+        return int(self.add_extra_token)
+
+    @property
+    def window(self) -> int:
+        """Tokens read per sample."""
+        return self.sequence_length + self.extra
+
+
+def build_items(text: np.ndarray, cfg: ItemConfig) -> dict[str, np.ndarray]:
+    """Item fields for every row of ``text`` (int64, shape ``(B, S + extra)``)."""
+    pad = cfg.pad_id
+    if cfg.extra:
+        tokens, labels = text[:, :-1].copy(), text[:, 1:].copy()
+    else:
+        tokens = text.copy()
+        labels = np.roll(text, -1, axis=1)
+        labels[:, -1] = pad
+    batch, seq = tokens.shape
+    is_eod = tokens == cfg.eod_id if cfg.eod_id is not None else np.zeros_like(tokens, dtype=bool)
+    loss_mask = np.ones((batch, seq), dtype=np.float32)
+    if cfg.eod_mask_loss:
+        loss_mask[is_eod] = 0.0
+    positions = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq))
+    starts = _segment_starts(is_eod) if (cfg.reset_position_ids or cfg.inter_document_masking) else None
+    position_ids = positions - starts if (cfg.reset_position_ids or cfg.inter_document_masking) else positions.copy()
+    out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
+    if cfg.create_attention_mask and not cfg.inter_document_masking:
+        out["attention_mask"] = _attention_mask(is_eod, cfg.reset_attention_mask)
+    if cfg.inter_document_masking:
+        out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
+    loss_mask[labels == pad] = 0.0
+    tokens[tokens == pad] = 0
+    labels[labels == pad] = 0
+    return out
+
+
+def _segment_starts(is_eod: np.ndarray) -> np.ndarray:
+    """For each position, the index where its document segment starts (after the last EOD before it)."""
+    batch, seq = is_eod.shape
+    begins = np.zeros((batch, seq), dtype=np.int64)
+    begins[:, 1:] = np.where(is_eod[:, :-1], np.arange(1, seq, dtype=np.int64), 0)
+    return np.maximum.accumulate(begins, axis=1)
+
+
+def _attention_mask(is_eod: np.ndarray, reset: bool) -> np.ndarray:
+    batch, seq = is_eod.shape
+    causal = np.tril(np.ones((seq, seq), dtype=bool))
+    if not reset:
+        return np.broadcast_to(~causal, (batch, 1, seq, seq)).copy()
+    segment = np.zeros((batch, seq), dtype=np.int64)
+    segment[:, 1:] = np.cumsum(is_eod[:, :-1], axis=1)
+    same = segment[:, :, None] == segment[:, None, :]
+    return ~(causal[None] & same)[:, None]
+
+
+def _cu_seqlens(is_eod: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: int32 boundaries [0, after each EOD..., S], padded to S + 1 with S; max length."""
+    batch, seq = is_eod.shape
+    cu = np.full((batch, seq + 1), seq, dtype=np.int32)
+    cu[:, 0] = 0
+    ends = is_eod.copy()
+    ends[:, -1] = True  # the last segment ends at S
+    rows, cols = np.nonzero(ends)
+    rank = np.arange(rows.size) - np.searchsorted(rows, rows)  # position of each end within its row
+    cu[rows, rank + 1] = cols + 1
+    counts = np.bincount(rows, minlength=batch)
+    lengths = np.diff(cu, axis=1)
+    valid = np.arange(seq)[None, :] < counts[:, None]
+    max_seqlen = np.where(valid, lengths, 0).max(axis=1).astype(np.int32)
+    return cu, max_seqlen
