@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from .blended import BlendedDataset
+from .builder import MegatronDataConfig, build_datasets
 from .flat import FlatDatasetConfig, FlatTokenDataset
+from .gpt import GPTDataset
+from .items import ItemConfig
+from .sources import MockSource
 
-__all__ = ["FlatDatasetConfig", "FlatTokenDataset"]
+__all__ = [
+    "BlendedDataset",
+    "FlatDatasetConfig",
+    "FlatTokenDataset",
+    "GPTDataset",
+    "ItemConfig",
+    "MegatronDataConfig",
+    "MockSource",
+    "build_datasets",
+]

@@ -1,0 +1,274 @@
+"""Build the train/valid/test datasets of a Megatron configuration, with Megatron's caches.
+
+This plays the part of Megatron's ``BlendedMegatronDatasetBuilder``: split and blend planning
+(``index.plan``), the per-prefix GPT indices (``index.gpt``), blending (``index.blending``),
+and the cache (``index.cache`` for names, ``index.cache_io`` for files). A cache that Megatron
+wrote loads here and the reverse, under Megatron's own file names.
+
+Unlike Megatron, a cache is checked before use: the description text, the arrays' shapes
+(against the length the configuration implies) and, when tokenload wrote it, a sidecar with what
+Megatron's hash forgets (extra token, validation drop-last, the token files' sizes and hashes).
+A stale cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently
+reused. Each process that misses builds in memory and writes atomically, so racing ranks leave
+one valid cache and nobody waits at a barrier; rank-0-only, per-node and offline build policies
+are layered on top of this by the distributed build policies.
+
+Cached arrays are memory-mapped on first use in each process (Megatron's deferred mmap), and a
+dataset pickles as paths plus configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import CacheError, ConfigError
+from ..format import TokenFile, read_sidecar
+from ..index import (
+    MOCK_SPLIT,
+    Blend,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    check_oversampling,
+    parse_blend,
+    plan_splits,
+    resolve_blend,
+    split_matrix,
+    split_range,
+)
+from ..index.cache import CacheFiles, blended_identifiers, default_cache_dir, describe, gpt_identifiers
+from ..index.cache_io import CacheState, check_cache, write_cache
+from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_length
+from .blended import BlendedDataset
+from .gpt import GPTDataset, IndexArrays
+from .items import ItemConfig
+from .sources import MockSource
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+CACHE_POLICIES = ("auto", "strict", "off")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronDataConfig:
+    """Everything that decides Megatron's datasets, their order and their items."""
+
+    sequence_length: int
+    """Tokens per sample (``--seq-length``)."""
+    random_seed: int = 1234
+    """Seed of every dataset's shuffles (``--seed``)."""
+    blend: Sequence[str] | str | Blend | None = None
+    """``--data-path`` list: prefixes, or alternating weights and prefixes (``30 p1 70 p2``)."""
+    blend_per_split: Sequence[Sequence[str] | str | Blend | None] | None = None
+    """Train/valid/test lists instead of ``blend`` (``--train-data-path`` ...)."""
+    split: str | None = None
+    """``--split`` (e.g. ``"969, 30, 1"``); required with ``blend``."""
+    tokenizer: Mapping[str, Any] | None = None
+    """Tokenizer identity that enters Megatron's cache hash, verbatim (copy it from an existing
+    Megatron description file to share its cache)."""
+    eod_id: int | None = None
+    """End-of-document id (EOD options, mock data)."""
+    pad_id: int = -1
+    """Padding id for short samples; -1 when the tokenizer has none."""
+    vocab_size: int | None = None
+    """Vocabulary size for mock data."""
+    add_extra_token: bool = True
+    """Read S + 1 tokens per sample (Megatron's ``add_extra_token_to_sequence``)."""
+    drop_last_partial_validation_sequence: bool = True
+    """Drop the last partial sample of the validation split."""
+    mid_level_dataset_surplus: float = 0.005
+    """Extra fraction of samples built per blended dataset (``--mid-level-dataset-surplus``)."""
+    path_to_cache: str | None = None
+    """``--data-cache-path``; None uses Megatron's default folder next to each prefix."""
+    cache: str = "auto"
+    """"auto": use a valid cache, (re)build a missing or stale one; "strict": refuse a stale
+    cache with CacheError; "off": build in memory, read and write no cache."""
+    read_mode: str = "mmap"
+    """How token files are read: mmap, pread or memory."""
+    eod_mask_loss: bool = False
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    create_attention_mask: bool = False
+    inter_document_masking: bool = False
+    item_options: Mapping[str, Any] = field(default_factory=dict)
+    """Reserved for future item fields."""
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_POLICIES:
+            raise ConfigError(f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}", hint="use cache='auto'")
+        if self.blend is not None and self.blend_per_split is not None:
+            raise ConfigError("blend and blend_per_split are exclusive", hint="give one of them (as Megatron)")
+        if self.blend is not None and self.split is None:
+            raise ConfigError("a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"')
+        if self.mock and (self.vocab_size is None or self.eod_id is None):
+            raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+
+    @property
+    def mock(self) -> bool:
+        """No data at all: Megatron's ``--mock-data``."""
+        return self.blend is None and self.blend_per_split is None
+
+    def item_config(self) -> ItemConfig:
+        return ItemConfig(
+            sequence_length=self.sequence_length,
+            add_extra_token=self.add_extra_token,
+            eod_id=self.eod_id,
+            pad_id=self.pad_id,
+            eod_mask_loss=self.eod_mask_loss,
+            reset_position_ids=self.reset_position_ids,
+            reset_attention_mask=self.reset_attention_mask,
+            create_attention_mask=self.create_attention_mask,
+            inter_document_masking=self.inter_document_masking,
+        )
+
+
+def _as_blend(value) -> Blend | None:
+    if value is None or isinstance(value, Blend):
+        return value
+    return parse_blend(value)
+
+
+def build_datasets(
+    config: MegatronDataConfig, sizes: Sequence[int | None]
+) -> tuple[Any | None, Any | None, Any | None]:
+    """The (train, valid, test) datasets for ``sizes`` samples each (None: one epoch / absent)."""
+    return _Builder(config).build(sizes)
+
+
+class _Builder:
+    def __init__(self, config: MegatronDataConfig) -> None:
+        self.config = config
+        self.item = config.item_config()
+        self._sources: dict[str | None, Any] = {}
+
+    def source(self, prefix: str | None):
+        if prefix not in self._sources:
+            c = self.config
+            self._sources[prefix] = (
+                MockSource(c.vocab_size, c.eod_id) if prefix is None else TokenFile(prefix, mode=c.read_mode)
+            )
+        return self._sources[prefix]
+
+    def build(self, sizes):
+        c = self.config
+        # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
+        split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
+        per_split = None if c.blend_per_split is None else [_as_blend(b) for b in c.blend_per_split]
+        plans = plan_splits(
+            blend=None if c.mock else _as_blend(c.blend),
+            blend_per_split=per_split,
+            split=split,
+            sizes=list(sizes),
+            surplus=c.mid_level_dataset_surplus,
+        )
+        matrix = None if split is None else split_matrix(split)
+        return tuple(
+            None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLITS, plans)
+        )
+
+    def _split(self, name, plan, split, matrix):
+        mids = [self._mid(name, mid, split, matrix) for mid in plan.datasets]
+        if not plan.blended:
+            return mids[0][0]
+        lengths = [len(ds) for ds, _ in mids]
+        weights, size = resolve_blend(plan, lengths)
+        uid = blended_identifiers(datasets=[u for _, u in mids], split=name, weights=weights, size=size)
+        description = describe(uid)
+
+        def build():
+            if size is None:
+                di, dsi = build_exhaustive_blending_indices(weights)
+            else:
+                di, dsi = build_blending_indices(weights, size)
+            check_oversampling(di, lengths, name)
+            return {"dataset_index": di, "dataset_sample_index": dsi}
+
+        # Megatron caches a blend only under an explicit path_to_cache.
+        folder = self.config.path_to_cache
+        fields = {"members": [ds.fingerprint for ds, _ in mids]}
+        indices = self._indices(folder, uid, description, build, fields, None)
+        return BlendedDataset([ds for ds, _ in mids], indices, identity=CacheFiles.of("", uid).hash)
+
+    def _mid(self, name, mid, split, matrix):
+        c = self.config
+        source = self.source(mid.prefix)
+        lengths = source.sequence_lengths
+        beg, end = split_range(mid.bookend, len(lengths))
+        gpt = GPTIndexConfig(
+            sequence_length=c.sequence_length,
+            random_seed=c.random_seed,
+            add_extra_token=c.add_extra_token,
+            drop_last=drop_last_for(name, c.drop_last_partial_validation_sequence),
+        )
+        uid = gpt_identifiers(
+            class_name="MockGPTDataset" if mid.prefix is None else "GPTDataset",
+            dataset_path=mid.prefix,
+            num_samples=mid.num_samples,
+            index_split=name,
+            random_seed=c.random_seed,
+            sequence_length=c.sequence_length,
+            split=split,
+            split_matrix=matrix,
+            tokenizer=c.tokenizer,
+        )
+        documents = np.arange(beg, end, dtype=np.int32)
+
+        def build():
+            idx = build_gpt_indices(lengths, documents, num_samples=mid.num_samples, config=gpt)
+            return {"document_index": idx.document_index, "sample_index": idx.sample_index,
+                    "shuffle_index": idx.shuffle_index}
+
+        tokens = int(np.asarray(lengths[beg:end], dtype=np.int64).sum())
+        expected = None
+        if tokens:
+            n = gpt_length(tokens_per_epoch=tokens, num_samples=mid.num_samples, config=gpt)
+            expected = {"sample_index": (n + 1, 2)}
+        folder = c.path_to_cache
+        if folder is None and mid.prefix is not None:
+            folder = default_cache_dir(mid.prefix)
+        fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last,
+                  "token_file": _file_facts(mid.prefix)}
+        indices = self._indices(folder, uid, describe(uid), build, fields, expected)
+        identity = CacheFiles.of("", uid).hash + repr(sorted(fields.items()))
+        return GPTDataset(source, indices, self.item, identity=identity), uid
+
+    def _indices(self, folder, uid, description, build, fields, expected) -> IndexArrays:
+        if folder is None or self.config.cache == "off":
+            return IndexArrays(arrays=build())
+        files = CacheFiles.of(folder, uid)
+        check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
+        if check.state is CacheState.STALE:
+            if self.config.cache == "strict":
+                raise CacheError(
+                    f"the index cache is stale: {'; '.join(check.reasons)}",
+                    path=files.description,
+                    hint="delete these cache files or use cache='auto' to rebuild them",
+                )
+            logger.warning("rebuilding stale index cache %s: %s", files.description, "; ".join(check.reasons))
+        if check.state is CacheState.HIT:
+            if not check.has_sidecar:
+                logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
+        else:
+            arrays = build()
+            write_cache(files, description=description, arrays=arrays, fields=fields)
+        return IndexArrays(paths={name: files.array(name) for name in files.arrays})
+
+
+def _file_facts(prefix: str | None) -> dict[str, Any] | None:
+    """What identifies a token file's content without reading it: sizes and sidecar hashes."""
+    if prefix is None:
+        return None
+    facts: dict[str, Any] = {
+        "bin_bytes": os.path.getsize(prefix + ".bin"),
+        "idx_bytes": os.path.getsize(prefix + ".idx"),
+    }
+    sidecar = read_sidecar(prefix)
+    if sidecar is not None:
+        facts["xxh3_64"] = {k: v.get("xxh3_64") for k, v in sidecar.hashes.items()}
+    return facts

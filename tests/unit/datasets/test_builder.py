@@ -1,0 +1,156 @@
+"""The dataset builder against megatron-core 0.19.2: every fixture configuration gives the same
+splits, lengths, cache file names, arrays and items; Megatron's own cache folder loads with
+identical items; stale caches are detected; mock data matches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from support import FIXTURES
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.datasets.blended import BlendedDataset
+from tokenload.errors import CacheError, ConfigError
+
+MEG = FIXTURES / "megatron"
+ORDER = MEG / "order"
+META = json.loads((ORDER / "cases.json").read_text())
+ARRAYS = np.load(ORDER / "cases.npz")
+TOK = META["tokenizer"]
+OK = [c for c in META["cases"] if c["outcome"] == "ok"]
+FAILING = [c for c in META["cases"] if c["outcome"] != "ok"]
+
+
+def _config(cfg, cache_dir, **overrides):
+    blend = cfg["blend"]
+    per_split = cfg["blend_per_split"]
+
+    def as_list(b):
+        if b is None:
+            return None
+        prefixes, weights = b
+        return prefixes if weights is None else [x for w, p in zip(weights, prefixes) for x in (str(w), p)]
+
+    return MegatronDataConfig(
+        sequence_length=cfg["sequence_length"],
+        random_seed=cfg["random_seed"],
+        blend=as_list(blend),
+        blend_per_split=None if per_split is None else [as_list(b) for b in per_split],
+        split=cfg["split"],
+        tokenizer=TOK["unique_identifiers"],
+        eod_id=TOK["eod"],
+        pad_id=TOK["pad"],
+        add_extra_token=cfg["add_extra_token_to_sequence"],
+        drop_last_partial_validation_sequence=cfg["drop_last_partial_validation_sequence"],
+        mid_level_dataset_surplus=cfg["mid_level_dataset_surplus"],
+        eod_mask_loss=cfg["eod_mask_loss"],
+        reset_position_ids=cfg["reset_position_ids"],
+        reset_attention_mask=cfg["reset_attention_mask"],
+        path_to_cache=str(cache_dir),
+        **overrides,
+    )
+
+
+def _megatron_names(folder):
+    return sorted(n for n in os.listdir(folder) if not n.endswith("-tokenload.json") and not n.startswith("."))
+
+
+@pytest.mark.parametrize("case", OK, ids=[c["id"] for c in OK])
+def test_builder_matches_megatron(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(ORDER)  # megatron saw the prefixes relative to this folder
+    cache = tmp_path / "cache"
+    splits = build_datasets(_config(case["config"], cache), case["config"]["sizes"])
+    for name, ds in zip(("train", "valid", "test"), splits):
+        rec = case["splits"][name]
+        if rec is None:
+            assert ds is None, name
+            continue
+        key = f"{case['id']}/{name}"
+        assert len(ds) == rec["len"], name
+        if rec["class"] == "BlendedDataset":
+            assert isinstance(ds, BlendedDataset)
+            np.testing.assert_array_equal(ds.dataset_index, ARRAYS[f"{key}/dataset_index"])
+            np.testing.assert_array_equal(ds.dataset_sample_index, ARRAYS[f"{key}/dataset_sample_index"])
+        else:
+            for a in ("document_index", "sample_index", "shuffle_index"):
+                got, want = getattr(ds, a), ARRAYS[f"{key}/{a}"]
+                assert got.dtype == want.dtype, a
+                np.testing.assert_array_equal(got, want, err_msg=a)
+        if rec.get("item_index"):
+            got = ds.__getitems__(rec["item_index"])
+            np.testing.assert_array_equal(got["tokens"], ARRAYS[f"{key}/item_tokens"])
+            np.testing.assert_array_equal(got["labels"], ARRAYS[f"{key}/item_labels"])
+    assert _megatron_names(cache) == case["cache_files"]
+
+
+@pytest.mark.parametrize("case", FAILING, ids=[c["id"] for c in FAILING])
+def test_configs_megatron_rejects_or_loops_on_are_config_errors(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(ORDER)
+    with pytest.raises(ConfigError) as info:
+        build_datasets(_config(case["config"], tmp_path), case["config"]["sizes"])
+    assert "HINT" in str(info.value) or "expected" in str(info.value)
+
+
+def test_megatron_cache_folder_loads_with_identical_items(tmp_path, monkeypatch):
+    expected = json.loads((MEG / "cache" / "expected.json").read_text())
+    cache = tmp_path / "megatron_cache"
+    shutil.copytree(MEG / "cache" / "index_cache", cache)
+    before = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
+    monkeypatch.chdir(ORDER)
+    splits = build_datasets(_config(expected["config"], cache, cache="strict"), expected["config"]["sizes"])
+    assert {n: os.path.getmtime(cache / n) for n in os.listdir(cache)} == before  # loaded, nothing rebuilt
+    for name, ds in zip(("train", "valid", "test"), splits):
+        rec = expected["splits"][name]
+        assert len(ds) == rec["len"]
+        got = ds.__getitems__(list(range(len(rec["items"]))))
+        for i, item in enumerate(rec["items"]):
+            for field in ("tokens", "labels", "loss_mask", "position_ids", "dataset_id"):
+                np.testing.assert_array_equal(np.asarray(got[field][i]), np.asarray(item[field]), err_msg=f"{name} {i} {field}")
+
+
+def test_cache_is_reused_and_stale_cache_is_never_silently_used(tmp_path, monkeypatch):
+    monkeypatch.chdir(ORDER)
+    case = next(c for c in OK if c["label"] == "spec10_A")
+    cache = tmp_path / "c"
+    build_datasets(_config(case["config"], cache), case["config"]["sizes"])
+    stamps = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
+    train, _, _ = build_datasets(_config(case["config"], cache, cache="strict"), case["config"]["sizes"])
+    assert {n: os.path.getmtime(cache / n) for n in os.listdir(cache)} == stamps
+    # Megatron's hash forgets add_extra_token: the same file names, different arrays.
+    other = dict(case["config"], add_extra_token_to_sequence=False)
+    with pytest.raises(CacheError, match="stale") as info:
+        build_datasets(_config(other, cache, cache="strict"), other["sizes"])
+    assert "HINT" in str(info.value)
+    rebuilt, _, _ = build_datasets(_config(other, cache), other["sizes"])
+    fresh, _, _ = build_datasets(_config(other, tmp_path / "fresh", cache="off"), other["sizes"])
+    np.testing.assert_array_equal(rebuilt.sample_index, fresh.sample_index)
+    original, _, _ = build_datasets(_config(case["config"], tmp_path / "orig", cache="off"), case["config"]["sizes"])
+    assert len(train) == len(original)
+    assert not np.array_equal(rebuilt.sample_index, original.sample_index)
+
+
+def test_mock_matches_megatron():
+    mock = json.loads((MEG / "mock.json").read_text())
+    cfg = MegatronDataConfig(
+        sequence_length=mock["config"]["sequence_length"],
+        random_seed=mock["config"]["random_seed"],
+        tokenizer=mock["tokenizer"]["unique_identifiers"],
+        vocab_size=mock["tokenizer"]["vocab_size"],
+        eod_id=mock["tokenizer"]["eod"],
+    )
+    splits = build_datasets(cfg, mock["config"]["sizes"])
+    for name, ds in zip(("train", "valid", "test"), splits):
+        rec = mock["splits"][name]
+        assert len(ds) == rec["len"], name
+        assert np.asarray(ds.document_index[:16]).tolist() == rec["document_index_head"]
+        assert np.asarray(ds.shuffle_index[:16]).tolist() == rec["shuffle_index_head"]
+        assert ds.identity.startswith(rec["hash"])
+        if name == "train":
+            got = ds.__getitems__([0, 1])
+            for i, item in enumerate(rec["items"]):
+                assert got["tokens"][i].tolist() == item["tokens"]
+                assert got["labels"][i].tolist() == item["labels"]
