@@ -1,8 +1,9 @@
 """``tokenload demo``: the main job end to end on an embedded default that needs no download.
 
 Raw text (the Python standard library's own sources, written as JSONL) -> token files with the
-built-in byte-level tokenizer -> ``info`` of the result -> the Megatron sample order over it
-and the first micro-batches a 2-rank data-parallel job would read.
+built-in byte-level tokenizer -> ``info`` of the result -> Megatron's sample order over it (its
+document, sample and shuffle indices, cached under Megatron's file names) and the first
+micro-batches a 2-rank data-parallel job would read.
 """
 
 from __future__ import annotations
@@ -50,33 +51,39 @@ def run(args: argparse.Namespace) -> int:
     print(f"      {tokens:,} tokens in {time.perf_counter() - start:.2f} s")
     print("[3/4] tokenload info")
     run_info(argparse.Namespace(prefixes=[prefix], json=False))
-    print("[4/4] sample order and batches")
+    print("[4/4] Megatron sample order and the first micro-batch of 2 data-parallel ranks")
     _show_batches(prefix, args.seq_length)
     print(f"\nfiles are in {folder}{os.sep}")
     return 0
 
 
 def _show_batches(prefix: str, seq_length: int) -> None:
-    try:
-        from ..datasets import gpt  # noqa: F401  (the Megatron-order datasets)
-    except ImportError:
-        _show_flat_windows(prefix, seq_length)
-        return
-    from ..datasets import show_first_batches
-
-    show_first_batches(prefix, seq_length)
-
-
-def _show_flat_windows(prefix: str, seq_length: int) -> None:
-    """Windows of the token stream in an order computed on demand, as two ranks would read them."""
-    from ..datasets import FlatDatasetConfig, FlatTokenDataset
+    """Megatron's sample order over the new file and the first micro-batch of two data-parallel
+    ranks (computed with the sampler directly, so the demo needs no torch)."""
+    from ..datasets import MegatronDataConfig, build_datasets
+    from ..format import read_sidecar
     from ..loader import MicroBatchPlan, PretrainingSampler
 
-    dataset = FlatTokenDataset(prefix + ".bin", FlatDatasetConfig(block_size=seq_length, seed=1234))
-    print(f"      {len(dataset):,} samples of {seq_length} tokens (one epoch, keyed shuffle, no index built)")
+    tokenizer = read_sidecar(prefix).tokenizer or {}
+    config = MegatronDataConfig(
+        sequence_length=seq_length,
+        blend=[prefix],
+        split="98,2,0",
+        tokenizer=tokenizer,
+        eod_id=tokenizer.get("eod_id"),
+        path_to_cache=os.path.join(os.path.dirname(prefix), "index-cache"),
+    )
+    start = time.perf_counter()
+    train, valid, _ = build_datasets(config, [None, None, None])
+    print(
+        f"      train {len(train):,} / valid {len(valid):,} samples of {seq_length} tokens,"
+        f" indices built and cached in {time.perf_counter() - start:.2f} s"
+    )
     for rank in range(2):
-        plan = MicroBatchPlan(total_samples=len(dataset), micro_batch_size=4, dp_rank=rank, dp_size=2)
+        plan = MicroBatchPlan(total_samples=len(train), micro_batch_size=4, dp_rank=rank, dp_size=2)
         first = next(iter(PretrainingSampler(plan)))
-        batch = dataset.__getitems__(first)
+        batch = train.__getitems__(first)
         text = bytes(int(t) for t in batch["tokens"][0][:60] if t < 256).decode("utf-8", "replace")
-        print(f"      rank {rank}: samples {first}, tokens {batch['tokens'].shape}; starts {text!r}")
+        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
+        print(f"      rank {rank}: samples {first}: {shapes}")
+        print(f"              sample {first[0]} starts {text!r}")
