@@ -63,8 +63,9 @@ class StorageError(TokenloadError, OSError):
     """Bytes could not be read from or written to where they live (disk or object storage)."""
 
 
-class CacheError(TokenloadError, RuntimeError):
-    """An index cache is missing, stale or cannot be written, and policy forbids a rebuild."""
+class CacheError(ConfigError):
+    """An index cache is stale (and policy forbids a rebuild), unreadable, or cannot be written
+    where the configuration points: a configuration problem, hence a ConfigError."""
 
 
 class StateError(TokenloadError, ValueError):

@@ -173,6 +173,7 @@ class _Builder:
         )
 
     def _split(self, name, plan, split, matrix):
+        self._check_dtypes(name, [mid.prefix for mid in plan.datasets])
         mids = [self._mid(name, mid, split, matrix) for mid in plan.datasets]
         if not plan.blended:
             return mids[0][0]
@@ -194,6 +195,16 @@ class _Builder:
         fields = {"members": [ds.fingerprint for ds, _ in mids]}
         indices = self._indices(folder, uid, description, build, fields, None)
         return BlendedDataset([ds for ds, _ in mids], indices, identity=CacheFiles.of("", uid).hash)
+
+    def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
+        """A blend mixes token files of one dtype only: another dtype means another tokenizer."""
+        dtypes = {p: self.source(p).dtype for p in prefixes if p is not None}
+        if len(set(dtypes.values())) > 1:
+            listing = ", ".join(f"{p} ({d})" for p, d in dtypes.items())
+            raise ConfigError(
+                f"the {name} blend mixes token dtypes: {listing}",
+                hint="blend only token files made with the same tokenizer (re-tokenize the odd ones out)",
+            )
 
     def _mid(self, name, mid, split, matrix):
         c = self.config

@@ -154,3 +154,27 @@ def test_mock_matches_megatron():
             for i, item in enumerate(rec["items"]):
                 assert got["tokens"][i].tolist() == item["tokens"]
                 assert got["labels"][i].tolist() == item["labels"]
+
+
+def test_blend_of_different_dtypes_is_a_config_error(tmp_path):
+    from support import write_documents
+
+    a = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 20, dtype=np.uint16)
+    b = write_documents(tmp_path / "b", [[70000, 2, 3, 4]] * 20, dtype=np.int32)
+    cfg = MegatronDataConfig(sequence_length=4, blend=["1", a, "1", b], split="1,0,0", path_to_cache=str(tmp_path / "c"))
+    with pytest.raises(ConfigError, match="mixes token dtypes") as info:
+        build_datasets(cfg, [10, 0, 0])
+    assert "HINT" in str(info.value)
+
+
+def test_unwritable_cache_folder_is_a_config_error(tmp_path):
+    from support import write_documents
+
+    a = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 20)
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file where the cache folder should be")
+    cfg = MegatronDataConfig(sequence_length=4, blend=[a], split="1,0,0", path_to_cache=str(blocker / "cache"))
+    with pytest.raises(ConfigError, match="cannot write the index cache") as info:
+        build_datasets(cfg, [10, 0, 0])
+    assert isinstance(info.value, CacheError) and "HINT" in str(info.value)
+    assert build_datasets(MegatronDataConfig(**{**cfg.__dict__, "cache": "off"}), [10, 0, 0])[0] is not None
