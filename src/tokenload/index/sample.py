@@ -81,6 +81,49 @@ def _check_inputs(sequence_lengths, document_index, sequence_length, num_epochs,
     return lengths, doc_index
 
 
+def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
+    """Fill rows 1..n of samples whose last token is in the stream; return the first unfilled.
+
+    Per chunk of documents: gathered lengths -> ``cum`` = stream position of each document's
+    start minus ``extra`` -> ``ends = floor(cum / S)`` = samples whose last token lies before
+    it -> the documents where ``ends`` steps, repeated by the step, in sample order.
+    """
+    chunk = min(_CHUNK, doc_index.shape[0])
+    gathered = np.empty(chunk, dtype=lengths.dtype)
+    cum = np.empty(chunk + 1, dtype=np.int64)
+    ends = np.empty(chunk + 1, dtype=np.int64)
+    per_doc = np.empty(chunk, dtype=np.int64)
+    shift = s.bit_length() - 1 if s & (s - 1) == 0 else -1
+    k_next, offset = 1, -extra
+    for a in range(0, doc_index.shape[0], chunk):
+        if k_next > n:
+            break
+        c = min(chunk, doc_index.shape[0] - a)
+        # take(mode="wrap") into a reused buffer: the fastest gather measured (ids are checked)
+        np.take(lengths, doc_index[a : a + c], out=gathered[:c], mode="wrap")
+        cum[0] = offset
+        np.cumsum(gathered[:c], dtype=np.int64, out=cum[1 : c + 1])
+        cum[1 : c + 1] += offset
+        if shift >= 0:
+            np.right_shift(cum[: c + 1], shift, out=ends[: c + 1])
+        else:
+            np.floor_divide(cum[: c + 1], s, out=ends[: c + 1])
+        if ends[0] < 0 or ends[c] > n:  # ends is sorted: only the stream's ends need clipping
+            np.clip(ends[: c + 1], 0, n, out=ends[: c + 1])
+        k_hi = int(ends[c])
+        if k_hi >= k_next:
+            np.subtract(ends[1 : c + 1], ends[:c], out=per_doc[:c])
+            docs = np.flatnonzero(per_doc[:c])
+            if per_doc[docs].max() > 1:
+                docs = np.repeat(docs, per_doc[docs])
+            starts = np.arange(k_next * s - extra, (k_hi + 1) * s - extra, s, dtype=np.int64)
+            out[k_next : k_hi + 1, 0] = docs + a
+            out[k_next : k_hi + 1, 1] = starts - cum[docs]
+            k_next = k_hi + 1
+        offset = int(cum[c])
+    return k_next
+
+
 def build_sample_index(
     sequence_lengths: npt.ArrayLike,
     document_index: npt.ArrayLike,
@@ -112,34 +155,12 @@ def build_sample_index(
     m = doc_index.shape[0]
     if m == 0:
         raise ConfigError(f"{n} samples requested from an empty document index; expected documents")
-    s, k_next, offset = int(sequence_length), 1, 0
-    shift = s.bit_length() - 1 if s & (s - 1) == 0 else -1
-    for a in range(0, m, _CHUNK):
-        if k_next > n:
-            break
-        b = min(a + _CHUNK, m)
-        cum = np.empty(b - a + 1, dtype=np.int64)  # tokens before each document of the chunk
-        cum[0] = offset
-        cum[1:] = lengths[doc_index[a:b]]  # fancy indexing: faster than take() here (measured)
-        np.cumsum(cum, out=cum)
-        # ends[j] = how many samples k in 1..n have their last token p = kS + extra - 1 < cum[j]
-        ends = cum - extra
-        if shift >= 0:
-            ends >>= shift
-        else:
-            ends //= s
-        np.clip(ends, 0, n, out=ends)
-        k_hi = int(ends[-1])
-        if k_hi >= k_next:
-            per_doc = np.diff(ends)  # samples whose last token lies in document a + j
-            docs = np.flatnonzero(per_doc)
-            if per_doc[docs].max() > 1:
-                docs = np.repeat(docs, per_doc[docs])
-            starts = np.arange(k_next, k_hi + 1, dtype=np.int64) * s
-            out[k_next : k_hi + 1, 0] = docs + a
-            out[k_next : k_hi + 1, 1] = starts - cum[docs]
-            k_next = k_hi + 1
-        offset = int(cum[-1])
+    if int(doc_index.min()) < 0 or int(doc_index.max()) >= lengths.shape[0]:
+        raise ConfigError(
+            f"document_index holds ids in [{int(doc_index.min())}, {int(doc_index.max())}]; "
+            f"expected 0..{lengths.shape[0] - 1} (sequence_lengths has {lengths.shape[0]})"
+        )
+    k_next = _fill_rows(out, lengths, doc_index, int(sequence_length), extra, n)
     if k_next <= n:  # ran past the last document (drop_last=False only)
         out[k_next:, 0] = m - 1
         out[k_next:, 1] = int(lengths[doc_index[m - 1]]) - extra
