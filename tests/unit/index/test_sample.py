@@ -95,6 +95,9 @@ def test_bad_inputs_are_config_errors():
     with pytest.raises(ConfigError):
         build_sample_index(np.array([3.0, 4.0]), np.array([0, 1]), sequence_length=2,
                            num_epochs=1, tokens_per_epoch=7)
+    with pytest.raises(ConfigError, match="ids in"):  # an id past the file: never wrapped
+        build_sample_index(np.array([3, 4]), np.array([0, 2]), sequence_length=2,
+                           num_epochs=1, tokens_per_epoch=7)
 
 
 @st.composite
