@@ -27,7 +27,13 @@ import numpy as np
 
 from tokenload.errors import ConfigError
 from tokenload.index.blends import Blend
-from tokenload.index.splits import SPLIT_NAMES, Bookend, normalize, split_matrix, spoofed_split_matrix
+from tokenload.index.splits import (
+    SPLIT_NAMES,
+    Bookend,
+    normalize,
+    split_matrix,
+    spoofed_split_matrix,
+)
 
 __all__ = [
     "DEFAULT_SURPLUS",

@@ -6,13 +6,13 @@ concatenated token stream the walk is simple (proof in docs/ORDER.md): row ``k``
 stream position ``k * S``, and it is expressed in the document that holds the *last token the
 sample needs*, stream position ``p = k * S + extra - 1``. With ``cum`` the cumulative lengths
 in document-index order, that document is the ``i`` with ``cum[i] <= p < cum[i + 1]``, and the
-offset is ``k * S - cum[i]``. Instead of a ``searchsorted`` per sample, each document counts
+offset is ``k * S - cum[i]``. So a sample ending on a document's last token stays on it:
+``(i, len - 1)`` with ``extra = 1``, ``(i, len)`` with ``extra = 0``, never ``(i + 1, 0)``;
+empty documents never hold ``p`` and are skipped. A sample that runs past the end of the
+stream (only without drop-last) is pinned to ``(last, len(last) - extra)``, as the C++ does
+when it runs out of documents. Instead of a ``searchsorted`` per sample, each document counts
 the samples whose ``p`` it holds, ``floor((cum[i+1] - extra) / S) - floor((cum[i] - extra) / S)``,
-and ``repeat`` lays the documents out in sample order (1.2x faster, measured). So a sample ending on a document's last
-token stays on it: ``(i, len - 1)`` with ``extra = 1``, ``(i, len)`` with ``extra = 0``, never
-``(i + 1, 0)``; empty documents never hold ``p`` and are skipped. A sample that runs past the
-end of the stream (only without drop-last) is pinned to ``(last, len(last) - extra)``, as the
-C++ does when it runs out of documents.
+and ``repeat`` lays the documents out in sample order (1.2x faster, measured).
 
 The count of samples is the C++'s: ``(E*T - extra) // S`` (C truncation) with drop-last, else
 ``ceil(float32(E*T - extra) / float32(S))`` -- single precision, which for large streams and

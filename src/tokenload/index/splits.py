@@ -60,7 +60,9 @@ def normalize(weights: Sequence[float]) -> list[float]:
 
 
 def parse_split(split: str) -> list[float]:
-    """Parse a split string (``"99,1,0"``, ``"99/1/0"``, ``"969, 30, 1"``) into 3 normalized weights.
+    """Parse a split string (``"99,1,0"``, ``"99/1/0"``, ``"969, 30, 1"``) into 3 weights.
+
+    The weights are normalized (``normalize``).
 
     Like Megatron, every run of digits and dots is a number and missing trailing numbers are 0.
     Unlike Megatron, a minus sign is an error (Megatron silently drops it, turning ``-5`` into 5).
@@ -120,7 +122,7 @@ def split_range(bookend: Bookend, num_sequences: int) -> tuple[int, int]:
     ``int(round(fraction * float(N)))`` with Python's round-half-even, as Megatron does.
     """
     n = float(num_sequences)
-    return int(round(bookend[0] * n)), int(round(bookend[1] * n))
+    return round(bookend[0] * n), round(bookend[1] * n)  # round-half-even, an int
 
 
 def split_ranges(matrix: SplitMatrix, num_sequences: int) -> list[tuple[int, int] | None]:

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import blending_loop, exhaustive_loop
 
-import tokenload.index.blending as blending
 from tokenload.errors import ConfigError
 from tokenload.index import (
+    blending,
     build_blending_indices,
     build_exhaustive_blending_indices,
     check_oversampling,

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from megatron_driver import NULL_TOKENIZER
 
-import tokenload.index.cache_io as cache_io
 from tokenload.errors import CacheError
 from tokenload.index import (
     CacheFiles,
     CacheState,
     blended_identifiers,
+    cache_io,
     check_cache,
     default_cache_dir,
     describe,
@@ -90,8 +90,10 @@ def test_write_load_and_hit(tmp_path):
         assert loaded[name].dtype == arr.dtype
         buf = io.BytesIO()
         np.save(buf, arr, allow_pickle=True)  # what Megatron writes
-        assert open(files.array(name), "rb").read() == buf.getvalue()
-    assert open(files.description).read() == describe(uid)
+        with open(files.array(name), "rb") as f:
+            assert f.read() == buf.getvalue()
+    with open(files.description) as f:
+        assert f.read() == describe(uid)
     shapes = {"sample_index": (3, 2), "shuffle_index": (2,)}
     check = check_cache(files, description=describe(uid), fields=FIELDS, expected_shapes=shapes)
     assert check.state is CacheState.HIT and check.reasons == () and check.has_sidecar

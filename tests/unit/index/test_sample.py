@@ -154,7 +154,7 @@ def test_every_sample_spans_exactly_s_tokens(stream, s, extra):
 
 def test_chunked_pass_matches_single_pass(monkeypatch):
     """Force many document chunks: the carried offsets must give the same rows."""
-    import tokenload.index.sample as sample
+    from tokenload.index import sample
 
     rng = np.random.default_rng(3)
     sizes = rng.integers(0, 50, size=500).astype(np.int32)
