@@ -3,7 +3,8 @@
 Usage: python benchmarks/preprocess.py [--data-dir /tmp/tokenload-bench] [--mb 60] [--workers 2]
 
 Input: a JSONL corpus of at least ``--mb`` MB written by ``tokenload corpus`` (the Python standard
-library's own sources, repeated). Tokenizer: a byte-level BPE (vocab 32,000, EOD
+library's own sources, 33 MB; passes after the first reverse the line order of every file, so no
+document repeats verbatim and no encoder can profit from whole repeated texts). Tokenizer: a byte-level BPE (vocab 32,000, EOD
 ``<|endoftext|>``) trained in-process with HF ``tokenizers`` and saved as tokenizer.json.
 
 Baseline (spec §6.1), run in megatron-core's scratch venv (``MEGATRON_PYTHON``): Megatron's
@@ -105,8 +106,16 @@ def main() -> None:
     data.mkdir(parents=True, exist_ok=True)
     corpus = data / f"corpus_{args.mb}mb.jsonl"
     if not corpus.exists():
-        subprocess.run([sys.executable, "-m", "tokenload.cli.main", "corpus", "--output", str(corpus),
+        raw = data / f"corpus_{args.mb}mb.raw.jsonl"
+        subprocess.run([sys.executable, "-m", "tokenload.cli.main", "corpus", "--output", str(raw),
                         "--min-mb", str(args.mb), "--max-mb", str(args.mb + 8)], check=True)
+        with open(raw, encoding="utf-8") as src, open(corpus, "w", encoding="utf-8") as dst:
+            for line in src:
+                record = json.loads(line)
+                if record.get("pass", 0) % 2:
+                    record["text"] = "\n".join(reversed(record["text"].split("\n")))
+                dst.write(json.dumps(record) + "\n")
+        raw.unlink()
     tokenizer = train_tokenizer(corpus, data / "bpe32k.json")
     from tokenizers import Tokenizer
 
