@@ -151,13 +151,16 @@ class CacheFiles:
 
     @property
     def description(self) -> str:
+        """Path of Megatron's description file (the JSON text, no trailing newline)."""
         return self.path("description.txt")
 
     def array(self, name: str) -> str:
+        """Path of one array's ``.npy`` file (``name`` from ``arrays``)."""
         return self.path(f"{name}.npy")
 
     @property
     def sidecar(self) -> str:
+        """Path of tokenload's sidecar (Megatron ignores it)."""
         return self.path("tokenload.json")
 
     @property
