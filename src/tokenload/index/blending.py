@@ -224,7 +224,10 @@ def _simulate(w, caps, k_start, counts, steps: int, snaps=(), keep_from: int = 0
 
 def _greedy(w, size: int, caps) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int64]]:
     d = w.shape[0]
-    burn = _burn_in(w)
+    # Burn-in and guesses only steer speed; Megatron passes normalized weights, but any positive
+    # weights give the loop's exact result, so these use a normalized copy.
+    share = w / w.sum()
+    burn = _burn_in(share)
     lanes = min(_LANES, max(_MIN_LANES, _LANE_ELEMENTS // d))
     block = max(2 * burn, -(-size // lanes))
     nb = -(-size // block)
@@ -235,7 +238,7 @@ def _greedy(w, size: int, caps) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.i
         return picks[0], samples[0]
     k0 = np.arange(nb, dtype=np.int64) * block
     starts = k0 - burn  # lane 0 starts at -burn, frozen until step 0: exact from the start
-    guess = _guess_counts(w, caps, np.maximum(starts, 0))
+    guess = _guess_counts(share, caps, np.maximum(starts, 0))
     guess[:, 0] = 0
     picks, samples, (first, last) = _simulate(
         w, caps, starts, guess, burn + block, (burn, burn + block), keep_from=burn, frozen=burn

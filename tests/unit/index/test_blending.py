@@ -92,6 +92,11 @@ def test_repair_rounds_fix_every_bad_guess(monkeypatch):
         _same(build_exhaustive_blending_indices(sizes), exhaustive_loop(sizes))
 
 
+def test_unnormalized_weights_still_match_the_loop():
+    _same(build_blending_indices([30.0, 70.0], 3000), blending_loop([30.0, 70.0], 3000))
+    _same(build_blending_indices([3.0, 1.0, 2.0], 3000), blending_loop([3.0, 1.0, 2.0], 3000))
+
+
 def test_guess_counts_sum_to_the_step():
     w = np.array([0.2, 0.5, 0.3])
     starts = np.array([0, 1, 7, 1000, 12345], dtype=np.int64)
