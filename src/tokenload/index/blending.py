@@ -228,7 +228,7 @@ def _greedy(w, size: int, caps) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.i
     # weights give the loop's exact result, so these use a normalized copy.
     share = w / w.sum()
     burn = _burn_in(share)
-    lanes = min(_LANES, max(_MIN_LANES, _LANE_ELEMENTS // d))
+    lanes = _LANES if d <= _CHAIN_MAX_D else min(_LANES, max(_MIN_LANES, _LANE_ELEMENTS // d))
     block = max(2 * burn, -(-size // lanes))
     nb = -(-size // block)
     if nb <= 2:  # too small to split: one exact lane
