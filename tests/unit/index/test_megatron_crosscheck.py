@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from megatron_driver import build_config
+from index_megatron_driver import build_config
 
 from tokenload.errors import ConfigError
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import document_index_mgrid, num_epochs_loop, shuffle_index_concat
+from index_reference import document_index_mgrid, num_epochs_loop, shuffle_index_concat
 
 from tokenload.errors import ConfigError
 from tokenload.index import (

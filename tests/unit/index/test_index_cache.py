@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from megatron_driver import NULL_TOKENIZER
+from index_megatron_driver import NULL_TOKENIZER
 
 from tokenload.errors import CacheError
 from tokenload.index import (

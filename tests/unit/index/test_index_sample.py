@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import sample_index_loop
+from index_reference import sample_index_loop
 
 from tokenload.errors import ConfigError
 from tokenload.index import build_sample_index, num_samples_in_index, sample_index_dtype

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import blending_loop, exhaustive_loop
+from index_reference import blending_loop, exhaustive_loop
 
 from tokenload.errors import ConfigError
 from tokenload.index import (
