@@ -15,18 +15,18 @@ written); both tools open it as an ordinary token file. Cases, S = 2048, seed 12
 
 Each side runs its own dataset builder end to end (token files opened, indices built, Megatron's
 cache written to a fresh folder: ``BlendedMegatronDatasetBuilder(...).build()`` against
-``tokenload.datasets.build_datasets`` with ``cache="auto"``), best of ``--repeats``. tokenload is
+``tokenload.datasets.build_datasets`` with ``cache="auto"``), best of ``--repeats`` rounds. tokenload is
 also timed in memory (``cache="off"``). The cache folders are then compared file by file
 (every Megatron ``.npy`` loaded and compared, dtype and values, and its bytes). A component table
 times the pieces alone on the single file (document, sample, shuffle index; blending indices at
-the blend3 size) to show where the time goes.
+the blend3 size) to show where the time goes. Each round runs the peer once, then tokenload once,
+so that load from other processes falls on both sides alike; the best round of each is kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import math
 import os
@@ -231,11 +231,35 @@ def make_files(data: Path, docs: int) -> tuple[str, list[str], list[int]]:
     return single, parts, epochs
 
 
+def tokenload_round(cases: list[dict], tokenizer: dict, work: Path) -> dict[str, float]:
+    """One timing of each case: cache written to a fresh folder, then in memory."""
+    out = {}
+    for case in cases:
+        cache = str(work / f"tokenload-{case['name']}")
+        shutil.rmtree(cache, ignore_errors=True)
+        t = time.perf_counter()
+        tokenload_build(case, tokenizer, cache)
+        out[case["name"]] = time.perf_counter() - t
+        out[case["name"] + "/memory"] = best_of(lambda: tokenload_build(case, tokenizer, None), 1)
+    return out
+
+
+def merge_min(best: dict, new: dict) -> dict:
+    """``new`` with every float replaced by its minimum over ``best`` and ``new`` (nested dicts too)."""
+    out = {}
+    for k, v in new.items():
+        if isinstance(v, dict):
+            out[k] = merge_min(best.get(k, {}), v)
+        else:
+            out[k] = min(v, best.get(k, v)) if isinstance(v, float) else v
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
     ap.add_argument("--docs", type=int, default=5_000_000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (peer, then tokenload)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     data = Path(args.data_dir)
@@ -253,32 +277,32 @@ def main() -> None:
     for case in cases:
         case["cache"] = str(work / f"megatron-{case['name']}")
     w = np.asarray(BLEND_WEIGHTS, dtype=np.float64)
-    peer = run_peer(PEER, {"cases": cases, "seq": SEQ, "seed": SEED, "surplus": SURPLUS, "vocab": VOCAB,
-                           "repeats": args.repeats, "single": single, "blend_size": blend_size,
-                           "blend_weights": (w / w.sum()).tolist()})
-    if peer is None:
-        sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
-    tokenizer = peer["tokenizer"]
+    payload = {"cases": cases, "seq": SEQ, "seed": SEED, "surplus": SURPLUS, "vocab": VOCAB, "repeats": 1,
+               "single": single, "blend_size": blend_size, "blend_weights": (w / w.sum()).tolist()}
+    # Rounds alternate the two sides so that load from other processes falls on both alike.
+    peer: dict = {}
+    ours: dict = {}
+    ours_p: dict = {}
+    for _ in range(args.repeats):
+        got = run_peer(PEER, payload)
+        if got is None:
+            sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
+        peer = merge_min(peer, got)
+        ours = merge_min(ours, tokenload_round(cases, got["tokenizer"], work))
+        ours_p = merge_min(ours_p, ours_parts(single, blend_size, 1))
+    report(args, cases, peer, ours, ours_p, work, parts, epochs, blend_size, single)
 
+
+def report(args, cases, peer, ours, ours_p, work, parts, epochs, blend_size, single) -> None:
     rows, identical = [], True
     for case in cases:
-        cache = str(work / f"tokenload-{case['name']}")
-
-        def cached():
-            shutil.rmtree(cache, ignore_errors=True)
-            t = time.perf_counter()
-            tokenload_build(case, tokenizer, cache)
-            return time.perf_counter() - t
-
-        ours = min(cached() for _ in range(args.repeats))
-        in_memory = best_of(lambda: tokenload_build(case, tokenizer, None), args.repeats)
-        same_arrays, same_bytes, files = compare_caches(cache, case["cache"])
+        name = case["name"]
+        same_arrays, same_bytes, files = compare_caches(str(work / f"tokenload-{name}"), case["cache"])
         identical &= same_arrays
-        theirs = peer["builder"][case["name"]]
-        rows.append([case["name"], f"{theirs:.3f}", f"{ours:.3f}", f"{theirs / ours:.2f}x", f"{in_memory:.3f}",
+        theirs = peer["builder"][name]
+        rows.append([name, f"{theirs:.3f}", f"{ours[name]:.3f}", f"{theirs / ours[name]:.2f}x",
+                     f"{ours[name + '/memory']:.3f}",
                      f"{'yes' if same_arrays else 'NO'} ({files} files; bytes {'equal' if same_bytes else 'differ'})"])
-
-    ours_p = ours_parts(single, blend_size, args.repeats)
     part_rows = [[k, f"{peer['parts'][k] * 1000:.1f}", f"{v * 1000:.1f}", f"{peer['parts'][k] / v:.2f}x"]
                  for k, v in ours_p.items()]
     lengths = TokenFile(single).sequence_lengths
@@ -286,7 +310,7 @@ def main() -> None:
           f"{float(lengths.mean()):.0f}), S={SEQ}, seed {SEED}; blend3: {len(parts)} files of "
           f"{'/'.join(str(x) for x in BLEND_WEIGHTS)} % of the documents, weights "
           f"{'/'.join(str(x) for x in BLEND_WEIGHTS)}, train size {blend_size:,} (mid-level sizes within one "
-          f"epoch: {epochs}); best of {args.repeats}; nproc {os.cpu_count()}\n")
+          f"epoch: {epochs}); best of {args.repeats} interleaved rounds; nproc {os.cpu_count()}\n")
     print(table(rows, ["case", "megatron-core s", "tokenload s", "speed-up", "tokenload in memory s",
                        "identical cache arrays"]))
     print("\ncomponents alone (single file; blending at the blend3 size):\n")

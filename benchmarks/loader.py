@@ -8,7 +8,8 @@ mean 600 tokens; shared with read_modes.py), page cache warm. Both sides build t
 train split (split ``100,0,0``, seed 1234, S = 2048, extra token on, no attention mask) with their
 own builder and cache folder; items carry tokens, labels, loss_mask and position_ids.
 
-Measured, best of ``--repeats``:
+Measured, best of ``--repeats`` rounds (each round runs the peer, then tokenload, then the ceiling,
+so that load from other processes falls on all of them alike):
 
 * in-process: ``--samples`` random dataset indices (the same list for every row), read by
   tokenload as ``ds.__getitems__`` per micro-batch and by megatron-core as ``ds[i]`` per item
@@ -16,7 +17,7 @@ Measured, best of ``--repeats``:
 * DataLoader with 0 and 2 workers: the first ``--loader-samples`` dataset indices in order (the
   order is already shuffled, so these are random reads), through ``tokenload.loader
   .build_dataloader`` and through ``torch.utils.data.DataLoader(ds, batch_size=mb)`` with default
-  collate. A fresh loader per repeat; its first micro-batch (worker start-up) is not timed;
+  collate. A fresh loader per round; its first micro-batch (worker start-up) is not timed;
 * the NumPy ceiling: ``np.memmap`` of the ``.bin`` and, per micro-batch of the in-process indices,
   one fancy-index gather of the S + 1 tokens that start at each sample's first token, cast to
   int64 (row slices stacked are timed too). It builds no fields and ignores document boundaries:
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import sys
@@ -181,9 +181,9 @@ def main() -> None:
     ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
     ap.add_argument("--gb", type=float, default=1.0)
     ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=16384, help="random in-process reads per repeat")
-    ap.add_argument("--loader-samples", type=int, default=8192, help="samples per DataLoader repeat")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=16384, help="random in-process reads per round")
+    ap.add_argument("--loader-samples", type=int, default=8192, help="samples per DataLoader round")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     logging.disable(logging.WARNING)
@@ -201,21 +201,31 @@ def main() -> None:
     ds = build_datasets(config, [None, None, None])[0]
     indices = np.random.default_rng(args.seed).integers(0, len(ds), size=args.samples)
     loader_batches = args.loader_samples // mb
+    tf = TokenFile(prefix)
+    starts = window_starts(ds, tf, indices)
+    payload = {
+        "prefix": prefix, "cache": str(cache / "megatron"), "seq": SEQ, "seed": SEED, "vocab": VOCAB,
+        "indices": indices.tolist(), "micro_batch": mb, "loader_batches": loader_batches, "repeats": 1,
+        "checked": CHECKED,
+    }
+    # Rounds alternate the sides so that load from other processes falls on all of them alike.
+    peer: dict = {}
+    mine: dict = {}
+    ceiling: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        items = os.path.join(tmp, "items.npz")
-        peer = run_peer(PEER, {
-            "prefix": prefix, "cache": str(cache / "megatron"), "seq": SEQ, "seed": SEED, "vocab": VOCAB,
-            "indices": indices.tolist(), "micro_batch": mb, "loader_batches": loader_batches,
-            "repeats": args.repeats, "items": items, "checked": CHECKED,
-        })
-        if peer is None:
-            sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
-        problems = check_items(ds, indices[:CHECKED], items)
+        payload["items"] = os.path.join(tmp, "items.npz")
+        for _ in range(args.repeats):
+            got = run_peer(PEER, payload)
+            if got is None:
+                sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
+            peer = {k: max(v, peer.get(k, v)) if isinstance(v, float) else v for k, v in got.items()}
+            new = ours(ds, indices, mb, loader_batches, 1)
+            mine = {k: max(v, mine.get(k, v)) for k, v in new.items()}
+            new = ceilings(prefix, starts, mb, 1)
+            ceiling = {k: max(v, ceiling.get(k, v)) for k, v in new.items()}
+        problems = check_items(ds, indices[:CHECKED], payload["items"])
     if peer["len"] != len(ds):
         problems.append(f"length {len(ds)} vs megatron-core {peer['len']}")
-    mine = ours(ds, indices, mb, loader_batches, args.repeats)
-    tf = TokenFile(prefix)
-    ceiling = ceilings(prefix, window_starts(ds, tf, indices), mb, args.repeats)
 
     def row(name, ours_rate, peer_rate):
         return [name, f"{ours_rate:,.0f}", f"{peer_rate:,.0f}", f"{ours_rate / peer_rate:.1f}x"]
@@ -230,7 +240,7 @@ def main() -> None:
     size = Path(prefix + ".bin").stat().st_size / 2**30
     print(f"file: {prefix} ({size:.2f} GiB .bin, {tf.num_sequences:,} documents), S={SEQ}, micro-batch {mb}, "
           f"{len(ds):,} samples in the split; {args.samples:,} random in-process reads, "
-          f"{loader_batches * mb:,} DataLoader samples; best of {args.repeats}; nproc {os.cpu_count()}; "
+          f"{loader_batches * mb:,} DataLoader samples; best of {args.repeats} interleaved rounds; nproc {os.cpu_count()}; "
           f"warm page cache\n")
     print(table(rows, ["samples/s", "tokenload", "megatron-core", "ratio"]))
     print("\n" + table([
