@@ -20,13 +20,17 @@ from .tokenizer import PROBE_TEXTS, TextTokenizer
 
 log = logging.getLogger(__name__)
 
+#: Characters gigatoken encodes differently from the SentencePiece library.
+SENTENCEPIECE_DIVERGENT_CHARS = "\x85"
+
 
 class GigatokenTokenizer(TextTokenizer):
     """gigatoken's encoder with the identity and affixes of the native tokenizer it replaces.
 
     gigatoken always matches special-token texts inside the input; SentencePiece never does for
-    its control pieces (``<s>``, ``</s>``, ``<unk>``). Texts containing one of those ``markers``
-    (a C-speed substring test) are therefore encoded by the native tokenizer instead.
+    its control pieces (``<s>``, ``</s>``, ``<unk>``), and it does not normalize U+0085 as
+    SentencePiece does. Texts containing one of those ``markers`` (a C-speed substring test) are
+    therefore encoded by the native tokenizer instead.
     """
 
     engine = "gigatoken"
@@ -118,7 +122,12 @@ def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokeni
         else:
             giga = gigatoken.Tokenizer(source)
         prefix, suffix = native.affixes() if isinstance(native, HFTokenizer) else ([], [])
-        markers = native.control_pieces() if isinstance(native, SentencePieceTokenizer) else ()
+        markers = ()
+        if isinstance(native, SentencePieceTokenizer):
+            # U+0085 (NEXT LINE) is the one character whose ids differ: SentencePiece's
+            # normalizer handles it, gigatoken does not (found by the hypothesis test, then an
+            # exhaustive probe of U+0080..U+FFFF and a stride over the astral planes).
+            markers = (*native.control_pieces(), SENTENCEPIECE_DIVERGENT_CHARS)
         fast = GigatokenTokenizer(native, giga, prefix, suffix, markers)
         same = _same_ids(native, fast)
     except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it cannot encode

@@ -123,6 +123,17 @@ def test_gigatoken_is_chosen_and_gives_native_ids(name, tokenizer_files, texts):
     assert fast.identity() == native.identity()
 
 
+def test_sentencepiece_next_line_character_goes_to_the_native_encoder(tokenizer_files):
+    """U+0085 made gigatoken and SentencePiece disagree (hypothesis found it in CI)."""
+    fast = _cached("sp_bpe", tokenizer_files, "auto")
+    native = _cached("sp_bpe", tokenizer_files, "native")
+    docs = ["\x85", "a\x85b", "plain text", "x \x85 y \x85"]
+    f1, l1 = fast.encode_batch(docs)
+    f2, l2 = native.encode_batch(docs)
+    assert split(f1, l1) == split(f2, l2)
+    assert fast.engine == "gigatoken"
+
+
 _unicode_docs = st.lists(st.text(max_size=80), min_size=1, max_size=8)
 
 
