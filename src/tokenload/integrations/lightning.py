@@ -281,11 +281,11 @@ class _LoaderView:
 
     @property
     def _iterator(self) -> Any:
-        return getattr(self.loader._loader, "_iterator", None)
+        return self.loader._iterator
 
     @_iterator.setter
     def _iterator(self, value: Any) -> None:
-        self.loader._loader._iterator = value
+        self.loader._iterator = value
 
 
 class _TrainLoader(_LoaderView):
@@ -352,5 +352,5 @@ class _EvalLoader(_LoaderView):
         return self._len
 
     def __iter__(self) -> Iterator[dict]:
-        self.loader.consumed_samples = 0
+        self.loader.restart(0)
         return iter(self.loader)

@@ -121,11 +121,36 @@ class TokenloadDataLoader:
         return len(self.make_sampler())
 
     def __iter__(self) -> Iterator[dict]:
-        step = self.plan.group
+        total, step = self.plan.total_samples, self.plan.group
+        cyclic = self.config.kind == "cyclic"  # counts on through epochs
         for batch in self._loader:
-            # Counted when handed over: prefetched batches are not consumed.
-            self.consumed_samples += step
+            # Counted when handed over: prefetched batches are not consumed. A last short group
+            # (drop_last=False) consumes only what is left.
+            self.consumed_samples += step if cyclic else min(step, total - self.consumed_samples)
             yield batch
+
+    def restart(self, consumed_samples: int = 0) -> None:
+        """Start the next iteration at ``consumed_samples`` (e.g. 0 for every validation pass)."""
+        self.consumed_samples = consumed_samples
+
+    def close(self) -> None:
+        """Stop the worker processes now (they restart on the next iteration). Without it,
+        persistent workers stop when the loader is garbage-collected; inside a reference cycle
+        that can be much later, and torch then waits seconds per worker."""
+        self._iterator = None
+
+    @property
+    def _iterator(self):
+        """torch DataLoader's iterator attribute, mirrored so that frameworks that tear down a
+        loader by setting ``loader._iterator = None`` (Lightning does) stop our workers too."""
+        return self._loader._iterator
+
+    @_iterator.setter
+    def _iterator(self, value) -> None:
+        current = self._loader._iterator
+        if value is None and current is not None and hasattr(current, "_shutdown_workers"):
+            current._shutdown_workers()
+        self._loader._iterator = value
 
     def state_dict(self) -> dict[str, Any]:
         return LoaderState(

@@ -80,3 +80,17 @@ def test_bad_loader_config(dataset):
         build_dataloader(dataset, micro_batch_size=2, kind="random")
     with pytest.raises(ConfigError):
         build_dataloader(dataset, micro_batch_size=2, multiprocessing_context="threads")
+
+
+def test_drop_last_false_counts_only_what_is_left_and_close_stops_workers(tmp_path):
+    write_flat(tmp_path / "small.bin", np.arange(161) % 65_000)  # 10 windows of 16
+    ds = FlatTokenDataset(tmp_path / "small.bin", FlatDatasetConfig(block_size=16, seed=1))
+    loader = build_dataloader(ds, micro_batch_size=4, num_workers=2, drop_last=False, persistent_workers=True)
+    sizes = [len(b["tokens"]) for b in loader]
+    assert sizes == [4, 4, 2] and loader.state_dict()["consumed_samples"] == 10
+    workers = loader._iterator._workers
+    assert all(w.is_alive() for w in workers)
+    loader.close()
+    assert loader._iterator is None and not any(w.is_alive() for w in workers)
+    loader.restart(4)
+    assert [len(b["tokens"]) for b in loader] == [4, 2]
