@@ -146,6 +146,7 @@ class _Builder:
         self.config = config
         self.item = config.item_config()
         self._sources: dict[str | None, Any] = {}
+        self._length_copies: dict[str | None, np.ndarray] = {}
 
     def source(self, prefix: str | None):
         if prefix not in self._sources:
@@ -196,6 +197,13 @@ class _Builder:
         indices = self._indices(folder, uid, description, build, fields, None)
         return BlendedDataset([ds for ds, _ in mids], indices, identity=CacheFiles.of("", uid).hash)
 
+    def _lengths(self, prefix: str | None) -> np.ndarray:
+        """Sequence lengths in RAM: the index build gathers from them at random, which is about
+        twice as fast from an anonymous copy as from the mapped .idx (Megatron copies too)."""
+        if prefix not in self._length_copies:
+            self._length_copies[prefix] = np.array(self.source(prefix).sequence_lengths)
+        return self._length_copies[prefix]
+
     def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
         """A blend mixes token files of one dtype only: another dtype means another tokenizer."""
         dtypes = {p: self.source(p).dtype for p in prefixes if p is not None}
@@ -209,7 +217,7 @@ class _Builder:
     def _mid(self, name, mid, split, matrix):
         c = self.config
         source = self.source(mid.prefix)
-        lengths = source.sequence_lengths
+        lengths = self._lengths(mid.prefix)
         beg, end = split_range(mid.bookend, len(lengths))
         gpt = GPTIndexConfig(
             sequence_length=c.sequence_length,
