@@ -1,6 +1,7 @@
 """Megatron's blended dataset: item k is item ``dataset_sample_index[k]`` of member
 ``dataset_index[k]``, with ``dataset_id`` added. A batch is read with one vectorized call per
-member that appears in it, then scattered back into batch order."""
+member that appears in it, then scattered back into batch order; the members share one item
+configuration, so the fields are built once for the whole batch."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ class BlendedDataset:
 
     def __init__(self, datasets: Sequence[Any], indices: IndexArrays, *, identity: str) -> None:
         self.datasets = list(datasets)
+        items = {d.item for d in self.datasets}
+        if len(items) > 1:
+            raise ValueError("the members of a blend must share one item configuration")
         self.indices = indices
         self.identity = identity
 
@@ -36,22 +40,30 @@ class BlendedDataset:
         members = "|".join(d.fingerprint for d in self.datasets)
         return hashlib.sha256(f"{self.identity}|{members}".encode()).hexdigest()[:16]
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+    def read_batch(self, indices) -> dict[str, Any]:
+        """Windows of every member present in the batch, scattered back into batch order."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         which = np.asarray(self.dataset_index[idx], dtype=np.int64)
         within = np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
-        out: dict[str, np.ndarray] = {}
-        for d in np.unique(which).tolist():
-            rows = np.flatnonzero(which == d)
-            part = self.datasets[d].__getitems__(within[rows])
-            for key, value in part.items():
-                if key not in out:
-                    out[key] = np.empty((idx.size, *value.shape[1:]), dtype=value.dtype)
-                out[key][rows] = value
-        out["dataset_id"] = which
+        parts = {d: self.datasets[d].read_batch(within[which == d]) for d in np.unique(which).tolist()}
+        padded = any(p["padded"] for p in parts.values())
+        dtypes = {p["windows"].dtype for p in parts.values()}
+        dtype = np.int64 if padded or len(dtypes) > 1 else dtypes.pop()
+        width = self.datasets[0].item.window
+        windows = np.empty((idx.size, width), dtype=dtype)
+        for d, part in parts.items():
+            windows[which == d] = part["windows"]
+        return {"windows": windows, "padded": padded, "dataset_id": which}
+
+    def finish_batch(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        out = self.datasets[0].finish_batch(batch)
+        out["dataset_id"] = batch["dataset_id"]
         return out
+
+    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+        return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}

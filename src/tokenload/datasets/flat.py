@@ -86,11 +86,18 @@ class FlatTokenDataset:
             windows[sel] = KeyedPermutation(n, self.config.seed, epoch)(within[sel])
         return windows * self.config.block_size
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+    def read_batch(self, indices) -> dict[str, np.ndarray]:
+        """The raw windows (file dtype), compact to ship from a DataLoader worker."""
         starts = self.window_starts(np.asarray(indices))
         span = self.config.block_size + 1
-        rows = self.file.read_spans(starts, np.full(starts.size, span)).astype(np.int64).reshape(-1, span)
-        return {"tokens": rows[:, :-1], "labels": rows[:, 1:]}
+        return {"windows": self.file.read_spans(starts, np.full(starts.size, span)).reshape(-1, span)}
+
+    def finish_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = batch["windows"]
+        return {"tokens": rows[:, :-1].astype(np.int64), "labels": rows[:, 1:].astype(np.int64)}
+
+    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+        return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}

@@ -6,7 +6,9 @@ offset ``bo`` of position b, whole sequences in between, up to offset ``eo`` (in
 ``extra`` overlap token) of position e. ``__getitems__`` turns a batch of samples into one flat
 list of (sequence, offset, length) pieces with ``repeat``/``cumsum`` arithmetic, reads them with
 one call, scatters them into a padded ``(B, S + extra)`` matrix, and builds the item fields
-(``items.build_items``). Index arrays may be in memory or memory-mapped cache files that are
+(``items.build_items``). The work is split in two: ``read_batch`` (index lookups and reads, in
+the file's compact dtype) and ``finish_batch`` (the item fields), so a DataLoader worker ships a
+few KB of raw windows and the consuming process derives the fields. Index arrays may be in memory or memory-mapped cache files that are
 opened on first use in each process (deferred mmap), so pickling a dataset is cheap.
 """
 
@@ -35,7 +37,11 @@ class IndexArrays:
     def __getitem__(self, name: str) -> np.ndarray:
         if self._arrays is None or self._pid != os.getpid():
             assert self.paths is not None
-            self._arrays = {k: np.load(p, mmap_mode="r", allow_pickle=False) for k, p in self.paths.items()}
+            # Plain ndarray views of the mappings: np.memmap's subclass hooks cost more than the
+            # lookups themselves on every fancy index.
+            self._arrays = {
+                k: np.asarray(np.load(p, mmap_mode="r", allow_pickle=False)) for k, p in self.paths.items()
+            }
             self._pid = os.getpid()
         return self._arrays[name]
 
@@ -89,20 +95,35 @@ class GPTDataset:
 
     def windows(self, indices) -> np.ndarray:
         """int64 ``(B, S + extra)`` token windows of dataset indices, padded with ``pad_id``."""
+        batch = self.read_batch(indices)
+        return batch["windows"].astype(np.int64, copy=False)
+
+    def read_batch(self, indices) -> dict[str, Any]:
+        """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
+        short (compact to ship from a DataLoader worker), else int64 padded with ``pad_id``."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
-        if idx.size and (int(idx.min()) < -len(self) or int(idx.max()) >= len(self)):
-            raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        idx = np.where(idx < 0, idx + len(self), idx)
+        n = len(self)
+        if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
+            raise IndexError(f"sample indices must lie in [0, {n})")
+        if idx.size and int(idx.min()) < 0:
+            idx = np.where(idx < 0, idx + n, idx)
         samples = np.asarray(self.shuffle_index[idx], dtype=np.int64)
         seqs, offsets, lengths, per_sample = self._pieces(samples)
-        flat = self.source.read_pieces(seqs, offsets, lengths).astype(np.int64)
         width = self.item.window
+        if bool((per_sample == width).all()):  # every sample full: no padding, keep the file dtype
+            flat = self.source.read_pieces(seqs, offsets, lengths)
+            return {"windows": flat.reshape(idx.size, width), "padded": False}
+        flat = self.source.read_pieces(seqs, offsets, lengths, np.int64)
         out = np.full((idx.size, width), self.item.pad_id, dtype=np.int64)
         counts = np.minimum(per_sample, width)
         rows = np.repeat(np.arange(idx.size, dtype=np.int64), counts)
         cols = gather_index(np.zeros(idx.size, np.int64), counts)
         out[rows, cols] = flat[: rows.size] if flat.size == rows.size else _clip_rows(flat, per_sample, counts)
-        return out
+        return {"windows": out, "padded": True}
+
+    def finish_batch(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The item fields of a ``read_batch`` result (cheap; runs where the batch is consumed)."""
+        return build_items(batch["windows"], self.item, padded=batch["padded"])
 
     def _pieces(self, samples: np.ndarray):
         """Flat (sequence, offset, length) pieces of every sample, and tokens per sample."""
@@ -129,7 +150,7 @@ class GPTDataset:
         return seqs, start, length, per_sample
 
     def __getitems__(self, indices) -> dict[str, np.ndarray]:
-        return build_items(self.windows(indices), self.item)
+        return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int | None) -> dict[str, np.ndarray]:
         if index is None:  # Megatron's batch padding: sample 0 with no loss

@@ -61,31 +61,42 @@ class ItemConfig:
         return self.sequence_length + self.extra
 
 
-def build_items(text: np.ndarray, cfg: ItemConfig) -> dict[str, np.ndarray]:
-    """Item fields for every row of ``text`` (int64, shape ``(B, S + extra)``)."""
+def build_items(text: np.ndarray, cfg: ItemConfig, *, padded: bool = True) -> dict[str, np.ndarray]:
+    """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
+    padded, else any integer dtype).
+
+    ``padded=False`` promises that no row was padded; with a negative pad id (no pad token), no
+    token can then equal it, so the three padding passes are skipped.
+    """
     pad = cfg.pad_id
     if cfg.extra:
-        tokens, labels = text[:, :-1].copy(), text[:, 1:].copy()
+        # one converting copy each, straight from the (possibly uint16) windows
+        tokens, labels = text[:, :-1].astype(np.int64), text[:, 1:].astype(np.int64)
     else:
-        tokens = text.copy()
-        labels = np.roll(text, -1, axis=1)
+        tokens = text.astype(np.int64)
+        labels = np.roll(tokens, -1, axis=1)
         labels[:, -1] = pad
     batch, seq = tokens.shape
-    is_eod = tokens == cfg.eod_id if cfg.eod_id is not None else np.zeros_like(tokens, dtype=bool)
+    needs_eod = cfg.eod_mask_loss or cfg.reset_position_ids or cfg.inter_document_masking or (
+        cfg.create_attention_mask and cfg.reset_attention_mask
+    )
+    is_eod = tokens == cfg.eod_id if needs_eod else np.zeros((batch, seq), dtype=bool)
     loss_mask = np.ones((batch, seq), dtype=np.float32)
     if cfg.eod_mask_loss:
         loss_mask[is_eod] = 0.0
-    positions = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq))
-    starts = _segment_starts(is_eod) if (cfg.reset_position_ids or cfg.inter_document_masking) else None
-    position_ids = positions - starts if (cfg.reset_position_ids or cfg.inter_document_masking) else positions.copy()
+    if cfg.reset_position_ids or cfg.inter_document_masking:
+        position_ids = np.arange(seq, dtype=np.int64)[None, :] - _segment_starts(is_eod)
+    else:
+        position_ids = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
         out["attention_mask"] = _attention_mask(is_eod, cfg.reset_attention_mask)
     if cfg.inter_document_masking:
         out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
-    loss_mask[labels == pad] = 0.0
-    tokens[tokens == pad] = 0
-    labels[labels == pad] = 0
+    if padded or pad >= 0 or not cfg.extra:
+        loss_mask[labels == pad] = 0.0
+        tokens[tokens == pad] = 0
+        labels[labels == pad] = 0
     return out
 
 

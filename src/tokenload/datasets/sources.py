@@ -34,7 +34,7 @@ class MockSource:
     def num_sequences(self) -> int:
         return MOCK_SEQUENCES
 
-    def read_pieces(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def read_pieces(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
         sequences = np.asarray(sequences, dtype=np.int64)
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import FormatError, StorageError
 
 WARMUP_CHUNK = 100 << 20  # GPT-NeoX's mmap warm-up reads in 100 MiB chunks
+_SLICE_MIN_TOKENS = 32  # mean span length above which spans are sliced rather than gathered
 
 
 class ReadMode(str, enum.Enum):
@@ -70,12 +71,14 @@ class BinSource:
             self._check(np.array([start], np.int64), np.array([length], np.int64))
         return self._read(start, length)
 
-    def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """The concatenation of tokens ``[starts[i], starts[i] + lengths[i])`` for every i."""
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+        """The concatenation of tokens ``[starts[i], starts[i] + lengths[i])`` for every i, in the
+        file's dtype or cast to ``dtype`` on the way (saving a separate conversion pass)."""
         starts = np.asarray(starts, dtype=np.int64).ravel()
         lengths = np.asarray(lengths, dtype=np.int64).ravel()
         self._check(starts, lengths)
-        return self._read_spans(starts, lengths)
+        out = self._read_spans(starts, lengths, dtype)
+        return out if dtype is None or out.dtype == dtype else out.astype(dtype)
 
     def _check(self, starts: np.ndarray, lengths: np.ndarray) -> None:
         if starts.size == 0:
@@ -93,7 +96,7 @@ class BinSource:
     def _read(self, start: int, length: int) -> np.ndarray:
         raise NotImplementedError
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -119,9 +122,15 @@ class _ArrayBin(BinSource):
     def _read(self, start: int, length: int) -> np.ndarray:
         return self.tokens[start : start + length]
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
         if starts.size == 1:
-            return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].copy()
+            return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].astype(dtype or self.dtype)
+        if int(lengths.sum()) >= _SLICE_MIN_TOKENS * starts.size:
+            # Long spans (training windows): slicing and one concatenate that also casts beat
+            # building a per-token index (measured ~5x on 70 spans of ~470 tokens).
+            tokens = self.tokens
+            parts = [tokens[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+            return np.concatenate(parts, dtype=dtype or self.dtype)
         return self.tokens[gather_index(starts, lengths)]
 
 
@@ -183,7 +192,7 @@ class PreadBin(BinSource):
             self._fill(out, start)
         return out
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
         out = np.empty(int(lengths.sum()), dtype=self.dtype)
         pos = 0
         for start, length in zip(starts.tolist(), lengths.tolist()):

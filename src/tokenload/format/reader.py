@@ -220,11 +220,14 @@ class TokenFile:
         flat = state.bin.read(start, int(lengths.sum()))
         return np.split(flat, np.cumsum(lengths)[:-1])
 
-    def read_pieces(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Concatenated tokens of pieces ``(sequence, offset, length)``, in one vectorized read."""
+    def read_pieces(
+        self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
+    ) -> np.ndarray:
+        """Concatenated tokens of pieces ``(sequence, offset, length)``, in one vectorized read,
+        optionally cast to ``dtype`` on the way."""
         sequences = np.asarray(sequences, dtype=np.int64)
         starts = self._starts(sequences) + np.asarray(offsets, dtype=np.int64)
-        return self._opened().bin.read_spans(starts, lengths)
+        return self._opened().bin.read_spans(starts, lengths, dtype)
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``."""
