@@ -127,26 +127,24 @@ class GPTDataset:
 
     def _pieces(self, samples: np.ndarray):
         """Flat (sequence, offset, length) pieces of every sample, and tokens per sample."""
-        sample_index, document_index = self.sample_index, self.document_index
-        lengths_all = self.source.sequence_lengths
-        extra = self.item.extra
-        begin = np.asarray(sample_index[samples], dtype=np.int64)
-        end = np.asarray(sample_index[samples + 1], dtype=np.int64)
-        b, bo, e, eo = begin[:, 0], begin[:, 1], end[:, 0], end[:, 1]
+        sample_index = self.sample_index
+        rows = np.asarray(sample_index[np.concatenate((samples, samples + 1))], dtype=np.int64)
+        b, bo = rows[: samples.size, 0], rows[: samples.size, 1]
+        e, eo = rows[samples.size :, 0], rows[samples.size :, 1]
         n_pieces = e - b + 1
-        owner = np.repeat(np.arange(samples.size), n_pieces)
-        first = np.cumsum(n_pieces) - n_pieces
-        pos = b[owner] + (np.arange(owner.size) - first[owner])  # document-index positions
-        seqs = np.asarray(document_index[pos], dtype=np.int64)
-        seq_len = np.asarray(lengths_all[seqs], dtype=np.int64)
-        is_first = pos == b[owner]
-        is_last = pos == e[owner]
-        start = np.where(is_first, bo[owner], 0)
-        stop = np.where(is_last, eo[owner] + extra, seq_len)
-        # The last sample of a partial final epoch may point past its sequence's end: clip.
-        stop = np.minimum(stop, seq_len)
+        first = np.cumsum(n_pieces) - n_pieces  # flat index of each sample's first piece
+        last = first + n_pieces - 1
+        pos = np.arange(int(n_pieces.sum()), dtype=np.int64) + np.repeat(b - first, n_pieces)
+        seqs = np.asarray(self.document_index[pos], dtype=np.int64)
+        seq_len = np.asarray(self.source.sequence_lengths[seqs], dtype=np.int64)
+        start = np.zeros_like(seq_len)
+        start[first] = bo
+        stop = seq_len.copy()
+        # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample
+        # of a partial final epoch may point past its sequence's end).
+        stop[last] = np.minimum(eo + self.item.extra, seq_len[last])
         length = np.maximum(stop - start, 0)
-        per_sample = np.bincount(owner, weights=length, minlength=samples.size).astype(np.int64)
+        per_sample = np.add.reduceat(length, first) if length.size else np.zeros(samples.size, np.int64)
         return seqs, start, length, per_sample
 
     def __getitems__(self, indices) -> dict[str, np.ndarray]:
