@@ -38,6 +38,9 @@ _LAZY = {
     "LoaderConfig": "tokenload.loader",
     "FlatTokenDataset": "tokenload.datasets",
     "FlatDatasetConfig": "tokenload.datasets",
+    "MegatronDataConfig": "tokenload.datasets",
+    "build_datasets": "tokenload.datasets",
+    "TokenloadDataModule": "tokenload.integrations.lightning",
 }
 
 __all__ = ["__version__", *_LAZY]
