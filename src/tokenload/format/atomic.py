@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 
 def temp_path(final: str | os.PathLike[str]) -> Path:
@@ -32,17 +33,29 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(final: str | os.PathLike[str], chunks: list[bytes] | bytes) -> None:
-    """Write ``chunks`` to ``final`` atomically (temp file, fsync, rename)."""
+def write_atomic(final: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, fsync_folder: bool = True) -> None:
+    """Write ``final`` atomically: ``write(f)`` into a temporary file beside it, fsync, rename.
+
+    ``fsync_folder=False`` leaves the folder's fsync to the caller (one for many files)."""
     tmp = temp_path(final)
     try:
         with open(tmp, "wb") as f:
-            for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
-                f.write(chunk)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(Path(final).parent)
+    if fsync_folder:
+        fsync_dir(Path(final).parent)
+
+
+def write_bytes_atomic(final: str | os.PathLike[str], chunks: list[bytes] | bytes) -> None:
+    """Write ``chunks`` to ``final`` atomically (temp file, fsync, rename)."""
+
+    def write(f: BinaryIO) -> None:
+        for chunk in [chunks] if isinstance(chunks, bytes) else chunks:
+            f.write(chunk)
+
+    write_atomic(final, write)

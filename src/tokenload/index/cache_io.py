@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenload.errors import CacheError, FormatError
+from tokenload.format.atomic import fsync_dir, write_atomic
 from tokenload.index.cache import CacheFiles
 
 __all__ = ["CacheCheck", "CacheState", "check_cache", "load_cache", "write_cache"]
@@ -63,36 +63,6 @@ class CacheCheck:
     has_sidecar: bool
     """False when the cache carries no tokenload sidecar (e.g. Megatron built it): a hit is
     then checked on the description and array shapes only."""
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some filesystems do not open folders; the renames are still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: str, write) -> None:
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _array_facts(arr: npt.NDArray[Any]) -> dict[str, Any]:
@@ -130,11 +100,11 @@ def write_cache(
         os.makedirs(files.directory, exist_ok=True)
         for name in files.arrays:
             arr = np.ascontiguousarray(arrays[name])
-            _atomic_write(files.array(name), lambda f, a=arr: np.save(f, a, allow_pickle=False))
+            write_atomic(files.array(name), lambda f, a=arr: np.save(f, a, allow_pickle=False), fsync_folder=False)
         text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
-        _atomic_write(files.sidecar, lambda f: f.write(text))
-        _atomic_write(files.description, lambda f: f.write(description.encode("utf-8")))
-        _fsync_dir(files.directory)
+        write_atomic(files.sidecar, lambda f: f.write(text), fsync_folder=False)
+        write_atomic(files.description, lambda f: f.write(description.encode("utf-8")), fsync_folder=False)
+        fsync_dir(files.directory)
     except OSError as exc:
         raise CacheError(
             f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",

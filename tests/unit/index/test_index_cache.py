@@ -97,7 +97,7 @@ def test_write_load_and_hit(tmp_path):
     shapes = {"sample_index": (3, 2), "shuffle_index": (2,)}
     check = check_cache(files, description=describe(uid), fields=FIELDS, expected_shapes=shapes)
     assert check.state is CacheState.HIT and check.reasons == () and check.has_sidecar
-    assert not [p for p in os.listdir(files.directory) if p.endswith(".tmp")]
+    assert not [p for p in os.listdir(files.directory) if ".tmp" in p]
 
 
 def test_stale_when_the_hash_forgets_something(tmp_path):
