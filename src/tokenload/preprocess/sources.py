@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, StorageError, require
+from ..errors import ConfigError, StorageError, TokenloadError, require
 
 _BLOCK = 1 << 20
 WORK_SUFFIX = ".tokenload-work"  # preprocess's work folders, never inputs
@@ -124,13 +124,29 @@ def _is_token_file(path: str) -> bool:
     return ext == ".json" and (os.path.exists(root + ".idx") or os.path.exists(root + ".bin"))
 
 
+def _remote(url: str, action: str, fn):
+    """Run an object-storage call; any failure of the storage or its client is a StorageError."""
+    try:
+        return fn()
+    except TokenloadError:
+        raise
+    except Exception as exc:  # botocore/aiohttp errors are not OSErrors, and s3fs wraps only some
+        raise StorageError(
+            f"cannot {action} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+            path=url,
+            hint="check the URL, the endpoint (e.g. AWS_ENDPOINT_URL for S3-compatible servers) and the"
+            " credentials; the storage must be reachable from this machine",
+        ) from None
+
+
 def _expand_url(pattern: str) -> list[str]:
     fsspec = require("fsspec", "s3", f"reading {pattern}")
-    fs, _, paths = fsspec.core.get_fs_token_paths(pattern)
+    fs, _, paths = _remote(pattern, "resolve the URL", lambda: fsspec.core.get_fs_token_paths(pattern))
     found: list[str] = []
     for p in sorted(paths):
-        if fs.isdir(p):
-            found.extend(sorted(x for x in fs.find(p) if not os.path.basename(x).startswith(".")))
+        if _remote(pattern, "list it", lambda p=p: fs.isdir(p)):
+            listing = _remote(pattern, "list it", lambda p=p: fs.find(p))
+            found.extend(sorted(x for x in listing if not os.path.basename(x).startswith(".")))
         else:
             found.append(p)
     if not found:
@@ -179,8 +195,8 @@ def _stat(path: str) -> tuple[int | None, str]:
             ) from None
         return st.st_size, f"{st.st_size}:{st.st_mtime_ns}"
     fsspec = require("fsspec", "s3", f"reading {path}")
-    fs, fs_path = fsspec.core.url_to_fs(path)
-    info = fs.info(fs_path)
+    fs, fs_path = _remote(path, "resolve the URL", lambda: fsspec.core.url_to_fs(path))
+    info = _remote(path, "read its size", lambda: fs.info(fs_path))
     tag = (
         info.get("ETag") or info.get("etag") or info.get("mtime") or info.get("LastModified") or ""
     )
@@ -255,7 +271,7 @@ def _blocks(file: InputFile, chunk_bytes: int) -> Iterator[bytes]:
 def _open_raw(path: str):
     if is_url(path):
         fsspec = require("fsspec", "s3", f"reading {path}")
-        return fsspec.open(path, "rb").open()
+        return _remote(path, "open it", lambda: fsspec.open(path, "rb").open())
     return open(path, "rb")
 
 

