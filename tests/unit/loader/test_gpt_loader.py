@@ -1,0 +1,47 @@
+"""Megatron-order datasets through the DataLoader: workers under spawn and forkserver ship the
+raw windows and the consumer builds the fields; every batch equals an in-process read, padded
+validation samples included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from support import write_documents
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.loader import build_dataloader
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gptloader")
+    rng = np.random.default_rng(4)
+    docs = [np.append(rng.integers(0, 999, size=int(n)), 999) for n in rng.integers(3, 80, size=300)]
+    prefix = write_documents(folder / "data", docs)
+    cfg = MegatronDataConfig(sequence_length=24, blend=[prefix], split="90,10,0", eod_id=999,
+                             drop_last_partial_validation_sequence=False, eod_mask_loss=True,
+                             path_to_cache=str(folder / "cache"))
+    return build_datasets(cfg, [None, None, None])
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_equal_in_process_reads(splits, method):
+    train, valid, _ = splits
+    for ds in (train, valid):
+        loader = build_dataloader(ds, micro_batch_size=5, num_workers=2, multiprocessing_context=method,
+                                  drop_last=False)
+        start = 0
+        for batch in loader:
+            n = len(batch["tokens"])
+            want = ds.__getitems__(list(range(start, start + n)))
+            assert set(batch) == set(want)
+            for key, value in want.items():
+                assert isinstance(batch[key], torch.Tensor)
+                np.testing.assert_array_equal(batch[key].numpy(), value, err_msg=key)
+            start += n
+        assert start == len(ds)
+        loader.close()
+    padded = int(np.argmax(np.asarray(valid.shuffle_index)))  # the last sample in sample order
+    assert valid.read_batch([padded])["padded"]
+    assert valid.__getitems__([padded])["loss_mask"][0, -1] == 0  # its padded tail has no loss
