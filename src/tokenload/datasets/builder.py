@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -92,12 +92,17 @@ class MegatronDataConfig:
     read_mode: str = "mmap"
     """How token files are read: mmap, pread or memory."""
     eod_mask_loss: bool = False
+    """Zero the loss where the input token is EOD (``--eod-mask-loss``)."""
     reset_position_ids: bool = False
+    """Restart position ids after every EOD (``--reset-position-ids``)."""
     reset_attention_mask: bool = False
+    """Block attention across EODs in the attention mask (``--reset-attention-mask``)."""
     create_attention_mask: bool = False
+    """Return the S x S attention mask; off by default (Megatron's is on unless
+    ``--no-create-attention-mask-in-dataloader``): it costs S x S per sample."""
     inter_document_masking: bool = False
-    item_options: Mapping[str, Any] = field(default_factory=dict)
-    """Reserved for future item fields."""
+    """Return ``cu_seqlens``/``max_seqlen`` for document-aware attention
+    (``--dataloader-inter-document-masking``)."""
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_POLICIES:
