@@ -1,0 +1,72 @@
+"""Item fields built from token windows: EOD handling, position resets, cu_seqlens, padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenload.datasets.items import ItemConfig, build_items
+from tokenload.errors import ConfigError
+
+EOD = 9
+
+
+def _items(window, **options):
+    cfg = ItemConfig(sequence_length=len(window[0]) - 1, eod_id=EOD, **options)
+    return build_items(np.asarray(window, dtype=np.int64), cfg)
+
+
+def test_plain_fields():
+    out = _items([[1, 2, EOD, 4, 5, 6]])
+    assert out["tokens"].tolist() == [[1, 2, EOD, 4, 5]]
+    assert out["labels"].tolist() == [[2, EOD, 4, 5, 6]]
+    assert out["loss_mask"].tolist() == [[1, 1, 1, 1, 1]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 3, 4]]
+    assert set(out) == {"tokens", "labels", "loss_mask", "position_ids"}  # no S x S mask by default
+
+
+def test_eod_mask_and_position_reset():
+    out = _items([[1, EOD, 3, 4, EOD, 6, 7]], eod_mask_loss=True, reset_position_ids=True)
+    assert out["loss_mask"].tolist() == [[1, 0, 1, 1, 0, 1]]
+    assert out["position_ids"].tolist() == [[0, 1, 0, 1, 2, 0]]
+
+
+def test_attention_mask_blocks_across_documents_when_reset():
+    out = _items([[1, EOD, 3, 4, 5]], create_attention_mask=True, reset_attention_mask=True)
+    mask = out["attention_mask"][0, 0]  # True = masked
+    assert mask.shape == (4, 4)
+    assert not mask[1, 0] and mask[2, 1] and mask[2, 0] and not mask[3, 2] and mask[0, 1]
+    plain = _items([[1, EOD, 3, 4, 5]], create_attention_mask=True)["attention_mask"][0, 0]
+    assert np.array_equal(plain, ~np.tril(np.ones((4, 4), dtype=bool)))
+
+
+def test_cu_seqlens_follow_eods():
+    out = _items([[1, 2, EOD, 4, EOD, 6, 7, 8, 0]], inter_document_masking=True)
+    cu, max_len = out["cu_seqlens"][0], out["max_seqlen"][0]
+    assert cu.dtype == np.int32 and cu.shape == (9,)
+    assert cu.tolist() == [0, 3, 5, 8, 8, 8, 8, 8, 8]  # padded to S + 1 with S
+    assert max_len == 3
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    assert "attention_mask" not in out
+    eod_last = _items([[1, 2, EOD, 4, EOD]], inter_document_masking=True)["cu_seqlens"][0]
+    assert eod_last.tolist() == [0, 3, 4, 4, 4]  # an EOD at the end closes the last segment once
+
+
+def test_padding_is_masked_and_zeroed():
+    out = _items([[1, 2, 3, -1, -1]])
+    assert out["tokens"].tolist() == [[1, 2, 3, 0]]
+    assert out["labels"].tolist() == [[2, 3, 0, 0]]
+    assert out["loss_mask"].tolist() == [[1, 1, 0, 0]]
+
+
+def test_without_extra_token_the_last_label_is_padding():
+    cfg = ItemConfig(sequence_length=4, add_extra_token=False, eod_id=EOD)
+    out = build_items(np.array([[1, 2, 3, 4]], dtype=np.int64), cfg)
+    assert out["tokens"].tolist() == [[1, 2, 3, 4]]
+    assert out["labels"].tolist() == [[2, 3, 4, 0]]
+    assert out["loss_mask"].tolist() == [[1, 1, 1, 0]]
+
+
+def test_eod_options_need_an_eod_id():
+    with pytest.raises(ConfigError, match="eod_id"):
+        ItemConfig(sequence_length=4, reset_position_ids=True)
