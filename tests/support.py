@@ -33,3 +33,35 @@ def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProce
         text=True,
         timeout=timeout,
     )
+
+
+def megatron_config(cfg: dict, tokenizer: dict, cache_dir=None, **overrides):
+    """A ``MegatronDataConfig`` for a megatron-core fixture case's ``config`` and ``tokenizer``
+    (tests/fixtures/megatron/order/cases.json)."""
+    from tokenload.datasets import MegatronDataConfig
+
+    def as_list(blend):
+        if blend is None:
+            return None
+        prefixes, weights = blend
+        return prefixes if weights is None else [x for w, p in zip(weights, prefixes) for x in (str(w), p)]
+
+    per_split = cfg["blend_per_split"]
+    return MegatronDataConfig(
+        sequence_length=cfg["sequence_length"],
+        random_seed=cfg["random_seed"],
+        blend=as_list(cfg["blend"]),
+        blend_per_split=None if per_split is None else [as_list(b) for b in per_split],
+        split=cfg["split"],
+        tokenizer=tokenizer["unique_identifiers"],
+        eod_id=tokenizer["eod"],
+        pad_id=tokenizer["pad"],
+        add_extra_token=cfg["add_extra_token_to_sequence"],
+        drop_last_partial_validation_sequence=cfg["drop_last_partial_validation_sequence"],
+        mid_level_dataset_surplus=cfg["mid_level_dataset_surplus"],
+        eod_mask_loss=cfg["eod_mask_loss"],
+        reset_position_ids=cfg["reset_position_ids"],
+        reset_attention_mask=cfg["reset_attention_mask"],
+        path_to_cache=None if cache_dir is None else str(cache_dir),
+        **overrides,
+    )

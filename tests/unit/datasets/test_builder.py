@@ -10,7 +10,7 @@ import shutil
 
 import numpy as np
 import pytest
-from support import FIXTURES
+from support import FIXTURES, megatron_config
 
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.datasets.blended import BlendedDataset
@@ -26,33 +26,7 @@ FAILING = [c for c in META["cases"] if c["outcome"] != "ok"]
 
 
 def _config(cfg, cache_dir, **overrides):
-    blend = cfg["blend"]
-    per_split = cfg["blend_per_split"]
-
-    def as_list(b):
-        if b is None:
-            return None
-        prefixes, weights = b
-        return prefixes if weights is None else [x for w, p in zip(weights, prefixes) for x in (str(w), p)]
-
-    return MegatronDataConfig(
-        sequence_length=cfg["sequence_length"],
-        random_seed=cfg["random_seed"],
-        blend=as_list(blend),
-        blend_per_split=None if per_split is None else [as_list(b) for b in per_split],
-        split=cfg["split"],
-        tokenizer=TOK["unique_identifiers"],
-        eod_id=TOK["eod"],
-        pad_id=TOK["pad"],
-        add_extra_token=cfg["add_extra_token_to_sequence"],
-        drop_last_partial_validation_sequence=cfg["drop_last_partial_validation_sequence"],
-        mid_level_dataset_surplus=cfg["mid_level_dataset_surplus"],
-        eod_mask_loss=cfg["eod_mask_loss"],
-        reset_position_ids=cfg["reset_position_ids"],
-        reset_attention_mask=cfg["reset_attention_mask"],
-        path_to_cache=str(cache_dir),
-        **overrides,
-    )
+    return megatron_config(cfg, META["tokenizer"], cache_dir, **overrides)
 
 
 def _megatron_names(folder):

@@ -14,11 +14,10 @@ import json
 
 import numpy as np
 import pytest
-from support import FIXTURES
+from support import FIXTURES, megatron_config
 
 from tokenload.datasets.blended import BlendedDataset
 from tokenload.datasets.gpt import GPTDataset, IndexArrays
-from tokenload.datasets.items import ItemConfig
 from tokenload.format import TokenFile
 
 ORDER = FIXTURES / "megatron" / "order"
@@ -37,16 +36,7 @@ SPLITS = [
 def _gpt(case, rec, key):
     cfg = case["config"]
     arrays = {a: ARRAYS[f"{key}/{a}"] for a in ("document_index", "sample_index", "shuffle_index")}
-    item = ItemConfig(
-        sequence_length=cfg["sequence_length"],
-        add_extra_token=cfg["add_extra_token_to_sequence"],
-        eod_id=TOK["eod"],
-        pad_id=TOK["pad"],
-        eod_mask_loss=cfg["eod_mask_loss"],
-        reset_position_ids=cfg["reset_position_ids"],
-        reset_attention_mask=cfg["reset_attention_mask"],
-        create_attention_mask=True,
-    )
+    item = megatron_config(cfg, META["tokenizer"], create_attention_mask=True).item_config()
     return GPTDataset(TokenFile(ORDER / rec["dataset_path"]), IndexArrays(arrays), item, identity=rec["hash"])
 
 
