@@ -7,6 +7,7 @@ final ``os.replace`` is atomic) and renames at the end; a crash or kill leaves o
 
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 from pathlib import Path
@@ -17,6 +18,28 @@ def temp_path(final: str | os.PathLike[str]) -> Path:
     """A unique temporary name beside ``final``."""
     final = Path(final)
     return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def require_folder(final: str | os.PathLike[str]) -> None:
+    """Raise ConfigError unless the folder that will hold ``final`` exists."""
+    from ..errors import ConfigError
+
+    folder = Path(final).parent
+    if not folder.is_dir():
+        raise ConfigError(
+            f"output folder {str(folder)!r} does not exist",
+            path=os.fspath(final),
+            hint="create the folder first or choose another --output-prefix",
+        )
+
+
+def remove_temporaries(prefix: str | os.PathLike[str]) -> None:
+    """Delete the temporaries that killed writers left for ``prefix``'s files (``prefix.*``).
+
+    Only for a caller that owns ``prefix``: a writer still running on it would lose its file."""
+    prefix = Path(prefix)
+    for stale in prefix.parent.glob(f".{glob.escape(prefix.name)}.*.tmp-*"):
+        stale.unlink(missing_ok=True)
 
 
 def fsync_dir(folder: str | os.PathLike[str]) -> None:

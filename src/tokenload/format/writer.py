@@ -19,7 +19,7 @@ import numpy as np
 import xxhash
 
 from ..errors import ConfigError, FormatError
-from .atomic import fsync_dir, temp_path, write_bytes_atomic
+from .atomic import fsync_dir, require_folder, temp_path, write_bytes_atomic
 from .idx import dtype_code, encode_index
 from .sidecar import Sidecar, sidecar_path
 
@@ -50,13 +50,7 @@ class TokenFileWriter:
         self.multimodal = multimodal
         self.tokenizer = tokenizer
         self.metadata = dict(metadata or {})
-        folder = Path(self.prefix).parent
-        if not folder.is_dir():
-            raise ConfigError(
-                f"output folder {str(folder)!r} does not exist",
-                path=self.prefix,
-                hint="create the folder first or choose another --output-prefix",
-            )
+        require_folder(self.prefix)
         self._bin_tmp = temp_path(self.prefix + ".bin")
         self._bin = open(self._bin_tmp, "wb")
         self._hash = xxhash.xxh3_64()

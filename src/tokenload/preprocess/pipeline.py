@@ -13,19 +13,18 @@ tokenizing and buys restart without redoing finished files.
 
 from __future__ import annotations
 
-import glob
 import logging
 import time
 from collections import Counter, deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import ConfigError, RecordError
 from ..format import TokenFileWriter
+from ..format.atomic import remove_temporaries, require_folder
 from .config import PreprocessConfig
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .progress import Progress
@@ -112,17 +111,9 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
 
 
 def _check_output_folder(config: PreprocessConfig) -> None:
-    folder = Path(config.output_prefix).parent
-    if not folder.is_dir():
-        raise ConfigError(
-            f"output folder {str(folder)!r} does not exist",
-            path=config.output_prefix,
-            hint="create the folder first or choose another --output-prefix",
-        )
+    require_folder(config.output_prefix)
     for key in config.json_keys:  # temporaries of a run killed while writing the outputs
-        name = Path(config.output_for(key)).name
-        for stale in folder.glob(f".{glob.escape(name)}.*.tmp-*"):
-            stale.unlink(missing_ok=True)
+        remove_temporaries(config.output_for(key))
 
 
 def _bad_records(summary: dict[str, Any]) -> int:
