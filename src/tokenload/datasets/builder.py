@@ -152,6 +152,7 @@ class _Builder:
         self.item = config.item_config()
         self._sources: dict[str | None, Any] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
+        self._facts: dict[str | None, dict[str, Any] | None] = {}
 
     def source(self, prefix: str | None):
         if prefix not in self._sources:
@@ -209,6 +210,12 @@ class _Builder:
             self._length_copies[prefix] = np.array(self.source(prefix).sequence_lengths)
         return self._length_copies[prefix]
 
+    def _file_facts(self, prefix: str | None) -> dict[str, Any] | None:
+        """``_file_facts`` once per prefix (a prefix serves up to three splits)."""
+        if prefix not in self._facts:
+            self._facts[prefix] = _file_facts(prefix)
+        return self._facts[prefix]
+
     def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
         """A blend mixes token files of one dtype only: another dtype means another tokenizer."""
         dtypes = {p: self.source(p).dtype for p in prefixes if p is not None}
@@ -257,7 +264,7 @@ class _Builder:
         if folder is None and mid.prefix is not None:
             folder = default_cache_dir(mid.prefix)
         fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last,
-                  "token_file": _file_facts(mid.prefix)}
+                  "token_file": self._file_facts(mid.prefix)}
         indices = self._indices(folder, uid, describe(uid), build, fields, expected)
         identity = CacheFiles.of("", uid).hash + repr(sorted(fields.items()))
         return GPTDataset(source, indices, self.item, identity=identity), uid
