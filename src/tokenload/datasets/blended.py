@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .gpt import IndexArrays
+from .items import Allocator
 
 
 class BlendedDataset:
@@ -57,8 +58,8 @@ class BlendedDataset:
             windows[which == d] = part["windows"]
         return {"windows": windows, "padded": padded, "dataset_id": which}
 
-    def finish_batch(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        out = self.datasets[0].finish_batch(batch)
+    def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
+        out = self.datasets[0].finish_batch(batch, alloc)
         out["dataset_id"] = batch["dataset_id"]
         return out
 

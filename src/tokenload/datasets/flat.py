@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..format import FlatTokenFile, ReadMode
 from ..index.permutation import KeyedPermutation
+from .items import Allocator
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,14 +88,20 @@ class FlatTokenDataset:
         return windows * self.config.block_size
 
     def read_batch(self, indices) -> dict[str, np.ndarray]:
-        """The raw windows (file dtype), compact to ship from a DataLoader worker."""
+        """The raw windows (file dtype)."""
         starts = self.window_starts(np.asarray(indices))
         span = self.config.block_size + 1
         return {"windows": self.file.read_spans(starts, np.full(starts.size, span)).reshape(-1, span)}
 
-    def finish_batch(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def finish_batch(self, batch: dict[str, np.ndarray], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
+        """tokens and labels (int64) of ``read_batch`` windows, in arrays made by ``alloc``."""
         rows = batch["windows"]
-        return {"tokens": rows[:, :-1].astype(np.int64), "labels": rows[:, 1:].astype(np.int64)}
+        shape, int64 = (rows.shape[0], rows.shape[1] - 1), np.dtype(np.int64)
+        tokens = alloc(shape, int64) if alloc else np.empty(shape, int64)
+        labels = alloc(shape, int64) if alloc else np.empty(shape, int64)
+        np.copyto(tokens, rows[:, :-1])
+        np.copyto(labels, rows[:, 1:])
+        return {"tokens": tokens, "labels": labels}
 
     def __getitems__(self, indices) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))

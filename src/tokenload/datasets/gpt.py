@@ -7,9 +7,10 @@ offset ``bo`` of position b, whole sequences in between, up to offset ``eo`` (in
 list of (sequence, offset, length) pieces with ``repeat``/``cumsum`` arithmetic, reads them with
 one call, scatters them into a padded ``(B, S + extra)`` matrix, and builds the item fields
 (``items.build_items``). The work is split in two: ``read_batch`` (index lookups and reads, in
-the file's compact dtype) and ``finish_batch`` (the item fields), so a DataLoader worker ships a
-few KB of raw windows and the consuming process derives the fields. Index arrays may be in memory or memory-mapped cache files that are
-opened on first use in each process (deferred mmap), so pickling a dataset is cheap.
+the file's compact dtype) and ``finish_batch`` (the item fields, into arrays from an allocator, so
+a loader worker builds them straight in shared memory). Index arrays may be in memory or
+memory-mapped cache files that are opened on first use in each process (deferred mmap), so
+pickling a dataset is cheap.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..format.bin import gather_index
-from .items import ItemConfig, build_items
+from .items import Allocator, ItemConfig, build_items
 
 
 class IndexArrays:
@@ -121,9 +122,9 @@ class GPTDataset:
         out[rows, cols] = flat[: rows.size] if flat.size == rows.size else _clip_rows(flat, per_sample, counts)
         return {"windows": out, "padded": True}
 
-    def finish_batch(self, batch: dict[str, Any]) -> dict[str, np.ndarray]:
-        """The item fields of a ``read_batch`` result (cheap; runs where the batch is consumed)."""
-        return build_items(batch["windows"], self.item, padded=batch["padded"])
+    def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
+        """The item fields of a ``read_batch`` result, in arrays made by ``alloc`` (``np.empty``)."""
+        return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
     def _pieces(self, samples: np.ndarray):
         """Flat (sequence, offset, length) pieces of every sample, and tokens per sample."""

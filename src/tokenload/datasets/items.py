@@ -12,6 +12,7 @@ from the input tokens, then padded labels lose their loss and pad ids become 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -61,33 +62,46 @@ class ItemConfig:
         return self.sequence_length + self.extra
 
 
-def build_items(text: np.ndarray, cfg: ItemConfig, *, padded: bool = True) -> dict[str, np.ndarray]:
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""Returns an uninitialized array of the given shape and dtype (``np.empty`` by default; a loader
+worker passes one that places the fields straight into shared memory)."""
+
+
+def build_items(
+    text: np.ndarray, cfg: ItemConfig, *, padded: bool = True, alloc: Allocator | None = None
+) -> dict[str, np.ndarray]:
     """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
     padded, else any integer dtype).
 
     ``padded=False`` promises that no row was padded; with a negative pad id (no pad token), no
-    token can then equal it, so the three padding passes are skipped.
+    token can then equal it, so the three padding passes are skipped. ``alloc`` makes the arrays
+    of tokens, labels, loss_mask and position_ids.
     """
+    new = alloc or _empty
     pad = cfg.pad_id
+    batch, seq = text.shape[0], text.shape[1] - cfg.extra
+    tokens, labels = new((batch, seq), np.dtype(np.int64)), new((batch, seq), np.dtype(np.int64))
+    # one converting copy each, straight from the (possibly uint16) windows
     if cfg.extra:
-        # one converting copy each, straight from the (possibly uint16) windows
-        tokens, labels = text[:, :-1].astype(np.int64), text[:, 1:].astype(np.int64)
+        np.copyto(tokens, text[:, :-1])
+        np.copyto(labels, text[:, 1:])
     else:
-        tokens = text.astype(np.int64)
-        labels = np.roll(tokens, -1, axis=1)
+        np.copyto(tokens, text)
+        labels[:, :-1] = tokens[:, 1:]
         labels[:, -1] = pad
-    batch, seq = tokens.shape
     needs_eod = cfg.eod_mask_loss or cfg.reset_position_ids or cfg.inter_document_masking or (
         cfg.create_attention_mask and cfg.reset_attention_mask
     )
     is_eod = tokens == cfg.eod_id if needs_eod else np.zeros((batch, seq), dtype=bool)
-    loss_mask = np.ones((batch, seq), dtype=np.float32)
+    loss_mask = new((batch, seq), np.dtype(np.float32))
+    loss_mask.fill(1.0)
     if cfg.eod_mask_loss:
         loss_mask[is_eod] = 0.0
+    position_ids = new((batch, seq), np.dtype(np.int64))
     if cfg.reset_position_ids or cfg.inter_document_masking:
-        position_ids = np.arange(seq, dtype=np.int64)[None, :] - _segment_starts(is_eod)
+        np.subtract(np.arange(seq, dtype=np.int64)[None, :], _segment_starts(is_eod), out=position_ids)
     else:
-        position_ids = np.broadcast_to(np.arange(seq, dtype=np.int64), (batch, seq)).copy()
+        position_ids[...] = np.arange(seq, dtype=np.int64)
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
         out["attention_mask"] = _attention_mask(is_eod, cfg.reset_attention_mask)
@@ -98,6 +112,10 @@ def build_items(text: np.ndarray, cfg: ItemConfig, *, padded: bool = True) -> di
         tokens[tokens == pad] = 0
         labels[labels == pad] = 0
     return out
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype=dtype)
 
 
 def _segment_starts(is_eod: np.ndarray) -> np.ndarray:

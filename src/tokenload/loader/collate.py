@@ -8,6 +8,18 @@ from typing import Any
 import numpy as np
 
 
+def fetch(dataset: Any, indices: list[int], alloc: Any = None) -> Any:
+    """One micro-batch of ``dataset``: its vectorized ``__getitems__`` when it has one (as torch's
+    DataLoader calls it), else a list of its items. With ``alloc``, a two-stage dataset
+    (``read_batch``/``finish_batch``, like tokenload's) builds its fields in arrays from it."""
+    if alloc is not None and hasattr(dataset, "read_batch") and hasattr(dataset, "finish_batch"):
+        return dataset.finish_batch(dataset.read_batch(indices), alloc)
+    getitems = getattr(dataset, "__getitems__", None)
+    if getitems is not None:
+        return getitems(indices)
+    return [dataset[i] for i in indices]
+
+
 def to_tensors(batch: Any) -> Any:
     """Convert a ``__getitems__`` result (dict of arrays) or a list of per-sample dicts to tensors."""
     import torch

@@ -1,28 +1,28 @@
-"""One entry point that serves the global order to this rank as a torch DataLoader.
+"""One entry point that serves the global order to this rank: ``build_dataloader``.
 
-``build_dataloader`` wires a batch sampler (``sampler.py``) to a ``torch.utils.data.DataLoader``
-whose workers call the dataset's vectorized ``__getitems__`` (or, for datasets that split their
-work, ``read_batch`` in the workers and ``finish_batch`` here, so only compact token windows cross
-the process boundary). The returned ``TokenloadDataLoader``
-counts the micro-batches it has handed to the training loop (not those prefetched by workers),
-so ``state_dict()`` is exact at any step; ``load_state_dict()`` checks the fingerprint and
-restarts the order at the saved ``consumed_samples``, also on another data-parallel size. It
-follows torchdata's StatefulDataLoader protocol (``state_dict``/``load_state_dict``), so Lightning
-and plain torch checkpoints store it as a small dict.
+It wires a batch sampler (``sampler.py``) to the dataset's vectorized ``__getitems__``, read in
+the training process (``num_workers=0``) or by worker processes (``workers.py``) that make
+micro-batches ahead and hand them over through shared slots (``ring.py``); batches are dicts of
+tensors either way, in the same order. The returned ``TokenloadDataLoader`` counts the
+micro-batches it has handed to the training loop (not those made ahead by workers), so
+``state_dict()`` is exact at any step; ``load_state_dict()`` checks the fingerprint and restarts
+the order at the saved ``consumed_samples``, also on another data-parallel size. It follows
+torchdata's StatefulDataLoader protocol (``state_dict``/``load_state_dict``), so Lightning and
+plain torch checkpoints store it as a small dict.
 """
 
 from __future__ import annotations
 
 import hashlib
-import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..distributed import World
 from ..errors import ConfigError, StateError
-from .collate import to_tensors
+from .collate import fetch, to_tensors
 from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
+from .workers import WorkerPool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,13 +42,13 @@ class LoaderConfig:
     drop_last: bool = True
     """Drop the last incomplete micro-batch group."""
     num_workers: int = 2
-    """DataLoader worker processes (0 reads in the training process)."""
+    """Worker processes that make micro-batches ahead (0 reads in the training process)."""
     pin_memory: bool = False
     """Pin batches in page-locked memory (for GPU copies)."""
     persistent_workers: bool = True
     """Keep workers alive between iterations (only with num_workers > 0)."""
     prefetch_factor: int | None = None
-    """Micro-batches prefetched per worker (torch default 2)."""
+    """Micro-batches each worker makes ahead of the training loop (None: 2, torch's default)."""
     multiprocessing_context: str | None = None
     """"fork", "spawn" or "forkserver"; None uses the platform default."""
 
@@ -57,6 +57,8 @@ class LoaderConfig:
             raise ConfigError(f"kind is {self.kind!r}, expected 'single' or 'cyclic'", hint="use kind='single'")
         if self.num_workers < 0:
             raise ConfigError(f"num_workers is {self.num_workers}", hint="use 0 or more workers")
+        if self.prefetch_factor is not None and self.prefetch_factor < 1:
+            raise ConfigError(f"prefetch_factor is {self.prefetch_factor}", hint="use 1 or more (or None for 2)")
         if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
             raise ConfigError(
                 f"multiprocessing_context is {self.multiprocessing_context!r}",
@@ -81,42 +83,7 @@ class TokenloadDataLoader:
             drop_last=config.drop_last,
         )
         self.consumed_samples = consumed_samples
-        self._sampler = _RestartableSampler(self)
-        self._loader = self._make_loader()
-
-    def _make_loader(self):
-        from torch.utils.data import DataLoader
-
-        c = self.config
-        extra: dict[str, Any] = {}
-        if c.num_workers > 0:
-            extra["persistent_workers"] = c.persistent_workers
-            if c.prefetch_factor is not None:
-                extra["prefetch_factor"] = c.prefetch_factor
-            if c.multiprocessing_context is not None:
-                extra["multiprocessing_context"] = c.multiprocessing_context
-        if self._two_stage:
-            # Workers ship the compact raw windows (a pickle through a pipe, file dtype); the fields
-            # are derived here. Shipping four shared-memory tensors per batch instead cost ~1 ms of
-            # fixed IPC per batch on the machine this was measured on, 3x slower than no workers.
-            return DataLoader(
-                _ReadOnly(self.dataset), batch_sampler=self._sampler, num_workers=c.num_workers,
-                collate_fn=_identity, **extra,
-            )
-        return DataLoader(
-            self.dataset,
-            batch_sampler=self._sampler,
-            num_workers=c.num_workers,
-            pin_memory=c.pin_memory,
-            collate_fn=to_tensors,
-            **extra,
-        )
-
-    @property
-    def _two_stage(self) -> bool:
-        return self.config.num_workers > 0 and hasattr(self.dataset, "read_batch") and hasattr(
-            self.dataset, "finish_batch"
-        )
+        self._pool: WorkerPool | None = None
 
     def make_sampler(self):
         """The batch sampler for the current ``consumed_samples``."""
@@ -139,17 +106,40 @@ class TokenloadDataLoader:
     def __iter__(self) -> Iterator[dict]:
         total, step = self.plan.total_samples, self.plan.group
         cyclic = self.config.kind == "cyclic"  # counts on through epochs
-        finish = self.dataset.finish_batch if self._two_stage else None
-        pin = self.config.pin_memory and finish is not None
-        for batch in self._loader:
-            if finish is not None:
-                batch = to_tensors(finish(batch))
+        sampler = self.make_sampler()
+        pin = self.config.pin_memory and _cuda_available()
+        if self.config.num_workers == 0:
+            batches = (fetch(self.dataset, indices) for indices in sampler)
+        else:
+            batches = self._workers().batches(sampler)
+        try:
+            for batch in batches:
+                batch = to_tensors(batch)
                 if pin:
                     batch = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
-            # Counted when handed over: prefetched batches are not consumed. A last short group
-            # (drop_last=False) consumes only what is left.
-            self.consumed_samples += step if cyclic else min(step, total - self.consumed_samples)
-            yield batch
+                # Counted when handed over: batches made ahead are not consumed. A last short group
+                # (drop_last=False) consumes only what is left.
+                self.consumed_samples += step if cyclic else min(step, total - self.consumed_samples)
+                yield batch
+        finally:
+            if not self.config.persistent_workers:
+                self.close()
+
+    def _workers(self) -> WorkerPool:
+        if self._pool is None or not self._pool.alive:
+            c = self.config
+            self._pool = WorkerPool(
+                self.dataset,
+                num_workers=c.num_workers,
+                prefetch=2 if c.prefetch_factor is None else c.prefetch_factor,
+                context=c.multiprocessing_context,
+            )
+        return self._pool
+
+    @property
+    def worker_processes(self) -> list:
+        """The running worker processes (empty when none are running)."""
+        return list(self._pool.processes) if self._pool is not None and self._pool.alive else []
 
     def restart(self, consumed_samples: int = 0) -> None:
         """Start the next iteration at ``consumed_samples`` (e.g. 0 for every validation pass)."""
@@ -157,22 +147,21 @@ class TokenloadDataLoader:
 
     def close(self) -> None:
         """Stop the worker processes now (they restart on the next iteration). Without it,
-        persistent workers stop when the loader is garbage-collected; inside a reference cycle
-        that can be much later, and torch then waits seconds per worker."""
-        self._iterator = None
+        persistent workers stop when the loader is garbage-collected."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     @property
     def _iterator(self):
-        """torch DataLoader's iterator attribute, mirrored so that frameworks that tear down a
-        loader by setting ``loader._iterator = None`` (Lightning does) stop our workers too."""
-        return self._loader._iterator
+        """What torch's DataLoader calls its iterator: frameworks that tear a loader down by
+        setting ``loader._iterator = None`` (Lightning does) stop our workers that way too."""
+        return self._pool
 
     @_iterator.setter
     def _iterator(self, value) -> None:
-        current = self._loader._iterator
-        if value is None and current is not None and hasattr(current, "_shutdown_workers"):
-            current._shutdown_workers()
-        self._loader._iterator = value
+        if value is None:
+            self.close()
 
     def state_dict(self) -> dict[str, Any]:
         return LoaderState(
@@ -194,48 +183,11 @@ class TokenloadDataLoader:
         self.consumed_samples = loaded.consumed_samples
 
 
-class _ReadOnly:
-    """What the workers run: only the reading half of a two-stage dataset."""
+def _cuda_available() -> bool:
+    """Pinning needs a CUDA device (torch's DataLoader likewise skips it without one)."""
+    import torch
 
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitems__(self, indices):
-        return self.dataset.read_batch(indices)
-
-    def __getitem__(self, index):
-        return self.dataset.read_batch([index])
-
-
-def _identity(batch):
-    return batch
-
-
-class _RestartableSampler:
-    """Hands the DataLoader a fresh sampler at each iteration, from the current consumed count
-    (so a resume takes effect even with persistent workers, and later epochs are never cut short).
-
-    It refers to its owner weakly: a reference cycle through the torch DataLoader would leave
-    worker shutdown to the cycle collector, which can clear the worker queues first and then
-    wait seconds per worker for processes that never got the stop signal."""
-
-    def __init__(self, owner: TokenloadDataLoader) -> None:
-        self._owner = weakref.ref(owner)
-
-    def _sampler(self):
-        owner = self._owner()
-        if owner is None:
-            raise RuntimeError("the TokenloadDataLoader that owns this sampler is gone")
-        return owner.make_sampler()
-
-    def __iter__(self):
-        return iter(self._sampler())
-
-    def __len__(self) -> int:
-        return len(self._sampler())
+    return torch.cuda.is_available()
 
 
 def build_dataloader(dataset: Any, *, consumed_samples: int = 0, **config: Any) -> TokenloadDataLoader:

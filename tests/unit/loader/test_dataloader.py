@@ -88,8 +88,8 @@ def test_drop_last_false_counts_only_what_is_left_and_close_stops_workers(tmp_pa
     loader = build_dataloader(ds, micro_batch_size=4, num_workers=2, drop_last=False, persistent_workers=True)
     sizes = [len(b["tokens"]) for b in loader]
     assert sizes == [4, 4, 2] and loader.state_dict()["consumed_samples"] == 10
-    workers = loader._iterator._workers
-    assert all(w.is_alive() for w in workers)
+    workers = loader.worker_processes
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
     loader.close()
     assert loader._iterator is None and not any(w.is_alive() for w in workers)
     loader.restart(4)

@@ -1,0 +1,159 @@
+"""Slots of shared memory that carry finished batches from a loader worker to its consumer.
+
+Why: moving a batch between processes the usual way (one shared-memory segment per tensor,
+created, passed as a file descriptor over a socket and unmapped again, as torch's DataLoader
+does) costs more than reading the batch when reads are vectorized: measured ~1 ms of IPC per
+batch in a gVisor sandbox against ~0.2 ms for the read. Here each worker owns one file of
+``slots`` fixed-size slots, created once on tmpfs (``/dev/shm`` when writable) and mapped by
+both sides; a batch is written into a free slot and only its layout (names, dtypes, shapes,
+offsets: a few hundred bytes) crosses the pipe. The consumer hands out zero-copy arrays over the
+slot, and a slot is reused only when nothing refers to it any more: every array over slot i has
+slot i's ``memoryview`` as its base, so its reference count says whether a tensor, a view or a
+copy-free NumPy array of the batch is still alive anywhere in the consumer. A batch that does not
+fit, or that is not a dict of numeric arrays, travels through the pipe instead.
+
+The file is unlinked as soon as the consumer has mapped it, so nothing is left on tmpfs when
+either side dies; the mapping lives as long as the two processes that hold it. This is local to
+one loader on one host: nothing in it grows with the number of ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+_ALIGN = 64  # every field starts on a cache line
+_SHM = "/dev/shm"
+
+Layout = tuple[tuple[str, str, tuple[int, ...], int], ...]
+"""(name, dtype string, shape, byte offset) of every field of a batch in its slot."""
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def batch_bytes(batch: Any) -> int | None:
+    """Bytes a batch takes in a slot, or None when it cannot go into one (not a dict of numeric
+    arrays)."""
+    if not isinstance(batch, dict):
+        return None
+    total = 0
+    for value in batch.values():
+        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+            return None
+        total += _aligned(value.nbytes)
+    return total
+
+
+class WorkerRing:
+    """The worker's side: creates the slot file and writes batches into slots."""
+
+    def __init__(self, slot_bytes: int, slots: int) -> None:
+        self.slot_bytes = -(-max(slot_bytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.slots = slots
+        folder = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
+        fd, self.path = tempfile.mkstemp(prefix="tokenload-ring-", dir=folder)
+        try:
+            os.ftruncate(fd, self.slot_bytes * slots)
+            self._map = mmap.mmap(fd, self.slot_bytes * slots)
+        finally:
+            os.close(fd)
+
+        self._memory = np.frombuffer(self._map, dtype=np.uint8)
+        self._address = self._memory.ctypes.data
+        self._used = [0] * slots  # bytes handed out by each slot's allocator
+
+    def allocator(self, slot: int):
+        """An allocator (``items.Allocator``) that places arrays in ``slot`` while they fit (then
+        in ordinary memory), so a batch built with it needs no copy into the slot."""
+        self._used[slot] = 0
+        begin = slot * self.slot_bytes
+
+        def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            dt = np.dtype(dtype)
+            count = math.prod(shape)
+            at = self._used[slot]
+            if at + count * dt.itemsize > self.slot_bytes:
+                return np.empty(shape, dtype=dt)
+            self._used[slot] = at + _aligned(count * dt.itemsize)
+            return self._memory[begin + at : begin + at + count * dt.itemsize].view(dt).reshape(shape)
+
+        return alloc
+
+    def write(self, slot: int, batch: dict[str, np.ndarray]) -> Layout | None:
+        """Place ``batch`` in ``slot`` (arrays made by its allocator stay where they are, others
+        are copied after them); its layout, or None when it does not fit."""
+        if batch_bytes(batch) is None:
+            return None
+        begin = slot * self.slot_bytes
+        layout = []
+        for name, value in batch.items():
+            offset = self._offset(slot, value)
+            if offset is None:
+                offset = self._used[slot]
+                if offset + value.nbytes > self.slot_bytes:
+                    return None
+                self._used[slot] = offset + _aligned(value.nbytes)
+                if value.size:
+                    target = self._memory[begin + offset : begin + offset + value.nbytes].view(value.dtype)
+                    np.copyto(target.reshape(value.shape), value, casting="no")
+            layout.append((name, value.dtype.str, value.shape, offset))
+        self._used[slot] = 0
+        return tuple(layout)
+
+    def _offset(self, slot: int, value: np.ndarray) -> int | None:
+        """Where ``value`` lies in ``slot`` when its allocator made it (contiguous, inside), else None."""
+        if not value.size or not value.flags.c_contiguous:
+            return None
+        at = value.ctypes.data - self._address - slot * self.slot_bytes
+        return at if 0 <= at and at + value.nbytes <= self.slot_bytes else None
+
+    def unlink(self) -> None:
+        """Remove the file's name (the consumer does this once it has mapped it; a worker does it
+        when it stops, in case the consumer never got that far)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class ConsumerRing:
+    """The consumer's side: maps a worker's slot file and lends arrays over its slots."""
+
+    def __init__(self, path: str, slot_bytes: int, slots: int) -> None:
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), slot_bytes * slots)
+        os.unlink(path)
+        self._slots = [
+            np.frombuffer(self._map, dtype=np.uint8, count=slot_bytes, offset=i * slot_bytes) for i in range(slots)
+        ]
+        # references held by this object alone (the list entry and getrefcount's argument)
+        self._idle = sys.getrefcount(self._slots[0])
+
+    def arrays(self, slot: int, layout: Layout) -> dict[str, np.ndarray]:
+        """Writable arrays over ``slot``; the slot stays lent while any of them (or anything
+        made from them without copying) is alive."""
+        whole = self._slots[slot]
+        out = {}
+        for name, dtype, shape, offset in layout:
+            dt = np.dtype(dtype)
+            size = dt.itemsize * _count(shape)
+            out[name] = whole[offset : offset + size].view(dt).reshape(shape)
+        return out
+
+    def in_use(self, slot: int) -> bool:
+        return sys.getrefcount(self._slots[slot]) > self._idle
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
