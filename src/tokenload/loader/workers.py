@@ -199,10 +199,10 @@ class WorkerPool:
 
     def _recv(self, w: int) -> tuple:
         results, process = self._results[w], self.processes[w]
-        while not results.poll(_LIVENESS_S):
-            if not process.is_alive():
-                raise _died(w, process)
         try:
+            while not results.poll(_LIVENESS_S):
+                if not process.is_alive():
+                    raise _died(w, process)
             return results.recv()
         except (EOFError, OSError):
             process.join(_LIVENESS_S)

@@ -1,0 +1,178 @@
+"""The loader's worker processes: batches through shared slots, held batches never overwritten,
+errors and dead workers raised in the training process, nothing left behind."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset
+from tokenload.errors import FormatError
+from tokenload.format import write_flat
+from tokenload.loader import build_dataloader
+from tokenload.loader.workers import WorkerError
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    write_flat(tmp_path / "train.bin", np.arange(40_000) % 65_000)
+    return FlatTokenDataset(tmp_path / "train.bin", FlatDatasetConfig(block_size=16, seed=3))
+
+
+def _rings() -> set[str]:
+    return set(glob.glob("/dev/shm/tokenload-ring-*"))
+
+
+def _expected(dataset, mbs: int, steps: int) -> list[np.ndarray]:
+    return [dataset.__getitems__(list(range(k * mbs, (k + 1) * mbs)))["tokens"] for k in range(steps)]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_held_batches_keep_their_values(dataset, method):
+    """Every batch is kept (more than the slots of a ring): none is overwritten by later ones,
+    and writing into one does not change another."""
+    before = _rings()
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              multiprocessing_context=method)
+    held = list(loader)
+    assert len(held) == len(dataset) // 8
+    want = _expected(dataset, 8, len(held))
+    held[0]["tokens"][:] = -1  # a training loop may write into its batch
+    for k in range(1, len(held)):
+        assert np.array_equal(held[k]["tokens"].numpy(), want[k]), k
+    loader.close()
+    assert _rings() <= before
+
+
+def test_slots_are_reused_once_batches_are_dropped(dataset):
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+    want = _expected(dataset, 8, 300)
+    kept = None
+    for k, batch in enumerate(loader):
+        if k == 5:
+            kept = batch  # one batch held through the whole run
+        assert np.array_equal(batch["tokens"].numpy(), want[k])
+        if k == 299:
+            break
+    assert np.array_equal(kept["tokens"].numpy(), want[5])
+    pool = loader._pool
+    assert all(ring is not None for ring in pool._rings)
+    assert sum(len(lent) for lent in pool._lent) <= 3  # the kept batch and the last ones
+    loader.close()
+
+
+class Failing:
+    """Raises a typed error on one micro-batch."""
+
+    def __init__(self, dataset, bad: int) -> None:
+        self.dataset, self.bad = dataset, bad
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices):
+        if self.bad in indices:
+            raise FormatError("sample is corrupt", path="train.bin", hint="rebuild it")
+        return self.dataset.__getitems__(indices)
+
+
+class Unpicklable(Exception):
+    def __init__(self, a, b):  # pickles but cannot be rebuilt from its args
+        super().__init__(a)
+
+
+class FailingOddly(Failing):
+    def __getitems__(self, indices):
+        if self.bad in indices:
+            raise Unpicklable("odd", 1)
+        return self.dataset.__getitems__(indices)
+
+
+def test_an_error_in_a_worker_is_raised_with_its_type_and_traceback(dataset):
+    loader = build_dataloader(Failing(dataset, 8 * 7 + 1), micro_batch_size=8, num_workers=2, dp_rank=0,
+                              dp_size=1)
+    seen = 0
+    with pytest.raises(FormatError, match="sample is corrupt") as info:
+        for _ in loader:
+            seen += 1
+    assert seen == 7
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "loader worker 1" in notes and "micro-batch 7" in notes and "__getitems__" in notes
+    loader.restart(8 * 8)  # the workers survive and serve the next iteration
+    first = next(iter(loader))
+    assert np.array_equal(first["tokens"].numpy(), _expected(dataset, 8, 9)[8])
+    loader.close()
+
+
+def test_an_exception_that_cannot_be_pickled_still_reaches_the_loop(dataset):
+    loader = build_dataloader(FailingOddly(dataset, 3), micro_batch_size=8, num_workers=1, dp_rank=0, dp_size=1)
+    with pytest.raises(WorkerError, match="cannot be pickled(.|\n)*Unpicklable"):
+        list(loader)
+    loader.close()
+
+
+def test_a_killed_worker_is_reported(dataset):
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+    it = iter(loader)
+    next(it)
+    victim = loader.worker_processes[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    t = time.monotonic()
+    with pytest.raises(WorkerError, match=r"worker 1 .* exit code -9") as info:
+        for _ in it:
+            pass
+    assert time.monotonic() - t < 30
+    assert "out-of-memory" in str(info.value)
+    loader.close()
+    loader.restart(0)  # a fresh pool after close
+    assert np.array_equal(next(iter(loader))["tokens"].numpy(), _expected(dataset, 8, 1)[0])
+    loader.close()
+
+
+class PerItem:
+    """Only ``__getitem__``, returning a dict per sample, and the loading process's state."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": np.array([i, i * i]), "torch": np.array("torch" in sys.modules)}
+
+
+def test_per_item_datasets_travel_through_the_pipe_and_workers_never_import_torch():
+    loader = build_dataloader(PerItem(30), micro_batch_size=4, num_workers=2, dp_rank=0, dp_size=1,
+                              multiprocessing_context="spawn")
+    batches = list(loader)
+    assert [b["x"][:, 0].tolist() for b in batches] == [list(range(k, k + 4)) for k in range(0, 28, 4)]
+    assert not any(bool(b["torch"].any()) for b in batches)
+    loader.close()
+
+
+def test_a_new_iteration_ends_the_previous_one(dataset):
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+    old = iter(loader)
+    next(old)
+    new = iter(loader)
+    assert np.array_equal(next(new)["tokens"].numpy(), _expected(dataset, 8, 2)[1])
+    with pytest.raises(RuntimeError, match="newer iteration"):
+        next(old)
+    loader.close()
+
+
+def test_workers_stop_when_the_loader_is_dropped(dataset):
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+    next(iter(loader))
+    workers = loader.worker_processes
+    del loader
+    for w in workers:
+        w.join(10)
+    assert not any(w.is_alive() for w in workers)
