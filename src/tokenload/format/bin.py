@@ -127,8 +127,12 @@ class _ArrayBin(BinSource):
             return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].astype(dtype or self.dtype)
         if int(lengths.sum()) >= _SLICE_MIN_TOKENS * starts.size:
             # Long spans (training windows): slicing and one concatenate that also casts beat
-            # building a per-token index (measured ~5x on 70 spans of ~470 tokens).
+            # building a per-token index (measured ~5x on 70 spans of ~470 tokens). Touching
+            # every span's first token first, in one gather, lets the CPU wait for all their
+            # cache and TLB misses at once instead of one span after another (measured: 66 to
+            # 55 us for 16 windows of 2049 tokens at random places of a 1 GiB mapping).
             tokens = self.tokens
+            tokens.take(starts, mode="clip")
             parts = [tokens[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
             return np.concatenate(parts, dtype=dtype or self.dtype)
         return self.tokens[gather_index(starts, lengths)]

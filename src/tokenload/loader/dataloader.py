@@ -48,7 +48,10 @@ class LoaderConfig:
     persistent_workers: bool = True
     """Keep workers alive between iterations (only with num_workers > 0)."""
     prefetch_factor: int | None = None
-    """Micro-batches each worker makes ahead of the training loop (None: 2, torch's default)."""
+    """Micro-batches each worker makes ahead of the training loop (None: 4). A worker reads up
+    to half of them in one vectorized read, so more is faster (measured at S = 2048, micro-batch
+    16, 2 workers on 2 cores: 2 gives ~90k samples/s, 4 ~110k, 8 ~135k) at the cost of shared
+    memory: ``prefetch_factor + 2`` batches per worker."""
     multiprocessing_context: str | None = None
     """"fork", "spawn" or "forkserver"; None uses the platform default."""
 
@@ -131,7 +134,7 @@ class TokenloadDataLoader:
             self._pool = WorkerPool(
                 self.dataset,
                 num_workers=c.num_workers,
-                prefetch=2 if c.prefetch_factor is None else c.prefetch_factor,
+                prefetch=4 if c.prefetch_factor is None else c.prefetch_factor,
                 context=c.multiprocessing_context,
             )
         return self._pool

@@ -25,6 +25,7 @@ process is gone.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
 import os
@@ -43,6 +44,8 @@ from .ring import ConsumerRing, WorkerRing, batch_bytes
 _LIVENESS_S = 1.0  # how often a waiting side checks that the other one is still there
 _STOP_S = 5.0
 _HEADER = struct.Struct("<Q")
+_GROUP = 4  # most micro-batches a worker reads at once (one vectorized read; measured per batch
+# of 16 at S = 2048: 113 us alone, 87 us in twos, 75 us in fours)
 
 
 class WorkerError(TokenloadError, RuntimeError):
@@ -123,6 +126,7 @@ class WorkerPool:
         ctx = multiprocessing.get_context(context)
         self.prefetch = prefetch
         self.slots = prefetch + 2  # in flight, plus the batch in use and the one before it
+        self._group = max(1, min(_GROUP, prefetch // 2))  # credits a worker waits for before it reads
         self.processes: list = []
         self._commands: list = []
         self._results: list = []
@@ -144,6 +148,8 @@ class WorkerPool:
         self._rings: list[ConsumerRing | None] = [None] * num_workers
         self._lent: list[list[int]] = [[] for _ in range(num_workers)]
         self._freed: list[list[int]] = [[] for _ in range(num_workers)]
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
+        self._credits = [0] * num_workers  # batches taken from each worker since its last credit
         self._generation = 0
         self._finalizer = weakref.finalize(self, _stop, self.processes, self._commands, self._results)
 
@@ -159,21 +165,23 @@ class WorkerPool:
         n = len(self.processes)
         self._reclaim()
         for w in range(n):
+            self._pending[w].clear()
+            self._credits[w] = 0
             self._send(w, ("start", generation, sampler, self.prefetch, self._take_freed(w)))
         for k in range(len(sampler)):
             if generation != self._generation:
                 raise RuntimeError("a newer iteration of this loader has started; this one is over")
             w = k % n
-            message = self._receive(w, generation, k)
-            if message[0] == "batch":
+            slot, batch = self._next(w, generation, k)
+            if slot is not None:
                 ring = self._rings[w]
                 assert ring is not None
-                batch = ring.arrays(message[3], message[4])
-                self._lent[w].append(message[3])
-            else:
-                batch = message[3]
-            self._reclaim()
-            self._send(w, ("credit", generation, self._take_freed(w)))
+                batch = ring.arrays(slot, batch)
+                self._lent[w].append(slot)
+            self._credits[w] += 1
+            if self._credits[w] >= self._group:  # enough for the worker's next read
+                self._reclaim()
+                self._flush(w, generation)
             yield batch
 
     def close(self) -> None:
@@ -181,21 +189,27 @@ class WorkerPool:
         self._finalizer()
 
     # -- consumer side of the protocol -----------------------------------------------------------
-    def _receive(self, w: int, generation: int, k: int) -> tuple:
-        while True:
+    def _next(self, w: int, generation: int, k: int) -> tuple:
+        """(slot, layout) or (None, batch) of micro-batch k, from worker w."""
+        pending = self._pending[w]
+        while not pending:
+            self._reclaim()
+            if self._credits[w] or self._freed[w]:  # the worker may be waiting for these
+                self._flush(w, generation)
             message = self._recv(w)
             kind = message[0]
             if kind == "ring":
                 self._rings[w] = ConsumerRing(*message[1:])
-                continue
-            if message[1] != generation:  # left over from an abandoned iteration
-                if kind == "batch":
-                    self._freed[w].append(message[3])
-                continue
-            if kind == "error":
-                _raise_from_worker(w, k, message[3], message[4])
-            assert message[2] == k, (message[2], k)
-            return message
+            elif message[1] != generation:  # left over from an abandoned iteration
+                if kind == "batches":
+                    self._freed[w].extend(slot for _, slot, _ in message[2] if slot is not None)
+            elif kind == "error":
+                _raise_from_worker(w, message[2], message[3], message[4])
+            else:
+                pending.extend(message[2])
+        got, slot, batch = pending.popleft()
+        assert got == k, (got, k)
+        return slot, batch
 
     def _recv(self, w: int) -> tuple:
         results, process = self._results[w], self.processes[w]
@@ -223,6 +237,11 @@ class WorkerPool:
                 if len(busy) != len(lent):
                     self._freed[w].extend(s for s in lent if s not in busy)
                     self._lent[w] = busy
+
+    def _flush(self, w: int, generation: int) -> None:
+        """Send worker w its credits and freed slots."""
+        self._send(w, ("credit", generation, self._credits[w], self._take_freed(w)))
+        self._credits[w] = 0
 
     def _take_freed(self, w: int) -> list[int]:
         freed, self._freed[w] = self._freed[w], []
@@ -264,51 +283,111 @@ def _stop(processes: list, commands: list, results: list) -> None:
 # -- worker side -----------------------------------------------------------------------------------
 def _worker_main(w: int, n: int, dataset: Any, commands, results, slots: int, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ring: WorkerRing | None = None
-    free = list(range(slots))
-    generation, credits, work = -1, 0, None
+    worker = _Worker(w, n, dataset, results, slots)
     try:
         while True:
-            if work is None or credits == 0:
-                message = _wait(commands, parent)
-                if message is None or message[0] == "stop":
-                    return
-                free.extend(message[-1])
-                if message[0] == "start":
-                    generation, credits = message[1], message[3]
-                    work = itertools.islice(enumerate(message[2]), w, None, n)
-                elif message[1] == generation:
-                    credits += 1
+            count = worker.ready()
+            if count:
+                worker.make(count)
                 continue
-            k = -1
-            try:
-                step = next(work, None)
-                if step is None:
-                    work = None
-                    continue
-                k, indices = step
-                credits -= 1
-                slot = free[-1] if ring is not None and free else None
-                batch = fetch(dataset, indices, None if slot is None else ring.allocator(slot))
-            except Exception as exc:  # delivered to the consumer, which raises it
-                results.send(("error", generation, k, _picklable(exc), traceback.format_exc()))
-                work = None
-                continue
-            if ring is None:
-                size = batch_bytes(batch)
-                if size is not None:
-                    ring = WorkerRing(size, slots)
-                    results.send(("ring", ring.path, ring.slot_bytes, slots))
-            layout = None if slot is None else ring.write(slot, batch)
-            if layout is None:
-                results.send(("inline", generation, k, batch))
-            else:
-                results.send(("batch", generation, k, free.pop(), layout))
+            message = _wait(commands, parent)
+            if message is None or message[0] == "stop":
+                return
+            worker.handle(message)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return
     finally:
-        if ring is not None:
-            ring.unlink()
+        if worker.ring is not None:
+            worker.ring.unlink()
+
+
+class _Worker:
+    """A worker's state: its iteration, credits and free slots, and how it makes batches."""
+
+    def __init__(self, w: int, n: int, dataset: Any, results, slots: int) -> None:
+        self.w, self.n, self.dataset, self.results, self.slots = w, n, dataset, results, slots
+        self.ring: WorkerRing | None = None
+        self.free = list(range(slots))
+        self.generation, self.credits, self.target, self.work = -1, 0, 1, None
+        self.two_stage = hasattr(dataset, "read_batch") and hasattr(dataset, "finish_batch")
+
+    def handle(self, message: tuple) -> None:
+        self.free.extend(message[-1])
+        if message[0] == "start":
+            _, self.generation, sampler, self.credits, _ = message
+            self.target = max(1, min(_GROUP, self.credits // 2))  # as the consumer's ``_group``
+            self.work = itertools.islice(enumerate(sampler), self.w, None, self.n)
+        elif message[1] == self.generation:
+            self.credits += message[2]
+
+    def ready(self) -> int:
+        """How many micro-batches to make now (0: wait for credits or a new iteration). Waiting
+        for ``target`` credits lets one vectorized read serve several micro-batches."""
+        if self.work is None or self.credits < self.target:
+            return 0
+        if not self.two_stage or self.ring is None:
+            return 1
+        return max(1, min(self.credits, len(self.free), _GROUP))
+
+    def make(self, count: int) -> None:
+        """Make up to ``count`` of this worker's next micro-batches and send them in one message."""
+        first = -1
+        try:
+            steps = list(itertools.islice(self.work, count))
+            if len(steps) < count:
+                self.work = None
+            if not steps:
+                return
+            first = steps[0][0]
+            self.credits -= len(steps)
+            slots = self.free[::-1][: len(steps)] if self.ring is not None else []
+            batches = self._read([indices for _, indices in steps], slots)
+        except Exception as exc:  # delivered to the consumer, which raises it
+            self.results.send(("error", self.generation, first, _picklable(exc), traceback.format_exc()))
+            self.work = None
+            return
+        if self.ring is None:
+            size = batch_bytes(batches[0])
+            if size is not None:
+                self.ring = WorkerRing(size, self.slots)
+                self.results.send(("ring", self.ring.path, self.ring.slot_bytes, self.slots))
+        entries = []
+        for i, ((k, _), batch) in enumerate(zip(steps, batches)):
+            slot = slots[i] if i < len(slots) else None
+            layout = None if slot is None or self.ring is None else self.ring.write(slot, batch)
+            if layout is None:
+                entries.append((k, None, batch))
+            else:
+                self.free.remove(slot)
+                entries.append((k, slot, layout))
+        self.results.send(("batches", self.generation, entries))
+
+    def _read(self, index_lists: list, slots: list[int]) -> list:
+        """The batches of ``index_lists``; with several, one ``read_batch`` reads them all and
+        each is finished into its own slot."""
+        allocs = [self.ring.allocator(s) for s in slots] if self.ring is not None else []
+        allocs += [None] * (len(index_lists) - len(allocs))
+        if len(index_lists) == 1 or not self.two_stage:
+            return [fetch(self.dataset, idx, alloc) for idx, alloc in zip(index_lists, allocs)]
+        sizes = [len(idx) for idx in index_lists]
+        raw = self.dataset.read_batch([i for idx in index_lists for i in idx])
+        parts = _split_rows(raw, sizes)
+        return [self.dataset.finish_batch(part, alloc) for part, alloc in zip(parts, allocs)]
+
+
+def _split_rows(raw: dict, sizes: list[int]) -> list[dict]:
+    """``read_batch`` output of several micro-batches, cut back into one per micro-batch (arrays
+    with a row per sample are sliced, other values shared)."""
+    total = sum(sizes)
+    parts = []
+    begin = 0
+    for size in sizes:
+        end = begin + size
+        parts.append({
+            k: v[begin:end] if getattr(v, "ndim", 0) >= 1 and len(v) == total else v for k, v in raw.items()
+        })
+        begin = end
+    return parts
 
 
 def _wait(commands, parent: int):

@@ -1,6 +1,6 @@
-"""Megatron-order datasets through the DataLoader: workers under spawn and forkserver ship the
-raw windows and the consumer builds the fields; every batch equals an in-process read, padded
-validation samples included."""
+"""Megatron-order datasets through the loader's workers (spawn, forkserver and fork; reading one,
+two or four micro-batches at once): every batch equals an in-process read, padded validation
+samples and blends included."""
 
 from __future__ import annotations
 
@@ -25,12 +25,25 @@ def splits(tmp_path_factory):
     return build_datasets(cfg, [None, None, None])
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_workers_equal_in_process_reads(splits, method):
+@pytest.fixture(scope="module")
+def blend(tmp_path_factory, splits):
+    folder = tmp_path_factory.mktemp("gptblend")
+    rng = np.random.default_rng(5)
+    docs = [np.append(rng.integers(0, 999, size=int(n)), 999) for n in rng.integers(3, 30, size=200)]
+    other = write_documents(folder / "other", docs)
+    first = splits[0].source.idx_path[: -len(".idx")]
+    cfg = MegatronDataConfig(sequence_length=24, blend=["30", first, "70", other], split="100,0,0",
+                             eod_id=999, path_to_cache=str(folder / "cache"))
+    return build_datasets(cfg, [500, 0, 0])[0]
+
+
+@pytest.mark.parametrize("method,prefetch", [("spawn", 8), ("forkserver", 2), ("fork", 1)])
+def test_workers_equal_in_process_reads(splits, blend, method, prefetch):
     train, valid, _ = splits
-    for ds in (train, valid):
+    assert hasattr(blend, "dataset_index")
+    for ds in (train, valid, blend):
         loader = build_dataloader(ds, micro_batch_size=5, num_workers=2, multiprocessing_context=method,
-                                  drop_last=False)
+                                  drop_last=False, prefetch_factor=prefetch)
         start = 0
         for batch in loader:
             n = len(batch["tokens"])
