@@ -103,12 +103,10 @@ class GPTDataset:
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
         short (compact to ship from a DataLoader worker), else int64 padded with ``pad_id``."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
-        n = len(self)
-        if idx.size and (int(idx.min()) < -n or int(idx.max()) >= n):
-            raise IndexError(f"sample indices must lie in [0, {n})")
-        if idx.size and int(idx.min()) < 0:
-            idx = np.where(idx < 0, idx + n, idx)
-        samples = np.asarray(self.shuffle_index[idx], dtype=np.int64)
+        try:  # one entry per sample: NumPy's own bounds check (negative indices count from the end)
+            samples = np.asarray(self.shuffle_index[idx], dtype=np.int64)
+        except IndexError:
+            raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
         seqs, offsets, lengths, per_sample = self._pieces(samples)
         width = self.item.window
         if bool((per_sample == width).all()):  # every sample full: no padding, keep the file dtype
@@ -128,25 +126,27 @@ class GPTDataset:
 
     def _pieces(self, samples: np.ndarray):
         """Flat (sequence, offset, length) pieces of every sample, and tokens per sample."""
+        if samples.size == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty, empty
         sample_index = self.sample_index
-        rows = np.asarray(sample_index[np.concatenate((samples, samples + 1))], dtype=np.int64)
-        b, bo = rows[: samples.size, 0], rows[: samples.size, 1]
-        e, eo = rows[samples.size :, 0], rows[samples.size :, 1]
-        n_pieces = e - b + 1
-        first = np.cumsum(n_pieces) - n_pieces  # flat index of each sample's first piece
-        last = first + n_pieces - 1
-        pos = np.arange(int(n_pieces.sum()), dtype=np.int64) + np.repeat(b - first, n_pieces)
+        begin, end = sample_index[samples], sample_index[samples + 1]
+        b = begin[:, 0].astype(np.int64)
+        n_pieces = end[:, 0] - b + 1
+        ends = np.cumsum(n_pieces)
+        first = ends - n_pieces  # flat index of each sample's first piece
+        pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(b - first, n_pieces)
         seqs = np.asarray(self.document_index[pos], dtype=np.int64)
-        seq_len = np.asarray(self.source.sequence_lengths[seqs], dtype=np.int64)
-        start = np.zeros_like(seq_len)
-        start[first] = bo
-        stop = seq_len.copy()
+        length = self.source.sequence_lengths[seqs].astype(np.int64)
         # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample
-        # of a partial final epoch may point past its sequence's end).
-        stop[last] = np.minimum(eo + self.item.extra, seq_len[last])
-        length = np.maximum(stop - start, 0)
-        per_sample = np.add.reduceat(length, first) if length.size else np.zeros(samples.size, np.int64)
-        return seqs, start, length, per_sample
+        # of a partial final epoch may point past its sequence's end); first pieces start at bo.
+        last = ends - 1
+        length[last] = np.minimum(end[:, 1] + self.item.extra, length[last])
+        offsets = np.zeros_like(length)
+        offsets[first] = begin[:, 1]
+        length[first] -= begin[:, 1]
+        np.maximum(length, 0, out=length)
+        return seqs, offsets, length, np.add.reduceat(length, first)
 
     def __getitems__(self, indices) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))

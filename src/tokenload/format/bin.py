@@ -83,7 +83,11 @@ class BinSource:
     def _check(self, starts: np.ndarray, lengths: np.ndarray) -> None:
         if starts.size == 0:
             return
-        bad = (starts < 0) | (lengths < 0) | (starts + lengths > self.num_tokens)
+        ends = starts + lengths
+        # three reductions on the hot path; the slow search for the culprit only on failure
+        if int(starts.min()) >= 0 and int(lengths.min()) >= 0 and int(ends.max()) <= self.num_tokens:
+            return
+        bad = (starts < 0) | (lengths < 0) | (ends > self.num_tokens)
         if bool(bad.any()):
             i = int(np.flatnonzero(bad)[0])
             raise FormatError(

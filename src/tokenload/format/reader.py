@@ -225,9 +225,12 @@ class TokenFile:
     ) -> np.ndarray:
         """Concatenated tokens of pieces ``(sequence, offset, length)``, in one vectorized read,
         optionally cast to ``dtype`` on the way."""
-        sequences = np.asarray(sequences, dtype=np.int64)
-        starts = self._starts(sequences) + np.asarray(offsets, dtype=np.int64)
-        return self._opened().bin.read_spans(starts, lengths, dtype)
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            state = self._opened()
+        starts = state.pointers[sequences] // state.itemsize
+        starts += offsets
+        return state.bin.read_spans(starts, lengths, dtype)
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``."""

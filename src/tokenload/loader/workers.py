@@ -135,7 +135,7 @@ class WorkerPool:
             result_out, result_in = ctx.Pipe(duplex=False)
             process = ctx.Process(
                 target=_worker_main,
-                args=(w, num_workers, dataset, _Channel(command_out), _Channel(result_in), self.slots, os.getpid()),
+                args=(w, num_workers, dataset, _Channel(command_out), _Channel(result_in), self.slots),
                 name=f"tokenload-worker-{w}",
                 daemon=True,
             )
@@ -281,8 +281,9 @@ def _stop(processes: list, commands: list, results: list) -> None:
 
 
 # -- worker side -----------------------------------------------------------------------------------
-def _worker_main(w: int, n: int, dataset: Any, commands, results, slots: int, parent: int) -> None:
+def _worker_main(w: int, n: int, dataset: Any, commands, results, slots: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()  # the training process, or the forkserver that forked this worker
     worker = _Worker(w, n, dataset, results, slots)
     try:
         while True:
@@ -360,7 +361,11 @@ class _Worker:
             else:
                 self.free.remove(slot)
                 entries.append((k, slot, layout))
-        self.results.send(("batches", self.generation, entries))
+        try:
+            self.results.send(("batches", self.generation, entries))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a batch that cannot travel
+            self.results.send(("error", self.generation, first, _picklable(exc), traceback.format_exc()))
+            self.work = None
 
     def _read(self, index_lists: list, slots: list[int]) -> list:
         """The batches of ``index_lists``; with several, one ``read_batch`` reads them all and

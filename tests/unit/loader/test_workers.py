@@ -176,3 +176,33 @@ def test_workers_stop_when_the_loader_is_dropped(dataset):
     for w in workers:
         w.join(10)
     assert not any(w.is_alive() for w in workers)
+
+
+def test_idle_persistent_workers_survive_under_forkserver(dataset):
+    """Workers check that their parent is alive while they wait; under forkserver their parent is
+    the fork server, which must not read as the training process having died."""
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              multiprocessing_context="forkserver", persistent_workers=True)
+    want = _expected(dataset, 8, 3)
+    first = [b["tokens"].numpy().copy() for b, _ in zip(loader, range(3))]
+    time.sleep(2.5)  # longer than the workers' liveness checks
+    loader.restart(0)
+    again = [b["tokens"].numpy().copy() for b, _ in zip(loader, range(3))]
+    assert all(np.array_equal(x, y) and np.array_equal(x, z) for x, y, z in zip(first, again, want))
+    loader.close()
+
+
+class Unshippable:
+    def __len__(self) -> int:
+        return 10
+
+    def __getitems__(self, indices):
+        batch = {"x": np.zeros((len(indices), 2))}
+        return {**batch, "how": lambda: 0} if 5 in indices else batch
+
+
+def test_a_batch_that_cannot_be_pickled_is_an_error_in_the_loop():
+    loader = build_dataloader(Unshippable(), micro_batch_size=2, num_workers=1, dp_rank=0, dp_size=1)
+    with pytest.raises(Exception, match="(?s)pickle.*loader worker 0"):
+        list(loader)
+    loader.close()
