@@ -3,18 +3,21 @@
 Why: moving a batch between processes the usual way (one shared-memory segment per tensor,
 created, passed as a file descriptor over a socket and unmapped again, as torch's DataLoader
 does) costs more than reading the batch when reads are vectorized: measured ~1 ms of IPC per
-batch in a gVisor sandbox against ~0.2 ms for the read. Here each worker owns one file of
-``slots`` fixed-size slots, created once on tmpfs (``/dev/shm`` when writable) and mapped by
-both sides; a batch is written into a free slot and only its layout (names, dtypes, shapes,
-offsets: a few hundred bytes) crosses the pipe. The consumer hands out zero-copy arrays over the
-slot, and a slot is reused only when nothing refers to it any more: every array over slot i has
-slot i's ``memoryview`` as its base, so its reference count says whether a tensor, a view or a
-copy-free NumPy array of the batch is still alive anywhere in the consumer. A batch that does not
-fit, or that is not a dict of numeric arrays, travels through the pipe instead.
+batch on the 2-core development VM against ~0.2 ms for the read. Here each worker owns one
+region of ``slots`` fixed-size slots, created once and mapped by both sides; a worker builds a
+batch's fields straight into a free slot (``allocator``) and only its layout (names, dtypes,
+shapes, offsets: a few hundred bytes) crosses the pipe. The consumer hands out zero-copy arrays
+over the slot, and a slot is reused only when nothing refers to it any more: every array over
+slot i is a view of one uint8 array per slot (NumPy makes that array the ``base`` of all views of
+it), so its reference count says whether a tensor, a view or any copy-free array of the batch is
+still alive anywhere in the consumer. A batch that does not fit, or that is not a dict of numeric
+arrays, travels through the pipe instead.
 
-The file is unlinked as soon as the consumer has mapped it, so nothing is left on tmpfs when
-either side dies; the mapping lives as long as the two processes that hold it. This is local to
-one loader on one host: nothing in it grows with the number of ranks.
+On Linux the region is an anonymous ``memfd`` that the consumer opens through the worker's
+``/proc/<pid>/fd`` entry: it has no name, so nothing is left behind when either side dies,
+whatever the signal. Elsewhere it is a file on tmpfs (``/dev/shm`` when writable), unlinked as
+soon as the consumer has mapped it. The mapping lives as long as the processes that hold it. All
+of this is local to one loader on one host: nothing in it grows with the number of ranks.
 """
 
 from __future__ import annotations
@@ -58,13 +61,22 @@ class WorkerRing:
     def __init__(self, slot_bytes: int, slots: int) -> None:
         self.slot_bytes = -(-max(slot_bytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         self.slots = slots
-        folder = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
-        fd, self.path = tempfile.mkstemp(prefix="tokenload-ring-", dir=folder)
+        if hasattr(os, "memfd_create"):
+            # Linux: memory with no name anywhere, so nothing can be left behind when processes
+            # die; the consumer opens it through this process's /proc entry.
+            self._fd: int | None = os.memfd_create("tokenload-ring", os.MFD_CLOEXEC)
+            self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+            fd = self._fd
+        else:
+            folder = _SHM if os.path.isdir(_SHM) and os.access(_SHM, os.W_OK) else None
+            fd, self.path = tempfile.mkstemp(prefix="tokenload-ring-", dir=folder)
+            self._fd = None
         try:
             os.ftruncate(fd, self.slot_bytes * slots)
             self._map = mmap.mmap(fd, self.slot_bytes * slots)
         finally:
-            os.close(fd)
+            if self._fd is None:
+                os.close(fd)
 
         self._memory = np.frombuffer(self._map, dtype=np.uint8)
         self._address = self._memory.ctypes.data
@@ -116,12 +128,13 @@ class WorkerRing:
         return at if 0 <= at and at + value.nbytes <= self.slot_bytes else None
 
     def unlink(self) -> None:
-        """Remove the file's name (the consumer does this once it has mapped it; a worker does it
-        when it stops, in case the consumer never got that far)."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Remove the file's name, if it has one (the consumer does this once it has mapped it;
+        a worker does it when it stops, in case the consumer never got that far)."""
+        if _named(self.path):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
 
 
 class ConsumerRing:
@@ -130,7 +143,8 @@ class ConsumerRing:
     def __init__(self, path: str, slot_bytes: int, slots: int) -> None:
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), slot_bytes * slots)
-        os.unlink(path)
+        if _named(path):
+            os.unlink(path)
         self._slots = [
             np.frombuffer(self._map, dtype=np.uint8, count=slot_bytes, offset=i * slot_bytes) for i in range(slots)
         ]
@@ -150,6 +164,11 @@ class ConsumerRing:
 
     def in_use(self, slot: int) -> bool:
         return sys.getrefcount(self._slots[slot]) > self._idle
+
+
+def _named(path: str) -> bool:
+    """Whether the slot memory is a file with a name (not a worker's anonymous memfd)."""
+    return not path.startswith("/proc/")
 
 
 def _count(shape: tuple[int, ...]) -> int:

@@ -206,3 +206,30 @@ def test_a_batch_that_cannot_be_pickled_is_an_error_in_the_loop():
     with pytest.raises(Exception, match="(?s)pickle.*loader worker 0"):
         list(loader)
     loader.close()
+
+
+@pytest.mark.parametrize("memfd", [True, False])
+def test_ring_slots_round_trip_and_leave_no_file(monkeypatch, memfd):
+    from tokenload.loader import ring
+
+    if not memfd:
+        monkeypatch.delattr(ring.os, "memfd_create", raising=False)
+    before = _rings()
+    worker = ring.WorkerRing(ring.batch_bytes({"a": np.zeros((4, 8)), "b": np.zeros(3, np.int32)}), 2)
+    assert worker.path.startswith("/proc/") == memfd
+    alloc = worker.allocator(1)
+    a = alloc((4, 8), np.dtype(np.float64))
+    a[...] = np.arange(32).reshape(4, 8)
+    layout = worker.write(1, {"a": a, "b": np.array([7, 8, 9], np.int32)})  # b is copied in
+    consumer = ring.ConsumerRing(worker.path, worker.slot_bytes, 2)
+    assert _rings() == before  # mapped, then no name left
+    got = consumer.arrays(1, layout)
+    assert np.array_equal(got["a"], np.arange(32).reshape(4, 8)) and got["b"].tolist() == [7, 8, 9]
+    assert consumer.in_use(1) and not consumer.in_use(0)
+    view = got["a"][1:]
+    del got
+    assert consumer.in_use(1)  # a view still refers to the slot
+    del view
+    assert not consumer.in_use(1)
+    assert worker.write(0, {"big": np.zeros(worker.slot_bytes + 1, np.uint8)}) is None  # too big: the pipe
+    assert worker.write(0, {"text": np.array(["x"])}) is None  # not numeric: the pipe
