@@ -107,8 +107,10 @@ class GPTDataset:
             samples = np.asarray(self.shuffle_index[idx], dtype=np.int64)
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
-        seqs, offsets, lengths, per_sample = self._pieces(samples)
         width = self.item.window
+        if idx.size == 0:  # Megatron's last micro-batch of a rank may be empty (drop_last=False)
+            return {"windows": np.zeros((0, width), dtype=np.int64), "padded": False}
+        seqs, offsets, lengths, per_sample = self._pieces(samples)
         if bool((per_sample == width).all()):  # every sample full: no padding, keep the file dtype
             flat = self.source.read_pieces(seqs, offsets, lengths)
             return {"windows": flat.reshape(idx.size, width), "padded": False}
@@ -125,10 +127,8 @@ class GPTDataset:
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
     def _pieces(self, samples: np.ndarray):
-        """Flat (sequence, offset, length) pieces of every sample, and tokens per sample."""
-        if samples.size == 0:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, empty, empty
+        """Flat (sequence, offset, length) pieces of every sample (at least one), and tokens per
+        sample."""
         sample_index = self.sample_index
         begin, end = sample_index[samples], sample_index[samples + 1]
         b = begin[:, 0].astype(np.int64)

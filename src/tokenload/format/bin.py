@@ -127,6 +127,8 @@ class _ArrayBin(BinSource):
         return self.tokens[start : start + length]
 
     def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
+        if starts.size == 0:
+            return np.zeros(0, dtype=dtype or self.dtype)
         if starts.size == 1:
             return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].astype(dtype or self.dtype)
         if int(lengths.sum()) >= _SLICE_MIN_TOKENS * starts.size:
