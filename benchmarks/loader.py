@@ -8,11 +8,12 @@ mean 600 tokens; shared with read_modes.py), page cache warm. Both sides build t
 train split (split ``100,0,0``, seed 1234, S = 2048, extra token on, no attention mask) with their
 own builder and cache folder; items carry tokens, labels, loss_mask and position_ids.
 
-Each round runs three fresh processes, one after the other: megatron-core, tokenload and the NumPy
-ceiling, each on the same indices (new ones every round). Every measurement reads its samples
-twice in the process that reads them: the first pass ("cold") pays the page faults of mapping the
-file's pages into that process, the second ("warm") is the steady state of a run whose data
-stays in the page cache. Cells are the best of ``--repeats`` rounds.
+Every measurement (in-process, DataLoader with 0 workers, with 2 workers; megatron-core, tokenload
+and the NumPy ceiling) runs in a fresh process of its own, one after the other, on the same
+indices (new ones every round). Each reads its samples twice: the first pass ("cold") pays the
+page faults of mapping the file's pages into the reading processes, the second ("warm") is the
+steady state of a run whose data stays in the page cache. Cells are the best of ``--repeats``
+rounds.
 
 * in-process: ``--samples`` random dataset indices, read by tokenload as ``ds.__getitems__`` per
   micro-batch and by megatron-core as ``ds[i]`` per item (how Megatron reads);
@@ -78,8 +79,9 @@ def in_process():
         ds[i]
     return len(idx) / (time.perf_counter() - t)
 
-out["in-process"] = [in_process(), in_process()]
-for w in (0, 2):
+if a["what"] == "in-process":
+    out["in-process"] = [in_process(), in_process()]
+for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
     start = a["starts"][str(w)]
     dl = torch.utils.data.DataLoader(ds, batch_size=mb, sampler=range(start, start + n), num_workers=w,
                                      persistent_workers=w > 0)
@@ -126,8 +128,8 @@ def side_tokenload(a: dict) -> dict:
             ds.__getitems__(b)
         return idx.size / (time.perf_counter() - t)
 
-    out = {"in-process": [in_process(), in_process()]}
-    for w in (0, 2):
+    out = {"in-process": [in_process(), in_process()]} if a["what"] == "in-process" else {}
+    for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
         start = a["starts"][str(w)]
         loader = build_dataloader(ds, micro_batch_size=mb, num_workers=w, dp_rank=0, dp_size=1,
                                   consumed_samples=start, persistent_workers=True)
@@ -261,11 +263,14 @@ def main() -> None:
             base = (r * 2 * n) % (len(ds) - 2 * n) // mb * mb
             payload.update(indices=indices.tolist(), starts={"0": base, "2": base + n},
                            items=os.path.join(tmp, "items.npz") if r == 0 else "")
-            got = run_peer(PEER, payload)
-            if got is None:
-                sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
-            peer = _best(peer, got)
-            mine = _best(mine, run_side("tokenload", payload))
+            for what in ("in-process", "loader-0", "loader-2"):  # each in a fresh process
+                payload["what"] = what
+                got = run_peer(PEER, payload)
+                if got is None:
+                    sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
+                peer = _best(peer, got)
+                mine = _best(mine, run_side("tokenload", payload))
+                payload["items"] = ""
             ceiling = _best(ceiling, run_side("ceiling", {**payload, "window_starts": window_starts(ds, tf, indices).tolist()}))
         problems = check_items(ds, checked, os.path.join(tmp, "items.npz"))
     if peer["len"] != len(ds):
