@@ -104,7 +104,7 @@ class GPTDataset:
         short (compact to ship from a DataLoader worker), else int64 padded with ``pad_id``."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         try:  # one entry per sample: NumPy's own bounds check (negative indices count from the end)
-            samples = np.asarray(self.shuffle_index[idx], dtype=np.int64)
+            samples = self.shuffle_index[idx]
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
         width = self.item.window
