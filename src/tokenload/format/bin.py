@@ -140,7 +140,7 @@ class _ArrayBin(BinSource):
             tokens = self.tokens
             tokens.take(starts, mode="clip")
             parts = [tokens[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
-            return np.concatenate(parts, dtype=dtype or self.dtype)
+            return np.concatenate(parts) if dtype is None else np.concatenate(parts, dtype=dtype)
         return self.tokens[gather_index(starts, lengths)]
 
 
