@@ -2,6 +2,7 @@
 
 Usage: python benchmarks/loader_workers.py [--data-dir /tmp/tokenload-bench] [--gb 0.5]
                                             [--micro-batch 16] [--workers 0 1 2 4 8] [--samples 16384]
+                                            [--prefetch N]
 
 Same data and dataset as loader.py (lognormal documents, S = 2048, one-epoch Megatron-order train
 split), read through ``build_dataloader`` with each worker count. Complements loader.py on
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     ap.add_argument("--samples", type=int, default=16384)
+    ap.add_argument("--prefetch", type=int, default=None, help="prefetch_factor (default: the loader's)")
     args = ap.parse_args()
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
     prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
@@ -42,7 +44,7 @@ def main() -> None:
     rows = []
     for workers in args.workers:
         loader = build_dataloader(train, micro_batch_size=args.micro_batch, num_workers=workers, dp_rank=0,
-                                  dp_size=1, prefetch_factor=4 if workers else None)
+                                  dp_size=1, prefetch_factor=args.prefetch if workers else None)
         it = iter(loader)
         next(it)  # worker start-up is not timed
         steps = args.samples // args.micro_batch
