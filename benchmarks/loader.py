@@ -53,7 +53,24 @@ VOCAB = 50257  # the synthetic file's token range; NullTokenizer's EOD is VOCAB 
 FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
 CHECKED = 64
 
-PEER = r"""
+PASSES = r"""
+def timed_passes(start_pass, steps, mb):
+    # samples/s of two passes: each takes an iterator from start_pass(), skips its first batch
+    # (worker start-up) and times the next ``steps``
+    rates = []
+    for _ in range(2):
+        it = start_pass()
+        next(it)
+        t = time.perf_counter()
+        for _ in range(steps):
+            next(it)
+        rates.append(steps * mb / (time.perf_counter() - t))
+        del it
+    return rates
+"""
+exec(PASSES)  # the same timing code runs on both sides
+
+PEER = PASSES + r"""
 import gc, json, logging, os, sys, time, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
@@ -85,16 +102,7 @@ for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
     start = a["starts"][str(w)]
     dl = torch.utils.data.DataLoader(ds, batch_size=mb, sampler=range(start, start + n), num_workers=w,
                                      persistent_workers=w > 0)
-    rates = []
-    for _ in range(2):
-        it = iter(dl)
-        next(it)  # worker start-up, not timed
-        t = time.perf_counter()
-        for _ in range(n // mb - 1):
-            next(it)
-        rates.append((n // mb - 1) * mb / (time.perf_counter() - t))
-        del it
-    out[f"loader-{w}"] = rates
+    out[f"loader-{w}"] = timed_passes(lambda: iter(dl), n // mb - 1, mb)
     del dl
     gc.collect()
 if a["items"]:
@@ -133,18 +141,13 @@ def side_tokenload(a: dict) -> dict:
         start = a["starts"][str(w)]
         loader = build_dataloader(ds, micro_batch_size=mb, num_workers=w, dp_rank=0, dp_size=1,
                                   consumed_samples=start, persistent_workers=True)
-        rates = []
-        for _ in range(2):
+
+        def start_pass(loader=loader, start=start):
             loader.restart(start)
-            it = iter(loader)
-            next(it)  # worker start-up, not timed
-            t = time.perf_counter()
-            for _ in range(n // mb - 1):
-                next(it)
-            rates.append((n // mb - 1) * mb / (time.perf_counter() - t))
-            del it
+            return iter(loader)
+
+        out[f"loader-{w}"] = timed_passes(start_pass, n // mb - 1, mb)  # noqa: F821 (from PASSES)
         loader.close()
-        out[f"loader-{w}"] = rates
         gc.collect()
     return out
 
