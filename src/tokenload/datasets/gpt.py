@@ -36,6 +36,10 @@ class IndexArrays:
         self._pid = os.getpid()
 
     def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays()[name]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """All arrays by name, mapped in this process on first use."""
         if self._arrays is None or self._pid != os.getpid():
             assert self.paths is not None
             # Plain ndarray views of the mappings: np.memmap's subclass hooks cost more than the
@@ -44,7 +48,7 @@ class IndexArrays:
                 k: np.asarray(np.load(p, mmap_mode="r", allow_pickle=False)) for k, p in self.paths.items()
             }
             self._pid = os.getpid()
-        return self._arrays[name]
+        return self._arrays
 
     def __getstate__(self) -> dict:
         # Cached arrays travel as paths (each process maps them itself); built ones travel as data.
@@ -101,20 +105,30 @@ class GPTDataset:
 
     def read_batch(self, indices) -> dict[str, Any]:
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
-        short (compact to ship from a DataLoader worker), else int64 padded with ``pad_id``."""
+        short, else int64 padded with ``pad_id``."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
+        arrays = self.indices.arrays()
         try:  # one entry per sample: NumPy's own bounds check (negative indices count from the end)
-            samples = self.shuffle_index[idx]
+            samples = arrays["shuffle_index"][idx]
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
         width = self.item.window
         if idx.size == 0:  # Megatron's last micro-batch of a rank may be empty (drop_last=False)
             return {"windows": np.zeros((0, width), dtype=np.int64), "padded": False}
-        seqs, offsets, lengths, per_sample = self._pieces(samples)
-        if bool((per_sample == width).all()):  # every sample full: no padding, keep the file dtype
-            flat = self.source.read_pieces(seqs, offsets, lengths)
+        seqs, first, lengths, first_offsets = self._pieces(arrays, samples)
+        per_sample = np.add.reduceat(lengths, first)
+        full = bool((per_sample == width).all())  # no padding: keep the file dtype
+        token_starts = getattr(self.source, "token_starts", None)
+        if token_starts is not None:  # token files: spans of the .bin
+            starts = token_starts(seqs)
+            starts[first] += first_offsets
+            flat = self.source.read_spans(starts, lengths, None if full else np.int64)
+        else:
+            offsets = np.zeros_like(lengths)
+            offsets[first] = first_offsets
+            flat = self.source.read_pieces(seqs, offsets, lengths, None if full else np.int64)
+        if full:
             return {"windows": flat.reshape(idx.size, width), "padded": False}
-        flat = self.source.read_pieces(seqs, offsets, lengths, np.int64)
         out = np.full((idx.size, width), self.item.pad_id, dtype=np.int64)
         counts = np.minimum(per_sample, width)
         rows = np.repeat(np.arange(idx.size, dtype=np.int64), counts)
@@ -126,27 +140,26 @@ class GPTDataset:
         """The item fields of a ``read_batch`` result, in arrays made by ``alloc`` (``np.empty``)."""
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
-    def _pieces(self, samples: np.ndarray):
-        """Flat (sequence, offset, length) pieces of every sample (at least one), and tokens per
-        sample."""
-        sample_index = self.sample_index
+    def _pieces(self, arrays: dict[str, np.ndarray], samples: np.ndarray):
+        """Every sample's pieces (at least one sample): their sequences, the flat index of each
+        sample's first piece, the pieces' lengths, and the offset of each first piece in its
+        sequence (other pieces start at 0)."""
+        sample_index = arrays["sample_index"]
         begin, end = sample_index[samples], sample_index[samples + 1]
         b = begin[:, 0].astype(np.int64)
         n_pieces = end[:, 0] - b + 1
         ends = np.cumsum(n_pieces)
-        first = ends - n_pieces  # flat index of each sample's first piece
+        first = ends - n_pieces
         pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(b - first, n_pieces)
-        seqs = np.asarray(self.document_index[pos], dtype=np.int64)
-        length = self.source.sequence_lengths[seqs].astype(np.int64)
+        seqs = arrays["document_index"][pos]
+        lengths = self.source.sequence_lengths[seqs].astype(np.int64)
         # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample
         # of a partial final epoch may point past its sequence's end); first pieces start at bo.
         last = ends - 1
-        length[last] = np.minimum(end[:, 1] + self.item.extra, length[last])
-        offsets = np.zeros_like(length)
-        offsets[first] = begin[:, 1]
-        length[first] -= begin[:, 1]
-        np.maximum(length, 0, out=length)
-        return seqs, offsets, length, np.add.reduceat(length, first)
+        lengths[last] = np.minimum(end[:, 1] + self.item.extra, lengths[last])
+        lengths[first] -= begin[:, 1]
+        np.maximum(lengths, 0, out=lengths)
+        return seqs, first, lengths, begin[:, 1]
 
     def __getitems__(self, indices) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))

@@ -232,9 +232,17 @@ class TokenFile:
         starts += offsets
         return state.bin.read_spans(starts, lengths, dtype)
 
-    def read_spans(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``."""
-        return self._opened().bin.read_spans(starts, lengths)
+    def read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+        """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``,
+        optionally cast to ``dtype`` on the way."""
+        return self._opened().bin.read_spans(starts, lengths, dtype)
+
+    def token_starts(self, sequences: np.ndarray) -> np.ndarray:
+        """Position in ``.bin`` (in tokens) where each sequence begins (a new int64 array)."""
+        state = self._state
+        if state is None or state.pid != os.getpid():
+            state = self._opened()
+        return state.pointers[sequences] // state.itemsize
 
     def document(self, index: int) -> np.ndarray:
         """All tokens of document ``index`` (its sequences concatenated)."""
