@@ -54,6 +54,9 @@ class LoaderConfig:
     memory: ``prefetch_factor + 2`` batches per worker."""
     multiprocessing_context: str | None = None
     """"fork", "spawn" or "forkserver"; None uses the platform default."""
+    shared_memory: bool = True
+    """Workers hand batches over in reused shared-memory slots (``ring.py``); False sends them
+    pickled through each worker's pipe instead (no shared memory at all; slower)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("single", "cyclic"):
@@ -136,6 +139,7 @@ class TokenloadDataLoader:
                 num_workers=c.num_workers,
                 prefetch=4 if c.prefetch_factor is None else c.prefetch_factor,
                 context=c.multiprocessing_context,
+                shared_memory=c.shared_memory,
             )
         return self._pool
 

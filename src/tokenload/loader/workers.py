@@ -122,10 +122,13 @@ class _Channel:
 class WorkerPool:
     """``num_workers`` processes making micro-batches of ``dataset`` for one consumer."""
 
-    def __init__(self, dataset: Any, *, num_workers: int, prefetch: int, context: str | None) -> None:
+    def __init__(
+        self, dataset: Any, *, num_workers: int, prefetch: int, context: str | None, shared_memory: bool = True
+    ) -> None:
         ctx = multiprocessing.get_context(context)
         self.prefetch = prefetch
-        self.slots = prefetch + 2  # in flight, plus the batch in use and the one before it
+        # in flight, plus the batch in use and the one before it; none: every batch by pipe
+        self.slots = prefetch + 2 if shared_memory else 0
         self._group = max(1, min(_GROUP, prefetch // 2))  # credits a worker waits for before it reads
         self.processes: list = []
         self._commands: list = []
@@ -326,8 +329,8 @@ class _Worker:
         for ``target`` credits lets one vectorized read serve several micro-batches."""
         if self.work is None or self.credits < self.target:
             return 0
-        if not self.two_stage or self.ring is None:
-            return 1
+        if not self.two_stage or (self.ring is None and self.slots):
+            return 1  # the first batch sizes the slots
         return max(1, min(self.credits, len(self.free), _GROUP))
 
     def make(self, count: int) -> None:
@@ -347,7 +350,7 @@ class _Worker:
             self.results.send(("error", self.generation, first, _picklable(exc), traceback.format_exc()))
             self.work = None
             return
-        if self.ring is None:
+        if self.ring is None and self.slots:
             size = batch_bytes(batches[0])
             if size is not None:
                 self.ring = WorkerRing(size, self.slots)

@@ -233,3 +233,16 @@ def test_ring_slots_round_trip_and_leave_no_file(monkeypatch, memfd):
     assert not consumer.in_use(1)
     assert worker.write(0, {"big": np.zeros(worker.slot_bytes + 1, np.uint8)}) is None  # too big: the pipe
     assert worker.write(0, {"text": np.array(["x"])}) is None  # not numeric: the pipe
+
+
+@pytest.mark.parametrize("shared_memory,pin", [(False, False), (True, True)])
+def test_without_shared_memory_and_with_pinning_the_batches_are_the_same(dataset, shared_memory, pin):
+    """shared_memory=False: every batch travels pickled through the pipe (several per message);
+    pin_memory=True on a machine without CUDA is skipped, as torch's DataLoader does."""
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              shared_memory=shared_memory, pin_memory=pin, prefetch_factor=8)
+    want = _expected(dataset, 8, 40)
+    for k, batch in zip(range(40), loader):
+        assert np.array_equal(batch["tokens"].numpy(), want[k])
+    assert all(ring is None for ring in loader._pool._rings) != shared_memory
+    loader.close()
