@@ -30,93 +30,24 @@ import itertools
 import multiprocessing
 import os
 import pickle
-import select
 import signal
-import struct
 import traceback
 import weakref
 from typing import Any, Iterator
 
 from ..errors import TokenloadError
+from .channel import Channel
 from .collate import fetch
 from .ring import ConsumerRing, WorkerRing, batch_bytes
 
 _LIVENESS_S = 1.0  # how often a waiting side checks that the other one is still there
 _STOP_S = 5.0
-_HEADER = struct.Struct("<Q")
 _GROUP = 4  # most micro-batches a worker reads at once (one vectorized read; measured per batch
 # of 16 at S = 2048: 113 us alone, 87 us in twos, 75 us in fours)
 
 
 class WorkerError(TokenloadError, RuntimeError):
     """A loader worker process died or could not deliver a batch."""
-
-
-class _Channel:
-    """One direction of a pipe, speaking length-prefixed pickles with as few system calls as
-    possible: a send is one ``write``; a receive reads whatever has arrived (often several
-    messages) in one ``read``; waiting uses one ``poll`` object made once. ``multiprocessing``'s
-    Connection costs two reads per message and builds a selector per ``poll`` (measured in a
-    gVisor sandbox: about a third of a worker's time per batch). The Connection it wraps is what
-    crosses the process boundary (it pickles for spawn and forkserver)."""
-
-    def __init__(self, connection) -> None:
-        self.connection = connection
-        self._fd: int | None = None
-
-    def __getstate__(self) -> dict:
-        return {"connection": self.connection}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["connection"])
-
-    def _open(self) -> int:
-        if self._fd is None:
-            self._fd = self.connection.fileno()
-            self._buffer = bytearray()
-            self._poller = select.poll()
-            self._poller.register(self._fd, select.POLLIN)
-        return self._fd
-
-    def send(self, message: tuple) -> None:
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        data = memoryview(_HEADER.pack(len(payload)) + payload)
-        fd = self._open()
-        while data:
-            data = data[os.write(fd, data) :]
-
-    def _complete(self) -> bool:
-        buf = self._buffer
-        return len(buf) >= _HEADER.size and len(buf) >= _HEADER.size + _HEADER.unpack_from(buf)[0]
-
-    def poll(self, timeout: float) -> bool:
-        """Whether a whole message can be received now, waiting up to ``timeout`` seconds for data."""
-        fd = self._open()
-        if self._complete():
-            return True
-        if not self._poller.poll(timeout * 1000):
-            return False
-        self._fill(fd)
-        return True
-
-    def _fill(self, fd: int) -> None:
-        chunk = os.read(fd, 1 << 20)
-        if not chunk:
-            raise EOFError("the other end of the pipe is closed")
-        self._buffer += chunk
-
-    def recv(self) -> tuple:
-        fd = self._open()
-        while not self._complete():
-            self._fill(fd)
-        size = _HEADER.unpack_from(self._buffer)[0]
-        end = _HEADER.size + size
-        message = pickle.loads(memoryview(self._buffer)[_HEADER.size : end])
-        del self._buffer[:end]
-        return message
-
-    def close(self) -> None:
-        self.connection.close()
 
 
 class WorkerPool:
@@ -138,7 +69,7 @@ class WorkerPool:
             result_out, result_in = ctx.Pipe(duplex=False)
             process = ctx.Process(
                 target=_worker_main,
-                args=(w, num_workers, dataset, _Channel(command_out), _Channel(result_in), self.slots),
+                args=(w, num_workers, dataset, Channel(command_out), Channel(result_in), self.slots),
                 name=f"tokenload-worker-{w}",
                 daemon=True,
             )
@@ -146,8 +77,8 @@ class WorkerPool:
             command_out.close()
             result_in.close()
             self.processes.append(process)
-            self._commands.append(_Channel(command_in))
-            self._results.append(_Channel(result_out))
+            self._commands.append(Channel(command_in))
+            self._results.append(Channel(result_out))
         self._rings: list[ConsumerRing | None] = [None] * num_workers
         self._lent: list[list[int]] = [[] for _ in range(num_workers)]
         self._freed: list[list[int]] = [[] for _ in range(num_workers)]
@@ -168,6 +99,8 @@ class WorkerPool:
         n = len(self.processes)
         self._reclaim()
         for w in range(n):
+            # batches of an abandoned iteration that were received but never handed out
+            self._freed[w].extend(slot for _, slot, _ in self._pending[w] if slot is not None)
             self._pending[w].clear()
             self._credits[w] = 0
             self._send(w, ("start", generation, sampler, self.prefetch, self._take_freed(w)))

@@ -246,3 +246,26 @@ def test_without_shared_memory_and_with_pinning_the_batches_are_the_same(dataset
         assert np.array_equal(batch["tokens"].numpy(), want[k])
     assert all(ring is None for ring in loader._pool._rings) != shared_memory
     loader.close()
+
+
+def _in_slots(batch, pool) -> bool:
+    tokens = batch["tokens"].numpy()
+    return any(np.shares_memory(tokens, s) for ring in pool._rings if ring is not None for s in ring._slots)
+
+
+def test_abandoned_iterations_give_their_slots_back(dataset):
+    """Breaking out of iterations (with batches made ahead and already received) many times over
+    does not use up the slots: later batches still come through shared memory."""
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              persistent_workers=True)
+    for _ in range(12):
+        loader.restart(0)
+        for _, batch in zip(range(5), loader):
+            pass
+        del batch
+    loader.restart(0)
+    want = _expected(dataset, 8, 30)
+    for k, batch in zip(range(30), loader):
+        assert np.array_equal(batch["tokens"].numpy(), want[k])
+        assert _in_slots(batch, loader._pool), k
+    loader.close()
