@@ -132,7 +132,8 @@ class TokenloadDataLoader:
                 self.close()
 
     def _workers(self) -> WorkerPool:
-        if self._pool is None or not self._pool.alive:
+        if self._pool is None or not self._pool.alive:  # first use, closed, or a worker died
+            self.close()
             c = self.config
             self._pool = WorkerPool(
                 self.dataset,
@@ -145,8 +146,8 @@ class TokenloadDataLoader:
 
     @property
     def worker_processes(self) -> list:
-        """The running worker processes (empty when none are running)."""
-        return list(self._pool.processes) if self._pool is not None and self._pool.alive else []
+        """The worker processes of the open pool (empty when there is none)."""
+        return list(self._pool.processes) if self._pool is not None and not self._pool.closed else []
 
     def restart(self, consumed_samples: int = 0) -> None:
         """Start the next iteration at ``consumed_samples`` (e.g. 0 for every validation pass)."""

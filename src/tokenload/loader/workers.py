@@ -88,8 +88,13 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _stop, self.processes, self._commands, self._results)
 
     @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
     def alive(self) -> bool:
-        return self._finalizer.alive
+        """Not closed, and every worker process still running."""
+        return self._finalizer.alive and all(p.is_alive() for p in self.processes)
 
     def batches(self, sampler: Any) -> Iterator[Any]:
         """The sampler's micro-batches, made by the workers, in order (dicts of arrays over slots,

@@ -129,8 +129,11 @@ def test_a_killed_worker_is_reported(dataset):
             pass
     assert time.monotonic() - t < 30
     assert "out-of-memory" in str(info.value)
+    loader.restart(0)  # the next iteration starts fresh workers
+    assert np.array_equal(next(iter(loader))["tokens"].numpy(), _expected(dataset, 8, 1)[0])
+    assert victim not in loader.worker_processes
     loader.close()
-    loader.restart(0)  # a fresh pool after close
+    loader.restart(0)  # and so does one after close
     assert np.array_equal(next(iter(loader))["tokens"].numpy(), _expected(dataset, 8, 1)[0])
     loader.close()
 
