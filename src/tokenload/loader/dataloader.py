@@ -114,10 +114,13 @@ class TokenloadDataLoader:
         cyclic = self.config.kind == "cyclic"  # counts on through epochs
         sampler = self.make_sampler()
         pin = self.config.pin_memory and _cuda_available()
+        pool = None
         if self.config.num_workers == 0:
             batches = (fetch(self.dataset, indices) for indices in sampler)
         else:
-            batches = self._workers().batches(sampler)
+            pool = self._workers()
+            batches = pool.batches(sampler)
+            generation = pool.generation
         try:
             for batch in batches:
                 batch = to_tensors(batch)
@@ -128,8 +131,11 @@ class TokenloadDataLoader:
                 self.consumed_samples += step if cyclic else min(step, total - self.consumed_samples)
                 yield batch
         finally:
-            if not self.config.persistent_workers:
-                self.close()
+            # Non-persistent workers stop with their iteration, unless a newer one uses them (an
+            # abandoned iterator may be collected after the next iteration started).
+            if pool is not None and not self.config.persistent_workers:
+                if self._pool is pool and pool.generation == generation:
+                    self.close()
 
     def _workers(self) -> WorkerPool:
         if self._pool is None or not self._pool.alive:  # first use, closed, or a worker died

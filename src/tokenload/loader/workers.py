@@ -96,11 +96,19 @@ class WorkerPool:
         """Not closed, and every worker process still running."""
         return self._finalizer.alive and all(p.is_alive() for p in self.processes)
 
+    @property
+    def generation(self) -> int:
+        """Number of the latest iteration started."""
+        return self._generation
+
     def batches(self, sampler: Any) -> Iterator[Any]:
-        """The sampler's micro-batches, made by the workers, in order (dicts of arrays over slots,
-        or whatever the dataset returned when a batch travelled through the pipe)."""
+        """Start an iteration (it ends the one before): the sampler's micro-batches, made by the
+        workers, in order (dicts of arrays over slots, or whatever the dataset returned when a
+        batch travelled through the pipe)."""
         self._generation += 1
-        generation = self._generation
+        return self._batches(sampler, self._generation)
+
+    def _batches(self, sampler: Any, generation: int) -> Iterator[Any]:
         n = len(self.processes)
         self._reclaim()
         for w in range(n):

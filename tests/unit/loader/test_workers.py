@@ -272,3 +272,25 @@ def test_abandoned_iterations_give_their_slots_back(dataset):
         assert np.array_equal(batch["tokens"].numpy(), want[k])
         assert _in_slots(batch, loader._pool), k
     loader.close()
+
+
+def test_an_abandoned_iterator_collected_later_leaves_the_new_iteration_alone(dataset):
+    """persistent_workers=False: workers stop with their iteration, but dropping an old iterator
+    after a new one started must not stop the new one's workers."""
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              persistent_workers=False)
+    old = iter(loader)
+    next(old)
+    loader.restart(0)
+    new = iter(loader)
+    first = next(new)
+    del old  # collected now, after the new iteration started
+    want = _expected(dataset, 8, 6)
+    got = [first] + [next(new) for _ in range(5)]
+    assert all(np.array_equal(b["tokens"].numpy(), w) for b, w in zip(got, want))
+    workers = loader.worker_processes
+    del new  # the last iteration ends: its workers stop
+    assert not loader.worker_processes
+    for w in workers:
+        w.join(10)
+    assert not any(w.is_alive() for w in workers)
