@@ -31,6 +31,7 @@ from ..errors import CacheError, ConfigError
 from ..format import TokenFile, read_sidecar
 from ..index import (
     MOCK_SPLIT,
+    SPLIT_NAMES,
     Blend,
     build_blending_indices,
     build_exhaustive_blending_indices,
@@ -51,7 +52,6 @@ from .sources import MockSource
 
 logger = logging.getLogger(__name__)
 
-SPLITS = ("train", "valid", "test")
 CACHE_POLICIES = ("auto", "strict", "off")
 
 
@@ -176,7 +176,7 @@ class _Builder:
         )
         matrix = None if split is None else split_matrix(split)
         return tuple(
-            None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLITS, plans)
+            None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)
         )
 
     def _split(self, name, plan, split, matrix):

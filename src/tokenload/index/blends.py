@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from numbers import Real
 
 from tokenload.errors import ConfigError, StorageError
+from tokenload.index.splits import SPLIT_NAMES
 
 __all__ = [
     "Blend",
@@ -140,8 +141,7 @@ def read_per_split_data_args(
         data = json.loads(_read_text(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"not valid JSON ({exc})", path=path) from None
-    keys = ("train", "valid", "test")
-    if not isinstance(data, dict) or any(k not in data for k in keys):
+    if not isinstance(data, dict) or any(k not in data for k in SPLIT_NAMES):
         found = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise ConfigError(
             f"per-split data args hold {found}; expected an object with keys train, valid, test",
@@ -149,7 +149,7 @@ def read_per_split_data_args(
             hint='write {"train": "30 p1 70 p2", "valid": ["p3"], "test": null}',
         )
     out = []
-    for key in keys:
+    for key in SPLIT_NAMES:
         value = data[key]
         if value is not None and not isinstance(value, (str, list)):
             raise ConfigError(

@@ -65,12 +65,14 @@ class CacheCheck:
     then checked on the description and array shapes only."""
 
 
-def _array_facts(arr: npt.NDArray[Any]) -> dict[str, Any]:
-    return {"dtype": np.lib.format.dtype_to_descr(arr.dtype), "shape": list(arr.shape)}
+def _array_facts(dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
+    """What the sidecar records of an array, in the form it is written and compared in."""
+    return {"dtype": np.lib.format.dtype_to_descr(dtype), "shape": list(shape)}
 
 
-def _canonical(value: Any) -> Any:
-    return json.loads(json.dumps(value))
+def _canonical_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``fields`` as they read back from the sidecar's JSON (tuples become lists)."""
+    return json.loads(json.dumps(dict(fields or {})))
 
 
 def write_cache(
@@ -93,8 +95,8 @@ def write_cache(
         "description_md5": files.hash,
         "class": files.class_name,
         "split": files.split,
-        "arrays": {name: _array_facts(np.asarray(arrays[name])) for name in files.arrays},
-        "fields": _canonical(dict(fields or {})),
+        "arrays": {name: _array_facts(np.asarray(arrays[name]).dtype, np.shape(arrays[name])) for name in files.arrays},
+        "fields": _canonical_fields(fields),
     }
     try:
         os.makedirs(files.directory, exist_ok=True)
@@ -115,13 +117,13 @@ def write_cache(
     logger.debug("wrote index cache %s", files.description)
 
 
-def load_cache(files: CacheFiles, *, mmap: bool = True) -> dict[str, npt.NDArray[Any]]:
-    """Load the cache's arrays (memory-mapped read-only by default; pickles refused)."""
+def load_cache(files: CacheFiles) -> dict[str, npt.NDArray[Any]]:
+    """Load the cache's arrays, memory-mapped read-only (pickles refused)."""
     out = {}
     for name in files.arrays:
         path = files.array(name)
         try:
-            out[name] = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+            out[name] = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise CacheError(f"cannot load cache array ({exc})", path=path,
                              hint="delete the cache files of this hash and rebuild") from None
@@ -166,7 +168,7 @@ def _check_arrays(files, recorded, expected_shapes, reasons) -> None:
             continue
         if not whole:
             reasons.append(f"{name}: file length does not match its header (truncated?)")
-        facts = {"dtype": np.lib.format.dtype_to_descr(dtype), "shape": list(shape)}
+        facts = _array_facts(dtype, shape)
         if recorded is not None and recorded.get(name) != facts:
             reasons.append(f"{name}: cached {facts}, sidecar recorded {recorded.get(name)}")
         want = None if expected_shapes is None else expected_shapes.get(name)
@@ -208,7 +210,7 @@ def check_cache(
             reasons.append("sidecar is damaged or belongs to another description")
         else:
             recorded = sidecar.get("arrays") or {}
-            want, have = _canonical(dict(fields or {})), sidecar.get("fields") or {}
+            want, have = _canonical_fields(fields), sidecar.get("fields") or {}
             for key in sorted(set(want) | set(have)):
                 if want.get(key) != have.get(key):
                     reasons.append(f"{key}: cached {have.get(key)!r}, expected {want.get(key)!r}")

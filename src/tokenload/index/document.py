@@ -17,7 +17,7 @@ from tokenload.errors import ConfigError
 
 __all__ = ["as_sequence_ids", "build_document_index", "tokens_per_epoch"]
 
-_INT32_MAX = np.iinfo(np.int32).max
+_INT32_MAX = int(np.iinfo(np.int32).max)  # Megatron's C++ indices are int32
 
 
 def as_sequence_ids(documents: npt.ArrayLike, name: str = "documents") -> npt.NDArray[np.int32]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenload.errors import ConfigError
+from tokenload.index.document import _INT32_MAX
 
 __all__ = [
     "SEPARATE_THRESHOLD",
@@ -27,7 +28,6 @@ __all__ = [
 SEPARATE_THRESHOLD = 0.80
 """Fraction of an epoch below which Megatron shuffles the final epoch separately."""
 
-_INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,9 +14,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenload.errors import ConfigError
-from tokenload.index.document import as_sequence_ids, build_document_index, tokens_per_epoch
+from tokenload.index.document import _INT32_MAX, as_sequence_ids, build_document_index, tokens_per_epoch
 from tokenload.index.epochs import EpochPlan, plan_epochs
-from tokenload.index.sample import build_sample_index, num_samples_in_index
+from tokenload.index.sample import build_sample_index, sample_count
 from tokenload.index.shuffle import build_shuffle_index
 
 __all__ = ["GPTIndexConfig", "GPTIndices", "build_gpt_indices", "drop_last_for", "gpt_length"]
@@ -43,8 +43,8 @@ class GPTIndexConfig:
     def __post_init__(self) -> None:
         if isinstance(self.sequence_length, bool) or not isinstance(self.sequence_length, int):
             raise ConfigError(f"sequence_length is {self.sequence_length!r}; expected an int")
-        if not 1 <= self.sequence_length <= 2**31 - 1:
-            raise ConfigError(f"sequence_length is {self.sequence_length}; expected 1..2**31-1")
+        if not 1 <= self.sequence_length <= _INT32_MAX:
+            raise ConfigError(f"sequence_length is {self.sequence_length}; expected 1..{_INT32_MAX}")
         if isinstance(self.random_seed, bool) or not isinstance(self.random_seed, int):
             raise ConfigError(f"random_seed is {self.random_seed!r}; expected an int")
         if not 0 <= self.random_seed <= 2**32 - 1:
@@ -139,27 +139,14 @@ def build_gpt_indices(
     )
 
 
-def gpt_length(
-    *,
-    tokens_per_epoch: int,
-    num_samples: int | None,
-    config: GPTIndexConfig,
-    single_precision: bool = True,
-) -> int:
-    """The dataset length without building anything.
-
-    ``single_precision=True`` gives the length of the built sample index (the C++'s float32
-    count when not dropping the last sample); ``False`` gives what Megatron's ``__len__`` says
-    under ``--dataloader-defer-npy-index-mmap`` (float64), which can differ by one.
-    """
+def gpt_length(*, tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig) -> int:
+    """The dataset length (that of the built sample index) without building anything."""
     epochs = plan_epochs(
         tokens_per_epoch=tokens_per_epoch,
         num_samples=num_samples,
         sequence_length=config.sequence_length,
         extra=config.extra,
     )
-    total = epochs.num_epochs * epochs.tokens_per_epoch - config.extra
-    n = num_samples_in_index(
-        total, config.sequence_length, config.drop_last, single_precision=single_precision
+    return sample_count(
+        epochs.num_epochs, epochs.tokens_per_epoch, config.sequence_length, config.drop_last, config.extra
     )
-    return max(0, n)

@@ -151,7 +151,7 @@ def plan_splits(
         for name, b in zip(SPLIT_NAMES, blends):
             _check_weighted_sizes(b, sizes, name)
         return [
-            None if b is None else _plan_per_split(b, k, sizes[k], surplus)
+            None if b is None else _plan_per_split(b, k, sizes, surplus)
             for k, b in enumerate(blends)
         ]
     if blend is None:
@@ -174,8 +174,12 @@ def _single(prefix: str | None, name: str, bookend: Bookend | None, size: int | 
 def _plan_blend(blend: Blend, matrix, sizes, surplus) -> list[SplitPlan | None]:
     if len(blend.prefixes) == 1 and blend.weights is None:
         return [_single(blend.prefixes[0], SPLIT_NAMES[k], matrix[k], sizes[k]) for k in range(3)]
-    weights = None if blend.weights is None else normalize(blend.weights)
-    if weights is not None:
+    if blend.weights is None:
+        final = None
+        buffer = [[None] * len(SPLIT_NAMES) for _ in blend.prefixes]
+    else:
+        weights = normalize(blend.weights)
+        final = tuple(normalize(weights))  # Megatron normalizes twice; the result enters the hash
         target = samples_per_dataset(weights, sizes)
         buffer = samples_per_dataset(weights, sizes, surplus)
     plans: list[SplitPlan | None] = []
@@ -183,45 +187,25 @@ def _plan_blend(blend: Blend, matrix, sizes, surplus) -> list[SplitPlan | None]:
         if matrix[k] is None:
             plans.append(None)
             continue
-        requests = [None] * len(blend.prefixes) if weights is None else [b[k] for b in buffer]
         mids = tuple(
-            MidLevelPlan(prefix=p, split=name, bookend=matrix[k], num_samples=n)
-            for p, n in zip(blend.prefixes, requests)
+            MidLevelPlan(prefix=p, split=name, bookend=matrix[k], num_samples=b[k])
+            for p, b in zip(blend.prefixes, buffer)
         )
-        if weights is None:
-            plans.append(SplitPlan(split=name, datasets=mids, blended=True, weights=None,
-                                   size=sizes[k]))
-        else:
-            size = sum(t[k] for t in target)
-            plans.append(SplitPlan(split=name, datasets=mids, blended=True,
-                                   weights=tuple(normalize(weights)), size=size))
+        size = sizes[k] if final is None else sum(t[k] for t in target)
+        plans.append(SplitPlan(split=name, datasets=mids, blended=True, weights=final, size=size))
     return plans
 
 
-def _plan_per_split(blend: Blend, k: int, size: int | None, surplus: float) -> SplitPlan:
-    name = SPLIT_NAMES[k]
-    bookend = spoofed_split_matrix(k)[k]
-    assert bookend is not None
+def _plan_per_split(blend: Blend, k: int, sizes: Sequence[int | None], surplus: float) -> SplitPlan:
+    """Megatron's per-split mode: the blend code on a matrix where only split ``k`` exists, with
+    no samples asked of the others."""
+    matrix = spoofed_split_matrix(k)
     if len(blend.prefixes) == 1:  # used directly, even when weighted
-        plan = _single(blend.prefixes[0], name, bookend, size)
-        assert plan is not None
-        return plan
-    if blend.weights is None:
-        mids = tuple(
-            MidLevelPlan(prefix=p, split=name, bookend=bookend, num_samples=None)
-            for p in blend.prefixes
-        )
-        return SplitPlan(split=name, datasets=mids, blended=True, weights=None, size=size)
-    assert size is not None
-    weights = normalize(blend.weights)
-    target = samples_per_dataset(weights, [size])
-    buffer = samples_per_dataset(weights, [size], surplus)
-    mids = tuple(
-        MidLevelPlan(prefix=p, split=name, bookend=bookend, num_samples=b[0])
-        for p, b in zip(blend.prefixes, buffer)
-    )
-    return SplitPlan(split=name, datasets=mids, blended=True,
-                     weights=tuple(normalize(weights)), size=sum(t[0] for t in target))
+        plan = _single(blend.prefixes[0], SPLIT_NAMES[k], matrix[k], sizes[k])
+    else:
+        plan = _plan_blend(blend, matrix, [sizes[k] if i == k else 0 for i in range(len(SPLIT_NAMES))], surplus)[k]
+    assert plan is not None
+    return plan
 
 
 def resolve_blend(

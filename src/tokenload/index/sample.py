@@ -28,10 +28,10 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenload.errors import ConfigError
+from tokenload.index.document import _INT32_MAX
 
 __all__ = ["build_sample_index", "num_samples_in_index", "sample_index_dtype"]
 
-_INT32_MAX = int(np.iinfo(np.int32).max)
 _CHUNK = 1 << 16  # documents per pass: keeps the pass's arrays in cache (measured best)
 
 
@@ -126,6 +126,13 @@ def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
     return k_next
 
 
+def sample_count(num_epochs: int, tokens_per_epoch: int, sequence_length: int, drop_last: bool, extra: int) -> int:
+    """Samples in the sample index of ``num_epochs`` epochs of ``tokens_per_epoch`` tokens (the
+    C++ count: ``num_samples_in_index(E*T - extra, S, drop_last)``, never negative)."""
+    total = int(num_epochs) * int(tokens_per_epoch) - extra
+    return max(0, num_samples_in_index(total, sequence_length, drop_last))
+
+
 def build_sample_index(
     sequence_lengths: npt.ArrayLike,
     document_index: npt.ArrayLike,
@@ -148,8 +155,7 @@ def build_sample_index(
     lengths, doc_index = _check_inputs(
         sequence_lengths, document_index, sequence_length, num_epochs, extra
     )
-    total = int(num_epochs) * int(tokens_per_epoch) - extra
-    n = max(0, num_samples_in_index(total, sequence_length, drop_last))
+    n = sample_count(num_epochs, tokens_per_epoch, sequence_length, drop_last, extra)
     max_len = int(lengths.max()) if lengths.size else 0
     out = np.zeros((n + 1, 2), dtype=sample_index_dtype(doc_index.shape[0], max_len))
     if n == 0:
