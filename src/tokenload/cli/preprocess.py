@@ -213,6 +213,8 @@ def run_preprocess(args: argparse.Namespace) -> int:
 
 def summary_text(config, result) -> str:
     """The run's final summary: documents, tokens, speed, skipped records by reason, outputs."""
+    from ..preprocess.config import output_name, shard_prefix
+
     tokens = sum(result.tokens.values())
     mb = result.input_bytes / 1e6
     lines = [
@@ -228,14 +230,12 @@ def summary_text(config, result) -> str:
         lines.append(f"  output   {prefix}.bin/.idx/.json  ({key}: {result.tokens[key]:,} tokens)")
     if config.num_shards > 1:
         key = config.json_keys[0]
-        shards = [
-            f"{config.output_prefix}-{i:05d}-of-{config.num_shards:05d}_{key}_document"
-            for i in range(config.num_shards)
-        ]
+        shards = [output_name(shard_prefix(config.output_prefix, i, config.num_shards), key)
+                  for i in range(config.num_shards)]
         listing = " ".join(shards) if len(shards) <= 16 else f"{shards[0]} ... {shards[-1]}"
         lines.append(
             f"  shard    {config.shard_index} of {config.num_shards}; when every shard is done:"
-            f" tokenload merge {listing} --output-prefix {config.output_prefix}_{key}_document"
+            f" tokenload merge {listing} --output-prefix {output_name(config.output_prefix, key)}"
             + (" (and likewise per key)" if len(config.json_keys) > 1 else "")
         )
     return "\n".join(lines)

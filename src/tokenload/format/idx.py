@@ -101,9 +101,9 @@ def parse_header(
     Raises FormatError for a short file, wrong magic or version, unknown dtype code, or a size
     that disagrees with the counts.
     """
+    if head.startswith(LEGACY_MAGIC):  # 8 bytes; never a prefix of the 9-byte MMIDIDX magic
+        raise _legacy(path)
     if len(head) < HEADER_SIZE:
-        if head.startswith(LEGACY_MAGIC):
-            raise _legacy(path)
         raise FormatError(
             f"index is {file_size} bytes, shorter than the {HEADER_SIZE}-byte MMIDIDX header",
             path=path,
@@ -111,8 +111,6 @@ def parse_header(
         )
     magic, version, code, n, d = _HEADER.unpack_from(head)
     if magic != MAGIC:
-        if head.startswith(LEGACY_MAGIC):
-            raise _legacy(path)
         raise FormatError(
             f"index magic is {magic!r}, expected {MAGIC!r} (Megatron MMIDIDX)",
             path=path,
@@ -182,6 +180,14 @@ def index_arrays(buffer, header: IndexHeader) -> tuple[np.ndarray, np.ndarray, n
     return lengths, pointers, documents, modes
 
 
+def sequence_pointers(lengths: np.ndarray, itemsize: int) -> np.ndarray:
+    """Byte offset of each sequence in ``.bin``: sequences are stored back to back."""
+    pointers = np.zeros(len(lengths), dtype=np.int64)
+    np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+    pointers *= itemsize
+    return pointers
+
+
 def encode_index(
     dtype: np.dtype,
     lengths: np.ndarray,
@@ -192,10 +198,7 @@ def encode_index(
     dtype = np.dtype(dtype)
     lengths = np.ascontiguousarray(lengths, dtype=np.int32)
     documents = np.ascontiguousarray(documents, dtype=np.int64)
-    pointers = np.zeros(len(lengths), dtype=np.int64)
-    if len(lengths) > 1:
-        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
-    pointers *= dtype.itemsize
+    pointers = sequence_pointers(lengths, dtype.itemsize)
     chunks = [
         _HEADER.pack(MAGIC, VERSION, dtype_code(dtype), len(lengths), len(documents)),
         lengths.tobytes(),
@@ -220,9 +223,7 @@ def check_arrays(
     if n and int(lengths.min()) < 0:
         problems.append(f"sequence {int(np.argmin(lengths))} has negative length {int(lengths.min())}")
     if n:
-        expected = np.zeros(n, dtype=np.int64)
-        np.cumsum(lengths[:-1], dtype=np.int64, out=expected[1:])
-        expected *= itemsize
+        expected = sequence_pointers(lengths, itemsize)
         bad = np.flatnonzero(pointers != expected)
         if bad.size:
             i = int(bad[0])

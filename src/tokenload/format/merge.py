@@ -48,7 +48,10 @@ def merge_token_files(prefixes: Sequence[str], output_prefix: str | os.PathLike[
     if not prefixes:
         raise ConfigError("nothing to merge", hint="give at least one input prefix")
     files = [TokenFile(p, mode="pread") for p in prefixes]
-    dtypes = {f.prefix: f.dtype for f in files}
+    dtypes = {}
+    for f in files:  # opened one at a time (thousands of shards must not exhaust file handles)
+        dtypes[f.prefix] = f.dtype
+        f.close()
     if len(set(dtypes.values())) > 1:
         listing = ", ".join(f"{p} ({d})" for p, d in dtypes.items())
         raise ConfigError(
@@ -64,6 +67,7 @@ def merge_token_files(prefixes: Sequence[str], output_prefix: str | os.PathLike[
     with TokenFileWriter(out, files[0].dtype, tokenizer=_common_tokenizer(prefixes)) as writer:
         for f in files:
             writer.append(f)
+            f.close()
         return writer.finalize()
 
 

@@ -174,10 +174,6 @@ class TokenFile:
         return self.num_sequences
 
     # -- token reads -----------------------------------------------------------------------------
-    def _starts(self, sequences: np.ndarray) -> np.ndarray:
-        state = self._opened()
-        return state.pointers[sequences] // state.header.dtype.itemsize
-
     def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``[offset, offset + length)`` of sequence ``index`` (length: to its end)."""
         # The hot path of random access: plain ints, no temporary arrays.
@@ -225,12 +221,9 @@ class TokenFile:
     ) -> np.ndarray:
         """Concatenated tokens of pieces ``(sequence, offset, length)``, in one vectorized read,
         optionally cast to ``dtype`` on the way."""
-        state = self._state
-        if state is None or state.pid != os.getpid():
-            state = self._opened()
-        starts = state.pointers[sequences] // state.itemsize
+        starts = self.token_starts(sequences)
         starts += offsets
-        return state.bin.read_spans(starts, lengths, dtype)
+        return self.read_spans(starts, lengths, dtype)
 
     def read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
         """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``,

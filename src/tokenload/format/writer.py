@@ -19,7 +19,7 @@ import numpy as np
 import xxhash
 
 from ..errors import ConfigError, FormatError
-from .atomic import fsync_dir, require_folder, temp_path, write_bytes_atomic
+from .atomic import require_folder, temp_path, write_bytes_atomic
 from .idx import dtype_code, encode_index
 from .sidecar import Sidecar, sidecar_path
 
@@ -214,8 +214,8 @@ class TokenFileWriter:
             os.replace(idx_tmp, idx_path)
         finally:
             idx_tmp.unlink(missing_ok=True)
+        # renamed last; its folder sync also makes the .bin and .idx renames durable
         write_bytes_atomic(sidecar_path(self.prefix), sidecar.to_json().encode())
-        fsync_dir(Path(self.prefix).parent)
 
     def abort(self) -> None:
         """Discard everything written; no file appears."""

@@ -182,17 +182,25 @@ class PreprocessConfig:
     @property
     def shard_prefix(self) -> str:
         """The prefix this shard writes: the output prefix, or with ``-{i:05d}-of-{n:05d}``."""
-        if self.num_shards == 1:
-            return self.output_prefix
-        return f"{self.output_prefix}-{self.shard_index:05d}-of-{self.num_shards:05d}"
+        return shard_prefix(self.output_prefix, self.shard_index, self.num_shards)
 
     def output_for(self, key: str) -> str:
         """Token file prefix written for ``key``."""
-        return f"{self.shard_prefix}_{key}_document"
+        return output_name(self.shard_prefix, key)
 
     @property
     def outputs(self) -> dict[str, str]:
         return {key: self.output_for(key) for key in self.json_keys}
+
+
+def shard_prefix(output_prefix: str, index: int, count: int) -> str:
+    """Shard ``index`` of ``count``'s prefix: the output prefix itself when there is one shard."""
+    return output_prefix if count == 1 else f"{output_prefix}-{index:05d}-of-{count:05d}"
+
+
+def output_name(prefix: str, key: str) -> str:
+    """Token file prefix for JSON key ``key`` (Megatron's ``{prefix}_{key}_document``)."""
+    return f"{prefix}_{key}_document"
 
 
 def _check_keys(keys: tuple[str, ...]) -> None:
