@@ -64,7 +64,7 @@ def merge_token_files(prefixes: Sequence[str], output_prefix: str | os.PathLike[
             f"output prefix {out!r} is also an input",
             hint="choose an --output-prefix outside the inputs",
         )
-    with TokenFileWriter(out, files[0].dtype, tokenizer=_common_tokenizer(prefixes)) as writer:
+    with TokenFileWriter(out, files[0].dtype, tokenizer=_common_tokenizer([f.prefix for f in files])) as writer:
         for f in files:
             writer.append(f)
             f.close()

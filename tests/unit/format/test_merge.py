@@ -49,3 +49,15 @@ def test_folder_with_unpaired_file_is_refused(tmp_path):
     (tmp_path / "b.bin").write_bytes(b"")
     with pytest.raises(ConfigError, match="without their pair"):
         prefixes_in(tmp_path)
+
+
+@pytest.mark.parametrize("suffix", ["", ".bin", ".idx"])
+def test_merge_keeps_the_shared_tokenizer_identity_however_inputs_are_named(tmp_path, suffix):
+    from tokenload.format import TokenFileWriter, read_sidecar
+
+    ident = {"kind": "byte", "vocab_size": 259}
+    for name, doc in (("a", [1, 2]), ("b", [3])):
+        with TokenFileWriter(tmp_path / name, np.uint16, tokenizer=ident) as w:
+            w.add_document(np.asarray(doc))
+    merge_token_files([str(tmp_path / f"{n}{suffix}") for n in "ab"], tmp_path / "m")
+    assert read_sidecar(tmp_path / "m").tokenizer == ident
