@@ -13,6 +13,7 @@ gives the same ids.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 from itertools import chain
@@ -192,9 +193,7 @@ def _load_folder(spec: TokenizerSpec, folder: Path):
             "transformers is not installed: using %s/tokenizer.json without tokenizer_config.json",
             folder,
         )
-        return _load_huggingface(
-            TokenizerSpec(**{**spec.to_dict(), "model": str(folder / "tokenizer.json")})
-        )
+        return _load_huggingface(dataclasses.replace(spec, model=str(folder / "tokenizer.json")))
     tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     eod = spec.eod_id
     if eod is None:

@@ -9,7 +9,7 @@ too, but they never change a byte (the pipeline guarantees it).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
@@ -79,8 +79,7 @@ class TokenizerSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", canonical_kind(self.kind))
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine is {self.engine!r}, expected one of {ENGINES}")
+        _check_choice("engine", self.engine, ENGINES)
         if self.kind == "gpt2":
             if not (self.vocab_file and self.merge_file):
                 raise ConfigError(
@@ -97,16 +96,10 @@ class TokenizerSpec:
                 f"the {self.kind} tokenizer needs {what[self.kind]}",
                 hint="pass it with --tokenizer-model PATH",
             )
-        if self.tiktoken_pattern is not None and self.tiktoken_pattern not in TIKTOKEN_PATTERNS:
-            raise ConfigError(
-                f"tiktoken pattern is {self.tiktoken_pattern!r},"
-                f" expected one of {', '.join(TIKTOKEN_PATTERNS)}"
-            )
+        if self.tiktoken_pattern is not None:
+            _check_choice("tiktoken pattern", self.tiktoken_pattern, TIKTOKEN_PATTERNS)
         if self.eod_id is not None and self.eod_id < 0:
             raise ConfigError(f"eod id is {self.eod_id}, expected a non-negative token id")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _default_workers() -> int:

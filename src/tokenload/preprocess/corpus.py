@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from ..format.atomic import temp_path
+from ..format.atomic import require_folder, write_atomic
 
 _EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
@@ -63,37 +63,30 @@ def write_stdlib_corpus(
             hint="lower --min-mb or raise --max-mb",
         )
     output = os.fspath(output)
-    folder = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(folder):
-        raise ConfigError(
-            f"output folder {folder!r} does not exist", path=output, hint="create it first"
-        )
-    tmp = temp_path(output)
+    require_folder(output)
     documents = written = sources = 0
-    try:
-        with open(tmp, "wb") as f:
-            for k in range(1 << 30):
-                added = 0
-                for rel, text in stdlib_sources(root):
-                    record = (
-                        {"text": text, "path": rel}
-                        if k == 0
-                        else {"text": text, "path": rel, "pass": k}
-                    )
-                    line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-                    if max_bytes is not None and written + len(line) > max_bytes:
-                        break
-                    f.write(line)
-                    written += len(line)
-                    documents += 1
-                    added += 1
-                    sources += k == 0
-                else:
-                    if added and min_bytes is not None and written < min_bytes:
-                        continue
-                break
-        os.replace(tmp, output)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def write(f) -> None:
+        nonlocal documents, written, sources
+        kept: list[tuple[str, str]] = []  # the sources, read once, when more passes may follow
+        for k in range(1 << 30):
+            added = 0
+            for rel, text in stdlib_sources(root) if k == 0 else kept:
+                if k == 0 and min_bytes is not None:
+                    kept.append((rel, text))
+                record = {"text": text, "path": rel} if k == 0 else {"text": text, "path": rel, "pass": k}
+                line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+                if max_bytes is not None and written + len(line) > max_bytes:
+                    break
+                f.write(line)
+                written += len(line)
+                documents += 1
+                added += 1
+                sources += k == 0
+            else:
+                if added and min_bytes is not None and written < min_bytes:
+                    continue
+            break
+
+    write_atomic(output, write)
     return CorpusSummary(path=output, documents=documents, bytes=written, source_files=sources)

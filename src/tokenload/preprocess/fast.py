@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 from ..errors import ConfigError, MissingExtraError, require
+from ..format.bin import gather_index
 from .backends import HFTokenizer, SentencePieceTokenizer
 from .config import TokenizerSpec
 from .tokenizer import PROBE_TEXTS, TextTokenizer
@@ -76,8 +77,8 @@ class GigatokenTokenizer(TextTokenizer):
         lengths[~native_mask], lengths[native_mask] = fast_lengths, slow_lengths
         starts = np.cumsum(lengths) - lengths
         out = np.empty(int(lengths.sum()), dtype=np.int64)
-        out[np.repeat(starts[~native_mask], fast_lengths) + _ranks_within(fast_lengths)] = fast_ids
-        out[np.repeat(starts[native_mask], slow_lengths) + _ranks_within(slow_lengths)] = slow_ids
+        out[gather_index(starts[~native_mask], fast_lengths)] = fast_ids
+        out[gather_index(starts[native_mask], slow_lengths)] = slow_ids
         return out, lengths
 
 
@@ -87,21 +88,13 @@ def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.
     new_lengths = lengths + extra
     starts = np.concatenate(([0], np.cumsum(new_lengths)[:-1]))
     out = np.empty(int(new_lengths.sum()), dtype=np.int64)
-    body = np.repeat(starts + prefix.size, lengths) + _ranks_within(lengths)
-    out[body] = flat
+    out[gather_index(starts + prefix.size, lengths)] = flat
     if prefix.size:
         out[(starts[:, None] + np.arange(prefix.size)).ravel()] = np.tile(prefix, lengths.size)
     if suffix.size:
         tail = starts + prefix.size + lengths
         out[(tail[:, None] + np.arange(suffix.size)).ravel()] = np.tile(suffix, lengths.size)
     return out, new_lengths
-
-
-def _ranks_within(lengths: np.ndarray) -> np.ndarray:
-    """0..len-1 for each group of ``lengths``, concatenated."""
-    total = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.arange(total, dtype=np.int64) - starts
 
 
 def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokenizer:

@@ -87,7 +87,7 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     resumed = len(summaries)
     if resumed:
         log.info("resuming: %d of %d input files already done", resumed, len(files))
-    bar = Progress(files=files, todo=[f for _, f in todo], enabled=progress)
+    bar = Progress(todo=[f for _, f in todo], enabled=progress)
     try:
         if todo:
             _encode_files(config, tok, work, todo, summaries, bar)
@@ -168,11 +168,14 @@ class _FileJob:
     def __init__(
         self, index: int, file: InputFile, config: PreprocessConfig, work: WorkDir, dtype: np.dtype
     ) -> None:
-        self.index, self.file, self.work, self.config = index, file, work, config
-        self.writers = [TokenFileWriter(work.part(index, k), dtype) for k in config.json_keys]
+        self.index, self.file, self.work, self.config, self.dtype = index, file, work, config, dtype
+        self._open_writers()
         self.documents = 0
         self.skipped: Counter = Counter()
         self.damaged: str | None = None
+
+    def _open_writers(self) -> None:
+        self.writers = [TokenFileWriter(self.work.part(self.index, k), self.dtype) for k in self.config.json_keys]
 
     def add(self, result: Encoded) -> None:
         if self.damaged:
@@ -194,10 +197,7 @@ class _FileJob:
                 )
             log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
             self.abort()
-            dtype = np.dtype(self.writers[0].dtype)
-            self.writers = [
-                TokenFileWriter(self.work.part(self.index, k), dtype) for k in self.config.json_keys
-            ]
+            self._open_writers()
             self.documents, self.skipped = 0, Counter({"unreadable_file": 1})
         tokens = {}
         for key, writer in zip(self.config.json_keys, self.writers):

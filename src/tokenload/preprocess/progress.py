@@ -15,9 +15,7 @@ from .sources import InputFile
 class Progress:
     """Counts encoded documents, tokens and input bytes; drives an optional bar."""
 
-    def __init__(
-        self, *, files: list[InputFile], todo: list[InputFile], enabled: bool | None
-    ) -> None:
+    def __init__(self, *, todo: list[InputFile], enabled: bool | None) -> None:
         self.documents = self.tokens = self.input_bytes = self.files_done = 0
         self.files_todo = len(todo)
         self._start = time.perf_counter()

@@ -231,16 +231,18 @@ def _line_chunks(blocks: Iterator[bytes], chunk_bytes: int) -> Iterator[bytes]:
     """Regroup ``blocks`` into pieces of about ``chunk_bytes`` that end at a newline."""
     pending: list[bytes] = []
     size = 0
+    open_line = False  # pending holds no newline: only a new block can end the line
     for block in blocks:
         pending.append(block)
         size += len(block)
-        if size < chunk_bytes:
+        if size < chunk_bytes or (open_line and b"\n" not in block):
             continue
         data = b"".join(pending)
         cut = data.rfind(b"\n")
         if cut < 0:  # one line longer than a chunk: keep reading until it ends
-            pending, size = [data], len(data)
+            pending, size, open_line = [data], len(data), True
             continue
+        open_line = False
         yield data[: cut + 1]
         pending = [data[cut + 1 :]]
         size = len(pending[0])
