@@ -48,14 +48,16 @@ class BlendedDataset:
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         which = np.asarray(self.dataset_index[idx], dtype=np.int64)
         within = np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
-        parts = {d: self.datasets[d].read_batch(within[which == d]) for d in np.unique(which).tolist()}
+        rows = {d: which == d for d in np.unique(which).tolist()}
+        parts = {d: self.datasets[d].read_batch(within[r]) for d, r in rows.items()}
         padded = any(p["padded"] for p in parts.values())
         dtypes = {p["windows"].dtype for p in parts.values()}
-        dtype = np.int64 if padded or len(dtypes) > 1 else dtypes.pop()
+        # int64 when padded, when members differ, or for an empty micro-batch
+        dtype = np.int64 if padded or len(dtypes) != 1 else dtypes.pop()
         width = self.datasets[0].item.window
         windows = np.empty((idx.size, width), dtype=dtype)
         for d, part in parts.items():
-            windows[which == d] = part["windows"]
+            windows[rows[d]] = part["windows"]
         return {"windows": windows, "padded": padded, "dataset_id": which}
 
     def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:

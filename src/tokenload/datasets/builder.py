@@ -255,7 +255,7 @@ class _Builder:
             return {"document_index": idx.document_index, "sample_index": idx.sample_index,
                     "shuffle_index": idx.shuffle_index}
 
-        tokens = int(np.asarray(lengths[beg:end], dtype=np.int64).sum())
+        tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
         expected = None
         if tokens:
             n = gpt_length(tokens_per_epoch=tokens, num_samples=mid.num_samples, config=gpt)

@@ -68,13 +68,12 @@ class GPTDataset:
         item: ItemConfig,
         *,
         identity: str,
-        length: int | None = None,
     ) -> None:
         self.source = source
         self.indices = indices
         self.item = item
         self.identity = identity
-        self._length = length
+        self._length: int | None = None
 
     def __len__(self) -> int:
         if self._length is None:
@@ -113,8 +112,6 @@ class GPTDataset:
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
         width = self.item.window
-        if idx.size == 0:  # Megatron's last micro-batch of a rank may be empty (drop_last=False)
-            return {"windows": np.zeros((0, width), dtype=np.int64), "padded": False}
         seqs, first, lengths, first_offsets = self._pieces(arrays, samples)
         per_sample = np.add.reduceat(lengths, first)
         full = bool((per_sample == width).all())  # no padding: keep the file dtype
@@ -133,7 +130,7 @@ class GPTDataset:
         counts = np.minimum(per_sample, width)
         rows = np.repeat(np.arange(idx.size, dtype=np.int64), counts)
         cols = gather_index(np.zeros(idx.size, np.int64), counts)
-        out[rows, cols] = flat[: rows.size] if flat.size == rows.size else _clip_rows(flat, per_sample, counts)
+        out[rows, cols] = flat if flat.size == rows.size else _clip_rows(flat, per_sample, counts)
         return {"windows": out, "padded": True}
 
     def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
@@ -141,7 +138,7 @@ class GPTDataset:
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
     def _pieces(self, arrays: dict[str, np.ndarray], samples: np.ndarray):
-        """Every sample's pieces (at least one sample): their sequences, the flat index of each
+        """Every sample's pieces (Megatron's last micro-batch of a rank may have no sample): their sequences, the flat index of each
         sample's first piece, the pieces' lengths, and the offset of each first piece in its
         sequence (other pieces start at 0)."""
         sample_index = arrays["sample_index"]
@@ -150,7 +147,7 @@ class GPTDataset:
         n_pieces = end[:, 0] - b + 1
         ends = np.cumsum(n_pieces)
         first = ends - n_pieces
-        pos = np.arange(int(ends[-1]), dtype=np.int64) + np.repeat(b - first, n_pieces)
+        pos = np.arange(int(n_pieces.sum()), dtype=np.int64) + np.repeat(b - first, n_pieces)
         seqs = arrays["document_index"][pos]
         lengths = self.source.sequence_lengths[seqs].astype(np.int64)
         # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample

@@ -92,7 +92,7 @@ def build_items(
     needs_eod = cfg.eod_mask_loss or cfg.reset_position_ids or cfg.inter_document_masking or (
         cfg.create_attention_mask and cfg.reset_attention_mask
     )
-    is_eod = tokens == cfg.eod_id if needs_eod else np.zeros((batch, seq), dtype=bool)
+    is_eod = tokens == cfg.eod_id if needs_eod else None
     loss_mask = new((batch, seq), np.dtype(np.float32))
     loss_mask.fill(1.0)
     if cfg.eod_mask_loss:
@@ -104,7 +104,7 @@ def build_items(
         position_ids[...] = np.arange(seq, dtype=np.int64)
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
-        out["attention_mask"] = _attention_mask(is_eod, cfg.reset_attention_mask)
+        out["attention_mask"] = _attention_mask(batch, seq, is_eod if cfg.reset_attention_mask else None)
     if cfg.inter_document_masking:
         out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
     if padded or pad >= 0 or not cfg.extra:
@@ -126,10 +126,10 @@ def _segment_starts(is_eod: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(begins, axis=1)
 
 
-def _attention_mask(is_eod: np.ndarray, reset: bool) -> np.ndarray:
-    batch, seq = is_eod.shape
+def _attention_mask(batch: int, seq: int, is_eod: np.ndarray | None) -> np.ndarray:
+    """Causal mask (True = masked), blocked across documents when ``is_eod`` is given."""
     causal = np.tril(np.ones((seq, seq), dtype=bool))
-    if not reset:
+    if is_eod is None:
         return np.broadcast_to(~causal, (batch, 1, seq, seq)).copy()
     segment = np.zeros((batch, seq), dtype=np.int64)
     segment[:, 1:] = np.cumsum(is_eod[:, :-1], axis=1)

@@ -28,11 +28,6 @@ class MockSource:
         self.sequence_lengths = np.random.default_rng(seed=0).integers(
             low=1, high=MOCK_MAX_LENGTH, size=MOCK_SEQUENCES, dtype=np.int32
         )
-        self.prefix = None
-
-    @property
-    def num_sequences(self) -> int:
-        return MOCK_SEQUENCES
 
     def read_pieces(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
         sequences = np.asarray(sequences, dtype=np.int64)

@@ -158,7 +158,7 @@ class ConsumerRing:
         out = {}
         for name, dtype, shape, offset in layout:
             dt = np.dtype(dtype)
-            size = dt.itemsize * _count(shape)
+            size = dt.itemsize * math.prod(shape)
             out[name] = whole[offset : offset + size].view(dt).reshape(shape)
         return out
 
@@ -169,10 +169,3 @@ class ConsumerRing:
 def _named(path: str) -> bool:
     """Whether the slot memory is a file with a name (not a worker's anonymous memfd)."""
     return not path.startswith("/proc/")
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -119,10 +119,10 @@ class CyclicSampler:
         if self.data_sharding:
             bucket = (p.total_samples // p.group) * p.micro_batch_size
             order = torch.randperm(bucket, generator=g)[in_epoch // p.dp_size :]
-            indices = (order + p.dp_rank * bucket).tolist()
+            indices = order + p.dp_rank * bucket
         else:
             full = (p.total_samples // p.micro_batch_size) * p.micro_batch_size
-            indices = torch.randperm(full, generator=g)[in_epoch:][p.dp_rank :: p.dp_size].tolist()
+            indices = torch.randperm(full, generator=g)[in_epoch:][p.dp_rank :: p.dp_size]
         mbs = p.micro_batch_size
-        for i in range(0, len(indices) - mbs + 1, mbs):
-            yield indices[i : i + mbs]
+        for i in range(0, len(indices) - mbs + 1, mbs):  # lists per step, not one for the epoch
+            yield indices[i : i + mbs].tolist()

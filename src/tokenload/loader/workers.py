@@ -13,7 +13,8 @@ so holding batches never blocks the workers.
 Why not torch's DataLoader workers: they send every batch's indices through a queue and every
 tensor through its own shared-memory segment; measured in a gVisor sandbox, that fixed cost per
 batch (0.1-1 ms) is more than the whole vectorized read of a batch, so 2 workers were slower than
-none. Workers here never import torch (the consumer makes the tensors).
+none. Workers here do not import torch (the consumer makes the tensors); only the cyclic
+sampler's ``torch.randperm`` does, to reproduce Megatron's permutations.
 
 Iterations are numbered; a new one (``start``) makes the workers drop what they were doing, and
 messages of older iterations are discarded (their slots freed). An exception in a worker ends
@@ -60,7 +61,7 @@ class WorkerPool:
         self.prefetch = prefetch
         # in flight, plus the batch in use and the one before it; none: every batch by pipe
         self.slots = prefetch + 2 if shared_memory else 0
-        self._group = max(1, min(_GROUP, prefetch // 2))  # credits a worker waits for before it reads
+        self._group = _group_size(prefetch)  # credits a worker waits for before it reads
         self.processes: list = []
         self._commands: list = []
         self._results: list = []
@@ -197,6 +198,12 @@ class WorkerPool:
         return freed
 
 
+def _group_size(prefetch: int) -> int:
+    """Micro-batches a worker reads at once: half its prefetch, so it reads while the consumer
+    still has the other half to take."""
+    return max(1, min(_GROUP, prefetch // 2))
+
+
 def _died(w: int, process) -> WorkerError:
     code = process.exitcode
     return WorkerError(
@@ -265,7 +272,7 @@ class _Worker:
         self.free.extend(message[-1])
         if message[0] == "start":
             _, self.generation, sampler, self.credits, _ = message
-            self.target = max(1, min(_GROUP, self.credits // 2))  # as the consumer's ``_group``
+            self.target = _group_size(self.credits)  # the prefetch, at the start
             self.work = itertools.islice(enumerate(sampler), self.w, None, self.n)
         elif message[1] == self.generation:
             self.credits += message[2]
@@ -277,7 +284,8 @@ class _Worker:
             return 0
         if not self.two_stage or (self.ring is None and self.slots):
             return 1  # the first batch sizes the slots
-        return max(1, min(self.credits, len(self.free), _GROUP))
+        room = len(self.free) if self.slots else _GROUP  # without slots every batch takes the pipe
+        return max(1, min(self.credits, room, _GROUP))
 
     def make(self, count: int) -> None:
         """Make up to ``count`` of this worker's next micro-batches and send them in one message."""

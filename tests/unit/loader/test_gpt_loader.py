@@ -60,11 +60,12 @@ def test_workers_equal_in_process_reads(splits, blend, method, prefetch):
     assert valid.__getitems__([padded])["loss_mask"][0, -1] == 0  # its padded tail has no loss
 
 
+@pytest.mark.parametrize("which", ["gpt", "blend"])
 @pytest.mark.parametrize("workers", [0, 2])
-def test_an_empty_last_micro_batch_of_a_rank(splits, workers):
+def test_an_empty_last_micro_batch_of_a_rank(splits, blend, workers, which):
     """drop_last=False: like Megatron, every rank takes a last step; a rank with nothing left gets
     an empty micro-batch of the right width."""
-    train = splits[0]
+    train = splits[0] if which == "gpt" else blend
     dp = 3
     mbs = next(m for m in range(2, 20) if 0 < len(train) % (m * dp) <= m)  # only rank 0 has a rest
     loader = build_dataloader(train, micro_batch_size=mbs, dp_rank=2, dp_size=dp, num_workers=workers,
