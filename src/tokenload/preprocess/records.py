@@ -146,24 +146,19 @@ def _utf8_error(line: bytes) -> str | None:
 
 def _parse_lines(chunk: Chunk, parsed: Parsed, bad: _Bad) -> None:
     column = parsed.columns[0]
-    try:
-        lines = chunk.payload.decode("utf-8").split("\n")
+    try:  # the whole chunk at once; line by line only when some line is not UTF-8
+        lines: list = chunk.payload.decode("utf-8").split("\n")
         if chunk.payload.endswith(b"\n"):
             lines.pop()
     except UnicodeDecodeError:
-        lines = None
-    raw = _lines(chunk.payload) if lines is None else None
-    count = len(lines) if lines is not None else len(raw)
-    for i in range(count):
-        number = chunk.first + i
-        if lines is not None:
-            text = lines[i]
-        else:
-            problem = _utf8_error(raw[i])
+        lines = _lines(chunk.payload)
+    for number, text in enumerate(lines, chunk.first):
+        if isinstance(text, bytes):
+            problem = _utf8_error(text)
             if problem:
                 bad("not_utf8", number, problem)
                 continue
-            text = raw[i].decode("utf-8")
+            text = text.decode("utf-8")
         if text.endswith("\r"):
             text = text[:-1]
         if not text:
