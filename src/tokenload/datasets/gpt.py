@@ -24,6 +24,8 @@ import numpy as np
 from ..format.bin import gather_index
 from .items import Allocator, ItemConfig, build_items
 
+_ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
+
 
 class IndexArrays:
     """document/sample/shuffle index arrays, held in memory or loaded lazily from ``.npy`` paths."""
@@ -74,6 +76,7 @@ class GPTDataset:
         self.item = item
         self.identity = identity
         self._length: int | None = None
+        self._width, self._extra = item.window, item.extra  # read per batch
 
     def __len__(self) -> int:
         if self._length is None:
@@ -111,10 +114,10 @@ class GPTDataset:
             samples = arrays["shuffle_index"][idx]
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
-        width = self.item.window
+        width = self._width
         seqs, first, lengths, first_offsets = self._pieces(arrays, samples)
         per_sample = np.add.reduceat(lengths, first)
-        full = bool((per_sample == width).all())  # no padding: keep the file dtype
+        full = not np.count_nonzero(per_sample - width)  # no padding: keep the file dtype
         token_starts = getattr(self.source, "token_starts", None)
         if token_starts is not None:  # token files: spans of the .bin
             starts = token_starts(seqs)
@@ -141,19 +144,21 @@ class GPTDataset:
         """Every sample's pieces (Megatron's last micro-batch of a rank may have no sample): their sequences, the flat index of each
         sample's first piece, the pieces' lengths, and the offset of each first piece in its
         sequence (other pieces start at 0)."""
-        sample_index = arrays["sample_index"]
-        begin, end = sample_index[samples], sample_index[samples + 1]
+        rows = arrays["sample_index"][samples[:, None] + _ROW_AND_NEXT]  # (B, 2, 2), one lookup
+        begin, end = rows[:, 0], rows[:, 1]
         b = begin[:, 0].astype(np.int64)
         n_pieces = end[:, 0] - b + 1
-        ends = np.cumsum(n_pieces)
+        ends = n_pieces.cumsum()  # methods, not np.cumsum/np.repeat: less dispatch per call
         first = ends - n_pieces
-        pos = np.arange(int(n_pieces.sum()), dtype=np.int64) + np.repeat(b - first, n_pieces)
+        pos = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64) + (b - first).repeat(n_pieces)
         seqs = arrays["document_index"][pos]
+        # fancy indexing, never .take: the .idx arrays are unaligned (34-byte header) and
+        # ndarray.take copies a whole unaligned array first (measured 275 us instead of 0.5)
         lengths = self.source.sequence_lengths[seqs].astype(np.int64)
         # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample
         # of a partial final epoch may point past its sequence's end); first pieces start at bo.
         last = ends - 1
-        lengths[last] = np.minimum(end[:, 1] + self.item.extra, lengths[last])
+        lengths[last] = np.minimum(end[:, 1] + self._extra, lengths[last])
         lengths[first] -= begin[:, 1]
         np.maximum(lengths, 0, out=lengths)
         return seqs, first, lengths, begin[:, 1]

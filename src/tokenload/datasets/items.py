@@ -11,6 +11,7 @@ from the input tokens, then padded labels lose their loss and pad ids become 0.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -101,7 +102,7 @@ def build_items(
     if cfg.reset_position_ids or cfg.inter_document_masking:
         np.subtract(np.arange(seq, dtype=np.int64)[None, :], _segment_starts(is_eod), out=position_ids)
     else:
-        position_ids[...] = np.arange(seq, dtype=np.int64)
+        np.copyto(position_ids, _positions(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
         out["attention_mask"] = _attention_mask(batch, seq, is_eod if cfg.reset_attention_mask else None)
@@ -111,6 +112,14 @@ def build_items(
         loss_mask[labels == pad] = 0.0
         tokens[tokens == pad] = 0
         labels[labels == pad] = 0
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _positions(seq: int) -> np.ndarray:
+    """``arange(seq)``, made once per length (read-only: it is shared)."""
+    out = np.arange(seq, dtype=np.int64)
+    out.flags.writeable = False
     return out
 
 

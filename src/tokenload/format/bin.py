@@ -9,8 +9,8 @@
 
 Every read is bounds-checked against the file, so a corrupt index yields ``FormatError``, never
 a NumPy error or bytes from outside the file. ``read_spans`` gathers many ``(start, length)``
-token ranges into one array with a single vectorized index (mmap/memory) or one ``preadv`` per
-range (pread).
+token ranges into one array: a join of slices for long ranges, one vectorized index for short
+ones (mmap/memory), or one positional read per range (pread).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..errors import FormatError, StorageError
 
 WARMUP_CHUNK = 100 << 20  # GPT-NeoX's mmap warm-up reads in 100 MiB chunks
 _SLICE_MIN_TOKENS = 32  # mean span length above which spans are sliced rather than gathered
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 
 
 class ReadMode(str, enum.Enum):
@@ -76,31 +77,30 @@ class BinSource:
         file's dtype or cast to ``dtype`` on the way (saving a separate conversion pass)."""
         starts = np.asarray(starts, dtype=np.int64).ravel()
         lengths = np.asarray(lengths, dtype=np.int64).ravel()
-        self._check(starts, lengths)
-        out = self._read_spans(starts, lengths, dtype)
+        ends = self._check(starts, lengths)
+        out = self._read_spans(starts, lengths, ends, dtype)
         return out if dtype is None or out.dtype == dtype else out.astype(dtype)
 
-    def _check(self, starts: np.ndarray, lengths: np.ndarray) -> None:
-        if starts.size == 0:
-            return
+    def _check(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The spans' ends, once every span is known to lie inside the file."""
         ends = starts + lengths
-        # three reductions on the hot path; the slow search for the culprit only on failure
-        if int(starts.min()) >= 0 and int(lengths.min()) >= 0 and int(ends.max()) <= self.num_tokens:
-            return
-        bad = (starts < 0) | (lengths < 0) | (ends > self.num_tokens)
-        if bool(bad.any()):
-            i = int(np.flatnonzero(bad)[0])
-            raise FormatError(
-                f"read of tokens [{int(starts[i])}, {int(starts[i] + lengths[i])}) is outside the"
-                f" {self.num_tokens} tokens of the file",
-                path=self.path,
-                hint="the .idx does not match this .bin (corrupt or mismatched pair); run `tokenload verify`",
-            )
+        if starts.size == 0:
+            return ends
+        # three ufunc reductions on the hot path (ndarray.min/max add a Python-level wrapper);
+        # the slow search for the culprit only on failure
+        if _MIN(starts) >= 0 and _MIN(lengths) >= 0 and _MAX(ends) <= self.num_tokens:
+            return ends
+        i = int(np.flatnonzero((starts < 0) | (lengths < 0) | (ends > self.num_tokens))[0])
+        raise FormatError(
+            f"read of tokens [{int(starts[i])}, {int(ends[i])}) is outside the {self.num_tokens} tokens of the file",
+            path=self.path,
+            hint="the .idx does not match this .bin (corrupt or mismatched pair); run `tokenload verify`",
+        )
 
     def _read(self, start: int, length: int) -> np.ndarray:
         raise NotImplementedError
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -126,21 +126,19 @@ class _ArrayBin(BinSource):
     def _read(self, start: int, length: int) -> np.ndarray:
         return self.tokens[start : start + length]
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
         if starts.size == 0:
             return np.zeros(0, dtype=dtype or self.dtype)
         if starts.size == 1:
             return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].astype(dtype or self.dtype)
         if int(lengths.sum()) >= _SLICE_MIN_TOKENS * starts.size:
-            # Long spans (training windows): slicing and one concatenate that also casts beat
-            # building a per-token index (measured ~5x on 70 spans of ~470 tokens). Touching
-            # every span's first token first, in one gather, lets the CPU wait for all their
-            # cache and TLB misses at once instead of one span after another (measured: 66 to
-            # 55 us for 16 windows of 2049 tokens at random places of a 1 GiB mapping).
-            tokens = self.tokens
-            tokens.take(starts, mode="clip")
-            parts = [tokens[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
-            return np.concatenate(parts) if dtype is None else np.concatenate(parts, dtype=dtype)
+            # Long spans (training windows): one bytearray join of memoryview slices copies them
+            # with ~0.2 us of Python per span, where ndarray slices and np.concatenate cost ~0.6
+            # (measured 26 vs 46 us for 70 spans of ~470 tokens) and a per-token gather ~5x more.
+            view = memoryview(self.tokens)
+            joined = bytearray().join(map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+            out = np.frombuffer(joined, dtype=self.dtype)
+            return out if dtype is None else out.astype(dtype)
         return self.tokens[gather_index(starts, lengths)]
 
 
@@ -202,7 +200,7 @@ class PreadBin(BinSource):
             self._fill(out, start)
         return out
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
+    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
         out = np.empty(int(lengths.sum()), dtype=self.dtype)
         pos = 0
         for start, length in zip(starts.tolist(), lengths.tolist()):
