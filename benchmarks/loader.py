@@ -54,6 +54,20 @@ FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
 CHECKED = 64
 
 PASSES = r"""
+import resource
+
+
+def in_process_passes(read_all):
+    # samples/s and minor page faults of two in-process passes over the same indices
+    rates, faults = [], []
+    for _ in range(2):
+        f, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        n = read_all()
+        rates.append(n / (time.perf_counter() - t))
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
+    return rates, faults
+
+
 def timed_passes(start_pass, steps, mb):
     # samples/s of two passes: each takes an iterator from start_pass(), skips its first batch
     # (worker start-up) and times the next ``steps``
@@ -90,14 +104,13 @@ ds = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True,
 idx, mb, n = a["indices"], a["micro_batch"], a["loader_samples"]
 out = {"len": len(ds), "eod": tok.eod, "pad": tok.pad}
 
-def in_process():
-    t = time.perf_counter()
+def read_all():
     for i in idx:
         ds[i]
-    return len(idx) / (time.perf_counter() - t)
+    return len(idx)
 
 if a["what"] == "in-process":
-    out["in-process"] = [in_process(), in_process()]
+    out["in-process"], out["faults"] = in_process_passes(read_all)
 for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
     start = a["starts"][str(w)]
     dl = torch.utils.data.DataLoader(ds, batch_size=mb, sampler=range(start, start + n), num_workers=w,
@@ -130,13 +143,14 @@ def side_tokenload(a: dict) -> dict:
     idx, mb, n = np.asarray(a["indices"]), a["micro_batch"], a["loader_samples"]
     batches = [idx[b : b + mb] for b in range(0, idx.size, mb)]
 
-    def in_process():
-        t = time.perf_counter()
+    def read_all():
         for b in batches:
             ds.__getitems__(b)
-        return idx.size / (time.perf_counter() - t)
+        return idx.size
 
-    out = {"in-process": [in_process(), in_process()]} if a["what"] == "in-process" else {}
+    out = {}
+    if a["what"] == "in-process":
+        out["in-process"], out["faults"] = in_process_passes(read_all)  # noqa: F821 (from PASSES)
     for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
         start = a["starts"][str(w)]
         loader = build_dataloader(ds, micro_batch_size=mb, num_workers=w, dp_rank=0, dp_size=1,
@@ -210,9 +224,11 @@ def check_items(ds, indices: np.ndarray, path: str) -> list[str]:
 
 
 def _best(acc: dict, new: dict) -> dict:
-    """Per key and pass, the higher rate."""
+    """Per key and pass, the higher rate (the fewer page faults)."""
     for k, v in new.items():
-        if isinstance(v, list):
+        if k == "faults":
+            acc[k] = [min(o, n) for o, n in zip(acc.get(k, v), v)]
+        elif isinstance(v, list):
             old = acc.get(k, [None] * len(v))
             acc[k] = [max(x for x in (o, n) if x is not None) if (o, n) != (None, None) else None for o, n in zip(old, v)]
         else:
@@ -302,6 +318,16 @@ def main() -> None:
          f"{ceiling['slices'][1]:,.0f}"],
         ["np.memmap + one fancy-index gather per micro-batch, .astype(int64)", "-", f"{ceiling['fancy'][1]:,.0f}"],
     ], ["NumPy ceiling (same windows, in-process)", "cold", "warm"]))
+    steps = args.samples / mb
+
+    def first_pass(name, side):
+        rate, faults = side["in-process"], side["faults"]
+        return [name, f"{mb * (1 / rate[0] - 1 / rate[1]) * 1e6:,.0f}", f"{faults[0] / steps:.1f}",
+                f"{faults[1] / steps:.1f}"]
+
+    print("\n" + table([first_pass("tokenload", mine), first_pass("megatron-core", peer)], [
+        "in-process, per micro-batch", "first pass extra us (cold - warm)", "page faults, first pass",
+        "page faults, second pass"]))
     best_warm = max(ceiling["slices"][1], ceiling["fancy"][1])
     verdict = []
     for p, name in ((0, "cold"), (1, "warm")):

@@ -63,6 +63,8 @@ class ItemConfig:
         return self.sequence_length + self.extra
 
 
+_INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
+
 Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 """Returns an uninitialized array of the given shape and dtype (``np.empty`` by default; a loader
 worker passes one that places the fields straight into shared memory)."""
@@ -79,11 +81,11 @@ def build_items(
     of tokens, labels, loss_mask and position_ids.
     """
     new = alloc or _empty
-    pad = cfg.pad_id
-    batch, seq = text.shape[0], text.shape[1] - cfg.extra
-    tokens, labels = new((batch, seq), np.dtype(np.int64)), new((batch, seq), np.dtype(np.int64))
+    pad, extra = cfg.pad_id, cfg.extra
+    batch, seq = text.shape[0], text.shape[1] - extra
+    tokens, labels = new((batch, seq), _INT64), new((batch, seq), _INT64)
     # one converting copy each, straight from the (possibly uint16) windows
-    if cfg.extra:
+    if extra:
         np.copyto(tokens, text[:, :-1])
         np.copyto(labels, text[:, 1:])
     else:
@@ -94,13 +96,13 @@ def build_items(
         cfg.create_attention_mask and cfg.reset_attention_mask
     )
     is_eod = tokens == cfg.eod_id if needs_eod else None
-    loss_mask = new((batch, seq), np.dtype(np.float32))
+    loss_mask = new((batch, seq), _FLOAT32)
     loss_mask.fill(1.0)
     if cfg.eod_mask_loss:
         loss_mask[is_eod] = 0.0
-    position_ids = new((batch, seq), np.dtype(np.int64))
+    position_ids = new((batch, seq), _INT64)
     if cfg.reset_position_ids or cfg.inter_document_masking:
-        np.subtract(np.arange(seq, dtype=np.int64)[None, :], _segment_starts(is_eod), out=position_ids)
+        np.subtract(_positions(seq)[None, :], _segment_starts(is_eod), out=position_ids)
     else:
         np.copyto(position_ids, _positions(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
@@ -108,7 +110,7 @@ def build_items(
         out["attention_mask"] = _attention_mask(batch, seq, is_eod if cfg.reset_attention_mask else None)
     if cfg.inter_document_masking:
         out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
-    if padded or pad >= 0 or not cfg.extra:
+    if padded or pad >= 0 or not extra:
         loss_mask[labels == pad] = 0.0
         tokens[tokens == pad] = 0
         labels[labels == pad] = 0
