@@ -106,3 +106,33 @@ def test_flat_file_odd_size_is_format_error(tmp_path):
     (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
     with pytest.raises(FormatError, match="not a multiple"):
         FlatTokenFile(tmp_path / "odd.bin").num_tokens
+
+
+@pytest.mark.parametrize("mode", list(ReadMode))
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+@pytest.mark.parametrize("mean_length", [4, 700])  # a per-token gather below 32 tokens per span, a join above
+def test_read_spans_every_mode_dtype_and_span_length(tmp_path, mode, dtype, mean_length):
+    from tokenload.errors import FormatError
+    from tokenload.format.bin import open_bin
+
+    tokens = ((np.arange(50_000, dtype=np.int64) * 7919) % 60_000).astype(dtype)
+    tokens.tofile(tmp_path / "t.bin")
+    source = open_bin(str(tmp_path / "t.bin"), np.dtype(dtype), mode)
+    rng = np.random.default_rng(mean_length)
+    lengths = rng.integers(0, 2 * mean_length, size=40)
+    starts = rng.integers(0, tokens.size - lengths)
+    lengths[3] = 0  # an empty span in the middle
+    starts[-1], lengths[-1] = tokens.size - 5, 5  # the file's last tokens
+    expected = np.concatenate([tokens[s : s + n] for s, n in zip(starts, lengths)])
+    got = source.read_spans(starts, lengths)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, expected)
+    wide = source.read_spans(starts, lengths, np.int64)
+    assert wide.dtype == np.int64 and wide.flags.writeable
+    np.testing.assert_array_equal(wide, expected.astype(np.int64))
+    assert source.read_spans(starts[:0], lengths[:0]).size == 0
+    with pytest.raises(FormatError, match=rf"\[{tokens.size - 5}, {tokens.size + 1}\) is outside the {tokens.size} tokens"):
+        source.read_spans(starts, lengths + (np.arange(lengths.size) == lengths.size - 1))
+    with pytest.raises(FormatError, match="outside"):
+        source.read_spans(np.array([-1, 0]), np.array([1, 1]))
+    source.close()
