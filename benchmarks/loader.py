@@ -74,8 +74,11 @@ def minor_faults(pids):
     # minor page faults so far of this process and of processes ``pids`` (loader workers)
     total = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            total += int(f.read().rsplit(")", 1)[1].split()[7])
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                total += int(f.read().rsplit(")", 1)[1].split()[7])
+        except (FileNotFoundError, ProcessLookupError):  # a worker that has exited: not counted
+            pass
     return total
 
 
@@ -335,7 +338,7 @@ def main() -> None:
         ["np.memmap + one fancy-index gather per micro-batch, .astype(int64)", "-", f"{ceiling['fancy'][1]:,.0f}"],
     ], ["NumPy ceiling (same windows, in-process)", "cold", "warm"]))
     def per_batch(side, key, p, samples):
-        return f"{side[key][p] / (samples / mb):.1f}"
+        return f"{side[key][p] / max(samples / mb, 1):.1f}"
 
     fault_rows = []
     for name, key, samples in (("in-process", "faults", args.samples), ("DataLoader, 0 workers", "faults-loader-0", n - mb),

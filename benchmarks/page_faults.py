@@ -77,6 +77,8 @@ def main() -> None:
     warmup_file(path)
     size = os.stat(path).st_size
     blocks = size // BLOCK - 1
+    if blocks < 1:
+        sys.exit(f"{path} is {size} bytes: use --gb large enough for a few 64 KiB blocks")
     rng = np.random.default_rng(0)
     rows = []
     with open(path, "rb") as f:
@@ -93,12 +95,18 @@ def main() -> None:
                 got = touches(fd, offsets, advice, again)
                 best = got if best is None or got[0] < best[0] else best
             rows.append([name, f"{best[0]:.2f}", f"{best[1]:.2f}"])
-        ms, faults = min(populate(fd, size) for _ in range(args.repeats))
+        try:
+            ms, faults = min(populate(fd, size) for _ in range(args.repeats))
+        except OSError as exc:  # MADV_POPULATE_READ needs Linux >= 5.14
+            ms, faults = None, str(exc)
     print(f"file: {path} ({size / 2**30:.2f} GiB), {args.touches} touches per case, best of {args.repeats}; "
           f"nproc {os.cpu_count()}\n")
     print(table(rows, ["read of one byte", "us per touch", "faults per touch"]))
-    print(f"\nMADV_POPULATE_READ of the whole file: {ms:.1f} ms ({ms * 1e3 / (size / 4096):.3f} us per 4 KiB page, "
-          f"{faults} faults)")
+    if ms is None:
+        print(f"\nMADV_POPULATE_READ not available here ({faults})")
+    else:
+        print(f"\nMADV_POPULATE_READ of the whole file: {ms:.1f} ms ({ms * 1e3 / (size / 4096):.3f} us per 4 KiB "
+              f"page, {faults} faults)")
 
 
 if __name__ == "__main__":

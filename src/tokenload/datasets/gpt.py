@@ -144,7 +144,8 @@ class GPTDataset:
         """Every sample's pieces (Megatron's last micro-batch of a rank may have no sample): their sequences, the flat index of each
         sample's first piece, the pieces' lengths, and the offset of each first piece in its
         sequence (other pieces start at 0)."""
-        rows = arrays["sample_index"][samples[:, None] + _ROW_AND_NEXT]  # (B, 2, 2), one lookup
+        # (B, 2, 2) in one lookup; int64 first: uint64 + int64 would promote to float64
+        rows = arrays["sample_index"][samples.astype(np.int64, copy=False)[:, None] + _ROW_AND_NEXT]
         begin, end = rows[:, 0], rows[:, 1]
         b = begin[:, 0].astype(np.int64)
         n_pieces = end[:, 0] - b + 1

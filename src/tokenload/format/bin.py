@@ -86,13 +86,15 @@ class BinSource:
         ends = starts + lengths
         if starts.size == 0:
             return ends
-        # three ufunc reductions on the hot path (ndarray.min/max add a Python-level wrapper);
-        # the slow search for the culprit only on failure
-        if _MIN(starts) >= 0 and _MIN(lengths) >= 0 and _MAX(ends) <= self.num_tokens:
+        n = self.num_tokens
+        # Three ufunc reductions on the hot path (ndarray.min/max add a Python-level wrapper).
+        # Viewed as unsigned, a negative start or length is huge, so "both <= n" also rules out
+        # negative values and an overflowing sum. The slow search for the culprit only on failure.
+        if _MAX(starts.view(np.uint64)) <= n and _MAX(lengths.view(np.uint64)) <= n and _MAX(ends) <= n:
             return ends
-        i = int(np.flatnonzero((starts < 0) | (lengths < 0) | (ends > self.num_tokens))[0])
+        i = int(np.flatnonzero((starts < 0) | (lengths < 0) | (starts > n) | (lengths > n) | (ends > n))[0])
         raise FormatError(
-            f"read of tokens [{int(starts[i])}, {int(ends[i])}) is outside the {self.num_tokens} tokens of the file",
+            f"read of tokens [{int(starts[i])}, {int(starts[i]) + int(lengths[i])}) is outside the {n} tokens of the file",
             path=self.path,
             hint="the .idx does not match this .bin (corrupt or mismatched pair); run `tokenload verify`",
         )

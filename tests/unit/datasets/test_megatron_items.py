@@ -86,3 +86,21 @@ def _padded_label_positions(ds, indices):
 
 def test_enough_cases():
     assert len(SPLITS) >= 100
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64, np.uint64, np.int32])
+def test_index_dtypes_give_the_same_items(dtype):
+    """Megatron writes uint32 or int64 shuffle indices and int32 or int64 sample indices; arrays
+    handed over in memory may be of any integer type (uint64 + int64 promotes to float64 in
+    NumPy, which once broke the sample-index lookup)."""
+    case, split = next((c, s) for c, s in SPLITS if c["splits"][s]["class"] == "GPTDataset")
+    rec, key = case["splits"][split], f"{case['id']}/{split}"
+    base = _gpt(case, rec, key)
+    arrays = {a: ARRAYS[f"{key}/{a}"] for a in ("document_index", "sample_index", "shuffle_index")}
+    arrays["shuffle_index"] = arrays["shuffle_index"].astype(dtype)
+    arrays["sample_index"] = arrays["sample_index"].astype(np.int64 if dtype in (np.uint64, np.int64) else np.int32)
+    other = GPTDataset(base.source, IndexArrays(arrays), base.item, identity=rec["hash"])
+    indices = np.arange(len(base))
+    got, want = other.__getitems__(indices), base.__getitems__(indices)
+    for field in want:
+        np.testing.assert_array_equal(got[field], want[field], err_msg=field)

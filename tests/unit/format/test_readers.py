@@ -136,3 +136,18 @@ def test_read_spans_every_mode_dtype_and_span_length(tmp_path, mode, dtype, mean
     with pytest.raises(FormatError, match="outside"):
         source.read_spans(np.array([-1, 0]), np.array([1, 1]))
     source.close()
+
+
+@pytest.mark.parametrize("mode", list(ReadMode))
+def test_read_spans_overflowing_end_is_format_error(tmp_path, mode):
+    """A corrupt index whose start + length wraps past int64 must not pass as a short read."""
+    from tokenload.errors import FormatError
+    from tokenload.format.bin import open_bin
+
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    source = open_bin(str(tmp_path / "t.bin"), np.dtype(np.uint16), mode)
+    huge = np.iinfo(np.int64).max
+    for starts, lengths in (([10, 20], [5, huge]), ([huge, 0], [huge, 1]), ([0], [101])):
+        with pytest.raises(FormatError, match="outside the 100 tokens"):
+            source.read_spans(np.array(starts), np.array(lengths))
+    source.close()
