@@ -84,6 +84,34 @@ def test_bad_input_exits_2_with_file_line_and_reason(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", sample_texts(30))
+    plain = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "plain", "--append-eod", "--no-progress")
+    assert plain.returncode == 0, plain.stderr
+    # flags that do not change the bytes: Megatron's contiguous partitions and logging, NeoX's names
+    peers = run_cli(
+        "preprocess", "--input", src, "--output-prefix", tmp_path / "peers", "--append-eod", "--no-progress",
+        "--partitions", "2", "--keep-sequential-samples", "--log-interval", "10", "--num-docs", "30",
+        "--dataset-impl", "mmap", "--jsonl-keys", "text",
+    )
+    assert peers.returncode == 0, peers.stderr
+    assert same(str(tmp_path / "plain_text_document"), str(tmp_path / "peers_text_document"), (".bin", ".idx"))
+    refused = {
+        ("--split-sentences",): "one sequence per sentence",
+        ("--split-sentences", "--keep-newlines", "--lang", "english"): "one sequence per sentence",
+        ("--partitions", "4"): "round-robin",
+        ("--partitions", "0"): "expected >= 1",
+        ("--dataset-impl", "cached"): "only mmap",
+        ("--ftfy",): "ftfy",
+    }
+    for flags, reason in refused.items():
+        out = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "refused", "--no-progress", *flags)
+        assert out.returncode == 2, (flags, out.stderr)
+        assert reason in out.stderr and "HINT" in out.stderr.upper(), (flags, out.stderr)
+        assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # one line (and its hint), no traceback
+    assert not list(tmp_path.glob("refused*")), "a refused run wrote files"
+
+
 def _slow_tokenizer(path: Path, texts) -> str:
     """A byte-level BPE tokenizer.json; encoded with --engine native it is slow enough to kill."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

@@ -2,7 +2,11 @@
 
 Flag names follow Megatron-LM's tools/preprocess_data.py where it has them (--input,
 --output-prefix, --json-keys, --append-eod, --workers, --tokenizer-type, --tokenizer-model,
---vocab-file, --merge-file, --use-gigatoken, --tokenizer-hf-no-include-special-tokens).
+--vocab-file, --merge-file, --use-gigatoken, --tokenizer-hf-no-include-special-tokens). Its other
+flags and GPT-NeoX's are accepted too: those with no effect on the bytes (--partitions with
+--keep-sequential-samples, --log-interval, --num-docs, --dataset-impl mmap, --jsonl-keys) run, those
+whose output tokenload does not reproduce (sentence splitting, round-robin partitions, ftfy) fail
+with the reason.
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ def register_preprocess(sub) -> None:
     _input_flags(p.add_argument_group("input and output"))
     _tokenizer_flags(p.add_argument_group("tokenizer"))
     _runtime_flags(p.add_argument_group("runtime"))
+    _peer_flags(p.add_argument_group(
+        "Megatron-LM and GPT-NeoX flags",
+        "accepted so their commands run unchanged; those that would change the output in a way"
+        " tokenload does not reproduce are refused with the reason",
+    ))
     p.set_defaults(func=run_preprocess)
 
 
@@ -49,6 +58,7 @@ def _input_flags(io) -> None:
     io.add_argument("--output-prefix", required=True, help="output prefix (folder must exist)")
     io.add_argument(
         "--json-keys",
+        "--jsonl-keys",  # GPT-NeoX's name
         nargs="+",
         default=["text"],
         metavar="KEY",
@@ -155,10 +165,71 @@ def _runtime_flags(rt) -> None:
     )
 
 
+def _peer_flags(pf) -> None:
+    pf.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="Megatron: split the input in N parts processed apart, then merged. tokenload is"
+        " parallel without it (--workers) and ignores it; N > 1 needs --keep-sequential-samples",
+    )
+    pf.add_argument(
+        "--keep-sequential-samples",
+        action="store_true",
+        help="Megatron: partitions keep the input order (tokenload always does)",
+    )
+    pf.add_argument("--log-interval", type=int, default=None, help="Megatron/NeoX: ignored (see --progress)")
+    pf.add_argument("--num-docs", type=int, default=None, help="GPT-NeoX: ignored (progress estimate)")
+    pf.add_argument(
+        "--dataset-impl",
+        default="mmap",
+        help="GPT-NeoX: only mmap (Megatron's .bin/.idx) is written",
+    )
+    pf.add_argument("--split-sentences", action="store_true", help="Megatron: refused (see the error)")
+    pf.add_argument("--keep-newlines", action="store_true", help="Megatron: refused (with --split-sentences)")
+    pf.add_argument("--lang", default=None, help="Megatron: sentence-splitting language; refused")
+    pf.add_argument("--ftfy", action="store_true", help="GPT-NeoX: refused (see the error)")
+
+
+def _check_peer_flags(args: argparse.Namespace) -> None:
+    """ConfigError for Megatron/NeoX flags whose output tokenload does not reproduce."""
+    from ..errors import ConfigError
+
+    if args.split_sentences or args.keep_newlines or args.lang is not None:
+        raise ConfigError(
+            "--split-sentences/--keep-newlines/--lang ask for one sequence per sentence (NLTK punkt,"
+            " BERT-style data); tokenload writes one sequence per document",
+            hint="drop these flags for GPT pretraining data (Megatron's default); split sentences"
+            " beforehand and pass each document's sentences as a JSON list to get one sequence each",
+        )
+    if args.partitions < 1:
+        raise ConfigError(f"--partitions is {args.partitions}, expected >= 1", hint="omit it")
+    if args.partitions > 1 and not args.keep_sequential_samples:
+        raise ConfigError(
+            f"--partitions {args.partitions} deals the input lines round-robin to partitions and"
+            " merges them in partition order, so Megatron's documents come out reordered; tokenload"
+            " keeps the input order",
+            hint="add --keep-sequential-samples (Megatron then keeps the input order, as tokenload"
+            " does) or drop --partitions; use --workers for parallelism",
+        )
+    if args.dataset_impl != "mmap":
+        raise ConfigError(
+            f"--dataset-impl {args.dataset_impl}: only mmap (Megatron's .bin/.idx) is written",
+            hint="drop --dataset-impl or pass mmap; lazy and cached are GPT-NeoX's legacy formats",
+        )
+    if args.ftfy:
+        raise ConfigError(
+            "--ftfy repairs text with the ftfy package before tokenizing, which tokenload does not do",
+            hint="run ftfy over the input first, or drop --ftfy",
+        )
+
+
 def config_from_args(args: argparse.Namespace):
     """The PreprocessConfig the flags describe."""
     from ..errors import ConfigError
     from ..preprocess import PreprocessConfig, TokenizerSpec, shard_from_environment
+
+    _check_peer_flags(args)
 
     spec = TokenizerSpec(
         kind=args.tokenizer_type,
