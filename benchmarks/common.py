@@ -36,6 +36,24 @@ def synthetic_token_file(prefix: str | Path, *, tokens: int, mean_len: int = 600
     return prefix
 
 
+def add_data_arguments(ap, gb: float = 1.0) -> None:
+    """``--data-dir`` and ``--gb``: where the synthetic token file lives and its size."""
+    ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
+    ap.add_argument("--gb", type=float, default=gb)
+
+
+def docs_file(args) -> str:
+    """The prefix of the ``--gb`` synthetic token file in ``--data-dir`` (made once, reused),
+    with both files read into the page cache."""
+    from tokenload.format import warmup_file
+
+    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
+    prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
+    warmup_file(prefix + ".idx")
+    warmup_file(prefix + ".bin")
+    return prefix
+
+
 def best_of(fn, repeats: int = 3) -> float:
     """Fastest wall time of ``repeats`` calls of ``fn`` (seconds)."""
     times = []

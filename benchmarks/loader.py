@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import run_peer, synthetic_token_file, table  # noqa: E402
+from common import add_data_arguments, docs_file, run_peer, table  # noqa: E402
 
 SEQ = 2048
 SEED = 1234
@@ -257,8 +257,7 @@ def _best(acc: dict, new: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
-    ap.add_argument("--gb", type=float, default=1.0)
+    add_data_arguments(ap)
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--samples", type=int, default=16384, help="random in-process reads per round")
     ap.add_argument("--loader-samples", type=int, default=8192, help="samples per DataLoader pass")
@@ -272,13 +271,10 @@ def main() -> None:
         side = side_tokenload if args.side == "tokenload" else side_ceiling
         print(json.dumps(side(json.loads(Path(args.payload).read_text()))))
         return
-    from tokenload.format import TokenFile, warmup_file
+    from tokenload.format import TokenFile
 
     data = Path(args.data_dir)
-    data.mkdir(parents=True, exist_ok=True)
-    prefix = synthetic_token_file(data / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
-    warmup_file(prefix + ".idx")
-    warmup_file(prefix + ".bin")
+    prefix = docs_file(args)
     mb = args.micro_batch
     cache = data / "loader_cache"
     payload = {
@@ -337,6 +333,7 @@ def main() -> None:
          f"{ceiling['slices'][1]:,.0f}"],
         ["np.memmap + one fancy-index gather per micro-batch, .astype(int64)", "-", f"{ceiling['fancy'][1]:,.0f}"],
     ], ["NumPy ceiling (same windows, in-process)", "cold", "warm"]))
+
     def per_batch(side, key, p, samples):
         return f"{side[key][p] / max(samples / mb, 1):.1f}"
 

@@ -19,25 +19,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import synthetic_token_file, table  # noqa: E402
+from common import add_data_arguments, docs_file, table  # noqa: E402
 
 from tokenload.datasets import MegatronDataConfig, build_datasets  # noqa: E402
-from tokenload.format import warmup_file  # noqa: E402
 from tokenload.loader import build_dataloader  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
-    ap.add_argument("--gb", type=float, default=0.5)
+    add_data_arguments(ap, gb=0.5)
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     ap.add_argument("--samples", type=int, default=16384)
     ap.add_argument("--prefetch", type=int, default=None, help="prefetch_factor (default: the loader's)")
     args = ap.parse_args()
-    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
-    warmup_file(prefix + ".bin")
+    prefix = docs_file(args)
     cfg = MegatronDataConfig(sequence_length=2048, blend=[prefix], split="100,0,0", eod_id=50256,
                              path_to_cache=os.path.join(args.data_dir, "workers_cache"))
     train, _, _ = build_datasets(cfg, [None, None, None])

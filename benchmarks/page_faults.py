@@ -23,9 +23,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import synthetic_token_file, table  # noqa: E402
+from common import add_data_arguments, docs_file, table  # noqa: E402
 
-from tokenload.format import warmup_file  # noqa: E402
 
 BLOCK = 64 << 10
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
@@ -66,15 +65,12 @@ def populate(fd: int, size: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
-    ap.add_argument("--gb", type=float, default=1.0)
+    add_data_arguments(ap)
     ap.add_argument("--touches", type=int, default=4000)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
+    prefix = docs_file(args)
     path = prefix + ".bin"
-    warmup_file(path)
     size = os.stat(path).st_size
     blocks = size // BLOCK - 1
     if blocks < 1:

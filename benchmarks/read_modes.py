@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import best_of, run_peer, synthetic_token_file, table  # noqa: E402
+from common import add_data_arguments, best_of, docs_file, run_peer, table  # noqa: E402
 
-from tokenload.format import ReadMode, TokenFile, warmup_file  # noqa: E402
+from tokenload.format import ReadMode, TokenFile  # noqa: E402
 
 PEER = r"""
 import json, sys, time, warnings
@@ -60,14 +60,11 @@ def import_time(repeats: int = 15) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
-    ap.add_argument("--gb", type=float, default=1.0)
+    add_data_arguments(ap)
     ap.add_argument("--reads", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
-    warmup_file(prefix + ".bin")
+    prefix = docs_file(args)
     docs = TokenFile(prefix).num_sequences
     ids = np.random.default_rng(args.seed).integers(0, docs, size=args.reads).tolist()
     ours = {}
