@@ -42,8 +42,9 @@ class IndexArrays:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """All arrays by name, mapped in this process on first use."""
-        if self._arrays is None or self._pid != os.getpid():
-            assert self.paths is not None
+        # In-memory arrays travel with the object (pickled, or inherited by a fork) and stay valid
+        # in every process; mapped ones are mapped again in each process that uses them.
+        if self.paths is not None and (self._arrays is None or self._pid != os.getpid()):
             # Plain ndarray views of the mappings: np.memmap's subclass hooks cost more than the
             # lookups themselves on every fancy index.
             self._arrays = {
