@@ -14,13 +14,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from .args import positive
+
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on the Python standard library's sources")
     p.add_argument("--output", default=None, metavar="DIR", help="working folder (default: a new temporary one)")
-    p.add_argument("--max-mb", type=float, default=16.0, help="size cap of the sample corpus in MB")
-    p.add_argument("--workers", type=int, default=2, help="tokenizer workers")
-    p.add_argument("--seq-length", type=int, default=1024, help="tokens per training sample")
+    p.add_argument("--max-mb", type=positive(float), default=16.0, help="size cap of the sample corpus in MB")
+    p.add_argument("--workers", type=positive(int), default=2, help="tokenizer workers")
+    p.add_argument("--seq-length", type=positive(int), default=1024, help="tokens per training sample")
     p.set_defaults(func=run)
 
 

@@ -3,14 +3,18 @@ user errors into one line on stderr and exit status 2.
 
 Each module listed in ``COMMANDS`` exposes ``register(subparsers)``, which adds its
 subcommand parsers and sets ``func`` on each (a callable taking the parsed namespace and returning
-an exit status).
+an exit status). Every subcommand's ``--help`` shows its description and its defaults; a flag the
+subcommand does not know is reported with that subcommand's usage and the closest flags it has.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
+import os
+import select
 import sys
 from typing import Sequence
 
@@ -20,6 +24,46 @@ from ..errors import TokenloadError
 #: Modules under tokenload.cli that register subcommands, in the order ``--help`` lists them.
 COMMANDS = ("demo", "preprocess", "tokenfiles")
 
+#: Exit status when the reader of our output goes away (``tokenload info ... | head``): the one
+#: a shell reports for a process ended by SIGPIPE, as ``cat`` or ``grep`` would be.
+BROKEN_PIPE_STATUS = 128 + 13
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Help that appends ``(default: X)`` to every option with a meaningful default (not None,
+    not a store_true's False, not already written in the help text)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+            or not action.option_strings
+        ):
+            return action.help
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+class SubcommandParser(argparse.ArgumentParser):
+    """The parser class of every subcommand: help with defaults, and every usage error followed by
+    a "did you mean" for each flag of the command line this subcommand does not know."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
+        self._seen: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._seen = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        hints = did_you_mean(self, self._seen)
+        super().error(f"{message} ({hints})" if hints else message)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -28,15 +72,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tokenload {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=SubcommandParser)
     for name in COMMANDS:
         importlib.import_module(f"{__package__}.{name}").register(sub)
+    for choice in sub._choices_actions:  # a subcommand without its own description shows its help line
+        command = sub.choices[choice.dest]
+        if command.description is None and choice.help:
+            command.description = choice.help[0].upper() + choice.help[1:] + "."
     return parser
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``command`` in the tree ``build_parser`` made."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise KeyError(command)
+
+
+def did_you_mean(command_parser: argparse.ArgumentParser, words: Sequence[str]) -> str:
+    """For each flag in ``words`` that ``command_parser`` does not know, its closest known flags
+    (``--append_eod`` -> ``--append-eod``), as one phrase; empty when every flag is known."""
+    known = [s for a in command_parser._actions for s in a.option_strings if s.startswith("--")]
+    normal = {s.replace("_", "-").lower(): s for s in known}
+    hints = []
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("--") or flag in known or any(k.startswith(flag) for k in known):
+            continue  # a value, a known flag, or an abbreviation argparse accepts
+        key = flag.replace("_", "-").lower()
+        close = [normal[key]] if key in normal else [normal[c] for c in difflib.get_close_matches(key, normal, n=2)]
+        hints.append(f"{flag}: did you mean {' or '.join(close)}?" if close else f"{flag}: no such flag")
+    return "; ".join(hints)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # the subcommand's usage, not the top-level one (argparse exits 2)
+        subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -46,15 +120,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TokenloadError as exc:
         print(f"tokenload {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        return BROKEN_PIPE_STATUS
+    except OSError as exc:  # the environment, not tokenload: still one line, never a traceback
+        print(f"tokenload {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"tokenload {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (the kernel reports an error condition on
+    its write end); stdout then points at /dev/null so that the interpreter's final flush does not
+    report the same broken pipe again."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        closed = any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):  # no file descriptor behind stdout: not ours to judge
+        return False
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return closed
 
 
 def one_line(exc: TokenloadError) -> str:
     """The error as a single line: message, then the hint in brackets."""
     text = exc.message if exc.path is None else f"{exc.path}: {exc.message}"
     return f"{text} [HINT: {exc.hint}]" if exc.hint else text
+
+
+def os_error_line(exc: OSError) -> str:
+    """An operating-system error no layer turned into a typed one, as one line with a hint."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    return f"{where}{what} ({type(exc).__name__}) [HINT: check that the path exists, is readable or writable as needed, and that its disk has free space]"
 
 
 if __name__ == "__main__":  # pragma: no cover
