@@ -11,7 +11,8 @@ from .config import PreprocessConfig, TokenizerSpec, canonical_kind, shard_from_
 from .corpus import CorpusSummary, write_stdlib_corpus
 from .pipeline import PreprocessResult, preprocess
 from .sources import InputFile, expand_inputs, shard_files
-from .tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
+from .load import load_tokenizer
+from .tokenizer import ByteTokenizer, TextTokenizer
 
 __all__ = [
     "ByteTokenizer",

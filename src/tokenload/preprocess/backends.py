@@ -6,8 +6,8 @@ their post-processor (BOS/EOS templates) unless ``add_special_tokens`` is off, t
 padding stored in a tokenizer.json are ignored (transformers resets them per call), tiktoken
 recognises its special tokens in text (``allowed_special="all"``), SentencePiece encodes plain.
 
-``load`` hands the native tokenizer to ``fast.accelerate``, which swaps in gigatoken where it
-gives the same ids.
+``load_native`` returns the native tokenizer and its gigatoken source; ``load`` (above this module)
+hands both to ``fast.accelerate``, which swaps in gigatoken where it gives the same ids.
 """
 
 from __future__ import annotations
@@ -68,19 +68,9 @@ _GIGATOKEN_SCHEMES = {
 }
 
 
-def load(spec: TokenizerSpec) -> TextTokenizer:
-    """Load the native tokenizer for ``spec``, then swap in gigatoken where it is proven equal."""
-    native, giga_source = _LOADERS[spec.kind](spec)
-    if spec.engine == "native" or giga_source is None:
-        if spec.engine == "gigatoken":
-            raise ConfigError(
-                f"gigatoken cannot encode this {spec.kind} tokenizer",
-                hint="drop --engine gigatoken",
-            )
-        return native
-    from .fast import accelerate
-
-    return accelerate(native, giga_source, spec)
+def load_native(spec: TokenizerSpec) -> tuple[TextTokenizer, Any]:
+    """The native tokenizer for ``spec`` and what gigatoken would be built from (None: nothing)."""
+    return _LOADERS[spec.kind](spec)
 
 
 # -- HF tokenizers --------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from ..errors import ConfigError
 from .config import TokenizerSpec
 from .records import parse_chunk
 from .sources import Chunk
-from .tokenizer import TextTokenizer, load_tokenizer
+from .load import load_tokenizer
+from .tokenizer import TextTokenizer
 
 _TOKENIZERS: dict[TokenizerSpec, TextTokenizer] = {}
 

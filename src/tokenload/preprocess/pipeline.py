@@ -29,7 +29,8 @@ from .config import PreprocessConfig
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .progress import Progress
 from .sources import InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
-from .tokenizer import TextTokenizer, load_tokenizer
+from .load import load_tokenizer
+from .tokenizer import TextTokenizer
 from .workdir import WorkDir
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,9 @@
 Every tokenizer encodes a batch of texts into one flat id array plus one length per text, so the
 pipeline never holds a Python list per document longer than the encoder itself does. The
 built-in byte-level tokenizer needs no files: ids are the UTF-8 bytes (0..255) and EOD is 256, so
-its vocabulary of 257 fits uint16. The other kinds live in ``backends``; gigatoken replaces the
-native encoder only where a probe on load shows identical ids (and tests prove it per kind).
+its vocabulary of 257 fits uint16. The other kinds live in ``backends`` (native encoders) and
+``fast`` (gigatoken in their place); ``load`` picks one. Imports run one way: ``tokenizer`` <-
+``backends`` <- ``fast`` <- ``load``, so this module never imports the others.
 
 A tokenizer's identity (kind, files and their xxh3-64 hashes, vocabulary size, EOD id, options
 that change ids) goes into each output's sidecar; the engine that produced the ids does not,
@@ -14,7 +15,6 @@ since it never changes them.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..format import file_xxh3, optimal_dtype
-from .config import TokenizerSpec
 
 log = logging.getLogger(__name__)
 
@@ -104,31 +103,6 @@ class ByteTokenizer(TextTokenizer):
         encoded = [t.encode("utf-8") for t in texts]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         return np.frombuffer(b"".join(encoded), dtype=np.uint8), lengths
-
-
-def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
-    """Build the tokenizer ``spec`` names (gigatoken-accelerated where it is proven equal)."""
-    if spec.kind == "byte":
-        if spec.model or spec.vocab_file or spec.merge_file:
-            raise ConfigError(
-                "the byte tokenizer takes no files",
-                hint="drop --tokenizer-model/--vocab-file/--merge-file, or pick --tokenizer-type",
-            )
-        if spec.engine == "gigatoken":
-            raise ConfigError(
-                "gigatoken does not encode the byte tokenizer", hint="drop --engine gigatoken"
-            )
-        return ByteTokenizer(spec.eod_id)
-    for path in (spec.model, spec.vocab_file, spec.merge_file):
-        if path is not None and not os.path.exists(path):
-            raise ConfigError(
-                f"tokenizer file {path!r} does not exist",
-                path=path,
-                hint="tokenizers are read from local files only; check the path",
-            )
-    from . import backends
-
-    return backends.load(spec)
 
 
 def _path_hash(path: str) -> str:
