@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..format import FlatTokenFile, ReadMode
+from ..format.flat import content_fingerprint
 from ..index.permutation import KeyedPermutation
 from .items import Allocator
 
@@ -54,6 +55,7 @@ class FlatTokenDataset:
         self.path = os.fspath(path)
         self.config = config
         self.file = FlatTokenFile(self.path, dtype=config.dtype, mode=config.mode)
+        self._fingerprint: str | None = None
         num_tokens = os.path.getsize(self.path) // np.dtype(config.dtype).itemsize
         self.windows_per_epoch = max(num_tokens - 1, 0) // config.block_size
         if self.windows_per_epoch == 0:
@@ -68,9 +70,14 @@ class FlatTokenDataset:
 
     @property
     def fingerprint(self) -> str:
-        """Identity of (data, config): resume state must match it."""
-        payload = repr((os.path.basename(self.path), os.path.getsize(self.path), sorted(asdict(self.config).items())))
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        """Identity of (data, config) that resume state must match: the file's content (not its
+        name or folder, so a run can move) and everything that orders or cuts the windows (not
+        the read mode). Computed on first use, once per dataset object."""
+        if self._fingerprint is None:
+            order = sorted((k, v) for k, v in asdict(self.config).items() if k != "mode")
+            payload = repr((content_fingerprint(self.path), order))
+            self._fingerprint = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return self._fingerprint
 
     def window_starts(self, indices: np.ndarray) -> np.ndarray:
         """Start token of each global sample index (vectorized)."""

@@ -2,6 +2,11 @@
 
 The whole file is one document stream; a training sample is any window of it. Reading shares the
 three read modes of Megatron token files, and opens lazily per process the same way.
+
+A flat file has no sidecar to carry a hash, and hashing all of a 100 GB file would take minutes,
+so its identity (``content_fingerprint``) is an xxh3 over its size and 64 blocks of 64 KiB at
+fixed, evenly spaced offsets: 4 MiB read whatever the size, the whole file when it is smaller.
+It does not depend on the file's name or folder, so a run can move to another mount point.
 """
 
 from __future__ import annotations
@@ -9,7 +14,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import xxhash
 
+from ..errors import StorageError
 from .bin import BinSource, ReadMode, open_bin, warmup_file
 
 
@@ -68,6 +75,38 @@ class FlatTokenFile:
 
     def __repr__(self) -> str:
         return f"FlatTokenFile({self.path!r}, dtype={self.dtype.name!r}, mode={self.mode.value!r})"
+
+
+_SAMPLED_BLOCKS = 64
+_BLOCK_BYTES = 64 << 10
+
+
+def content_fingerprint(path: str | os.PathLike[str]) -> str:
+    """xxh3-64 (hex) of the file's size and sampled blocks: the same bytes under any name or
+    folder give the same value, other bytes of the same size a different one (wholly when the
+    file is at most 4 MiB, else wherever they touch a sampled block)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            digest = xxhash.xxh3_64(size.to_bytes(8, "little"))
+            for offset, length in _sampled_blocks(size):
+                digest.update(os.pread(fd, length, offset))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StorageError(f"cannot read the flat token file ({exc.strerror or exc})", path=path,
+                           hint="check that the file exists and is readable") from exc
+    return digest.hexdigest()
+
+
+def _sampled_blocks(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of the blocks hashed for a file of ``size`` bytes: first and last
+    included, so a file's head and tail always count."""
+    if size <= _SAMPLED_BLOCKS * _BLOCK_BYTES:
+        return [(start, min(_BLOCK_BYTES, size - start)) for start in range(0, size, _BLOCK_BYTES)]
+    last = size - _BLOCK_BYTES
+    return [(i * last // (_SAMPLED_BLOCKS - 1), _BLOCK_BYTES) for i in range(_SAMPLED_BLOCKS)]
 
 
 def write_flat(path: str | os.PathLike[str], tokens: np.ndarray, dtype: np.dtype | type | str = np.uint16) -> None:

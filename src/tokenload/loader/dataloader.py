@@ -6,7 +6,8 @@ micro-batches ahead and hand them over through shared slots (``ring.py``); batch
 tensors either way, in the same order. The returned ``TokenloadDataLoader`` counts the
 micro-batches it has handed to the training loop (not those made ahead by workers), so
 ``state_dict()`` is exact at any step; ``load_state_dict()`` checks the fingerprint and restarts
-the order at the saved ``consumed_samples``, also on another data-parallel size. It follows
+the order at the saved ``consumed_samples``, with the single sampler also on another data-parallel
+size (the cyclic sampler's order depends on the topology, so it refuses another one). It follows
 torchdata's StatefulDataLoader protocol (``state_dict``/``load_state_dict``), so Lightning and
 plain torch checkpoints store it as a small dict.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..distributed import World
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError, StateError, require
 from .collate import fetch, to_tensors
 from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
@@ -48,10 +49,10 @@ class LoaderConfig:
     persistent_workers: bool = True
     """Keep workers alive between iterations (only with num_workers > 0)."""
     prefetch_factor: int | None = None
-    """Micro-batches each worker makes ahead of the training loop (None: 4). A worker reads up
-    to half of them in one vectorized read, so more is faster (measured at S = 2048, micro-batch
-    16, 2 workers on 2 cores: 2 gives ~90k samples/s, 4 ~110k, 8 ~135k) at the cost of shared
-    memory: ``prefetch_factor + 2`` batches per worker."""
+    """Micro-batches each worker makes ahead of the training loop (None: 4; at least 1). A worker
+    reads half of them (at most 4) in one vectorized read, so more is faster (measured at S = 2048,
+    micro-batch 16, 2 workers on 2 cores: 2 gives ~90k samples/s, 4 ~110k, 8 ~135k) at the cost of
+    shared memory: ``prefetch_factor + 2`` batches per worker."""
     multiprocessing_context: str | None = None
     """"fork", "spawn" or "forkserver"; None uses the platform default."""
     shared_memory: bool = True
@@ -64,7 +65,7 @@ class LoaderConfig:
         if self.num_workers < 0:
             raise ConfigError(f"num_workers is {self.num_workers}", hint="use 0 or more workers")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
-            raise ConfigError(f"prefetch_factor is {self.prefetch_factor}", hint="use 1 or more (or None for 2)")
+            raise ConfigError(f"prefetch_factor is {self.prefetch_factor}", hint="use 1 or more (or None for 4)")
         if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
             raise ConfigError(
                 f"multiprocessing_context is {self.multiprocessing_context!r}",
@@ -76,6 +77,7 @@ class TokenloadDataLoader:
     """Iterates this rank's micro-batches from ``consumed_samples`` on; resumable."""
 
     def __init__(self, dataset: Any, config: LoaderConfig, consumed_samples: int = 0) -> None:
+        require("torch", "torch", "tokenload's DataLoader")  # now, not at the first batch
         world = World.detect()
         self.dataset = dataset
         self.config = config
@@ -188,6 +190,15 @@ class TokenloadDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         loaded = LoaderState.from_dict(state)
         loaded.check(self.fingerprint)
+        if self.config.kind == "cyclic":
+            loaded.check_topology(micro_batch_size=self.config.micro_batch_size, dp_size=self.dp_size)
+        elif loaded.consumed_samples > self.plan.total_samples:  # the cyclic order counts on through epochs
+            raise StateError(
+                f"loader state consumed_samples {loaded.consumed_samples} is past the end of this loader's"
+                f" order of {self.plan.total_samples} samples",
+                hint="pass the state saved for this dataset, unchanged (a state from another dataset size"
+                " has another fingerprint)",
+            )
         if loaded.consumed_samples % self.plan.group:
             raise StateError(
                 f"consumed_samples {loaded.consumed_samples} is not a multiple of micro_batch_size * dp_size ="

@@ -7,6 +7,7 @@ another order fail loudly instead of silently reshuffling.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,9 +25,10 @@ class LoaderState:
     fingerprint: str
     """Identity of the dataset, its order and the sampler kind."""
     micro_batch_size: int
-    """Micro-batch size when saved (informational; resume may change the topology)."""
+    """Micro-batch size when saved (the cyclic sampler resumes only with the same one)."""
     dp_size: int
-    """Data-parallel size when saved (informational)."""
+    """Data-parallel size when saved (the cyclic sampler resumes only on the same one; the
+    single sampler resumes on any)."""
     version: int = STATE_VERSION
     """Schema version of this state."""
 
@@ -44,9 +46,30 @@ class LoaderState:
                 hint="the checkpoint was written by an incompatible tokenload; resume with the version that wrote it",
             )
         try:
-            return cls(**{k: data[k] for k in ("consumed_samples", "fingerprint", "micro_batch_size", "dp_size")})
+            fields = {k: data[k] for k in ("consumed_samples", "fingerprint", "micro_batch_size", "dp_size")}
         except KeyError as exc:
             raise StateError(f"loader state lacks {exc}", hint="pass the dict saved from loader.state_dict()") from None
+        if not isinstance(fields["fingerprint"], str):
+            raise StateError(
+                f"loader state fingerprint is {fields['fingerprint']!r}, expected a string",
+                hint="pass the dict saved from loader.state_dict(), unchanged",
+            )
+        for name, least in (("consumed_samples", 0), ("micro_batch_size", 1), ("dp_size", 1)):
+            fields[name] = _count(name, fields[name], least)
+        return cls(**fields)
+
+    def check_topology(self, *, micro_batch_size: int, dp_size: int) -> None:
+        """Raise StateError unless saved with this micro-batch and data-parallel size: the cyclic
+        sampler's permutation and epoch length depend on both, so resuming it on another topology
+        would repeat some samples and skip others."""
+        if (self.micro_batch_size, self.dp_size) != (micro_batch_size, dp_size):
+            raise StateError(
+                f"loader state was saved by the cyclic sampler at dp_size={self.dp_size},"
+                f" micro_batch_size={self.micro_batch_size}; this loader has dp_size={dp_size},"
+                f" micro_batch_size={micro_batch_size}, and the cyclic order depends on both",
+                hint=f"resume on {self.dp_size} data-parallel ranks with micro_batch_size={self.micro_batch_size},"
+                " or train with kind='single' (Megatron's default sampler), which resumes on any topology",
+            )
 
     def check(self, fingerprint: str) -> None:
         """Raise StateError unless this state belongs to data and config with ``fingerprint``."""
@@ -56,3 +79,19 @@ class LoaderState:
                 hint="resume with the same token files, sequence length, seed, split and blend as the saved run,"
                 " or start the data order from scratch deliberately (consumed_samples=0)",
             )
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    """``value`` as an int >= ``least``; a string, float or bool is refused, not converted (a
+    checkpoint that stores one was written or edited by something else)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise StateError(
+            f"loader state {name} is {value!r} ({type(value).__name__}), expected an int",
+            hint="pass the dict saved from loader.state_dict(), unchanged",
+        )
+    if value < least:
+        raise StateError(
+            f"loader state {name} is {value}, expected {least} or more",
+            hint="pass the dict saved from loader.state_dict(), unchanged",
+        )
+    return int(value)

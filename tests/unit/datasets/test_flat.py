@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import shutil
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -77,3 +82,93 @@ def test_bad_configs(flat_file, tmp_path):
         FlatTokenDataset(path, FlatDatasetConfig(block_size=60_000))
     with pytest.raises(IndexError):
         FlatTokenDataset(path, FlatDatasetConfig(block_size=16)).__getitems__([10**9])
+
+
+def _fingerprint(path, **config) -> str:
+    return FlatTokenDataset(path, FlatDatasetConfig(block_size=16, **config)).fingerprint
+
+
+def test_fingerprint_is_the_content_not_the_name_or_folder(flat_file, tmp_path):
+    path, tokens = flat_file
+    first = _fingerprint(path)
+    (tmp_path / "elsewhere").mkdir()
+    moved = tmp_path / "elsewhere" / "train.bin"
+    os.rename(path, moved)
+    assert _fingerprint(moved) == first
+    renamed = tmp_path / "elsewhere" / "owt_train.bin"
+    shutil.copyfile(moved, renamed)
+    assert _fingerprint(renamed) == first
+    assert _fingerprint(renamed, mode="pread") == first  # how it is read is not what it holds
+    assert _fingerprint(renamed, seed=6) != first
+
+
+def test_fingerprint_tells_same_size_files_apart(flat_file, tmp_path):
+    path, tokens = flat_file
+    first = _fingerprint(path)
+    other = tmp_path / "other" / "train.bin"
+    other.parent.mkdir()
+    write_flat(other, tokens[::-1])
+    assert os.path.getsize(other) == os.path.getsize(path)
+    assert _fingerprint(other) != first
+    write_flat(other, np.concatenate([tokens[:30_000], [7], tokens[30_001:]]))  # one token
+    assert _fingerprint(other) != first
+
+
+def test_fingerprint_of_a_large_file_samples_it(tmp_path):
+    """Over 4 MiB only sampled blocks are read, the first and the last among them."""
+    tokens = np.random.default_rng(1).integers(0, 50_000, size=3_000_000)  # 6 MB
+    path = tmp_path / "big.bin"
+    write_flat(path, tokens)
+    first = _fingerprint(path)
+    for position in (0, len(tokens) - 1):
+        changed = tokens.copy()
+        changed[position] ^= 1
+        write_flat(path, changed)
+        assert _fingerprint(path) != first, position
+    write_flat(path, tokens)
+    assert _fingerprint(path) == first
+
+
+def test_fingerprint_of_a_100_gb_file_is_cheap(tmp_path):
+    path = tmp_path / "huge.bin"
+    with open(path, "wb") as f:
+        f.truncate(100 << 30)  # sparse: no disk used
+    start = time.perf_counter()
+    fingerprint = _fingerprint(path)
+    assert time.perf_counter() - start < 5  # reading it whole would take minutes
+    assert len(fingerprint) == 16
+
+
+def _handles(path) -> tuple[set, set]:
+    """This process's open descriptors and mappings of ``path`` (from /proc)."""
+    real = os.path.realpath(path)
+    fds = {int(fd) for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == real}
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[0] for line in maps if line.rstrip().endswith(real)}
+    return fds, mapped
+
+
+def _read_in_child(dataset, queue) -> None:
+    batch = dataset.__getitems__([3, 4])
+    queue.put((batch["tokens"], _handles(dataset.path)))
+
+
+@pytest.mark.parametrize("mode", ["mmap", "pread"])
+def test_a_forked_process_opens_the_file_again(flat_file, mode):
+    """A mapping or descriptor inherited through fork is the parent's: a child (a loader worker)
+    must read through its own."""
+    path, _ = flat_file
+    ds = FlatTokenDataset(path, FlatDatasetConfig(block_size=16, mode=mode))
+    want = ds.__getitems__([3, 4])["tokens"]
+    parent = _handles(path)
+    assert parent != (set(), set())
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_child, args=(ds, queue))
+    child.start()
+    tokens, handles = queue.get(timeout=30)
+    child.join(30)
+    np.testing.assert_array_equal(tokens, want)
+    fds, mapped = handles
+    assert fds and not fds & parent[0]
+    assert not mapped & parent[1] and bool(mapped) == (mode == "mmap")

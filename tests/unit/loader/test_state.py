@@ -1,0 +1,151 @@
+"""Loader state: what a checkpoint may load into. The cyclic sampler resumes only on the topology
+it was saved on, a state is bound to its sampler kind, consumed_samples is checked when it is
+loaded, and a flat file keeps its state when it moves."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset
+from tokenload.errors import StateError
+from tokenload.format import write_flat
+from tokenload.loader import build_dataloader
+
+WINDOWS = (4_001 - 1) // 8  # 500 windows of 8 tokens
+
+
+def _dataset(path) -> FlatTokenDataset:
+    return FlatTokenDataset(path, FlatDatasetConfig(block_size=8, seed=9))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    write_flat(tmp_path / "train.bin", np.random.default_rng(2).integers(0, 60_000, size=4_001))
+    return _dataset(tmp_path / "train.bin")
+
+
+def _loader(dataset, **config):
+    return build_dataloader(dataset, num_workers=0, **{"micro_batch_size": 4, "dp_rank": 0, "dp_size": 1, **config})
+
+
+def _rows(loader, steps: int) -> list[list[int]]:
+    """The first token of every sample of the next ``steps`` micro-batches."""
+    return [b["tokens"][:, 0].tolist() for b in itertools.islice(loader, steps)]
+
+
+def _state(dataset, steps: int, **config) -> dict:
+    loader = _loader(dataset, **config)
+    _rows(loader, steps)
+    return loader.state_dict()
+
+
+def test_cyclic_state_refuses_another_dp_size(dataset):
+    state = _state(dataset, 3, kind="cyclic", dp_rank=1, dp_size=4)
+    assert state["dp_size"] == 4 and state["consumed_samples"] == 48
+    loader = _loader(dataset, kind="cyclic", dp_rank=1, dp_size=2)
+    with pytest.raises(StateError, match="dp_size=4") as info:
+        loader.load_state_dict(state)
+    assert "HINT: resume on 4 data-parallel ranks" in str(info.value) and "kind='single'" in str(info.value)
+    with pytest.raises(StateError, match="micro_batch_size=4"):
+        _loader(dataset, kind="cyclic", micro_batch_size=8, dp_rank=1, dp_size=4).load_state_dict(state)
+
+
+def test_cyclic_state_resumes_on_its_own_topology(dataset):
+    cfg = dict(kind="cyclic", dp_rank=1, dp_size=4)
+    reference = _rows(_loader(dataset, **cfg), 8)
+    loader = _loader(dataset, **cfg)
+    loader.load_state_dict(_state(dataset, 3, **cfg))
+    assert _rows(loader, 5) == reference[3:]
+
+
+def test_single_state_resumes_on_another_dp_size(dataset):
+    """Megatron's default sampler: global sample k does not depend on the topology."""
+    state = _state(dataset, 3, dp_size=4, dp_rank=2)
+    ranks = [_loader(dataset, dp_size=2, dp_rank=r) for r in range(2)]
+    for loader in ranks:
+        loader.load_state_dict(state)
+    steps = list(zip(*(_rows(loader, 4) for loader in ranks)))
+    resumed = [x for step in steps for batch in step for x in batch]
+    whole = [x for batch in _rows(_loader(dataset, micro_batch_size=48 + 32), 1) for x in batch]
+    assert resumed == whole[48:]
+
+
+@pytest.mark.parametrize(
+    "saved,loaded",
+    [
+        ({"kind": "cyclic"}, {"kind": "single"}),
+        ({"kind": "single"}, {"kind": "cyclic"}),
+        ({"kind": "cyclic", "data_sharding": True}, {"kind": "cyclic", "data_sharding": False}),
+    ],
+)
+def test_state_is_bound_to_the_sampler_kind(dataset, saved, loaded):
+    state = _state(dataset, 2, **saved)
+    with pytest.raises(StateError, match="fingerprint"):
+        _loader(dataset, **loaded).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("640", r"consumed_samples is '640' \(str\), expected an int"),
+        (640.0, r"consumed_samples is 640.0 \(float\), expected an int"),
+        (True, r"consumed_samples is True \(bool\), expected an int"),
+        (None, r"consumed_samples is None \(NoneType\), expected an int"),
+        (-16, "consumed_samples is -16, expected 0 or more"),
+        (WINDOWS + 4, f"consumed_samples {WINDOWS + 4} is past the end of this loader's order of {WINDOWS}"),
+    ],
+)
+def test_consumed_samples_is_checked_at_load(dataset, value, message):
+    loader = _loader(dataset)
+    state = dict(loader.state_dict(), consumed_samples=value)
+    with pytest.raises(StateError, match=message) as info:
+        loader.load_state_dict(state)
+    assert "HINT" in str(info.value)
+    assert loader.consumed_samples == 0  # nothing half-loaded
+
+
+def test_numpy_integers_and_the_very_end_load(dataset):
+    loader = _loader(dataset)
+    loader.load_state_dict(dict(loader.state_dict(), consumed_samples=np.int64(WINDOWS)))
+    assert loader.consumed_samples == WINDOWS and type(loader.consumed_samples) is int
+    assert list(loader) == []
+
+
+def test_cyclic_counts_on_through_epochs(dataset):
+    """Past one epoch is not past the end for the cyclic sampler: it starts the next epoch."""
+    loader = _loader(dataset, kind="cyclic")
+    loader.load_state_dict(dict(loader.state_dict(), consumed_samples=WINDOWS + 8))
+    assert len(_rows(loader, 2)) == 2
+    with pytest.raises(StateError, match="expected 0 or more"):
+        loader.load_state_dict(dict(loader.state_dict(), consumed_samples=-8))
+
+
+def test_other_fields_are_checked(dataset):
+    loader = _loader(dataset)
+    state = loader.state_dict()
+    with pytest.raises(StateError, match="micro_batch_size is 0, expected 1 or more"):
+        loader.load_state_dict(dict(state, micro_batch_size=0))
+    with pytest.raises(StateError, match=r"dp_size is '2' \(str\)"):
+        loader.load_state_dict(dict(state, dp_size="2"))
+    with pytest.raises(StateError, match="fingerprint is 7, expected a string"):
+        loader.load_state_dict(dict(state, fingerprint=7))
+
+
+def test_a_moved_flat_file_resumes_and_a_same_size_one_does_not(dataset, tmp_path):
+    reference = _rows(_loader(dataset), 6)
+    state = _state(dataset, 2)
+    mount = tmp_path / "new-mount"
+    mount.mkdir()
+    os.rename(dataset.path, mount / "renamed.bin")
+    moved = _loader(_dataset(mount / "renamed.bin"))
+    moved.load_state_dict(state)
+    assert _rows(moved, 4) == reference[2:]
+
+    other = tmp_path / "train.bin"  # the old name, other tokens, the same size
+    write_flat(other, np.random.default_rng(3).integers(0, 60_000, size=4_001))
+    with pytest.raises(StateError, match="fingerprint"):
+        _loader(_dataset(other)).load_state_dict(state)
