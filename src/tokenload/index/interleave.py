@@ -1,0 +1,141 @@
+"""A blend without an index over all samples: one period of a deterministic schedule, repeated.
+
+Weights become integer counts per period P by largest-remainder rounding (``c_d`` with
+``sum c_d = P`` and ``|c_d - P*w_d| < 1``). One period is scheduled by earliest deadline first
+(EDF): the j-th sample (j >= 1) of source d is *released* at slot ``floor((j-1)*P / c_d)`` and
+*due* by slot ``ceil(j*P / c_d) - 1``; each slot takes, among released samples, the one due
+first (ties: lowest source). The schedule is then repeated, so global sample k is slot
+``k mod P`` of period ``k // P``: ``(source, cursor) = (src[k mod P], (k // P)*c[src] +
+rank[k mod P])``, two table lookups. Memory: two int32 arrays of P plus O(D).
+
+**Bound.** For every source d and every prefix of m samples of the infinite order,
+``|count_d(m) - m*c_d/P| < 1``; against the requested weights that is
+``|count_d(m) - m*w_d| < 1 + m*|c_d/P - w_d|``, where ``|c_d/P - w_d| < 1/P``.
+*Proof.* EDF meets every deadline when, for every window of slots ``[a, b]``, at most
+``b - a + 1`` samples are released and due inside it (Hall's condition for unit jobs on one
+machine, for which EDF is optimal). Source d's samples released at >= a and due <= b have
+``(j-1)*P/c_d >= a`` and ``j*P/c_d <= b + 1``, so at most ``(b + 1 - a)*c_d/P`` of them, and
+summing over d gives at most ``b + 1 - a``. A sample scheduled within its window gives:
+sample j is served by prefix m whenever ``m >= j*P/c_d`` (so ``count >= floor(m*c_d/P)``)
+and never before ``m > (j-1)*P/c_d`` (so ``count <= ceil(m*c_d/P)``), with equality only at
+integers where the error is 0. At ``m = P`` every count equals ``c_d``: the state repeats, and
+so does the bound. The greedy max-error rule of Megatron has no such bound for three or more
+sources (one falls more than one sample behind, docs/ORDER.md), which is why EDF is used.
+
+Building the period is a heap walk over P slots in Python: 0.03 s for the default P = 2^16
+(weights resolved to 1.5e-5), 0.8 s for 2^20 (measured on one shared core).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+__all__ = ["DEFAULT_PERIOD", "Interleave", "period_counts", "token_weights"]
+
+DEFAULT_PERIOD = 1 << 16
+
+
+def _check_weights(weights: Sequence[float], what: str) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ConfigError(
+            f"{what} are {list(weights)}; expected one or more finite weights >= 0 with a positive sum",
+            hint="give a non-negative weight per source, at least one of them positive",
+        )
+    return w / w.sum()
+
+
+def token_weights(weights: Sequence[float], tokens_per_sample: Sequence[int]) -> np.ndarray:
+    """Per-sample weights that give each source the share ``weights`` of the *tokens*.
+
+    A source whose samples hold more tokens needs proportionally fewer samples. For sources of
+    the same sequence length, per-token and per-sample weights are the same; the blend of every
+    source by its size ("natural" mixture) is ``weights = num_windows``.
+    """
+    w = _check_weights(weights, "token weights")
+    t = np.asarray(tokens_per_sample, dtype=np.float64)
+    if t.shape != w.shape or np.any(t <= 0):
+        raise ConfigError(f"tokens per sample {list(tokens_per_sample)}; expected one positive count per weight")
+    return _check_weights(w / t, "token weights")
+
+
+def period_counts(weights: Sequence[float], period: int) -> np.ndarray:
+    """int64 samples of each source per period: largest-remainder rounding of ``period * w``."""
+    if period < 1:
+        raise ConfigError(f"period is {period}; expected >= 1")
+    w = _check_weights(weights, "weights")
+    exact = w * period
+    counts = np.floor(exact).astype(np.int64)
+    short = period - int(counts.sum())
+    counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    starved = np.flatnonzero((w > 0) & (counts == 0))
+    if starved.size:
+        raise ConfigError(
+            f"source {int(starved[0])} has weight {float(w[starved[0]]):.3g}, less than one sample per period of {period}",
+            hint=f"use a period of at least {int(np.ceil(1 / w[starved[0]]))} or a larger weight",
+        )
+    return counts
+
+
+def _edf(counts: np.ndarray, period: int) -> np.ndarray:
+    """int32 source of each slot of one period (EDF over release/due slots, see the module)."""
+    out = np.empty(period, dtype=np.int32)
+    pending = [(0, d) for d in np.flatnonzero(counts).tolist()]  # (release slot, source)
+    heapq.heapify(pending)
+    ready: list[tuple[int, int]] = []  # (due slot, source)
+    served = [0] * counts.size
+    c = counts.tolist()
+    for slot in range(period):
+        while pending and pending[0][0] <= slot:
+            d = heapq.heappop(pending)[1]
+            heapq.heappush(ready, (((served[d] + 1) * period - 1) // c[d], d))
+        due, d = heapq.heappop(ready)
+        assert due >= slot, "EDF missed a deadline: the counts do not sum to the period"
+        out[slot] = d
+        served[d] += 1
+        if served[d] < c[d]:
+            heapq.heappush(pending, ((served[d] * period) // c[d], d))
+    return out
+
+
+class Interleave:
+    """A periodic blend of D sources: global sample k -> (source, the source's k-th sample)."""
+
+    def __init__(self, weights: Sequence[float], *, period: int = DEFAULT_PERIOD) -> None:
+        self.period = int(period)
+        self.counts = period_counts(weights, self.period)
+        self.sources = _edf(self.counts, self.period)
+        order = np.argsort(self.sources, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        ranks = np.empty(self.period, dtype=np.int32)
+        ranks[order] = np.arange(self.period, dtype=np.int32) - np.repeat(starts, self.counts)
+        self.ranks = ranks
+
+    @property
+    def num_sources(self) -> int:
+        return int(self.counts.size)
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The weights the schedule realizes exactly over every period, ``counts / period``."""
+        return self.counts / self.period
+
+    def __call__(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, cursor)`` int64 arrays of global samples k >= 0: sample k is the source's
+        ``cursor``-th sample (counting from 0, all periods before included)."""
+        k = np.asarray(samples, dtype=np.int64)
+        if k.size and int(k.min()) < 0:
+            raise IndexError("global samples must be >= 0")
+        periods, slot = np.divmod(k, self.period)
+        source = self.sources[slot].astype(np.int64)
+        return source, periods * self.counts[source] + self.ranks[slot]
+
+    def consumed(self, samples: int) -> np.ndarray:
+        """int64 samples taken from each source by the first ``samples`` global samples."""
+        periods, slot = divmod(int(samples), self.period)
+        return periods * self.counts + np.bincount(self.sources[:slot], minlength=self.num_sources)
