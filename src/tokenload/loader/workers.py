@@ -321,7 +321,12 @@ class _Worker:
         try:
             self.results.send(("batches", self.generation, entries))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a batch that cannot travel
-            self.results.send(("error", self.generation, first, _picklable(exc), traceback.format_exc()))
+            # The builtin type varies with the Python version (AttributeError up to 3.13).
+            error = WorkerError(
+                f"a batch cannot be sent to the training process: {exc}",
+                hint="make __getitems__ return arrays, numbers or strings (nothing unpicklable)",
+            )
+            self.results.send(("error", self.generation, first, error, traceback.format_exc()))
             self.work = None
 
     def _read(self, index_lists: list, slots: list[int]) -> list:

@@ -94,3 +94,12 @@ def test_drop_last_false_counts_only_what_is_left_and_close_stops_workers(tmp_pa
     assert loader._iterator is None and not any(w.is_alive() for w in workers)
     loader.restart(4)
     assert [len(b["tokens"]) for b in loader] == [4, 2]
+
+
+def test_prefetch_factor_default_is_what_the_hint_and_docstring_say(dataset):
+    with pytest.raises(ConfigError, match=r"prefetch_factor is 0\nHINT: use 1 or more \(or None for 4\)"):
+        build_dataloader(dataset, micro_batch_size=2, prefetch_factor=0)
+    loader = build_dataloader(dataset, micro_batch_size=2, num_workers=1)
+    next(iter(loader))
+    assert loader._iterator.prefetch == 4  # the worker pool's credit window
+    loader.close()

@@ -206,7 +206,7 @@ class Unshippable:
 
 def test_a_batch_that_cannot_be_pickled_is_an_error_in_the_loop():
     loader = build_dataloader(Unshippable(), micro_batch_size=2, num_workers=1, dp_rank=0, dp_size=1)
-    with pytest.raises(Exception, match="(?s)pickle.*loader worker 0"):
+    with pytest.raises(WorkerError, match="(?s)batch cannot be sent.*pickle.*loader worker 0"):
         list(loader)
     loader.close()
 
