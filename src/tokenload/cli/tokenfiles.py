@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 
-from ..format import describe, merge_token_files, prefixes_in, verify
+from ..format import check_file, describe, merge_token_files, prefixes_in
+from ..format.idx import prefix_of
+
+_PREFIX_HELP = "token file: PREFIX, PREFIX.bin or PREFIX.idx (the pair PREFIX.bin + PREFIX.idx)"
 
 
 def register(sub) -> None:
@@ -16,8 +19,14 @@ def register(sub) -> None:
 
 
 def register_info(sub) -> None:
-    p = sub.add_parser("info", help="describe token files: counts, dtype, document lengths, sidecar")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX", help="token file prefix (PREFIX.bin + PREFIX.idx)")
+    p = sub.add_parser(
+        "info",
+        help="describe token files: counts, dtype, document lengths, sidecar",
+        description="Describe Megatron token files: dtype, document, sequence and token counts,"
+        " document length percentiles, and the tokenload sidecar (PREFIX.json: tokenizer and"
+        " hashes) when there is one. Reads only the .idx, so it is quick on any size.",
+    )
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX", help=_PREFIX_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per prefix")
     p.set_defaults(func=run_info)
 
@@ -32,6 +41,11 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"{d['prefix']}")
         print(f"  dtype        {d['dtype']}")
         print(f"  documents    {d['documents']:,} ({d['empty_documents']:,} empty)")
+        if d["documents_from_sequences"]:
+            print(
+                "  note         the index records no document boundaries (document_indices == [0],"
+                " as GPT-NeoX's merge writes it): each sequence is read as one document"
+            )
         print(f"  sequences    {d['sequences']:,}")
         print(f"  tokens       {d['tokens']:,}")
         print(f"  bytes        .bin {d['bin_bytes']:,}  .idx {d['idx_bytes']:,}")
@@ -51,24 +65,50 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def register_verify(sub) -> None:
-    p = sub.add_parser("verify", help="check every structural invariant of token files")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX")
-    p.add_argument("--vocab-size", type=int, default=None, help="also check every token is below N")
+    p = sub.add_parser(
+        "verify",
+        help="check token files: structure, token values, hashes",
+        description="Check Megatron token files. Always: the structure (header, file sizes,"
+        " sequence pointers, document indices). Every token against a vocabulary size: the one"
+        " given with --vocab-size, else the sidecar's (PREFIX.json) when there is one; files"
+        " without a sidecar (written by Megatron) get the structure check only unless"
+        " --vocab-size is given. With --hashes, both files against the sidecar's xxh3-64 hashes."
+        " Each file's line says what was checked. Exit status: 0 every file valid, 1 a file is"
+        " invalid, 2 a usage error (bad flag, missing or unreadable file).",
+    )
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX", help=_PREFIX_HELP)
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="check every token is below N (default: the sidecar's tokenizer vocab_size, if any)",
+    )
     p.add_argument("--hashes", action="store_true", help="also check the files against the sidecar's hashes")
     p.set_defaults(func=run_verify)
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    if args.vocab_size is not None and args.vocab_size <= 0:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"--vocab-size is {args.vocab_size}, expected a positive number of token ids",
+            hint="pass the tokenizer's vocabulary size, e.g. --vocab-size 50257",
+        )
     failed = 0
     for prefix in args.prefixes:
-        problems = verify(prefix, vocab_size=args.vocab_size, hashes=args.hashes)
-        if problems:
+        result = check_file(prefix, vocab_size=args.vocab_size, hashes=args.hashes)
+        checked = "; ".join(result.checked)
+        if len(result.checked) == 1:
+            checked += "; structure only: pass --vocab-size N or --hashes to check the tokens"
+        if result.problems:
             failed += 1
-            print(f"FAIL {prefix}")
-            for problem in problems:
+            print(f"FAIL {prefix}  [checked: {checked}]")
+            for problem in result.problems:
                 print(f"  {problem}")
         else:
-            print(f"OK   {prefix}")
+            print(f"OK   {prefix}  [checked: {checked}]")
     if failed:
         print(f"{failed} of {len(args.prefixes)} token files failed verification", file=sys.stderr)
         return 1
@@ -76,10 +116,19 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def register_merge(sub) -> None:
-    p = sub.add_parser("merge", help="concatenate token files (Megatron merge_datasets semantics)")
+    p = sub.add_parser(
+        "merge",
+        help="concatenate token files (Megatron merge_datasets semantics)",
+        description="Concatenate token files into one, as Megatron's tools/merge_datasets.py does:"
+        " inputs in the given order (or every prefix in --input DIR, sorted by name), documents"
+        " kept, same dtype required. The output appears only when complete; the hidden"
+        " temporaries of a killed merge are removed by the next merge into the same prefix.",
+    )
     p.add_argument("prefixes", nargs="*", metavar="PREFIX", help="inputs in order (or use --input DIR)")
     p.add_argument("--input", default=None, metavar="DIR", help="merge every prefix in DIR, sorted by name")
-    p.add_argument("--output-prefix", required=True, help="output PREFIX (.bin/.idx/.json are written)")
+    p.add_argument(
+        "--output-prefix", required=True, help="output PREFIX (PREFIX.bin, PREFIX.idx and PREFIX.json are written)"
+    )
     p.set_defaults(func=run_merge)
 
 
@@ -94,7 +143,7 @@ def run_merge(args: argparse.Namespace) -> int:
     prefixes = prefixes_in(args.input) if args.input else list(args.prefixes)
     sidecar = merge_token_files(prefixes, args.output_prefix)
     print(
-        f"merged {len(prefixes)} token files into {args.output_prefix}: {sidecar.documents:,} documents,"
+        f"merged {len(prefixes)} token files into {prefix_of(args.output_prefix)}: {sidecar.documents:,} documents,"
         f" {sidecar.tokens:,} tokens ({sidecar.dtype})"
     )
     return 0

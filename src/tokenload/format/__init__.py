@@ -6,7 +6,7 @@ from __future__ import annotations
 from .bin import ReadMode, warmup_file
 from .flat import FlatTokenFile, write_flat
 from .idx import IndexHeader, dtype_code, optimal_dtype
-from .inspect import describe, document_token_counts, file_xxh3, verify
+from .inspect import Verification, check_file, describe, document_token_counts, file_xxh3, verify
 from .merge import merge_token_files, prefixes_in
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar, sidecar_path
@@ -19,6 +19,8 @@ __all__ = [
     "Sidecar",
     "TokenFile",
     "TokenFileWriter",
+    "Verification",
+    "check_file",
     "describe",
     "document_token_counts",
     "dtype_code",

@@ -2,22 +2,84 @@
 
 A writer writes under a hidden temporary name in the target folder (same filesystem, so the
 final ``os.replace`` is atomic) and renames at the end; a crash or kill leaves only a
-``.tmp-*`` file that no reader ever opens.
+``.NAME.tmp-HOST-PID-XXXXXXXX`` file that no reader ever opens. The host and process id in the
+name let a later writer of the same file tell a killed writer's leftovers from a live one's.
 """
 
 from __future__ import annotations
 
+import errno
 import glob
+import logging
 import os
+import re
 import secrets
+import socket
+import time
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from .storage import write_error
+
+logger = logging.getLogger(__name__)
+
+#: A leftover not modified for this long is stale even when its owner cannot be checked (a
+#: writer on another host of a shared filesystem).
+STALE_AFTER_S = 24 * 3600
+
+_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<host>[A-Za-z0-9_.]+)-)?(?P<pid>\d+)-(?P<token>[0-9a-f]{8})$")
+#: errnos that can only come from writing, so a write callback's OSError with one is our write's
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+
 
 def temp_path(final: str | os.PathLike[str]) -> Path:
-    """A unique temporary name beside ``final``."""
+    """A unique temporary name beside ``final`` that records this host and process."""
     final = Path(final)
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    return final.with_name(f".{final.name}.tmp-{_host()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _owner_gone(host: str | None, pid: int) -> bool:
+    """Whether the process that made a temporary has surely exited (only knowable on this host)."""
+    if host is not None and host != _host():
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, owned by another user
+        return False
+    return False
+
+
+def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None = None) -> list[Path]:
+    """Delete the temporaries of ``final`` that killed writers left; returns what was removed.
+
+    A temporary is stale when its writer process is gone (same host) or it has not been modified
+    for ``STALE_AFTER_S``. A live writer's temporary is never touched, so two writers of the same
+    file do not destroy each other's work (the later rename still wins)."""
+    final = Path(final)
+    now = time.time() if now is None else now
+    removed = []
+    for path in final.parent.glob(f".{glob.escape(final.name)}.tmp-*"):
+        match = _TEMP.match(path.name)
+        if match is None or match["name"] != final.name:
+            continue
+        try:
+            old = now - path.stat().st_mtime > STALE_AFTER_S
+        except FileNotFoundError:
+            continue
+        if old or _owner_gone(match["host"], int(match["pid"])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed %d temporary file(s) of %s left by killed writers", len(removed), final)
+    return removed
 
 
 def require_folder(final: str | os.PathLike[str]) -> None:
@@ -56,22 +118,86 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def write_temp(final: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
+    """``write(f)`` into a new temporary beside ``final``, fsynced; returns its path.
+
+    A full disk, a read-only filesystem or a folder this user may not write raises StorageError
+    and leaves no temporary behind."""
+    tmp = temp_path(final)
+    try:
+        f = create_temp(tmp, final)
+        try:
+            try:
+                write(f)
+            except OSError as exc:
+                if exc.errno in _WRITE_ERRNOS:
+                    raise write_error(exc, final, "the file") from None
+                raise
+            sync_file(f, final)
+        except BaseException:
+            close_quietly(f)
+            raise
+        f.close()
+    except BaseException:
+        discard(tmp)
+        raise
+    return tmp
+
+
 def write_atomic(final: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, fsync_folder: bool = True) -> None:
     """Write ``final`` atomically: ``write(f)`` into a temporary file beside it, fsync, rename.
 
+    Failures are StorageErrors that leave no temporary behind (see ``write_temp``).
     ``fsync_folder=False`` leaves the folder's fsync to the caller (one for many files)."""
-    tmp = temp_path(final)
+    tmp = write_temp(final, write)
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        replace(tmp, final)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        discard(tmp)
         raise
     if fsync_folder:
         fsync_dir(Path(final).parent)
+
+
+def create_temp(tmp: Path, final: str | os.PathLike[str]) -> BinaryIO:
+    """Open the temporary ``tmp`` of ``final`` for writing; StorageError when that is refused."""
+    try:
+        return open(tmp, "wb")
+    except OSError as exc:
+        raise write_error(exc, final, "the file") from None
+
+
+def sync_file(f: BinaryIO, final: str | os.PathLike[str]) -> None:
+    """Flush and fsync ``f``: where a full disk shows up for buffered or delayed writes."""
+    try:
+        f.flush()
+        os.fsync(f.fileno())
+    except OSError as exc:
+        raise write_error(exc, final, "the file") from None
+
+
+def replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """``os.replace`` with a StorageError naming ``final`` on failure."""
+    try:
+        os.replace(tmp, final)
+    except OSError as exc:
+        raise write_error(exc, final, "the file") from None
+
+
+def close_quietly(f: BinaryIO) -> None:
+    """Close ``f`` after a failure; a second error (the unflushed buffer on a full disk) is moot."""
+    try:
+        f.close()
+    except OSError:
+        pass
+
+
+def discard(path: str | os.PathLike[str]) -> None:
+    """Remove a temporary, ignoring a failure (the original error matters more)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def write_bytes_atomic(final: str | os.PathLike[str], chunks: list[bytes] | bytes) -> None:

@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from ..errors import FormatError, StorageError
+from .storage import read_error
 
 WARMUP_CHUNK = 100 << 20  # GPT-NeoX's mmap warm-up reads in 100 MiB chunks
 _SLICE_MIN_TOKENS = 32  # mean span length above which spans are sliced rather than gathered
@@ -52,11 +53,7 @@ class BinSource:
         try:
             size = os.stat(path).st_size
         except OSError as exc:
-            raise StorageError(
-                f"cannot open token data ({exc.strerror})",
-                path=path,
-                hint="check that the .bin file exists next to its .idx and is readable",
-            ) from None
+            raise read_error(exc, path, "token data") from None
         if size % self.dtype.itemsize:
             raise FormatError(
                 f".bin is {size} bytes, not a multiple of the {self.dtype} item size {self.dtype.itemsize}",
@@ -151,8 +148,11 @@ class MmapBin(_ArrayBin):
         if self.num_bytes == 0:
             self.tokens = np.zeros(0, dtype=self.dtype)
             return
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            with open(path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:
+            raise read_error(exc, path, "token data") from None
         self.tokens = np.frombuffer(self._map, dtype=self.dtype)
 
     def close(self) -> None:
@@ -164,7 +164,10 @@ class MmapBin(_ArrayBin):
 class MemoryBin(_ArrayBin):
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
-        self.tokens = np.fromfile(path, dtype=self.dtype)
+        try:
+            self.tokens = np.fromfile(path, dtype=self.dtype)
+        except OSError as exc:
+            raise read_error(exc, path, "token data") from None
         if self.tokens.size != self.num_tokens:
             raise StorageError(
                 f"read {self.tokens.size} tokens, expected {self.num_tokens}",
@@ -178,16 +181,28 @@ class PreadBin(BinSource):
 
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
-        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise read_error(exc, path, "token data") from None
 
     def _fill(self, out: np.ndarray, start: int) -> None:
         offset = start * self.dtype.itemsize
-        done = os.preadv(self._fd, [out], offset)  # one syscall in the common case
+        try:
+            done = os.preadv(self._fd, [out], offset)  # one syscall in the common case
+        except OSError as exc:  # costs nothing unless raised (Python >= 3.11), next to nothing before
+            raise read_error(exc, self.path, "token data") from None
         if done == out.nbytes:
             return
-        view = memoryview(out).cast("B")
+        self._fill_rest(memoryview(out).cast("B"), offset, done)
+
+    def _fill_rest(self, view: memoryview, offset: int, done: int) -> None:
+        """Finish a short read (a network filesystem may return fewer bytes than asked)."""
         while done < len(view):
-            got = os.preadv(self._fd, [view[done:]], offset + done)
+            try:
+                got = os.preadv(self._fd, [view[done:]], offset + done)
+            except OSError as exc:
+                raise read_error(exc, self.path, "token data") from None
             if got <= 0:
                 raise StorageError(
                     f"file ended after {offset + done} bytes, expected {offset + len(view)}",

@@ -12,6 +12,7 @@ at scale pays nothing per sequence; ``check_arrays`` does the O(N) structural ch
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from typing import Literal
@@ -41,6 +42,16 @@ MEGATRON_CODES: dict[int, np.dtype] = {
 }
 NEOX_CODES: dict[int, np.dtype] = {**MEGATRON_CODES, 6: np.dtype(np.float32), 7: np.dtype(np.float64)}
 _TABLES = {"megatron": MEGATRON_CODES, "neox": NEOX_CODES}
+
+
+def prefix_of(path: str | os.PathLike[str]) -> str:
+    """The token file prefix named by ``path``: ``PREFIX``, ``PREFIX.bin`` and ``PREFIX.idx`` all
+    name the same pair, so every command accepts whichever a user tab-completes."""
+    text = os.fspath(path)
+    for ext in (".bin", ".idx"):
+        if text.endswith(ext):
+            return text[: -len(ext)]
+    return text
 
 
 def code_table(dtype_codes: DtypeCodes) -> dict[int, np.dtype]:

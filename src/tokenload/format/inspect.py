@@ -1,37 +1,42 @@
 """Describe and verify token files: the library side of ``tokenload info`` and ``tokenload verify``.
 
 ``describe`` reads only the index (O(sequences)). ``verify`` checks every structural invariant of
-the index against the ``.bin`` size, optionally every token against a vocabulary size (scanning
-``.bin`` in bounded chunks), and the sidecar's xxh3-64 hashes.
+the index against the ``.bin`` size; every token against a vocabulary size (given, or the
+sidecar's), scanning ``.bin`` in bounded chunks; and on request the sidecar's xxh3-64 hashes.
+``check_file`` also says which of these it did, since "valid" means little without it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from ..errors import StorageError, TokenloadError
+from ..errors import FormatError
 from .idx import check_arrays
 from .reader import TokenFile
-from .sidecar import read_sidecar
+from .sidecar import Sidecar, read_sidecar
+from .storage import read_error
 
 _SCAN_TOKENS = 16 << 20
 
 
 def describe(prefix: str) -> dict[str, Any]:
-    """Counts, dtype, document length percentiles and the sidecar of one token file."""
+    """Counts, dtype, document length percentiles and the sidecar of one token file.
+
+    ``prefix`` may also name ``PREFIX.bin`` or ``PREFIX.idx``."""
     tf = TokenFile(prefix, mode="pread")
     doc_tokens = document_token_counts(tf)
     pct = [0, 50, 90, 99, 100]
-    sidecar = read_sidecar(prefix)
+    sidecar = read_sidecar(tf.prefix)
     return {
         "prefix": tf.prefix,
         "dtype": tf.dtype.name,
         "documents": tf.num_documents,
+        "documents_from_sequences": tf.documents_from_sequences,
         "sequences": tf.num_sequences,
         "tokens": tf.num_tokens,
         "bin_bytes": os.path.getsize(tf.bin_path),
@@ -53,21 +58,56 @@ def document_token_counts(tf: TokenFile) -> np.ndarray:
     return np.diff(cum[docs])
 
 
+@dataclass
+class Verification:
+    """What ``check_file`` found and what it checked (``problems`` empty: the file is sound)."""
+
+    prefix: str
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    """One phrase per check done, e.g. "structure", "tokens < 50257 (the sidecar's vocab_size)"."""
+
+
 def verify(prefix: str, *, vocab_size: int | None = None, hashes: bool = False) -> list[str]:
-    """Every problem found in one token file; an empty list means it is sound."""
+    """Every problem found in one token file; an empty list means it is sound (see ``check_file``)."""
+    return check_file(prefix, vocab_size=vocab_size, hashes=hashes).problems
+
+
+def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = False) -> Verification:
+    """Check one token file: its structure always, every token against ``vocab_size`` (default:
+    the sidecar's tokenizer vocab_size, when there is one), and the sidecar's hashes if
+    ``hashes``."""
     tf = TokenFile(prefix, mode="pread")
+    result = Verification(tf.prefix, checked=["structure (header, sizes, pointers, document indices)"])
     try:
         header = tf.header
-    except TokenloadError as exc:
-        return [str(exc).replace("\n", " ")]
-    problems = check_arrays(
+    except FormatError as exc:  # a file that cannot be read at all (StorageError) is not judged
+        result.problems.append(str(exc).replace("\n", " "))
+        return result
+    if tf.documents_from_sequences:
+        result.checked[0] = "structure (header, sizes, pointers; no document indices: each sequence is a document)"
+    result.problems += check_arrays(
         header, tf.sequence_lengths, tf.sequence_pointers, tf.document_indices, os.path.getsize(tf.bin_path)
     )
-    if vocab_size is not None and not problems:
-        problems += _check_vocab(tf, vocab_size)
+    sidecar = read_sidecar(tf.prefix)
+    vocab_size, source = _vocab_size(vocab_size, sidecar)
+    if vocab_size is not None and not result.problems:
+        result.checked.append(f"tokens < {vocab_size} ({source})")
+        result.problems += _check_vocab(tf, vocab_size)
     if hashes:
-        problems += _check_hashes(tf)
-    return problems
+        result.checked.append("xxh3-64 hashes against the sidecar")
+        result.problems += _check_hashes(tf, sidecar)
+    return result
+
+
+def _vocab_size(given: int | None, sidecar: Sidecar | None) -> tuple[int | None, str]:
+    """The vocabulary size to check tokens against, and where it came from."""
+    if given is not None:
+        return given, "--vocab-size"
+    recorded = (sidecar.tokenizer or {}).get("vocab_size") if sidecar is not None else None
+    if isinstance(recorded, int) and recorded > 0:
+        return recorded, "the sidecar's vocab_size"
+    return None, ""
 
 
 def _check_vocab(tf: TokenFile, vocab_size: int) -> list[str]:
@@ -84,8 +124,7 @@ def _check_vocab(tf: TokenFile, vocab_size: int) -> list[str]:
     return []
 
 
-def _check_hashes(tf: TokenFile) -> list[str]:
-    sidecar = read_sidecar(tf.prefix)
+def _check_hashes(tf: TokenFile, sidecar: Sidecar | None) -> list[str]:
     if sidecar is None:
         return [f"{tf.prefix}.json: no sidecar, so no hashes to check (files written by Megatron have none)"]
     problems = []
@@ -105,6 +144,6 @@ def file_xxh3(path: str, chunk: int = 16 << 20) -> str:
             while data := f.read(chunk):
                 h.update(data)
     except OSError as exc:
-        raise StorageError(f"cannot read ({exc.strerror})", path=path, hint="check the file exists") from None
+        raise read_error(exc, path, "the file") from None
     return h.hexdigest()
 

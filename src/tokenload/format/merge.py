@@ -2,7 +2,8 @@
 
 Inputs are concatenated in the given order (for a folder: every prefix in sorted basename order);
 document indices are offset, ``.bin`` bytes copied. The dtype must agree across inputs. The result
-is published atomically, so a killed merge leaves no valid-looking output.
+is published by ``TokenFileWriter``, so a killed merge leaves no valid-looking output; the hidden
+full-size temporaries a killed merge leaves are removed by the next merge into the same prefix.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import ConfigError
+from .atomic import remove_stale_temporaries
+from .idx import prefix_of
 from .reader import TokenFile
-from .sidecar import Sidecar, read_sidecar
+from .sidecar import Sidecar, read_sidecar, sidecar_path
 from .writer import TokenFileWriter
 
 
@@ -58,12 +61,14 @@ def merge_token_files(prefixes: Sequence[str], output_prefix: str | os.PathLike[
             f"inputs have different token dtypes: {listing}",
             hint="merge only files made with the same tokenizer; Megatron's merge refuses them too",
         )
-    out = os.fspath(output_prefix)
+    out = prefix_of(output_prefix)
     if any(os.path.abspath(f.prefix) == os.path.abspath(out) for f in files):
         raise ConfigError(
             f"output prefix {out!r} is also an input",
             hint="choose an --output-prefix outside the inputs",
         )
+    for final in (out + ".bin", out + ".idx", sidecar_path(out)):
+        remove_stale_temporaries(final)
     with TokenFileWriter(out, files[0].dtype, tokenizer=_common_tokenizer([f.prefix for f in files])) as writer:
         for f in files:
             writer.append(f)

@@ -4,14 +4,17 @@ A ``TokenFile`` is cheap to create and to pickle: it holds only ``(prefix, optio
 the files on first use, in the process that uses them, re-opening after a fork. So DataLoader
 workers and forked or spawned processes never share a file offset or a mapping.
 
-Opening costs O(1): the header is parsed and both file sizes are checked against it (the last
-pointer plus the last length must end exactly at the end of ``.bin``). The O(N) invariants are
-``verify``'s job. The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
+Opening costs O(1): the header is parsed, both file sizes are checked against it (the last
+pointer plus the last length must end exactly at the end of ``.bin``), and the document indices
+must start at 0 and end at the sequence count. An index whose document indices are just ``[0]``
+(GPT-NeoX's merge forgets them) is read with each sequence as one document. The O(N) invariants
+are ``verify``'s job. The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
 ``pread`` mode creates no mapping at all.
 """
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 from dataclasses import dataclass
@@ -20,7 +23,8 @@ import numpy as np
 
 from ..errors import FormatError, StorageError
 from .bin import BinSource, ReadMode, open_bin, warmup_file
-from .idx import HEADER_SIZE, DtypeCodes, IndexHeader, index_arrays, parse_header
+from .idx import HEADER_SIZE, DtypeCodes, IndexHeader, index_arrays, parse_header, prefix_of
+from .storage import read_error
 
 
 @dataclass
@@ -29,9 +33,12 @@ class _Opened:
     header: IndexHeader
     lengths: np.ndarray
     pointers: np.ndarray
-    documents: np.ndarray
+    documents: np.ndarray | None
+    """None until first needed when ``per_sequence`` (then it is ``arange(N + 1)``)."""
     modes: np.ndarray | None
     bin: BinSource
+    per_sequence: bool
+    """The index records no document boundaries: each sequence is one document."""
 
     @property
     def itemsize(self) -> int:
@@ -56,7 +63,7 @@ class TokenFile:
         multimodal: bool | None = None,
         warmup: bool = False,
     ) -> None:
-        self.prefix = _strip_suffix(os.fspath(prefix))
+        self.prefix = prefix_of(prefix)
         self.mode = ReadMode.parse(mode)
         self.dtype_codes: DtypeCodes = dtype_codes
         self.multimodal = multimodal
@@ -91,13 +98,16 @@ class TokenFile:
             multimodal=self.multimodal,
         )
         lengths, pointers, documents, modes = index_arrays(buffer, header)
+        per_sequence = _per_sequence_documents(header, documents, self.idx_path)
         source = open_bin(self.bin_path, header.dtype, self.mode)
         try:
             _check_bin_size(header, lengths, pointers, source, self.bin_path)
         except FormatError:
             source.close()
             raise
-        return _Opened(os.getpid(), header, lengths, pointers, documents, modes, source)
+        if per_sequence:
+            documents = None
+        return _Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
 
     def _read_index(self):
         try:
@@ -106,12 +116,10 @@ class TokenFile:
                 if self.mode is ReadMode.MMAP and size > 0:
                     return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
                 return memoryview(f.read())
+        except FileNotFoundError as exc:
+            raise _missing_index(exc, self.idx_path) from None
         except OSError as exc:
-            raise StorageError(
-                f"cannot open the index ({exc.strerror})",
-                path=self.idx_path,
-                hint="check the path prefix: PREFIX.idx and PREFIX.bin must both exist",
-            ) from None
+            raise read_error(exc, self.idx_path, "the index") from None
 
     def close(self) -> None:
         """Drop file handles and mappings; the next access reopens."""
@@ -150,8 +158,19 @@ class TokenFile:
 
     @property
     def document_indices(self) -> np.ndarray:
-        """int64 ``[0, end_0, end_1, ...]``: document d is sequences ``[di[d], di[d+1])``."""
-        return self._opened().documents
+        """int64 ``[0, end_0, end_1, ...]``: document d is sequences ``[di[d], di[d+1])``.
+
+        ``arange(N + 1)`` for an index without document boundaries (``documents_from_sequences``)."""
+        state = self._opened()
+        if state.documents is None:
+            state.documents = np.arange(state.header.sequence_count + 1, dtype=np.int64)
+        return state.documents
+
+    @property
+    def documents_from_sequences(self) -> bool:
+        """True when the index records no document boundaries (``document_indices == [0]``, as
+        GPT-NeoX's merge writes it) and each sequence is read as one document."""
+        return self._opened().per_sequence
 
     @property
     def sequence_modes(self) -> np.ndarray | None:
@@ -164,7 +183,8 @@ class TokenFile:
 
     @property
     def num_documents(self) -> int:
-        return self._opened().header.document_count - 1
+        state = self._opened()
+        return state.header.sequence_count if state.per_sequence else state.header.document_count - 1
 
     @property
     def num_tokens(self) -> int:
@@ -262,6 +282,46 @@ def _negative_length(index: int, length: int, path: str) -> FormatError:
     )
 
 
+def _per_sequence_documents(header: IndexHeader, documents: np.ndarray, path: str) -> bool:
+    """Check the two ends of ``document_indices`` (O(1)); True for GPT-NeoX's boundary-less ``[0]``.
+
+    A first entry other than 0 or a last one other than N would make documents start or end at
+    sequences the file does not have, so reads would silently return the wrong tokens."""
+    n = header.sequence_count
+    first, last = int(documents[0]), int(documents[-1])
+    if documents.size == 1 and first == 0 and n > 0:
+        return True
+    if first != 0:
+        raise _bad_documents(f"document_indices[0] is {first}, expected 0", path)
+    if last != n:
+        raise _bad_documents(f"document_indices[-1] is {last}, expected the sequence count {n}", path)
+    return False
+
+
+def _bad_documents(message: str, path: str) -> FormatError:
+    return FormatError(
+        message,
+        path=path,
+        hint="the index is corrupt or was written incompletely; rewrite the file (tokenload"
+        " preprocess or merge), and run `tokenload verify` on its other copies",
+    )
+
+
+def _missing_index(exc: OSError, path: str) -> StorageError:
+    """No ``.idx``: name a writer's leftovers when one was killed while replacing the pair."""
+    folder, name = os.path.split(path)
+    leftovers = glob.glob(os.path.join(glob.escape(folder or "."), f".{glob.escape(name)}.tmp-*"))
+    if not leftovers:
+        return read_error(exc, path, "the index")
+    return StorageError(
+        f"cannot read the index ({exc.strerror}); its hidden temporary {os.path.basename(leftovers[0])}"
+        " remains",
+        path=path,
+        hint="a writer or merge of this prefix was killed while replacing its files; rerun it (a"
+        " new merge removes the leftovers)",
+    )
+
+
 def _check_bin_size(header, lengths, pointers, source: BinSource, path: str) -> None:
     if header.sequence_count == 0:
         expected = 0
@@ -274,10 +334,3 @@ def _check_bin_size(header, lengths, pointers, source: BinSource, path: str) -> 
             path=path,
             hint="the .bin and .idx do not belong together or one was truncated; rewrite the pair",
         )
-
-
-def _strip_suffix(prefix: str) -> str:
-    for ext in (".bin", ".idx"):
-        if prefix.endswith(ext):
-            return prefix[: -len(ext)]
-    return prefix

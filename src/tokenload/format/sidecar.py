@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
+from .idx import prefix_of
+from .storage import read_error
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +26,8 @@ FORMAT_VERSION = 1
 
 
 def sidecar_path(prefix: str | os.PathLike[str]) -> str:
-    """Where the sidecar of ``prefix`` lives."""
-    return os.fspath(prefix) + ".json"
+    """Where the sidecar of ``prefix`` (or of ``PREFIX.bin``/``PREFIX.idx``) lives."""
+    return prefix_of(prefix) + ".json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,11 +112,14 @@ def read_sidecar(prefix: str | os.PathLike[str]) -> Sidecar | None:
     """
     path = sidecar_path(prefix)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise read_error(exc, path, "the sidecar") from None
     try:
+        text = raw.decode("utf-8")
         claims_ours = json.loads(text).get("format") == FORMAT_NAME
     except (ValueError, AttributeError):
         claims_ours = False

@@ -3,9 +3,11 @@ megatron-core's ``IndexedDatasetBuilder`` for the same documents, plus the ``PRE
 
 Tokens stream to a temporary ``.bin`` as they arrive (hashed on the way with xxh3-64, so nothing is
 read twice); sequence lengths and document boundaries stay in compact typed arrays (4 bytes per
-sequence, 8 per document). ``finalize`` writes the ``.idx`` and the sidecar, then renames in the
-order that never shows a valid-looking pair before both are complete: old ``.idx`` removed, new
-``.bin`` renamed, new ``.idx`` renamed, sidecar renamed last.
+sequence, 8 per document). A token that the file's dtype cannot hold is refused, never wrapped.
+``finalize`` writes the ``.idx`` and the sidecar to temporaries too, and only when all three are on
+disk replaces the old output, in the order that never shows a ``.bin`` and an ``.idx`` of different
+writes as a pair (docs/FORMAT.md, "Writing", lists what a kill at each step leaves). A full disk or
+an unwritable folder is a StorageError, and the temporaries are removed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,20 @@ import numpy as np
 import xxhash
 
 from ..errors import ConfigError, FormatError
-from .atomic import require_folder, temp_path, write_bytes_atomic
-from .idx import dtype_code, encode_index
+from .atomic import (
+    close_quietly,
+    create_temp,
+    discard,
+    fsync_dir,
+    replace,
+    require_folder,
+    sync_file,
+    temp_path,
+    write_temp,
+)
+from .idx import dtype_code, encode_index, prefix_of
 from .sidecar import Sidecar, sidecar_path
+from .storage import read_error, write_error
 
 _COPY_CHUNK = 64 << 20
 
@@ -44,7 +57,7 @@ class TokenFileWriter:
         tokenizer: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> None:
-        self.prefix = os.fspath(prefix)
+        self.prefix = prefix_of(prefix)
         self.dtype = np.dtype(dtype)
         dtype_code(self.dtype)  # reject dtypes Megatron has no code for, before writing anything
         self.multimodal = multimodal
@@ -52,7 +65,8 @@ class TokenFileWriter:
         self.metadata = dict(metadata or {})
         require_folder(self.prefix)
         self._bin_tmp = temp_path(self.prefix + ".bin")
-        self._bin = open(self._bin_tmp, "wb")
+        self._closed = True  # until the temporary exists, there is nothing to abort
+        self._bin = create_temp(self._bin_tmp, self.prefix + ".bin")
         self._hash = xxhash.xxh3_64()
         self._lengths = array("i")
         self._documents = array("q", [0])
@@ -61,10 +75,55 @@ class TokenFileWriter:
         self._closed = False
 
     # -- writing -------------------------------------------------------------------------------
+    def _finals(self) -> tuple[str, str, str]:
+        """The three files this writer publishes: ``.bin``, ``.idx`` and the sidecar."""
+        return self.prefix + ".bin", self.prefix + ".idx", sidecar_path(self.prefix)
+
     def _write(self, tokens: np.ndarray) -> None:
-        data = np.ascontiguousarray(tokens, dtype=self.dtype).data
-        self._bin.write(data)
+        self._write_bytes(self._file_tokens(tokens).data)
+
+    def _write_bytes(self, data) -> None:
+        try:
+            self._bin.write(data)
+        except OSError as exc:
+            self.abort()
+            raise write_error(exc, self.prefix + ".bin", "the token file") from None
         self._hash.update(data)
+
+    def _file_tokens(self, tokens: np.ndarray) -> np.ndarray:
+        """``tokens`` in the file's dtype; FormatError for a value that dtype cannot hold.
+
+        A cast would wrap silently (uint16: 70000 -> 4464, -1 -> 65535), so integers are checked
+        with two reductions unless their dtype always fits."""
+        arr = np.asarray(tokens)
+        if arr.dtype == self.dtype or arr.size == 0:
+            return np.ascontiguousarray(arr, dtype=self.dtype)
+        if self.dtype.kind in "iu":
+            if arr.dtype.kind not in "iub":
+                raise FormatError(
+                    f"tokens are {arr.dtype}, expected integers for this {self.dtype} token file",
+                    path=self.prefix,
+                    hint="pass token ids as an integer array",
+                )
+            if not np.can_cast(arr.dtype, self.dtype):
+                self._check_range(arr)
+        return np.ascontiguousarray(arr, dtype=self.dtype)
+
+    def _check_range(self, arr: np.ndarray) -> None:
+        info = np.iinfo(self.dtype)
+        low, high = int(arr.min()), int(arr.max())
+        if info.min <= low and high <= info.max:
+            return
+        bad = (arr < info.min) | (arr > info.max)
+        first = int(arr.ravel()[int(np.argmax(bad.ravel()))])
+        raise FormatError(
+            f"token {first} does not fit this file's {self.dtype} tokens [{info.min}, {info.max}]"
+            f" ({int(np.count_nonzero(bad))} of {arr.size} tokens in this call are outside; nothing of"
+            " it was written)",
+            path=self.prefix,
+            hint="write with dtype=np.int32 (Megatron: uint16 only for vocabularies below 65,500), or"
+            " check the tokenizer: a negative id is never a valid token",
+        )
 
     def add_item(self, tokens: Iterable[int] | np.ndarray, mode: int = 0) -> None:
         """Write one sequence without closing the current document."""
@@ -143,11 +202,25 @@ class TokenFileWriter:
         if self.multimodal:
             modes = other.sequence_modes
             self._modes.frombytes((np.zeros(other.num_sequences, np.int8) if modes is None else modes).tobytes())
-        with open(other.bin_path, "rb") as src:
-            while chunk := src.read(_COPY_CHUNK):
-                self._bin.write(chunk)
-                self._hash.update(chunk)
+        self._copy_bin(other.bin_path)
         self._tokens += other.num_tokens
+
+    def _copy_bin(self, path: str) -> None:
+        try:
+            src = open(path, "rb")
+        except OSError as exc:
+            self.abort()
+            raise read_error(exc, path, "token data") from None
+        with src:
+            while True:
+                try:
+                    chunk = src.read(_COPY_CHUNK)
+                except OSError as exc:
+                    self.abort()
+                    raise read_error(exc, path, "token data") from None
+                if not chunk:
+                    return
+                self._write_bytes(chunk)
 
     # -- finishing -----------------------------------------------------------------------------
     @property
@@ -166,63 +239,70 @@ class TokenFileWriter:
         """Write the ``.idx`` and sidecar and publish all three files; returns the sidecar."""
         self._check_open()
         self._closed = True
+        temps = [self._bin_tmp]
         try:
-            self._bin.flush()
-            os.fsync(self._bin.fileno())
+            sync_file(self._bin, self.prefix + ".bin")
             self._bin.close()
-            modes = np.frombuffer(self._modes, dtype=np.int8) if self.multimodal else None
-            chunks = encode_index(
-                self.dtype,
-                np.frombuffer(self._lengths, dtype=np.int32),
-                np.frombuffer(self._documents, dtype=np.int64),
-                modes,
-            )
-            idx_hash = xxhash.xxh3_64()
-            for chunk in chunks:
-                idx_hash.update(chunk)
-            sidecar = Sidecar.describe(
-                dtype=self.dtype,
-                sequences=self.num_sequences,
-                documents=self.num_documents,
-                tokens=self._tokens,
-                bin_bytes=self._tokens * self.dtype.itemsize,
-                idx_bytes=sum(len(c) for c in chunks),
-                bin_xxh3=self._hash.hexdigest(),
-                idx_xxh3=idx_hash.hexdigest(),
-                tokenizer=self.tokenizer,
-                metadata=self.metadata,
-            )
-            self._publish(chunks, sidecar)
+            chunks = self._index_chunks()
+            sidecar = self._sidecar(chunks)
+            bin_path, idx_path, json_path = self._finals()
+            temps.append(write_temp(idx_path, lambda f: f.writelines(chunks)))
+            temps.append(write_temp(json_path, lambda f: f.write(sidecar.to_json().encode())))
+            self._publish(*temps)
             return sidecar
         except BaseException:
-            self._bin_tmp.unlink(missing_ok=True)
+            close_quietly(self._bin)
+            for tmp in temps:
+                discard(tmp)
             raise
 
-    def _publish(self, idx_chunks: list[bytes], sidecar: Sidecar) -> None:
-        idx_path = self.prefix + ".idx"
-        idx_tmp = temp_path(idx_path)
-        try:
-            with open(idx_tmp, "wb") as f:
-                for chunk in idx_chunks:
-                    f.write(chunk)
-                f.flush()
-                os.fsync(f.fileno())
-            # An old .idx beside a new .bin (or the reverse) could look valid: remove it first.
-            Path(idx_path).unlink(missing_ok=True)
-            Path(sidecar_path(self.prefix)).unlink(missing_ok=True)
-            os.replace(self._bin_tmp, self.prefix + ".bin")
-            os.replace(idx_tmp, idx_path)
-        finally:
-            idx_tmp.unlink(missing_ok=True)
-        # renamed last; its folder sync also makes the .bin and .idx renames durable
-        write_bytes_atomic(sidecar_path(self.prefix), sidecar.to_json().encode())
+    def _index_chunks(self) -> list[bytes]:
+        modes = np.frombuffer(self._modes, dtype=np.int8) if self.multimodal else None
+        return encode_index(
+            self.dtype,
+            np.frombuffer(self._lengths, dtype=np.int32),
+            np.frombuffer(self._documents, dtype=np.int64),
+            modes,
+        )
+
+    def _sidecar(self, idx_chunks: list[bytes]) -> Sidecar:
+        idx_hash = xxhash.xxh3_64()
+        for chunk in idx_chunks:
+            idx_hash.update(chunk)
+        return Sidecar.describe(
+            dtype=self.dtype,
+            sequences=self.num_sequences,
+            documents=self.num_documents,
+            tokens=self._tokens,
+            bin_bytes=self._tokens * self.dtype.itemsize,
+            idx_bytes=sum(len(c) for c in idx_chunks),
+            bin_xxh3=self._hash.hexdigest(),
+            idx_xxh3=idx_hash.hexdigest(),
+            tokenizer=self.tokenizer,
+            metadata=self.metadata,
+        )
+
+    def _publish(self, bin_tmp: Path, idx_tmp: Path, json_tmp: Path) -> None:
+        """Replace the old output by the complete new one (every temporary is fsynced).
+
+        No order of renames swaps two files at once, so the old ``.idx`` goes before the new
+        ``.bin`` arrives: a reader then finds no ``.idx`` (an error naming the leftovers), never
+        a ``.bin`` and ``.idx`` of different writes. The old sidecar goes first, since it would
+        describe the new pair wrongly; the new one comes last."""
+        bin_path, idx_path, json_path = self._finals()
+        _unlink(json_path)
+        _unlink(idx_path)
+        replace(bin_tmp, bin_path)
+        replace(idx_tmp, idx_path)
+        replace(json_tmp, json_path)
+        fsync_dir(Path(self.prefix).parent)
 
     def abort(self) -> None:
         """Discard everything written; no file appears."""
         if not self._closed:
             self._closed = True
-            self._bin.close()
-            self._bin_tmp.unlink(missing_ok=True)
+            close_quietly(self._bin)
+            discard(self._bin_tmp)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -248,3 +328,11 @@ class TokenFileWriter:
         except Exception:
             pass
 
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise write_error(exc, path, "over the old file") from None

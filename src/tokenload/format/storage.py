@@ -1,0 +1,59 @@
+"""OS errors on token files turned into ``StorageError`` with a hint that fits the cause.
+
+A full disk, a read-only mount, a missing file and a permission problem need different actions
+from the user, so the hint is chosen from ``errno`` rather than one text for every ``OSError``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ..errors import StorageError
+
+_READ_HINTS = {
+    errno.ENOENT: "check the path prefix: PREFIX.idx and PREFIX.bin must both exist",
+    errno.EACCES: "this user may not read the file: check its permissions (ls -l) or run as a user who can",
+    errno.EPERM: "this user may not read the file: check its permissions (ls -l) or run as a user who can",
+    errno.EISDIR: "the path is a folder; pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; check the path",
+    errno.EIO: "the storage failed to read (I/O error); check the disk or network filesystem and retry",
+}
+
+_WRITE_HINTS = {
+    errno.ENOSPC: "the filesystem is full: free space or choose an output folder on another filesystem;"
+    " nothing half-written was left behind",
+    errno.EDQUOT: "the disk quota is exhausted: free space or choose another output folder;"
+    " nothing half-written was left behind",
+    errno.EROFS: "the filesystem is mounted read-only: choose an output folder on a writable filesystem",
+    errno.EACCES: "this user may not write in the output folder: check its permissions or choose another",
+    errno.EPERM: "this user may not write in the output folder: check its permissions or choose another",
+    errno.EIO: "the storage failed to write (I/O error); check the disk or network filesystem and retry",
+}
+
+
+def read_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
+    """A StorageError for a failed read of ``what`` (e.g. "the index") at ``path``."""
+    if isinstance(exc, StorageError):
+        return exc
+    hint = _READ_HINTS.get(exc.errno, "check that the file is readable and its filesystem is healthy")
+    return _keep_cause(StorageError(f"cannot read {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc)
+
+
+def write_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
+    """A StorageError for a failed write of ``what`` (e.g. "the token file") at ``path``."""
+    if isinstance(exc, StorageError):
+        return exc
+    hint = _WRITE_HINTS.get(exc.errno, "check the output folder and its filesystem, then rerun")
+    return _keep_cause(StorageError(f"cannot write {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc)
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _keep_cause(error: StorageError, exc: OSError) -> StorageError:
+    """Carry ``strerror`` over for callers that word their own message from it (``errno`` stays
+    unset: with both set, ``OSError.__str__`` would drop the path and the hint)."""
+    error.strerror = exc.strerror
+    return error
