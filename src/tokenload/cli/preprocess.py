@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,9 @@ def register_preprocess(sub) -> None:
         " As in Megatron-LM's preprocess_data.py, each JSON line (parquet row, text line or text"
         " file) is one document and its text one sequence (a list of strings: one sequence each);"
         " an empty text stays a document with no sequence and gets no EOD; blank lines are no"
-        " documents. A killed run restarted with the same command resumes without redoing"
-        " finished input files and writes the same bytes.",
+        " documents. --tokenizer-type is required (ByteTokenizer needs no files). A killed or"
+        " failed run rerun with the same command resumes without redoing finished input files"
+        " and writes the same bytes; --restart discards such a run's work instead.",
     )
     _input_flags(p.add_argument_group("input and output"))
     _tokenizer_flags(p.add_argument_group("tokenizer"))
@@ -86,10 +88,11 @@ def _tokenizer_flags(tk) -> None:
 
     tk.add_argument(
         "--tokenizer-type",
-        default="byte",
+        default=None,
         metavar="TYPE",
-        help=f"{', '.join(TOKENIZER_KINDS)} or a Megatron name ({', '.join(_KIND_ALIASES)});"
-        " default: byte (UTF-8 bytes, EOD 256, needs no files)",
+        help=f"required, as in Megatron: {', '.join(TOKENIZER_KINDS)} or a Megatron name"
+        f" ({', '.join(_KIND_ALIASES)}); ByteTokenizer is UTF-8 bytes with EOD 256 and needs"
+        " no files",
     )
     tk.add_argument(
         "--tokenizer-model",
@@ -127,7 +130,10 @@ def _tokenizer_flags(tk) -> None:
 
 def _runtime_flags(rt) -> None:
     rt.add_argument(
-        "--workers", type=int, default=None, help="encoding workers (default: usable CPUs)"
+        "--workers",
+        type=int,
+        default=None,
+        help="encoding workers, at least 1; never changes the output (default: usable CPUs)",
     )
     rt.add_argument(
         "--executor",
@@ -148,10 +154,19 @@ def _runtime_flags(rt) -> None:
         help="this machine's shard (default: RANK/SLURM_PROCID or 0)",
     )
     rt.add_argument(
-        "--chunk-mb", type=float, default=4.0, help="input MB per work item (default 4)"
+        "--chunk-mb",
+        type=float,
+        default=4.0,
+        help="most input MB per work item (default 4; smaller while a slow tokenizer is measured,"
+        " so progress moves); memory is about 3 x workers x this",
     )
     rt.add_argument(
-        "--no-resume", action="store_true", help="discard an interrupted run's work and start over"
+        "--restart",
+        "--no-resume",
+        dest="restart",
+        action="store_true",
+        help="discard the work folder an earlier, unfinished run left on this output prefix and"
+        " start over (by default a rerun resumes it, reusing its finished input files)",
     )
     rt.add_argument(
         "--progress",
@@ -224,13 +239,38 @@ def _check_peer_flags(args: argparse.Namespace) -> None:
         )
 
 
+def _check_runtime_flags(args: argparse.Namespace) -> None:
+    """ConfigError for a missing tokenizer type and out-of-range sizes, named by their flags."""
+    from ..errors import ConfigError
+    from ..preprocess.config import _default_workers
+
+    if args.tokenizer_type is None:
+        raise ConfigError(
+            "no --tokenizer-type given (required, as in Megatron's preprocess_data.py)",
+            hint="pass e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json,"
+            " GPT2BPETokenizer --vocab-file --merge-file, TikTokenizer or GPTSentencePieceTokenizer"
+            " --tokenizer-model FILE, or ByteTokenizer (UTF-8 bytes, EOD 256, no files)",
+        )
+    if not (math.isfinite(args.chunk_mb) and args.chunk_mb * (1 << 20) >= 1024):
+        raise ConfigError(
+            f"--chunk-mb is {args.chunk_mb:g}, expected a size of at least 0.001 MB (1 KiB)",
+            hint="omit --chunk-mb for the default of 4 MB per work item",
+        )
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(
+            f"--workers is {args.workers}, expected at least 1",
+            hint=f"omit --workers to use every usable CPU ({_default_workers()} here), or pass a"
+            " positive count",
+        )
+
+
 def config_from_args(args: argparse.Namespace):
     """The PreprocessConfig the flags describe."""
     from ..errors import ConfigError
     from ..preprocess import PreprocessConfig, TokenizerSpec, shard_from_environment
 
     _check_peer_flags(args)
-
+    _check_runtime_flags(args)
     spec = TokenizerSpec(
         kind=args.tokenizer_type,
         model=args.tokenizer_model,
@@ -265,8 +305,8 @@ def config_from_args(args: argparse.Namespace):
         on_bad_record=args.on_bad_record,
         num_shards=num_shards,
         shard_index=shard_index,
-        chunk_bytes=max(1024, int(args.chunk_mb * (1 << 20))),
-        resume=not args.no_resume,
+        chunk_bytes=int(args.chunk_mb * (1 << 20)),
+        resume=not args.restart,
         **extra,
     )
 
@@ -275,11 +315,25 @@ def run_preprocess(args: argparse.Namespace) -> int:
     from ..preprocess import preprocess
 
     config = config_from_args(args)
+    _short_skip_warnings()
     if config.num_shards > 1:
         log.info("shard %d of %d", config.shard_index, config.num_shards)
     result = preprocess(config, progress=args.progress)
     print(summary_text(config, result))
     return 0
+
+
+def _short_skip_warnings() -> None:
+    """Print each skipped record as one short line (``tokenload preprocess: skipped FILE:LINE:
+    reason: detail``) instead of under the full logging prefix."""
+    from ..preprocess.pipeline import skip_log
+
+    if not any(getattr(h, "_tokenload_short", False) for h in skip_log.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("tokenload preprocess: %(message)s"))
+        handler._tokenload_short = True  # type: ignore[attr-defined]
+        skip_log.addHandler(handler)
+    skip_log.propagate = False
 
 
 def summary_text(config, result) -> str:
@@ -314,7 +368,11 @@ def summary_text(config, result) -> str:
 
 def register_corpus(sub) -> None:
     p = sub.add_parser(
-        "corpus", help="write a sample JSONL corpus from this Python's standard library sources"
+        "corpus",
+        help="write a sample JSONL corpus from this Python's standard library sources",
+        description="Writes one JSON line {\"text\": SOURCE} per standard library .py file of this"
+        " Python, in sorted path order, so the corpus is the same on every run of one Python"
+        " version: sample data for trying preprocess without downloading anything.",
     )
     p.add_argument("--output", required=True, help="JSONL file to write")
     p.add_argument(

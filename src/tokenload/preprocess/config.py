@@ -17,6 +17,7 @@ from ..errors import ConfigError
 TOKENIZER_KINDS = ("byte", "huggingface", "gpt2", "tiktoken", "sentencepiece")
 _KIND_ALIASES = {
     "bytes": "byte",
+    "ByteTokenizer": "byte",
     "hf": "huggingface",
     "HuggingFaceTokenizer": "huggingface",
     "HFTokenizer": "huggingface",
@@ -58,8 +59,9 @@ def canonical_kind(name: str) -> str:
 class TokenizerSpec:
     """Which tokenizer to load; picklable, so worker processes rebuild the same tokenizer."""
 
-    kind: str = "byte"
-    """One of TOKENIZER_KINDS or a Megatron name (HuggingFaceTokenizer, GPT2BPETokenizer, ...)."""
+    kind: str
+    """One of TOKENIZER_KINDS or a Megatron name (HuggingFaceTokenizer, GPT2BPETokenizer,
+    ByteTokenizer, ...); required, as Megatron requires --tokenizer-type."""
     model: str | None = None
     """tokenizer.json or local HF model folder (huggingface), .tiktoken file, or .model file."""
     vocab_file: str | None = None
@@ -117,8 +119,9 @@ class PreprocessConfig:
     """Files, folders, globs or fsspec URLs; expanded in the order given, globs/folders sorted."""
     output_prefix: str
     """Output prefix; each key writes ``{output_prefix}_{key}_document`` (Megatron's naming)."""
-    tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
-    """The tokenizer (default: the built-in byte-level tokenizer, which needs no files)."""
+    tokenizer: TokenizerSpec | None = None
+    """The tokenizer; required (``TokenizerSpec(kind="byte")`` is the built-in byte-level one,
+    which needs no files)."""
     json_keys: tuple[str, ...] = ("text",)
     """Keys (JSONL) or columns (parquet) to tokenize; one output per key. Text inputs use one."""
     input_format: str = "auto"
@@ -153,19 +156,31 @@ class PreprocessConfig:
                 f"output prefix {self.output_prefix!r} names a folder, not a file prefix",
                 hint="use e.g. --output-prefix data/corpus (writes data/corpus_text_document.bin)",
             )
+        if not isinstance(self.tokenizer, TokenizerSpec):
+            raise ConfigError(
+                f"tokenizer is {self.tokenizer!r}, expected a TokenizerSpec",
+                hint="pass tokenizer=TokenizerSpec(kind=...), e.g. kind='huggingface' with"
+                " model='tokenizer.json', or kind='byte' for UTF-8 bytes (no files)",
+            )
         _check_keys(self.json_keys)
         _check_choice("input format", self.input_format, INPUT_FORMATS)
         _check_choice("executor", self.executor, EXECUTORS)
         _check_choice("on_bad_record", self.on_bad_record, BAD_RECORD_POLICIES)
         if self.workers < 1:
-            raise ConfigError(f"workers is {self.workers}, expected at least 1")
+            raise ConfigError(
+                f"workers is {self.workers}, expected at least 1",
+                hint=f"leave it out to use every usable CPU ({_default_workers()} here)",
+            )
         if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
             raise ConfigError(
                 f"shard index {self.shard_index} of {self.num_shards} shards is out of range",
                 hint="--shard-index must be in [0, --num-shards)",
             )
         if self.chunk_bytes < 1024:
-            raise ConfigError(f"chunk_bytes is {self.chunk_bytes}, expected at least 1024")
+            raise ConfigError(
+                f"chunk_bytes is {self.chunk_bytes}, expected at least 1024",
+                hint="leave it out for the default of 4 MiB per work item",
+            )
         if self.input_format in ("text", "lines") and len(self.json_keys) != 1:
             raise ConfigError(
                 "plain text inputs have a single text field, but several keys were given",

@@ -13,6 +13,10 @@ the same for any number of workers.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +29,7 @@ from .load import load_tokenizer
 from .tokenizer import TextTokenizer
 
 _TOKENIZERS: dict[TokenizerSpec, TextTokenizer] = {}
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Encoded:
     input_bytes: int
     skipped: dict[str, int] = field(default_factory=dict)
     examples: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    """Worker time spent on the chunk (sizes the next chunks, see ``sources.ChunkSize``)."""
 
 
 def tokenizer_for(spec: TokenizerSpec) -> TextTokenizer:
@@ -63,14 +70,43 @@ def register_tokenizer(spec: TokenizerSpec, tok: TextTokenizer) -> None:
     _TOKENIZERS[spec] = tok
 
 
-def init_worker_process(spec: TokenizerSpec) -> None:
-    """Process-pool initializer: one encoder thread per process, tokenizer loaded up front."""
+def init_worker_process(spec: TokenizerSpec, parent: int) -> None:
+    """Process-pool initializer: exit with the parent process ``parent``, one encoder thread per
+    process, tokenizer loaded up front."""
+    exit_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokenizer_for(spec)
 
 
+def exit_with_parent(parent: int, poll_seconds: float = 1.0) -> None:
+    """End this worker when process ``parent`` dies, even by SIGKILL (which runs no cleanup in
+    the parent, so without this its pool workers would live on forever, blocked on a queue).
+
+    On Linux the kernel signals the worker (PR_SET_PDEATHSIG); a daemon thread that polls the
+    parent pid covers other systems and a parent that died before the request was made.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tokenload-parent-watch", daemon=True).start()
+
+
 def encode_chunk(task: EncodeTask, chunk: Chunk) -> Encoded:
     """Parse and encode ``chunk``."""
+    start = time.perf_counter()
     parsed = parse_chunk(chunk, task.keys, task.strict)
     tok = tokenizer_for(task.tokenizer)
     dtype = np.dtype(task.dtype)
@@ -86,7 +122,10 @@ def encode_chunk(task: EncodeTask, chunk: Chunk) -> Encoded:
                 ids, lengths, owners, len(column), tok.eod_id if task.append_eod else None, dtype
             )
         )
-    return Encoded(outputs, parsed.documents, chunk.size, dict(parsed.skipped), parsed.examples)
+    seconds = time.perf_counter() - start
+    return Encoded(
+        outputs, parsed.documents, chunk.size, dict(parsed.skipped), parsed.examples, seconds
+    )
 
 
 def _flatten_sentences(column: list) -> tuple[list[str], np.ndarray]:

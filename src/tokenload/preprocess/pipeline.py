@@ -13,27 +13,32 @@ tokenizing and buys restart without redoing finished files.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from collections import Counter, deque
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, RecordError
+from ..errors import ConfigError, RecordError, StorageError, TokenloadError
 from ..format import TokenFileWriter
 from ..format.atomic import remove_temporaries, require_folder
 from .config import PreprocessConfig
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .progress import Progress
-from .sources import InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
+from .sources import ChunkSize, InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
 from .load import load_tokenizer
 from .tokenizer import TextTokenizer
 from .workdir import WorkDir
 
 log = logging.getLogger(__name__)
+#: Skipped records, one short line each (the CLI prints this logger without the logging prefix).
+skip_log = logging.getLogger(__name__ + ".skipped")
+_TICK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -78,29 +83,24 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     _check_keys_for_text(config, files)
     job = _job_description(config, tok, files)
     work = WorkDir(config.shard_prefix, job)
-    work.open(config.resume)
-    summaries: dict[int, dict[str, Any]] = {}
-    for index, file in enumerate(files):
-        done = work.finished(index, file, config.json_keys)
-        if done is not None and not (config.on_bad_record == "error" and _bad_records(done)):
-            summaries[index] = done
-    todo = [(i, f) for i, f in enumerate(files) if i not in summaries]
-    resumed = len(summaries)
-    if resumed:
-        log.info("resuming: %d of %d input files already done", resumed, len(files))
-    bar = Progress(todo=[f for _, f in todo], enabled=progress)
     try:
-        if todo:
-            _encode_files(config, tok, work, todo, summaries, bar)
-    finally:
-        bar.close()
-    totals = _totals(summaries.values(), config.json_keys)
-    _write_outputs(config, tok, work, len(files), totals)
-    work.remove()
+        work.open(config.resume)
+    except OSError as exc:
+        raise _write_error(exc, config, None) from None
+    try:
+        summaries, bar = _run(config, tok, work, files, progress)
+        totals = _totals(summaries.values(), config.json_keys)
+        _write_outputs(config, tok, work, len(files), totals)
+        work.remove()
+    except BaseException as exc:
+        _clean_after_failure(config, work)
+        if isinstance(exc, OSError) and not isinstance(exc, TokenloadError):  # writing failed
+            raise _write_error(exc, config, work) from None
+        raise
     return PreprocessResult(
         outputs=config.outputs,
         files=len(files),
-        files_resumed=resumed,
+        files_resumed=bar.files_resumed,
         documents=totals["documents"],
         tokens=totals["tokens"],
         skipped=totals["skipped"],
@@ -111,8 +111,70 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     )
 
 
+def _run(config, tok, work: WorkDir, files: list[InputFile], progress: bool | None):
+    """Encode every input file not finished by an earlier run; returns the summaries by index."""
+    summaries: dict[int, dict[str, Any]] = {}
+    for index, file in enumerate(files):
+        done = work.finished(index, file, config.json_keys)
+        if done is not None and not (config.on_bad_record == "error" and _bad_records(done)):
+            summaries[index] = done
+    todo = [(i, f) for i, f in enumerate(files) if i not in summaries]
+    if summaries:
+        log.info("resuming: %d of %d input files already done", len(summaries), len(files))
+    bar = Progress(todo=[f for _, f in todo], enabled=progress, resumed=len(summaries))
+    try:
+        if todo:
+            _encode_files(config, tok, work, todo, summaries, bar)
+    finally:
+        bar.close()
+    return summaries, bar
+
+
+def _clean_after_failure(config: PreprocessConfig, work: WorkDir) -> None:
+    """Remove what a failed run leaves besides the parts a resume can use: temporaries, and
+    the work folder itself when it holds no finished part."""
+    try:
+        for key in config.json_keys:
+            remove_temporaries(config.output_for(key))
+        if work.root.exists():
+            if work.committed():
+                work.remove_temporaries()
+            else:
+                work.remove()
+    except OSError as exc:
+        log.warning("could not clean up after the failure: %s", exc)
+
+
+def _write_error(exc: OSError, config: PreprocessConfig, work: WorkDir | None) -> StorageError:
+    """The StorageError for an OSError met while writing the work folder or the outputs."""
+    folder = os.path.dirname(os.path.abspath(config.output_prefix))
+    resume = (
+        f"; finished input files stay in {str(work.root)!r} and the same command resumes"
+        if work is not None and work.root.exists()
+        else ""
+    )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = f"free space on the filesystem of {folder!r} or choose another --output-prefix{resume}"
+    elif exc.errno == errno.EROFS:
+        hint = f"{folder!r} is on a read-only filesystem: choose a writable --output-prefix"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        hint = f"this user may not write in {folder!r}: fix its permissions or choose another --output-prefix"
+    else:
+        hint = f"check the disk that holds {folder!r}{resume}"
+    return StorageError(
+        f"cannot write the output ({exc.strerror or exc})",
+        path=exc.filename or config.shard_prefix,
+        hint=hint,
+    )
+
+
 def _check_output_folder(config: PreprocessConfig) -> None:
     require_folder(config.output_prefix)
+    folder = os.path.dirname(os.path.abspath(config.output_prefix))
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        raise _write_error(OSError(errno.EROFS, os.strerror(errno.EROFS), folder), config, None)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _write_error(OSError(errno.EACCES, os.strerror(errno.EACCES), folder), config, None)
     for key in config.json_keys:  # temporaries of a run killed while writing the outputs
         remove_temporaries(config.output_for(key))
 
@@ -186,7 +248,7 @@ class _FileJob:
         self.documents += result.documents
         self.skipped.update(result.skipped)
         for example in result.examples:
-            log.warning("skipped %s", example)
+            skip_log.warning("skipped %s", example)
 
     def commit(self) -> dict[str, Any]:
         if self.damaged:
@@ -196,7 +258,7 @@ class _FileJob:
                     path=self.file.path,
                     hint="replace the damaged file, or pass --on-bad-record skip to skip it",
                 )
-            log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
+            skip_log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
             self.abort()
             self._open_writers()
             self.documents, self.skipped = 0, Counter({"unreadable_file": 1})
@@ -233,7 +295,7 @@ def _executor(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
         config.workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=init_worker_process,
-        initargs=(_resolved_spec(config, tok),),
+        initargs=(_resolved_spec(config, tok), os.getpid()),
     )
 
 
@@ -255,6 +317,7 @@ def _encode_files(config, tok, work, todo, summaries, bar) -> None:
         dtype=tok.dtype.name,
     )
     depth = 2 * config.workers + 2
+    sizer = ChunkSize(config.chunk_bytes)
     pending: deque = deque()
     jobs: list[_FileJob] = []
     executor = _executor(config, tok)
@@ -263,17 +326,17 @@ def _encode_files(config, tok, work, todo, summaries, bar) -> None:
             job = _FileJob(index, file, config, work, tok.dtype)
             jobs.append(job)
             try:
-                for chunk in read_chunks(file, config.chunk_bytes, config.json_keys):
+                for chunk in read_chunks(file, sizer, config.json_keys):
                     pending.append((job, executor.submit(encode_chunk, task, chunk)))
                     while len(pending) > depth:
-                        _drain_one(pending, summaries, bar)
+                        _drain_one(pending, summaries, bar, sizer)
             except UnreadableFile as exc:
                 job.damaged = str(exc)
             pending.append((job, None))
             if job.damaged and config.on_bad_record == "error":
                 break  # its error is raised once every earlier result is written, in input order
         while pending:
-            _drain_one(pending, summaries, bar)
+            _drain_one(pending, summaries, bar, sizer)
     except BaseException:
         for _, future in pending:
             if future is not None:
@@ -285,13 +348,16 @@ def _encode_files(config, tok, work, todo, summaries, bar) -> None:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _drain_one(pending: deque, summaries: dict, bar: Progress) -> None:
+def _drain_one(pending: deque, summaries: dict, bar: Progress, sizer: ChunkSize) -> None:
     job, future = pending.popleft()
     if future is None:
         summaries[job.index] = job.commit()
         bar.file_done()
         return
+    while not wait([future], timeout=_TICK_SECONDS).done:
+        bar.tick()
     result = future.result()
+    sizer.observe(result.input_bytes, result.seconds)
     job.add(result)
     bar.update(result)
 

@@ -15,9 +15,10 @@ from .sources import InputFile
 class Progress:
     """Counts encoded documents, tokens and input bytes; drives an optional bar."""
 
-    def __init__(self, *, todo: list[InputFile], enabled: bool | None) -> None:
+    def __init__(self, *, todo: list[InputFile], enabled: bool | None, resumed: int = 0) -> None:
         self.documents = self.tokens = self.input_bytes = self.files_done = 0
         self.files_todo = len(todo)
+        self.files_resumed = resumed
         self._start = time.perf_counter()
         self._bar = None
         if enabled is False or not todo:
@@ -39,21 +40,34 @@ class Progress:
         )
 
     def update(self, result: Encoded) -> None:
+        """Count one chunk's result and move the bar."""
         self.documents += result.documents
         self.tokens += sum(int(t.size) for t, _, _ in result.outputs)
         self.input_bytes += result.input_bytes
         if self._bar is not None:
-            elapsed = max(time.perf_counter() - self._start, 1e-9)
-            self._bar.set_postfix_str(
-                f"files {self.files_done}/{self.files_todo}  {self.documents / elapsed:,.0f} docs/s"
-                f"  {self.tokens / elapsed / 1e6:,.2f}M tok/s",
-                refresh=False,
-            )
+            self._bar.set_postfix_str(self.postfix(), refresh=False)
             self._bar.update(result.input_bytes)
 
     def file_done(self) -> None:
+        """Count a finished input file (shown at once: the count changes rarely)."""
         self.files_done += 1
+        self.tick()
+
+    def tick(self) -> None:
+        """Redraw (elapsed time, rates) while a result is awaited; called about twice a second."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(self.postfix(), refresh=False)
+            self._bar.refresh()
+
+    def postfix(self) -> str:
+        """The bar's text after the byte count: files finished, documents/s, tokens/s."""
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        return (
+            f"files {self.files_done}/{self.files_todo}  {self.documents / elapsed:,.0f} docs/s"
+            f"  {self.tokens / elapsed / 1e6:,.2f}M tok/s"
+        )
 
     def close(self) -> None:
         if self._bar is not None:
+            self._bar.set_postfix_str(self.postfix(), refresh=False)
             self._bar.close()

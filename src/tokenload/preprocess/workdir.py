@@ -6,6 +6,10 @@ identity, keys, rules, the file list) and, per finished input file i, the token 
 with the same ``job.json`` reuses every part whose marker exists and whose input file still has
 the recorded size and modification time, and redoes the rest. The final outputs are the parts
 concatenated in input order, so they are the same bytes whether or not the job was interrupted.
+
+``job.json`` is written before any part and deleted after every other file, so parts are never
+seen without the job that made them; a folder lacking it is wiped, not reused (otherwise a run
+killed during cleanup would hand its parts to the next run, even one with another tokenizer).
 """
 
 from __future__ import annotations
@@ -34,32 +38,47 @@ class WorkDir:
         self.job = job
 
     def open(self, resume: bool) -> None:
-        """Create the folder, or check an existing one belongs to this job (or wipe it)."""
-        job_file = self.root / _JOB
-        if self.root.exists() and not resume:
-            shutil.rmtree(self.root)
-        if job_file.exists():
-            try:
-                old = json.loads(job_file.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                old = None
-            if old != self.job:
-                changed = sorted(
-                    k
-                    for k in set(self.job) | set(old or {})
-                    if (old or {}).get(k) != self.job.get(k)
-                )
-                raise ConfigError(
-                    f"the work folder {str(self.root)!r} belongs to an interrupted job with"
-                    f" different settings (differs in: {', '.join(changed) or 'format'})",
-                    hint="rerun with the original settings to resume it, or pass --no-resume"
-                    " to start over",
-                )
-            self._remove_temporaries()
-            return
-        self.root.mkdir(exist_ok=True)
+        """Create the folder, or check an existing one belongs to this job (or wipe it).
+
+        Only a ``job.json`` vouches for the parts beside it: a folder without one (a kill during
+        the final cleanup, or a run killed before it wrote one) is wiped, never reused."""
+        if self.root.exists():
+            old = self._recorded_job()
+            if not resume or old is None:
+                if old is None:
+                    log.info("discarding %s: no job.json vouches for its parts", self.root)
+                self._wipe()
+            elif old != self.job:
+                raise self._other_job(old)
+            else:
+                self.remove_temporaries()
+                return
+        self.root.mkdir()
         write_bytes_atomic(
-            job_file, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode()
+            self.root / _JOB, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode()
+        )
+
+    def _recorded_job(self) -> dict[str, Any] | None:
+        try:
+            job = json.loads((self.root / _JOB).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return job if isinstance(job, dict) else None
+
+    def _other_job(self, old: dict[str, Any]) -> ConfigError:
+        changed = sorted(k for k in set(self.job) | set(old) if old.get(k) != self.job.get(k))
+        done = len(list(self.root.glob("*.done")))
+        earlier = ""
+        if "inputs" in changed and isinstance(old.get("inputs"), list) and old["inputs"]:
+            earlier = f"; its inputs were {old['inputs'][0]!r}" + (
+                f" and {len(old['inputs']) - 1} more" if len(old["inputs"]) > 1 else ""
+            )
+        return ConfigError(
+            f"an earlier run on this output prefix stopped before it finished (an error or a kill)"
+            f" and left {done} finished input file(s) in {str(self.root)!r} for a resume, but its"
+            f" settings differ from this run's (differs in: {', '.join(changed)}){earlier}",
+            hint="pass --restart (resume=False) to discard that work and start over, or rerun the earlier"
+            " command to resume it",
         )
 
     def part(self, index: int, key: str) -> str:
@@ -90,11 +109,34 @@ class WorkDir:
             self._marker(index), (json.dumps(summary, sort_keys=True) + "\n").encode()
         )
 
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    def committed(self) -> int:
+        """How many input files have a finished part (what a resume would reuse)."""
+        return len(list(self.root.glob("*.done")))
 
-    def _remove_temporaries(self) -> None:
+    def remove(self) -> None:
+        """Delete the folder, ``job.json`` last: a kill at any point leaves either a folder that
+        ``job.json`` still vouches for, or one without it, which ``open`` wipes."""
+        if not self.root.exists():
+            return
+        order = lambda e: (e.name == _JOB, not e.name.endswith(".done"))  # noqa: E731
+        for entry in sorted(self.root.iterdir(), key=order):
+            _delete(entry)
+        self.root.rmdir()
+
+    def _wipe(self) -> None:
+        """Delete everything, vouched-for ``job.json`` first so no reader trusts what remains."""
+        (self.root / _JOB).unlink(missing_ok=True)
+        shutil.rmtree(self.root)
+
+    def remove_temporaries(self) -> None:
         """Temporary files of a killed run (``.NAME.tmp-PID-XXXX``) are never reused."""
         for entry in self.root.iterdir():
             if entry.name.startswith(".") and ".tmp-" in entry.name:
                 entry.unlink(missing_ok=True)
+
+
+def _delete(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink(missing_ok=True)

@@ -47,8 +47,12 @@ def write_jsonl(path: Path, docs, key="text", extra=None) -> str:
     return str(path)
 
 
+BYTES = TokenizerSpec(kind="byte")
+
+
 def run(inputs, out, **kw):
     kw.setdefault("workers", 2)
+    kw.setdefault("tokenizer", BYTES)
     return preprocess(
         PreprocessConfig(inputs=tuple(map(str, inputs)), output_prefix=str(out), **kw),
         progress=False,
@@ -208,7 +212,7 @@ def test_a_changed_input_is_redone_and_a_different_job_is_refused(tmp_path, docs
         run(files, tmp_path / "out")
     write_jsonl(Path(files[0]), ["changed"] + docs[1:50])  # changes a finished file
     write_jsonl(Path(files[2]), docs[100:150])
-    with pytest.raises(ConfigError, match=r"different settings \(differs in: append_eod\)"):
+    with pytest.raises(ConfigError, match=r"settings differ from this run.s \(differs in: append_eod\)"):
         run(files, tmp_path / "out", append_eod=True)
     result = run(files, tmp_path / "out")
     assert result.files_resumed == 1
@@ -259,15 +263,27 @@ def test_append_eod_needs_an_eod_token(tmp_path, tokenizer_files):
 
 def test_config_validation():
     with pytest.raises(ConfigError, match="no input"):
-        PreprocessConfig(inputs=(), output_prefix="x")
+        PreprocessConfig(inputs=(), output_prefix="x", tokenizer=BYTES)
     with pytest.raises(ConfigError, match="names a folder"):
-        PreprocessConfig(inputs=("a",), output_prefix="out/")
+        PreprocessConfig(inputs=("a",), output_prefix="out/", tokenizer=BYTES)
     with pytest.raises(ConfigError, match="cannot name an output file"):
-        PreprocessConfig(inputs=("a",), output_prefix="x", json_keys=("a/b",))
+        PreprocessConfig(inputs=("a",), output_prefix="x", json_keys=("a/b",), tokenizer=BYTES)
     with pytest.raises(ConfigError, match="out of range"):
-        PreprocessConfig(inputs=("a",), output_prefix="x", num_shards=2, shard_index=2)
-    with pytest.raises(ConfigError, match="workers"):
-        PreprocessConfig(inputs=("a",), output_prefix="x", workers=0)
+        PreprocessConfig(inputs=("a",), output_prefix="x", num_shards=2, shard_index=2, tokenizer=BYTES)
+    with pytest.raises(ConfigError, match="workers is 0, expected at least 1") as info:
+        PreprocessConfig(inputs=("a",), output_prefix="x", workers=0, tokenizer=BYTES)
+    assert "usable CPU" in info.value.hint
+    with pytest.raises(ConfigError, match="chunk_bytes is 0") as info:
+        PreprocessConfig(inputs=("a",), output_prefix="x", chunk_bytes=0, tokenizer=BYTES)
+    assert info.value.hint
+
+
+def test_the_tokenizer_is_required():
+    with pytest.raises(ConfigError, match="expected a TokenizerSpec") as info:
+        PreprocessConfig(inputs=("a",), output_prefix="x")
+    assert "kind='byte'" in info.value.hint
+    with pytest.raises(TypeError, match="kind"):
+        TokenizerSpec()  # noqa: the kind is a required argument, as Megatron's --tokenizer-type
 
 
 def test_output_folder_must_exist_and_stale_temporaries_are_removed(tmp_path):
@@ -284,6 +300,9 @@ def test_output_folder_must_exist_and_stale_temporaries_are_removed(tmp_path):
 
 def test_progress_bar_reports_rates(tmp_path, capsys):
     path = write_jsonl(tmp_path / "a.jsonl", ["some text"] * 50)
-    preprocess(PreprocessConfig(inputs=(path,), output_prefix=str(tmp_path / "o")), progress=True)
+    preprocess(
+        PreprocessConfig(inputs=(path,), output_prefix=str(tmp_path / "o"), tokenizer=BYTES),
+        progress=True,
+    )
     err = capsys.readouterr().err
     assert "preprocess" in err and "docs/s" in err and "M tok/s" in err

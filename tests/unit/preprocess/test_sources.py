@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenload.errors import ConfigError
-from tokenload.preprocess.sources import UnreadableFile, expand_inputs, read_chunks, shard_files
+from tokenload.preprocess.sources import ChunkSize, UnreadableFile, expand_inputs, read_chunks, shard_files
 
 
 def touch(path, data=b"{}\n"):
@@ -85,8 +85,37 @@ def test_a_line_longer_than_a_chunk_stays_whole(tmp_path):
     data = b"a" * 5000 + b"\nb\n" + b"c" * 3000
     path = touch(tmp_path / "long.txt", data)
     chunks = list(read_chunks(expand_inputs([path], "lines")[0], 1024, ("text",)))
-    assert [c.payload for c in chunks] == [b"a" * 5000 + b"\nb\n", b"c" * 3000]
-    assert [c.first for c in chunks] == [1, 3]
+    assert [c.payload for c in chunks] == [b"a" * 5000 + b"\n", b"b\n", b"c" * 3000]
+    assert [c.first for c in chunks] == [1, 2, 3]
+
+
+def test_chunk_size_follows_the_measured_rate_within_its_bounds():
+    size = ChunkSize(4 << 20)
+    assert size() == ChunkSize.FIRST  # small until a rate is measured
+    size.observe(1 << 20, 10.0)  # a slow encoder: 100 KiB/s
+    assert size() == ChunkSize.MINIMUM
+    size.observe(1 << 20, 1.0)
+    assert size() == int((1 << 20) * ChunkSize.TARGET_SECONDS)
+    size.observe(1 << 20, 0.001)  # a fast one: capped
+    assert size() == 4 << 20
+
+
+def test_line_chunks_follow_a_changing_size(tmp_path):
+    lines = [b"%05d\n" % i for i in range(3000)]
+    path = touch(tmp_path / "many.jsonl", b"".join(lines))
+    sizes = iter([64, 1024, 256] + [4096] * 100)
+    current = [next(sizes)]
+
+    def size():
+        return current[0]
+
+    chunks = []
+    for chunk in read_chunks(expand_inputs([path], "lines")[0], size, ("text",)):
+        chunks.append(chunk)
+        current[0] = next(sizes)
+    assert b"".join(c.payload for c in chunks) == b"".join(lines)
+    assert [len(c.payload) for c in chunks[:3]] == [60, 1020, 252]
+    assert [c.first for c in chunks[:3]] == [1, 11, 181]
 
 
 def test_multi_member_gzip_and_multi_frame_zstd(tmp_path):

@@ -92,14 +92,14 @@ GIGATOKEN_KINDS = ["bytelevel", "bytelevel_bos", "sp_bpe_json", "gpt2", "tiktoke
 
 
 def test_byte_tokenizer_is_utf8_bytes_with_eod_256():
-    tok = load_tokenizer(TokenizerSpec())
+    tok = load_tokenizer(TokenizerSpec(kind="byte"))
     texts = ["", "aé", "日本", "\x00\n"]
     flat, lengths = tok.encode_batch(texts)
     assert split(flat, lengths) == [list(t.encode("utf-8")) for t in texts]
     assert (tok.vocab_size, tok.eod_id, tok.dtype) == (257, 256, np.dtype(np.uint16))
     assert tok.identity() == {"name": "byte", "kind": "byte", "vocab_size": 257, "eod_id": 256}
     with pytest.raises(ConfigError, match="collides"):
-        load_tokenizer(TokenizerSpec(eod_id=10))
+        load_tokenizer(TokenizerSpec(kind="byte", eod_id=10))
 
 
 @pytest.mark.parametrize("name", ALL)
