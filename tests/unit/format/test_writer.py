@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenload.errors import ConfigError
+from tokenload.errors import ConfigError, FormatError
 from tokenload.format import ReadMode, TokenFile, TokenFileWriter, optimal_dtype, read_sidecar
 
 # spec §1.1: the 122-byte index of documents [1..5]/[5], [6,7,8]/[2,1], []/[], [9]/[1] (uint16)
@@ -146,3 +146,57 @@ def test_killed_writer_leaves_only_hidden_temp_files(tmp_path):
     visible = [n for n in os.listdir(tmp_path) if not n.startswith(".")]
     assert visible == []
     assert any(n.startswith(".k.bin.tmp-") for n in os.listdir(tmp_path))
+
+
+def test_default_dtype_is_int32(tmp_path):
+    """A writer made without a dtype writes int32 (code 4) and keeps ids above uint16's range."""
+    with TokenFileWriter(tmp_path / "d") as w:
+        w.add_document([70000, 1, 2**31 - 1])
+    assert (tmp_path / "d.idx").read_bytes()[17] == 4
+    tf = TokenFile(tmp_path / "d")
+    assert tf.dtype == np.dtype(np.int32)
+    assert tf[0].tolist() == [70000, 1, 2**31 - 1]
+
+
+@pytest.mark.parametrize(
+    "dtype,tokens,bad",
+    [
+        (np.uint16, [1, 70000, 2], 70000),
+        (np.uint16, [1, -1], -1),
+        (np.uint16, np.array([65536], dtype=np.int32), 65536),
+        (np.int32, [2**31], 2**31),
+        (np.int32, np.array([5, 2**40], dtype=np.int64), 2**40),
+        (np.int32, np.array([2**32 - 1], dtype=np.uint32), 2**32 - 1),
+    ],
+)
+@pytest.mark.parametrize("api", ["add_document", "add_item", "add_documents"])
+def test_tokens_outside_the_dtype_are_refused_not_wrapped(tmp_path, dtype, tokens, bad, api):
+    w = TokenFileWriter(tmp_path / "r", dtype)
+    w.add_document([3, 4])
+    arr = np.asarray(tokens)
+    call = {
+        "add_document": lambda: w.add_document(arr),
+        "add_item": lambda: w.add_item(arr),
+        "add_documents": lambda: w.add_documents(arr, np.array([arr.size])),
+    }[api]
+    with pytest.raises(FormatError, match=rf"token {bad} does not fit this file's {np.dtype(dtype).name} tokens") as info:
+        call()
+    assert "HINT:" in str(info.value)
+    w.add_document([5])  # the refused call wrote nothing; the writer goes on
+    w.finalize()
+    tf = TokenFile(tmp_path / "r")
+    assert [tf[i].tolist() for i in range(len(tf))] == [[3, 4], [5]]
+
+
+def test_range_limits_themselves_are_written(tmp_path):
+    with TokenFileWriter(tmp_path / "u", np.uint16) as w:
+        w.add_document(np.array([0, 65535], dtype=np.int64))
+    assert TokenFile(tmp_path / "u")[0].tolist() == [0, 65535]
+
+
+def test_non_integer_tokens_are_refused(tmp_path):
+    with TokenFileWriter(tmp_path / "f", np.uint16) as w:
+        with pytest.raises(FormatError, match="tokens are float64, expected integers"):
+            w.add_document(np.array([1.5, 2.0]))
+        w.add_document([])  # an empty document (NumPy makes [] float64) is fine
+    assert TokenFile(tmp_path / "f").num_documents == 1
