@@ -101,7 +101,8 @@ def main() -> None:
         row = f"{kind:<8}{lag1_corr(p):>12.4f}{steps.mean() / n:>15.4f}{np.mean(steps == 1):>17.5f}"
         z_block = chi_square(p, block)[1]
         row += f"{epoch_corr(p[: second.shape[0]], second):>12.4f}{ratio:>9.3f}{z:>7.2f}{z_block:>9.2f}"
-        row += f"{blocks_per_micro_batch(p, block, 8):>13.2f}{blocks_per_micro_batch(p, block, 32):>14.2f}{per_epoch:>10.5f}"
+        local8, local32 = blocks_per_micro_batch(p, block, 8), blocks_per_micro_batch(p, block, 32)
+        row += f"{local8:>13.2f}{local32:>14.2f}{per_epoch:>10.5f}"
         print(row)
     print(f"reference for a random order: lag-1 corr 0, mean |step|/n 1/3, file neighbours {2 / n:.5f}")
 

@@ -76,7 +76,8 @@ def period_counts(weights: Sequence[float], period: int) -> np.ndarray:
     starved = np.flatnonzero((w > 0) & (counts == 0))
     if starved.size:
         raise ConfigError(
-            f"source {int(starved[0])} has weight {float(w[starved[0]]):.3g}, less than one sample per period of {period}",
+            f"source {int(starved[0])} has weight {float(w[starved[0]]):.3g},"
+            f" less than one sample per period of {period}",
             hint=f"use a period of at least {int(np.ceil(1 / w[starved[0]]))} or a larger weight",
         )
     return counts

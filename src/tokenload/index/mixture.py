@@ -50,7 +50,8 @@ class MixtureState:
     """Windows per epoch of each source when its cursor was recorded (a changed source is an error)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"consumed": self.consumed, "sources": {s: {"cursor": c, "windows": self.windows[s]} for s, c in self.cursors.items()}}
+        sources = {s: {"cursor": c, "windows": self.windows[s]} for s, c in self.cursors.items()}
+        return {"consumed": self.consumed, "sources": sources}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MixtureState:
@@ -65,7 +66,8 @@ class MixtureState:
             ) from None
         if consumed < 0 or any(c < 0 or w < 1 for c, w in sources.values()):
             raise StateError(f"mixture state has a negative count or a source without windows: {dict(data)}")
-        return cls(consumed=consumed, cursors={s: c for s, (c, _) in sources.items()}, windows={s: w for s, (_, w) in sources.items()})
+        cursors = {s: c for s, (c, _) in sources.items()}
+        return cls(consumed=consumed, cursors=cursors, windows={s: w for s, (_, w) in sources.items()})
 
 
 class Draws(NamedTuple):
@@ -100,14 +102,18 @@ class Mixture:
             )
         self.start = int(start)
         self.interleave = Interleave(weights, period=period)
-        self.orders = [WindowOrder(int(n), source_seed(seed, s), block_size=block_size) for s, n in zip(self.sources, num_windows)]
+        self.orders = [
+            WindowOrder(int(n), source_seed(seed, s), block_size=block_size)
+            for s, n in zip(self.sources, num_windows)
+        ]
         prior = state or MixtureState(consumed=self.start)
         if prior.consumed != self.start:
             raise StateError(f"the state was saved after {prior.consumed} samples; this phase starts at {self.start}")
         for s, order in zip(self.sources, self.orders):
             if s in prior.windows and prior.windows[s] != order.num_windows:
                 raise StateError(
-                    f"source {s!r} had {prior.windows[s]} windows per epoch when the state was saved, now {order.num_windows}",
+                    f"source {s!r} had {prior.windows[s]} windows per epoch when the state was saved,"
+                    f" now {order.num_windows}",
                     hint="a source's data or sequence length changed; give it a new identity to restart it at cursor 0",
                 )
         self.base = np.array([int(prior.cursors.get(s, 0)) for s in self.sources], dtype=np.int64)
@@ -150,5 +156,6 @@ def resume(
 ) -> Mixture:
     """A new phase from ``state.consumed`` on: every source continues at its recorded cursor."""
     return Mixture(
-        sources, weights, num_windows, seed=seed, start=state.consumed, state=state, period=period, block_size=block_size
+        sources, weights, num_windows,
+        seed=seed, start=state.consumed, state=state, period=period, block_size=block_size,
     )

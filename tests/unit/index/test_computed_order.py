@@ -113,7 +113,8 @@ def test_windows_read_the_split_stream_and_pieces_match_spans(random_file, split
     tf = TokenFile(prefix)
     stream = np.concatenate(docs)
     for begin, end in (r for r in split_ranges(split_matrix(split), len(tf)) if r is not None):
-        grid = WindowGrid.from_pointers(tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize, begin, end, seq, extra)
+        pointers, lengths, size = tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize
+        grid = WindowGrid.from_pointers(pointers, lengths, size, begin, end, seq, extra)
         tokens = sum(len(d) for d in docs[begin:end])
         assert grid.num_windows == max(tokens - extra, 0) // seq
         if not grid.num_windows:
@@ -123,12 +124,12 @@ def test_windows_read_the_split_stream_and_pieces_match_spans(random_file, split
         first_token = sum(len(d) for d in docs[:begin])
         expected = stream[first_token + w[:, None] * seq + np.arange(grid.window)]
         np.testing.assert_array_equal(spans, expected)
-        seqs, first, lengths, offsets = window_pieces(grid, w, tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize, begin, end)
-        assert ((seqs >= begin) & (seqs < end)).all() and (lengths >= 0).all()
-        np.testing.assert_array_equal(np.add.reduceat(lengths, first), np.full(w.size, grid.window))
-        starts = np.zeros_like(lengths)
+        seqs, first, piece_lengths, offsets = window_pieces(grid, w, pointers, lengths, size, begin, end)
+        assert ((seqs >= begin) & (seqs < end)).all() and (piece_lengths >= 0).all()
+        np.testing.assert_array_equal(np.add.reduceat(piece_lengths, first), np.full(w.size, grid.window))
+        starts = np.zeros_like(piece_lengths)
         starts[first] = offsets
-        np.testing.assert_array_equal(tf.read_pieces(seqs, starts, lengths), expected.ravel())
+        np.testing.assert_array_equal(tf.read_pieces(seqs, starts, piece_lengths), expected.ravel())
 
 
 def test_pieces_name_the_document_boundaries_inside_a_window(small_file):
@@ -148,7 +149,9 @@ def test_a_split_shorter_than_a_window_has_no_windows():
 
 # -- the interleave ---------------------------------------------------------------------------------
 
-weights_st = st.lists(st.one_of(st.just(0.0), st.floats(0.001, 1.0)), min_size=1, max_size=9).filter(lambda w: sum(w) > 0)
+weights_st = st.lists(st.one_of(st.just(0.0), st.floats(0.001, 1.0)), min_size=1, max_size=9).filter(
+    lambda w: sum(w) > 0
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -238,7 +241,8 @@ def test_mixture_changes_never_repeat_or_skip_a_sample(phases, block):
     state = MixtureState(consumed=0)
     served: dict[str, list[tuple[int, int]]] = {s: [] for s in windows}
     for names, weights, length in phases:
-        mix = resume(state, names, weights[: len(names)], [windows[s] for s in names], seed=5, period=20, block_size=block)
+        counts = [windows[s] for s in names]
+        mix = resume(state, names, weights[: len(names)], counts, seed=5, period=20, block_size=block)
         draws = mix.draw(np.arange(state.consumed, state.consumed + length))
         for d, c, w in zip(draws.source.tolist(), draws.cursor.tolist(), draws.window.tolist()):
             served[names[d]].append((c, w))
