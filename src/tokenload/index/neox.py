@@ -107,7 +107,9 @@ def neox_num_epochs(*, tokens_per_epoch: int, num_samples: int, sequence_length:
     )
 
 
-def neox_sample_index_dtype(num_epochs: int, tokens_per_epoch: int, sequence_length: int) -> np.dtype:
+def neox_sample_index_dtype(
+    num_epochs: int, tokens_per_epoch: int, sequence_length: int
+) -> np.dtype:
     """int32 if ``2 * ((E*T - 1) / S + 1) < 2**31 - 1`` in float64 (NeoX's test), else int64."""
     samples = float(int(num_epochs) * int(tokens_per_epoch) - 1) / float(sequence_length)
     return np.dtype(np.int32 if 2 * (samples + 1) < _INT32_MAX else np.int64)
@@ -308,7 +310,9 @@ def neox_weights_by_num_docs(num_docs: Sequence[int], alpha: float = 0.3) -> lis
     """
     counts = [int(n) for n in num_docs]
     if not counts or any(n < 0 for n in counts) or sum(counts) <= 0:
-        raise ConfigError(f"document counts {counts}; expected non-negative counts with a positive sum")
+        raise ConfigError(
+            f"document counts {counts}; expected non-negative counts with a positive sum"
+        )
     if len(counts) == 1:
         return [1.0]
     total_docs = sum(counts)
@@ -319,7 +323,9 @@ def neox_weights_by_num_docs(num_docs: Sequence[int], alpha: float = 0.3) -> lis
     weights = [p * (1 - u) for p, u in zip(probs, unbiased)]
     total = sum(weights)
     if not total > 0:
-        raise ConfigError(f"document counts {counts} give no positive weight; expected two non-empty files")
+        raise ConfigError(
+            f"document counts {counts} give no positive weight; expected two non-empty files"
+        )
     return [x / total for x in weights]
 
 

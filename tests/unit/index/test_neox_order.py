@@ -36,7 +36,9 @@ SPLITS = ("train", "valid", "test")
 DATA = json.loads((FIXTURES / "cases.json").read_text())
 ARRAYS = np.load(FIXTURES / "cases.npz")
 CASES = {c["id"]: c for c in DATA["cases"]}
-LENGTHS = {k: np.array(v["sequence_lengths"], dtype=np.int32) for k, v in DATA["data_files"].items()}
+LENGTHS = {
+    k: np.array(v["sequence_lengths"], dtype=np.int32) for k, v in DATA["data_files"].items()
+}
 
 
 def by_kind(kind: str, outcome: str = "ok") -> list[str]:
@@ -153,7 +155,8 @@ def test_weighted_blends_match_neox(cid: str) -> None:
                 path, f"{split}_{j}", num_samples=counts[j], sequence_length=case["seq_length"],
                 seed=case["seed"],
             ).values()
-        dataset_index, sample_index = build_neox_blending_indices(weights, [len(m) for m in members])
+        lens = [len(m) for m in members]
+        dataset_index, sample_index = build_neox_blending_indices(weights, lens)
         assert_same(dataset_index, f"{cid}/{split}/dataset_index")
         assert_same(sample_index, f"{cid}/{split}/dataset_sample_index")
         assert len(dataset_index) == rec["len"]
@@ -193,12 +196,16 @@ def test_item_position_fallback() -> None:
     np.testing.assert_array_equal(neox_item_position([0, 3, 4, 5, 13], 5), [0, 3, 4, 1, 1])
 
 
+def gpt(lengths: list[int], **kwargs) -> NeoXIndices:
+    return build_neox_gpt_indices(lengths, np.arange(len(lengths)), **kwargs)
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: build_neox_gpt_indices([5, 6], [0, 1], num_samples=3, sequence_length=1), "seq_length > 1"),
-        (lambda: build_neox_gpt_indices([1, 0], [0, 1], num_samples=3, sequence_length=4), "at least 2"),
-        (lambda: build_neox_gpt_indices([5, 6], [0, 1], num_samples=None, sequence_length=4), "both unset"),
+        (lambda: gpt([5, 6], num_samples=3, sequence_length=1), "seq_length > 1"),
+        (lambda: gpt([1, 0], num_samples=3, sequence_length=4), "at least 2"),
+        (lambda: gpt([5, 6], num_samples=None, sequence_length=4), "both unset"),
         (lambda: neox_blend_num_samples([1.0, 0.0], 10), "positive finite"),
         (lambda: neox_blend_num_samples([1.0] * 255, 10), "at most 254"),
         (lambda: neox_split_boundaries("98,x,0", 100), "malformed"),
