@@ -16,6 +16,9 @@ from support import run_cli
 from tokenload.format import TokenFile, read_sidecar
 
 
+BYTES = ("--tokenizer-type", "ByteTokenizer")
+
+
 def write_jsonl(path: Path, texts) -> str:
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
     return str(path)
@@ -37,6 +40,7 @@ def test_preprocess_writes_megatron_names_and_prints_a_summary(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", ["hello", "", "wörld"])
     out = run_cli(
         "preprocess",
+        *BYTES,
         "--input",
         src,
         "--output-prefix",
@@ -63,12 +67,13 @@ def test_preprocess_writes_megatron_names_and_prints_a_summary(tmp_path):
 def test_bad_input_exits_2_with_file_line_and_reason(tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_text('{"text": "a"}\n{"text": "b"\n')
-    out = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "o", "--no-progress")
+    out = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", "--no-progress")
     assert out.returncode == 2
     assert f"error: {src}:2: malformed_json: not valid JSON" in out.stderr
     assert "--on-bad-record skip" in out.stderr
     skip = run_cli(
         "preprocess",
+        *BYTES,
         "--input",
         src,
         "--output-prefix",
@@ -79,18 +84,18 @@ def test_bad_input_exits_2_with_file_line_and_reason(tmp_path):
     )
     assert skip.returncode == 0 and "skipped  malformed_json 1" in skip.stdout
     missing = run_cli(
-        "preprocess", "--input", tmp_path / "nope.jsonl", "--output-prefix", tmp_path / "o"
+        "preprocess", *BYTES, "--input", tmp_path / "nope.jsonl", "--output-prefix", tmp_path / "o"
     )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
 def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", sample_texts(30))
-    plain = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "plain", "--append-eod", "--no-progress")
+    plain = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "plain", "--append-eod", "--no-progress")
     assert plain.returncode == 0, plain.stderr
     # flags that do not change the bytes: Megatron's contiguous partitions and logging, NeoX's names
     peers = run_cli(
-        "preprocess", "--input", src, "--output-prefix", tmp_path / "peers", "--append-eod", "--no-progress",
+        "preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "peers", "--append-eod", "--no-progress",
         "--partitions", "2", "--keep-sequential-samples", "--log-interval", "10", "--num-docs", "30",
         "--dataset-impl", "mmap", "--jsonl-keys", "text",
     )
@@ -105,7 +110,7 @@ def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path)
         ("--ftfy",): "ftfy",
     }
     for flags, reason in refused.items():
-        out = run_cli("preprocess", "--input", src, "--output-prefix", tmp_path / "refused", "--no-progress", *flags)
+        out = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "refused", "--no-progress", *flags)
         assert out.returncode == 2, (flags, out.stderr)
         assert reason in out.stderr and "HINT" in out.stderr.upper(), (flags, out.stderr)
         assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # one line (and its hint), no traceback
@@ -186,7 +191,7 @@ def test_killed_run_resumes_to_the_same_bytes(tmp_path):
 
 def test_shards_from_torchrun_environment_merge_to_a_single_run(tmp_path):
     inputs = [write_jsonl(tmp_path / f"in{i}.jsonl", sample_texts(30, seed=i)) for i in range(5)]
-    common = ["preprocess", "--input", *inputs, "--append-eod", "--no-progress"]
+    common = ["preprocess", *BYTES, "--input", *inputs, "--append-eod", "--no-progress"]
     single = run_cli(*common, "--output-prefix", tmp_path / "single")
     assert single.returncode == 0, single.stderr
     shards = []
@@ -205,11 +210,13 @@ def test_shards_from_torchrun_environment_merge_to_a_single_run(tmp_path):
 
 def test_corpus_command_writes_stdlib_jsonl_that_preprocesses(tmp_path):
     out = run_cli("corpus", "--output", tmp_path / "stdlib.jsonl", "--max-mb", "0.3")
-    assert out.returncode == 0, out.stderr and out.stdout.startswith("wrote ")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("wrote "), out.stdout
     lines = (tmp_path / "stdlib.jsonl").read_text(encoding="utf-8").splitlines()
     assert lines and all("text" in json.loads(line) for line in lines)
     pre = run_cli(
         "preprocess",
+        *BYTES,
         "--input",
         tmp_path / "stdlib.jsonl",
         "--output-prefix",

@@ -27,10 +27,10 @@ def test_s3_inputs_give_the_same_bytes_as_local_files(tmp_path, s3, s3_env):
     (local / "c.jsonl.gz").write_bytes(gz)
     s3.pipe(f"{BUCKET}/corpus/c.jsonl.gz", gz)
     (tmp_path / "out").mkdir()
-    remote = run_cli("preprocess", "--input", f"s3://{BUCKET}/corpus/", "--output-prefix", tmp_path / "out" / "remote",
+    remote = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", f"s3://{BUCKET}/corpus/", "--output-prefix", tmp_path / "out" / "remote",
                      "--append-eod", "--no-progress", env=s3_env)
     assert remote.returncode == 0, remote.stderr
-    here = run_cli("preprocess", "--input", local, "--output-prefix", tmp_path / "out" / "local", "--append-eod",
+    here = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", local, "--output-prefix", tmp_path / "out" / "local", "--append-eod",
                    "--no-progress")
     assert here.returncode == 0, here.stderr
     for ext in (".bin", ".idx"):
@@ -43,11 +43,11 @@ def test_s3_inputs_give_the_same_bytes_as_local_files(tmp_path, s3, s3_env):
 
 def test_missing_object_and_unreachable_endpoint_are_storage_errors(tmp_path, s3_env):
     (tmp_path / "out").mkdir()
-    missing = run_cli("preprocess", "--input", f"s3://{BUCKET}/nope/*.jsonl", "--output-prefix", tmp_path / "out" / "x",
+    missing = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", f"s3://{BUCKET}/nope/*.jsonl", "--output-prefix", tmp_path / "out" / "x",
                       "--no-progress", env=s3_env)
     assert missing.returncode == 2 and "no file matches" in missing.stderr
     dead = dict(s3_env, AWS_ENDPOINT_URL="http://127.0.0.1:9")  # discard port: nothing listens
-    down = run_cli("preprocess", "--input", f"s3://{BUCKET}/corpus/a.jsonl", "--output-prefix", tmp_path / "out" / "y",
+    down = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", f"s3://{BUCKET}/corpus/a.jsonl", "--output-prefix", tmp_path / "out" / "y",
                    "--no-progress", env=dead, timeout=240)
     assert down.returncode == 2, down.stderr
     last = down.stderr.strip().splitlines()[-1]
