@@ -232,8 +232,9 @@ class TokenFile:
         if int(lengths.min()) < 0:
             i = begin + int(np.argmin(lengths))
             raise _negative_length(i, int(state.lengths[i]), self.idx_path)
-        start = int(state.pointers[begin]) // state.header.dtype.itemsize
-        flat = state.bin.read(start, int(lengths.sum()))
+        # Each sequence from its own pointer, as ``get`` reads it: one contiguous read would
+        # silently return other tokens when a corrupt index's pointers disagree with its lengths.
+        flat = state.bin.read_spans(state.pointers[begin:end] // state.itemsize, lengths)
         return np.split(flat, np.cumsum(lengths)[:-1])
 
     def read_pieces(
