@@ -165,7 +165,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the workers")
 def test_sigkill_of_the_cli_ends_its_worker_processes(tmp_path):
-    inputs = [write_jsonl(tmp_path / f"in{i}.jsonl", texts(3000, i)) for i in range(4)]
+    inputs = [write_jsonl(tmp_path / f"in{i}.jsonl", texts(40000, i)) for i in range(3)]  # ~10 s of work
     tokenizer = train_tokenizer(tmp_path / "t.json")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenload.cli.main", "preprocess", "--input", *inputs,
