@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import pickle
 import tempfile
+import time
 import traceback
 
 
@@ -29,7 +30,9 @@ def _entry(fn, rank, world_size, store_path, out_path, args, env):
         pickle.dump(result, f)
 
 
-def run_ranks(world_size: int, fn, *args, timeout: float = 300, env: dict | None = None) -> list:
+def run_ranks(world_size: int, fn, *args, timeout: float = 120, env: dict | None = None) -> list:
+    """Results of ``fn`` on every rank; ranks still running ``timeout`` seconds after the start
+    (all together, not each) are killed and raise TimeoutError."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
@@ -40,8 +43,9 @@ def run_ranks(world_size: int, fn, *args, timeout: float = 300, env: dict | None
         ]
         for p in procs:
             p.start()
+        deadline = time.monotonic() + timeout
         for p in procs:
-            p.join(timeout)
+            p.join(max(0.0, deadline - time.monotonic()))
         alive = [p for p in procs if p.is_alive()]
         for p in alive:
             p.kill()
