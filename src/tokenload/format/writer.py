@@ -121,9 +121,15 @@ class TokenFileWriter:
             f" ({int(np.count_nonzero(bad))} of {arr.size} tokens in this call are outside; nothing of"
             " it was written)",
             path=self.prefix,
-            hint="write with dtype=np.int32 (Megatron: uint16 only for vocabularies below 65,500), or"
-            " check the tokenizer: a negative id is never a valid token",
+            hint=self._range_hint(low),
         )
+
+    def _range_hint(self, low: int) -> str:
+        if low < 0:
+            return "a negative id is never a valid token: check the tokenizer's output"
+        if self.dtype.itemsize < 4:
+            return "write with dtype=np.int32 (Megatron: uint16 only for vocabularies below 65,500)"
+        return "no tokenizer has ids this large: check the tokenizer's output"
 
     def add_item(self, tokens: Iterable[int] | np.ndarray, mode: int = 0) -> None:
         """Write one sequence without closing the current document."""
