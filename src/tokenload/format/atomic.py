@@ -75,7 +75,11 @@ def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None
         except FileNotFoundError:
             continue
         if old or _owner_gone(match["host"], int(match["pid"])):
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # the write that follows reports an unwritable folder itself
+                logger.warning("cannot remove the stale temporary %s: %s", path, exc.strerror)
+                continue
             removed.append(path)
     if removed:
         logger.info("removed %d temporary file(s) of %s left by killed writers", len(removed), final)
