@@ -222,20 +222,29 @@ class TokenFile:
         return self.get(key.__index__())
 
     def _slice(self, key: slice) -> list[np.ndarray]:
-        state = self._opened()
-        begin, end, step = key.indices(state.header.sequence_count)
+        begin, end, step = key.indices(self.num_sequences)
         if step != 1:
             raise ValueError("token files support slices with step 1 only")
         if end <= begin:
             return []
+        flat, lengths = self._run(begin, end)
+        return np.split(flat, np.cumsum(lengths)[:-1])
+
+    def _run(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens of sequences ``[begin, end)`` concatenated, and their int64 lengths.
+
+        Each sequence is taken at its own pointer, as ``get`` takes it: one contiguous read would
+        silently return other tokens when a corrupt index's pointers disagree with its lengths.
+        Sequences stored back to back (every sound file) are still read in one piece."""
+        state = self._opened()
         lengths = state.lengths[begin:end].astype(np.int64)
         if int(lengths.min()) < 0:
             i = begin + int(np.argmin(lengths))
             raise _negative_length(i, int(state.lengths[i]), self.idx_path)
-        # Each sequence from its own pointer, as ``get`` reads it: one contiguous read would
-        # silently return other tokens when a corrupt index's pointers disagree with its lengths.
-        flat = state.bin.read_spans(state.pointers[begin:end] // state.itemsize, lengths)
-        return np.split(flat, np.cumsum(lengths)[:-1])
+        starts = state.pointers[begin:end] // state.itemsize
+        if bool(np.all(starts[1:] == starts[:-1] + lengths[:-1])):
+            return state.bin.read(int(starts[0]), int(lengths.sum())), lengths
+        return state.bin.read_spans(starts, lengths), lengths
 
     def read_pieces(
         self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
@@ -272,7 +281,7 @@ class TokenFile:
             )
         if first == last:
             return np.zeros(0, dtype=self.dtype)
-        return np.concatenate(self[first:last])
+        return self._run(first, last)[0]
 
 
 def _negative_length(index: int, length: int, path: str) -> FormatError:
