@@ -1,7 +1,9 @@
 """Megatron's blended dataset: item k is item ``dataset_sample_index[k]`` of member
 ``dataset_index[k]``, with ``dataset_id`` added. A batch is read with one vectorized call per
 member that appears in it, then scattered back into batch order; the members share one item
-configuration, so the fields are built once for the whole batch."""
+configuration, so the fields are built once for the whole batch. Index values out of range (a
+damaged cache) raise a ``CacheError`` naming the file; the check rides on the ``unique`` the
+grouping needs anyway, plus one reduction."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import numpy as np
 
 from .gpt import IndexArrays
 from .items import Allocator
+
+_MIN = np.minimum.reduce
 
 
 class BlendedDataset:
@@ -48,8 +52,16 @@ class BlendedDataset:
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         which = np.asarray(self.dataset_index[idx], dtype=np.int64)
         within = np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
-        rows = {d: which == d for d in np.unique(which).tolist()}
-        parts = {d: self.datasets[d].read_batch(within[r]) for d, r in rows.items()}
+        present = np.unique(which).tolist()
+        if present and (present[0] < 0 or present[-1] >= len(self.datasets)):
+            raise self.indices.corrupt(
+                "dataset_index", f"dataset {present[0] if present[0] < 0 else present[-1]}",
+                f"0..{len(self.datasets) - 1} (the blend's datasets)",
+            )
+        if within.size and _MIN(within) < 0:
+            raise self.indices.corrupt("dataset_sample_index", "a negative sample number", "0 or more")
+        rows = {d: which == d for d in present}
+        parts = {d: self._member_batch(d, within[r]) for d, r in rows.items()}
         padded = any(p["padded"] for p in parts.values())
         dtypes = {p["windows"].dtype for p in parts.values()}
         # int64 when padded, when members differ, or for an empty micro-batch
@@ -59,6 +71,15 @@ class BlendedDataset:
         for d, part in parts.items():
             windows[rows[d]] = part["windows"]
         return {"windows": windows, "padded": padded, "dataset_id": which}
+
+    def _member_batch(self, d: int, samples: np.ndarray) -> dict[str, Any]:
+        try:
+            return self.datasets[d].read_batch(samples)
+        except IndexError:  # a member refuses only sample numbers past its length
+            raise self.indices.corrupt(
+                "dataset_sample_index", f"sample numbers past dataset {d}'s length",
+                f"numbers below {len(self.datasets[d])}",
+            ) from None
 
     def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
         out = self.datasets[0].finish_batch(batch, alloc)

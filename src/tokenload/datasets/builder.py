@@ -5,11 +5,17 @@ This plays the part of Megatron's ``BlendedMegatronDatasetBuilder``: split and b
 and the cache (``index.cache`` for names, ``index.cache_io`` for files). A cache that Megatron
 wrote loads here and the reverse, under Megatron's own file names.
 
-Unlike Megatron, a cache is checked before use: the description text, the arrays' shapes
-(against the length the configuration implies) and, when tokenload wrote it, a sidecar with what
-Megatron's hash forgets (extra token, validation drop-last, the token files' sizes and hashes).
-A stale cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently
-reused. Each process that misses builds in memory and writes atomically, so racing ranks leave
+Unlike Megatron, a cache is checked before use: the description text, the arrays' dtypes and
+shapes (against those the configuration implies) and, when tokenload wrote it, a sidecar with
+what Megatron's hash forgets (extra token, validation drop-last, the token files' sizes, their
+sidecar hashes when they have one, and an xxh3 of each ``.idx``'s sequence lengths and document
+indices: what the indices depend on, so a file rewritten to the same sizes is noticed). A stale
+cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently reused. The
+index values are range-checked as batches use them (``datasets.gpt``).
+
+A dataset's ``fingerprint`` (what a loader's resume state must match) depends on the data's
+content and the configuration, never on where the files are: the same token files copied to
+another folder resume, other data under the same names does not. Each process that misses builds in memory and writes atomically, so racing ranks leave
 one valid cache and nobody waits at a barrier; rank-0-only, per-node and offline build policies
 are layered on top of this by the distributed build policies.
 
@@ -21,11 +27,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from ..errors import CacheError, ConfigError
 from ..format import TokenFile, read_sidecar
@@ -42,9 +50,16 @@ from ..index import (
     split_matrix,
     split_range,
 )
-from ..index.cache import CacheFiles, blended_identifiers, default_cache_dir, describe, gpt_identifiers
+from ..index.cache import (
+    CacheFiles,
+    blended_identifiers,
+    default_cache_dir,
+    describe,
+    description_hash,
+    gpt_identifiers,
+)
 from ..index.cache_io import CacheState, check_cache, write_cache
-from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_length
+from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
 from .blended import BlendedDataset
 from .gpt import GPTDataset, IndexArrays
 from .items import ItemConfig
@@ -70,8 +85,12 @@ class MegatronDataConfig:
     split: str | None = None
     """``--split`` (e.g. ``"969, 30, 1"``); required with ``blend``."""
     tokenizer: Mapping[str, Any] | None = None
-    """Tokenizer identity that enters Megatron's cache hash, verbatim (copy it from an existing
-    Megatron description file to share its cache)."""
+    """Megatron's tokenizer identity, used only as part of the index cache's name (Megatron's
+    md5 of the dataset description): it changes no sample and no token. Pass it to share index
+    caches with Megatron: copy the ``"tokenizer"`` object from one of its
+    ``...-description.txt`` files (e.g. ``{"class": "HuggingFaceTokenizer", "tokenizer_path":
+    [...]}``), or Megatron computes other cache names and both build their own. None (the default)
+    is fine when only tokenload reads the caches."""
     eod_id: int | None = None
     """End-of-document id (EOD options, mock data)."""
     pad_id: int = -1
@@ -142,7 +161,21 @@ def _as_blend(value) -> Blend | None:
 def build_datasets(
     config: MegatronDataConfig, sizes: Sequence[int | None]
 ) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) datasets for ``sizes`` samples each (None: one epoch / absent)."""
+    """The (train, valid, test) datasets of ``config``, as Megatron's builder makes them.
+
+    ``sizes`` are the numbers of samples wanted from each split, as Megatron computes them
+    (train: ``train_iters * global_batch_size``; valid and test: the evaluation iterations times
+    the global batch size). A number larger than one epoch of the split repeats its data, each
+    epoch shuffled anew. ``None`` asks for one epoch of that split (a weighted blend needs a
+    number, as in Megatron). A split whose fraction in ``config.split`` is zero is ``None`` in
+    the result.
+
+    ``len(train)`` is the number of samples the dataset holds, each ``sequence_length`` tokens
+    (+1 with ``add_extra_token``); a loader draws indices ``0 .. len(train) - 1``. For one prefix
+    it is every whole sample of the epochs the request needs, so it can exceed the request by up
+    to an epoch; for a weighted blend, the request rounded up per prefix; for a blend without
+    weights, the request or all the prefixes' samples if fewer; for ``None``, one epoch.
+    """
     return _Builder(config).build(sizes)
 
 
@@ -200,8 +233,13 @@ class _Builder:
         # Megatron caches a blend only under an explicit path_to_cache.
         folder = self.config.path_to_cache
         fields = {"members": [ds.fingerprint for ds, _ in mids]}
-        indices = self._indices(folder, uid, description, build, fields, None)
-        return BlendedDataset([ds for ds, _ in mids], indices, identity=CacheFiles.of("", uid).hash)
+        n = sum(lengths) if size is None else size  # the exhaustive blend takes every sample once
+        expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
+        indices = self._indices(folder, uid, description, build, fields, expected)
+        placeless = blended_identifiers(
+            datasets=[_placeless(u) for _, u in mids], split=name, weights=weights, size=size
+        )
+        return BlendedDataset([ds for ds, _ in mids], indices, identity=description_hash(describe(placeless)))
 
     def _lengths(self, prefix: str | None) -> np.ndarray:
         """Sequence lengths in RAM: the index build gathers from them at random, which is about
@@ -213,7 +251,7 @@ class _Builder:
     def _file_facts(self, prefix: str | None) -> dict[str, Any] | None:
         """``_file_facts`` once per prefix (a prefix serves up to three splits)."""
         if prefix not in self._facts:
-            self._facts[prefix] = _file_facts(prefix)
+            self._facts[prefix] = None if prefix is None else _file_facts(self.source(prefix))
         return self._facts[prefix]
 
     def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
@@ -249,24 +287,25 @@ class _Builder:
             tokenizer=c.tokenizer,
         )
         documents = np.arange(beg, end, dtype=np.int32)
+        tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
+        if tokens == 0 and mid.num_samples is not None and mid.num_samples * c.sequence_length + gpt.extra > 0:
+            raise _empty_split(name, mid, beg, end, len(lengths), split)
 
         def build():
             idx = build_gpt_indices(lengths, documents, num_samples=mid.num_samples, config=gpt)
             return {"document_index": idx.document_index, "sample_index": idx.sample_index,
                     "shuffle_index": idx.shuffle_index}
 
-        tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
-        expected = None
-        if tokens:
-            n = gpt_length(tokens_per_epoch=tokens, num_samples=mid.num_samples, config=gpt)
-            expected = {"sample_index": (n + 1, 2)}
+        expected = gpt_shapes(
+            num_documents=end - beg, tokens_per_epoch=tokens, num_samples=mid.num_samples, config=gpt
+        )
         folder = c.path_to_cache
         if folder is None and mid.prefix is not None:
             folder = default_cache_dir(mid.prefix)
         fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last,
                   "token_file": self._file_facts(mid.prefix)}
         indices = self._indices(folder, uid, describe(uid), build, fields, expected)
-        identity = CacheFiles.of("", uid).hash + repr(sorted(fields.items()))
+        identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
         return GPTDataset(source, indices, self.item, identity=identity), uid
 
     def _indices(self, folder, uid, description, build, fields, expected) -> IndexArrays:
@@ -291,15 +330,58 @@ class _Builder:
         return IndexArrays(paths={name: files.array(name) for name in files.arrays})
 
 
-def _file_facts(prefix: str | None) -> dict[str, Any] | None:
-    """What identifies a token file's content without reading it: sizes and sidecar hashes."""
-    if prefix is None:
-        return None
+def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
+    """Megatron's identifiers without the token file's path: with the files' content facts,
+    the identity of a dataset that still holds after the files move."""
+    out = OrderedDict(uid)
+    if "dataset_path" in out:
+        out["dataset_path"] = None
+    return out
+
+
+def _empty_split(name: str, mid, beg: int, end: int, count: int, split: str | None) -> ConfigError:
+    """A split without tokens asked for samples (Megatron loops forever there)."""
+    share = "the whole file" if split is None else f"its share of split {split!r}"
+    return ConfigError(
+        f"the {name} split of {mid.prefix} holds no tokens ({share}: sequences {beg}..{end} of "
+        f"{count}) but {mid.num_samples} samples were requested; expected a split with at least "
+        "one non-empty sequence",
+        path=mid.prefix + ".bin",
+        hint="change the split string (e.g. '98,2,0' on a small file leaves the valid split "
+        f"empty), ask for no {name} samples, or give the {name} split more data",
+    )
+
+
+_INDEX_DIGESTS: dict[tuple[int, ...], str] = {}
+"""``_index_digest`` results by the ``.idx`` file's identity: each file is hashed once per process."""
+
+
+def _index_digest(source: TokenFile) -> str:
+    """xxh3-64 of what a file's indices depend on, the raw bytes of its sequence lengths and
+    document indices (not the pointers: they follow from the lengths). About 15 ms per 10 M
+    sequences from the page cache; keyed by device, inode, size and times, so a rewrite is seen."""
+    st = os.stat(source.idx_path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    digest = _INDEX_DIGESTS.get(key)
+    if digest is None:
+        h = xxhash.xxh3_64(source.sequence_lengths)
+        if getattr(source, "documents_from_sequences", False):
+            h.update(b"each sequence is a document")  # no boundaries recorded: nothing to read
+        else:
+            h.update(source.document_indices)
+        digest = _INDEX_DIGESTS[key] = h.hexdigest()
+    return digest
+
+
+def _file_facts(source: TokenFile) -> dict[str, Any]:
+    """What identifies a token file's content: its sizes, the digest of its index arrays, and
+    its sidecar's hashes when it has one."""
     facts: dict[str, Any] = {
-        "bin_bytes": os.path.getsize(prefix + ".bin"),
-        "idx_bytes": os.path.getsize(prefix + ".idx"),
+        "bin_bytes": os.path.getsize(source.bin_path),
+        "idx_bytes": os.path.getsize(source.idx_path),
+        "index_xxh3_64": _index_digest(source),
     }
-    sidecar = read_sidecar(prefix)
+    sidecar = read_sidecar(source.prefix)
     if sidecar is not None:
         facts["xxh3_64"] = {k: v.get("xxh3_64") for k, v in sidecar.hashes.items()}
     return facts

@@ -11,6 +11,14 @@ the file's compact dtype) and ``finish_batch`` (the item fields, into arrays fro
 a loader worker builds them straight in shared memory). Index arrays may be in memory or
 memory-mapped cache files that are opened on first use in each process (deferred mmap), so
 pickling a dataset is cheap.
+
+Index values are range-checked as a batch uses them, so a damaged cache raises a ``CacheError``
+naming its file instead of wrapping around (NumPy reads a negative index from the end) or
+failing with a bare ``IndexError``. The checks ride on lookups the read does anyway: NumPy's own
+bounds check on unsigned views (a negative int32 becomes a huge uint32), one reduction over the
+pieces per sample and one over the piece lengths (instead of the clip to zero it replaces); a
+short sample, rare, gets the full check of its rows. Checking the arrays when they are loaded
+would read every byte of them on every rank.
 """
 
 from __future__ import annotations
@@ -21,10 +29,14 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CacheError
 from ..format.bin import gather_index
+from ..index.cache_io import map_array
 from .items import Allocator, ItemConfig, build_items
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
+_INT32, _UINT32 = np.dtype(np.int32), np.dtype(np.uint32)  # `is` is cheaper than ==
 
 
 class IndexArrays:
@@ -45,13 +57,20 @@ class IndexArrays:
         # In-memory arrays travel with the object (pickled, or inherited by a fork) and stay valid
         # in every process; mapped ones are mapped again in each process that uses them.
         if self.paths is not None and (self._arrays is None or self._pid != os.getpid()):
-            # Plain ndarray views of the mappings: np.memmap's subclass hooks cost more than the
-            # lookups themselves on every fancy index.
-            self._arrays = {
-                k: np.asarray(np.load(p, mmap_mode="r", allow_pickle=False)) for k, p in self.paths.items()
-            }
+            self._arrays = {k: map_array(p) for k, p in self.paths.items()}
             self._pid = os.getpid()
         return self._arrays
+
+    def corrupt(self, name: str, found: str, expected: str) -> CacheError:
+        """The error for values of array ``name`` that no valid index holds, naming its file."""
+        path = None if self.paths is None else self.paths[name]
+        where = "" if path is not None else " (built in memory)"
+        return CacheError(
+            f"{name}{where} holds {found}; expected {expected}: the index cache is damaged",
+            path=path,
+            hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
+            "again: cache='auto' rebuilds them",
+        )
 
     def __getstate__(self) -> dict:
         # Cached arrays travel as paths (each process maps them itself); built ones travel as data.
@@ -116,9 +135,14 @@ class GPTDataset:
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
         width = self._width
-        seqs, first, lengths, first_offsets = self._pieces(arrays, samples)
+        seqs, first, lengths, first_offsets, index_rows = self._pieces(arrays, samples)
         per_sample = np.add.reduceat(lengths, first)
         full = not np.count_nonzero(per_sample - width)  # no padding: keep the file dtype
+        if not full and (_MIN(index_rows, axis=None) < 0 or _MAX(per_sample) > width):
+            raise self.indices.corrupt(
+                "sample_index", "a negative entry or a sample longer than its window",
+                f"non-negative rows spanning at most {width} tokens",
+            )
         token_starts = getattr(self.source, "token_starts", None)
         if token_starts is not None:  # token files: spans of the .bin
             starts = token_starts(seqs)
@@ -131,10 +155,9 @@ class GPTDataset:
         if full:
             return {"windows": flat.reshape(idx.size, width), "padded": False}
         out = np.full((idx.size, width), self.item.pad_id, dtype=np.int64)
-        counts = np.minimum(per_sample, width)
-        rows = np.repeat(np.arange(idx.size, dtype=np.int64), counts)
-        cols = gather_index(np.zeros(idx.size, np.int64), counts)
-        out[rows, cols] = flat if flat.size == rows.size else _clip_rows(flat, per_sample, counts)
+        rows = np.repeat(np.arange(idx.size, dtype=np.int64), per_sample)
+        cols = gather_index(np.zeros(idx.size, np.int64), per_sample)
+        out[rows, cols] = flat
         return {"windows": out, "padded": True}
 
     def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
@@ -142,28 +165,78 @@ class GPTDataset:
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
     def _pieces(self, arrays: dict[str, np.ndarray], samples: np.ndarray):
-        """Every sample's pieces (Megatron's last micro-batch of a rank may have no sample): their sequences, the flat index of each
-        sample's first piece, the pieces' lengths, and the offset of each first piece in its
-        sequence (other pieces start at 0)."""
-        # (B, 2, 2) in one lookup; int64 first: uint64 + int64 would promote to float64
-        rows = arrays["sample_index"][samples.astype(np.int64, copy=False)[:, None] + _ROW_AND_NEXT]
-        begin, end = rows[:, 0], rows[:, 1]
+        """Every sample's pieces (Megatron's last micro-batch of a rank may have no sample): their
+        sequences, the flat index of each sample's first piece, the pieces' lengths, the offset of
+        each first piece in its sequence (other pieces start at 0), and the sample-index rows.
+        ``CacheError`` for index values out of range, except the end offsets of a short sample
+        (``read_batch`` checks those)."""
+        indices = self.indices
+        sample_index, document_index = arrays["sample_index"], arrays["document_index"]
+        if samples.dtype.kind == "i" and samples.size and _MIN(samples) < 0:  # uint32 needs none
+            raise indices.corrupt("shuffle_index", "negative sample numbers", "0 or more")
+        try:  # (B, 2, 2) in one lookup; int64 first: uint64 + int64 would promote to float64
+            rows = sample_index[samples.astype(np.int64, copy=False)[:, None] + _ROW_AND_NEXT]
+        except IndexError:
+            raise indices.corrupt(
+                "shuffle_index", "sample numbers past the sample index", f"numbers below {len(self)}"
+            ) from None
+        # int32 rows viewed as uint32: a negative start position or offset becomes huge and fails
+        # the checks below (n_pieces < 1, a negative length); int64 rows are checked directly.
+        if rows.dtype is _INT32:
+            begin = rows[:, 0].view(_UINT32)
+        elif rows.size and _MIN(rows, axis=None) < 0:
+            raise self._bad_rows()
+        else:
+            begin = rows[:, 0]
+        end = rows[:, 1]
         b = begin[:, 0].astype(np.int64)
         n_pieces = end[:, 0] - b + 1
+        if n_pieces.size and _MIN(n_pieces) < 1:
+            raise self._bad_rows()
         ends = n_pieces.cumsum()  # methods, not np.cumsum/np.repeat: less dispatch per call
         first = ends - n_pieces
-        pos = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64) + (b - first).repeat(n_pieces)
-        seqs = arrays["document_index"][pos]
+        total = int(ends[-1]) if ends.size else 0
+        # Many pieces per sample happen only with empty sequences, or with a damaged end position
+        # that would make the arange below huge: bound the positions before allocating.
+        if total > samples.size * (self._width + 1) and int(_MAX(end[:, 0])) >= len(document_index):
+            raise self._past_document_index(document_index)
+        pos = np.arange(total, dtype=np.int64) + (b - first).repeat(n_pieces)
+        try:
+            seqs = document_index[pos]
+        except IndexError:
+            raise self._past_document_index(document_index) from None
         # fancy indexing, never .take: the .idx arrays are unaligned (34-byte header) and
         # ndarray.take copies a whole unaligned array first (measured 275 us instead of 0.5)
-        lengths = self.source.sequence_lengths[seqs].astype(np.int64)
+        sequence_lengths = self.source.sequence_lengths
+        try:
+            lengths = sequence_lengths[_unwrapped(seqs)].astype(np.int64)
+        except IndexError:
+            raise indices.corrupt(
+                "document_index", "sequence ids outside the token file",
+                f"ids 0..{len(sequence_lengths) - 1} (the file's sequences)",
+            ) from None
         # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample
         # of a partial final epoch may point past its sequence's end); first pieces start at bo.
         last = ends - 1
         lengths[last] = np.minimum(end[:, 1] + self._extra, lengths[last])
         lengths[first] -= begin[:, 1]
-        np.maximum(lengths, 0, out=lengths)
-        return seqs, first, lengths, begin[:, 1]
+        if lengths.size and _MIN(lengths) < 0:  # never for a valid index
+            raise indices.corrupt(
+                "sample_index", "a token offset past the end of its sequence", "offsets within the sequence"
+            )
+        return seqs, first, lengths, begin[:, 1], rows
+
+    def _bad_rows(self) -> CacheError:
+        return self.indices.corrupt(
+            "sample_index", "a negative entry or a sample that ends before it starts",
+            "non-negative rows, each sample ending at or after its start",
+        )
+
+    def _past_document_index(self, document_index: np.ndarray) -> CacheError:
+        return self.indices.corrupt(
+            "sample_index", "positions past the document index",
+            f"positions below {len(document_index)} (the document index's length)",
+        )
 
     def __getitems__(self, indices) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))
@@ -176,8 +249,11 @@ class GPTDataset:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
 
-def _clip_rows(flat: np.ndarray, per_sample: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Keep the first ``counts[i]`` of each sample's ``per_sample[i]`` tokens (never needed for
-    well-formed indices; guards against a sample longer than its window)."""
-    keep = gather_index(np.cumsum(per_sample) - per_sample, counts)
-    return flat[keep]
+def _unwrapped(ids: np.ndarray) -> np.ndarray:
+    """``ids`` as an index NumPy does not wrap around: a negative int32 viewed as uint32 is past
+    any array, so the lookup's own bounds check refuses it (a view instead of a reduction)."""
+    if ids.dtype is _INT32:
+        return ids.view(_UINT32)
+    if ids.dtype.kind == "i" and ids.size and _MIN(ids) < 0:
+        return np.full(ids.shape, np.iinfo(np.int64).max)
+    return ids

@@ -26,7 +26,7 @@ from tokenload.index.cache import (
     description_hash,
     gpt_identifiers,
 )
-from tokenload.index.cache_io import CacheCheck, CacheState, check_cache, load_cache, write_cache
+from tokenload.index.cache_io import CacheCheck, CacheState, check_cache, load_cache, map_array, write_cache
 from tokenload.index.document import as_sequence_ids, build_document_index, tokens_per_epoch
 from tokenload.index.epochs import EpochPlan, num_epochs, plan_epochs, separate_final_epoch
 from tokenload.index.gpt import (
@@ -35,6 +35,7 @@ from tokenload.index.gpt import (
     build_gpt_indices,
     drop_last_for,
     gpt_length,
+    gpt_shapes,
 )
 from tokenload.index.plan import (
     DEFAULT_SURPLUS,
@@ -95,6 +96,7 @@ __all__ = [
     "build_gpt_indices",
     "drop_last_for",
     "gpt_length",
+    "gpt_shapes",
     # blending
     "MAX_DATASETS",
     "build_blending_indices",
@@ -113,5 +115,6 @@ __all__ = [
     "CacheCheck",
     "write_cache",
     "load_cache",
+    "map_array",
     "check_cache",
 ]

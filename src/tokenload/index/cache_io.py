@@ -12,7 +12,13 @@ The sidecar ``{md5}-{Class}-{split}-tokenload.json`` records what Megatron's has
 (``add_extra_token``, the validation drop-last flag, the surplus, fingerprints of the token
 files -- whatever the caller passes as ``fields``) and the arrays' shapes and dtypes.
 ``check_cache`` compares it, the description and the ``.npy`` headers (a few hundred bytes per
-file, never the arrays) with what the caller expects.
+file, never the arrays) with what the caller expects. The arrays' values are range-checked where
+they are used (per batch, ``datasets.gpt``): scanning them here would read gigabytes on every
+rank at startup.
+
+A damaged ``.npy`` header can make NumPy raise almost anything (``ValueError``, ``SyntaxError``,
+``tokenize.TokenError``, ``EOFError``); ``check_cache`` reports it as a stale cache and
+``map_array`` as a ``CacheError`` naming the file.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import logging
 import math
 import os
+import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +40,15 @@ from tokenload.errors import CacheError, FormatError
 from tokenload.format.atomic import fsync_dir, write_atomic
 from tokenload.index.cache import CacheFiles
 
-__all__ = ["CacheCheck", "CacheState", "check_cache", "load_cache", "write_cache"]
+__all__ = ["CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "write_cache"]
 
 logger = logging.getLogger(__name__)
 
 SIDECAR_FORMAT = "tokenload-index-cache"
 SIDECAR_VERSION = 1
+
+_NPY_ERRORS = (OSError, ValueError, SyntaxError, EOFError, OverflowError, tokenize.TokenError)
+"""What ``numpy.load`` and its header readers raise on a damaged or vanished ``.npy`` file."""
 
 
 class CacheState(str, enum.Enum):
@@ -117,17 +127,25 @@ def write_cache(
     logger.debug("wrote index cache %s", files.description)
 
 
+def map_array(path: str) -> npt.NDArray[Any]:
+    """One cached array, memory-mapped read-only (pickles refused), as a plain ndarray view
+    (``np.memmap``'s subclass hooks cost more than a batch's lookups); ``CacheError`` naming
+    the file when it cannot be loaded."""
+    try:
+        return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
+    except _NPY_ERRORS as exc:
+        raise CacheError(
+            f"cannot load the cached index array ({type(exc).__name__}: {exc}); expected a .npy "
+            "file as numpy.save writes it",
+            path=path,
+            hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
+            "again: cache='auto' rebuilds them",
+        ) from None
+
+
 def load_cache(files: CacheFiles) -> dict[str, npt.NDArray[Any]]:
-    """Load the cache's arrays, memory-mapped read-only (pickles refused)."""
-    out = {}
-    for name in files.arrays:
-        path = files.array(name)
-        try:
-            out[name] = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise CacheError(f"cannot load cache array ({exc})", path=path,
-                             hint="delete the cache files of this hash and rebuild") from None
-    return out
+    """Load the cache's arrays, memory-mapped read-only (``map_array`` each)."""
+    return {name: map_array(files.array(name)) for name in files.arrays}
 
 
 def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool]:
@@ -140,7 +158,7 @@ def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool]:
             if reader is None:
                 raise FormatError(f"npy version {version}; expected 1.0 or 2.0", path=path)
             shape, _fortran, dtype = reader(f)
-        except ValueError as exc:
+        except _NPY_ERRORS as exc:
             raise FormatError(f"not a .npy file ({exc})", path=path) from None
         size = os.fstat(f.fileno()).st_size
         whole = size == f.tell() + math.prod(shape) * dtype.itemsize
@@ -166,6 +184,8 @@ def _check_arrays(files, recorded, expected_shapes, reasons) -> None:
         except (OSError, FormatError) as exc:
             reasons.append(f"{name}: unreadable ({exc})")
             continue
+        if dtype.kind not in "iu":
+            reasons.append(f"{name}: cached dtype {dtype}, expected an integer dtype")
         if not whole:
             reasons.append(f"{name}: file length does not match its header (truncated?)")
         facts = _array_facts(dtype, shape)

@@ -19,7 +19,7 @@ from tokenload.index.epochs import EpochPlan, plan_epochs
 from tokenload.index.sample import build_sample_index, sample_count
 from tokenload.index.shuffle import build_shuffle_index
 
-__all__ = ["GPTIndexConfig", "GPTIndices", "build_gpt_indices", "drop_last_for", "gpt_length"]
+__all__ = ["GPTIndexConfig", "GPTIndices", "build_gpt_indices", "drop_last_for", "gpt_length", "gpt_shapes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,12 +141,31 @@ def build_gpt_indices(
 
 def gpt_length(*, tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig) -> int:
     """The dataset length (that of the built sample index) without building anything."""
+    return _len_and_epochs(tokens_per_epoch, num_samples, config)[0]
+
+
+def gpt_shapes(
+    *, num_documents: int, tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig
+) -> dict[str, tuple[int, ...]]:
+    """The shapes of the three arrays ``build_gpt_indices`` would build, without building them:
+    a cache whose arrays have other shapes was built for other data or is damaged."""
+    n, epochs = _len_and_epochs(tokens_per_epoch, num_samples, config)
+    return {
+        "document_index": (epochs * num_documents,),
+        "sample_index": (n + 1, 2),
+        "shuffle_index": (n,),
+    }
+
+
+def _len_and_epochs(tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig) -> tuple[int, int]:
+    """``(length, num_epochs)`` of a GPT dataset, from its epoch plan."""
     epochs = plan_epochs(
         tokens_per_epoch=tokens_per_epoch,
         num_samples=num_samples,
         sequence_length=config.sequence_length,
         extra=config.extra,
     )
-    return sample_count(
+    n = sample_count(
         epochs.num_epochs, epochs.tokens_per_epoch, config.sequence_length, config.drop_last, config.extra
     )
+    return n, epochs.num_epochs
