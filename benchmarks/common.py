@@ -36,19 +36,45 @@ def synthetic_token_file(prefix: str | Path, *, tokens: int, mean_len: int = 600
     return prefix
 
 
-def add_data_arguments(ap, gb: float = 1.0) -> None:
-    """``--data-dir`` and ``--gb``: where the synthetic token file lives and its size."""
+def synthetic_docs_file(prefix: str | Path, *, docs: int, mean_len: int = 600, seed: int = 0, vocab: int = 50257) -> str:
+    """A uint16 token file of exactly ``docs`` documents, lognormal lengths (mean ``mean_len``);
+    reused if present. 1M documents of mean 600 tokens is the ~1.2 GB file of issue 15."""
+    from tokenload.format import TokenFileWriter
+
+    prefix = str(prefix)
+    if os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".bin"):
+        return prefix
+    rng = np.random.default_rng(seed)
+    sigma = 1.0
+    mu = np.log(mean_len) - sigma**2 / 2
+    with TokenFileWriter(prefix, np.uint16) as w:
+        for begin in range(0, docs, 100_000):
+            lens = np.maximum(rng.lognormal(mu, sigma, size=min(100_000, docs - begin)).astype(np.int64), 1)
+            w.add_documents(rng.integers(0, vocab, size=int(lens.sum()), dtype=np.uint16), lens)
+    return prefix
+
+
+def add_data_arguments(ap, gb: float = 1.0, docs: int | None = None) -> None:
+    """``--data-dir`` and ``--gb`` (or ``--docs``): where the synthetic token file lives and its
+    size, in GiB of tokens or in documents (``--docs`` wins when given)."""
     ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
     ap.add_argument("--gb", type=float, default=gb)
+    ap.add_argument("--docs", type=int, default=docs, help="documents in the file (instead of --gb)")
 
 
-def docs_file(args) -> str:
-    """The prefix of the ``--gb`` synthetic token file in ``--data-dir`` (made once, reused),
-    with both files read into the page cache."""
+def docs_file(args, warm: bool = True) -> str:
+    """The prefix of the synthetic token file in ``--data-dir`` (``--docs`` documents, else
+    ``--gb`` GiB; made once, reused), with both files read into the page cache unless ``warm``
+    is False."""
     from tokenload.format import warmup_file
 
     Path(args.data_dir).mkdir(parents=True, exist_ok=True)
-    prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
+    if getattr(args, "docs", None):
+        prefix = synthetic_docs_file(Path(args.data_dir) / f"docs_{args.docs}", docs=args.docs)
+    else:
+        prefix = synthetic_token_file(Path(args.data_dir) / f"docs_{args.gb:g}gb", tokens=int(args.gb * 2**30 / 2))
+    if not warm:
+        return prefix
     warmup_file(prefix + ".idx")
     warmup_file(prefix + ".bin")
     return prefix
@@ -83,3 +109,71 @@ def table(rows: list[list], header: list[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# Measurement code that runs on both sides (tokenload's venv and megatron-core's, where it is
+# exec'd from this text), so both count the same things the same way.
+PROBE = r'''
+import os, resource, time
+
+_TICK = os.sysconf("SC_CLK_TCK")
+USAGE_KEYS = ("cpu_s", "minflt", "majflt", "vcsw", "ivcsw")
+
+
+def usage(pids=()):
+    # CPU seconds, minor and major page faults, voluntary and involuntary context switches of
+    # this process (all threads) plus processes ``pids`` (loader workers; a gone one counts 0)
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    total = [r.ru_utime + r.ru_stime, r.ru_minflt, r.ru_majflt, r.ru_nvcsw, r.ru_nivcsw]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                s = f.read().rsplit(")", 1)[1].split()
+            total[0] += (int(s[11]) + int(s[12])) / _TICK
+            total[1] += int(s[7])
+            total[2] += int(s[9])
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/status") as f:
+                    for line in f:
+                        if line.startswith("voluntary_ctxt_switches"):
+                            total[3] += int(line.split()[1])
+                        elif line.startswith("nonvoluntary_ctxt_switches"):
+                            total[4] += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def drop_caches():
+    # evict the page cache (root only); False where the machine does not allow it
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def timed(body, batches, pids=()):
+    # run body() (it reads ``batches`` micro-batches and returns the samples read); samples/s and,
+    # per micro-batch, CPU us, faults and context switches of this process and ``pids``
+    u0, t = usage(pids), time.perf_counter()
+    n = body()
+    wall = time.perf_counter() - t
+    u1 = usage(pids)
+    out = {"rate": n / wall, "wall_s": wall}
+    for k, a, b in zip(USAGE_KEYS, u0, u1):
+        out["cpu_us" if k == "cpu_s" else k] = (b - a) / max(batches, 1) * (1e6 if k == "cpu_s" else 1)
+    return out
+'''
+
+
+def can_drop_caches() -> bool:
+    """Whether this process may drop the page cache (root on a machine that allows it)."""
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return True
+    except OSError:
+        return False

@@ -1,108 +1,113 @@
-"""Random-access samples/s at S = 2048: tokenload vs megatron-core's GPTDataset vs a raw NumPy gather.
+"""Random-access samples/s at S = 2048 in three regimes: tokenload vs megatron-core's GPTDataset
+vs a NumPy ceiling.
 
-Usage: python benchmarks/loader.py [--data-dir /tmp/tokenload-bench] [--gb 1.0] [--micro-batch 16]
-                                   [--samples 16384] [--loader-samples 8192] [--repeats 5]
+Usage: python benchmarks/loader.py [--data-dir /tmp/tokenload-bench] [--docs 1000000]
+                                   [--micro-batch 16] [--samples 16384] [--loader-samples 8192]
+                                   [--cold-samples 2048] [--rounds 3] [--variants ...] [--quick]
 
-Data: the ~1 GiB uint16 token file of ``common.synthetic_token_file`` (lognormal document lengths,
-mean 600 tokens; shared with read_modes.py), page cache warm. Both sides build their one-epoch
-train split (split ``100,0,0``, seed 1234, S = 2048, extra token on, no attention mask) with their
-own builder and cache folder; items carry tokens, labels, loss_mask and position_ids.
+Data: a synthetic uint16 token file of ``--docs`` documents (lognormal lengths, mean 600 tokens:
+1M documents is ~1.2 GB, issue 15's file). Both sides build their one-epoch train split (split
+``100,0,0``, seed 1234, S = 2048, extra token on, no attention mask) with their own builder and
+cache folder; items carry tokens, labels, loss_mask and position_ids.
 
-Every measurement (in-process, DataLoader with 0 workers, with 2 workers; megatron-core, tokenload
-and the NumPy ceiling) runs in a fresh process of its own, one after the other, on the same
-indices (new ones every round). Each reads its samples twice: the first pass ("cold") pays the
-page faults of mapping the file's pages into the reading processes, the second ("warm") is the
-steady state of a run whose data stays in the page cache. Cells are the best of ``--repeats``
-rounds. Minor page faults per micro-batch are counted for every pass (of the reading process and,
-for the DataLoaders, of their workers). The goals are judged on the warm pass; the cold pass is
-reported against the same bars.
+Regimes, each process reading each index at most once per regime:
 
-* in-process: ``--samples`` random dataset indices, read by tokenload as ``ds.__getitems__`` per
-  micro-batch and by megatron-core as ``ds[i]`` per item (how Megatron reads);
-* DataLoader with 0 and 2 workers (persistent): ``--loader-samples`` consecutive dataset indices
-  (the order is already shuffled, so these are random reads; 0 and 2 workers read different
-  ranges), through ``tokenload.loader.build_dataloader`` and through ``torch.utils.data.DataLoader``
-  with default collate. The first micro-batch of each pass (worker start-up) is not timed;
-* the NumPy ceiling: ``np.memmap`` of the ``.bin`` and, per micro-batch of the in-process indices,
-  the S + 1 tokens that start at each sample's first token as stacked row slices and as one
-  fancy-index gather, cast to int64. It builds no fields and ignores document boundaries: the cost
-  of touching the same bytes, nothing more.
+* **first pass (the goal)**: a fresh process per side reads fresh random samples once. The page
+  cache holds the file, the process's page tables hold nothing: what pretraining does, reading
+  each sample about once per epoch from a file much larger than one pass touches.
+* **warm re-read**: the same process reads the same samples again (page tables mapped).
+* **cold page cache**: ``echo 3 > /proc/sys/vm/drop_caches`` right before the pass, then other
+  fresh samples (fewer: they come from disk); skipped, and said so, where the machine refuses.
+  The file is read back into the page cache after each process that dropped it.
 
-Items of 64 of the indices are compared between the two libraries field by field.
+Measurements, each side in a fresh process, the same indices for every side of a round, sides
+alternating in order from round to round, cells the MEDIAN of ``--rounds`` rounds:
+
+* in-process: tokenload ``ds.__getitems__`` per micro-batch vs megatron-core ``ds[i]`` per item
+  (how Megatron reads) vs the NumPy ceiling (``np.memmap``, each sample's S + 1 tokens from its
+  first token as row slices, stacked and cast to int64: no fields, no document boundaries);
+* DataLoader with 0 and with 2 workers: consecutive dataset indices (already shuffled samples;
+  each regime and worker count its own range), ``tokenload.loader.build_dataloader`` vs
+  ``torch.utils.data.DataLoader`` (default collate, persistent workers); the first micro-batch of
+  each pass (worker start-up) is not timed.
+
+Per side and micro-batch: CPU time (the process and its workers), minor and major page faults,
+voluntary and involuntary context switches (``getrusage`` and ``/proc`` for the workers), so a
+missed goal can be explained. ``--variants`` also measures the read-path ideas of
+``prototypes.py`` (tokenload only, patched in the benchmark process, not in ``src``).
+
+The machine may be shared: absolute rates move between runs; the ratios are the point.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import add_data_arguments, docs_file, run_peer, table  # noqa: E402
+from common import PROBE, add_data_arguments, can_drop_caches, docs_file, run_peer, table  # noqa: E402
+from prototypes import IN_PROCESS_VARIANTS, VARIANTS, WORKER_VARIANTS, apply_variant  # noqa: E402
 
 SEQ = 2048
 SEED = 1234
 VOCAB = 50257  # the synthetic file's token range; NullTokenizer's EOD is VOCAB - 1
 FIELDS = ("tokens", "labels", "loss_mask", "position_ids")
 CHECKED = 64
+REGIMES = ("first", "warm", "cold")
+REGIME_NAMES = {"first": "first pass (the goal)", "warm": "warm re-read", "cold": "cold page cache"}
+WHATS = ("in-process", "loader-0", "loader-2")
 
-PASSES = r"""
-import resource
+PASSES = PROBE + r"""
+def in_process_passes(plan, read_batch, mb):
+    # plan: [(regime, indices)]; every batch of each regime's indices read once, one pass each
+    out = {}
+    for regime, idx in plan:
+        batches = [idx[b : b + mb] for b in range(0, len(idx), mb)]
+        if regime == "cold":
+            drop_caches()
 
+        def body():
+            for b in batches:
+                read_batch(b)
+            return len(idx)
 
-def in_process_passes(read_all):
-    # samples/s and minor page faults of two in-process passes over the same indices
-    rates, faults = [], []
-    for _ in range(2):
-        f, t = minor_faults([]), time.perf_counter()
-        n = read_all()
-        rates.append(n / (time.perf_counter() - t))
-        faults.append(minor_faults([]) - f)
-    return rates, faults
-
-
-def minor_faults(pids):
-    # minor page faults so far of this process and of processes ``pids`` (loader workers)
-    total = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                total += int(f.read().rsplit(")", 1)[1].split()[7])
-        except (FileNotFoundError, ProcessLookupError):  # a worker that has exited: not counted
-            pass
-    return total
+        out[regime] = timed(body, len(batches))
+    return out
 
 
-def timed_passes(start_pass, steps, mb, worker_pids=lambda it: []):
-    # samples/s and minor page faults (this process and its loader workers) of two passes: each
-    # takes an iterator from start_pass(), skips its first batch (worker start-up) and times the
-    # next ``steps``
-    rates, faults = [], []
-    for _ in range(2):
-        it = start_pass()
+def loader_passes(plan, start_pass, steps, mb, worker_pids):
+    # plan: [(regime, first index)]; each pass takes an iterator from start_pass(start), skips its
+    # first batch (worker start-up) and times the next ``steps``
+    out = {}
+    for regime, start in plan:
+        it = start_pass(start)
         next(it)
-        pids = worker_pids(it)
-        f, t = minor_faults(pids), time.perf_counter()
-        for _ in range(steps):
-            next(it)
-        rates.append(steps * mb / (time.perf_counter() - t))
-        faults.append(minor_faults(pids) - f)
+        if regime == "cold":
+            drop_caches()
+        pids = worker_pids()
+
+        def body():
+            for _ in range(steps):
+                next(it)
+            return steps * mb
+
+        out[regime] = timed(body, steps, pids)
         del it
-    return rates, faults
+    return out
 """
 exec(PASSES)  # the same timing code runs on both sides
 
 PEER = PASSES + r"""
-import gc, json, logging, os, sys, time, warnings
+import gc, json, logging, sys, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 import numpy, torch
@@ -110,7 +115,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.tokenizers import MegatronTokenizer
 
-a = json.loads(sys.argv[1])
+a = json.load(open(sys.argv[1]))
 tok = MegatronTokenizer.from_pretrained(
     metadata_path={"library": "null-text"}, vocab_size=a["vocab"], pad_id=-1)
 cfg = GPTDatasetConfig(
@@ -118,71 +123,88 @@ cfg = GPTDatasetConfig(
     path_to_cache=a["cache"], tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
     eod_mask_loss=False, create_attention_mask=False)
 ds = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, cfg).build()[0]
-idx, mb, n = a["indices"], a["micro_batch"], a["loader_samples"]
-out = {"len": len(ds), "eod": tok.eod, "pad": tok.pad}
+mb = a["micro_batch"]
+out = {"len": len(ds)}
 
-def read_all():
-    for i in idx:
+def read_batch(b):
+    for i in b:
         ds[i]
-    return len(idx)
 
 if a["what"] == "in-process":
-    out["in-process"], out["faults"] = in_process_passes(read_all)
-for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
-    start = a["starts"][str(w)]
-    dl = torch.utils.data.DataLoader(ds, batch_size=mb, sampler=range(start, start + n), num_workers=w,
-                                     persistent_workers=w > 0)
-    out[f"loader-{w}"], out[f"faults-loader-{w}"] = timed_passes(
-        lambda: iter(dl), n // mb - 1, mb, lambda it: [p.pid for p in getattr(it, "_workers", [])])
-    del dl
-    gc.collect()
-if a["items"]:
-    items = [ds[i] for i in idx[: a["checked"]]]
+    out["passes"] = in_process_passes(a["plan"], read_batch, mb)
+else:
+    w = int(a["what"][-1])
+    steps = a["loader_samples"] // mb - 1
+    current = {}
+
+    def sampler():
+        s = current["start"]
+        return iter(range(s, s + a["loader_samples"]))
+
+    class Range:
+        def __iter__(self):
+            return sampler()
+
+        def __len__(self):
+            return a["loader_samples"]
+
+    dl = torch.utils.data.DataLoader(ds, batch_size=mb, sampler=Range(), num_workers=w, persistent_workers=w > 0)
+    holder = {}
+
+    def start_pass(start):
+        current["start"] = start
+        holder["it"] = iter(dl)
+        return holder["it"]
+
+    out["passes"] = loader_passes(a["plan"], start_pass, steps, mb,
+                                  lambda: [p.pid for p in getattr(holder["it"], "_workers", [])])
+if a.get("items"):
+    items = [ds[i] for i in a["check"]]
     numpy.savez(a["items"], **{k: numpy.stack([it[k].numpy() for it in items]) for k in items[0]})
 print(json.dumps(out))
 """
 
 
-def _dataset(a: dict):
+def _dataset(a: dict, read_mode: str = "mmap"):
     from tokenload.datasets import MegatronDataConfig, build_datasets
 
     config = MegatronDataConfig(
         sequence_length=a["seq"], random_seed=a["seed"], blend=[a["prefix"]], split="100,0,0",
-        eod_id=a["vocab"] - 1, pad_id=-1, path_to_cache=a["tokenload_cache"],
+        eod_id=a["vocab"] - 1, pad_id=-1, path_to_cache=a["tokenload_cache"], read_mode=read_mode,
     )
     return build_datasets(config, [None, None, None])[0]
 
 
 def side_tokenload(a: dict) -> dict:
-    """tokenload's measurements, in this (fresh) process."""
+    """tokenload's measurements (one ``what``, one variant), in this fresh process."""
+    variant = apply_variant(a.get("variant", "mmap"))
+    ds = _dataset(a, variant["read_mode"])
+    mb = a["micro_batch"]
+    if a["what"] == "in-process":
+        before = variant["before_batch"]
+
+        def read_batch(b):
+            if before is not None:
+                before(ds, b)
+            ds.__getitems__(b)
+
+        return {"passes": in_process_passes([(r, np.asarray(i)) for r, i in a["plan"]], read_batch, mb)}  # noqa: F821
     from tokenload.loader import build_dataloader
 
-    ds = _dataset(a)
-    idx, mb, n = np.asarray(a["indices"]), a["micro_batch"], a["loader_samples"]
-    batches = [idx[b : b + mb] for b in range(0, idx.size, mb)]
+    w = int(a["what"][-1])
+    loader = build_dataloader(ds, micro_batch_size=mb, num_workers=w, dp_rank=0, dp_size=1,
+                              persistent_workers=True, **variant["loader"])
 
-    def read_all():
-        for b in batches:
-            ds.__getitems__(b)
-        return idx.size
+    def start_pass(start):
+        loader.restart(start)
+        return iter(loader)
 
-    out = {}
-    if a["what"] == "in-process":
-        out["in-process"], out["faults"] = in_process_passes(read_all)  # noqa: F821 (from PASSES)
-    for w in [int(a["what"][-1])] if a["what"].startswith("loader") else []:
-        start = a["starts"][str(w)]
-        loader = build_dataloader(ds, micro_batch_size=mb, num_workers=w, dp_rank=0, dp_size=1,
-                                  consumed_samples=start, persistent_workers=True)
-
-        def start_pass(loader=loader, start=start):
-            loader.restart(start)
-            return iter(loader)
-
-        out[f"loader-{w}"], out[f"faults-loader-{w}"] = timed_passes(  # noqa: F821 (from PASSES)
-            start_pass, n // mb - 1, mb, lambda it, loader=loader: [p.pid for p in loader.worker_processes])
+    steps = a["loader_samples"] // mb - 1
+    try:
+        return {"passes": loader_passes(a["plan"], start_pass, steps, mb,  # noqa: F821 (from PASSES)
+                                        lambda: [p.pid for p in loader.worker_processes])}
+    finally:
         loader.close()
-        gc.collect()
-    return out
 
 
 def window_starts(ds, tf, indices: np.ndarray) -> np.ndarray:
@@ -195,26 +217,13 @@ def window_starts(ds, tf, indices: np.ndarray) -> np.ndarray:
 
 
 def side_ceiling(a: dict) -> dict:
-    """The NumPy ceiling on the same windows, in this (fresh) process."""
-    starts = np.asarray(a["window_starts"], dtype=np.int64)
+    """The NumPy ceiling on the same windows (``plan`` holds window starts), in this fresh process."""
     mm = np.memmap(a["prefix"] + ".bin", dtype=np.uint16, mode="r")
-    cols = np.arange(SEQ + 1, dtype=np.int64)
-    mb = a["micro_batch"]
-    batches = [starts[b : b + mb] for b in range(0, starts.size, mb)]
 
-    def slices():
-        t = time.perf_counter()
-        for s in batches:
-            np.stack([mm[i : i + SEQ + 1] for i in s.tolist()]).astype(np.int64)
-        return starts.size / (time.perf_counter() - t)
+    def read_batch(starts):
+        np.stack([mm[i : i + SEQ + 1] for i in starts]).astype(np.int64)
 
-    def fancy():
-        t = time.perf_counter()
-        for s in batches:
-            mm[s[:, None] + cols].astype(np.int64)
-        return starts.size / (time.perf_counter() - t)
-
-    return {"slices": [slices(), slices()], "fancy": [None, fancy()]}
+    return {"passes": in_process_passes(a["plan"], read_batch, a["micro_batch"])}  # noqa: F821
 
 
 def run_side(side: str, payload: dict) -> dict:
@@ -231,6 +240,17 @@ def run_side(side: str, payload: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def run_megatron(payload: dict) -> dict:
+    """megatron-core's side in a fresh process of its venv (payload as a JSON file)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(payload, f)
+        f.flush()
+        got = run_peer(PEER.replace("json.load(open(sys.argv[1]))", f"json.load(open({f.name!r}))"), {})
+    if got is None:
+        sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
+    return got
+
+
 def check_items(ds, indices: np.ndarray, path: str) -> list[str]:
     """Fields where tokenload's items differ from megatron-core's (empty: identical)."""
     theirs = np.load(path)
@@ -242,26 +262,30 @@ def check_items(ds, indices: np.ndarray, path: str) -> list[str]:
     return problems
 
 
-def _best(acc: dict, new: dict) -> dict:
-    """Per key and pass, the higher rate (the fewer page faults)."""
-    for k, v in new.items():
-        if k.startswith("faults"):
-            acc[k] = [min(o, n) for o, n in zip(acc.get(k, v), v)]
-        elif isinstance(v, list):
-            old = acc.get(k, [None] * len(v))
-            acc[k] = [max(x for x in (o, n) if x is not None) if (o, n) != (None, None) else None for o, n in zip(old, v)]
-        else:
-            acc[k] = v
-    return acc
+def warm_files(paths: list[str]) -> None:
+    """Read files back into the page cache (after a cold pass dropped it)."""
+    from tokenload.format import warmup_file
+
+    for p in paths:
+        warmup_file(p)
+
+
+def median(values: list) -> float:
+    return statistics.median(values) if values else float("nan")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_data_arguments(ap)
+    add_data_arguments(ap, docs=1_000_000)
     ap.add_argument("--micro-batch", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=16384, help="random in-process reads per round")
+    ap.add_argument("--samples", type=int, default=16384, help="random in-process reads per pass")
     ap.add_argument("--loader-samples", type=int, default=8192, help="samples per DataLoader pass")
-    ap.add_argument("--repeats", type=int, default=5, help="rounds (cells are the best of them)")
+    ap.add_argument("--cold-samples", type=int, default=2048, help="samples per cold-page-cache pass")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (cells are their median)")
+    ap.add_argument("--variants", nargs="*", default=list(IN_PROCESS_VARIANTS + WORKER_VARIANTS[1:]),
+                    choices=[v for v in VARIANTS if v != "mmap"], help="read-path ideas to measure (tokenload only)")
+    ap.add_argument("--no-cold", action="store_true", help="skip the cold-page-cache regime")
+    ap.add_argument("--quick", action="store_true", help="small smoke run: 1 round, few samples, 2 variants")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--side", choices=["tokenload", "ceiling"], help=argparse.SUPPRESS)
     ap.add_argument("--payload", help=argparse.SUPPRESS)
@@ -271,6 +295,15 @@ def main() -> None:
         side = side_tokenload if args.side == "tokenload" else side_ceiling
         print(json.dumps(side(json.loads(Path(args.payload).read_text()))))
         return
+    if args.quick:
+        args.samples, args.loader_samples, args.cold_samples, args.rounds = 2048, 1024, 512, 1
+        args.variants = [v for v in ("pread", "prefetch8") if v in args.variants]
+    results = measure(args)
+    report(args, *results)
+
+
+def measure(args):
+    """Run every round; returns the per-round results and what describes the run."""
     from tokenload.format import TokenFile
 
     data = Path(args.data_dir)
@@ -279,92 +312,138 @@ def main() -> None:
     cache = data / "loader_cache"
     payload = {
         "prefix": prefix, "cache": str(cache / "megatron"), "tokenload_cache": str(cache / "tokenload"),
-        "seq": SEQ, "seed": SEED, "vocab": VOCAB, "micro_batch": mb, "loader_samples": args.loader_samples,
-        "checked": CHECKED,
+        "seq": SEQ, "seed": SEED, "vocab": VOCAB, "micro_batch": mb, "loader_samples": args.loader_samples // mb * mb,
     }
     ds = _dataset(payload)
     tf = TokenFile(prefix)
+    cold = not args.no_cold and can_drop_caches()
+    regimes = [r for r in REGIMES if r != "cold" or cold]
     rng = np.random.default_rng(args.seed)
-    n = args.loader_samples // mb * mb
-    peer: dict = {}
-    mine: dict = {}
-    ceiling: dict = {}
+    order = rng.permutation(len(ds))  # fresh indices: every round and regime takes its own
+    taken = 0
+
+    def fresh(n):
+        nonlocal taken
+        if taken + n > order.size:
+            sys.exit(f"the split has {order.size} samples, too few for this many fresh reads; lower --samples")
+        taken += n
+        return order[taken - n : taken]
+
+    n_loader = payload["loader_samples"]
+    loader_base = 0  # DataLoader ranges: consecutive (already shuffled) dataset indices
+    rounds: list[dict] = []
+    warm_paths = [prefix + ".bin", prefix + ".idx"] + [str(p) for p in cache.rglob("*.npy")]
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):
-            indices = rng.integers(0, len(ds), size=args.samples)
+        for r in range(args.rounds):
+            first, cold_idx = fresh(args.samples), fresh(args.cold_samples)
+            plan_idx = [("first", first.tolist()), ("warm", first.tolist())] + ([("cold", cold_idx.tolist())] if cold else [])
+            starts = {}
+            for what in WHATS[1:]:
+                starts[what] = [("first", loader_base), ("warm", loader_base)] + (
+                    [("cold", loader_base + n_loader)] if cold else [])
+                loader_base += 2 * n_loader
+                if loader_base + 2 * n_loader > len(ds):
+                    loader_base = 0
+            got: dict = {}
+            items = os.path.join(tmp, "items.npz") if r == 0 else ""
+            for what in WHATS:
+                plan = plan_idx if what == "in-process" else starts[what]
+                sides = [("megatron", "mmap"), ("tokenload", "mmap")]
+                if r % 2:
+                    sides.reverse()
+                sides += [("tokenload", v) for v in args.variants
+                          if v in (IN_PROCESS_VARIANTS if what == "in-process" else WORKER_VARIANTS if what == "loader-2" else ())]
+                if what == "in-process":
+                    sides.append(("ceiling", "mmap"))
+                for side, variant in sides:
+                    p = {**payload, "what": what, "plan": plan, "variant": variant}
+                    if side == "megatron":
+                        if what == "in-process":
+                            p.update(items=items, check=first[:CHECKED].tolist())
+                        res = run_megatron(p)
+                        payload["len_megatron"] = res["len"]
+                    elif side == "ceiling":
+                        p["plan"] = [(reg, window_starts(ds, tf, np.asarray(i)).tolist()) for reg, i in plan]
+                        res = run_side("ceiling", p)
+                    else:
+                        res = run_side("tokenload", p)
+                    got[(what, side, variant)] = res["passes"]
+                    if cold:
+                        warm_files(warm_paths)
+                    print(f"  round {r + 1} {what} {side} {variant}: "
+                          + ", ".join(f"{k} {v['rate']:,.0f}/s" for k, v in res["passes"].items()), file=sys.stderr)
             if r == 0:
-                checked = indices[:CHECKED]
-            base = (r * 2 * n) % (len(ds) - 2 * n) // mb * mb
-            payload.update(indices=indices.tolist(), starts={"0": base, "2": base + n},
-                           items=os.path.join(tmp, "items.npz") if r == 0 else "")
-            for what in ("in-process", "loader-0", "loader-2"):  # each in a fresh process
-                payload["what"] = what
-                got = run_peer(PEER, payload)
-                if got is None:
-                    sys.exit("megatron-core venv missing: run bash ../shared/tools/megatron-env.sh")
-                peer = _best(peer, got)
-                mine = _best(mine, run_side("tokenload", payload))
-                payload["items"] = ""
-            ceiling = _best(ceiling, run_side("ceiling", {**payload, "window_starts": window_starts(ds, tf, indices).tolist()}))
-        problems = check_items(ds, checked, os.path.join(tmp, "items.npz"))
-    if peer["len"] != len(ds):
-        problems.append(f"length {len(ds)} vs megatron-core {peer['len']}")
+                problems = check_items(ds, first[:CHECKED], items)
+            rounds.append(got)
+    if payload["len_megatron"] != len(ds):
+        problems.append(f"length {len(ds)} vs megatron-core {payload['len_megatron']}")
+    info = {"prefix": prefix, "tf": tf, "len": len(ds), "regimes": regimes, "cold": cold, "loader_samples": n_loader}
+    return rounds, problems, info
 
-    def row(name, key):
-        cells = [name]
-        for p in (0, 1):
-            cells += [f"{mine[key][p]:,.0f}", f"{peer[key][p]:,.0f}", f"{mine[key][p] / peer[key][p]:.1f}x"]
-        return cells
 
-    rows = [
-        row("in-process random (tokenload `__getitems__` per micro-batch; megatron-core `ds[i]`)", "in-process"),
-        row("DataLoader, 0 workers", "loader-0"),
-        row("DataLoader, 2 workers", "loader-2"),
-    ]
-    size = Path(prefix + ".bin").stat().st_size / 2**30
-    print(f"file: {prefix} ({size:.2f} GiB .bin, {tf.num_sequences:,} documents), S={SEQ}, micro-batch {mb}, "
-          f"{len(ds):,} samples in the split; {args.samples:,} random in-process reads, "
-          f"{n:,} DataLoader samples per pass; best of {args.repeats} rounds, each side in a fresh process; "
-          f"nproc {os.cpu_count()}; warm page cache\n")
-    print(table(rows, ["samples/s", "tokenload cold", "megatron-core cold", "ratio",
-                       "tokenload warm", "megatron-core warm", "ratio"]))
-    print("\n" + table([
-        ["np.memmap + row slices stacked per micro-batch, .astype(int64)", f"{ceiling['slices'][0]:,.0f}",
-         f"{ceiling['slices'][1]:,.0f}"],
-        ["np.memmap + one fancy-index gather per micro-batch, .astype(int64)", "-", f"{ceiling['fancy'][1]:,.0f}"],
-    ], ["NumPy ceiling (same windows, in-process)", "cold", "warm"]))
+def report(args, rounds: list[dict], problems: list[str], info: dict) -> None:
+    """Print the tables: rates, goals and diagnostics per regime, then the variants."""
+    mb = args.micro_batch
 
-    def per_batch(side, key, p, samples):
-        return f"{side[key][p] / max(samples / mb, 1):.1f}"
+    def med(what, side, variant, regime, key="rate"):
+        return median([r[(what, side, variant)][regime][key] for r in rounds
+                       if (what, side, variant) in r and regime in r[(what, side, variant)]])
 
-    fault_rows = []
-    for name, key, samples in (("in-process", "faults", args.samples), ("DataLoader, 0 workers", "faults-loader-0", n - mb),
-                               ("DataLoader, 2 workers (consumer + workers)", "faults-loader-2", n - mb)):
-        fault_rows.append([name] + [per_batch(side, key, p, samples) for p in (0, 1) for side in (mine, peer)])
-    print("\n" + table(fault_rows, ["minor page faults per micro-batch", "tokenload cold", "megatron-core cold",
-                                     "tokenload warm", "megatron-core warm"]))
-    extra = [f"{mb * (1 / side['in-process'][0] - 1 / side['in-process'][1]) * 1e6:,.0f}" for side in (mine, peer)]
-    print(f"\nin-process, extra time per micro-batch of the cold pass over the warm one: tokenload {extra[0]} us, "
-          f"megatron-core {extra[1]} us")
-    best_warm = max(ceiling["slices"][1], ceiling["fancy"][1])
-
-    def goals(p, ceiling_rate):
-        return [
-            ("tokenload in-process >= 8x megatron-core in-process", mine["in-process"][p] / peer["in-process"][p], 8.0),
-            ("tokenload in-process within 2x of the NumPy ceiling (its faster form)",
-             mine["in-process"][p] / ceiling_rate, 0.5),
-            *([("  (vs the one fancy-index gather alone)", mine["in-process"][p] / ceiling["fancy"][p], 0.5)]
-              if ceiling["fancy"][p] else []),
-            ("tokenload DataLoader 2 workers faster than 0", mine["loader-2"][p] / mine["loader-0"][p], 1.0),
+    size = Path(info["prefix"] + ".bin").stat().st_size
+    print(f"file: {info['prefix']} ({size / 1e9:.2f} GB .bin, {info['tf'].num_sequences:,} documents), S={SEQ}, "
+          f"micro-batch {mb}, {info['len']:,} samples in the split; per pass {args.samples:,} in-process reads, "
+          f"{info['loader_samples']:,} DataLoader samples, {args.cold_samples:,} cold in-process reads; "
+          f"median of {args.rounds} rounds, each side a fresh process, sides alternating; nproc {os.cpu_count()}; "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
+    if not info["cold"]:
+        print("cold page cache: not measured (--no-cold, or dropping the page cache is not permitted here)")
+    for regime in info["regimes"]:
+        name = REGIME_NAMES[regime]
+        rows = []
+        for what in WHATS:
+            t, m = med(what, "tokenload", "mmap", regime), med(what, "megatron", "mmap", regime)
+            rows.append([what, f"{t:,.0f}", f"{m:,.0f}", f"{t / m:.1f}x"])
+        c = med("in-process", "ceiling", "mmap", regime)
+        rows.append(["NumPy ceiling (stacked slices, in-process)", f"{c:,.0f}", "-", "-"])
+        print(f"\n### {name}\n")
+        print(table(rows, ["samples/s", "tokenload", "megatron-core", "ratio"]))
+        tl = {w: med(w, "tokenload", "mmap", regime) for w in WHATS}
+        mc = {w: med(w, "megatron", "mmap", regime) for w in WHATS}
+        goals = [
+            ("in-process vs megatron-core per-item reads", tl["in-process"] / mc["in-process"], 10.0),
+            ("in-process vs NumPy stacked-slices ceiling", tl["in-process"] / c, 0.75),
+            ("2 workers vs 0 workers", tl["loader-2"] / tl["loader-0"], 1.0),
+            ("2 workers vs megatron-core DataLoader, 2 workers", tl["loader-2"] / mc["loader-2"], 20.0),
         ]
-
-    # The goals are judged in the steady state (warm). The cold pass is dominated by page-table
-    # population: the same fault count on both sides (table above), each fault a fixed cost of the
-    # kernel, paid again by every worker process for its own mapping.
-    print("\n" + table([[g, f"{v:.2f}", "met" if v >= bar else "NOT met"] for g, v, bar in goals(1, best_warm)],
-                       ["goal, steady state (warm pass)", "measured", ""]))
-    print("\n" + table([[g, f"{v:.2f}", "above" if v >= bar else "below"] for g, v, bar in goals(0, ceiling["slices"][0])],
-                       ["same bars, first pass (cold: page-table faults dominate)", "measured", "bar"]))
+        print("\n" + table([[g, f"{v:.2f}", f">= {bar:g}", "met" if v >= bar else "NOT met"] for g, v, bar in goals],
+                           [f"goal, {name}", "measured", "bar", ""]))
+        diag = []
+        for what in WHATS:
+            for side in ("tokenload", "megatron", "ceiling"):
+                if side == "ceiling" and what != "in-process":
+                    continue
+                diag.append([what, side] + [f"{med(what, side, 'mmap', regime, k):,.1f}"
+                                            for k in ("cpu_us", "minflt", "majflt", "vcsw", "ivcsw")])
+        print("\n" + table(diag, ["per micro-batch (process + workers)", "side", "CPU us", "minor faults",
+                                  "major faults", "voluntary cs", "involuntary cs"]))
+    if args.variants:
+        print("\n### read-path ideas (tokenload only, prototyped in benchmarks/prototypes.py)\n")
+        rows = []
+        for what, names in (("in-process", IN_PROCESS_VARIANTS), ("loader-2", WORKER_VARIANTS)):
+            for v in ("mmap",) + tuple(n for n in names if n in args.variants):
+                cells = [what, v]
+                for regime in info["regimes"]:
+                    rate = med(what, "tokenload", v, regime)
+                    base = med(what, "tokenload", "mmap", regime)
+                    cells += [f"{rate:,.0f} ({rate / base:.2f}x)",
+                              f"{med(what, 'tokenload', v, regime, 'cpu_us'):,.0f} / "
+                              f"{med(what, 'tokenload', v, regime, 'minflt'):,.1f}"]
+                rows.append(cells)
+        header = ["where", "variant"]
+        for regime in info["regimes"]:
+            header += [f"{regime}: samples/s (vs mmap)", f"{regime}: CPU us / minor faults per batch"]
+        print(table(rows, header))
+        print("\n" + "\n".join(f"- {k}: {v}" for k, v in VARIANTS.items() if k == "mmap" or k in args.variants))
     print(f"\nitems of {CHECKED} indices equal to megatron-core's ({', '.join(FIELDS)}): "
           f"{'yes' if not problems else 'NO: ' + ', '.join(problems)}")
     if problems:
