@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -29,10 +30,8 @@ def _weed() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    """URL of a running S3 server with an empty bucket ``BUCKET``; stopped after the session."""
-    folder = tmp_path_factory.mktemp("seaweedfs")
+def start_server(folder: Path):
+    """Start ``weed mini`` in ``folder`` on free ports; returns (process, endpoint, log file)."""
     ports = {name: _free_port() for name in ("master", "volume", "filer", "s3", "webdav", "admin")}
     cmd = [
         _weed(), "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={BUCKET}",
@@ -45,14 +44,42 @@ def s3_endpoint(tmp_path_factory):
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     try:
         _wait_for_bucket(endpoint, proc, folder / "weed.log")
+    except BaseException:
+        stop_server(proc, log)
+        raise
+    return proc, endpoint, log
+
+
+def stop_server(proc, log) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """URL of a running S3 server with an empty bucket ``BUCKET``; stopped after the session."""
+    proc, endpoint, log = start_server(tmp_path_factory.mktemp("seaweedfs"))
+    try:
         yield endpoint
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop_server(proc, log)
+
+
+@pytest.fixture
+def private_s3(tmp_path_factory):
+    """A server of this test's own, which the test may kill: (process, endpoint)."""
+    proc, endpoint, log = start_server(tmp_path_factory.mktemp("seaweedfs-private"))
+    try:
+        yield proc, endpoint
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        stop_server(proc, log)
 
 
 def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90) -> None:

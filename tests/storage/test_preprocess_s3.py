@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 from support import run_cli
 
@@ -53,3 +54,41 @@ def test_missing_object_and_unreachable_endpoint_are_storage_errors(tmp_path, s3
     last = down.stderr.strip().splitlines()[-1]
     assert last.startswith("tokenload preprocess: error: s3://") and "HINT" in last
     assert not list((tmp_path / "out").glob("y_*"))
+
+
+def test_a_server_that_dies_while_an_object_streams_is_a_storage_error(tmp_path, private_s3):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import s3fs
+
+    proc, endpoint = private_s3
+    fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint})
+    data = "".join(json.dumps(d) + "\n" for d in _docs(120000, 4)).encode()  # ~9 MB
+    fs.pipe(f"{BUCKET}/big.jsonl", data)
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+               AWS_DEFAULT_REGION="us-east-1", FSSPEC_S3='{"default_block_size": 262144}')
+    (tmp_path / "out").mkdir()
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tokenload.cli.main", "preprocess", "--tokenizer-type", "ByteTokenizer",
+         "--input", f"s3://{BUCKET}/big.jsonl", "--output-prefix", str(tmp_path / "out" / "x"), "--no-progress",
+         "--workers", "1", "--chunk-mb", "0.05"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    work = tmp_path / "out" / "x.tokenload-work"
+    deadline = time.monotonic() + 60
+    def streaming() -> bool:  # tokens of the object reach the part being written
+        return any(p.stat().st_size > 0 for p in work.glob(".*tmp-*") if p.exists())
+
+    while time.monotonic() < deadline and run.poll() is None and not streaming():
+        time.sleep(0.02)
+    assert run.poll() is None, run.communicate()
+    os.killpg(proc.pid, signal.SIGKILL)
+    stdout, stderr = run.communicate(timeout=240)
+    assert run.returncode == 2, stderr
+    last = stderr.strip().splitlines()[-1]  # after the client library's INFO lines
+    assert last.startswith(f"tokenload preprocess: error: s3://{BUCKET}/big.jsonl: reading the object failed"), stderr
+    assert "HINT" in last and "rerun" in last and "Traceback" not in stderr
+    assert not list((tmp_path / "out").glob("x_*"))
