@@ -80,3 +80,28 @@ def test_an_os_error_no_layer_typed_is_one_line_with_exit_2(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tokenload info: error: ")
     assert "out.bin: No space left on device" in err and "HINT:" in err
+
+
+def test_other_libraries_info_logs_stay_quiet_unless_verbose(monkeypatch, capsys):
+    import logging
+
+    from tokenload.cli import main as cli
+
+    def speak(args):
+        logging.getLogger("botocore.credentials").info("Found credentials in environment variables.")
+        logging.getLogger("tokenload.preprocess").info("tokenload speaks")
+        return 0
+
+    parser = cli.build_parser()
+    subcommand_parser(parser, "info").set_defaults(func=speak)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        root.handlers[:] = []
+        assert cli.main(["info", "x"]) == 0
+        err = capsys.readouterr().err
+        assert "tokenload speaks" in err and "Found credentials" not in err
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        logging.getLogger("tokenload").setLevel(logging.NOTSET)

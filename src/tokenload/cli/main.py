@@ -111,10 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:  # the subcommand's usage, not the top-level one (argparse exits 2)
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")
+    # Other libraries (botocore's "Found credentials", ...) speak only from WARNING up, unless -v.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("tokenload").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         return int(args.func(args) or 0)
     except TokenloadError as exc:
