@@ -10,20 +10,29 @@ the order at the saved ``consumed_samples``, with the single sampler also on ano
 size (the cyclic sampler's order depends on the topology, so it refuses another one). It follows
 torchdata's StatefulDataLoader protocol (``state_dict``/``load_state_dict``), so Lightning and
 plain torch checkpoints store it as a small dict.
+
+``metrics()`` reports startup, per-step data wait (the time the training loop spent in
+``__next__``) and what was served per source (``accounting.py``); the counters travel in the
+state dict's ``"metrics"`` entry, so they continue across a resume.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..distributed import World
 from ..errors import ConfigError, StateError, require
+from .accounting import LoaderMetrics, summary_line
 from .collate import fetch, to_tensors
 from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
 from .workers import WorkerPool
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +67,9 @@ class LoaderConfig:
     shared_memory: bool = True
     """Workers hand batches over in reused shared-memory slots (``ring.py``); False sends them
     pickled through each worker's pipe instead (no shared memory at all; slower)."""
+    log_metrics_every: int | None = None
+    """Log a one-line summary of ``metrics()`` on global rank 0 every this many micro-batches
+    (logging at INFO, logger ``tokenload.loader.dataloader``); None logs nothing."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("single", "cyclic"):
@@ -71,6 +83,9 @@ class LoaderConfig:
                 f"multiprocessing_context is {self.multiprocessing_context!r}",
                 hint="use 'fork', 'spawn' or 'forkserver'",
             )
+        every = self.log_metrics_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ConfigError(f"log_metrics_every is {every!r}", hint="use a positive number of steps, or None")
 
 
 class TokenloadDataLoader:
@@ -78,7 +93,9 @@ class TokenloadDataLoader:
 
     def __init__(self, dataset: Any, config: LoaderConfig, consumed_samples: int = 0) -> None:
         require("torch", "torch", "tokenload's DataLoader")  # now, not at the first batch
+        self._metrics = LoaderMetrics(dataset)
         world = World.detect()
+        self.rank = world.rank
         self.dataset = dataset
         self.config = config
         self.dp_rank = world.rank if config.dp_rank is None else config.dp_rank
@@ -92,6 +109,7 @@ class TokenloadDataLoader:
         )
         self.consumed_samples = consumed_samples
         self._pool: WorkerPool | None = None
+        self._metrics.startup["loader_init_s"] = time.perf_counter() - self._metrics.created
 
     def make_sampler(self):
         """The batch sampler for the current ``consumed_samples``."""
@@ -112,6 +130,7 @@ class TokenloadDataLoader:
         return len(self.make_sampler())
 
     def __iter__(self) -> Iterator[dict]:
+        started = time.perf_counter()  # the first step's wait includes starting the workers
         total, step = self.plan.total_samples, self.plan.group
         cyclic = self.config.kind == "cyclic"  # counts on through epochs
         sampler = self.make_sampler()
@@ -123,6 +142,8 @@ class TokenloadDataLoader:
             pool = self._workers()
             batches = pool.batches(sampler)
             generation = pool.generation
+        metrics, every = self._metrics, self.config.log_metrics_every
+        asked, handed = started, started
         try:
             for batch in batches:
                 batch = to_tensors(batch)
@@ -131,7 +152,13 @@ class TokenloadDataLoader:
                 # Counted when handed over: batches made ahead are not consumed. A last short group
                 # (drop_last=False) consumes only what is left.
                 self.consumed_samples += step if cyclic else min(step, total - self.consumed_samples)
+                now = time.perf_counter()
+                metrics.record(batch, now - asked, now - handed, self.consumed_samples)
+                handed = now
+                if every is not None and metrics.steps % every == 0:
+                    self.log_metrics()
                 yield batch
+                asked = time.perf_counter()
         finally:
             # Non-persistent workers stop with their iteration, unless a newer one uses them (an
             # abandoned iterator may be collected after the next iteration started).
@@ -179,15 +206,33 @@ class TokenloadDataLoader:
         if value is None:
             self.close()
 
+    def metrics(self) -> dict[str, Any]:
+        """Startup, data wait and what was served, per source (see ``accounting.py``): counted by
+        this process since the start of the run, continued across a resume."""
+        if self.config.kind == "cyclic":
+            epoch = self.consumed_samples // (self.plan.total_samples - self.plan.total_samples % self.plan.group)
+        else:
+            epoch = self.consumed_samples // self.plan.total_samples
+        return self._metrics.as_dict(consumed=self.consumed_samples, epoch=epoch)
+
+    def log_metrics(self, level: int = logging.INFO) -> None:
+        """Log a one-line summary of ``metrics()`` (on global rank 0 only)."""
+        if self.rank == 0 and logger.isEnabledFor(level):
+            logger.log(level, "%s", summary_line(self.metrics()))
+
     def state_dict(self) -> dict[str, Any]:
-        return LoaderState(
+        state = LoaderState(
             consumed_samples=self.consumed_samples,
             fingerprint=self.fingerprint,
             micro_batch_size=self.config.micro_batch_size,
             dp_size=self.dp_size,
         ).to_dict()
+        state["metrics"] = self._metrics.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at the saved ``consumed_samples``, with the saved metrics counters (a state
+        without them, from an older tokenload, keeps this loader's)."""
         loaded = LoaderState.from_dict(state)
         loaded.check(self.fingerprint)
         if self.config.kind == "cyclic":
@@ -205,6 +250,8 @@ class TokenloadDataLoader:
                 f" {self.plan.group}, so this topology cannot continue exactly where the run stopped",
                 hint="resume at a global-batch boundary, or choose sizes whose product divides the global batch",
             )
+        if "metrics" in state:
+            self._metrics.load_state_dict(state["metrics"])
         self.consumed_samples = loaded.consumed_samples
 
 

@@ -1,0 +1,299 @@
+"""What a loader served: per-step data wait, startup, and samples, tokens and bytes per source.
+
+Everything is counted in the training process as batches are handed over (the consumer's view),
+so it is the same with 0 workers, worker processes, shared-memory slots or pipes, and nothing
+crosses the process boundary. A source is a blend member (rows grouped by the batch's
+``dataset_id``, one ``bincount``) or the whole dataset. Per batch this is a few NumPy calls on
+small arrays and one histogram bin; memory is fixed whatever the run's length.
+
+Tokens are the elements of the ``tokens`` field; bytes are what the samples read from their
+token files: ``window x itemsize`` per sample, from the dataset's item configuration and its
+file's dtype, or from the batch's own shapes when the dataset does not say.
+
+A source repeats once the job has drawn more samples of it than one pass over its data holds
+(Megatron's samples per epoch: the tokens of its split, less the extra token, over the sequence
+length; a blend member built for a large weight holds several such passes). A rank sees only its
+share of the draws, so the job's draws of a source are estimated as its share of this rank's
+samples times ``consumed_samples``, which counts every rank's samples exactly (for one source it
+is exact). A source whose data the loader cannot see repeats past its length.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import StateError
+from ..metrics import DurationHistogram
+
+logger = logging.getLogger(__name__)
+
+METRICS_VERSION = 1
+
+
+def member_datasets(dataset: Any) -> list[Any]:
+    """The sources of ``dataset``: a blend's members (what ``dataset_id`` numbers), else itself."""
+    members = getattr(dataset, "datasets", None)
+    if members is not None and hasattr(dataset, "dataset_index"):
+        return list(members)
+    return [dataset]
+
+
+def source_name(dataset: Any) -> str:
+    """A readable name: the token file's prefix, the flat file's path, else the type's name."""
+    source = getattr(dataset, "source", None)
+    for value in (getattr(source, "prefix", None), getattr(dataset, "path", None)):
+        if isinstance(value, str):
+            return value
+    return type(source if source is not None else dataset).__name__
+
+
+def samples_per_epoch(dataset: Any) -> int:
+    """Samples in one pass over a source's data (see the module docstring); the dataset's own
+    ``samples_per_epoch`` or ``windows_per_epoch`` when it has one."""
+    for name in ("samples_per_epoch", "windows_per_epoch"):
+        value = getattr(dataset, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return _gpt_samples_per_epoch(dataset) or len(dataset)
+
+
+def _gpt_samples_per_epoch(dataset: Any) -> int | None:
+    """Megatron's ``num_samples_per_epoch`` of a GPT dataset, from its document index (every
+    epoch holds each document of the split once, and the split is a contiguous range) and its
+    file's sequence lengths. Reads the whole document index once: O(documents x epochs)."""
+    try:
+        documents = dataset.document_index
+        lengths = dataset.source.sequence_lengths
+        item = dataset.item
+    except AttributeError:
+        return None
+    if not len(documents):
+        return None
+    low, high = int(documents.min()), int(documents.max())
+    tokens = int(np.sum(lengths[low : high + 1], dtype=np.int64))
+    return max((tokens - item.extra) // item.sequence_length, 1)
+
+
+def bytes_per_sample(dataset: Any) -> int | None:
+    """Token-file bytes one sample reads (None when the dataset does not say)."""
+    item, config = getattr(dataset, "item", None), getattr(dataset, "config", None)
+    window = getattr(item, "window", None)
+    if window is None and isinstance(getattr(config, "block_size", None), int):
+        window = config.block_size + 1  # a flat dataset reads the labels' extra token
+    store = getattr(dataset, "source", None) or getattr(dataset, "file", None)
+    try:
+        itemsize = np.dtype(store.dtype).itemsize
+    except (AttributeError, TypeError):
+        return None
+    return None if window is None else int(window) * itemsize
+
+
+class LoaderMetrics:
+    """Counters of one loader (see the module docstring); ``as_dict`` is ``loader.metrics()``."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.created = time.perf_counter()
+        self.dataset = dataset
+        self.members = member_datasets(dataset)
+        self.names = [source_name(m) for m in self.members]
+        n = len(self.members)
+        self.blend = n > 1 or self.members[0] is not dataset
+        self.samples = np.zeros(n, dtype=np.int64)
+        self.tokens = np.zeros(n, dtype=np.int64)
+        self.warned = np.zeros(n, dtype=bool)
+        self.steps = 0
+        self.active_s = 0.0
+        self.wait = DurationHistogram()
+        self.startup: dict[str, float | None] = {
+            "loader_init_s": None, "first_batch_s": None, "first_batch_wait_s": None,
+        }
+        self._limits: np.ndarray | None = None  # samples per epoch, resolved at the first batch
+        self._bytes: list[int] | None = None
+
+    # -- per batch ---------------------------------------------------------------------------------
+    def record(self, batch: Any, wait_s: float, interval_s: float, consumed: int) -> None:
+        """One batch handed to the training loop after ``wait_s`` in ``__next__``, ``interval_s``
+        after the one before; ``consumed`` is the job's ``consumed_samples`` after it."""
+        rows, width = _rows_and_width(batch)
+        if self._limits is None:
+            self._resolve(batch, width)
+            self.startup["first_batch_s"] = time.perf_counter() - self.created
+            self.startup["first_batch_wait_s"] = wait_s
+        self.steps += 1
+        self.wait.add(wait_s)
+        self.active_s += interval_s
+        if not self.blend:
+            self.samples[0] += rows
+            self.tokens[0] += rows * width
+        else:
+            ids = batch["dataset_id"]
+            ids = ids.numpy() if hasattr(ids, "numpy") else np.asarray(ids)
+            counts = np.bincount(ids, minlength=len(self.names))
+            self.samples += counts
+            self.tokens += counts * width
+        if not self.warned.all():
+            self._check_repeats(consumed)
+
+    def _resolve(self, batch: Any, width: int) -> None:
+        """Per-source epoch sizes and bytes per sample (once: may read index arrays)."""
+        self._limits = np.array([samples_per_epoch(m) for m in self.members], dtype=np.int64)
+        fallback = width * _itemsize(batch)
+        self._bytes = [b if b is not None else fallback for b in map(bytes_per_sample, self.members)]
+
+    def _drawn(self, consumed: int) -> np.ndarray:
+        """The job's draws of each source so far (exact for one source)."""
+        served = int(self.samples.sum())
+        if not self.blend or not served:
+            return np.full(len(self.names), consumed if served else 0, dtype=np.int64)
+        return (self.samples * consumed + served // 2) // served
+
+    def _check_repeats(self, consumed: int) -> None:
+        assert self._limits is not None
+        over = (self._drawn(consumed) > self._limits) & ~self.warned
+        for s in np.flatnonzero(over).tolist():
+            self.warned[s] = True
+            logger.warning(
+                "data source %s is repeating: the job has drawn about %d samples of it, more than"
+                " the %d its data holds in one pass; its samples now repeat (raise its data or"
+                " lower its weight if that is not intended)",
+                self.names[s], int(self._drawn(consumed)[s]), int(self._limits[s]),
+            )
+
+    # -- export ------------------------------------------------------------------------------------
+    def as_dict(self, *, consumed: int, epoch: int) -> dict[str, Any]:
+        """The metrics as a plain dict of numbers, strings, lists and dicts."""
+        limits = self._limits
+        if limits is None:  # nothing served in this process yet: resolve without a batch
+            limits = np.array([samples_per_epoch(m) for m in self.members], dtype=np.int64)
+        per_sample = self._bytes or [bytes_per_sample(m) or 0 for m in self.members]
+        drawn = self._drawn(consumed)
+        sources = []
+        for s, name in enumerate(self.names):
+            sources.append({
+                "dataset_id": s,
+                "name": name,
+                "samples": int(self.samples[s]),
+                "tokens": int(self.tokens[s]),
+                "bytes_read": int(self.samples[s]) * per_sample[s],
+                "drawn": int(drawn[s]),
+                "samples_per_epoch": int(limits[s]),
+                "epoch": int(drawn[s] // limits[s]),
+                "repeating": bool(self.warned[s]),
+            })
+        wait = self.wait.summary()
+        wait["share"] = self.wait.total / self.active_s if self.active_s > 0 else None
+        phases = getattr(self.dataset, "startup_phases", None)
+        return {
+            "version": METRICS_VERSION,
+            "steps": self.steps,
+            "samples": sum(s["samples"] for s in sources),
+            "tokens": sum(s["tokens"] for s in sources),
+            "bytes_read": sum(s["bytes_read"] for s in sources),
+            "consumed_samples": consumed,
+            "epoch": epoch,
+            "startup": {**self.startup, "phases": dict(phases) if isinstance(phases, dict) else {}},
+            "data_wait": wait,
+            "sources": sources,
+            "repeating": [s["name"] for s in sources if s["repeating"]],
+            "storage": {},
+        }
+
+    # -- resume ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The counters (not the startup of this process, which the next one measures anew)."""
+        return {
+            "version": METRICS_VERSION,
+            "steps": self.steps,
+            "active_s": self.active_s,
+            "data_wait": self.wait.state_dict(),
+            "samples": self.samples.tolist(),
+            "tokens": self.tokens.tolist(),
+            "repeating": self.warned.tolist(),
+        }
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue the counters of ``state``. A state of another metrics version is skipped with
+        a warning (counters start at zero: statistics never block a resume); a malformed one
+        raises StateError."""
+        if not isinstance(state, dict) or state.get("version") != METRICS_VERSION:
+            version = state.get("version") if isinstance(state, dict) else type(state).__name__
+            logger.warning("loader state holds metrics of version %r, expected %d: metrics start"
+                           " from zero", version, METRICS_VERSION)
+            return
+        n = len(self.names)
+        try:
+            samples = _counts(state["samples"], n)
+            tokens = _counts(state["tokens"], n)
+            warned = [bool(x) for x in state["repeating"]]
+            steps, active = state["steps"], float(state["active_s"])
+            wait = DurationHistogram()
+            wait.load_state_dict(state["data_wait"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(
+                f"loader state 'metrics' is malformed ({exc!r}) for a loader of {n} source(s)",
+                hint="pass the dict saved from loader.state_dict(), unchanged, or drop its"
+                " 'metrics' entry to restart the counters",
+            ) from None
+        if len(warned) != n or isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise StateError(
+                f"loader state 'metrics' has steps={steps!r} and {len(warned)} repeat flags,"
+                f" expected a count and {n}",
+                hint="pass the dict saved from loader.state_dict(), unchanged, or drop its"
+                " 'metrics' entry to restart the counters",
+            )
+        self.samples, self.tokens = samples, tokens
+        self.warned = np.array(warned, dtype=bool)
+        self.steps, self.active_s, self.wait = steps, active, wait
+
+
+def summary_line(m: dict[str, Any]) -> str:
+    """One log line of ``as_dict``'s output."""
+    wait, startup = m["data_wait"], m["startup"]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1e3:.2f} ms"
+
+    share = "-" if wait["share"] is None else f"{wait['share']:.1%}"
+    first = "-" if startup["first_batch_s"] is None else f"{startup['first_batch_s']:.2f} s"
+    total = max(m["samples"], 1)
+    sources = ", ".join(
+        f"{s['name']} {s['samples'] / total:.0%} epoch {s['epoch']}{' REPEATING' if s['repeating'] else ''}"
+        for s in m["sources"]
+    )
+    return (
+        f"loader: step {m['steps']}, {m['samples']} samples, {m['tokens']} tokens,"
+        f" {m['bytes_read'] / 1e6:.3g} MB read; data wait mean {ms(wait['mean_s'])}, p99"
+        f" {ms(wait['p99_s'])}, max {ms(wait['max_s'])} ({share} of the time); first batch {first};"
+        f" sources: {sources}"
+    )
+
+
+def _rows_and_width(batch: Any) -> tuple[int, int]:
+    """Samples in a batch and tokens per sample (from its ``tokens`` field, else its first
+    field with a shape)."""
+    values = batch.values() if isinstance(batch, dict) else [batch]
+    field = batch.get("tokens") if isinstance(batch, dict) else None
+    if field is None:
+        field = next((v for v in values if getattr(v, "shape", None)), None)
+    shape = getattr(field, "shape", None)
+    if not shape:
+        return (len(batch) if isinstance(batch, list) else 0), 0
+    return int(shape[0]), int(shape[1]) if len(shape) > 1 else 1
+
+
+def _itemsize(batch: Any) -> int:
+    field = batch.get("tokens") if isinstance(batch, dict) else batch
+    try:
+        return int(field.element_size())  # a tensor
+    except AttributeError:
+        return int(getattr(getattr(field, "dtype", None), "itemsize", 8))
+
+
+def _counts(values: Any, n: int) -> np.ndarray:
+    if len(values) != n or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+        raise ValueError(f"expected {n} counts, found {values!r}")
+    return np.array(values, dtype=np.int64)
