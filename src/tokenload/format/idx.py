@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -22,12 +22,14 @@ import numpy as np
 from ..errors import FormatError
 
 MAGIC = b"MMIDIDX\x00\x00"
-LEGACY_MAGIC = b"TNTIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = 34
 _HEADER = struct.Struct("<9sQBQQ")
 
-DtypeCodes = Literal["megatron", "neox"]
+DtypeCodes = Literal["auto", "megatron", "neox"]
+"""Which dtype-code table a header is read with. "auto": megatron-core's, except that a float code
+(6 or 7, the only codes the tables disagree on) takes the float type whose item size fits the
+``.bin`` size, so GPT-NeoX's files read right too."""
 
 #: megatron-core's DType enum (since Sep 2023). GPT-NeoX swaps 6 and 7 (float32/float64).
 MEGATRON_CODES: dict[int, np.dtype] = {
@@ -41,7 +43,8 @@ MEGATRON_CODES: dict[int, np.dtype] = {
     8: np.dtype(np.uint16),
 }
 NEOX_CODES: dict[int, np.dtype] = {**MEGATRON_CODES, 6: np.dtype(np.float32), 7: np.dtype(np.float64)}
-_TABLES = {"megatron": MEGATRON_CODES, "neox": NEOX_CODES}
+_TABLES = {"auto": MEGATRON_CODES, "megatron": MEGATRON_CODES, "neox": NEOX_CODES}
+FLOAT_CODES = (6, 7)
 
 
 def prefix_of(path: str | os.PathLike[str]) -> str:
@@ -55,11 +58,11 @@ def prefix_of(path: str | os.PathLike[str]) -> str:
 
 
 def code_table(dtype_codes: DtypeCodes) -> dict[int, np.dtype]:
-    """The dtype-code table of ``dtype_codes`` ("megatron" or "neox")."""
+    """The dtype-code table of ``dtype_codes`` ("auto" starts from megatron-core's)."""
     try:
         return _TABLES[dtype_codes]
     except KeyError:
-        raise ValueError(f"dtype_codes must be 'megatron' or 'neox', got {dtype_codes!r}") from None
+        raise ValueError(f"dtype_codes must be 'auto', 'megatron' or 'neox', got {dtype_codes!r}") from None
 
 
 def dtype_code(dtype: np.dtype | type | str) -> int:
@@ -90,10 +93,13 @@ class IndexHeader:
     """D + 1, the length of ``document_indices`` (includes the leading 0)."""
     multimodal: bool
     """Whether an int8 ``sequence_modes`` array follows the document indices."""
+    index_format: str = "MMIDIDX"
+    """"MMIDIDX", or "TNTIDX" for the legacy fairseq cached/lazy index (``legacy.py``)."""
 
     @property
     def size(self) -> int:
-        """Exact size in bytes of the ``.idx`` file this header describes."""
+        """Exact size in bytes of the MMIDIDX ``.idx`` these counts make (for a TNTIDX file: the
+        size ``tokenload convert`` writes)."""
         n, d = self.sequence_count, self.document_count
         return HEADER_SIZE + 12 * n + 8 * d + (n if self.multimodal else 0)
 
@@ -112,8 +118,6 @@ def parse_header(
     Raises FormatError for a short file, wrong magic or version, unknown dtype code, or a size
     that disagrees with the counts.
     """
-    if head.startswith(LEGACY_MAGIC):  # 8 bytes; never a prefix of the 9-byte MMIDIDX magic
-        raise _legacy(path)
     if len(head) < HEADER_SIZE:
         raise FormatError(
             f"index is {file_size} bytes, shorter than the {HEADER_SIZE}-byte MMIDIDX header",
@@ -169,11 +173,31 @@ def _sized_header(dtype, code, n, d, file_size, path, multimodal) -> IndexHeader
     )
 
 
-def _legacy(path: str) -> FormatError:
-    return FormatError(
-        "index is in the legacy fairseq 'cached/lazy' format (magic TNTIDX), expected MMIDIDX",
-        path=path,
-        hint="convert it with GPT-NeoX's or fairseq's tools to the mmap format; tokenload reads MMIDIDX only",
+def resolve_float_dtype(header: IndexHeader, lengths: np.ndarray, bin_size: int) -> IndexHeader:
+    """For "auto": the header with the float type (32 or 64 bits) whose item size makes the
+    lengths fill ``bin_size`` exactly; unchanged when neither or both do (no tokens at all).
+
+    Codes 6 and 7 mean float64 and float32 in megatron-core and the reverse in GPT-NeoX; no token
+    file uses them, so the O(N) sum of lengths this costs is paid only by such unusual files."""
+    if header.code not in FLOAT_CODES:
+        return header
+    tokens = int(lengths.sum(dtype=np.int64))
+    if tokens <= 0 or bin_size % tokens:
+        return header
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        if dtype.itemsize * tokens == bin_size:
+            return replace(header, dtype=dtype)
+    return header
+
+
+def code_note(header: IndexHeader) -> str | None:
+    """Which table a float code was read with, when the two tables disagree on it."""
+    if header.code not in FLOAT_CODES:
+        return None
+    table = "megatron-core's" if MEGATRON_CODES[header.code] == header.dtype else "GPT-NeoX's"
+    return (
+        f"dtype code {header.code} read as {header.dtype} ({table} table; code {header.code} is"
+        f" {MEGATRON_CODES[header.code]} in megatron-core's and {NEOX_CODES[header.code]} in GPT-NeoX's)"
     )
 
 

@@ -8,7 +8,9 @@ Opening costs O(1): the header is parsed, both file sizes are checked against it
 pointer plus the last length must end exactly at the end of ``.bin``), and the document indices
 must start at 0 and end at the sequence count. An index whose document indices are just ``[0]``
 (GPT-NeoX's merge forgets them) is read with each sequence as one document. The O(N) invariants
-are ``verify``'s job. The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
+are ``verify``'s job. A legacy fairseq ``TNTIDX`` index (GPT-NeoX ``data_impl`` cached/lazy) is
+recognised by its magic, as NeoX's ``data_impl="infer"`` does, and read and checked in O(N)
+(``legacy.py``). The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
 ``pread`` mode creates no mapping at all.
 """
 
@@ -23,7 +25,17 @@ import numpy as np
 
 from ..errors import FormatError, StorageError
 from .bin import BinSource, ReadMode, open_bin, warmup_file
-from .idx import HEADER_SIZE, DtypeCodes, IndexHeader, index_arrays, parse_header, prefix_of
+from .idx import (
+    HEADER_SIZE,
+    DtypeCodes,
+    IndexHeader,
+    code_table,
+    index_arrays,
+    parse_header,
+    prefix_of,
+    resolve_float_dtype,
+)
+from .legacy import is_legacy, read_legacy
 from .storage import read_error
 
 
@@ -49,7 +61,8 @@ class TokenFile:
     """One token file pair, read lazily.
 
     ``mode``: "mmap" (default), "pread" or "memory" (see ``tokenload.format.bin``).
-    ``dtype_codes``: "megatron" (default) or "neox" (codes 6/7 swapped).
+    ``dtype_codes``: "auto" (default: megatron-core's table, a float code resolved by the ``.bin``
+    size), "megatron" or "neox" (codes 6/7 swapped). Integer codes mean the same in all three.
     ``multimodal``: whether the index has a modes array; None infers it from the size.
     ``warmup``: pre-read both files into the page cache when first opened.
     """
@@ -59,12 +72,13 @@ class TokenFile:
         prefix: str | os.PathLike[str],
         *,
         mode: ReadMode | str = ReadMode.MMAP,
-        dtype_codes: DtypeCodes = "megatron",
+        dtype_codes: DtypeCodes = "auto",
         multimodal: bool | None = None,
         warmup: bool = False,
     ) -> None:
         self.prefix = prefix_of(prefix)
         self.mode = ReadMode.parse(mode)
+        code_table(dtype_codes)  # an unknown table name fails here, not at first use
         self.dtype_codes: DtypeCodes = dtype_codes
         self.multimodal = multimodal
         self.warmup = warmup
@@ -89,16 +103,10 @@ class TokenFile:
         if self.warmup:
             warmup_file(self.idx_path)
             warmup_file(self.bin_path)
-        buffer = self._read_index()
-        header = parse_header(
-            bytes(buffer[:HEADER_SIZE]),
-            len(buffer),
-            self.idx_path,
-            dtype_codes=self.dtype_codes,
-            multimodal=self.multimodal,
-        )
-        lengths, pointers, documents, modes = index_arrays(buffer, header)
+        header, lengths, pointers, documents, modes = self._index()
         per_sequence = _per_sequence_documents(header, documents, self.idx_path)
+        if self.dtype_codes == "auto":
+            header = resolve_float_dtype(header, lengths, self._bin_size())
         source = open_bin(self.bin_path, header.dtype, self.mode)
         try:
             _check_bin_size(header, lengths, pointers, source, self.bin_path)
@@ -108,6 +116,29 @@ class TokenFile:
         if per_sequence:
             documents = None
         return _Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
+
+    def _index(self) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """The header and (lengths, pointers, documents, modes) of either index format."""
+        buffer = self._read_index()
+        if is_legacy(buffer[:8]):
+            header, lengths, pointers, documents = read_legacy(
+                buffer, self.idx_path, dtype_codes=self.dtype_codes, multimodal=self.multimodal
+            )
+            return header, lengths, pointers, documents, None
+        header = parse_header(
+            bytes(buffer[:HEADER_SIZE]),
+            len(buffer),
+            self.idx_path,
+            dtype_codes=self.dtype_codes,
+            multimodal=self.multimodal,
+        )
+        return (header, *index_arrays(buffer, header))
+
+    def _bin_size(self) -> int:
+        try:
+            return os.stat(self.bin_path).st_size
+        except OSError as exc:
+            raise read_error(exc, self.bin_path, "token data") from None
 
     def _read_index(self):
         try:
