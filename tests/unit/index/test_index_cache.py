@@ -172,3 +172,39 @@ def test_load_refuses_broken_arrays(tmp_path):
     files = CacheFiles.of(tmp_path, _gold())
     with pytest.raises(CacheError):
         load_cache(files)
+
+
+def _damage(path: str, old: bytes, new: bytes) -> None:
+    raw = open(path, "rb").read()
+    assert old in raw[:128]
+    with open(path, "wb") as f:
+        f.write(raw.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    "old,new",
+    [(b",)", b", "), (b"'descr'", b"'descr "), (b"NUMPY\x01", b"NUMPY\x07")],
+    ids=["tokenize-error", "value-error", "npy-version"],
+)
+def test_damaged_npy_header_is_stale_and_a_cache_error_naming_the_file(tmp_path, old, new):
+    """NumPy raises tokenize.TokenError, ValueError or SyntaxError on a damaged header: check_cache
+    reports it as stale and load_cache as a CacheError naming the file."""
+    files = CacheFiles.of(tmp_path, _gold())
+    write_cache(files, description=describe(_gold()), arrays=_arrays())
+    _damage(files.array("shuffle_index"), old, new)
+    check = check_cache(files, description=describe(_gold()))
+    assert check.state is CacheState.STALE and "shuffle_index: unreadable" in check.reasons[0]
+    with pytest.raises(CacheError) as info:
+        load_cache(files)
+    assert info.value.path == files.array("shuffle_index") and "HINT" in str(info.value)
+
+
+def test_non_integer_cache_array_is_stale(tmp_path):
+    """A Megatron cache (no sidecar) whose array is not of an integer dtype cannot be an index."""
+    files = CacheFiles.of(tmp_path, _gold())
+    arrays = _arrays()
+    write_cache(files, description=describe(_gold()), arrays=arrays)
+    os.remove(files.sidecar)
+    np.save(files.array("shuffle_index"), arrays["shuffle_index"].astype(np.float64))
+    check = check_cache(files, description=describe(_gold()))
+    assert check.state is CacheState.STALE and "expected an integer dtype" in "; ".join(check.reasons)
