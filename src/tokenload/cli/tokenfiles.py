@@ -1,4 +1,5 @@
-"""``tokenload info``, ``verify`` and ``merge``: inspect, check and join token files."""
+"""``tokenload info``, ``verify``, ``merge`` and ``convert``: inspect, check, join and convert token
+files."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import argparse
 import json
 import sys
 
-from ..format import check_file, describe, merge_token_files, prefixes_in
-from ..format.idx import prefix_of
+from ..format import check_file, convert_token_file, describe, merge_token_files, prefixes_in
+from ..format.idx import dtype_code, prefix_of
 
+_FORMATS = {
+    "MMIDIDX": "MMIDIDX (Megatron mmap)",
+    "TNTIDX": "TNTIDX (legacy fairseq cached/lazy index, read into memory at open; `tokenload convert`"
+    " rewrites it as MMIDIDX)",
+}
 _PREFIX_HELP = "token file: PREFIX, PREFIX.bin or PREFIX.idx (the pair PREFIX.bin + PREFIX.idx)"
 
 
@@ -16,6 +22,7 @@ def register(sub) -> None:
     register_info(sub)
     register_verify(sub)
     register_merge(sub)
+    register_convert(sub)
 
 
 def register_info(sub) -> None:
@@ -39,7 +46,10 @@ def run_info(args: argparse.Namespace) -> int:
             continue
         pct = d["document_tokens"]
         print(f"{d['prefix']}")
-        print(f"  dtype        {d['dtype']}")
+        print(f"  format       {_FORMATS[d['index_format']]}")
+        print(f"  dtype        {d['dtype']} (code {d['dtype_code']})")
+        if d["dtype_note"]:
+            print(f"  note         {d['dtype_note']}")
         print(f"  documents    {d['documents']:,} ({d['empty_documents']:,} empty)")
         if d["documents_from_sequences"]:
             print(
@@ -145,5 +155,42 @@ def run_merge(args: argparse.Namespace) -> int:
     print(
         f"merged {len(prefixes)} token files into {prefix_of(args.output_prefix)}: {sidecar.documents:,} documents,"
         f" {sidecar.tokens:,} tokens ({sidecar.dtype})"
+    )
+    return 0
+
+
+def register_convert(sub) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="rewrite a token file as megatron-core's MMIDIDX (legacy TNTIDX, GPT-NeoX files)",
+        description="Rewrite one token file as megatron-core's MMIDIDX pair: the bytes megatron-core's"
+        " IndexedDatasetBuilder writes for the same documents, in the same dtype. Reads the legacy"
+        " fairseq cached/lazy index (TNTIDX, GPT-NeoX data_impl cached/lazy), GPT-NeoX's MMIDIDX"
+        " files with its swapped float dtype codes 6/7 (written with megatron-core's codes), and"
+        " GPT-NeoX's merged files without document boundaries (written with one document per"
+        " sequence). The output appears only when complete.",
+    )
+    p.add_argument("prefix", metavar="PREFIX", help=_PREFIX_HELP)
+    p.add_argument(
+        "--output-prefix", required=True, help="output PREFIX (PREFIX.bin, PREFIX.idx and PREFIX.json are written)"
+    )
+    p.add_argument(
+        "--dtype-codes",
+        choices=["auto", "megatron", "neox"],
+        default="auto",
+        help="dtype-code table of the input; auto resolves the float codes 6/7 by the .bin size",
+    )
+    p.set_defaults(func=run_convert)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    sidecar = convert_token_file(args.prefix, args.output_prefix, dtype_codes=args.dtype_codes)
+    origin = sidecar.metadata["converted_from"]
+    boundaries = "; one document per sequence (the input has no document boundaries)"
+    print(
+        f"converted {origin['prefix']} ({origin['index_format']}, dtype code {origin['dtype_code']})"
+        f" into {prefix_of(args.output_prefix)} (MMIDIDX, dtype code {dtype_code(sidecar.dtype)}):"
+        f" {sidecar.documents:,} documents, {sidecar.tokens:,} tokens ({sidecar.dtype})"
+        f"{boundaries if origin['documents_from_sequences'] else ''}"
     )
     return 0

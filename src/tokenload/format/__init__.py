@@ -1,5 +1,6 @@
-"""Token files on disk: Megatron ``.bin/.idx`` (read and write), flat nanoGPT ``.bin`` (read),
-the sidecar manifest, merge, describe and verify."""
+"""Token files on disk: Megatron ``.bin/.idx`` (read and write; GPT-NeoX's legacy TNTIDX index
+read and converted), flat nanoGPT ``.bin`` (read), the sidecar manifest, merge, describe and
+verify."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from .bin import ReadMode, warmup_file
 from .flat import FlatTokenFile, write_flat
 from .idx import IndexHeader, dtype_code, optimal_dtype
 from .inspect import Verification, check_file, describe, document_token_counts, file_xxh3, verify
-from .merge import merge_token_files, prefixes_in
+from .merge import convert_token_file, merge_token_files, prefixes_in
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar, sidecar_path
 from .writer import TokenFileWriter
@@ -21,6 +22,7 @@ __all__ = [
     "TokenFileWriter",
     "Verification",
     "check_file",
+    "convert_token_file",
     "describe",
     "document_token_counts",
     "dtype_code",

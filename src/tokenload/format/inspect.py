@@ -16,7 +16,7 @@ import numpy as np
 import xxhash
 
 from ..errors import FormatError
-from .idx import check_arrays
+from .idx import check_arrays, code_note
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar
 from .storage import read_error
@@ -29,12 +29,16 @@ def describe(prefix: str) -> dict[str, Any]:
 
     ``prefix`` may also name ``PREFIX.bin`` or ``PREFIX.idx``."""
     tf = TokenFile(prefix, mode="pread")
+    header = tf.header
     doc_tokens = document_token_counts(tf)
     pct = [0, 50, 90, 99, 100]
     sidecar = read_sidecar(tf.prefix)
     return {
         "prefix": tf.prefix,
         "dtype": tf.dtype.name,
+        "dtype_code": header.code,
+        "dtype_note": code_note(header),
+        "index_format": header.index_format,
         "documents": tf.num_documents,
         "documents_from_sequences": tf.documents_from_sequences,
         "sequences": tf.num_sequences,
@@ -84,8 +88,7 @@ def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = Fal
     except FormatError as exc:  # a file that cannot be read at all (StorageError) is not judged
         result.problems.append(str(exc).replace("\n", " "))
         return result
-    if tf.documents_from_sequences:
-        result.checked[0] = "structure (header, sizes, pointers; no document indices: each sequence is a document)"
+    result.checked[0] = _structure_label(header.index_format, tf.documents_from_sequences)
     result.problems += check_arrays(
         header, tf.sequence_lengths, tf.sequence_pointers, tf.document_indices, os.path.getsize(tf.bin_path)
     )
@@ -98,6 +101,14 @@ def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = Fal
         result.checked.append("xxh3-64 hashes against the sidecar")
         result.problems += _check_hashes(tf, sidecar)
     return result
+
+
+def _structure_label(index_format: str, per_sequence: bool) -> str:
+    """What the structure check covered, in the words of the format that was read."""
+    fields = "legacy TNTIDX header, offsets, sizes" if index_format == "TNTIDX" else "header, sizes, pointers"
+    if per_sequence:
+        return f"structure ({fields}; no document indices: each sequence is a document)"
+    return f"structure ({fields}, document indices)"
 
 
 def _vocab_size(given: int | None, sidecar: Sidecar | None) -> tuple[int | None, str]:

@@ -1,9 +1,12 @@
-"""Merge token files with the semantics of Megatron-LM's ``tools/merge_datasets.py``.
+"""Merge token files with the semantics of Megatron-LM's ``tools/merge_datasets.py``, and convert
+GPT-NeoX's files (legacy TNTIDX, swapped float codes, no document boundaries) to megatron-core's.
 
 Inputs are concatenated in the given order (for a folder: every prefix in sorted basename order);
 document indices are offset, ``.bin`` bytes copied. The dtype must agree across inputs. The result
 is published by ``TokenFileWriter``, so a killed merge leaves no valid-looking output; the hidden
 full-size temporaries a killed merge leaves are removed by the next merge into the same prefix.
+Converting is a merge of one input: whatever the input's format, the writer writes megatron-core's
+MMIDIDX bytes for the same documents.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Sequence
 
 from ..errors import ConfigError
 from .atomic import remove_stale_temporaries
-from .idx import prefix_of
+from .idx import DtypeCodes, prefix_of
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar, sidecar_path
 from .writer import TokenFileWriter
@@ -46,11 +49,36 @@ def prefixes_in(folder: str | os.PathLike[str]) -> list[str]:
     return [str(folder / stem) for stem in sorted(stems)]
 
 
-def merge_token_files(prefixes: Sequence[str], output_prefix: str | os.PathLike[str]) -> Sidecar:
+def merge_token_files(
+    prefixes: Sequence[str], output_prefix: str | os.PathLike[str], *, dtype_codes: DtypeCodes = "auto"
+) -> Sidecar:
     """Concatenate ``prefixes`` into ``output_prefix``; returns the new sidecar."""
     if not prefixes:
         raise ConfigError("nothing to merge", hint="give at least one input prefix")
-    files = [TokenFile(p, mode="pread") for p in prefixes]
+    files = [TokenFile(p, mode="pread", dtype_codes=dtype_codes) for p in prefixes]
+    return _write(files, output_prefix)
+
+
+def convert_token_file(
+    prefix: str | os.PathLike[str], output_prefix: str | os.PathLike[str], *, dtype_codes: DtypeCodes = "auto"
+) -> Sidecar:
+    """Rewrite one token file as megatron-core's MMIDIDX: the bytes megatron-core's
+    ``IndexedDatasetBuilder`` writes for the same documents, in the same dtype (for a float file,
+    under megatron-core's dtype code). A legacy TNTIDX index, GPT-NeoX's float codes and its
+    boundary-less ``document_indices == [0]`` (one document per sequence) all come out as
+    megatron-core reads them. The sidecar's ``metadata.converted_from`` records the source."""
+    source = TokenFile(prefix, mode="pread", dtype_codes=dtype_codes)
+    header = source.header
+    origin = {
+        "prefix": source.prefix,
+        "index_format": header.index_format,
+        "dtype_code": header.code,
+        "documents_from_sequences": source.documents_from_sequences,
+    }
+    return _write([source], output_prefix, {"converted_from": origin})
+
+
+def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None) -> Sidecar:
     dtypes = {}
     for f in files:  # opened one at a time (thousands of shards must not exhaust file handles)
         dtypes[f.prefix] = f.dtype
@@ -69,7 +97,8 @@ def merge_token_files(prefixes: Sequence[str], output_prefix: str | os.PathLike[
         )
     for final in (out + ".bin", out + ".idx", sidecar_path(out)):
         remove_stale_temporaries(final)
-    with TokenFileWriter(out, files[0].dtype, tokenizer=_common_tokenizer([f.prefix for f in files])) as writer:
+    tokenizer = _common_tokenizer([f.prefix for f in files])
+    with TokenFileWriter(out, files[0].dtype, tokenizer=tokenizer, metadata=metadata) as writer:
         for f in files:
             writer.append(f)
             f.close()

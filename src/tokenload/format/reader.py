@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import FormatError, StorageError
 from .bin import BinSource, ReadMode, open_bin, warmup_file
 from .idx import (
+    FLOAT_CODES,
     HEADER_SIZE,
     DtypeCodes,
     IndexHeader,
@@ -105,8 +106,8 @@ class TokenFile:
             warmup_file(self.bin_path)
         header, lengths, pointers, documents, modes = self._index()
         per_sequence = _per_sequence_documents(header, documents, self.idx_path)
-        if self.dtype_codes == "auto":
-            header = resolve_float_dtype(header, lengths, self._bin_size())
+        if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":  # TNTIDX: its element size decides
+            header = self._float_header(header, lengths)
         source = open_bin(self.bin_path, header.dtype, self.mode)
         try:
             _check_bin_size(header, lengths, pointers, source, self.bin_path)
@@ -133,6 +134,20 @@ class TokenFile:
             multimodal=self.multimodal,
         )
         return (header, *index_arrays(buffer, header))
+
+    def _float_header(self, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
+        """Codes 6/7: "auto" takes the float type the ``.bin`` size fits; a forced table that the
+        size contradicts is named, since the cause is the table, not a damaged file."""
+        fitting = resolve_float_dtype(header, lengths, self._bin_size())
+        if self.dtype_codes == "auto" or fitting.dtype == header.dtype:
+            return fitting
+        raise FormatError(
+            f"dtype code {header.code} is {header.dtype} in the {self.dtype_codes!r} table, but the .bin"
+            f" size fits {fitting.dtype} (codes 6 and 7 are swapped between megatron-core and GPT-NeoX)",
+            path=self.idx_path,
+            hint="open it with dtype_codes='auto' (the default), which takes the table the .bin size"
+            " fits (tokenload convert: --dtype-codes auto)",
+        )
 
     def _bin_size(self) -> int:
         try:
