@@ -1,11 +1,16 @@
-"""`tokenload info`, `verify` and `merge`, run as real commands."""
+"""`tokenload info`, `verify`, `merge` and `convert`, run as real commands."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
-from support import run_cli, write_documents
+from support import FIXTURES, run_cli, write_documents
+
+from tokenload.format import TokenFileWriter
+
+LEGACY = FIXTURES / "legacy"
 
 
 def test_info_reports_counts(small_file):
@@ -134,6 +139,7 @@ def test_every_token_file_command_has_a_description():
         ("info", "Describe Megatron token files"),
         ("verify", "Check Megatron token files"),
         ("merge", "Concatenate token files into one"),
+        ("convert", "Rewrite one token file as megatron-core's MMIDIDX pair"),
     ):
         out = run_cli(command, "--help")
         assert out.returncode == 0 and phrase in " ".join(out.stdout.split()), (command, out.stdout)
@@ -144,3 +150,61 @@ def test_merge_output_named_with_its_bin_suffix(tmp_path):
     out = run_cli("merge", a + ".idx", "--output-prefix", tmp_path / "m.bin")
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("m.")) == ["m.bin", "m.idx", "m.json"]
+
+
+def _copy_fixture(name, folder):
+    for ext in ("idx", "bin"):
+        shutil.copy(LEGACY / f"{name}.{ext}", folder / f"{name}.{ext}")
+    return str(folder / name)
+
+
+def test_convert_a_legacy_neox_file(tmp_path):
+    """GPT-NeoX's legacy (TNTIDX) file: info and verify read it, convert writes the MMIDIDX pair
+    megatron-core's builder writes for the same documents, and the output reads the same."""
+    legacy = _copy_fixture("cached", tmp_path)
+    info = run_cli("info", legacy)
+    assert info.returncode == 0, info.stderr
+    assert "format       TNTIDX (legacy fairseq cached/lazy index" in info.stdout
+    assert "documents    5 (1 empty)" in info.stdout and "dtype        int32 (code 4)" in info.stdout
+    ok = run_cli("verify", legacy)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK") and "legacy TNTIDX" in ok.stdout, ok.stdout
+    out = run_cli("convert", legacy + ".idx", "--output-prefix", tmp_path / "new")
+    assert out.returncode == 0, out.stderr
+    assert "(TNTIDX, dtype code 4) into" in out.stdout and "5 documents, 17 tokens (int32)" in out.stdout
+    expected = json.loads((LEGACY / "expected.json").read_text())["files"]["cached"]
+    with TokenFileWriter(tmp_path / "ref", np.int32) as w:  # megatron-core's bytes (test_writer.py)
+        for doc in expected["documents"]:
+            w.add_document(np.array(sum(doc, []), np.int64), [len(s) for s in doc])
+    for ext in ("idx", "bin"):
+        assert (tmp_path / f"new.{ext}").read_bytes() == (tmp_path / f"ref.{ext}").read_bytes(), ext
+    assert "format       MMIDIDX" in run_cli("info", tmp_path / "new").stdout
+    side = json.loads((tmp_path / "new.json").read_text())
+    assert side["metadata"]["converted_from"]["index_format"] == "TNTIDX"
+
+
+def test_convert_neox_mmidx_files_to_megatron_core_codes_and_boundaries(tmp_path):
+    floats = _copy_fixture("mmap_float32", tmp_path)
+    info = run_cli("info", floats)
+    assert "note         dtype code 6 read as float32 (GPT-NeoX's table" in info.stdout, info.stdout
+    out = run_cli("convert", floats, "--output-prefix", tmp_path / "f")
+    assert out.returncode == 0 and "(MMIDIDX, dtype code 6) into" in out.stdout, out.stdout + out.stderr
+    assert "(MMIDIDX, dtype code 7)" in out.stdout and (tmp_path / "f.idx").read_bytes()[17] == 7
+    merged = _copy_fixture("mmap_merged", tmp_path)
+    out = run_cli("convert", merged, "--output-prefix", tmp_path / "m")
+    assert out.returncode == 0 and "one document per sequence" in out.stdout, out.stdout + out.stderr
+    docs = np.frombuffer((tmp_path / "m.idx").read_bytes()[34 + 12 * 6 :], dtype="<i8").tolist()
+    assert docs == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_convert_user_errors_are_one_line(tmp_path):
+    floats = _copy_fixture("mmap_float32", tmp_path)
+    forced = run_cli("convert", floats, "--output-prefix", tmp_path / "f", "--dtype-codes", "megatron")
+    assert forced.returncode == 2 and len(forced.stderr.strip().splitlines()) == 1, forced.stderr
+    assert "swapped between megatron-core and GPT-NeoX" in forced.stderr
+    broken = _copy_fixture("cached", tmp_path)
+    idx = bytearray((tmp_path / "cached.idx").read_bytes())
+    idx[8] = 2  # version
+    (tmp_path / "cached.idx").write_bytes(bytes(idx))
+    bad = run_cli("convert", broken, "--output-prefix", tmp_path / "b")
+    assert bad.returncode == 2 and "legacy fairseq index (TNTIDX): version is 2" in bad.stderr, bad.stderr
+    assert not list(tmp_path.glob("b.*")) and not list(tmp_path.glob(".b.*"))
