@@ -32,7 +32,7 @@ _KIND_ALIASES = {
 }
 TIKTOKEN_PATTERNS = ("gpt2", "r50k", "p50k", "cl100k", "o200k")
 INPUT_FORMATS = ("auto", "jsonl", "parquet", "text", "lines")
-EXECUTORS = ("auto", "threads", "processes")
+EXECUTORS = ("auto", "threads", "processes", "ray")
 ENGINES = ("auto", "gigatoken", "native")
 BAD_RECORD_POLICIES = ("error", "skip")
 
@@ -129,9 +129,23 @@ class PreprocessConfig:
     append_eod: bool = False
     """Append the EOD token to every non-empty document (Megatron's --append-eod)."""
     workers: int = field(default_factory=_default_workers)
-    """Encoding workers (threads or processes); never changes the output."""
+    """Encoding workers (threads or processes; with ray, the CPUs of the local cluster it starts
+    when it connects to none); never changes the output."""
     executor: str = "auto"
-    """auto: threads when the tokenizer releases the GIL, processes otherwise."""
+    """auto: threads when the tokenizer releases the GIL, processes otherwise; ray: tasks on a Ray
+    cluster (one per input file and per byte range of a large file; needs tokenload[ray])."""
+    ray_address: str | None = None
+    """ray: the cluster to join (as ``ray.init(address=...)``); None: RAY_ADDRESS, else a local
+    cluster of ``workers`` CPUs started for the run. The work folder must be on a filesystem
+    every node sees (next to the output)."""
+    ray_cpus_per_task: float = 1.0
+    """ray: CPUs Ray reserves for each task."""
+    ray_tasks_in_flight: int | None = None
+    """ray: most tasks submitted and unfinished at once; None: twice the tasks the cluster's CPUs
+    run at once. Bounds the driver's bookkeeping, not the data: tasks read their own bytes."""
+    range_bytes: int = 256 << 20
+    """ray: uncompressed JSONL/lines files larger than this are split into byte ranges of this
+    size, each a task (cuts fall on line starts, found by the task itself)."""
     on_bad_record: str = "error"
     """error: stop at the first bad record with file:line; skip: skip and count by reason."""
     num_shards: int = 1
@@ -181,6 +195,7 @@ class PreprocessConfig:
                 f"chunk_bytes is {self.chunk_bytes}, expected at least 1024",
                 hint="leave it out for the default of 4 MiB per work item",
             )
+        _check_ray(self)
         if self.input_format in ("text", "lines") and len(self.json_keys) != 1:
             raise ConfigError(
                 "plain text inputs have a single text field, but several keys were given",
@@ -209,6 +224,29 @@ def shard_prefix(output_prefix: str, index: int, count: int) -> str:
 def output_name(prefix: str, key: str) -> str:
     """Token file prefix for JSON key ``key`` (Megatron's ``{prefix}_{key}_document``)."""
     return f"{prefix}_{key}_document"
+
+
+def _check_ray(config: PreprocessConfig) -> None:
+    if not config.ray_cpus_per_task > 0:
+        raise ConfigError(
+            f"ray_cpus_per_task is {config.ray_cpus_per_task}, expected a positive number",
+            hint="leave it out for one CPU per task",
+        )
+    if config.ray_tasks_in_flight is not None and config.ray_tasks_in_flight < 1:
+        raise ConfigError(
+            f"ray_tasks_in_flight is {config.ray_tasks_in_flight}, expected at least 1",
+            hint="leave it out for twice the tasks the cluster runs at once",
+        )
+    if config.range_bytes < config.chunk_bytes:
+        raise ConfigError(
+            f"range_bytes ({config.range_bytes}) is smaller than chunk_bytes ({config.chunk_bytes})",
+            hint="a byte range holds whole chunks: raise --range-mb or lower --chunk-mb",
+        )
+    if config.ray_address is not None and config.executor != "ray":
+        raise ConfigError(
+            f"a Ray address ({config.ray_address!r}) was given, but the executor is {config.executor!r}",
+            hint="add --executor ray, or drop --ray-address",
+        )
 
 
 def _check_keys(keys: tuple[str, ...]) -> None:

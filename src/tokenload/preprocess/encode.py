@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .config import TokenizerSpec
-from .records import parse_chunk
+from .records import BadRecord, parse_chunk
 from .sources import Chunk
 from .load import load_tokenizer
 from .tokenizer import TextTokenizer
@@ -52,7 +52,7 @@ class Encoded:
     documents: int
     input_bytes: int
     skipped: dict[str, int] = field(default_factory=dict)
-    examples: list[str] = field(default_factory=list)
+    examples: list[BadRecord] = field(default_factory=list)
     seconds: float = 0.0
     """Worker time spent on the chunk (sizes the next chunks, see ``sources.ChunkSize``)."""
 

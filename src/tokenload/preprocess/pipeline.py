@@ -32,6 +32,7 @@ from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, regi
 from .progress import Progress
 from .sources import ChunkSize, InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
 from .load import load_tokenizer
+from .parts import write_documents
 from .tokenizer import TextTokenizer
 from .workdir import WorkDir
 
@@ -74,6 +75,10 @@ class PreprocessResult:
 def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> PreprocessResult:
     """Run the job ``config`` describes; ``progress``: bar on, off, or None (on a terminal)."""
     start = time.perf_counter()
+    if config.executor == "ray":
+        from .cluster import require_ray
+
+        require_ray()
     _check_output_folder(config)
     tok = load_tokenizer(config.tokenizer)
     _check_eod(config, tok)
@@ -90,7 +95,7 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     try:
         summaries, bar = _run(config, tok, work, files, progress)
         totals = _totals(summaries.values(), config.json_keys)
-        _write_outputs(config, tok, work, len(files), totals)
+        _write_outputs(config, tok, work, [summaries[i] for i in range(len(files))], totals)
         work.remove()
     except BaseException as exc:
         _clean_after_failure(config, work)
@@ -123,7 +128,11 @@ def _run(config, tok, work: WorkDir, files: list[InputFile], progress: bool | No
         log.info("resuming: %d of %d input files already done", len(summaries), len(files))
     bar = Progress(todo=[f for _, f in todo], enabled=progress, resumed=len(summaries))
     try:
-        if todo:
+        if todo and config.executor == "ray":
+            from .cluster import encode_on_ray
+
+            encode_on_ray(config, _encode_task(config, tok), work, todo, summaries, bar)
+        elif todo:
             _encode_files(config, tok, work, todo, summaries, bar)
     finally:
         bar.close()
@@ -308,14 +317,18 @@ def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
     return replace(config.tokenizer, engine="gigatoken" if tok.engine == "gigatoken" else "native")
 
 
-def _encode_files(config, tok, work, todo, summaries, bar) -> None:
-    task = EncodeTask(
+def _encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:
+    return EncodeTask(
         tokenizer=_resolved_spec(config, tok),
         keys=config.json_keys,
         append_eod=config.append_eod,
         strict=config.on_bad_record == "error",
         dtype=tok.dtype.name,
     )
+
+
+def _encode_files(config, tok, work, todo, summaries, bar) -> None:
+    task = _encode_task(config, tok)
     depth = 2 * config.workers + 2
     sizer = ChunkSize(config.chunk_bytes)
     pending: deque = deque()
@@ -362,26 +375,6 @@ def _drain_one(pending: deque, summaries: dict, bar: Progress, sizer: ChunkSize)
     bar.update(result)
 
 
-def write_documents(
-    writer: TokenFileWriter, tokens: np.ndarray, seq_lengths: np.ndarray, per_doc: np.ndarray
-) -> None:
-    """Append documents given as (tokens, sequence lengths, sequences per document)."""
-    if per_doc.size and bool((per_doc == 1).all()):
-        writer.add_documents(tokens, seq_lengths)
-        return
-    seq_bounds = np.concatenate(([0], np.cumsum(per_doc, dtype=np.int64)))
-    tok_bounds = np.concatenate(([0], np.cumsum(seq_lengths, dtype=np.int64)))
-    doc = 0
-    for irregular in np.flatnonzero(per_doc != 1).tolist() + [per_doc.size]:
-        if irregular > doc:  # a run of single-sequence documents
-            s0, s1 = seq_bounds[doc], seq_bounds[irregular]
-            writer.add_documents(tokens[tok_bounds[s0] : tok_bounds[s1]], seq_lengths[s0:s1])
-        if irregular < per_doc.size:
-            s0, s1 = seq_bounds[irregular], seq_bounds[irregular + 1]
-            writer.add_document(tokens[tok_bounds[s0] : tok_bounds[s1]], seq_lengths[s0:s1])
-        doc = irregular + 1
-
-
 # -- final outputs --------------------------------------------------------------------------------
 def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
     documents, tokens, skipped = 0, Counter({k: 0 for k in keys}), Counter()
@@ -397,7 +390,7 @@ def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _write_outputs(
-    config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, nfiles: int, totals
+    config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, summaries: list[dict], totals
 ) -> None:
     metadata = {
         "producer": "tokenload preprocess",
@@ -415,6 +408,7 @@ def _write_outputs(
             tokenizer=work.job["tokenizer"],
             metadata={**metadata, "json_key": key},
         ) as writer:
-            for index in range(nfiles):
-                writer.append(work.part(index, key))
+            for index, summary in enumerate(summaries):
+                for part in work.parts(index, summary, key):
+                    writer.append(part)
             writer.finalize()

@@ -20,6 +20,7 @@ class Progress:
         self.files_todo = len(todo)
         self.files_resumed = resumed
         self._start = time.perf_counter()
+        self._live = (0, 0, 0)
         self._bar = None
         if enabled is False or not todo:
             return
@@ -41,12 +42,28 @@ class Progress:
 
     def update(self, result: Encoded) -> None:
         """Count one chunk's result and move the bar."""
-        self.documents += result.documents
-        self.tokens += sum(int(t.size) for t, _, _ in result.outputs)
-        self.input_bytes += result.input_bytes
+        tokens = sum(int(t.size) for t, _, _ in result.outputs)
+        self.add(documents=result.documents, tokens=tokens, input_bytes=result.input_bytes)
+
+    def add(self, *, documents: int, tokens: int, input_bytes: int) -> None:
+        """Count finished work (a chunk, or a Ray task's part) and move the bar."""
+        self.documents += documents
+        self.tokens += tokens
+        self.input_bytes += input_bytes
+        self._live = (0, 0, 0)
+        self._show()
+
+    def live(self, input_bytes: int, tokens: int, documents: int) -> None:
+        """Show, on top of the finished work, what tasks under way have done so far (they report
+        as they go; it is shown, never added: a task's result brings its final counts)."""
+        self._live = (documents, tokens, input_bytes)
+        self._show()
+
+    def _show(self) -> None:
         if self._bar is not None:
             self._bar.set_postfix_str(self.postfix(), refresh=False)
-            self._bar.update(result.input_bytes)
+            self._bar.n = self.input_bytes + self._live[2]
+            self._bar.update(0)  # redraws at most every mininterval
 
     def file_done(self) -> None:
         """Count a finished input file (shown at once: the count changes rarely)."""
@@ -62,9 +79,10 @@ class Progress:
     def postfix(self) -> str:
         """The bar's text after the byte count: files finished, documents/s, tokens/s."""
         elapsed = max(time.perf_counter() - self._start, 1e-9)
+        documents, tokens = self.documents + self._live[0], self.tokens + self._live[1]
         return (
-            f"files {self.files_done}/{self.files_todo}  {self.documents / elapsed:,.0f} docs/s"
-            f"  {self.tokens / elapsed / 1e6:,.2f}M tok/s"
+            f"files {self.files_done}/{self.files_todo}  {documents / elapsed:,.0f} docs/s"
+            f"  {tokens / elapsed / 1e6:,.2f}M tok/s"
         )
 
     def close(self) -> None:

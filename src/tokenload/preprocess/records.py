@@ -15,12 +15,37 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import RecordError
 from .sources import Chunk
 
 _SKIP_HINT = "fix or remove the record, or pass --on-bad-record skip to skip and count bad records"
 _MAX_EXAMPLES = 5
+
+
+class BadRecord(NamedTuple):
+    """One bad record: where it is and why. Kept apart (not one string) so that a task which read
+    a byte range of a file, and so knew only its line numbers within the range, can be shifted
+    to the file's line numbers by the driver (``shifted``)."""
+
+    path: str
+    line: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}: {self.message}"
+
+    def shifted(self, lines: int) -> BadRecord:
+        return self._replace(line=self.line + lines)
+
+    def error(self) -> RecordError:
+        """The error strict mode raises; it carries this record (``error.record``)."""
+        where = f"{self.path}:{self.line}"
+        exc = RecordError(f"{self.reason}: {self.message}", path=where, hint=_SKIP_HINT)
+        exc.record = self  # type: ignore[attr-defined]
+        return exc
 
 
 @dataclass
@@ -31,7 +56,7 @@ class Parsed:
     documents: int = 0
     has_lists: bool = False
     skipped: Counter = field(default_factory=Counter)
-    examples: list[str] = field(default_factory=list)
+    examples: list[BadRecord] = field(default_factory=list)
 
 
 class _Bad:
@@ -41,12 +66,12 @@ class _Bad:
         self.parsed, self.path, self.strict = parsed, path, strict
 
     def __call__(self, reason: str, line: int, message: str) -> None:
-        where = f"{self.path}:{line}"
+        record = BadRecord(self.path, line, reason, message)
         if self.strict:
-            raise RecordError(f"{reason}: {message}", path=where, hint=_SKIP_HINT)
+            raise record.error()
         self.parsed.skipped[reason] += 1
         if len(self.parsed.examples) < _MAX_EXAMPLES:
-            self.parsed.examples.append(f"{where}: {reason}: {message}")
+            self.parsed.examples.append(record)
 
 
 def parse_chunk(chunk: Chunk, keys: tuple[str, ...], strict: bool) -> Parsed:

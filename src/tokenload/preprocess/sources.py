@@ -259,6 +259,74 @@ def read_chunks(
         line += data.count(b"\n")
 
 
+def byte_ranges(file: InputFile, range_bytes: int) -> list[tuple[int, int]]:
+    """The byte ranges a file is split into for tasks of their own: about ``range_bytes`` each
+    for an uncompressed line-based file (a range holds the lines that start inside it, so the
+    cuts need no reading), else the whole file as one range ``(0, -1)``."""
+    if file.compression or file.format not in ("jsonl", "lines") or file.size is None:
+        return [(0, -1)]
+    if file.size <= range_bytes:
+        return [(0, -1)]
+    cuts = list(range(0, file.size, range_bytes)) + [file.size]
+    return [(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def read_range_chunks(
+    file: InputFile, start: int, end: int, chunk_bytes: int | Callable[[], int], columns: tuple[str, ...]
+) -> Iterator[Chunk]:
+    """The chunks of the lines that start in bytes [start, end) of ``file`` (``end`` -1: the whole
+    file, any format). Line numbers count from 1 at the range's first line; the caller shifts
+    them by the lines of the earlier ranges."""
+    if end < 0:
+        yield from read_chunks(file, chunk_bytes, columns)
+        return
+    size = chunk_bytes if callable(chunk_bytes) else (lambda: chunk_bytes)
+    line = 1
+    for data in _line_chunks(_range_blocks(file, start, end), size):
+        yield Chunk(file.path, file.format, line, data, len(data))
+        line += data.count(b"\n")
+
+
+def _range_blocks(file: InputFile, start: int, end: int) -> Iterator[bytes]:
+    """Bytes from the first line start at or after ``start`` to the first one at or after ``end``
+    (a line starts at 0 and after each newline), so consecutive ranges share no line."""
+    try:
+        with _open_raw(file.path) as raw:
+            pos, head = _first_line_start(raw, start)
+            if pos >= end:
+                return
+            while True:
+                block = head or raw.read(_BLOCK)
+                head = b""
+                if not block:
+                    return
+                if pos + len(block) >= end:  # the line under way at end-1 is ours, to its newline
+                    cut = block.find(b"\n", max(end - 1 - pos, 0))
+                    if cut >= 0:
+                        yield block[: cut + 1]
+                        return
+                yield block
+                pos += len(block)
+    except (UnreadableFile, TokenloadError):
+        raise
+    except Exception as exc:
+        raise _read_error(file.path, exc) from None
+
+
+def _first_line_start(raw, start: int) -> tuple[int, bytes]:
+    """(offset of the first line that starts at or after ``start``, the bytes read past it)."""
+    if start == 0:
+        return 0, b""
+    pos = start - 1
+    raw.seek(pos)
+    while block := raw.read(_BLOCK):
+        cut = block.find(b"\n")
+        if cut >= 0:
+            return pos + cut + 1, block[cut + 1 :]
+        pos += len(block)
+    return pos, b""
+
+
 def _line_chunks(blocks: Iterator[bytes], size: Callable[[], int]) -> Iterator[bytes]:
     """Regroup ``blocks`` into pieces of about ``size()`` bytes that end at a newline; a line
     longer than that stays whole."""

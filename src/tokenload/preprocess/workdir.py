@@ -2,7 +2,10 @@
 
 ``{prefix}.tokenload-work/`` beside the output holds ``job.json`` (what the job is: tokenizer
 identity, keys, rules, the file list) and, per finished input file i, the token files
-``{i:06d}_{key}`` plus a marker ``{i:06d}.done`` written atomically after them. A restarted job
+``{i:06d}_{key}`` plus a marker ``{i:06d}.done`` written atomically after them. The Ray executor
+splits a large file into byte ranges, each a task with its own part ``{i:06d}.{k:05d}_{key}`` and
+marker ``{i:06d}.{k:05d}.range`` (written by the task, so a driver killed after the task finished
+keeps it); the file's ``.done`` then lists its parts. A restarted job
 with the same ``job.json`` reuses every part whose marker exists and whose input file still has
 the recorded size and modification time, and redoes the rest. The final outputs are the parts
 concatenated in input order, so they are the same bytes whether or not the job was interrupted.
@@ -85,8 +88,32 @@ class WorkDir:
         """Token file prefix of input file ``index``'s part for ``key``."""
         return str(self.root / f"{index:06d}_{key}")
 
+    def parts(self, index: int, summary: dict[str, Any], key: str) -> list[str]:
+        """Token file prefixes of finished input file ``index`` for ``key``, in input order."""
+        return [str(self.root / f"{stem}_{key}") for stem in summary.get("parts", [f"{index:06d}"])]
+
     def _marker(self, index: int) -> Path:
         return self.root / f"{index:06d}.done"
+
+    def range_finished(
+        self, index: int, k: int, file: InputFile, span: tuple[int, int], keys: tuple[str, ...]
+    ) -> dict[str, Any] | None:
+        """The summary of byte range ``k`` of input file ``index`` if a task finished it for the
+        file as it is now and for the same cut, else None."""
+        stem = range_stem(index, k)
+        try:
+            summary = json.loads((self.root / f"{stem}.range").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if (summary.get("path"), summary.get("stamp"), summary.get("range")) != (
+            file.path, file.stamp, list(span)
+        ):
+            return None
+        for key in keys:
+            part = str(self.root / f"{stem}_{key}")
+            if not (os.path.isfile(part + ".bin") and os.path.isfile(part + ".idx")):
+                return None
+        return summary
 
     def finished(self, index: int, file: InputFile, keys: tuple[str, ...]) -> dict[str, Any] | None:
         """The summary of a committed part that is still valid for ``file``, else None."""
@@ -98,27 +125,25 @@ class WorkDir:
             log.info("input %s changed since its part was written; redoing it", file.path)
             return None
         for key in keys:
-            part = self.part(index, key)
-            if not (os.path.isfile(part + ".bin") and os.path.isfile(part + ".idx")):
-                return None
+            for part in self.parts(index, summary, key):
+                if not (os.path.isfile(part + ".bin") and os.path.isfile(part + ".idx")):
+                    return None
         return summary
 
     def commit(self, index: int, summary: dict[str, Any]) -> None:
         """Mark input file ``index`` finished (its part files are already published)."""
-        write_bytes_atomic(
-            self._marker(index), (json.dumps(summary, sort_keys=True) + "\n").encode()
-        )
+        write_marker(self.root, f"{index:06d}.done", summary)
 
     def committed(self) -> int:
-        """How many input files have a finished part (what a resume would reuse)."""
-        return len(list(self.root.glob("*.done")))
+        """How many input files and byte ranges have a finished part (what a resume would reuse)."""
+        return len(list(self.root.glob("*.done"))) + len(list(self.root.glob("*.range")))
 
     def remove(self) -> None:
         """Delete the folder, ``job.json`` last: a kill at any point leaves either a folder that
         ``job.json`` still vouches for, or one without it, which ``open`` wipes."""
         if not self.root.exists():
             return
-        order = lambda e: (e.name == _JOB, not e.name.endswith(".done"))  # noqa: E731
+        order = lambda e: (e.name == _JOB, not e.name.endswith((".done", ".range")))  # noqa: E731
         for entry in sorted(self.root.iterdir(), key=order):
             _delete(entry)
         self.root.rmdir()
@@ -133,6 +158,17 @@ class WorkDir:
         for entry in self.root.iterdir():
             if entry.name.startswith(".") and ".tmp-" in entry.name:
                 entry.unlink(missing_ok=True)
+
+
+def range_stem(index: int, k: int) -> str:
+    """Name stem of byte range ``k`` of input file ``index`` in the work folder."""
+    return f"{index:06d}.{k:05d}"
+
+
+def write_marker(root: str | Path, name: str, summary: dict[str, Any]) -> None:
+    """Mark a file (``.done``) or byte range (``.range``) finished, atomically, after its parts
+    are published; a Ray task writes its own, so a killed driver loses no finished task."""
+    write_bytes_atomic(Path(root) / name, (json.dumps(summary, sort_keys=True) + "\n").encode())
 
 
 def _delete(entry: Path) -> None:

@@ -61,7 +61,7 @@ def test_each_bad_record_class_is_counted_in_skip_mode(line, reason, detail):
     parsed = parse_chunk(jsonl(payload, first=41), ("text",), strict=False)
     assert parsed.columns == [["ok", "after"]]
     assert parsed.skipped == {reason: 1}
-    assert parsed.examples[0].startswith(f"in.jsonl:42: {reason}: ")
+    assert str(parsed.examples[0]).startswith(f"in.jsonl:42: {reason}: ")
 
 
 def test_lines_format_strips_line_ends_and_skips_empty_lines():

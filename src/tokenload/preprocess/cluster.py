@@ -1,0 +1,404 @@
+"""The Ray executor of preprocess: one Ray task per input file and per byte range of a large file.
+
+The driver (the process that called ``preprocess``) plans the parts, submits them as Ray tasks,
+at most ``ray_tasks_in_flight`` at a time, and commits each input file once all its parts are
+done; the final outputs are then the parts concatenated in input order, exactly as with the
+process executor, so the bytes do not depend on the cluster, the worker count or the cut.
+What travels: a task's arguments are a small ``PartTask`` (path, byte range, work folder) and
+the tokenizer's files as bytes, put in the object store once and loaded once per worker process;
+a task reads its own bytes from the path and returns counts, so the object store never holds
+input text or tokens. Each task publishes its part files atomically and then its marker, so
+Ray's retry of a task whose worker died rewrites the same bytes, and a rerun after a killed
+driver reuses every finished part (see ``workdir``). Trade-off: every part is a file in the
+work folder, which must be on a filesystem that every node and the driver see.
+
+Live progress: tasks report their running byte/token counts to a small actor; the driver shows
+finished counts plus the live ones, so the bar moves during long tasks, over the whole cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, RecordError, StorageError, require
+from .config import PreprocessConfig, TokenizerSpec
+from .encode import EncodeTask, register_tokenizer, _TOKENIZERS
+from .load import load_tokenizer
+from .parts import PartResult, PartTask, encode_part
+from .records import BadRecord
+from .progress import Progress
+from .sources import InputFile, byte_ranges
+from .workdir import WorkDir, range_stem
+
+log = logging.getLogger(__name__)
+skip_log = logging.getLogger(__name__.rsplit(".", 1)[0] + ".pipeline.skipped")
+_TICK_SECONDS = 0.5
+#: Ray reruns a task whose worker process died this many times before the run fails.
+MAX_RETRIES = 3
+
+
+def require_ray():
+    """The ray module, or MissingExtraError naming tokenload[ray]."""
+    return require("ray", "ray", "preprocess --executor ray")
+
+
+# -- tokenizer shipping ---------------------------------------------------------------------------
+def tokenizer_files(spec: TokenizerSpec) -> dict[str, bytes]:
+    """The bytes of every file the spec names (a model folder: its tokenizer files), keyed by
+    their path relative to the spec's own paths, so a worker can rebuild the spec anywhere."""
+    from .tokenizer import _is_tokenizer_file
+
+    files: dict[str, bytes] = {}
+    for role in ("model", "vocab_file", "merge_file"):
+        path = getattr(spec, role)
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            for name in sorted(os.listdir(path)):
+                full = os.path.join(path, name)
+                if os.path.isfile(full) and _is_tokenizer_file(name):
+                    files[f"{role}/{os.path.basename(path)}/{name}"] = Path(full).read_bytes()
+        else:
+            files[f"{role}/{os.path.basename(path)}"] = Path(path).read_bytes()
+    return files
+
+
+def local_spec(spec: TokenizerSpec, files: dict[str, bytes]) -> TokenizerSpec:
+    """``spec`` with its paths pointing at copies of ``files`` on this machine (written once per
+    content into the temporary folder; file names are kept, as tiktoken reads its pattern there)."""
+    import tempfile
+
+    import xxhash
+
+    digest = xxhash.xxh3_64()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name] + b"\0")
+    root = Path(tempfile.gettempdir()) / "tokenload-tokenizers" / digest.hexdigest()
+    if not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root.parent))
+        for name, data in files.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_bytes(data)
+        try:
+            staging.rename(root)
+        except OSError:  # another worker process of this node was first
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+    changes: dict[str, str] = {}
+    for role in ("model", "vocab_file", "merge_file"):
+        path = getattr(spec, role)
+        if path is not None:
+            changes[role] = str(root / role / os.path.basename(path))
+    return replace(spec, **changes)
+
+
+def _worker_tokenizer(spec: TokenizerSpec, shipped: list) -> None:
+    """Load the tokenizer in this worker process once (cached under the driver's spec)."""
+    if spec in _TOKENIZERS:
+        return
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if spec.kind == "byte":
+        register_tokenizer(spec, load_tokenizer(spec))
+        return
+    import ray
+
+    files = ray.get(shipped[0])
+    register_tokenizer(spec, load_tokenizer(local_spec(spec, files)))
+
+
+# -- the Ray side ---------------------------------------------------------------------------------
+def _run_part(task: PartTask, shipped: list, tally) -> PartResult:
+    """The body of a Ray task (``shipped`` and ``tally`` sit in a list so Ray does not fetch the
+    tokenizer's bytes for every task, only on a worker's first one)."""
+    _worker_tokenizer(task.encode.tokenizer, shipped)
+    key = f"{task.index}.{task.k}"
+
+    def report(nbytes: int, tokens: int, documents: int) -> None:
+        tally[0].report.remote(key, nbytes, tokens, documents)
+
+    return encode_part(task, report)
+
+
+class _Tally:
+    """Running counts of the tasks under way (a Ray actor): per task, its latest report, so a
+    retried task starts again from zero instead of counting twice."""
+
+    def __init__(self) -> None:
+        self.live: dict[str, tuple[int, int, int]] = {}
+        self.gone: set[str] = set()
+
+    def report(self, key: str, nbytes: int, tokens: int, documents: int) -> None:
+        if key not in self.gone:
+            self.live[key] = (nbytes, tokens, documents)
+
+    def forget(self, keys: list[str]) -> None:
+        for key in keys:
+            self.gone.add(key)
+            self.live.pop(key, None)
+
+    def total(self) -> tuple[int, int, int]:
+        return tuple(sum(v[i] for v in self.live.values()) for i in range(3))  # type: ignore[return-value]
+
+
+def connect(ray, config: PreprocessConfig) -> bool:
+    """Join the cluster ``config`` or RAY_ADDRESS names, else start a local one of ``workers``
+    CPUs; True when this call started the connection (and so must end it)."""
+    if ray.is_initialized():
+        return False
+    address = config.ray_address or os.environ.get("RAY_ADDRESS") or None
+    options: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": logging.WARNING,
+    }
+    try:
+        if address:
+            ray.init(address=address, **options)
+        else:
+            ray.init(num_cpus=config.workers, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot join the Ray cluster at {address!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
+            hint="check --ray-address / RAY_ADDRESS (e.g. HEAD_IP:6379, as `ray start --head` prints)"
+            " and that `ray status` works from this machine; leave both unset for a local cluster",
+        ) from None
+    return True
+
+
+# -- the driver -----------------------------------------------------------------------------------
+@dataclass
+class _FilePlan:
+    """One input file still to do: its byte ranges and what each has reported."""
+
+    index: int
+    file: InputFile
+    spans: list[tuple[int, int]]
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    damaged: str | None = None
+    examples: list = field(default_factory=list)
+
+    @property
+    def ranged(self) -> bool:
+        return self.spans[0][1] >= 0
+
+    def line_offset(self, k: int) -> int:
+        return sum(self.done[j].get("lines", 0) for j in range(k) if j in self.done)
+
+
+def encode_on_ray(
+    config: PreprocessConfig,
+    encode: EncodeTask,
+    work: WorkDir,
+    todo: list[tuple[int, InputFile]],
+    summaries: dict[int, dict[str, Any]],
+    bar: Progress,
+) -> None:
+    """Encode the files ``todo`` on Ray into the work folder; ``summaries`` gets each file's."""
+    ray = require_ray()
+    started = connect(ray, config)
+    try:
+        _Driver(ray, config, encode, work, todo, summaries, bar).run()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+class _Driver:
+    def __init__(self, ray, config, encode, work, todo, summaries, bar) -> None:
+        self.ray, self.config, self.encode, self.work = ray, config, encode, work
+        self.summaries, self.bar = summaries, bar
+        self.plans = {i: _FilePlan(i, f, byte_ranges(f, config.range_bytes)) for i, f in todo}
+        self.queue: list[tuple[int, int]] = []
+        for plan in self.plans.values():
+            for k, span in enumerate(plan.spans):
+                done = work.range_finished(plan.index, k, plan.file, span, config.json_keys) if plan.ranged else None
+                if done is not None:
+                    plan.done[k] = done
+                else:
+                    self.queue.append((plan.index, k))
+        self.queue.reverse()  # popped from the end, in input order
+        self.errors: list[tuple[tuple[int, int], Exception | BadRecord]] = []
+        self._shown = 0.0
+
+    def run(self) -> None:
+        ray = self.ray
+        for plan in list(self.plans.values()):
+            if len(plan.done) == len(plan.spans):
+                self._commit(plan)
+        if not self.queue:
+            return
+        task_fn = ray.remote(num_cpus=self.config.ray_cpus_per_task, max_retries=MAX_RETRIES)(_run_part)
+        tally = [ray.remote(num_cpus=0)(_Tally).remote()]
+        files = tokenizer_files(self.encode.tokenizer) if self.encode.tokenizer.kind != "byte" else {}
+        shipped = [ray.put(files)]
+        limit = self.config.ray_tasks_in_flight or self._default_in_flight()
+        pending: dict[Any, tuple[int, int]] = {}
+        try:
+            while self.queue or pending:
+                while self.queue and len(pending) < limit and not self.errors:
+                    index, k = self.queue.pop()
+                    pending[task_fn.remote(self._task(index, k), shipped, tally)] = (index, k)
+                ready = self._wait(pending, tally)
+                if not ready:
+                    continue
+                finished = []
+                for ref in ready:
+                    where = pending.pop(ref)
+                    finished.append(f"{where[0]}.{where[1]}")
+                    self._take(where, self._result(ref, where))
+                tally[0].forget.remote(finished)
+                if self.errors:
+                    self._cancel_after(pending)
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+        if self.errors:
+            raise self._first_error()
+
+    def _wait(self, pending: dict, tally: list) -> list:
+        """The finished tasks: waits for one (at most a tick), then takes every other finished
+        one; shows the live counts about every tick."""
+        ray = self.ray
+        refs = list(pending)
+        ready, rest = ray.wait(refs, num_returns=1, timeout=_TICK_SECONDS)
+        if ready and rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        if time.monotonic() - self._shown >= _TICK_SECONDS:
+            self._show_live(tally)
+            self._shown = time.monotonic()
+        return ready
+
+    def _default_in_flight(self) -> int:
+        cpus = self.ray.cluster_resources().get("CPU", 1)
+        return max(1, int(2 * cpus / self.config.ray_cpus_per_task))
+
+    def _task(self, index: int, k: int) -> PartTask:
+        plan = self.plans[index]
+        return PartTask(
+            index=index,
+            k=k,
+            file=plan.file,
+            span=plan.spans[k],
+            root=str(self.work.root),
+            stem=range_stem(index, k) if plan.ranged else f"{index:06d}",
+            encode=self.encode,
+            chunk_bytes=self.config.chunk_bytes,
+        )
+
+    def _result(self, ref, where: tuple[int, int]) -> PartResult | None:
+        try:
+            return self.ray.get(ref)
+        except self.ray.exceptions.TaskCancelledError:
+            return None
+        except self.ray.exceptions.RayError as exc:
+            path = self.plans[where[0]].file.path
+            self.errors.append((where, StorageError(
+                f"a Ray task failed {MAX_RETRIES + 1} times ({type(exc).__name__}:"
+                f" {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
+                path=path,
+                hint="check the cluster (`ray status`, node memory and disks); rerun the same command:"
+                " finished parts are kept",
+            )))
+            return None
+
+    def _take(self, where: tuple[int, int], result: PartResult | None) -> None:
+        """Record one finished task; commit its file when every range is in."""
+        if result is None:
+            return
+        plan = self.plans[where[0]]
+        if result.failure is not None or result.error is not None:
+            self.errors.append((where, result.failure or result.error))
+            return
+        if result.summary is None:  # damaged: strict, or a byte range (the file decides)
+            plan.damaged = result.damaged
+            if self.encode.strict:
+                self.errors.append((where, _damaged_error(plan)))
+                return
+            plan.done[where[1]] = {"lines": 0}
+        else:
+            plan.done[where[1]] = result.summary
+            if result.damaged is not None:  # a whole file, skip mode: committed empty
+                skip_log.warning("skipped %s: unreadable: %s", plan.file.path, result.damaged)
+        self.bar.add(
+            documents=result.summary["documents"] if result.summary else 0,
+            tokens=result.tokens,
+            input_bytes=result.input_bytes,
+        )
+        plan.examples.extend((where[1], e) for e in result.examples)
+        if len(plan.done) == len(plan.spans):
+            self._commit(plan)
+
+    def _first_error(self) -> Exception:
+        """The error first in input order, a bad record with its line in the file (every earlier
+        range has finished by now, so its line offset is known)."""
+        (index, k), error = min(self.errors, key=lambda e: e[0])
+        if isinstance(error, BadRecord):
+            return error.shifted(self.plans[index].line_offset(k)).error()
+        return error
+
+    def _commit(self, plan: _FilePlan) -> None:
+        """All parts of the file are in: log its skipped records with file line numbers, write
+        its ``.done`` (ranged files; a whole file's task wrote its own) and count it."""
+        for k, example in sorted(plan.examples, key=lambda e: (e[0], e[1].line)):
+            skip_log.warning("skipped %s", example.shifted(plan.line_offset(k)))
+        if not plan.ranged:
+            self.summaries[plan.index] = plan.done[0]
+        else:
+            self.summaries[plan.index] = summary = _file_summary(plan, self.config.json_keys)
+            if plan.damaged is not None:
+                skip_log.warning("skipped %s: unreadable: %s", plan.file.path, plan.damaged)
+            self.work.commit(plan.index, summary)
+        self.bar.file_done()
+
+    def _cancel_after(self, pending: dict[Any, tuple[int, int]]) -> None:
+        """After an error: cancel the tasks later in input order than it (earlier ones finish,
+        so the error reported is the first in input order, as with one machine)."""
+        first = min(e[0] for e in self.errors)
+        for ref, where in pending.items():
+            if where > first:
+                self.ray.cancel(ref)
+
+    def _show_live(self, tally: list) -> None:
+        try:
+            live = self.ray.get(tally[0].total.remote(), timeout=_TICK_SECONDS)
+        except self.ray.exceptions.GetTimeoutError:
+            live = (0, 0, 0)
+        self.bar.live(*live)
+
+
+def _file_summary(plan: _FilePlan, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The ``.done`` summary of a file done in byte ranges: sums, and its parts in order."""
+    if plan.damaged is not None:  # skip mode: the file counts as one unreadable file, no part
+        return {"path": plan.file.path, "stamp": plan.file.stamp, "documents": 0,
+                "tokens": {key: 0 for key in keys}, "skipped": {"unreadable_file": 1}, "parts": []}
+    tokens: Counter = Counter({key: 0 for key in keys})
+    skipped: Counter = Counter()
+    for k in range(len(plan.spans)):
+        tokens.update(plan.done[k]["tokens"])
+        skipped.update(plan.done[k]["skipped"])
+    return {
+        "path": plan.file.path,
+        "stamp": plan.file.stamp,
+        "documents": sum(plan.done[k]["documents"] for k in range(len(plan.spans))),
+        "tokens": dict(tokens),
+        "skipped": dict(sorted(skipped.items())),
+        "parts": [range_stem(plan.index, k) for k in range(len(plan.spans))],
+    }
+
+
+def _damaged_error(plan: _FilePlan) -> RecordError:
+    return RecordError(
+        f"cannot read the file to its end: {plan.damaged}",
+        path=plan.file.path,
+        hint="replace the damaged file, or pass --on-bad-record skip to skip it",
+    )
