@@ -105,8 +105,8 @@ def _check_flat_items(dims: np.ndarray, n: int, s: int, path: str) -> None:
     if s == n and np.array_equal(dims, np.arange(n + 1)):
         return
     steps = np.diff(dims)
-    if int(dims[0]) == 0 and int(dims[-1]) == s and bool(np.all(steps >= 0)):
-        i = int(np.flatnonzero(steps != 1)[0])
+    if s > n and int(dims[0]) == 0 and int(dims[-1]) == s and bool(np.all(steps >= 0)):
+        i = int(np.flatnonzero(steps > 1)[0])
         raise FormatError(
             f"{_NAME}: item {i} has {int(steps[i])} dimensions, expected 1 (a flat token sequence)",
             path=path,
