@@ -141,7 +141,11 @@ def test_data_wait_is_measured_per_step_and_grows_with_a_slow_dataset(single, wo
         assert 0 < wait["share"] <= 1
     # 20 reads of 20 ms by 0 or 2 workers: at least 400 / 2 ms, less what was made ahead
     assert slow["data_wait"]["total_s"] > 0.15
-    assert slow["data_wait"]["mean_s"] > 5 * fast["data_wait"]["mean_s"]
+    # Two workers read in step: every other batch waits a whole read, the next one almost nothing
+    # (so the median says little); the fast run's waits are the workers' scheduling latency, up
+    # to ~10 ms on a loaded 2-core machine.
+    assert slow["data_wait"]["p90_s"] >= 0.015
+    assert slow["data_wait"]["total_s"] > fast["data_wait"]["total_s"] + 0.1
     if workers == 0:
         assert slow["data_wait"]["min_s"] >= 0.02  # every step waits for its read
     startup = slow["startup"]
@@ -166,7 +170,7 @@ def test_a_blend_member_that_repeats_is_flagged_and_warned_once(files, blend, ca
     loader = build_dataloader(blend, micro_batch_size=MBS, num_workers=workers, multiprocessing_context=context)
     caplog.set_level(logging.WARNING, logger=LOGGER)
     it = iter(loader)
-    next(it)  # about 4 draws of b, fewer than its 6 samples per epoch
+    next(it)  # about 4 draws of b, fewer than one pass of its data holds
     assert loader.metrics()["repeating"] == [] and not _repeat_warnings(caplog)
     for _ in itertools.islice(it, 60):
         pass
@@ -251,11 +255,12 @@ def test_memory_stays_fixed_over_10000_steps(tmp_path):
     it = iter(loader)
     list(itertools.islice(it, 100))
     early = len(json.dumps(loader.state_dict()["metrics"]))
-    bins = len(loader._metrics.wait.counts)
+    histogram = loader._metrics.wait  # tracemalloc would show it too, at 15x the test's time
+    bins = len(histogram.counts)
     list(itertools.islice(it, 9_900))
     m = loader.metrics()
     assert m["data_wait"]["count"] == m["steps"] == 10_000
-    assert len(loader._metrics.wait.counts) == bins
+    assert loader._metrics.wait is histogram and len(histogram.counts) == bins == 320
     # only the non-zero bins are stored: the state grows by at most a few dozen bins, never per step
     assert len(json.dumps(loader.state_dict()["metrics"])) < early + 2_000
 
