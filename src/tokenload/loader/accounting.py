@@ -142,7 +142,8 @@ class LoaderMetrics:
         """Per-source epoch sizes and bytes per sample (once: may read index arrays)."""
         self._limits = np.array([samples_per_epoch(m) for m in self.members], dtype=np.int64)
         fallback = width * _itemsize(batch)
-        self._bytes = [b if b is not None else fallback for b in map(bytes_per_sample, self.members)]
+        told = map(bytes_per_sample, self.members)
+        self._bytes = [b if b is not None else fallback for b in told]
 
     def _drawn(self, consumed: int) -> np.ndarray:
         """The job's draws of each source so far (exact for one source)."""
@@ -261,7 +262,8 @@ def summary_line(m: dict[str, Any]) -> str:
     first = "-" if startup["first_batch_s"] is None else f"{startup['first_batch_s']:.2f} s"
     total = max(m["samples"], 1)
     sources = ", ".join(
-        f"{s['name']} {s['samples'] / total:.0%} epoch {s['epoch']}{' REPEATING' if s['repeating'] else ''}"
+        f"{s['name']} {s['samples'] / total:.0%} epoch {s['epoch']}"
+        + (" REPEATING" if s["repeating"] else "")
         for s in m["sources"]
     )
     return (
@@ -294,6 +296,6 @@ def _itemsize(batch: Any) -> int:
 
 
 def _counts(values: Any, n: int) -> np.ndarray:
-    if len(values) != n or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+    if len(values) != n or not all(type(v) is int and v >= 0 for v in values):
         raise ValueError(f"expected {n} counts, found {values!r}")
     return np.array(values, dtype=np.int64)

@@ -84,8 +84,10 @@ class LoaderConfig:
                 hint="use 'fork', 'spawn' or 'forkserver'",
             )
         every = self.log_metrics_every
-        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-            raise ConfigError(f"log_metrics_every is {every!r}", hint="use a positive number of steps, or None")
+        if every is not None and (type(every) is not int or every < 1):
+            raise ConfigError(
+                f"log_metrics_every is {every!r}", hint="use a positive number of steps, or None"
+            )
 
 
 class TokenloadDataLoader:
@@ -209,10 +211,10 @@ class TokenloadDataLoader:
     def metrics(self) -> dict[str, Any]:
         """Startup, data wait and what was served, per source (see ``accounting.py``): counted by
         this process since the start of the run, continued across a resume."""
-        if self.config.kind == "cyclic":
-            epoch = self.consumed_samples // (self.plan.total_samples - self.plan.total_samples % self.plan.group)
-        else:
-            epoch = self.consumed_samples // self.plan.total_samples
+        total = self.plan.total_samples
+        if self.config.kind == "cyclic":  # its epochs hold only whole groups
+            total -= total % self.plan.group
+        epoch = self.consumed_samples // total
         return self._metrics.as_dict(consumed=self.consumed_samples, epoch=epoch)
 
     def log_metrics(self, level: int = logging.INFO) -> None:

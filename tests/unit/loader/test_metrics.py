@@ -17,7 +17,12 @@ import pytest
 import torch
 from support import write_documents
 
-from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset, MegatronDataConfig, build_datasets
+from tokenload.datasets import (
+    FlatDatasetConfig,
+    FlatTokenDataset,
+    MegatronDataConfig,
+    build_datasets,
+)
 from tokenload.errors import ConfigError, StateError
 from tokenload.format import write_flat
 from tokenload.loader import build_dataloader
@@ -30,7 +35,8 @@ LOGGER = "tokenload.loader"
 
 
 def _documents(rng, count):
-    return [np.append(rng.integers(0, 999, size=int(n)), 999) for n in rng.integers(3, 40, size=count)]
+    lengths = rng.integers(3, 40, size=count)
+    return [np.append(rng.integers(0, 999, size=int(n)), 999) for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,9 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single(files):
-    config = MegatronDataConfig(sequence_length=SEQ, eod_id=999, blend=[files["a"]], split="100,0,0", cache="off")
+    config = MegatronDataConfig(
+        sequence_length=SEQ, eod_id=999, blend=[files["a"]], split="100,0,0", cache="off"
+    )
     return build_datasets(config, [None, 0, 0])[0]
 
 
@@ -55,7 +63,8 @@ def single(files):
 def blend(files):
     """Member b is tiny (5 documents) and weighs 90%: the blend draws it many times over."""
     config = MegatronDataConfig(
-        sequence_length=SEQ, eod_id=999, blend=["10", files["a"], "90", files["b"]], split="100,0,0", cache="off"
+        sequence_length=SEQ, eod_id=999, blend=["10", files["a"], "90", files["b"]],
+        split="100,0,0", cache="off",
     )
     return build_datasets(config, [2000, 0, 0])[0]
 
@@ -75,7 +84,9 @@ def _served(batches, sources):
 @pytest.mark.parametrize("kind", ["single", "blend"])
 def test_counts_equal_what_the_batches_hold(request, kind, workers, context):
     dataset = request.getfixturevalue(kind)
-    loader = build_dataloader(dataset, micro_batch_size=MBS, num_workers=workers, multiprocessing_context=context)
+    loader = build_dataloader(
+        dataset, micro_batch_size=MBS, num_workers=workers, multiprocessing_context=context
+    )
     batches = list(itertools.islice(loader, 30))
     m = loader.metrics()
     loader.close()
@@ -158,16 +169,23 @@ def test_startup_reports_the_phases_a_dataset_records(single):
     loader = build_dataloader(Slow(single, 0.0, phases), micro_batch_size=MBS, num_workers=0)
     assert loader.metrics()["startup"]["phases"] == phases
     assert loader.metrics()["startup"]["first_batch_s"] is None  # no batch yet
-    assert build_dataloader(single, micro_batch_size=MBS, num_workers=0).metrics()["startup"]["phases"] == {}
+    plain = build_dataloader(single, micro_batch_size=MBS, num_workers=0)
+    assert plain.metrics()["startup"]["phases"] == {}
 
 
 def _repeat_warnings(caplog):
-    return [r for r in caplog.records if r.levelno == logging.WARNING and "repeating" in r.getMessage()]
+    return [
+        r for r in caplog.records if r.levelno == logging.WARNING and "repeating" in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize("workers,context", WORKERS[:2])
-def test_a_blend_member_that_repeats_is_flagged_and_warned_once(files, blend, caplog, workers, context):
-    loader = build_dataloader(blend, micro_batch_size=MBS, num_workers=workers, multiprocessing_context=context)
+def test_a_blend_member_that_repeats_is_flagged_and_warned_once(
+    files, blend, caplog, workers, context
+):
+    loader = build_dataloader(
+        blend, micro_batch_size=MBS, num_workers=workers, multiprocessing_context=context
+    )
     caplog.set_level(logging.WARNING, logger=LOGGER)
     it = iter(loader)
     next(it)  # about 4 draws of b, fewer than one pass of its data holds
@@ -215,7 +233,8 @@ def test_metrics_survive_a_resume_into_a_new_loader(files, blend, caplog, worker
     assert [s["tokens"] for s in m["sources"]] == tokens
     assert m["steps"] == m["data_wait"]["count"] == 50
     assert m["data_wait"]["total_s"] > first.metrics()["data_wait"]["total_s"]
-    assert m["repeating"] == [files["b"]] and not _repeat_warnings(caplog)  # warned before the resume
+    assert m["repeating"] == [files["b"]]
+    assert not _repeat_warnings(caplog)  # warned once, before the resume
 
 
 def test_a_state_without_metrics_still_loads(single):
@@ -294,7 +313,9 @@ def test_a_summary_is_logged_every_n_steps_on_rank_0(single, caplog, monkeypatch
     caplog.clear()
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    other = build_dataloader(single, micro_batch_size=MBS, num_workers=0, log_metrics_every=5, dp_rank=1)
+    other = build_dataloader(
+        single, micro_batch_size=MBS, num_workers=0, log_metrics_every=5, dp_rank=1
+    )
     list(itertools.islice(other, 12))
     other.log_metrics()
     assert not caplog.records
