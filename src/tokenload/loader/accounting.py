@@ -196,6 +196,8 @@ class LoaderMetrics:
             "bytes_read": sum(s["bytes_read"] for s in sources),
             "consumed_samples": consumed,
             "epoch": epoch,
+            # from each iteration's start to its latest batch: samples / active_s is the rate
+            "active_s": self.active_s,
             "startup": {**self.startup, "phases": dict(phases) if isinstance(phases, dict) else {}},
             "data_wait": wait,
             "sources": sources,
