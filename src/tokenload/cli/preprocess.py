@@ -138,8 +138,35 @@ def _runtime_flags(rt) -> None:
     rt.add_argument(
         "--executor",
         default="auto",
-        choices=("auto", "threads", "processes"),
-        help="auto: threads for Rust encoders, processes for Python ones",
+        choices=("auto", "threads", "processes", "ray"),
+        help="auto: threads for Rust encoders, processes for Python ones; ray: tasks on a Ray"
+        " cluster (RAY_ADDRESS or --ray-address, else a local one of --workers CPUs; needs"
+        " tokenload[ray]; the output folder must be on a filesystem every node sees)",
+    )
+    rt.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDRESS",
+        help="with --executor ray: the cluster to join, e.g. HEAD_IP:6379 (default: RAY_ADDRESS)",
+    )
+    rt.add_argument(
+        "--ray-cpus-per-task",
+        type=float,
+        default=1.0,
+        help="with --executor ray: CPUs reserved per task (default 1)",
+    )
+    rt.add_argument(
+        "--ray-tasks-in-flight",
+        type=int,
+        default=None,
+        help="with --executor ray: most unfinished tasks at once (default: twice the cluster's CPUs)",
+    )
+    rt.add_argument(
+        "--range-mb",
+        type=float,
+        default=256.0,
+        help="with --executor ray: uncompressed JSONL/lines files above this size are split into"
+        " byte ranges of this size, one task each (default 256)",
     )
     rt.add_argument(
         "--num-shards",
@@ -256,6 +283,11 @@ def _check_runtime_flags(args: argparse.Namespace) -> None:
             f"--chunk-mb is {args.chunk_mb:g}, expected a size of at least 0.001 MB (1 KiB)",
             hint="omit --chunk-mb for the default of 4 MB per work item",
         )
+    if not (math.isfinite(args.range_mb) and args.range_mb > 0):
+        raise ConfigError(
+            f"--range-mb is {args.range_mb:g}, expected a positive size",
+            hint="omit --range-mb for the default of 256 MB per byte range",
+        )
     if args.workers is not None and args.workers < 1:
         raise ConfigError(
             f"--workers is {args.workers}, expected at least 1",
@@ -307,6 +339,10 @@ def config_from_args(args: argparse.Namespace):
         shard_index=shard_index,
         chunk_bytes=int(args.chunk_mb * (1 << 20)),
         resume=not args.restart,
+        ray_address=args.ray_address,
+        ray_cpus_per_task=args.ray_cpus_per_task,
+        ray_tasks_in_flight=args.ray_tasks_in_flight,
+        range_bytes=int(args.range_mb * (1 << 20)),
         **extra,
     )
 
@@ -348,7 +384,8 @@ def summary_text(config, result) -> str:
         + (f" ({result.files_resumed} resumed)" if result.files_resumed else ""),
         f"  time     {result.seconds:.2f} s: {result.tokens_per_second / 1e6:.2f}M tokens/s,"
         f" {mb / max(result.seconds, 1e-9):.1f} MB/s"
-        f"  [{result.engine}, {config.workers} worker(s)]",
+        f"  [{result.engine}, "
+        + ("ray" if config.executor == "ray" else f"{config.workers} worker(s)") + "]",
         "  skipped  " + (", ".join(f"{r} {n:,}" for r, n in result.skipped.items()) or "none"),
     ]
     for key, prefix in result.outputs.items():

@@ -158,12 +158,13 @@ def connect(ray, config: PreprocessConfig) -> bool:
         "include_dashboard": False,
         "log_to_driver": False,
         "logging_level": logging.WARNING,
+        "runtime_env": {"env_vars": storage_environment()},
     }
     try:
         if address:
             ray.init(address=address, **options)
         else:
-            ray.init(num_cpus=config.workers, **options)
+            ray.init(address="local", num_cpus=config.workers, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(
             f"cannot join the Ray cluster at {address!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
@@ -171,6 +172,16 @@ def connect(ray, config: PreprocessConfig) -> bool:
             " and that `ray status` works from this machine; leave both unset for a local cluster",
         ) from None
     return True
+
+
+def storage_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's object-storage settings (AWS_*, FSSPEC_*), passed to the tasks so that they
+    read ``s3://`` inputs from the same endpoint with the same credentials as the driver."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith(_FORWARDED)}
+
+
+_FORWARDED = ("AWS_", "FSSPEC_", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_")
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -240,9 +251,14 @@ class _Driver:
         files = tokenizer_files(self.encode.tokenizer) if self.encode.tokenizer.kind != "byte" else {}
         shipped = [ray.put(files)]
         limit = self.config.ray_tasks_in_flight or self._default_in_flight()
+        ranged = [p for p in self.plans.values() if p.ranged]
+        log.info(
+            "ray: %d task(s) for %d input file(s) (%d split into %d byte ranges), at most %d in flight",
+            len(self.queue), len(self.plans), len(ranged), sum(len(p.spans) for p in ranged), limit,
+        )
         pending: dict[Any, tuple[int, int]] = {}
         try:
-            while self.queue or pending:
+            while pending or (self.queue and not self.errors):
                 while self.queue and len(pending) < limit and not self.errors:
                     index, k = self.queue.pop()
                     pending[task_fn.remote(self._task(index, k), shipped, tally)] = (index, k)
