@@ -59,7 +59,9 @@ class BlendedDataset:
                 f"0..{len(self.datasets) - 1} (the blend's datasets)",
             )
         if within.size and _MIN(within) < 0:
-            raise self.indices.corrupt("dataset_sample_index", "a negative sample number", "0 or more")
+            raise self.indices.corrupt(
+                "dataset_sample_index", "a negative sample number", "0 or more"
+            )
         rows = {d: which == d for d in present}
         parts = {d: self._member_batch(d, within[r]) for d, r in rows.items()}
         padded = any(p["padded"] for p in parts.values())

@@ -15,7 +15,9 @@ index values are range-checked as batches use them (``datasets.gpt``).
 
 A dataset's ``fingerprint`` (what a loader's resume state must match) depends on the data's
 content and the configuration, never on where the files are: the same token files copied to
-another folder resume, other data under the same names does not. Each process that misses builds in memory and writes atomically, so racing ranks leave
+another folder resume, other data under the same names does not.
+
+Each process that misses builds in memory and writes atomically, so racing ranks leave
 one valid cache and nobody waits at a barrier; rank-0-only, per-node and offline build policies
 are layered on top of this by the distributed build policies.
 
@@ -41,22 +43,20 @@ from ..index import (
     MOCK_SPLIT,
     SPLIT_NAMES,
     Blend,
+    CacheFiles,
+    blended_identifiers,
     build_blending_indices,
     build_exhaustive_blending_indices,
     check_oversampling,
+    default_cache_dir,
+    describe,
+    description_hash,
+    gpt_identifiers,
     parse_blend,
     plan_splits,
     resolve_blend,
     split_matrix,
     split_range,
-)
-from ..index.cache import (
-    CacheFiles,
-    blended_identifiers,
-    default_cache_dir,
-    describe,
-    description_hash,
-    gpt_identifiers,
 )
 from ..index.cache_io import CacheState, check_cache, write_cache
 from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
@@ -85,12 +85,13 @@ class MegatronDataConfig:
     split: str | None = None
     """``--split`` (e.g. ``"969, 30, 1"``); required with ``blend``."""
     tokenizer: Mapping[str, Any] | None = None
-    """Megatron's tokenizer identity, used only as part of the index cache's name (Megatron's
-    md5 of the dataset description): it changes no sample and no token. Pass it to share index
-    caches with Megatron: copy the ``"tokenizer"`` object from one of its
-    ``...-description.txt`` files (e.g. ``{"class": "HuggingFaceTokenizer", "tokenizer_path":
-    [...]}``), or Megatron computes other cache names and both build their own. None (the default)
-    is fine when only tokenload reads the caches."""
+    """Megatron's tokenizer identity (its ``unique_identifiers``), used only as part of the index
+    cache's name (Megatron's md5 of the dataset description): it changes no sample and no token.
+    Pass it to share index caches with Megatron: copy the ``"tokenizer"`` object verbatim from
+    one of its ``...-description.txt`` files (e.g. ``{"class": "megatron.core.tokenizers.text.
+    models.default_tokenizer.DefaultTokenizerText", "tokenizer_path": null, "vocab_size":
+    "1000", "pad_id": "-1"}``); with another value Megatron computes other cache names and each
+    side builds its own. None (the default) is fine when only tokenload reads the caches."""
     eod_id: int | None = None
     """End-of-document id (EOD options, mock data)."""
     pad_id: int = -1
@@ -239,7 +240,8 @@ class _Builder:
         placeless = blended_identifiers(
             datasets=[_placeless(u) for _, u in mids], split=name, weights=weights, size=size
         )
-        return BlendedDataset([ds for ds, _ in mids], indices, identity=description_hash(describe(placeless)))
+        identity = description_hash(describe(placeless))
+        return BlendedDataset([ds for ds, _ in mids], indices, identity=identity)
 
     def _lengths(self, prefix: str | None) -> np.ndarray:
         """Sequence lengths in RAM: the index build gathers from them at random, which is about
@@ -288,7 +290,8 @@ class _Builder:
         )
         documents = np.arange(beg, end, dtype=np.int32)
         tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
-        if tokens == 0 and mid.num_samples is not None and mid.num_samples * c.sequence_length + gpt.extra > 0:
+        asked = None if mid.num_samples is None else mid.num_samples * c.sequence_length + gpt.extra
+        if tokens == 0 and asked:
             raise _empty_split(name, mid, beg, end, len(lengths), split)
 
         def build():
@@ -297,7 +300,8 @@ class _Builder:
                     "shuffle_index": idx.shuffle_index}
 
         expected = gpt_shapes(
-            num_documents=end - beg, tokens_per_epoch=tokens, num_samples=mid.num_samples, config=gpt
+            num_documents=end - beg, tokens_per_epoch=tokens, num_samples=mid.num_samples,
+            config=gpt,
         )
         folder = c.path_to_cache
         if folder is None and mid.prefix is not None:
@@ -353,7 +357,7 @@ def _empty_split(name: str, mid, beg: int, end: int, count: int, split: str | No
 
 
 _INDEX_DIGESTS: dict[tuple[int, ...], str] = {}
-"""``_index_digest`` results by the ``.idx`` file's identity: each file is hashed once per process."""
+"""``_index_digest`` by the ``.idx`` file's identity: each file is hashed once per process."""
 
 
 def _index_digest(source: TokenFile) -> str:

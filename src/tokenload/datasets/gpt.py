@@ -178,7 +178,8 @@ class GPTDataset:
             rows = sample_index[samples.astype(np.int64, copy=False)[:, None] + _ROW_AND_NEXT]
         except IndexError:
             raise indices.corrupt(
-                "shuffle_index", "sample numbers past the sample index", f"numbers below {len(self)}"
+                "shuffle_index", "sample numbers past the sample index",
+                f"numbers below {len(self)}",
             ) from None
         # int32 rows viewed as uint32: a negative start position or offset becomes huge and fails
         # the checks below (n_pieces < 1, a negative length); int64 rows are checked directly.
@@ -222,7 +223,8 @@ class GPTDataset:
         lengths[first] -= begin[:, 1]
         if lengths.size and _MIN(lengths) < 0:  # never for a valid index
             raise indices.corrupt(
-                "sample_index", "a token offset past the end of its sequence", "offsets within the sequence"
+                "sample_index", "a token offset past the end of its sequence",
+                "offsets within the sequence",
             )
         return seqs, first, lengths, begin[:, 1], rows
 
@@ -251,7 +253,8 @@ class GPTDataset:
 
 def _unwrapped(ids: np.ndarray) -> np.ndarray:
     """``ids`` as an index NumPy does not wrap around: a negative int32 viewed as uint32 is past
-    any array, so the lookup's own bounds check refuses it (a view instead of a reduction)."""
+    any array, so the lookup's own bounds check refuses it (a view instead of a reduction); other
+    signed ids with a negative value become ids past any array."""
     if ids.dtype is _INT32:
         return ids.view(_UINT32)
     if ids.dtype.kind == "i" and ids.size and _MIN(ids) < 0:

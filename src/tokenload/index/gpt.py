@@ -19,7 +19,14 @@ from tokenload.index.epochs import EpochPlan, plan_epochs
 from tokenload.index.sample import build_sample_index, sample_count
 from tokenload.index.shuffle import build_shuffle_index
 
-__all__ = ["GPTIndexConfig", "GPTIndices", "build_gpt_indices", "drop_last_for", "gpt_length", "gpt_shapes"]
+__all__ = [
+    "GPTIndexConfig",
+    "GPTIndices",
+    "build_gpt_indices",
+    "drop_last_for",
+    "gpt_length",
+    "gpt_shapes",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +164,9 @@ def gpt_shapes(
     }
 
 
-def _len_and_epochs(tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig) -> tuple[int, int]:
+def _len_and_epochs(
+    tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig
+) -> tuple[int, int]:
     """``(length, num_epochs)`` of a GPT dataset, from its epoch plan."""
     epochs = plan_epochs(
         tokens_per_epoch=tokens_per_epoch,

@@ -80,7 +80,8 @@ def test_same_size_rewrite_of_a_megatron_file_is_a_stale_cache(tmp_path):
     fresh = build_datasets(_config(prefix, cache="off"), [200, 20, 0])[0]
     np.testing.assert_array_equal(_tokens(rebuilt), _tokens(fresh))
     # and the rebuilt cache is used as is from now on
-    again = build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [200, 20, 0])[0]
+    strict = _config(prefix, path_to_cache=str(cache), cache="strict")
+    again = build_datasets(strict, [200, 20, 0])[0]
     np.testing.assert_array_equal(_tokens(again), _tokens(fresh))
 
 
@@ -109,7 +110,10 @@ def test_cache_without_sidecar_and_a_wrong_shape_is_stale(tmp_path):
         build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [100, 10, 0])
 
 
-@pytest.mark.parametrize("case", [c for c in META["cases"] if c["outcome"] == "ok"], ids=lambda c: c["id"])
+OK = [c for c in META["cases"] if c["outcome"] == "ok"]
+
+
+@pytest.mark.parametrize("case", OK, ids=[c["id"] for c in OK])
 def test_every_megatron_case_reloads_its_own_cache_in_strict_mode(case, tmp_path, monkeypatch):
     """The expected shapes (GPT and blended arrays) match what was built, for every case."""
     monkeypatch.chdir(ORDER)
@@ -211,11 +215,14 @@ def test_damaged_blend_index_values_are_a_cache_error_naming_the_file(tmp_path, 
     a = _megatron_file(tmp_path / "a", _documents(6))
     b = _megatron_file(tmp_path / "b", _documents(7))
     cache = tmp_path / "cache"
-    cfg = MegatronDataConfig(sequence_length=SEQ, blend=["30", a, "70", b], split="90,10,0", path_to_cache=str(cache))
+    cfg = MegatronDataConfig(
+        sequence_length=SEQ, blend=["30", a, "70", b], split="90,10,0", path_to_cache=str(cache)
+    )
     build_datasets(cfg, [200, 10, 0])
     path = _cache_file(cache, f"{array}.npy")
     _rewrite(path, change)
-    train = build_datasets(MegatronDataConfig(**{**cfg.__dict__, "cache": "strict"}), [200, 10, 0])[0]
+    strict = MegatronDataConfig(**{**cfg.__dict__, "cache": "strict"})
+    train = build_datasets(strict, [200, 10, 0])[0]
     with pytest.raises(CacheError, match="damaged") as info:
         _tokens(train)
     assert info.value.path == path
@@ -225,7 +232,9 @@ def test_short_samples_still_read_with_the_checks(tmp_path):
     """The last partial sample of a valid split kept by drop_last_partial_validation_sequence=False
     is padded; the range checks accept it (and every other valid sample)."""
     prefix = _megatron_file(tmp_path / "data", _documents(8))
-    cfg = _config(prefix, path_to_cache=str(tmp_path / "c"), drop_last_partial_validation_sequence=False)
+    cfg = _config(
+        prefix, path_to_cache=str(tmp_path / "c"), drop_last_partial_validation_sequence=False
+    )
     valid = build_datasets(cfg, [None, None, 0])[1]
     padded = [i for i in range(len(valid)) if valid.read_batch([i])["padded"]]
     assert len(padded) == 1
@@ -240,7 +249,8 @@ def test_short_samples_still_read_with_the_checks(tmp_path):
 def test_empty_split_error_names_the_split_and_the_file(tmp_path):
     prefix = write_documents(tmp_path / "tiny", [[1, 2, 3, 4, 5]] * 10)
     with pytest.raises(ConfigError, match="valid split") as info:
-        build_datasets(MegatronDataConfig(sequence_length=4, blend=[prefix], split="98,2,0"), [100, 10, 0])
+        cfg = MegatronDataConfig(sequence_length=4, blend=[prefix], split="98,2,0")
+        build_datasets(cfg, [100, 10, 0])
     assert str(info.value).startswith(f"{prefix}.bin: ")
     assert "sequences 10..10 of 10" in str(info.value) and "HINT" in str(info.value)
 

@@ -207,4 +207,5 @@ def test_non_integer_cache_array_is_stale(tmp_path):
     os.remove(files.sidecar)
     np.save(files.array("shuffle_index"), arrays["shuffle_index"].astype(np.float64))
     check = check_cache(files, description=describe(_gold()))
-    assert check.state is CacheState.STALE and "expected an integer dtype" in "; ".join(check.reasons)
+    assert check.state is CacheState.STALE
+    assert "expected an integer dtype" in "; ".join(check.reasons)
