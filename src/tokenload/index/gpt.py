@@ -20,12 +20,7 @@ from tokenload.index.sample import build_sample_index, sample_count
 from tokenload.index.shuffle import build_shuffle_index
 
 __all__ = [
-    "GPTIndexConfig",
-    "GPTIndices",
-    "build_gpt_indices",
-    "drop_last_for",
-    "gpt_length",
-    "gpt_shapes",
+    "GPTIndexConfig", "GPTIndices", "build_gpt_indices", "drop_last_for", "gpt_length", "gpt_shapes"
 ]
 
 
