@@ -179,3 +179,33 @@ def test_folders_and_globs_skip_token_files_sidecars_and_work_folders(tmp_path):
     listed = [str(tmp_path)], [str(tmp_path / "*")], [str(tmp_path / "**" / "*.json*")]
     for patterns in listed:
         assert [f.path for f in expand_inputs(patterns)] == [data], patterns
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=60),
+    last_newline=st.booleans(),
+    range_bytes=st.integers(1, 200),
+)
+def test_byte_ranges_hold_every_line_once_in_order(tmp_path_factory, lines, last_newline, range_bytes):
+    """Each line goes to the range its first byte lies in, so the ranges' chunks, joined, are the
+    file, whatever the cut (empty lines, a line longer than a range, no final newline)."""
+    from tokenload.preprocess.sources import byte_ranges, read_range_chunks
+
+    data = b"\n".join(lines) + (b"\n" if last_newline and lines else b"")
+    path = touch(tmp_path_factory.mktemp("ranges") / "r.jsonl", data)
+    file = expand_inputs([path])[0]
+    spans = byte_ranges(file, range_bytes)
+    assert spans == [(0, -1)] or (spans[0][0] == 0 and spans[-1][1] == len(data))
+    pieces = [c.payload for s in spans for c in read_range_chunks(file, *s, 1024, ("text",))]
+    assert b"".join(pieces) == data
+    assert all(p.endswith(b"\n") for p in pieces[:-1])
+
+
+def test_compressed_and_parquet_files_are_one_range(tmp_path):
+    from tokenload.preprocess.sources import byte_ranges
+
+    gz = expand_inputs([touch(tmp_path / "a.jsonl.gz", gzip.compress(b"{}\n" * 5000))])[0]
+    assert byte_ranges(gz, 1024) == [(0, -1)]
+    big = expand_inputs([touch(tmp_path / "b.jsonl", b"{}\n" * 5000)])[0]
+    assert byte_ranges(big, 4096) == [(0, 4096), (4096, 8192), (8192, 12288), (12288, 15000)]

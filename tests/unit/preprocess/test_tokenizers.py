@@ -4,6 +4,7 @@ it is used; identity, EOD and dtype follow the rules."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -280,3 +281,20 @@ def test_local_model_folder_goes_through_transformers(tmp_path, tokenizer_files,
         "gigatoken",
     )
     assert tok.identity()["name"] == "huggingface:model"
+
+
+def test_a_tokenizer_shipped_as_bytes_encodes_like_the_original(tokenizer_files, texts, tmp_path):
+    """The Ray executor sends tokenizer files as bytes; the copy a worker writes and loads gives
+    the same ids (file names kept: tiktoken takes its pattern from the name)."""
+    from tokenload.preprocess.cluster import local_spec, tokenizer_files as files_of
+
+    for spec in (
+        TokenizerSpec(kind="huggingface", model=tokenizer_files["bytelevel"], engine="native"),
+        TokenizerSpec(kind="tiktoken", model=tokenizer_files["tiktoken"], tiktoken_pattern="gpt2"),
+    ):
+        shipped = files_of(spec)
+        copy = local_spec(spec, shipped)
+        assert copy.model != spec.model and os.path.basename(copy.model) == os.path.basename(spec.model)
+        a, b = load_tokenizer(spec).encode_batch(texts[:50]), load_tokenizer(copy).encode_batch(texts[:50])
+        assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
+        assert local_spec(spec, shipped) == copy  # written once per content
