@@ -1,6 +1,6 @@
 """Token files on disk: Megatron ``.bin/.idx`` (read and write; GPT-NeoX's legacy TNTIDX index
-read and converted), flat nanoGPT ``.bin`` (read), the sidecar manifest, merge, describe and
-verify."""
+read and converted), flat nanoGPT ``.bin`` (read), the sidecar manifest, Megatron's sequences
+JSON, merge, describe and verify."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from .idx import IndexHeader, dtype_code, optimal_dtype
 from .inspect import Verification, check_file, describe, document_token_counts, file_xxh3, verify
 from .merge import convert_token_file, merge_token_files, prefixes_in
 from .reader import TokenFile
+from .sequences import SequenceCounts, SequencesFile, read_sequences, write_sequences
 from .sidecar import Sidecar, read_sidecar, sidecar_path
 from .writer import TokenFileWriter
 
@@ -17,6 +18,8 @@ __all__ = [
     "FlatTokenFile",
     "IndexHeader",
     "ReadMode",
+    "SequenceCounts",
+    "SequencesFile",
     "Sidecar",
     "TokenFile",
     "TokenFileWriter",
@@ -31,14 +34,17 @@ __all__ = [
     "open_token_file",
     "optimal_dtype",
     "prefixes_in",
+    "read_sequences",
     "read_sidecar",
     "sidecar_path",
     "verify",
     "warmup_file",
     "write_flat",
+    "write_sequences",
 ]
 
 
 def open_token_file(prefix: str, **options) -> TokenFile:
-    """Open ``prefix`` (lazily) with ``TokenFile`` options: mode, dtype_codes, multimodal, warmup."""
+    """Open ``prefix`` (lazily) with ``TokenFile`` options: mode, dtype_codes, multimodal, warmup,
+    sequences, dtype, sequences_path."""
     return TokenFile(prefix, **options)

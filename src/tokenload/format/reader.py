@@ -12,6 +12,11 @@ are ``verify``'s job. A legacy fairseq ``TNTIDX`` index (GPT-NeoX ``data_impl`` 
 recognised by its magic, as NeoX's ``data_impl="infer"`` does, and read and checked in O(N)
 (``legacy.py``). The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
 ``pread`` mode creates no mapping at all.
+
+Opened with the counts of a sequences JSON (``sequences=(N, D + 1)``, ``dtype=``: Megatron's
+``--per-dataset-sequences-path``, ``sequences.py``), a token file parses no header: its length
+and dtype are known without opening it, and on first use the arrays are mapped at the offsets
+the counts give, after the O(1) checks of the ``.idx`` size and the header bytes in the mapping.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from .idx import (
     resolve_float_dtype,
 )
 from .legacy import is_legacy, read_legacy
+from .sequences import check_counts, header_from_counts
 from .storage import read_error
 
 
@@ -66,6 +72,10 @@ class TokenFile:
     size), "megatron" or "neox" (codes 6/7 swapped). Integer codes mean the same in all three.
     ``multimodal``: whether the index has a modes array; None infers it from the size.
     ``warmup``: pre-read both files into the page cache when first opened.
+    ``sequences``: ``(sequence_count, document_count)`` of the ``.idx`` header (a sequences
+    JSON's entry); with ``dtype`` too, the header is not parsed, only checked against them on
+    first use. With counts but no ``dtype`` the header is read and must hold those counts.
+    ``sequences_path``: the sequences JSON the counts came from, named in errors.
     """
 
     def __init__(
@@ -76,6 +86,9 @@ class TokenFile:
         dtype_codes: DtypeCodes = "auto",
         multimodal: bool | None = None,
         warmup: bool = False,
+        sequences: tuple[int, int] | None = None,
+        dtype: np.dtype | str | None = None,
+        sequences_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.prefix = prefix_of(prefix)
         self.mode = ReadMode.parse(mode)
@@ -83,6 +96,11 @@ class TokenFile:
         self.dtype_codes: DtypeCodes = dtype_codes
         self.multimodal = multimodal
         self.warmup = warmup
+        self.sequences = None if sequences is None else (int(sequences[0]), int(sequences[1]))
+        self.given_dtype = None if dtype is None else np.dtype(dtype)
+        if self.given_dtype is not None and self.sequences is None:
+            raise ValueError("dtype= is given with sequences=(sequence_count, document_count) only")
+        self.sequences_path = None if sequences_path is None else os.fspath(sequences_path)
         self._state: _Opened | None = None
 
     @property
@@ -126,6 +144,12 @@ class TokenFile:
                 buffer, self.idx_path, dtype_codes=self.dtype_codes, multimodal=self.multimodal
             )
             return header, lengths, pointers, documents, None
+        if self.sequences is not None and self.given_dtype is not None:
+            header = header_from_counts(
+                bytes(buffer[:HEADER_SIZE]), len(buffer), self.idx_path, self.sequences, self.given_dtype,
+                multimodal=self.multimodal, source=self.sequences_path,
+            )
+            return (header, *index_arrays(buffer, header))
         header = parse_header(
             bytes(buffer[:HEADER_SIZE]),
             len(buffer),
@@ -133,6 +157,8 @@ class TokenFile:
             dtype_codes=self.dtype_codes,
             multimodal=self.multimodal,
         )
+        if self.sequences is not None:
+            check_counts(header, self.sequences, self.idx_path, self.sequences_path)
         return (header, *index_arrays(buffer, header))
 
     def _float_header(self, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
@@ -190,6 +216,8 @@ class TokenFile:
 
     @property
     def dtype(self) -> np.dtype:
+        if self.given_dtype is not None and self._state is None:
+            return self.given_dtype
         return self._opened().header.dtype
 
     @property
@@ -225,6 +253,8 @@ class TokenFile:
 
     @property
     def num_sequences(self) -> int:
+        if self.sequences is not None and self._state is None:
+            return self.sequences[0]
         return self._opened().header.sequence_count
 
     @property
