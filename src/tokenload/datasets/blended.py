@@ -21,16 +21,29 @@ _MIN = np.minimum.reduce
 class BlendedDataset:
     """A weighted mixture of datasets in Megatron's blending order."""
 
-    def __init__(self, datasets: Sequence[Any], indices: IndexArrays, *, identity: str) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[Any],
+        indices: IndexArrays,
+        *,
+        identity: str,
+        length: int | None = None,
+        startup_phases: dict[str, float] | None = None,
+    ) -> None:
         self.datasets = list(datasets)
         items = {d.item for d in self.datasets}
         if len(items) > 1:
             raise ValueError("the members of a blend must share one item configuration")
         self.indices = indices
         self.identity = identity
+        self._length = length
+        self.startup_phases = startup_phases or {}
+        """Seconds per phase of the ``build_datasets`` call that made it (loader metrics)."""
 
     def __len__(self) -> int:
-        return int(self.indices["dataset_index"].shape[0])
+        if self._length is None:
+            self._length = int(self.indices["dataset_index"].shape[0])
+        return self._length
 
     @property
     def dataset_index(self) -> np.ndarray:

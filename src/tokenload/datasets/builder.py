@@ -13,32 +13,37 @@ indices: what the indices depend on, so a file rewritten to the same sizes is no
 cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently reused. The
 index values are range-checked as batches use them (``datasets.gpt``).
 
+Who builds, writes, waits and loads is the build policy (``datasets.policy``): each process
+takes one role from ``build_policy`` and its ``World``; ``rank0`` and ``local-rank0`` call one
+barrier per call, the others none. The writer of a complete build also writes a build manifest
+(``datasets.manifest``) with which a loading rank gets every dataset from one open.
+
 A dataset's ``fingerprint`` (what a loader's resume state must match) depends on the data's
 content and the configuration, never on where the files are: the same token files copied to
 another folder resume, other data under the same names does not.
 
-Each process that misses builds in memory and writes atomically, so racing ranks leave
-one valid cache and nobody waits at a barrier; rank-0-only, per-node and offline build policies
-are layered on top of this by the distributed build policies.
-
-Cached arrays are memory-mapped on first use in each process (Megatron's deferred mmap), and a
-dataset pickles as paths plus configuration.
+Cached arrays are memory-mapped on first use in each process (Megatron's deferred mmap), a
+dataset's length is known without them, and a dataset pickles as paths plus configuration.
+Missing prefixes of a blend build in threads (NumPy's sorts and shuffles release the GIL).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-import xxhash
 
+from ..distributed import World, barrier, process_group
 from ..errors import CacheError, ConfigError
-from ..format import TokenFile, read_sidecar
+from ..format import read_sequences
 from ..index import (
     MOCK_SPLIT,
     SPLIT_NAMES,
@@ -60,97 +65,20 @@ from ..index import (
 )
 from ..index.cache_io import CacheState, check_cache, write_cache
 from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
+from ..metrics import Phases
 from .blended import BlendedDataset
+from .config import CACHE_POLICIES, MegatronDataConfig
 from .gpt import GPTDataset, IndexArrays
-from .items import ItemConfig
-from .sources import MockSource
+from .manifest import manifest_key, manifest_path, read_manifest, write_manifest
+from .policy import Role, missing_cache, prepare_command, resolve
+from .sources import MockSource, file_facts, open_token_file
+
+__all__ = ["CACHE_POLICIES", "MegatronDataConfig", "build_datasets"]
 
 logger = logging.getLogger(__name__)
 
-CACHE_POLICIES = ("auto", "strict", "off")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MegatronDataConfig:
-    """Everything that decides Megatron's datasets, their order and their items."""
-
-    sequence_length: int
-    """Tokens per sample (``--seq-length``)."""
-    random_seed: int = 1234
-    """Seed of every dataset's shuffles (``--seed``)."""
-    blend: Sequence[str] | str | Blend | None = None
-    """``--data-path`` list: prefixes, or alternating weights and prefixes (``30 p1 70 p2``)."""
-    blend_per_split: Sequence[Sequence[str] | str | Blend | None] | None = None
-    """Train/valid/test lists instead of ``blend`` (``--train-data-path`` ...)."""
-    split: str | None = None
-    """``--split`` (e.g. ``"969, 30, 1"``); required with ``blend``."""
-    tokenizer: Mapping[str, Any] | None = None
-    """Megatron's tokenizer identity (its ``unique_identifiers``), used only as part of the index
-    cache's name (Megatron's md5 of the dataset description): it changes no sample and no token.
-    Pass it to share index caches with Megatron: copy the ``"tokenizer"`` object verbatim from
-    one of its ``...-description.txt`` files (e.g. ``{"class": "megatron.core.tokenizers.text.
-    models.default_tokenizer.DefaultTokenizerText", "tokenizer_path": null, "vocab_size":
-    "1000", "pad_id": "-1"}``); with another value Megatron computes other cache names and each
-    side builds its own. None (the default) is fine when only tokenload reads the caches."""
-    eod_id: int | None = None
-    """End-of-document id (EOD options, mock data)."""
-    pad_id: int = -1
-    """Padding id for short samples; -1 when the tokenizer has none."""
-    vocab_size: int | None = None
-    """Vocabulary size for mock data."""
-    add_extra_token: bool = True
-    """Read S + 1 tokens per sample (Megatron's ``add_extra_token_to_sequence``)."""
-    drop_last_partial_validation_sequence: bool = True
-    """Drop the last partial sample of the validation split."""
-    mid_level_dataset_surplus: float = 0.005
-    """Extra fraction of samples built per blended dataset (``--mid-level-dataset-surplus``)."""
-    path_to_cache: str | None = None
-    """``--data-cache-path``; None uses Megatron's default folder next to each prefix."""
-    cache: str = "auto"
-    """"auto": use a valid cache, (re)build a missing or stale one; "strict": refuse a stale
-    cache with CacheError; "off": build in memory, read and write no cache."""
-    read_mode: str = "mmap"
-    """How token files are read: mmap, pread or memory."""
-    eod_mask_loss: bool = False
-    """Zero the loss where the input token is EOD (``--eod-mask-loss``)."""
-    reset_position_ids: bool = False
-    """Restart position ids after every EOD (``--reset-position-ids``)."""
-    reset_attention_mask: bool = False
-    """Block attention across EODs in the attention mask (``--reset-attention-mask``)."""
-    create_attention_mask: bool = False
-    """Return the S x S attention mask; off by default (Megatron's is on unless
-    ``--no-create-attention-mask-in-dataloader``): it costs S x S per sample."""
-    inter_document_masking: bool = False
-    """Return ``cu_seqlens``/``max_seqlen`` for document-aware attention
-    (``--dataloader-inter-document-masking``)."""
-
-    def __post_init__(self) -> None:
-        if self.cache not in CACHE_POLICIES:
-            raise ConfigError(f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}", hint="use cache='auto'")
-        if self.blend is not None and self.blend_per_split is not None:
-            raise ConfigError("blend and blend_per_split are exclusive", hint="give one of them (as Megatron)")
-        if self.blend is not None and self.split is None:
-            raise ConfigError("a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"')
-        if self.mock and (self.vocab_size is None or self.eod_id is None):
-            raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
-
-    @property
-    def mock(self) -> bool:
-        """No data at all: Megatron's ``--mock-data``."""
-        return self.blend is None and self.blend_per_split is None
-
-    def item_config(self) -> ItemConfig:
-        return ItemConfig(
-            sequence_length=self.sequence_length,
-            add_extra_token=self.add_extra_token,
-            eod_id=self.eod_id,
-            pad_id=self.pad_id,
-            eod_mask_loss=self.eod_mask_loss,
-            reset_position_ids=self.reset_position_ids,
-            reset_attention_mask=self.reset_attention_mask,
-            create_attention_mask=self.create_attention_mask,
-            inter_document_masking=self.inter_document_masking,
-        )
+BUILD_THREADS = 2
+"""Threads that build the missing prefixes of a blend (see docs/SCALE.md for the measurement)."""
 
 
 def _as_blend(value) -> Blend | None:
@@ -176,28 +104,84 @@ def build_datasets(
     it is every whole sample of the epochs the request needs, so it can exceed the request by up
     to an epoch; for a weighted blend, the request rounded up per prefix; for a blend without
     weights, the request or all the prefixes' samples if fewer; for ``None``, one epoch.
+
+    Call it on every rank: ``config.build_policy`` decides who builds, writes, waits and loads.
+    Every dataset returned carries ``startup_phases`` (seconds per phase of this call).
     """
-    return _Builder(config).build(sizes)
+    return _Builder(config, World.detect()).build(list(sizes))
 
 
 class _Builder:
-    def __init__(self, config: MegatronDataConfig) -> None:
+    def __init__(self, config: MegatronDataConfig, world: World) -> None:
         self.config = config
+        self.world = world
         self.item = config.item_config()
+        self.role, self.sync = resolve(config.build_policy, world, config.cache)
         self._sources: dict[str | None, Any] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
         self._facts: dict[str | None, dict[str, Any] | None] = {}
+        self._sequences: dict[str, Any] | None = None
+        self._missing: list[str] = []
+        self._wrote = False
+        self._folders: list[str] = []
+        self._phases = Phases()
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            with self._lock:  # builder threads add up into one dict
+                self._phases.add(name, time.perf_counter() - start)
 
     def source(self, prefix: str | None):
         if prefix not in self._sources:
             c = self.config
-            self._sources[prefix] = (
-                MockSource(c.vocab_size, c.eod_id) if prefix is None else TokenFile(prefix, mode=c.read_mode)
-            )
+            if prefix is None:
+                self._sources[prefix] = MockSource(c.vocab_size, c.eod_id)
+            else:
+                if c.sequences_path is not None and self._sequences is None:
+                    self._sequences = read_sequences(c.sequences_path)
+                self._sources[prefix] = open_token_file(prefix, c.read_mode, self._sequences)
         return self._sources[prefix]
 
-    def build(self, sizes):
+    # -- the policy around one build ------------------------------------------------------------
+    def build(self, sizes: list[int | None]):
+        why = f"build_policy={self.config.build_policy!r}"
+        if self.sync and process_group() is None:
+            barrier(self.world, why)  # the ConfigError, on every rank, before any work
+        if self.sync and self.role is Role.READ:
+            with self._phase("barrier"):
+                barrier(self.world, why)
+        try:
+            splits = self._build(sizes)
+        finally:
+            if self.sync and self.role is Role.WRITE:  # also after a failed build: nobody hangs
+                with self._phase("barrier"):
+                    barrier(self.world, why)
+        phases = self._phases.as_dict()
+        for ds in splits:
+            if ds is not None:
+                ds.startup_phases = phases
+        return splits
+
+    def _manifest_path(self, sizes) -> tuple[str, dict[str, Any]] | None:
         c = self.config
+        if c.path_to_cache is None or self.role is Role.MEMORY:
+            return None
+        key = manifest_key(c, sizes)
+        return manifest_path(c.path_to_cache, key), key
+
+    def _build(self, sizes: list[int | None]):
+        c = self.config
+        manifest = self._manifest_path(sizes)
+        if manifest is not None and self.role is Role.READ:
+            with self._phase("index_load"):
+                found = read_manifest(*manifest)
+            if found is not None:
+                return tuple(None if e is None else self._from_entry(e) for e in found["splits"])
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
         per_split = None if c.blend_per_split is None else [_as_blend(b) for b in c.blend_per_split]
@@ -205,22 +189,55 @@ class _Builder:
             blend=None if c.mock else _as_blend(c.blend),
             blend_per_split=per_split,
             split=split,
-            sizes=list(sizes),
+            sizes=sizes,
             surplus=c.mid_level_dataset_surplus,
         )
         matrix = None if split is None else split_matrix(split)
-        return tuple(
-            None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)
+        built = [None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)]
+        if self._missing:
+            raise missing_cache(c.build_policy, self._missing, self._folders, prepare_command(c, sizes))
+        entries = [None if b is None else b[1] for b in built]
+        if manifest is not None and self.role is Role.WRITE and all(e is not None for b, e in zip(built, entries) if b):
+            with self._phase("cache_write"):
+                self._write_manifest(*manifest, entries)
+        return tuple(None if b is None else b[0] for b in built)
+
+    def _write_manifest(self, path: str, key: dict[str, Any], entries: list) -> None:
+        """After a build that wrote caches the manifest must follow (else a failure); after a
+        pure hit (maybe a read-only folder of Megatron's caches) it is an extra, best effort."""
+        try:
+            write_manifest(path, key, entries)
+        except CacheError as exc:
+            if self._wrote:
+                raise
+            logger.info("no build manifest written beside a complete cache: %s", exc)
+
+    # -- datasets from a manifest ---------------------------------------------------------------
+    def _from_entry(self, entry: Mapping[str, Any]):
+        folder = self.config.path_to_cache
+        indices = IndexArrays(
+            paths={k: os.path.join(folder, v) for k, v in entry["arrays"].items()},
+            shapes={k: tuple(v) for k, v in entry["shapes"].items()},
+        )
+        if entry["kind"] == "blended":
+            members = [self._from_entry(m) for m in entry["members"]]
+            return BlendedDataset(members, indices, identity=entry["identity"], length=entry["length"])
+        return GPTDataset(
+            self.source(entry["prefix"]), indices, self.item, identity=entry["identity"],
+            length=entry["length"], samples_per_epoch=entry["samples_per_epoch"],
+            file_facts=entry["token_file"] or None,
         )
 
+    # -- datasets from the plan -----------------------------------------------------------------
     def _split(self, name, plan, split, matrix):
-        self._check_dtypes(name, [mid.prefix for mid in plan.datasets])
-        mids = [self._mid(name, mid, split, matrix) for mid in plan.datasets]
+        with self._phase("header_reads"):
+            self._check_dtypes(name, [mid.prefix for mid in plan.datasets])
+        mids = self._mids(name, plan, split, matrix)
         if not plan.blended:
-            return mids[0][0]
-        lengths = [len(ds) for ds, _ in mids]
+            return mids[0][0], mids[0][2]
+        lengths = [len(ds) for ds, _, _ in mids]
         weights, size = resolve_blend(plan, lengths)
-        uid = blended_identifiers(datasets=[u for _, u in mids], split=name, weights=weights, size=size)
+        uid = blended_identifiers(datasets=[u for _, u, _ in mids], split=name, weights=weights, size=size)
         description = describe(uid)
 
         def build():
@@ -233,15 +250,28 @@ class _Builder:
 
         # Megatron caches a blend only under an explicit path_to_cache.
         folder = self.config.path_to_cache
-        fields = {"members": [ds.fingerprint for ds, _ in mids]}
+        fields = {"members": [ds.fingerprint for ds, _, _ in mids]}
         n = sum(lengths) if size is None else size  # the exhaustive blend takes every sample once
         expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
-        indices = self._indices(folder, uid, description, build, fields, expected)
+        indices, entry = self._indices(folder, uid, description, build, fields, expected)
         placeless = blended_identifiers(
-            datasets=[_placeless(u) for _, u in mids], split=name, weights=weights, size=size
+            datasets=[_placeless(u) for _, u, _ in mids], split=name, weights=weights, size=size
         )
         identity = description_hash(describe(placeless))
-        return BlendedDataset([ds for ds, _ in mids], indices, identity=identity)
+        dataset = BlendedDataset([ds for ds, _, _ in mids], indices, identity=identity, length=n)
+        members = [e for _, _, e in mids]
+        if entry is not None and all(e is not None for e in members):
+            entry.update(kind="blended", length=n, identity=identity, members=members)
+        else:
+            entry = None
+        return dataset, entry
+
+    def _mids(self, name, plan, split, matrix) -> list:
+        """The split's mid-level datasets, the missing ones built in threads when there are many."""
+        if len(plan.datasets) == 1 or BUILD_THREADS < 2 or self.role is Role.READ:
+            return [self._mid(name, mid, split, matrix) for mid in plan.datasets]
+        with ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="tokenload-build") as pool:
+            return list(pool.map(lambda mid: self._mid(name, mid, split, matrix), plan.datasets))
 
     def _lengths(self, prefix: str | None) -> np.ndarray:
         """Sequence lengths in RAM: the index build gathers from them at random, which is about
@@ -251,9 +281,9 @@ class _Builder:
         return self._length_copies[prefix]
 
     def _file_facts(self, prefix: str | None) -> dict[str, Any] | None:
-        """``_file_facts`` once per prefix (a prefix serves up to three splits)."""
+        """``file_facts`` once per prefix (a prefix serves up to three splits)."""
         if prefix not in self._facts:
-            self._facts[prefix] = None if prefix is None else _file_facts(self.source(prefix))
+            self._facts[prefix] = None if prefix is None else file_facts(self.source(prefix))
         return self._facts[prefix]
 
     def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
@@ -269,7 +299,9 @@ class _Builder:
     def _mid(self, name, mid, split, matrix):
         c = self.config
         source = self.source(mid.prefix)
-        lengths = self._lengths(mid.prefix)
+        with self._phase("header_reads"):
+            lengths = self._lengths(mid.prefix)
+            facts = self._file_facts(mid.prefix)
         beg, end = split_range(mid.bookend, len(lengths))
         gpt = GPTIndexConfig(
             sequence_length=c.sequence_length,
@@ -306,17 +338,36 @@ class _Builder:
         folder = c.path_to_cache
         if folder is None and mid.prefix is not None:
             folder = default_cache_dir(mid.prefix)
-        fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last,
-                  "token_file": self._file_facts(mid.prefix)}
-        indices = self._indices(folder, uid, describe(uid), build, fields, expected)
+        fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last, "token_file": facts}
+        indices, entry = self._indices(folder, uid, describe(uid), build, fields, expected)
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
-        return GPTDataset(source, indices, self.item, identity=identity), uid
+        length = expected["sample_index"][0] - 1
+        per_epoch = (tokens - gpt.extra) // c.sequence_length
+        dataset = GPTDataset(source, indices, self.item, identity=identity, length=length, samples_per_epoch=per_epoch)
+        if entry is not None:
+            entry.update(kind="gpt", prefix=mid.prefix, length=length, samples_per_epoch=per_epoch,
+                         identity=identity, token_file=facts)
+        return dataset, uid, entry
 
-    def _indices(self, folder, uid, description, build, fields, expected) -> IndexArrays:
-        if folder is None or self.config.cache == "off":
-            return IndexArrays(arrays=build())
+    def _indices(self, folder, uid, description, build, fields, expected) -> tuple[IndexArrays, dict | None]:
+        """The dataset's index arrays as the role says, and its manifest entry when cached."""
+        if folder is None or self.role is Role.MEMORY:
+            with self._phase("index_build"):
+                return IndexArrays(arrays=build()), None
         files = CacheFiles.of(folder, uid)
-        check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
+        paths = {name: files.array(name) for name in files.arrays}
+        with self._phase("index_load"):
+            check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
+        entry = {"arrays": {k: os.path.basename(p) for k, p in paths.items()},
+                 "shapes": {k: list(v) for k, v in expected.items()}}
+        if check.state is CacheState.HIT:
+            if not check.has_sidecar:
+                logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
+            return IndexArrays(paths=paths), entry
+        if self.role is Role.READ:
+            self._missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
+            self._folders.append(folder)
+            return IndexArrays(paths=paths), None
         if check.state is CacheState.STALE:
             if self.config.cache == "strict":
                 raise CacheError(
@@ -325,13 +376,14 @@ class _Builder:
                     hint="delete these cache files or use cache='auto' to rebuild them",
                 )
             logger.warning("rebuilding stale index cache %s: %s", files.description, "; ".join(check.reasons))
-        if check.state is CacheState.HIT:
-            if not check.has_sidecar:
-                logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
-        else:
+        with self._phase("index_build"):
             arrays = build()
+        if self.role is not Role.WRITE:  # CHECK: the writer writes it
+            return IndexArrays(arrays=arrays), None
+        with self._phase("cache_write"):
             write_cache(files, description=description, arrays=arrays, fields=fields)
-        return IndexArrays(paths={name: files.array(name) for name in files.arrays})
+        self._wrote = True
+        return IndexArrays(paths=paths), entry
 
 
 def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
@@ -354,38 +406,3 @@ def _empty_split(name: str, mid, beg: int, end: int, count: int, split: str | No
         hint="change the split string (e.g. '98,2,0' on a small file leaves the valid split "
         f"empty), ask for no {name} samples, or give the {name} split more data",
     )
-
-
-_INDEX_DIGESTS: dict[tuple[int, ...], str] = {}
-"""``_index_digest`` by the ``.idx`` file's identity: each file is hashed once per process."""
-
-
-def _index_digest(source: TokenFile) -> str:
-    """xxh3-64 of what a file's indices depend on, the raw bytes of its sequence lengths and
-    document indices (not the pointers: they follow from the lengths). About 15 ms per 10 M
-    sequences from the page cache; keyed by device, inode, size and times, so a rewrite is seen."""
-    st = os.stat(source.idx_path)
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    digest = _INDEX_DIGESTS.get(key)
-    if digest is None:
-        h = xxhash.xxh3_64(source.sequence_lengths)
-        if getattr(source, "documents_from_sequences", False):
-            h.update(b"each sequence is a document")  # no boundaries recorded: nothing to read
-        else:
-            h.update(source.document_indices)
-        digest = _INDEX_DIGESTS[key] = h.hexdigest()
-    return digest
-
-
-def _file_facts(source: TokenFile) -> dict[str, Any]:
-    """What identifies a token file's content: its sizes, the digest of its index arrays, and
-    its sidecar's hashes when it has one."""
-    facts: dict[str, Any] = {
-        "bin_bytes": os.path.getsize(source.bin_path),
-        "idx_bytes": os.path.getsize(source.idx_path),
-        "index_xxh3_64": _index_digest(source),
-    }
-    sidecar = read_sidecar(source.prefix)
-    if sidecar is not None:
-        facts["xxh3_64"] = {k: v.get("xxh3_64") for k, v in sidecar.hashes.items()}
-    return facts

@@ -33,6 +33,7 @@ from ..errors import CacheError
 from ..format.bin import gather_index
 from ..index.cache_io import map_array
 from .items import Allocator, ItemConfig, build_items
+from .sources import stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
@@ -42,11 +43,18 @@ _INT32, _UINT32 = np.dtype(np.int32), np.dtype(np.uint32)  # `is` is cheaper tha
 class IndexArrays:
     """document/sample/shuffle index arrays, held in memory or loaded lazily from ``.npy`` paths."""
 
-    def __init__(self, arrays: dict[str, np.ndarray] | None = None, paths: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray] | None = None,
+        paths: dict[str, str] | None = None,
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
         if (arrays is None) == (paths is None):
             raise ValueError("give either arrays or paths")
         self._arrays = arrays
         self.paths = paths
+        self.shapes = shapes
+        """Shapes the mapped files must have (a build manifest's), checked as they are mapped."""
         self._pid = os.getpid()
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -57,7 +65,11 @@ class IndexArrays:
         # In-memory arrays travel with the object (pickled, or inherited by a fork) and stay valid
         # in every process; mapped ones are mapped again in each process that uses them.
         if self.paths is not None and (self._arrays is None or self._pid != os.getpid()):
-            self._arrays = {k: map_array(p) for k, p in self.paths.items()}
+            arrays = {k: map_array(p) for k, p in self.paths.items()}
+            for name, shape in (self.shapes or {}).items():
+                if arrays[name].shape != tuple(shape):
+                    raise self.corrupt(name, f"shape {arrays[name].shape}", f"shape {tuple(shape)} (the build manifest's)")
+            self._arrays = arrays
             self._pid = os.getpid()
         return self._arrays
 
@@ -90,18 +102,47 @@ class GPTDataset:
         item: ItemConfig,
         *,
         identity: str,
+        length: int | None = None,
+        samples_per_epoch: int | None = None,
+        file_facts: dict[str, Any] | None = None,
+        startup_phases: dict[str, float] | None = None,
     ) -> None:
         self.source = source
         self.indices = indices
         self.item = item
         self.identity = identity
-        self._length: int | None = None
+        self._length = length
+        self.samples_per_epoch = samples_per_epoch
+        """Megatron's ``num_samples_per_epoch``: ``(tokens of the split - extra) // S``."""
+        self.file_facts = file_facts
+        """The token file's content facts recorded by the build (a manifest load): compared
+        where the file opens, on first use in each process; None when checked at build time."""
+        self.startup_phases = startup_phases or {}
+        """Seconds per phase of the ``build_datasets`` call that made it (loader metrics)."""
+        self._checked_pid: int | None = None if file_facts is not None else -1
         self._width, self._extra = item.window, item.extra  # read per batch
 
     def __len__(self) -> int:
         if self._length is None:
             self._length = int(self.indices["sample_index"].shape[0]) - 1
         return self._length
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The index arrays, after the token file's recorded facts are checked in this process."""
+        if self._checked_pid is not None and self._checked_pid < 0:
+            return self.indices.arrays()
+        pid = os.getpid()
+        if self._checked_pid != pid:
+            stale = stale_facts(self.source, self.file_facts or {})
+            if stale:
+                raise CacheError(
+                    f"the token file changed since its index cache was built ({'; '.join(stale)})",
+                    path=self.source.idx_path,
+                    hint="the cache is stale: rebuild it with `tokenload prepare-cache` and the job's "
+                    "arguments, or load with build_policy='auto' (rebuilds it)",
+                )
+            self._checked_pid = pid
+        return self.indices.arrays()
 
     @property
     def fingerprint(self) -> str:
@@ -110,15 +151,15 @@ class GPTDataset:
 
     @property
     def document_index(self) -> np.ndarray:
-        return self.indices["document_index"]
+        return self._arrays()["document_index"]
 
     @property
     def sample_index(self) -> np.ndarray:
-        return self.indices["sample_index"]
+        return self._arrays()["sample_index"]
 
     @property
     def shuffle_index(self) -> np.ndarray:
-        return self.indices["shuffle_index"]
+        return self._arrays()["shuffle_index"]
 
     def windows(self, indices) -> np.ndarray:
         """int64 ``(B, S + extra)`` token windows of dataset indices, padded with ``pad_id``."""
@@ -129,7 +170,7 @@ class GPTDataset:
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
         short, else int64 padded with ``pad_id``."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
-        arrays = self.indices.arrays()
+        arrays = self._arrays()
         try:  # one entry per sample: NumPy's own bounds check (negative indices count from the end)
             samples = arrays["shuffle_index"][idx]
         except IndexError:

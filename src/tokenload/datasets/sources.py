@@ -1,13 +1,21 @@
 """Where a GPT dataset's sequences come from: a token file, or Megatron's mock sequences.
 
 Both expose ``sequence_lengths`` and ``read_pieces(sequences, offsets, lengths)`` (one vectorized
-read of many sequence slices, concatenated), which is all the sample layer needs.
+read of many sequence slices, concatenated), which is all the sample layer needs. The facts that
+identify a token file's content (``file_facts``), recorded with each cache, and their lazy
+re-check where the file opens anyway (``stale_facts``) live here too.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import os
+from typing import Any
 
+import numpy as np
+import xxhash
+
+from ..format import TokenFile, read_sidecar
+from ..format.sequences import SequencesFile
 from ..format.bin import gather_index
 
 MOCK_SEQUENCES = 100_000
@@ -39,3 +47,66 @@ class MockSource:
 
     def __reduce__(self):
         return (MockSource, (self.vocab_size, self.eod_id))
+
+
+_INDEX_DIGESTS: dict[tuple[int, ...], str] = {}
+"""``index_digest`` by the ``.idx`` file's identity: each file is hashed once per process."""
+
+
+def index_digest(source: TokenFile, *, cached: bool = True) -> str:
+    """xxh3-64 of what a file's indices depend on, the raw bytes of its sequence lengths and
+    document indices (not the pointers: they follow from the lengths). About 15 ms per 10 M
+    sequences from the page cache. ``cached``: keyed by device, inode, size and times (one stat),
+    so a rewrite is seen; uncached costs no system call beyond the file's own opening."""
+    key = None
+    if cached:
+        st = os.stat(source.idx_path)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key in _INDEX_DIGESTS:
+            return _INDEX_DIGESTS[key]
+    h = xxhash.xxh3_64(source.sequence_lengths)
+    if getattr(source, "documents_from_sequences", False):
+        h.update(b"each sequence is a document")  # no boundaries recorded: nothing to read
+    else:
+        h.update(source.document_indices)
+    digest = h.hexdigest()
+    if key is not None:
+        _INDEX_DIGESTS[key] = digest
+    return digest
+
+
+def file_facts(source: TokenFile) -> dict[str, Any]:
+    """What identifies a token file's content: its sizes, the digest of its index arrays, and
+    its sidecar's hashes when it has one."""
+    facts: dict[str, Any] = {
+        "bin_bytes": os.path.getsize(source.bin_path),
+        "idx_bytes": os.path.getsize(source.idx_path),
+        "index_xxh3_64": index_digest(source),
+    }
+    sidecar = read_sidecar(source.prefix)
+    if sidecar is not None:
+        facts["xxh3_64"] = {k: v.get("xxh3_64") for k, v in sidecar.hashes.items()}
+    return facts
+
+
+def stale_facts(source: TokenFile, recorded: dict[str, Any]) -> list[str]:
+    """How an opened token file differs from the facts a build recorded, checked with what its
+    opening read anyway (the ``.bin`` size from its open descriptor, the index arrays): no path
+    stat, no sidecar read. Empty when it matches."""
+    found = {
+        "bin_bytes": int(source.num_tokens) * source.dtype.itemsize,
+        "index_xxh3_64": index_digest(source, cached=False),
+    }
+    return [f"{k}: recorded {recorded.get(k)!r}, found {v!r}" for k, v in found.items() if recorded.get(k) != v]
+
+
+def open_token_file(prefix: str, mode: str, sequences: SequencesFile | None) -> TokenFile:
+    """A lazy ``TokenFile``; with a sequences JSON, opened with its counts and dtype (no header
+    parsed; a prefix the file lacks is a ConfigError naming it)."""
+    if sequences is None:
+        return TokenFile(prefix, mode=mode)
+    entry = sequences.entry(prefix)
+    return TokenFile(
+        prefix, mode=mode, sequences=(entry.sequence_count, entry.document_count), dtype=entry.dtype,
+        sequences_path=sequences.path,
+    )

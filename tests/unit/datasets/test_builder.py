@@ -30,7 +30,7 @@ def _config(cfg, cache_dir, **overrides):
 
 
 def _megatron_names(folder):
-    return sorted(n for n in os.listdir(folder) if not n.endswith("-tokenload.json") and not n.startswith("."))
+    return sorted(n for n in os.listdir(folder) if "-tokenload" not in n and not n.startswith("."))
 
 
 @pytest.mark.parametrize("case", OK, ids=[c["id"] for c in OK])
@@ -76,7 +76,12 @@ def test_megatron_cache_folder_loads_with_identical_items(tmp_path, monkeypatch)
     before = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
     monkeypatch.chdir(ORDER)
     splits = build_datasets(_config(expected["config"], cache, cache="strict"), expected["config"]["sizes"])
-    assert {n: os.path.getmtime(cache / n) for n in os.listdir(cache)} == before  # loaded, nothing rebuilt
+    after = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
+    added = [n for n in after if n not in before]
+    assert [n.endswith("-tokenload-build.json") for n in added] == [True]  # the manifest only
+    assert {n: after[n] for n in before} == before  # loaded, nothing rebuilt
+    fast = build_datasets(_config(expected["config"], cache, build_policy="none"), expected["config"]["sizes"])
+    assert [len(d) for d in fast] == [len(d) for d in splits]
     for name, ds in zip(("train", "valid", "test"), splits):
         rec = expected["splits"][name]
         assert len(ds) == rec["len"]

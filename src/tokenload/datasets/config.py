@@ -1,0 +1,143 @@
+"""The configuration of a Megatron-style data pipeline: data, order, items and cache policies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from ..index import Blend
+from .items import ItemConfig
+from .policy import BUILD_POLICIES
+
+__all__ = ["CACHE_POLICIES", "MegatronDataConfig"]
+
+CACHE_POLICIES = ("auto", "strict", "off")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronDataConfig:
+    """Everything that decides Megatron's datasets, their order and their items."""
+
+    sequence_length: int
+    """Tokens per sample (``--seq-length``)."""
+    random_seed: int = 1234
+    """Seed of every dataset's shuffles (``--seed``)."""
+    blend: Sequence[str] | str | Blend | None = None
+    """``--data-path`` list: prefixes, or alternating weights and prefixes (``30 p1 70 p2``)."""
+    blend_per_split: Sequence[Sequence[str] | str | Blend | None] | None = None
+    """Train/valid/test lists instead of ``blend`` (``--train-data-path`` ...)."""
+    split: str | None = None
+    """``--split`` (e.g. ``"969, 30, 1"``); required with ``blend``."""
+    tokenizer: Mapping[str, Any] | None = None
+    """Megatron's tokenizer identity (its ``unique_identifiers``), used only as part of the index
+    cache's name (Megatron's md5 of the dataset description): it changes no sample and no token.
+    Pass it to share index caches with Megatron: copy the ``"tokenizer"`` object verbatim from
+    one of its ``...-description.txt`` files (e.g. ``{"class": "megatron.core.tokenizers.text.
+    models.default_tokenizer.DefaultTokenizerText", "tokenizer_path": null, "vocab_size":
+    "1000", "pad_id": "-1"}``); with another value Megatron computes other cache names and each
+    side builds its own. None (the default) is fine when only tokenload reads the caches."""
+    eod_id: int | None = None
+    """End-of-document id (EOD options, mock data)."""
+    pad_id: int = -1
+    """Padding id for short samples; -1 when the tokenizer has none."""
+    vocab_size: int | None = None
+    """Vocabulary size for mock data."""
+    add_extra_token: bool = True
+    """Read S + 1 tokens per sample (Megatron's ``add_extra_token_to_sequence``)."""
+    drop_last_partial_validation_sequence: bool = True
+    """Drop the last partial sample of the validation split."""
+    mid_level_dataset_surplus: float = 0.005
+    """Extra fraction of samples built per blended dataset (``--mid-level-dataset-surplus``)."""
+    path_to_cache: str | None = None
+    """``--data-cache-path``; None uses Megatron's default folder next to each prefix."""
+    cache: str = "auto"
+    """"auto": use a valid cache, (re)build a missing or stale one; "strict": refuse a stale
+    cache with CacheError; "off": build in memory, read and write no cache."""
+    read_mode: str = "mmap"
+    """How token files are read: mmap, pread or memory."""
+    eod_mask_loss: bool = False
+    """Zero the loss where the input token is EOD (``--eod-mask-loss``)."""
+    reset_position_ids: bool = False
+    """Restart position ids after every EOD (``--reset-position-ids``)."""
+    reset_attention_mask: bool = False
+    """Block attention across EODs in the attention mask (``--reset-attention-mask``)."""
+    create_attention_mask: bool = False
+    """Return the S x S attention mask; off by default (Megatron's is on unless
+    ``--no-create-attention-mask-in-dataloader``): it costs S x S per sample."""
+    inter_document_masking: bool = False
+    """Return ``cu_seqlens``/``max_seqlen`` for document-aware attention
+    (``--dataloader-inter-document-masking``)."""
+    build_policy: str = "auto"
+    """Which processes of a job build, write, wait for or only load the index caches
+    (``build_datasets`` runs on every rank; see docs/SCALE.md). Whatever the value, no cache
+    file is written by more than one process (one per node for node-local folders), and only
+    ``rank0`` and ``local-rank0`` call a collective (one barrier per ``build_datasets``).
+
+    * ``"auto"`` (default): every rank checks the cache and loads a valid one, with no barrier.
+      On a miss, global rank 0 builds and writes it while every other rank builds in memory and
+      writes nothing (no waiting, no collective). Choose it when unsure, for a few nodes, and
+      the first run of a new configuration; the next runs are cache hits.
+    * ``"rank0"``: global rank 0 checks, builds and writes everything into the shared cache
+      folder; the other ranks wait at one barrier and then load (a cache still missing then is
+      a ``CacheError``). Megatron's default; needs ``torch.distributed`` initialised and a cache
+      folder every rank sees. Choose it when building costs more than waiting (huge blends on
+      many ranks of one node).
+    * ``"local-rank0"``: local rank 0 of each node builds into the node's cache folder (a
+      node-local disk: no shared filesystem needed); the node's other ranks wait at the barrier
+      and load from it. GPT-NeoX's ``use_shared_fs=False``. Choose it when ``path_to_cache`` is
+      node-local.
+    * ``"every-rank"``: each rank builds in memory; no cache file is read or written, no
+      barrier. Choose it for small data, or a filesystem that cannot take writes.
+    * ``"none"``: fast load of a prepared cache (``tokenload prepare-cache``): no barrier, no
+      existence probe, no build; with ``path_to_cache`` one manifest read gives every dataset
+      and the arrays map on first use. A missing or stale cache is one ``CacheError``, on every
+      rank, listing what is missing and the ``tokenload prepare-cache`` command that makes it.
+      Choose it for large jobs (hundreds of nodes), after preparing the cache.
+
+    ``cache="off"`` turns every policy into an in-memory build with no barrier."""
+    sequences_path: str | None = None
+    """A sequences JSON (``tokenload sequences``; Megatron's ``--per-dataset-sequences-path``
+    with each file's dtype): the token files open with the counts and dtype it gives and read
+    no ``.idx`` header."""
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_POLICIES:
+            raise ConfigError(f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}", hint="use cache='auto'")
+        if self.build_policy not in BUILD_POLICIES:
+            raise ConfigError(
+                f"build_policy is {self.build_policy!r}, expected one of {BUILD_POLICIES}",
+                hint="use build_policy='auto' (see docs/SCALE.md for the others)",
+            )
+        if self.build_policy == "none" and self.cache == "off":
+            raise ConfigError(
+                "build_policy='none' loads caches only, but cache='off' reads none",
+                hint="use cache='auto' or 'strict' with build_policy='none', or build_policy='every-rank'",
+            )
+        if self.blend is not None and self.blend_per_split is not None:
+            raise ConfigError("blend and blend_per_split are exclusive", hint="give one of them (as Megatron)")
+        if self.blend is not None and self.split is None:
+            raise ConfigError("a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"')
+        if self.mock and (self.vocab_size is None or self.eod_id is None):
+            raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+
+    @property
+    def mock(self) -> bool:
+        """No data at all: Megatron's ``--mock-data``."""
+        return self.blend is None and self.blend_per_split is None
+
+    def item_config(self) -> ItemConfig:
+        return ItemConfig(
+            sequence_length=self.sequence_length,
+            add_extra_token=self.add_extra_token,
+            eod_id=self.eod_id,
+            pad_id=self.pad_id,
+            eod_mask_loss=self.eod_mask_loss,
+            reset_position_ids=self.reset_position_ids,
+            reset_attention_mask=self.reset_attention_mask,
+            create_attention_mask=self.create_attention_mask,
+            inter_document_masking=self.inter_document_masking,
+        )
+
+

@@ -1,0 +1,113 @@
+"""The build manifest: one JSON file per configuration that makes a cache hit one open.
+
+A process that loads index caches dataset by dataset opens, per dataset, Megatron's description,
+the tokenload sidecar and three ``.npy`` headers, and stats and hashes every token file: for a
+blend of 100 prefixes, hundreds of metadata operations on every rank. The writer of a complete
+build therefore also writes ``{md5}-tokenload-build.json`` into ``path_to_cache``, named by the
+md5 of everything that decides the build (``manifest_key``: the blends as given, split, sizes,
+sequence length, seed, tokenizer identity, the flags Megatron's hash forgets). It lists, per
+split and dataset, the cache file names, the length, the arrays' shapes, the identity (for the
+fingerprint) and the token file's content facts.
+
+A loading rank reads it once and builds its datasets from it without opening anything else: the
+lengths come from it, the ``.npy`` arrays are mapped on first use in the process that reads
+(a loader worker), and the token file's facts are compared where the file opens anyway
+(``sources.stale_facts``). It is written last, atomically, after every cache file it names, so
+a build killed part way leaves no manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import CacheError
+from ..format.atomic import write_atomic
+
+__all__ = ["MANIFEST_FORMAT", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FORMAT = "tokenload-build-manifest"
+MANIFEST_VERSION = 1
+
+
+def manifest_key(config: Any, sizes: Sequence[int | None]) -> dict[str, Any]:
+    """Everything that decides which datasets a build makes and their indices (not the item
+    layout, the read mode or the policies), in JSON form."""
+    mock = config.mock
+    return {
+        "blend": _items(config.blend),
+        "blend_per_split": None if config.blend_per_split is None else [_items(b) for b in config.blend_per_split],
+        "split": config.split,
+        "sizes": list(sizes),
+        "sequence_length": config.sequence_length,
+        "random_seed": config.random_seed,
+        "tokenizer": None if config.tokenizer is None else dict(config.tokenizer),
+        "add_extra_token": config.add_extra_token,
+        "drop_last_partial_validation_sequence": config.drop_last_partial_validation_sequence,
+        "mid_level_dataset_surplus": config.mid_level_dataset_surplus,
+        "mock": [config.vocab_size, config.eod_id] if mock else None,
+    }
+
+
+def _items(blend: Any) -> list[str] | None:
+    if blend is None:
+        return None
+    if isinstance(blend, str):
+        return blend.split()
+    if hasattr(blend, "prefixes"):
+        weights = blend.weights or [None] * len(blend.prefixes)
+        return [x for w, p in zip(weights, blend.prefixes) for x in ((repr(w), p) if w is not None else (p,))]
+    return [str(x) for x in blend]
+
+
+def manifest_path(folder: str, key: dict[str, Any]) -> str:
+    """``{folder}/{md5 of the key}-tokenload-build.json``."""
+    text = json.dumps(key, separators=(",", ":"))
+    digest = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+    return os.path.join(folder, f"{digest}-tokenload-build.json")
+
+
+def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The manifest's splits when the file exists and belongs to ``key``, else None (one open;
+    no existence probe). A damaged manifest is None too: the caches are then checked one by one."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("ignoring unreadable build manifest %s: %s", path, exc)
+        return None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or data.get("version") != MANIFEST_VERSION:
+        logger.warning("ignoring build manifest %s of another format or version", path)
+        return None
+    if data.get("key") != json.loads(json.dumps(key)):
+        logger.warning("ignoring build manifest %s written for another configuration", path)
+        return None
+    return data
+
+
+def write_manifest(path: str, key: dict[str, Any], splits: list[Any]) -> None:
+    """Write the manifest atomically unless an identical one is there (one writer, idempotent)."""
+    data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "key": key, "splits": splits}
+    text = json.dumps(data, indent=1).encode()
+    try:
+        with open(path, "rb") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    try:
+        write_atomic(path, lambda f: f.write(text))
+    except OSError as exc:
+        raise CacheError(
+            f"cannot write the build manifest ({exc.strerror or exc}); expected a writable folder",
+            path=path,
+            hint="point path_to_cache at a writable folder every rank can read",
+        ) from None

@@ -1,0 +1,131 @@
+"""Build policies: which process of a job builds, writes, loads or waits for the index caches.
+
+``build_datasets`` runs on every rank. Each rank takes one ``Role`` from the policy and its place
+in the ``World`` (``resolve``):
+
+* ``WRITE``: check the cache, build what is missing or stale and write it atomically;
+* ``CHECK``: check the cache and load it on a hit; on a miss build in memory and write nothing;
+* ``READ``: load only; a cache that is missing or stale is one ``CacheError`` (``missing_cache``),
+  never a build;
+* ``MEMORY``: build in memory; no cache file is read or written.
+
+Whatever the policy, at most one process of a job writes a cache file (one per node for the
+node-local folders of ``local-rank0``), and only ``rank0`` and ``local-rank0`` call a collective:
+one barrier per ``build_datasets`` call, after the writer's build and before the readers' loads.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from ..distributed import World
+from ..errors import CacheError
+
+__all__ = ["BUILD_POLICIES", "Role", "missing_cache", "prepare_command", "resolve"]
+
+BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
+
+
+class Role(str, enum.Enum):
+    """What one process does with the caches (see the module docstring)."""
+
+    WRITE = "write"
+    CHECK = "check"
+    READ = "read"
+    MEMORY = "memory"
+
+
+def resolve(policy: str, world: World, cache: str) -> tuple[Role, bool]:
+    """This process's role and whether the policy needs the one barrier.
+
+    ``cache="off"`` (no cache I/O at all) makes every policy a build in memory, with no barrier:
+    there is nothing to wait for."""
+    if cache == "off" or policy == "every-rank":
+        return Role.MEMORY, False
+    if policy == "none":
+        return Role.READ, False
+    if policy == "auto":
+        return (Role.WRITE if world.rank == 0 else Role.CHECK), False
+    if world.world_size == 1:
+        return Role.WRITE, False
+    writer = world.rank == 0 if policy == "rank0" else world.local_rank == 0
+    return (Role.WRITE if writer else Role.READ), True
+
+
+def missing_cache(policy: str, missing: Sequence[str], folders: Sequence[str], command: str) -> CacheError:
+    """The error of a ``READ`` role that found caches missing or stale: every file (or reason),
+    and the command that makes them."""
+    shown = list(missing[:8]) + ([f"... {len(missing) - 8} more"] if len(missing) > 8 else [])
+    after = "" if policy == "none" else " after the writer's build (is the cache folder shared by every rank that reads it?)"
+    return CacheError(
+        f"build_policy={policy!r} loads index caches only, and {len(missing)} are missing or stale"
+        f"{after}: {'; '.join(shown)}; expected complete caches in {', '.join(sorted(set(folders)))}",
+        hint=f"build them first, in one process, with: {command}  (or use build_policy='auto')",
+    )
+
+
+def prepare_command(config: Any, sizes: Sequence[int | None]) -> str:
+    """The ``tokenload prepare-cache`` command line that writes the caches of ``config`` for these
+    sample counts, in Megatron's flag names (a global batch of 1, so that iterations are
+    samples: train = T, valid = (T // interval + 1) x eval_iters, test = eval_iters)."""
+    args = ["tokenload", "prepare-cache"]
+    if config.blend is not None:
+        args += ["--data-path", *_blend_items(config.blend)]
+    elif config.blend_per_split is not None:
+        for flag, blend in zip(("--train-data-path", "--valid-data-path", "--test-data-path"), config.blend_per_split):
+            if blend is not None:
+                args += [flag, *_blend_items(blend)]
+    if config.split is not None and config.blend is not None:
+        args += ["--split", config.split.replace(" ", "")]
+    args += ["--seq-length", str(config.sequence_length), "--seed", str(config.random_seed)]
+    if config.path_to_cache is not None:
+        args += ["--data-cache-path", config.path_to_cache]
+    args += _length_flags(sizes)
+    if config.tokenizer is not None:
+        args += ["--tokenizer-identity", json.dumps(dict(config.tokenizer), separators=(",", ":"))]
+    if not config.add_extra_token:
+        args.append("--no-add-extra-token")
+    if not config.drop_last_partial_validation_sequence:
+        args.append("--no-drop-last-partial-validation-sequence")
+    return shlex.join(args)
+
+
+def _blend_items(blend: Any) -> list[str]:
+    if isinstance(blend, str):
+        return blend.split()
+    if hasattr(blend, "prefixes"):
+        if blend.weights is None:
+            return list(blend.prefixes)
+        return [x for w, p in zip(blend.weights, blend.prefixes) for x in (repr(w), p)]
+    return [str(x) for x in blend]
+
+
+def _length_flags(sizes: Sequence[int | None]) -> list[str]:
+    """Megatron's length flags giving these sample counts with a global batch of 1, when they
+    follow Megatron's arithmetic; otherwise a placeholder for the interval."""
+    train, valid, test = (list(sizes) + [None, None, None])[:3]
+    flags = ["--global-batch-size", "1", "--train-samples", str(train or 0)]
+    valid, test = valid or 0, test or 0
+    if not valid and not test:
+        return flags + ["--eval-iters", "0"]
+    interval = _eval_interval(train or 0, valid, test)
+    if interval is None:
+        return flags + ["--eval-iters", str(test), "--eval-interval", "<the job's --eval-interval>"]
+    return flags + ["--eval-iters", str(test), "--eval-interval", str(interval)]
+
+
+def _eval_interval(train: int, valid: int, test: int) -> int | None:
+    """An interval I with ``(train // I + 1) * test == valid``, or None."""
+    if test == 0 or valid % test:
+        return None
+    evals = valid // test - 1  # train // I must equal this
+    if evals < 0:
+        return None
+    if evals == 0:
+        return train + 1
+    interval = train // evals
+    return interval if interval > 0 and train // interval == evals else None
