@@ -14,8 +14,9 @@ import numpy as np
 MEGATRON_PYTHON = os.environ.get("MEGATRON_PYTHON", "/tmp/megatron-venv/bin/python")
 
 
-def synthetic_token_file(prefix: str | Path, *, tokens: int, mean_len: int = 600, seed: int = 0, vocab: int = 50257) -> str:
-    """A uint16 token file of about ``tokens`` tokens, lognormal document lengths; reused if present."""
+def _synthetic(prefix: str | Path, chunks, *, mean_len: int, seed: int, vocab: int) -> str:
+    """Write a uint16 token file (reused if present) whose document lengths come from
+    ``chunks(draw)``: it yields arrays of lengths, ``draw(n)`` gives n lognormal lengths."""
     from tokenload.format import TokenFileWriter
 
     prefix = str(prefix)
@@ -24,34 +25,41 @@ def synthetic_token_file(prefix: str | Path, *, tokens: int, mean_len: int = 600
     rng = np.random.default_rng(seed)
     sigma = 1.0
     mu = np.log(mean_len) - sigma**2 / 2
+
+    def draw(n: int) -> np.ndarray:
+        return np.maximum(rng.lognormal(mu, sigma, size=n).astype(np.int64), 1)
+
     with TokenFileWriter(prefix, np.uint16) as w:
+        for lens in chunks(draw):
+            w.add_documents(rng.integers(0, vocab, size=int(lens.sum()), dtype=np.uint16), lens)
+    return prefix
+
+
+def synthetic_token_file(prefix: str | Path, *, tokens: int, mean_len: int = 600, seed: int = 0, vocab: int = 50257) -> str:
+    """A uint16 token file of about ``tokens`` tokens, lognormal document lengths; reused if present."""
+
+    def chunks(draw):
         written = 0
         while written < tokens:
-            lens = np.maximum(rng.lognormal(mu, sigma, size=100_000).astype(np.int64), 1)
+            lens = draw(100_000)
             lens = lens[np.cumsum(lens) <= tokens - written] if written + lens.sum() > tokens else lens
             if lens.size == 0:
                 break
-            w.add_documents(rng.integers(0, vocab, size=int(lens.sum()), dtype=np.uint16), lens)
+            yield lens
             written += int(lens.sum())
-    return prefix
+
+    return _synthetic(prefix, chunks, mean_len=mean_len, seed=seed, vocab=vocab)
 
 
 def synthetic_docs_file(prefix: str | Path, *, docs: int, mean_len: int = 600, seed: int = 0, vocab: int = 50257) -> str:
     """A uint16 token file of exactly ``docs`` documents, lognormal lengths (mean ``mean_len``);
     reused if present. 1M documents of mean 600 tokens is the ~1.2 GB file of issue 15."""
-    from tokenload.format import TokenFileWriter
 
-    prefix = str(prefix)
-    if os.path.exists(prefix + ".idx") and os.path.exists(prefix + ".bin"):
-        return prefix
-    rng = np.random.default_rng(seed)
-    sigma = 1.0
-    mu = np.log(mean_len) - sigma**2 / 2
-    with TokenFileWriter(prefix, np.uint16) as w:
+    def chunks(draw):
         for begin in range(0, docs, 100_000):
-            lens = np.maximum(rng.lognormal(mu, sigma, size=min(100_000, docs - begin)).astype(np.int64), 1)
-            w.add_documents(rng.integers(0, vocab, size=int(lens.sum()), dtype=np.uint16), lens)
-    return prefix
+            yield draw(min(100_000, docs - begin))
+
+    return _synthetic(prefix, chunks, mean_len=mean_len, seed=seed, vocab=vocab)
 
 
 def add_data_arguments(ap, gb: float = 1.0, docs: int | None = None) -> None:

@@ -192,12 +192,12 @@ def side_tokenload(a: dict) -> dict:
     ds = _dataset(a, variant["read_mode"])
     mb = a["micro_batch"]
     if a["what"] == "in-process":
-        before = variant["before_batch"]
+        before, read = variant["before_batch"], variant["read"] or type(ds).__getitems__
 
         def read_batch(b):
             if before is not None:
                 before(ds, b)
-            ds.__getitems__(b)
+            read(ds, b)
 
         return {"passes": in_process_passes([(r, np.asarray(i)) for r, i in a["plan"]], read_batch, mb)}  # noqa: F821
     from tokenload.loader import build_dataloader
@@ -317,6 +317,7 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=list(IN_PROCESS_VARIANTS + WORKER_VARIANTS[1:]),
                     choices=[v for v in VARIANTS if v != "mmap"], help="read-path ideas to measure (tokenload only)")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-page-cache regime")
+    ap.add_argument("--only", nargs="+", choices=WHATS, default=list(WHATS), help="measure only these")
     ap.add_argument("--quick", action="store_true", help="small smoke run: 1 round, few samples, 2 variants")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--side", choices=["tokenload", "ceiling"], help=argparse.SUPPRESS)
@@ -378,7 +379,7 @@ def measure(args):
                     loader_base = 0
             got: dict = {}
             items = os.path.join(tmp, "items.npz") if r == 0 else ""
-            for what in WHATS:
+            for what in args.only:
                 plan = plan_idx if what == "in-process" else starts[what]
                 sides = [("megatron", "mmap"), ("tokenload", "mmap")]
                 if r % 2:
