@@ -1,9 +1,11 @@
 """The nanoGPT + Lightning seed scenario of issue 14, shared by its CI test and its benchmark.
 
-N ranks (started by ``distributed.launch.run_ranks``: spawned, joined by a gloo group as
-torchrun would) each run a Lightning ``Trainer(strategy="ddp")`` on a tiny language model
-(embedding + linear) fed by ``TokenloadDataModule`` over a ``FlatTokenDataset``, with loader
-workers. Each rank records what it was served and what memory it and its workers hold:
+N ranks, each a fresh ``python -m integrations.seed_app`` (as torchrun or Lightning's own
+launcher starts them, so loader workers get Python's default start method; a rank spawned by
+multiprocessing would hand "spawn" down to its workers, which then re-import torch), join a gloo
+group through a file store and run a Lightning ``Trainer(strategy="ddp")`` on a tiny language
+model (embedding + linear) fed by ``TokenloadDataModule`` over a ``FlatTokenDataset``, with
+loader workers. Each rank records what it was served and what memory it and its workers hold:
 
 * Which windows: the token file is sparse (``truncate``) except for random regions and a
   marker ``[MARK, w >> 16, w & 0xFFFF]`` at the start of each window ``w`` the run will read.
@@ -13,8 +15,9 @@ workers. Each rank records what it was served and what memory it and its workers
   sampled at every step; the kernel's peak RSS (``VmHWM``); and the PSS of the token file's own
   mapping (``/proc/<pid>/smaps``) at the last step. PSS splits shared pages among the processes
   that map them, so summing it over all processes does not count torch's libraries N times.
-* Time: process start to the first line here (imports, gloo), the dataset factory's call in
-  ``setup`` to the first batch in ``training_step`` (the data phase), first to last step.
+* Time, apart from the 5-10 s of imports: the dataset factory's call in ``setup`` to
+  ``on_train_start`` (Lightning's DDP setup), ``on_train_start`` to the first batch in hand
+  (loader workers' start and first read: the data phase), first to last step.
 """
 
 from __future__ import annotations
@@ -61,9 +64,12 @@ class Scenario:
     num_workers: int = 2
     context: str | None = None
     """The loader workers' multiprocessing context (None: the platform's default, fork on Linux)."""
+    mode: str = "mmap"
+    """FlatDatasetConfig's read mode (mmap, the default, or pread)."""
 
     def dataset(self) -> FlatTokenDataset:
-        return FlatTokenDataset(self.path, FlatDatasetConfig(block_size=self.block_size, seed=self.seed))
+        config = FlatDatasetConfig(block_size=self.block_size, seed=self.seed, mode=self.mode)
+        return FlatTokenDataset(self.path, config)
 
 
 def sparse_token_file(path: str | os.PathLike[str], size_bytes: int, *, block_size: int, seed: int,
@@ -77,8 +83,9 @@ def sparse_token_file(path: str | os.PathLike[str], size_bytes: int, *, block_si
     rng = np.random.default_rng(seed)
     tokens = size_bytes // 2
     with open(path, "r+b") as f:
-        for start in np.linspace(0, tokens - _RANDOM_REGION_TOKENS, _RANDOM_REGIONS).astype(np.int64):
-            f.seek(int(start) * 2)
+        regions = np.linspace(0, tokens - _RANDOM_REGION_TOKENS, _RANDOM_REGIONS).astype(np.int64)
+        for start in regions.tolist():
+            f.seek(start * 2)
             f.write(rng.integers(0, MARK, _RANDOM_REGION_TOKENS, dtype=np.uint16).tobytes())
         order = FlatTokenDataset(path, FlatDatasetConfig(block_size=block_size, seed=seed))
         for start in np.sort(order.window_starts(np.arange(marked_samples))).tolist():
@@ -182,14 +189,16 @@ class TinyLM(pl.LightningModule):
         self.step_times.append(time.perf_counter())
         self.windows.append(decode_windows(batch["tokens"]))
         logits = self.head(self.embed(batch["tokens"] % VOCAB))
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), (batch["labels"] % VOCAB).flatten())
+        targets = (batch["labels"] % VOCAB).flatten()
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets)
         self.losses.append(loss.item())
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if not self.pids:
             workers = self.trainer.train_dataloader.loader.worker_processes
-            self.pids = {"rank": os.getpid(), **{f"worker{w}": p.pid for w, p in enumerate(workers)}}
+            self.pids = {"rank": os.getpid()}
+            self.pids.update({f"worker{w}": p.pid for w, p in enumerate(workers)})
         for role, pid in self.pids.items():
             self.samples.setdefault(role, []).append(pss_kib(pid))
         if self.trainer.global_step >= self.scenario.steps:  # the last step: workers still alive
@@ -203,8 +212,13 @@ class TinyLM(pl.LightningModule):
     def report(self) -> dict:
         """What the parent needs, as plain data."""
         memory = {
-            role: {"start": s[0], "end": s[-1], "peak": max(s), "peak_rss": self.peak_rss.get(role, 0),
-                   "file": self.file_pss.get(role, 0)}
+            role: {
+                "start": s[0],
+                "end": s[-1],
+                "peak": max(s),
+                "peak_rss": self.peak_rss.get(role, 0),
+                "file": self.file_pss.get(role, 0),
+            }
             for role, s in self.samples.items()
         }
         first, last = self.step_times[0], self.step_times[-1]
@@ -246,7 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     startup = process_age_s()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{spec['store']}", rank=rank, world_size=world)
+    store = f"file://{spec['store']}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     report = rank_main(rank, world, [Scenario(**s) for s in spec["scenarios"]])
     report["startup_s"] = startup
     Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(report))
@@ -269,13 +284,14 @@ def share_problems(results: list[dict], run: int, scenario: Scenario) -> list[st
     world = len(results)
     expected = expected_windows(scenario, world)
     problems = []
-    seen = [np.array(r["runs"][run]["windows"], dtype=np.int64).reshape(-1, scenario.micro_batch_size)
-            for r in results]
+    mbs = scenario.micro_batch_size
+    seen = [np.array(r["runs"][run]["windows"], dtype=np.int64).reshape(-1, mbs) for r in results]
     for rank, got in enumerate(seen):
         if got.shape != expected[rank].shape or not np.array_equal(got, expected[rank]):
             problems.append(f"rank {rank} read {got.shape[0]} micro-batches not equal to its slice")
         if (got < 0).any():
-            problems.append(f"rank {rank} read {int((got < 0).sum())} rows outside the run's windows")
+            outside = int((got < 0).sum())
+            problems.append(f"rank {rank} read {outside} rows outside the run's windows")
     everything = np.concatenate([g.ravel() for g in seen])
     if np.unique(everything).size != everything.size:
         problems.append(f"{everything.size - np.unique(everything).size} windows read twice")
@@ -284,7 +300,9 @@ def share_problems(results: list[dict], run: int, scenario: Scenario) -> list[st
     return problems
 
 
-def run_scenarios(world_size: int, scenarios: list[Scenario], folder: Path, timeout: float) -> list[dict]:
+def run_scenarios(
+    world_size: int, scenarios: list[Scenario], folder: Path, timeout: float
+) -> list[dict]:
     """Every rank's report. The ranks are fresh interpreters (as torchrun and Lightning's own
     launcher start them), so the loader workers get Python's default start method (fork on
     Linux); ranks still running ``timeout`` s after the launch are killed with their workers
@@ -313,7 +331,8 @@ def run_scenarios(world_size: int, scenarios: list[Scenario], folder: Path, time
                            f"\n{_log_tail(folder, procs.index(late[0]))}")
     for rank, proc in enumerate(procs):
         if proc.returncode != 0:
-            raise RuntimeError(f"rank {rank} exited with {proc.returncode}:\n{_log_tail(folder, rank)}")
+            tail = _log_tail(folder, rank)
+            raise RuntimeError(f"rank {rank} exited with {proc.returncode}:\n{tail}")
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
@@ -336,7 +355,9 @@ def token_file(folder: Path, size_bytes: int, scenario_kwargs: dict, world_size:
     path = str(folder / f"tokens-{size_bytes >> 20}MiB.bin")
     probe = Scenario(path=path, **scenario_kwargs)
     marked = probe.steps * probe.micro_batch_size * world_size
-    sparse_token_file(path, size_bytes, block_size=probe.block_size, seed=probe.seed, marked_samples=marked)
+    sparse_token_file(
+        path, size_bytes, block_size=probe.block_size, seed=probe.seed, marked_samples=marked
+    )
     return probe
 
 
