@@ -77,8 +77,10 @@ __all__ = ["CACHE_POLICIES", "MegatronDataConfig", "build_datasets"]
 
 logger = logging.getLogger(__name__)
 
-BUILD_THREADS = 2
-"""Threads that build the missing prefixes of a blend (see docs/SCALE.md for the measurement)."""
+BUILD_THREADS = 4
+"""Threads that build the missing prefixes of a blend. Measured on 2 cores, 100 prefixes of 3,000
+documents: in memory 0.35 s with 1 thread, 0.16-0.24 s with 2, 0.15 s with 4; building and
+writing the caches (fsync-bound) 5.5-5.8 s, 1.5-1.7 s, 0.95 s (8 threads: no better)."""
 
 
 def _as_blend(value) -> Blend | None:
