@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import CacheError
 from ..format.atomic import write_atomic
+from ..index import Blend, parse_blend
 
 __all__ = ["MANIFEST_FORMAT", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
 
@@ -55,15 +56,14 @@ def manifest_key(config: Any, sizes: Sequence[int | None]) -> dict[str, Any]:
     }
 
 
-def _items(blend: Any) -> list[str] | None:
+def _items(blend: Any) -> dict[str, Any] | None:
+    """A blend in one spelling whatever it was given as (``["30", "p"]``, ``"30 p"``, a
+    ``Blend``): prefixes as given, weights as floats."""
     if blend is None:
         return None
-    if isinstance(blend, str):
-        return blend.split()
-    if hasattr(blend, "prefixes"):
-        weights = blend.weights or [None] * len(blend.prefixes)
-        return [x for w, p in zip(weights, blend.prefixes) for x in ((repr(w), p) if w is not None else (p,))]
-    return [str(x) for x in blend]
+    if not isinstance(blend, Blend):
+        blend = parse_blend(blend)
+    return {"prefixes": list(blend.prefixes), "weights": None if blend.weights is None else [float(w) for w in blend.weights]}
 
 
 def manifest_path(folder: str, key: dict[str, Any]) -> str:

@@ -91,6 +91,8 @@ def prepare_command(config: Any, sizes: Sequence[int | None]) -> str:
         args.append("--no-add-extra-token")
     if not config.drop_last_partial_validation_sequence:
         args.append("--no-drop-last-partial-validation-sequence")
+    if config.mid_level_dataset_surplus != 0.005:
+        args += ["--mid-level-dataset-surplus", repr(config.mid_level_dataset_surplus)]
     return shlex.join(args)
 
 
@@ -109,10 +111,12 @@ def _length_flags(sizes: Sequence[int | None]) -> list[str]:
     follow Megatron's arithmetic; otherwise a placeholder for the interval."""
     train, valid, test = (list(sizes) + [None, None, None])[:3]
     flags = ["--global-batch-size", "1", "--train-samples", str(train or 0)]
-    valid, test = valid or 0, test or 0
+    test = test or 0
+    if valid is None:
+        return flags + ["--eval-iters", str(test or 0), "--full-validation"]
     if not valid and not test:
-        return flags + ["--eval-iters", "0"]
-    interval = _eval_interval(train or 0, valid, test)
+        return flags + ["--eval-iters", "0", "--eval-interval", "1"]
+    interval = _eval_interval(train or 0, valid or 0, test)
     if interval is None:
         return flags + ["--eval-iters", str(test), "--eval-interval", "<the job's --eval-interval>"]
     return flags + ["--eval-iters", str(test), "--eval-interval", str(interval)]

@@ -176,7 +176,8 @@ def test_none_on_a_missing_cache_lists_the_files_and_the_prepare_command(data, t
     assert "GPTDataset-train: missing" in text and "-description.txt" in text
     assert f"tokenload prepare-cache --data-path 2 {data / 'a'} 3" in text
     assert f"--split 90,10,0 --seq-length 8 --seed 1234 --data-cache-path {tmp_path}" in text
-    assert "--global-batch-size 1 --train-samples 200 --eval-iters 0" in text
+    # 20 valid and 0 test samples follow no evaluation schedule: the job's interval is asked for
+    assert "--global-batch-size 1 --train-samples 200 --eval-iters 0 --eval-interval '<the job" in text
     assert not os.listdir(tmp_path)
 
 
@@ -255,3 +256,25 @@ def test_samples_per_epoch_and_startup_phases(data, tmp_path, policy):
     assert set(train.startup_phases) <= {"header_reads", "index_build", "index_load", "cache_write", "barrier"}
     assert "index_load" in train.startup_phases and train.startup_phases is valid.startup_phases
     json.dumps(train.startup_phases)
+
+
+def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, reference):
+    """The hint's command, run as printed, writes the caches and the manifest that a 'none' load
+    of the same configuration reads in one open."""
+    import shlex
+
+    from support import run_cli
+
+    cfg = _config(data, tmp_path, build_policy="none", tokenizer={"class": "t", "vocab_size": "1000"})
+    sizes = [200, (200 // 100 + 1) * 10, 10]  # Megatron's arithmetic: eval every 100 iterations, 10 each
+    with pytest.raises(CacheError) as info:
+        build_datasets(cfg, sizes)
+    command = info.value.hint.split("with: ", 1)[1].split("  (or", 1)[0]
+    argv = shlex.split(command)
+    assert argv[:2] == ["tokenload", "prepare-cache"]
+    done = run_cli(*argv[1:])
+    assert done.returncode == 0, done.stderr
+    assert "--eval-interval 100" in command
+    splits, opened = _opens(lambda: build_datasets(cfg, sizes))
+    assert len(opened) == 1 and opened[0].endswith("-tokenload-build.json")
+    np.testing.assert_array_equal(_tokens(splits[0]), reference[0])
