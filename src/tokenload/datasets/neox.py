@@ -1,0 +1,271 @@
+"""GPT-NeoX's datasets: its ``GPT2Dataset`` and ``BlendableDataset`` over token files, in its order.
+
+``build_neox_datasets`` wires the index maths of ``tokenload.index.neox`` the way GPT-NeoX's
+``build_train_valid_test_data_loaders`` does (``megatron/data/data_utils.py``):
+
+* one ``data_path`` (``config.blend``, a single prefix) is cut by NeoX's split rounding into
+  three ``GPT2Dataset``s over contiguous sequence ranges, none where a range is empty;
+* ``train/valid/test_data_paths`` (``config.blend_per_split``) become one ``BlendableDataset``
+  per split, even for a single path: each path's dataset covers all of its file, is asked
+  ``ceil(N * w * 1.005)`` samples, and the blend holds the sum of the members' lengths with a
+  uint8 dataset index. Unweighted paths weigh 1.0 each (NeoX's default weights);
+  ``weight_by_num_documents`` replaces the weights by NeoX's ``weights_by_num_docs``;
+* a size of ``None`` is NeoX's ``train_epochs`` mode: no sample count, ``num_epochs`` passes
+  (1 unless given).
+
+Items are what NeoX's ``__getitem__`` returns as ``text`` (``S + 1`` tokens), read and turned
+into tokenload's fields by the same code as the Megatron datasets (``datasets.gpt``,
+``datasets.items``): ``tokens = text[:-1]`` and ``labels = text[1:]`` as in NeoX's
+``_get_batch``, ``loss_mask`` zero on EOD inputs with ``eod_mask_loss`` (NeoX's rule), position
+ids ``arange(S)``. A dataset accepts NeoX's indices past its length: they are mapped as NeoX's
+``except IndexError`` does (``neox_item_position``), which a blend needs where its greedy draws
+more samples from a member than the member holds.
+
+What differs from NeoX, by design:
+
+* a short sample would be padded with 0 in ``tokens``/``labels`` like NeoX's ``text``, but with
+  no loss there (NeoX trains on the pad zeros). With NeoX's ``pack_impl="packed"``, the only
+  packing reproduced, every sample spans ``S + 1`` tokens, so no sample is ever padded;
+* the reset/attention-mask/``cu_seqlens`` options are tokenload's item options (NeoX has none);
+* the index arrays are built in memory in every process (vectorized: well under a second per
+  million samples), so no index cache is read or written: NeoX's ``*_indexmap_*.npy`` files,
+  ``path_to_cache``, ``cache`` and ``build_policy`` play no part, and no collective is called.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..format import read_sequences
+from ..index import SPLIT_NAMES, Blend, parse_blend
+from ..index.neox import (
+    NeoXIndices,
+    build_neox_blending_indices,
+    build_neox_gpt_indices,
+    neox_blend_num_samples,
+    neox_item_position,
+    neox_split_ranges,
+    neox_weights_by_num_docs,
+)
+from .blended import BlendedDataset
+from .config import MegatronDataConfig
+from .gpt import GPTDataset, IndexArrays
+from .items import ItemConfig
+from .sources import file_facts, open_token_file
+
+__all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "build_neox_datasets"]
+
+NEOX_DEFAULT_ALPHA = 1.0
+"""GPT-NeoX's default ``weighted_sampler_alpha``."""
+
+Epochs = int | None | Sequence[int | None]
+
+
+class NeoXGPTDataset(GPTDataset):
+    """One NeoX ``GPT2Dataset``: a ``GPTDataset`` whose length is one sample short of what it
+    built and whose indices past that length wrap as NeoX's ``IndexError`` fallback does."""
+
+    def __init__(self, *args: Any, num_built: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_built = num_built
+        """Samples in the sample index (``len(self) + 1``)."""
+
+    def read_batch(self, indices) -> dict[str, Any]:
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        if idx.size and int(idx.min()) < 0:
+            raise IndexError(f"sample indices must be >= 0 (found {int(idx.min())})")
+        return super().read_batch(neox_item_position(idx, self.num_built))
+
+
+def build_neox_datasets(
+    config: MegatronDataConfig,
+    sizes: Sequence[int | None],
+    *,
+    weight_by_num_documents: bool = False,
+    weighted_sampler_alpha: float = NEOX_DEFAULT_ALPHA,
+    num_epochs: Epochs = None,
+) -> tuple[Any | None, Any | None, Any | None]:
+    """The (train, valid, test) datasets of ``config`` in GPT-NeoX's order.
+
+    ``sizes``: samples per split as NeoX computes them (``train_iters * train_batch_size``,
+    ``(train_iters // eval_interval + 1) * eval_iters * train_batch_size``,
+    ``eval_iters * train_batch_size``); ``None`` for NeoX's epoch mode. ``num_epochs``: NeoX's
+    ``train_val_test_epochs`` (one int for all splits, or one per split; a falsy entry means
+    "from the sample count", and 1 where the size is ``None``). ``weight_by_num_documents`` and
+    ``weighted_sampler_alpha``: NeoX's options of the same names for per-split paths.
+    """
+    start = time.perf_counter()
+    _check_config(config)
+    sizes = _three("sizes", sizes)
+    epochs = _epochs(num_epochs, sizes)
+    opener = _Opener(config)
+    item = config.item_config()
+    if config.blend_per_split is not None:
+        built = [
+            _weighted(opener, item, config, name, blend, sizes[k], epochs[k],
+                      weight_by_num_documents, weighted_sampler_alpha)
+            for k, (name, blend) in enumerate(zip(SPLIT_NAMES, _per_split(config)))
+        ]
+    else:
+        built = _split(opener, item, config, sizes, epochs)
+    phases = {"index_build": time.perf_counter() - start}
+    for ds in built:
+        if ds is not None:
+            ds.startup_phases = phases
+    return tuple(built)
+
+
+class _Opener:
+    """Each prefix opened once (a file may serve several splits or blend members)."""
+
+    def __init__(self, config: MegatronDataConfig) -> None:
+        self.config = config
+        self._sequences = None if config.sequences_path is None else read_sequences(
+            config.sequences_path
+        )
+        self._open: dict[str, tuple[Any, np.ndarray, dict[str, Any]]] = {}
+
+    def __call__(self, prefix: str) -> tuple[Any, np.ndarray, dict[str, Any]]:
+        """(token file, its sequence lengths in memory, its content facts)."""
+        if prefix not in self._open:
+            source = open_token_file(prefix, self.config.read_mode, self._sequences)
+            self._open[prefix] = (source, np.array(source.sequence_lengths), file_facts(source))
+        return self._open[prefix]
+
+
+def _check_config(config: MegatronDataConfig) -> None:
+    """Refuse what NeoX's order cannot express, rather than give another order silently."""
+    if config.mock:
+        raise ConfigError(
+            "order='neox' has no mock data; expected a data path (blend) or per-split paths",
+            hint="give GPT-NeoX's data_path or train/valid/test_data_paths",
+        )
+    fixed = {
+        "add_extra_token": (config.add_extra_token, True),
+        "drop_last_partial_validation_sequence": (
+            config.drop_last_partial_validation_sequence, True
+        ),
+        "mid_level_dataset_surplus": (config.mid_level_dataset_surplus, 0.005),
+    }
+    for name, (value, neox) in fixed.items():
+        if value != neox:
+            raise ConfigError(
+                f"{name} is {value!r} with order='neox'; expected {neox!r} (GPT-NeoX's fixed "
+                "behaviour: S + 1 tokens per sample, drop-last everywhere, a 1.005 blend surplus)",
+                hint=f"leave {name} at its default, or use order='megatron'",
+            )
+
+
+def _three(what: str, values: Sequence[Any]) -> list[Any]:
+    values = list(values)
+    if len(values) != len(SPLIT_NAMES):
+        raise ConfigError(f"{what} has {len(values)} entries; expected 3 (train, valid, test)")
+    for v in values:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
+            raise ConfigError(f"{what} holds {v!r}; expected counts >= 0 or None")
+    return values
+
+
+def _epochs(num_epochs: Epochs, sizes: list[int | None]) -> list[int | None]:
+    given = num_epochs if isinstance(num_epochs, Sequence) else [num_epochs] * 3
+    per_split = _three("num_epochs", given)
+    return [e if e or s is not None else 1 for e, s in zip(per_split, sizes)]
+
+
+def _gpt(
+    opener: _Opener, item: ItemConfig, config: MegatronDataConfig, prefix: str,
+    documents: np.ndarray, num_samples: int | None, num_epochs: int | None,
+) -> NeoXGPTDataset:
+    source, lengths, facts = opener(prefix)
+    ix: NeoXIndices = build_neox_gpt_indices(
+        lengths, documents, num_samples=num_samples, sequence_length=config.sequence_length,
+        seed=config.random_seed, num_epochs=num_epochs,
+    )
+    # Content, not place: the same files elsewhere resume, other data under the same names not.
+    identity = json.dumps({
+        "order": "neox", "token_file": facts,
+        "documents": [int(documents[0]), int(documents[-1]) + 1],
+        "num_samples": num_samples, "num_epochs": ix.num_epochs,
+        "seq_length": config.sequence_length,
+        "seed": config.random_seed,
+    }, sort_keys=True)
+    arrays = {"document_index": ix.document_index, "sample_index": ix.sample_index,
+              "shuffle_index": ix.shuffle_index}
+    return NeoXGPTDataset(
+        source, IndexArrays(arrays=arrays), item, identity=identity, length=len(ix),
+        samples_per_epoch=(ix.tokens_per_epoch - 1) // config.sequence_length,
+        num_built=ix.num_built,
+    )
+
+
+def _single_prefix(config: MegatronDataConfig) -> str:
+    blend = config.blend if isinstance(config.blend, Blend) else parse_blend(config.blend)
+    if len(blend.prefixes) != 1:
+        raise ConfigError(
+            f"order='neox' splits one data path; found {len(blend.prefixes)} prefixes "
+            f"{list(blend.prefixes)}",
+            hint="blend several files with train/valid/test_data_paths (blend_per_split) and "
+            "their weights, as GPT-NeoX does",
+        )
+    return blend.prefixes[0]
+
+
+def _split(
+    opener: _Opener, item: ItemConfig, config: MegatronDataConfig,
+    sizes: list[int | None], epochs: list[int | None],
+) -> list[NeoXGPTDataset | None]:
+    prefix = _single_prefix(config)
+    _, lengths, _ = opener(prefix)
+    ranges = neox_split_ranges(config.split, int(lengths.shape[0]))
+    return [
+        None if r is None else _gpt(
+            opener, item, config, prefix, np.arange(*r, dtype=np.int32), sizes[k], epochs[k]
+        )
+        for k, r in enumerate(ranges)
+    ]
+
+
+def _per_split(config: MegatronDataConfig) -> list[Blend | None]:
+    if len(config.blend_per_split) != len(SPLIT_NAMES):
+        raise ConfigError(
+            f"blend_per_split has {len(config.blend_per_split)} entries; expected 3 "
+            "(train, valid, test; None for a split without data)"
+        )
+    return [
+        b if b is None or isinstance(b, Blend) else parse_blend(b) for b in config.blend_per_split
+    ]
+
+
+def _weighted(
+    opener: _Opener, item: ItemConfig, config: MegatronDataConfig, name: str,
+    blend: Blend | None, size: int | None, epochs: int | None, by_docs: bool, alpha: float,
+) -> BlendedDataset | None:
+    if blend is None:
+        return None
+    prefixes = list(blend.prefixes)
+    weights = [1.0] * len(prefixes) if blend.weights is None else list(blend.weights)
+    if by_docs:
+        weights = neox_weights_by_num_docs(
+            [int(opener(p)[1].shape[0]) for p in prefixes], alpha=alpha
+        )
+    weights, counts = neox_blend_num_samples(weights, size)
+    members = [
+        _gpt(opener, item, config, p, np.arange(opener(p)[1].shape[0], dtype=np.int32), n, epochs)
+        for p, n in zip(prefixes, counts)
+    ]
+    dataset_index, sample_index = build_neox_blending_indices(weights, [len(m) for m in members])
+    identity = hashlib.sha256(
+        json.dumps({"order": "neox", "split": name, "weights": weights}).encode()
+    ).hexdigest()
+    return BlendedDataset(
+        members,
+        IndexArrays(arrays={"dataset_index": dataset_index, "dataset_sample_index": sample_index}),
+        identity=identity, length=int(dataset_index.shape[0]),
+    )
