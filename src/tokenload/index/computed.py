@@ -3,19 +3,31 @@
 Position k of epoch e holds window ``p_e(k)``. Two modes, both O(1) memory and O(1) expected
 work per position, vectorized over a batch of positions (nothing of size n is built):
 
-* **flat**: ``p_e`` is ``permutation.KeyedPermutation(n, seed, e)`` (a 6-round Feistel network
-  with cycle-walking), the order of the flat nanoGPT files.
+* **flat**: ``p_e`` is a keyed bijection of ``[0, n)`` (below), keyed by (seed, e).
 * **block**: the n windows form ``nb = n // B`` full blocks of B consecutive windows and, when B
   does not divide n, one partial block of ``r = n % B`` windows (the last ones). The full blocks
-  are permuted by ``KeyedPermutation(nb, seed, e)``; the partial block is placed at a keyed slot
-  ``s`` in ``[0, nb]`` of that block order (positions ``[s*B, s*B + r)``); the windows inside
-  every block are permuted by a Feistel network keyed by (seed, e, block). Consecutive positions
-  then read from at most ``ceil(m / B) + 1`` blocks per m positions, i.e. from object storage
-  a few contiguous ranges of B windows, at the cost of neighbours that are B-local in the file.
+  are permuted by the keyed bijection of ``[0, nb)``; the partial block is placed at a keyed
+  slot ``s`` in ``[0, nb]`` of that block order (positions ``[s*B, s*B + r)``); the windows
+  inside every block are permuted by a bijection keyed by (seed, e, block). Consecutive
+  positions then read from at most ``ceil(m / B) + 1`` blocks per m positions, i.e. from object
+  storage a few contiguous ranges of B windows, at the cost of neighbours that are B-local in
+  the file.
 
 A bijection in both modes: block slots and inner positions are bijections, and the partial
 block's slot shifts the full blocks after it by exactly r positions. Over many epochs,
 ``global_windows(k)`` maps a global sample k to ``(epoch k // n, position k % n)``.
+
+**The keyed bijection** is a Feistel network over ``Z_a x Z_b`` with modular addition (the
+construction of format-preserving encryption): ``a = ceil(sqrt(n))``, ``b = ceil(n / a)``,
+``x -> (x // b, x % b)``, six rounds of ``(L, R) -> (R, (L + F_r(R)) mod |L's ring|)`` (the
+rings alternate, so after an even number of rounds the state is in ``Z_a x Z_b`` again), then
+``L*b + R``. The domain ``a*b`` exceeds n by less than a (about sqrt(n)), so cycle-walking
+(re-applying it to a value ``>= n``) is needed for a share below ``1/sqrt(n)`` of positions:
+one pass of the network almost always, where the binary Feistel of ``permutation.py`` (domain
+up to 4n) needs up to a dozen passes for the unluckiest of 32 positions. The round function is a
+multiply-xorshift hash of (R, round key) whose high 32 bits are scaled into the ring. Every
+parameter (domain, ring sizes, keys) may differ per element, so the draws of many sources and
+epochs are one call: ``Mixture.draw`` costs the same NumPy calls for 1 source as for 100.
 """
 
 from __future__ import annotations
@@ -25,12 +37,18 @@ import hashlib
 import numpy as np
 
 from ..errors import ConfigError
-from .permutation import _GOLDEN, _ROUNDS, KeyedPermutation, _mix, round_keys
+from .permutation import _GOLDEN, _mix
 
-__all__ = ["WindowOrder", "source_seed"]
+__all__ = ["WindowOrder", "keyed_windows", "source_seed"]
 
 _U64 = 0xFFFFFFFFFFFFFFFF
+_ROUNDS = 6
 _SLOT_SALT = np.uint64(0xD6E8FEB86659FD93)
+_EPOCH_MUL = np.uint64(0x100000001B3)
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_S29, _S32 = np.uint64(29), np.uint64(32)
+_ROUND_STEPS = (_GOLDEN * np.arange(1, _ROUNDS + 1, dtype=np.uint64))[:, None]
 
 
 def source_seed(seed: int, identity: str) -> int:
@@ -39,42 +57,99 @@ def source_seed(seed: int, identity: str) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _block_keys(base: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """``(rounds, m)`` uint64 round keys, one column per element's block."""
-    with np.errstate(over="ignore"):
-        salt = _mix((blocks.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
-    return _mix(base[:, None] ^ salt[None, :])
+def _rings(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint64 ``(a, b)`` per domain size n >= 1: ``a = ceil(sqrt(n))``, ``b = ceil(n / a)``."""
+    n = np.asarray(n, dtype=np.uint64)
+    a = np.ceil(np.sqrt(n.astype(np.float64))).astype(np.uint64)
+    a = np.where(a * a < n, a + np.uint64(1), a)  # the float square root may be one off
+    a = np.maximum(np.where((a - np.uint64(1)) * (a - np.uint64(1)) >= n, a - np.uint64(1), a), np.uint64(1))
+    return a, (n + a - np.uint64(1)) // a
 
 
-def _feistel_walk(x: np.ndarray, n: int, keys: np.ndarray) -> np.ndarray:
-    """A keyed bijection of ``[0, n)`` applied to x (uint64), with a key column per element.
+def _keys(seeds: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+    """``(rounds, m)`` uint64 round keys of (seed, epoch) per element (or ``(rounds, 1)``)."""
+    base = _mix(seeds * _EPOCH_MUL + epochs.astype(np.uint64))
+    return _mix(base[None, :] + _ROUND_STEPS)
 
-    The Feistel network and cycle-walking of ``permutation.KeyedPermutation``, generalized to
-    per-element keys so that every block gets its own inner order in one vectorized call.
-    """
-    half = np.uint64(max(1, (max(n - 1, 1).bit_length() + 1) // 2))
-    mask = np.uint64((1 << int(half)) - 1)
 
-    def rounds(v: np.ndarray, k: np.ndarray) -> np.ndarray:
-        left, right = v >> half, v & mask
-        with np.errstate(over="ignore"):
-            for r in range(_ROUNDS):
-                left, right = right, left ^ (_mix(right ^ k[r]) & mask)
-        return (left << half) | right
+def _pick(param: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    """The entries of a per-element parameter at ``sel`` (a shared one, size 1, as it is)."""
+    return param if param.shape[-1] == 1 else param[..., sel]
 
-    out = rounds(x, keys)
-    walk = np.flatnonzero(out >= np.uint64(n))
-    while walk.size:
-        out[walk] = rounds(out[walk], keys[:, walk])
-        walk = walk[out[walk] >= np.uint64(n)]
+
+def _network(x: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """One pass of the Feistel network over ``Z_a x Z_b`` (x < a*b, uint64)."""
+    left, right = x // b, x % b
+    ring_left, ring_right = a, b
+    for r in range(_ROUNDS):
+        f = right ^ keys[r]
+        f *= _M1
+        f ^= f >> _S29
+        f *= _M2
+        f >>= _S32
+        f *= ring_left  # the high 32 bits scaled into [0, ring_left)
+        f >>= _S32
+        f += left
+        f %= ring_left
+        left, right = right, f
+        ring_left, ring_right = ring_right, ring_left
+    return left * b + right
+
+
+def keyed_bijection(x: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """uint64 images of positions ``x < n`` under the keyed bijection of ``[0, n)``.
+
+    ``n`` (uint64) and ``keys`` (``(rounds, m)``) hold one entry per element of x, or one for
+    all (size 1 on the last axis)."""
+    a, b = _rings(n)
+    out = _network(x, a, b, keys)
+    walk = np.flatnonzero(out >= n)
+    while walk.size:  # cycle-walk the rare values that left [0, n)
+        out[walk] = _network(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
+        walk = walk[out[walk] >= _pick(n, walk)]
     return out
+
+
+def keyed_windows(
+    positions: np.ndarray, epochs: np.ndarray, num_windows: np.ndarray, seeds: np.ndarray,
+    block_size: int | None,
+) -> np.ndarray:
+    """int64 window at each position (``< num_windows``) of each epoch's order, vectorized.
+
+    ``num_windows`` and ``seeds`` (uint64) hold one entry per position, or one for all: the
+    positions of many sources, each with its own order, are one call.
+    """
+    k = np.asarray(positions, dtype=np.int64).astype(np.uint64)
+    n = np.atleast_1d(np.asarray(num_windows, dtype=np.uint64))
+    keys = _keys(np.atleast_1d(np.asarray(seeds, dtype=np.uint64)), np.atleast_1d(np.asarray(epochs)))
+    if block_size is None:
+        return keyed_bijection(k, n, keys).astype(np.int64)
+    return _blocked(k, n, keys, np.uint64(block_size)).astype(np.int64)
+
+
+def _blocked(k: np.ndarray, n: np.ndarray, base: np.ndarray, size: np.uint64) -> np.ndarray:
+    """The block mode (module docstring) with per-element domains and keys."""
+    full, rest = n // size, n % size
+    slot = _mix(base[0] ^ _SLOT_SALT) % (full + np.uint64(1))  # the partial block's slot
+    gap = slot * size
+    in_partial = (k >= gap) & (k < gap + rest)
+    shifted = np.where(k >= gap + rest, k - rest, k)
+    block = np.broadcast_to(full, k.shape).copy()  # the partial block's number is nb
+    inner = np.where(in_partial, k - gap, shifted % size)
+    fulls = np.flatnonzero(~in_partial)
+    if fulls.size:
+        block[fulls] = keyed_bijection(shifted[fulls] // size, _pick(full, fulls), _pick(base, fulls))
+    with np.errstate(over="ignore"):
+        salt = _mix((block + np.uint64(1)) * _GOLDEN)
+    domain = np.where(in_partial, rest, size)
+    return block * size + keyed_bijection(inner, domain, _mix(base ^ salt[None, :]))
 
 
 class WindowOrder:
     """The order of the n windows of one source, epoch after epoch, keyed by ``seed``.
 
-    ``block_size=None`` is the flat mode, an integer B >= 1 the block mode (B = 1 is the flat
-    mode's permutation of blocks of one window each, with a different key schedule).
+    ``block_size=None`` is the flat mode, an integer B >= 1 the block mode (B = 1 permutes
+    blocks of one window each: the flat order with a different key schedule).
     """
 
     def __init__(self, num_windows: int, seed: int, *, block_size: int | None = None) -> None:
@@ -86,8 +161,10 @@ class WindowOrder:
         if block_size is not None and block_size < 1:
             raise ConfigError(f"block_size is {block_size}; expected >= 1 or None (flat order)")
         self.num_windows = int(num_windows)
-        self.seed = int(seed)
+        self.seed = int(seed) & _U64
         self.block_size = None if block_size is None else int(block_size)
+        self._n = np.array([self.num_windows], dtype=np.uint64)
+        self._seed = np.array([self.seed], dtype=np.uint64)
 
     def __repr__(self) -> str:
         return f"WindowOrder({self.num_windows}, seed={self.seed}, block_size={self.block_size})"
@@ -97,40 +174,13 @@ class WindowOrder:
         k = np.asarray(positions, dtype=np.int64)
         if k.size and (int(k.min()) < 0 or int(k.max()) >= self.num_windows):
             raise IndexError(f"positions must lie in [0, {self.num_windows})")
-        if self.block_size is None:
-            return KeyedPermutation(self.num_windows, self.seed, epoch)(k)
-        return self._blocked(k.ravel(), epoch).reshape(k.shape)
-
-    def _blocked(self, k: np.ndarray, epoch: int) -> np.ndarray:
-        size, n = self.block_size, self.num_windows
-        full, rest = divmod(n, size)
-        base = round_keys(self.seed, epoch)
-        slot = int(_mix(np.array([base[0] ^ _SLOT_SALT]))[0]) % (full + 1)  # partial block's slot
-        gap = slot * size
-        in_partial = (k >= gap) & (k < gap + rest)
-        shifted = np.where(k >= gap + rest, k - rest, k)
-        block = np.where(in_partial, full, 0)
-        inner = np.where(in_partial, k - gap, shifted % size)
-        fulls = np.flatnonzero(~in_partial)
-        if fulls.size:
-            block[fulls] = KeyedPermutation(full, self.seed, epoch)(shifted[fulls] // size)
-        out = inner.astype(np.uint64)
-        for domain, sel in ((size, fulls), (rest, np.flatnonzero(in_partial))):
-            if sel.size:
-                out[sel] = _feistel_walk(out[sel], domain, _block_keys(base, block[sel]))
-        return block * size + out.astype(np.int64)
+        epochs = np.array([epoch], dtype=np.int64)
+        return keyed_windows(k.ravel(), epochs, self._n, self._seed, self.block_size).reshape(k.shape)
 
     def global_windows(self, samples: np.ndarray) -> np.ndarray:
         """int64 windows of global samples k >= 0 (epoch ``k // n``, position ``k % n``)."""
         k = np.asarray(samples, dtype=np.int64)
         if k.size and int(k.min()) < 0:
             raise IndexError("global samples must be >= 0")
-        epochs, within = np.divmod(k, self.num_windows)
-        out = np.empty_like(within)
-        first, last = (int(epochs.min()), int(epochs.max())) if k.size else (0, -1)
-        if first == last:
-            return self.epoch_windows(within, first)
-        for epoch in np.unique(epochs).tolist():
-            sel = epochs == epoch
-            out[sel] = self.epoch_windows(within[sel], epoch)
-        return out
+        epochs, within = np.divmod(k.ravel(), self.num_windows)
+        return keyed_windows(within, epochs, self._n, self._seed, self.block_size).reshape(k.shape)

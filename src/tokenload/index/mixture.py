@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, StateError
-from .computed import WindowOrder, source_seed
+from .computed import WindowOrder, keyed_windows, source_seed
 from .interleave import DEFAULT_PERIOD, Interleave
 
 __all__ = ["Draws", "Mixture", "MixtureState", "resume"]
@@ -117,19 +117,26 @@ class Mixture:
                     hint="a source's data or sequence length changed; give it a new identity to restart it at cursor 0",
                 )
         self.base = np.array([int(prior.cursors.get(s, 0)) for s in self.sources], dtype=np.int64)
+        self._windows = np.array([o.num_windows for o in self.orders], dtype=np.int64)
+        self._seeds = np.array([o.seed for o in self.orders], dtype=np.uint64)
+        self.block_size = block_size
         self.carried = {s: (c, prior.windows[s]) for s, c in prior.cursors.items() if s not in self.sources}
 
     def draw(self, samples: np.ndarray) -> Draws:
-        """Source, cursor and window of every global sample (each ``>= start``), vectorized."""
-        k = np.asarray(samples, dtype=np.int64)
+        """Source, cursor and window of every global sample (each ``>= start``), vectorized:
+        one call of the keyed permutation for all sources and epochs (``keyed_windows`` takes a
+        domain and a key per element), so the cost does not grow with the number of sources."""
+        k = np.asarray(samples, dtype=np.int64).ravel()
         if k.size and int(k.min()) < self.start:
             raise IndexError(f"global samples of this phase start at {self.start}")
         source, i = self.interleave(k - self.start)
         cursor = self.base[source] + i
-        window = np.empty_like(cursor)
-        for d in np.unique(source).tolist():
-            sel = source == d
-            window[sel] = self.orders[d].global_windows(cursor[sel])
+        if self._windows.size == 1:
+            windows, seeds = self._windows, self._seeds
+        else:
+            windows, seeds = self._windows[source], self._seeds[source]
+        epoch, position = np.divmod(cursor, windows)
+        window = keyed_windows(position, epoch, windows, seeds, self.block_size)
         return Draws(source, cursor, window)
 
     def state(self, consumed: int) -> MixtureState:
