@@ -122,7 +122,8 @@ def _run_part(task: PartTask, shipped: list, tally) -> PartResult:
     key = f"{task.index}.{task.k}"
 
     def report(nbytes: int, tokens: int, documents: int) -> None:
-        tally[0].report.remote(key, nbytes, tokens, documents)
+        if tally:
+            tally[0].report.remote(key, nbytes, tokens, documents)
 
     return encode_part(task, report)
 
@@ -270,7 +271,8 @@ class _Driver:
                     where = pending.pop(ref)
                     finished.append(f"{where[0]}.{where[1]}")
                     self._take(where, self._result(ref, where))
-                tally[0].forget.remote(finished)
+                if tally:
+                    tally[0].forget.remote(finished)
                 if self.errors:
                     self._cancel_after(pending)
         except BaseException:
@@ -385,10 +387,18 @@ class _Driver:
                 self.ray.cancel(ref)
 
     def _show_live(self, tally: list) -> None:
+        """Best effort: the bar still counts every finished task if the actor is unavailable
+        (seen under load on 2 cores: an actor cancelled before it started)."""
+        if not tally:
+            return
         try:
             live = self.ray.get(tally[0].total.remote(), timeout=_TICK_SECONDS)
         except self.ray.exceptions.GetTimeoutError:
-            live = (0, 0, 0)
+            return
+        except self.ray.exceptions.RayError as exc:
+            log.debug("live progress off: %s", str(exc).splitlines()[0])
+            tally.clear()
+            return
         self.bar.live(*live)
 
 
