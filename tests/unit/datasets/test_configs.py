@@ -1,0 +1,313 @@
+"""The config importers on configs as users have them: GPT-NeoX's own example YAML files and
+Megatron-LM's own example training scripts (tests/fixtures/configs/, unmodified).
+
+Megatron's scripts are run with bash as published; a ``torchrun`` stand-in first on PATH records
+the command line, and the flags after ``pretrain_gpt.py`` go to the importer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+
+import numpy as np
+import pytest
+from support import FIXTURES, write_documents
+
+from tokenload.datasets import build_datasets
+from tokenload.datasets.configs import (
+    ImportedConfig,
+    megatron_config_from_args,
+    neox_config_from_yaml,
+)
+from tokenload.datasets.neox import build_neox_datasets
+from tokenload.errors import ConfigError
+from tokenload.index import Blend
+
+CONFIGS = FIXTURES / "configs"
+NEOX = CONFIGS / "neox"
+SCRIPTS = CONFIGS / "megatron"
+
+
+# -- Megatron's example scripts -------------------------------------------------------------------
+def script_argv(tmp_path, script: str, *positional: str) -> list[str]:
+    """Megatron's flags as the published script passes them to pretrain_gpt.py."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "torchrun"
+    stub.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV_OUT"\n')
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "pretrain_gpt.py").touch()  # the llama script checks it exists
+    out = tmp_path / "argv"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ARGV_OUT=str(out))
+    for name in ("WANDB_API_KEY", "MASTER_ADDR", "MASTER_PORT", "SLURM_NNODES", "RANK"):
+        env.pop(name, None)
+    subprocess.run(["bash", str(SCRIPTS / script), *positional], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=60)
+    argv = out.read_bytes().decode().split("\0")[:-1]
+    return argv[argv.index("pretrain_gpt.py") + 1:]
+
+
+def test_mixtral_script(tmp_path):
+    script = "train_mixtral_8x7b_distributed.sh"
+    argv = script_argv(tmp_path, script, "ckpt", "tok.model", "/d/pile")
+    got = megatron_config_from_args(argv, world_size=64)  # pipeline 4: 16 data-parallel ranks
+    f = got.fields
+    assert f["blend"] == Blend(prefixes=("/d/pile",)) and f["blend_per_split"] is None
+    assert (f["split"], f["sequence_length"], f["random_seed"]) == ("99990,8,2", 4096, 1234)
+    assert f["create_attention_mask"] is True  # Megatron's default, no --no-create-... flag
+    assert f["path_to_cache"] is None and "build_policy" not in f and "read_mode" not in f
+    assert "tokenizer" not in f and "eod_id" not in f  # Llama2Tokenizer: nothing derived
+    # train 500000 x 256; valid (500000 // 1000 + 1) x 10 x 256; test 10 x 256
+    assert got.sizes == [128_000_000, 1_282_560, 2_560]
+    assert got.extras["global_batch_size"] == 256 and got.extras["data_parallel_size"] == 16
+    assert got.extras["tokenizer"] == {"tokenizer_type": "Llama2Tokenizer",
+                                       "tokenizer_model": "tok.model"}
+    assert got.config().sequence_length == 4096
+
+
+def test_llama3_script_with_mock_data(tmp_path):
+    argv = script_argv(tmp_path, "train_llama3_8b_h100_fp8.sh")  # MOCK by default
+    got = megatron_config_from_args(argv, world_size=8)
+    f = got.fields
+    assert "blend" not in f and "blend_per_split" not in f
+    assert (f["vocab_size"], f["eod_id"], f["pad_id"]) == (128256, 128255, -1)
+    assert f["tokenizer"]["vocab_size"] == "128256"
+    assert f["split"] == "'99,1,0'"  # the quotes reach Megatron; its split regex skips them
+    assert f["read_mode"] == "pread" and f["create_attention_mask"] is False
+    assert f["path_to_cache"].endswith("benchmark_cache_llama3_8b_fp8")
+    iters = 1_953_125_000 // 128
+    assert got.sizes == [1_953_125_000, (iters // 100 + 1) * 32 * 128, 32 * 128]
+    assert got.extras["num_workers"] == 1 and got.extras["tokenizer"]["tiktoken_pattern"] == "v2"
+    cfg = got.config()
+    assert cfg.mock and cfg.eod_id == 128255
+
+
+def test_llama3_script_with_data_needs_the_eod_only_for_eod_flags(tmp_path):
+    script = "train_llama3_8b_h100_fp8.sh"
+    argv = script_argv(tmp_path, script, "ckpt", "tb", "meta/llama3", "/d/web")
+    got = megatron_config_from_args(argv, world_size=8)
+    assert got.fields["blend"] == Blend(prefixes=("/d/web",))
+    assert got.extras["tokenizer"]["tokenizer_type"] == "HuggingFaceTokenizer"
+    with pytest.raises(ConfigError, match="--eod-mask-loss needs the tokenizer's end-of-document"):
+        megatron_config_from_args([*argv, "--eod-mask-loss"], world_size=8)
+    masked = megatron_config_from_args([*argv, "--eod-mask-loss"], world_size=8, eod_id=128001)
+    assert masked.fields["eod_mask_loss"] and masked.fields["eod_id"] == 128001
+
+
+@pytest.mark.parametrize(("script", "flag"), [
+    ("train_gpt3_175b_distributed.sh", "--step-batch-size-schedule"),
+    ("train_gpt3_175b_distributed.fa0dcc4.sh", "--rampup-batch-size"),
+])
+def test_gpt3_175b_scripts_are_refused_naming_the_batch_schedule(tmp_path, script, flag):
+    """Both published versions pair a batch schedule with flags Megatron refuses it with."""
+    argv = script_argv(tmp_path, script, "ckpt", "tb", "vocab.json", "merges.txt", "/d/pile")
+    with pytest.raises(ConfigError, match=flag):
+        megatron_config_from_args(argv, world_size=1536)
+    without = []
+    for token in argv:  # the same script without its schedule parses
+        if token.startswith("--"):
+            skipping = token == flag
+        if not skipping:
+            without.append(token)
+    got = megatron_config_from_args(without, world_size=1536)  # tensor 8 x pipeline 16: 12 dp
+    assert got.fields["split"] == "949,50,1" and got.sizes[0] == 500_000 * 1536
+    assert got.extras["tokenizer"] == {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (["--num-layerz", "2"], "unknown Megatron flag --num-layerz"),
+    (["--seq-len", "8"], "unknown Megatron flag --seq-len"),  # no abbreviations, as Megatron
+    (["--object-storage-cache-path", "/x"], "--object-storage-cache-path"),
+    (["--dataloader-fast-cache-load"], "needs --data-cache-path"),
+    (["--dataloader-type", "external"], "external"),
+    (["--seed", "x"], "invalid int value"),
+])
+def test_unknown_or_unsupported_flags_are_named(extra, match):
+    base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4",
+            "--train-iters", "3", "--eval-interval", "2", "--num-layers", "2", "--lr", "1e-4"]
+    assert megatron_config_from_args(base, world_size=1).sizes == [12, 800, 400]
+    with pytest.raises(ConfigError, match=match):
+        megatron_config_from_args([*base, *extra], world_size=1)
+
+
+def test_megatron_fast_load_flags_and_the_datasets_they_make(tmp_path):
+    docs = [list(range(i, i + 30)) for i in range(40)]
+    prefix = write_documents(tmp_path / "web", docs)
+    argv = ["--data-path", "2", prefix, "--split", "90,10,0", "--seq-length", "8",
+            "--global-batch-size", "4", "--micro-batch-size", "2", "--train-iters", "5",
+            "--eval-iters", "1", "--eval-interval", "5", "--data-cache-path", str(tmp_path / "c"),
+            "--no-create-attention-mask-in-dataloader", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", "100", "--reset-position-ids", "--num-layers", "2"]
+    got = megatron_config_from_args(argv, world_size=2)
+    assert got.sizes == [20, 8, 4] and got.extras["data_parallel_size"] == 2
+    assert got.fields["eod_id"] == 99 and got.fields["reset_position_ids"] is True
+    train, valid, test = build_datasets(got.config(), got.sizes)
+    assert len(train) >= 20 and test is None
+    fast = megatron_config_from_args([*argv, "--dataloader-fast-cache-load",
+                                      "--dataloader-defer-npy-index-mmap",
+                                      "--per-dataset-sequences-path", "seq.json"], world_size=2)
+    assert fast.fields["build_policy"] == "none" and fast.fields["sequences_path"] == "seq.json"
+
+
+# -- GPT-NeoX's example configs -------------------------------------------------------------------
+def test_neox_125m_with_local_setup():
+    got = neox_config_from_yaml([NEOX / "125M.yml", NEOX / "local_setup.yml"], data_parallel_size=1)
+    assert got.fields == {
+        "order": "neox", "sequence_length": 2048, "random_seed": 1234,
+        "blend": ["data/enwik8/enwik8_text_document"], "split": "969, 30, 1", "read_mode": "mmap",
+    }
+    # micro 4 x 1 data-parallel; 320000 iterations, eval every 1000 for 10 iterations
+    assert got.sizes == [320000 * 4, 321 * 10 * 4, 10 * 4]
+    assert got.extras["tokenizer"]["vocab_file"] == "data/gpt2-vocab.json"
+
+
+def test_neox_20b():
+    got = neox_config_from_yaml(NEOX / "20B.yml", data_parallel_size=12)  # 96 GPUs / (4 x 2)
+    assert got.fields["split"] == "995,4,1"
+    assert got.fields["blend"] == ["./data/pile_20B_tokenizer/pile_20B_tokenizer_text_document"]
+    assert got.extras["train_batch_size"] == 4 * 32 * 12
+    assert got.sizes == [150000 * 1536, 151 * 10 * 1536, 10 * 1536]
+
+
+def test_neox_20b_data_parallel_size_from_the_world(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "96")
+    monkeypatch.setenv("RANK", "0")
+    assert neox_config_from_yaml(NEOX / "20B.yml").extras["train_batch_size"] == 1536
+    monkeypatch.setenv("WORLD_SIZE", "4")  # fewer processes than pipe x model parallel
+    with pytest.raises(ConfigError, match="data_parallel_size"):
+        neox_config_from_yaml(NEOX / "20B.yml")
+
+
+def test_neox_per_split_paths():
+    got = neox_config_from_yaml([NEOX / "125M.yml", NEOX / "eleutherai_cluster.yml"],
+                                data_parallel_size=2)
+    assert got.fields["blend_per_split"] == [
+        ["1.0", "/mnt/ssd-1/data/enwik8/enwik8_text_document"],
+        ["1.0", "/mnt/ssd-1/data/enwik8/enwik8_val_text_document"],
+        ["1.0", "/mnt/ssd-1/data/enwik8/enwik8_test_text_document"],
+    ]
+    assert "split" not in got.fields and "blend" not in got.fields
+
+
+def test_neox_pythia_with_hyphenated_docker_paths():
+    got = neox_config_from_yaml([NEOX / "pythia-1-4B.yml", NEOX / "docker-pythia-paths.yml"],
+                                data_parallel_size=8)
+    prefix = "/home/mchorse/data/pile_deduped/pile_0.87_deduped_text_document"
+    assert got.fields["blend_per_split"] == [["1.0", prefix]] * 3
+    assert got.sizes == [143000 * 128, 2 * 10 * 128, 10 * 128]
+    assert got.extras["tokenizer"]["tokenizer_type"] == "HFTokenizer"
+    assert got.extras["num_workers"] == 1
+
+
+@pytest.mark.parametrize(("extra", "fields"), [
+    ({"use_shared_fs": False}, {"build_policy": "local-rank0"}),
+    ({"mmap_warmup": True}, {"warmup": True}),
+    ({"data_impl": "cached"}, {"read_mode": "memory"}),
+    ({"data_impl": "lazy"}, {"read_mode": "pread"}),
+    ({"data_impl": "infer"}, {}),
+    ({"train-data-paths": ["a", "b"], "train-data-weights": [1, 3], "valid_data_paths": ["c"],
+      "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3},
+     {"blend_per_split": [["1.0", "a", "3.0", "b"], ["1.0", "c"], None],
+      "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}),
+    ({"eod_mask_loss": True}, {"eod_mask_loss": True, "eod_id": 50256}),
+])
+def test_neox_data_keys_map_onto_fields(extra, fields):
+    base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}
+    got = neox_config_from_yaml({**base, **extra}, eod_id=50256)
+    expected = {"order": "neox", "sequence_length": 8, "random_seed": 1234}
+    if "blend_per_split" not in fields:
+        expected.update(blend=["p"], split="969, 30, 1")
+    assert got.fields == {**expected, **fields}
+
+
+@pytest.mark.parametrize(("conf", "match"), [
+    ({"train_label_data_paths": ["x"]}, "train_label_data_paths is set"),
+    ({"pos_train_data_paths": ["x"]}, "pos_train_data_paths is set"),
+    ({"pack_impl": "unpacked"}, "pack_impl"),
+    ({"dataset_impl": "online"}, "dataset_impl"),
+    ({"train_impl": "dpo"}, "train_impl"),
+    ({"data_imp": "mmap"}, "unknown NeoX key data_imp"),
+    ({"data_impl": "fast"}, "data_impl is 'fast'"),
+    ({"eod_mask_loss": True}, "pass eod_id"),
+    ({"train_iters": None}, "neither train_iters nor train_epochs"),
+    ({"train_batch_size": None}, "train_micro_batch_size_per_gpu"),
+    ({"seq_length": None}, "no seq_length"),
+    ({"data_path": None}, "no data"),
+    ({"train_data_paths": ["a"], "train_data_weights": [1, 2]}, "2 train_data_weights for 1"),
+])
+def test_neox_keys_it_cannot_honour_are_named(conf, match):
+    base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}
+    with pytest.raises(ConfigError, match=match):
+        neox_config_from_yaml({**base, **conf})
+
+
+def test_neox_repeated_key_across_files(tmp_path):
+    (tmp_path / "x.yml").write_text('{"seq_length": 4096}\n')
+    with pytest.raises(ConfigError, match="'seq_length' is in both"):
+        neox_config_from_yaml([NEOX / "125M.yml", tmp_path / "x.yml"])
+
+
+def test_neox_epoch_mode():
+    got = neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3})
+    assert got.sizes == [None, None, None] and got.fields["num_epochs"] == 1
+
+
+# -- an imported NeoX config serves NeoX's items ---------------------------------------------------
+NEOX_DATA = json.loads((FIXTURES / "neox" / "cases.json").read_text())
+NEOX_CASES = {c["id"]: c for c in NEOX_DATA["cases"]}
+NEOX_ARRAYS = np.load(FIXTURES / "neox" / "cases.npz")
+
+
+def neox_files(folder, names) -> None:
+    """The NeoX fixture's token files: token j of sequence i is (i * 131 + j * 7) % 50000."""
+    for name in names:
+        lengths = NEOX_DATA["data_files"][name]["sequence_lengths"]
+        docs = [(i * 131 + np.arange(k) * 7) % 50000 for i, k in enumerate(lengths)]
+        write_documents(folder / name, docs)
+
+
+def build_imported(got: ImportedConfig):
+    """The wiring the lead adds to MegatronDataConfig(order="neox"), done by hand."""
+    fields = dict(got.fields)
+    assert fields.pop("order") == "neox"
+    kwargs = {k: fields.pop(k) for k in ("weight_by_num_documents", "weighted_sampler_alpha",
+                                         "num_epochs") if k in fields}
+    from tokenload.datasets import MegatronDataConfig
+
+    return build_neox_datasets(MegatronDataConfig(**fields), got.sizes, **kwargs)
+
+
+@pytest.mark.parametrize(("cid", "conf"), [
+    ("n000", {"data_path": "a", "split": "969, 30, 1", "seq_length": 16, "train_iters": 20,
+              "train_batch_size": 2, "eval_iters": 1, "eval_interval": 6}),
+    ("n014", {"train-data-paths": ["a", "b"], "valid-data-paths": ["d"], "test-data-paths": ["e"],
+              "seq_length": 16, "train_iters": 20, "train_batch_size": 10, "eval_iters": 1,
+              "eval_interval": 15}),
+    ("n020", {"train_data_paths": ["a", "b", "c"], "valid_data_paths": ["a", "d"],
+              "test_data_paths": ["b"], "weight_by_num_documents": True,
+              "seq_length": 16, "train_iters": 30, "train_batch_size": 10, "eval_iters": 1,
+              "eval_interval": 12}),
+])
+def test_imported_neox_config_serves_neoxs_items(tmp_path, cid, conf):
+    case = NEOX_CASES[cid]
+    neox_files(tmp_path, "abcde")
+    for key in ("data_path", "train-data-paths", "valid-data-paths", "test-data-paths",
+                "train_data_paths", "valid_data_paths", "test_data_paths"):
+        if key in conf:
+            value = conf[key]
+            paths = [value] if isinstance(value, str) else value
+            conf[key] = [str(tmp_path / p) for p in paths]
+    got = neox_config_from_yaml(conf)
+    assert got.sizes == case["num_samples"]
+    for name, ds in zip(("train", "valid", "test"), build_imported(got)):
+        rec = case["splits"][name]
+        if rec is None:
+            assert ds is None
+            continue
+        assert len(ds) == rec["len"]
+        items = ds.__getitems__(rec["item_index"])
+        text = NEOX_ARRAYS[f"{cid}/{name}/item_text"]
+        np.testing.assert_array_equal(items["tokens"], text[:, :-1])
