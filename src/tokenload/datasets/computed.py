@@ -356,13 +356,21 @@ class ComputedBlendedDataset:
 
     # -- mixture changes -----------------------------------------------------------------------
     def mixture_state(self, consumed: int) -> dict[str, Any]:
-        """The cursors of every source after ``consumed`` global samples (JSON-able)."""
-        return {"order": self.order_fingerprint, **self.mixture.state(consumed).to_dict()}
+        """The cursors of every source after ``consumed`` global samples, and the current phase
+        (where it started, its sources and weights), JSON-able: the loader keeps it in its state."""
+        phase = {
+            "identities": list(self.sources), "weights": self.weights, "period": self.period,
+            **self.mixture.state(self.mixture.start).to_dict(),
+        }
+        return {"order": self.order_fingerprint, **self.mixture.state(consumed).to_dict(), "phase": phase}
 
-    def resume_mixture(self, state: dict[str, Any]) -> None:
-        """Continue a run whose blend had other weights or sources: from ``state["consumed"]``
-        on, every source serves its next cursor under this blend's weights. ``StateError`` for a
-        state of another seed, block size or item layout, or a source whose windows changed."""
+    def resume_mixture(self, state: dict[str, Any]) -> str:
+        """Continue the run that saved ``state`` (``mixture_state``). With the saved phase's
+        sources and weights, the same phase continues (the order is the uninterrupted run's):
+        returns ``"same"``. Otherwise a new phase starts at ``state["consumed"]`` where every
+        source serves its next cursor under this blend's weights: ``"weights"`` (same sources)
+        or ``"sources"`` (added, removed or reordered ones). ``StateError`` for a state of another seed,
+        block size or item layout, or a source whose windows per epoch changed."""
         if not isinstance(state, dict) or state.get("order") != self.order_fingerprint:
             found = state.get("order") if isinstance(state, dict) else type(state).__name__
             raise StateError(
@@ -370,15 +378,26 @@ class ComputedBlendedDataset:
                 hint="resume with the seed, block size, sequence length and item options of the saved run",
             )
         saved = MixtureState.from_dict(state)
+        phase = state.get("phase")
         if saved.consumed > len(self):
             raise StateError(
                 f"the mixture state was saved after {saved.consumed} samples; this blend holds {len(self)}",
                 hint="build the blend with at least as many samples as the run has consumed",
             )
+        windows = [d.grid.num_windows for d in self.datasets]
+        same_sources = isinstance(phase, dict) and phase.get("identities") == self.sources
+        if same_sources and phase.get("weights") == self.weights and phase.get("period") == self.period:
+            start = MixtureState.from_dict(phase)
+            self.mixture = Mixture(
+                self.sources, self.weights, windows, seed=self.seed, start=start.consumed, state=start,
+                period=self.period, block_size=self.block_size,
+            )
+            return "same"
         self.mixture = resume(
-            saved, self.sources, self.weights, [d.grid.num_windows for d in self.datasets],
-            seed=self.seed, period=self.period, block_size=self.block_size,
+            saved, self.sources, self.weights, windows, seed=self.seed, period=self.period,
+            block_size=self.block_size,
         )
+        return "weights" if same_sources else "sources"
 
 
 def _distinct(identities: list[str]) -> list[str]:

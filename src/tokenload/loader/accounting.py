@@ -37,7 +37,7 @@ METRICS_VERSION = 1
 def member_datasets(dataset: Any) -> list[Any]:
     """The sources of ``dataset``: a blend's members (what ``dataset_id`` numbers), else itself."""
     members = getattr(dataset, "datasets", None)
-    if members is not None and hasattr(dataset, "dataset_index"):
+    if members is not None and (hasattr(dataset, "dataset_index") or getattr(dataset, "blended", False)):
         return list(members)
     return [dataset]
 

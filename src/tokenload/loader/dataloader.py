@@ -7,7 +7,12 @@ tensors either way, in the same order. The returned ``TokenloadDataLoader`` coun
 micro-batches it has handed to the training loop (not those made ahead by workers), so
 ``state_dict()`` is exact at any step; ``load_state_dict()`` checks the fingerprint and restarts
 the order at the saved ``consumed_samples``, with the single sampler also on another data-parallel
-size (the cyclic sampler's order depends on the topology, so it refuses another one). It follows
+size (the cyclic sampler's order depends on the topology, so it refuses another one). For a
+computed blend (``datasets.computed``) under the single sampler the state also records every
+source's cursor (``"mixture"``), and loading it into a blend of other weights, or with sources
+added or removed, continues every source where it stopped: the fingerprint covers the sources'
+identities, not the weights, and another set of sources is accepted for such a blend only (a
+Megatron-order blend of other weights still refuses the state). It follows
 torchdata's StatefulDataLoader protocol (``state_dict``/``load_state_dict``), so Lightning and
 plain torch checkpoints store it as a small dict.
 
@@ -126,6 +131,10 @@ class TokenloadDataLoader:
         if data is None:
             data = f"{type(self.dataset).__qualname__}:{len(self.dataset)}"
         kind = f"{self.config.kind}:{self.config.data_sharding}" if self.config.kind == "cyclic" else "single"
+        if self.config.kind == "cyclic" and hasattr(self.dataset, "mixture_state"):
+            # a computed blend's fingerprint leaves out its weights so that the single sampler
+            # can change them mid-run; the cyclic order draws samples out of order: it cannot
+            kind += f":{getattr(self.dataset, 'weights', None)!r}"
         return hashlib.sha256(f"{data}|{kind}".encode()).hexdigest()[:16]
 
     def __len__(self) -> int:
@@ -230,13 +239,23 @@ class TokenloadDataLoader:
             dp_size=self.dp_size,
         ).to_dict()
         state["metrics"] = self._metrics.state_dict()
+        if self._mixture_resumable:
+            state["mixture"] = self.dataset.mixture_state(self.consumed_samples)
         return state
+
+    @property
+    def _mixture_resumable(self) -> bool:
+        """A computed blend under the single sampler: its state holds every source's cursor, and
+        a state resumes into a blend of other weights or sources (``resume_mixture``)."""
+        return self.config.kind == "single" and hasattr(self.dataset, "resume_mixture")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved ``consumed_samples``, with the saved metrics counters (a state
         without them, from an older tokenload, keeps this loader's)."""
         loaded = LoaderState.from_dict(state)
-        loaded.check(self.fingerprint)
+        mixture = state.get("mixture") if self._mixture_resumable else None
+        if mixture is None:
+            loaded.check(self.fingerprint)
         if self.config.kind == "cyclic":
             loaded.check_topology(micro_batch_size=self.config.micro_batch_size, dp_size=self.dp_size)
         elif loaded.consumed_samples > self.plan.total_samples:  # the cyclic order counts on through epochs
@@ -252,8 +271,20 @@ class TokenloadDataLoader:
                 f" {self.plan.group}, so this topology cannot continue exactly where the run stopped",
                 hint="resume at a global-batch boundary, or choose sizes whose product divides the global batch",
             )
-        if "metrics" in state:
+        changed = "same"
+        if mixture is not None:
+            if isinstance(mixture, dict) and mixture.get("consumed") != loaded.consumed_samples:
+                raise StateError(
+                    f"the loader state's mixture was saved after {mixture.get('consumed')!r} samples,"
+                    f" its consumed_samples is {loaded.consumed_samples}",
+                    hint="pass the dict saved from loader.state_dict(), unchanged",
+                )
+            changed = self.dataset.resume_mixture(mixture)
+            self.close()  # workers hold the dataset as it was: the next iteration starts new ones
+        if "metrics" in state and changed != "sources":
             self._metrics.load_state_dict(state["metrics"])
+        elif "metrics" in state:
+            logger.info("the blend's sources changed: the loader's per-source metrics start from zero")
         self.consumed_samples = loaded.consumed_samples
 
 

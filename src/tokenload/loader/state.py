@@ -2,7 +2,9 @@
 
 Because global sample k is a pure function of (data, config, k), resuming needs only the number
 of samples the whole job has consumed. The fingerprint makes a state saved for other data or
-another order fail loudly instead of silently reshuffling.
+another order fail loudly instead of silently reshuffling. A computed blend's state also holds
+its mixture (every source's cursor), which the loader hands to the blend on resume, so its
+weights and sources may change between runs (``TokenloadDataLoader.load_state_dict``).
 """
 
 from __future__ import annotations
