@@ -27,9 +27,11 @@ What differs from NeoX, by design:
   no loss there (NeoX trains on the pad zeros). With NeoX's ``pack_impl="packed"``, the only
   packing reproduced, every sample spans ``S + 1`` tokens, so no sample is ever padded;
 * the reset/attention-mask/``cu_seqlens`` options are tokenload's item options (NeoX has none);
-* the index arrays are built in memory in every process (vectorized: well under a second per
-  million samples), so no index cache is read or written: NeoX's ``*_indexmap_*.npy`` files,
-  ``path_to_cache``, ``cache`` and ``build_policy`` play no part, and no collective is called.
+* the index arrays are built in memory in every process, so no index cache is read or written:
+  NeoX's ``*_indexmap_*.npy`` files, ``path_to_cache``, ``cache`` and ``build_policy`` play no
+  part, and no collective is called. Measured on a shared 2-core machine (2 M documents,
+  sequence length 2048): 2.0 s for 1 M samples (3 epochs), 11.6 s for 4 M (9 epochs), in every
+  process; a NeoX-sized run (hundreds of millions of samples) needs a cache, not built yet.
 """
 
 from __future__ import annotations
