@@ -180,7 +180,13 @@ class Bench:
                    "--per-dataset-sequences-path", str(out)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"tokenload sequences failed: {done.stderr.strip()[-500:]}")
+                # No CLI yet: the same file through the format API the CLI is built on.
+                from tokenload.format import TokenFile
+                from tokenload.format.sequences import counts_of, write_sequences
+
+                write_sequences(out, {p: counts_of(TokenFile(p)) for p in self.blend["prefixes"]})
+                self.notes.append(f"sequences JSON written by format.sequences.write_sequences "
+                                  f"(tokenload sequences: {done.stderr.strip()[-200:]})")
         return str(out)
 
     # -- runs ---------------------------------------------------------------------------------
@@ -474,6 +480,8 @@ def main() -> None:
     print()
     print_tables(summaries)
     results = goals(summaries, args.prefixes)
+    for note in bench.notes:
+        print(f"note: {note}")
     if args.out:
         Path(args.out).write_text(json.dumps({"summaries": summaries, "goals": results, "records": raw,
                                               "features": features, "sizes": args.sizes}, default=str))
