@@ -1,0 +1,174 @@
+"""`tokenload prepare-cache`, run as a real command: Megatron's sample arithmetic, the caches
+megatron-core's prepare_cache.py writes (fixtures/megatron/prepare_cache), one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+from support import FIXTURES, run_cli, write_documents
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+
+PREPARED = json.loads((FIXTURES / "megatron" / "prepare_cache" / "expected.json").read_text())
+CASES = {c["id"]: c for c in PREPARED["cases"]}
+NULL_1000 = json.loads((FIXTURES / "megatron" / "order" / "cases.json").read_text())["tokenizer"]["unique_identifiers"]
+TOKENLOAD_ONLY = ("-tokenload.json", "-tokenload-build.json")
+
+
+@pytest.fixture
+def order_data(tmp_path):
+    """A copy of megatron's order/ token files (prefixes gold/x ... rand/c relative to it)."""
+    root = tmp_path / "data"
+    for sub in ("gold", "rand"):
+        shutil.copytree(FIXTURES / "megatron" / "order" / sub, root / sub)
+    return root
+
+
+@pytest.fixture
+def one_prefix(tmp_path):
+    """1000 documents of 3-9 tokens: enough for every sample count below, and for a test split
+    under Megatron's default split."""
+    docs = [[(7 * i + j) % 50 for j in range(3 + i % 7)] for i in range(1000)]
+    return write_documents(tmp_path / "doc", docs)
+
+
+def _md5s(folder) -> dict[str, str]:
+    return {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+
+
+def _prepare_json(*args, cwd=None) -> dict:
+    out = run_cli("prepare-cache", *args, "--json", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("case_id", sorted(CASES))
+def test_caches_are_megatron_prepare_caches(case_id, order_data, tmp_path):
+    case = CASES[case_id]
+    cache = tmp_path / "cache"
+    result = _prepare_json(*case["argv"], "--data-cache-path", cache, cwd=order_data)
+    counts = case["counts"]
+    for key in ("world_size", "data_parallel_size", "global_batch_size", "train_iters"):
+        assert result[key] == counts[key], key
+    assert result["train_valid_test_num_samples"] == counts["train_valid_test_num_samples"]
+    assert {s: result[f"{s}_dataset_length"] for s in ("train", "valid", "test")} == case["lengths"]
+    assert result["tokenizer"] == NULL_1000
+    got = _md5s(cache)
+    assert {n: got.get(n) for n in case["files"]} == case["files"]  # same names, same bytes
+    assert all(n.endswith(TOKENLOAD_ONLY) for n in set(got) - set(case["files"]))
+    for name, text in case["descriptions"].items():
+        assert (cache / name).read_text() == text
+    assert sorted(result["files_written"]) == sorted(got)
+
+
+def test_build_policy_none_loads_the_prepared_caches(order_data, tmp_path, monkeypatch):
+    case = CASES["weighted_blend_gbs"]
+    cache = tmp_path / "cache"
+    _prepare_json(*case["argv"], "--data-cache-path", cache, cwd=order_data)
+    before = _md5s(cache)
+    monkeypatch.chdir(order_data)
+    config = MegatronDataConfig(
+        sequence_length=16, blend=["30", "gold/x", "70", "rand/a"], split="80,15,5", tokenizer=NULL_1000,
+        path_to_cache=str(cache), build_policy="none",
+    )
+    datasets = build_datasets(config, case["counts"]["train_valid_test_num_samples"])
+    assert {s: len(d) for s, d in zip(("train", "valid", "test"), datasets)} == case["lengths"]
+    assert _md5s(cache) == before
+
+
+# Megatron's arithmetic: train = iters x gbs (or --train-samples), valid = (iters // interval + 1)
+# x eval_iters x eval gbs, test = eval_iters x eval gbs; gbs = micro x world // (tp x pp x cp).
+COUNTS = [
+    (["--global-batch-size", "8", "--train-iters", "100", "--eval-interval", "10", "--eval-iters", "3"],
+     8, 1, [800, 264, 24]),
+    (["--micro-batch-size", "2", "--prepare-cache-world-size", "8", "--train-iters", "10", "--eval-interval",
+      "5", "--eval-iters", "2"], 16, 8, [160, 96, 32]),
+    (["--micro-batch-size", "2", "--prepare-cache-world-size", "8", "--tensor-model-parallel-size", "2",
+      "--pipeline-model-parallel-size", "2", "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2"],
+     4, 2, [40, 24, 8]),
+    (["--micro-batch-size", "3", "--train-iters", "4", "--eval-interval", "2", "--eval-iters", "1"], 3, 1, [12, 9, 3]),
+    (["--global-batch-size", "8", "--train-samples", "50", "--eval-interval", "4", "--eval-iters", "1"],
+     8, 1, [50, 16, 8]),
+    (["--global-batch-size", "8", "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
+      "--eval-global-batch-size", "2"], 8, 1, [80, 12, 4]),
+    (["--global-batch-size", "8", "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
+      "--start-eval-at-iter", "5"], 8, 1, [80, 32, 16]),
+    (["--global-batch-size", "2", "--train-iters", "10", "--eval-iters", "4", "--skip-train"], 2, 1, [20, 8, 8]),
+    (["--global-batch-size", "1", "--train-iters", "10", "--eval-interval", "100"], 1, 1, [10, 100, 100]),
+]
+
+
+@pytest.mark.parametrize("flags,gbs,dp,samples", COUNTS)
+def test_sample_counts_follow_megatron(flags, gbs, dp, samples, one_prefix, tmp_path):
+    result = _prepare_json("--data-path", one_prefix, "--split", "90,5,5", "--seq-length", "4",
+                           "--data-cache-path", tmp_path / "c", *flags)
+    assert (result["global_batch_size"], result["data_parallel_size"]) == (gbs, dp)
+    assert result["train_valid_test_num_samples"] == samples
+    assert result["train_dataset_length"] >= samples[0]
+
+
+def test_text_output_names_counts_lengths_and_missing_tokenizer(one_prefix, tmp_path):
+    out = run_cli("prepare-cache", "--data-path", one_prefix, "--seq-length", "4", "--data-cache-path",
+                  tmp_path / "c", "--global-batch-size", "2", "--train-iters", "3", "--eval-interval", "2",
+                  "--eval-iters", "1", "--eod-mask-loss")
+    assert out.returncode == 0, out.stderr
+    assert "samples             train 6, valid 4, test 2" in out.stdout
+    assert "'969, 30, 1' (Megatron's default without --split)" in out.stdout
+    assert "tokenizer identity  None" in out.stdout
+    assert "--eod-mask-loss: item flags, no effect on the caches" in out.stdout
+    assert "train dataset length" in out.stdout and "test dataset length" in out.stdout
+    assert out.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_tokenizer_identity_derived_or_copied(one_prefix, tmp_path):
+    base = ["--data-path", one_prefix, "--split", "1,0,0", "--seq-length", "4", "--global-batch-size", "1",
+            "--train-iters", "2", "--eval-iters", "0", "--skip-train", "--data-cache-path"]
+    null = _prepare_json(*base, tmp_path / "a", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000")
+    assert null["tokenizer"] == NULL_1000
+    eod = _prepare_json(*base, tmp_path / "b", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                        "--null-tokenizer-eod-id", "5")
+    assert list(eod["tokenizer"].items())[2:] == [("vocab_size", "1000"), ("eod_id", "5"), ("pad_id", "-1")]
+    description = next((tmp_path / "a").glob("*-GPTDataset-train-description.txt"))
+    copied = _prepare_json(*base, tmp_path / "c", "--tokenizer-identity", description)
+    assert copied["tokenizer"] == NULL_1000
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted(p.name for p in (tmp_path / "a").iterdir())
+    inline = _prepare_json(*base, tmp_path / "d", "--tokenizer-identity", json.dumps(NULL_1000))
+    assert inline["files_written"] == copied["files_written"]
+
+
+def test_order_computed_has_nothing_to_prepare(tmp_path):
+    out = run_cli("prepare-cache", "--order", "computed", "--data-path", "nowhere", "--data-cache-path", tmp_path / "c")
+    assert out.returncode == 0, out.stderr
+    assert "nothing to prepare" in out.stdout
+    assert not (tmp_path / "c").exists()
+
+
+ERRORS = [  # (base flags removed, flags added, what the one line says)
+    (["--data-cache-path"], [], "--data-cache-path is missing"),
+    ([], ["--mock-data"], "--mock-data has no token files"),
+    (["--data-path"], ["--data-path", "x", "{prefix}", "2", "{prefix}"], "mixes numeric and non-numeric"),
+    ([], ["--train-data-path", "{prefix}"], "are given together"),
+    (["--data-path"], ["--data-path", "{prefix}-missing"], "cannot read the index"),
+    (["--eval-interval"], [], "no --eval-interval"),
+    ([], ["--prepare-cache-world-size", "6", "--tensor-model-parallel-size", "4"], "not divisible"),
+    ([], ["--micro-batch-size", "3"], "not a multiple of micro batch size"),
+    ([], ["--tokenizer-type", "GPT2BPETokenizer"], "derives only NullTokenizer"),
+    ([], ["--tokenizer-identity", "{{not json"], "is not JSON"),
+    (["--train-iters"], [], "no training length"),
+]
+
+
+@pytest.mark.parametrize("removed,added,message", ERRORS)
+def test_user_errors_are_one_line(removed, added, message, one_prefix, tmp_path):
+    base = {"--data-path": [one_prefix], "--split": ["99,1,0"], "--seq-length": ["4"], "--data-cache-path":
+            [str(tmp_path / "c")], "--global-batch-size": ["4"], "--train-iters": ["2"], "--eval-interval": ["1"]}
+    argv = [x for flag, values in base.items() if flag not in removed for x in (flag, *values)]
+    out = run_cli("prepare-cache", *argv, *(x.format(prefix=one_prefix) for x in added))
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tokenload prepare-cache: error:"), out.stderr
+    assert message in lines[0]
+    assert "[HINT:" in lines[0]
