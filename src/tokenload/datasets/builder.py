@@ -110,6 +110,17 @@ def build_datasets(
     Call it on every rank: ``config.build_policy`` decides who builds, writes, waits and loads.
     Every dataset returned carries ``startup_phases`` (seconds per phase of this call).
     """
+    if config.order == "computed":
+        from .computed import build_computed_datasets
+
+        return build_computed_datasets(config, sizes, block_size=config.block_size)
+    if config.order == "neox":
+        from .neox import build_neox_datasets
+
+        return build_neox_datasets(
+            config, sizes, weight_by_num_documents=config.weight_by_num_documents,
+            weighted_sampler_alpha=config.weighted_sampler_alpha, num_epochs=config.num_epochs,
+        )
     return _Builder(config, World.detect()).build(list(sizes))
 
 
@@ -146,7 +157,7 @@ class _Builder:
             else:
                 if c.sequences_path is not None and self._sequences is None:
                     self._sequences = read_sequences(c.sequences_path)
-                self._sources[prefix] = open_token_file(prefix, c.read_mode, self._sequences)
+                self._sources[prefix] = open_token_file(prefix, c.read_mode, self._sequences, warmup=c.warmup)
         return self._sources[prefix]
 
     # -- the policy around one build ------------------------------------------------------------

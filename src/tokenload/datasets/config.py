@@ -11,9 +11,10 @@ from ..index import Blend
 from .items import ItemConfig
 from .policy import BUILD_POLICIES
 
-__all__ = ["CACHE_POLICIES", "MegatronDataConfig"]
+__all__ = ["CACHE_POLICIES", "ORDERS", "MegatronDataConfig"]
 
 CACHE_POLICIES = ("auto", "strict", "off")
+ORDERS = ("megatron", "computed", "neox")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +98,30 @@ class MegatronDataConfig:
       Choose it for large jobs (hundreds of nodes), after preparing the cache.
 
     ``cache="off"`` turns every policy into an in-memory build with no barrier."""
+    order: str = "megatron"
+    """Which sample order (docs/ORDER.md):
+
+    * ``"megatron"`` (default): Megatron-LM's document/sample/shuffle and blending indices, bit
+      for bit, cached under Megatron's file names (``build_policy`` decides who builds them).
+    * ``"computed"``: windows of ``sequence_length`` tokens in a keyed permutation computed on
+      demand: no index build, no cache, no barrier, startup independent of the data's size; a
+      blend's weights may change between a save and a resume without repeating any sample.
+    * ``"neox"``: GPT-NeoX's ``GPT2Dataset``/``BlendableDataset`` order, so that a NeoX run can
+      continue in tokenload on the same samples (built in memory on every rank)."""
+    block_size: int | None = None
+    """``order="computed"`` only: permute blocks of this many consecutive windows, then the
+    windows inside each block, so that a micro-batch reads a few places of the files (object
+    storage); None shuffles windows one by one."""
+    weight_by_num_documents: bool = False
+    """``order="neox"`` only: NeoX's ``weight_by_num_documents`` (blend weights from the files'
+    document counts, raised to ``weighted_sampler_alpha``)."""
+    weighted_sampler_alpha: float = 1.0
+    """``order="neox"`` only: NeoX's ``weighted_sampler_alpha``."""
+    num_epochs: int | None = None
+    """``order="neox"`` only: NeoX's epoch mode (``train_epochs``); None sizes by samples."""
+    warmup: bool = False
+    """Read each token file once, sequentially, when a process first opens it (GPT-NeoX's
+    ``mmap_warmup``): slower start, no page faults on first reads afterwards."""
     sequences_path: str | None = None
     """A sequences JSON (``tokenload sequences``; Megatron's ``--per-dataset-sequences-path``
     with each file's dtype): the token files open with the counts and dtype it gives and read
@@ -115,12 +140,37 @@ class MegatronDataConfig:
                 "build_policy='none' loads caches only, but cache='off' reads none",
                 hint="use cache='auto' or 'strict' with build_policy='none', or build_policy='every-rank'",
             )
+        if self.order not in ORDERS:
+            raise ConfigError(f"order is {self.order!r}, expected one of {ORDERS}",
+                              hint="use order='megatron' (the default), 'computed' or 'neox'")
+        if self.block_size is not None and self.order != "computed":
+            raise ConfigError(f"block_size applies to order='computed' only, not {self.order!r}",
+                              hint="drop block_size or set order='computed'")
         if self.blend is not None and self.blend_per_split is not None:
             raise ConfigError("blend and blend_per_split are exclusive", hint="give one of them (as Megatron)")
         if self.blend is not None and self.split is None:
             raise ConfigError("a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"')
         if self.mock and (self.vocab_size is None or self.eod_id is None):
             raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+
+    @classmethod
+    def from_megatron_args(cls, argv: Sequence[str], **options: Any):
+        """The configuration in Megatron-LM's training flags (``--data-path``, ``--split``,
+        ``--seq-length``, ``--data-cache-path``, ``--dataloader-fast-cache-load``, ...), as an
+        ``ImportedConfig``: ``.config()`` is the ``MegatronDataConfig``, ``.sizes`` the samples
+        per split by Megatron's arithmetic. Unknown flags are a ConfigError naming them."""
+        from .configs import megatron_config_from_args
+
+        return megatron_config_from_args(argv, **options)
+
+    @classmethod
+    def from_neox_config(cls, config: Any, **options: Any):
+        """The configuration in a GPT-NeoX YAML file (or a list of files merged as NeoX merges
+        them, or a dict), as an ``ImportedConfig`` (see ``from_megatron_args``); ``order`` is
+        ``"neox"``. Unsupported data keys are a ConfigError naming them."""
+        from .configs import neox_config_from_yaml
+
+        return neox_config_from_yaml(config, **options)
 
     @property
     def mock(self) -> bool:

@@ -137,7 +137,7 @@ class _Opener:
     def __call__(self, prefix: str) -> tuple[Any, np.ndarray, dict[str, Any]]:
         """(token file, its sequence lengths in memory, its content facts)."""
         if prefix not in self._open:
-            source = open_token_file(prefix, self.config.read_mode, self._sequences)
+            source = open_token_file(prefix, self.config.read_mode, self._sequences, warmup=self.config.warmup)
             self._open[prefix] = (source, np.array(source.sequence_lengths), file_facts(source))
         return self._open[prefix]
 

@@ -100,13 +100,13 @@ def stale_facts(source: TokenFile, recorded: dict[str, Any]) -> list[str]:
     return [f"{k}: recorded {recorded.get(k)!r}, found {v!r}" for k, v in found.items() if recorded.get(k) != v]
 
 
-def open_token_file(prefix: str, mode: str, sequences: SequencesFile | None) -> TokenFile:
+def open_token_file(prefix: str, mode: str, sequences: SequencesFile | None, *, warmup: bool = False) -> TokenFile:
     """A lazy ``TokenFile``; with a sequences JSON, opened with its counts and dtype (no header
     parsed; a prefix the file lacks is a ConfigError naming it)."""
     if sequences is None:
-        return TokenFile(prefix, mode=mode)
+        return TokenFile(prefix, mode=mode, warmup=warmup)
     entry = sequences.entry(prefix)
     return TokenFile(
         prefix, mode=mode, sequences=(entry.sequence_count, entry.document_count), dtype=entry.dtype,
-        sequences_path=sequences.path,
+        sequences_path=sequences.path, warmup=warmup,
     )

@@ -270,14 +270,12 @@ def neox_files(folder, names) -> None:
 
 
 def build_imported(got: ImportedConfig):
-    """The wiring the lead adds to MegatronDataConfig(order="neox"), done by hand."""
-    fields = dict(got.fields)
-    assert fields.pop("order") == "neox"
-    kwargs = {k: fields.pop(k) for k in ("weight_by_num_documents", "weighted_sampler_alpha",
-                                         "num_epochs") if k in fields}
-    from tokenload.datasets import MegatronDataConfig
+    """What a user does with an import: the config it makes, through the public builder."""
+    from tokenload.datasets import MegatronDataConfig, build_datasets
 
-    return build_neox_datasets(MegatronDataConfig(**fields), got.sizes, **kwargs)
+    config = got.config()
+    assert isinstance(config, MegatronDataConfig) and config.order == "neox"
+    return build_datasets(config, got.sizes)
 
 
 @pytest.mark.parametrize(("cid", "conf"), [
@@ -311,3 +309,22 @@ def test_imported_neox_config_serves_neoxs_items(tmp_path, cid, conf):
         items = ds.__getitems__(rec["item_index"])
         text = NEOX_ARRAYS[f"{cid}/{name}/item_text"]
         np.testing.assert_array_equal(items["tokens"], text[:, :-1])
+
+
+def test_a_neox_yaml_on_disk_serves_neoxs_items_through_the_classmethod(tmp_path):
+    from tokenload.datasets import MegatronDataConfig
+
+    case = NEOX_CASES["n000"]
+    neox_files(tmp_path, "a")
+    yml = tmp_path / "data.yml"
+    yml.write_text(
+        f'{{"data_path": "{tmp_path / "a"}", "split": "969, 30, 1", "seq_length": 16,\n'
+        ' "train_iters": 20, "train_batch_size": 2, "eval_iters": 1, "eval_interval": 6,\n'
+        ' "mmap_warmup": true, "data_impl": "mmap"}\n'
+    )
+    got = MegatronDataConfig.from_neox_config(yml)
+    assert got.config().warmup and got.sizes == case["num_samples"]
+    train = build_imported(got)[0]
+    rec = case["splits"]["train"]
+    items = train.__getitems__(rec["item_index"])
+    np.testing.assert_array_equal(items["tokens"], NEOX_ARRAYS["n000/train/item_text"][:, :-1])

@@ -1,0 +1,59 @@
+"""MegatronDataConfig(order=...) through the public builder: each order is reached from the one
+entry point users call, with its own checks, and the config importers are classmethods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import write_documents
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.errors import ConfigError
+
+
+@pytest.fixture
+def prefix(tmp_path):
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 1000, size=int(n)) for n in rng.integers(5, 200, size=300)]
+    return write_documents(tmp_path / "corpus", docs)
+
+
+@pytest.mark.parametrize("order", ["megatron", "computed", "neox"])
+def test_every_order_is_reached_through_build_datasets(prefix, order):
+    config = MegatronDataConfig(sequence_length=32, blend=[prefix], split="90,10,0", order=order)
+    train, valid, test = build_datasets(config, [100, 10, 0])
+    assert test is None and len(train) >= 99 and len(valid) >= 1
+    items = train.__getitems__(np.arange(8))
+    assert items["tokens"].shape == (8, 32) and items["labels"].shape == (8, 32)
+    kind = type(train).__name__
+    assert {"megatron": "GPTDataset", "computed": "ComputedGPTDataset", "neox": "NeoXGPTDataset"}[order] == kind
+
+
+def test_the_orders_differ_and_each_is_deterministic(prefix):
+    def first_tokens(order):
+        config = MegatronDataConfig(sequence_length=32, blend=[prefix], split="90,10,0", order=order)
+        return build_datasets(config, [100, 10, 0])[0].__getitems__(np.arange(16))["tokens"]
+
+    megatron, computed = first_tokens("megatron"), first_tokens("computed")
+    assert not np.array_equal(megatron, computed)
+    np.testing.assert_array_equal(computed, first_tokens("computed"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"order": "random"}, "order is 'random'"), ({"block_size": 8}, "block_size applies to order='computed'")],
+)
+def test_bad_order_options_are_config_errors(prefix, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        MegatronDataConfig(sequence_length=32, blend=[prefix], split="90,10,0", **kwargs)
+
+
+def test_from_megatron_args_is_a_classmethod_giving_a_config_and_sizes(prefix):
+    got = MegatronDataConfig.from_megatron_args(
+        ["--data-path", prefix, "--split", "90,10,0", "--seq-length", "32", "--global-batch-size", "4",
+         "--micro-batch-size", "4", "--train-iters", "10", "--eval-iters", "2", "--eval-interval", "5"],
+        world_size=1,
+    )
+    assert got.sizes == [40, 24, 8]
+    train, valid, _ = build_datasets(got.config(), got.sizes)
+    assert len(train) >= 40
