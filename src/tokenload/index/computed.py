@@ -96,12 +96,14 @@ def _network(x: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> n
     return left * b + right
 
 
-def keyed_bijection(x: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np.ndarray:
+def keyed_bijection(
+    x: np.ndarray, n: np.ndarray, keys: np.ndarray, rings: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
     """uint64 images of positions ``x < n`` under the keyed bijection of ``[0, n)``.
 
-    ``n`` (uint64) and ``keys`` (``(rounds, m)``) hold one entry per element of x, or one for
-    all (size 1 on the last axis)."""
-    a, b = _rings(n)
+    ``n`` (uint64), ``keys`` (``(rounds, m)``) and ``rings`` (``_rings(n)``, computed when not
+    given) hold one entry per element of x, or one for all (size 1 on the last axis)."""
+    a, b = _rings(n) if rings is None else rings
     out = _network(x, a, b, keys)
     walk = np.flatnonzero(out >= n)
     while walk.size:  # cycle-walk the rare values that left [0, n)
@@ -112,18 +114,22 @@ def keyed_bijection(x: np.ndarray, n: np.ndarray, keys: np.ndarray) -> np.ndarra
 
 def keyed_windows(
     positions: np.ndarray, epochs: np.ndarray, num_windows: np.ndarray, seeds: np.ndarray,
-    block_size: int | None,
+    block_size: int | None, *, keys: np.ndarray | None = None,
+    rings: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """int64 window at each position (``< num_windows``) of each epoch's order, vectorized.
 
     ``num_windows`` and ``seeds`` (uint64) hold one entry per position, or one for all: the
-    positions of many sources, each with its own order, are one call.
+    positions of many sources, each with its own order, are one call. ``keys`` (the round keys
+    of (seed, epoch), ``_keys``) and ``rings`` (``_rings(num_windows)``) may be passed when the
+    caller keeps them (they cost a third of a small batch's work).
     """
     k = np.asarray(positions, dtype=np.int64).astype(np.uint64)
     n = np.atleast_1d(np.asarray(num_windows, dtype=np.uint64))
-    keys = _keys(np.atleast_1d(np.asarray(seeds, dtype=np.uint64)), np.atleast_1d(np.asarray(epochs)))
+    if keys is None:
+        keys = _keys(np.atleast_1d(np.asarray(seeds, dtype=np.uint64)), np.atleast_1d(np.asarray(epochs)))
     if block_size is None:
-        return keyed_bijection(k, n, keys).astype(np.int64)
+        return keyed_bijection(k, n, keys, rings).astype(np.int64)
     return _blocked(k, n, keys, np.uint64(block_size)).astype(np.int64)
 
 
@@ -165,22 +171,45 @@ class WindowOrder:
         self.block_size = None if block_size is None else int(block_size)
         self._n = np.array([self.num_windows], dtype=np.uint64)
         self._seed = np.array([self.seed], dtype=np.uint64)
+        self._rings = _rings(self._n) if self.block_size is None else None
+        self._epoch_keys: dict[int, np.ndarray] = {}
 
     def __repr__(self) -> str:
         return f"WindowOrder({self.num_windows}, seed={self.seed}, block_size={self.block_size})"
+
+    def keys(self, epoch: int) -> np.ndarray:
+        """``(rounds, 1)`` round keys of one epoch (the last few kept)."""
+        keys = self._epoch_keys.get(epoch)
+        if keys is None:
+            if len(self._epoch_keys) >= 4:
+                self._epoch_keys.clear()
+            keys = self._epoch_keys[epoch] = _keys(self._seed, np.array([epoch], dtype=np.int64))
+        return keys
 
     def epoch_windows(self, positions: np.ndarray, epoch: int) -> np.ndarray:
         """int64 windows at ``positions`` (each in ``[0, n)``) of one epoch's order."""
         k = np.asarray(positions, dtype=np.int64)
         if k.size and (int(k.min()) < 0 or int(k.max()) >= self.num_windows):
             raise IndexError(f"positions must lie in [0, {self.num_windows})")
-        epochs = np.array([epoch], dtype=np.int64)
-        return keyed_windows(k.ravel(), epochs, self._n, self._seed, self.block_size).reshape(k.shape)
+        out = keyed_windows(
+            k.ravel(), None, self._n, self._seed, self.block_size, keys=self.keys(int(epoch)), rings=self._rings
+        )
+        return out.reshape(k.shape)
 
     def global_windows(self, samples: np.ndarray) -> np.ndarray:
         """int64 windows of global samples k >= 0 (epoch ``k // n``, position ``k % n``)."""
-        k = np.asarray(samples, dtype=np.int64)
-        if k.size and int(k.min()) < 0:
+        k = np.asarray(samples, dtype=np.int64).ravel()
+        if not k.size:
+            return np.empty(np.shape(samples), dtype=np.int64)
+        low, high = int(k.min()), int(k.max())
+        if low < 0:
             raise IndexError("global samples must be >= 0")
-        epochs, within = np.divmod(k.ravel(), self.num_windows)
-        return keyed_windows(within, epochs, self._n, self._seed, self.block_size).reshape(k.shape)
+        n = self.num_windows
+        if low // n == high // n:  # one epoch (nearly every batch): its keys are kept
+            epoch = low // n
+            out = keyed_windows(k - epoch * n, None, self._n, self._seed, self.block_size,
+                                keys=self.keys(epoch), rings=self._rings)
+        else:
+            epochs, within = np.divmod(k, n)
+            out = keyed_windows(within, epochs, self._n, self._seed, self.block_size, rings=self._rings)
+        return out.reshape(np.shape(samples))

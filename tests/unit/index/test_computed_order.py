@@ -242,7 +242,7 @@ def test_mixture_changes_never_repeat_or_skip_a_sample(phases, block):
     served: dict[str, list[tuple[int, int]]] = {s: [] for s in windows}
     for names, weights, length in phases:
         counts = [windows[s] for s in names]
-        mix = resume(state, names, weights[: len(names)], counts, seed=5, period=20, block_size=block)
+        mix = resume(state, names, weights[: len(names)], counts, seed=5, period=40, block_size=block)
         draws = mix.draw(np.arange(state.consumed, state.consumed + length))
         for d, c, w in zip(draws.source.tolist(), draws.cursor.tolist(), draws.window.tolist()):
             served[names[d]].append((c, w))
