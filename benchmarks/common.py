@@ -177,6 +177,28 @@ def timed(body, batches, pids=()):
 '''
 
 
+# megatron-core's side of loader.py and data_wait.py: reads its payload ``a`` (a JSON file named
+# by argv[1]) and builds ``ds``, the one-epoch train split of ``a["prefix"]`` (split 100,0,0,
+# NullTokenizer, no attention mask), with its own builder and cache folder.
+MEGATRON_DATASET = r'''
+import json, logging, sys, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+import numpy, torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.tokenizers import MegatronTokenizer
+
+a = json.load(open(sys.argv[1]))
+tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=a["vocab"], pad_id=-1)
+cfg = GPTDatasetConfig(
+    random_seed=a["seed"], sequence_length=a["seq"], blend=([a["prefix"]], None), split="100,0,0",
+    path_to_cache=a["cache"], tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
+    eod_mask_loss=False, create_attention_mask=False)
+ds = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, cfg).build()[0]
+'''
+
+
 def can_drop_caches() -> bool:
     """Whether this process may drop the page cache (root on a machine that allows it)."""
     try:

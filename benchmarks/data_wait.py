@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import MEGATRON_PYTHON, add_data_arguments, docs_file, table  # noqa: E402
+from common import MEGATRON_DATASET, MEGATRON_PYTHON, add_data_arguments, docs_file, table  # noqa: E402
 from prototypes import VARIANTS, apply_variant  # noqa: E402
 
 SEQ = 2048
@@ -86,22 +86,7 @@ def samples_needed(levels_ms, warmup, mb):
 """
 exec(LOOP)  # the same loop runs on both sides
 
-PEER = LOOP + r"""
-import json, logging, sys, warnings
-warnings.filterwarnings("ignore")
-logging.disable(logging.WARNING)
-import torch
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-from megatron.core.tokenizers import MegatronTokenizer
-
-a = json.load(open(sys.argv[1]))
-tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=a["vocab"], pad_id=-1)
-cfg = GPTDatasetConfig(
-    random_seed=a["seed"], sequence_length=a["seq"], blend=([a["prefix"]], None), split="100,0,0",
-    path_to_cache=a["cache"], tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
-    eod_mask_loss=False, create_attention_mask=False)
-ds = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, cfg).build()[0]
+PEER = LOOP + MEGATRON_DATASET + r"""
 w, mb, start = a["workers"], a["micro_batch"], a["start"]
 n = samples_needed(a["levels"], a["warmup"], mb)
 dl = torch.utils.data.DataLoader(ds, batch_size=mb, sampler=range(start, start + n), num_workers=w,

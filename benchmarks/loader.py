@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import PROBE, add_data_arguments, can_drop_caches, docs_file, run_peer, table  # noqa: E402
+from common import MEGATRON_DATASET, PROBE, add_data_arguments, can_drop_caches, docs_file, run_peer, table  # noqa: E402
 from prototypes import IN_PROCESS_VARIANTS, VARIANTS, WORKER_VARIANTS, apply_variant  # noqa: E402
 
 SEQ = 2048
@@ -118,23 +118,7 @@ def loader_passes(plan, start_pass, mb, worker_pids):
 """
 exec(PASSES)  # the same timing code runs on both sides
 
-PEER = PASSES + r"""
-import gc, json, logging, sys, warnings
-warnings.filterwarnings("ignore")
-logging.disable(logging.WARNING)
-import numpy, torch
-from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-from megatron.core.tokenizers import MegatronTokenizer
-
-a = json.load(open(sys.argv[1]))
-tok = MegatronTokenizer.from_pretrained(
-    metadata_path={"library": "null-text"}, vocab_size=a["vocab"], pad_id=-1)
-cfg = GPTDatasetConfig(
-    random_seed=a["seed"], sequence_length=a["seq"], blend=([a["prefix"]], None), split="100,0,0",
-    path_to_cache=a["cache"], tokenizer=tok, reset_position_ids=False, reset_attention_mask=False,
-    eod_mask_loss=False, create_attention_mask=False)
-ds = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, cfg).build()[0]
+PEER = PASSES + MEGATRON_DATASET + r"""
 mb = a["micro_batch"]
 out = {"len": len(ds)}
 
@@ -230,7 +214,7 @@ def sample_spans(ds, indices: np.ndarray) -> list[list[tuple[int, int]]]:
     """Per dataset index, the ``.bin`` token ranges ``(start, end)`` its window is made of (the
     ranges ``GPTDataset.read_batch`` reads: one per document piece)."""
     arrays = ds.indices.arrays()
-    seqs, first, lengths, first_offsets = ds._pieces(arrays, arrays["shuffle_index"][np.asarray(indices)])
+    seqs, first, lengths, first_offsets = ds._pieces(arrays, arrays["shuffle_index"][np.asarray(indices)])[:4]
     starts = ds.source.token_starts(seqs)
     starts[first] += first_offsets
     ends = starts + lengths
@@ -406,8 +390,8 @@ def measure(args):
                         warm_files(warm_paths)
                     print(f"  round {r + 1} {what} {side} {variant}: "
                           + ", ".join(f"{k} {v['rate']:,.0f}/s" for k, v in res["passes"].items()), file=sys.stderr)
-            if r == 0:
-                problems = check_items(ds, first[:CHECKED], items)
+            if r == 0:  # megatron-core's items are saved by its in-process side
+                problems = check_items(ds, first[:CHECKED], items) if "in-process" in args.only else []
             rounds.append(got)
     if payload["len_megatron"] != len(ds):
         problems.append(f"length {len(ds)} vs megatron-core {payload['len_megatron']}")

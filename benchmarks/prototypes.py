@@ -41,7 +41,7 @@ def batch_spans(ds: Any, indices) -> tuple[np.ndarray, np.ndarray]:
     reads (what ``GPTDataset.read_batch`` reads, from the same index arrays)."""
     arrays = ds.indices.arrays()
     samples = arrays["shuffle_index"][np.asarray(indices, dtype=np.int64)]
-    seqs, first, lengths, first_offsets = ds._pieces(arrays, samples)
+    seqs, first, lengths, first_offsets = ds._pieces(arrays, samples)[:4]  # newer src returns more
     starts = ds.source.token_starts(seqs)
     starts[first] += first_offsets
     itemsize = ds.source.dtype.itemsize
