@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, StateError
-from .computed import WindowOrder, keyed_windows, source_seed
+from .computed import WindowOrder, _rings, keyed_windows, source_seed
 from .interleave import DEFAULT_PERIOD, Interleave
 
 __all__ = ["Draws", "Mixture", "MixtureState", "resume"]
@@ -120,6 +120,7 @@ class Mixture:
         self._windows = np.array([o.num_windows for o in self.orders], dtype=np.int64)
         self._seeds = np.array([o.seed for o in self.orders], dtype=np.uint64)
         self.block_size = block_size
+        self._rings = _rings(self._windows.astype(np.uint64))
         self.carried = {s: (c, prior.windows[s]) for s, c in prior.cursors.items() if s not in self.sources}
 
     def draw(self, samples: np.ndarray) -> Draws:
@@ -132,11 +133,12 @@ class Mixture:
         source, i = self.interleave(k - self.start)
         cursor = self.base[source] + i
         if self._windows.size == 1:
-            windows, seeds = self._windows, self._seeds
+            windows, seeds, rings = self._windows, self._seeds, self._rings
         else:
             windows, seeds = self._windows[source], self._seeds[source]
+            rings = (self._rings[0][source], self._rings[1][source])
         epoch, position = np.divmod(cursor, windows)
-        window = keyed_windows(position, epoch, windows, seeds, self.block_size)
+        window = keyed_windows(position, epoch, windows, seeds, self.block_size, rings=rings)
         return Draws(source, cursor, window)
 
     def state(self, consumed: int) -> MixtureState:
