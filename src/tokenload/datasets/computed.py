@@ -74,6 +74,7 @@ from ..index.mixture import Mixture, MixtureState, resume
 from ..index.windows import WindowGrid, window_pieces
 from .config import MegatronDataConfig
 from .items import Allocator, ItemConfig, build_items
+from ..storage import file_size, local_path
 from .sources import MockSource, open_token_file
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
@@ -112,7 +113,7 @@ def _file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: 
     sequences JSON that gives the dtype), the ``.bin`` size from one ``stat``."""
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     try:
-        fd = os.open(idx_path, os.O_RDONLY)
+        fd = os.open(local_path(idx_path), os.O_RDONLY)  # a URL's .idx: its local copy
     except OSError as exc:
         raise read_error(exc, idx_path, "the index") from None
     try:
@@ -144,7 +145,7 @@ def _file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: 
     finally:
         os.close(fd)
     try:
-        bin_bytes = os.stat(bin_path).st_size
+        bin_bytes = file_size(bin_path)
     except OSError as exc:
         raise read_error(exc, bin_path, "token data") from None
     if last > bin_bytes:
@@ -186,7 +187,17 @@ def _mock_extent(source: MockSource, bookend, config: MegatronDataConfig) -> Ext
     return _extent(begin, end, first, tokens, np.dtype(np.int64), facts, config)
 
 
-class ComputedGPTDataset:
+class _Items:
+    """``__getitems__``/``__getitem__`` over ``read_batch`` and ``finish_batch``."""
+
+    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+        return self.finish_batch(self.read_batch(indices))
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+
+class ComputedGPTDataset(_Items):
     """Items of one split of one token file (or of the mock source) in the computed order."""
 
     def __init__(
@@ -258,12 +269,6 @@ class ComputedGPTDataset:
     def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
-        return self.finish_batch(self.read_batch(indices))
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
-
     def _pointer_array(self) -> tuple[np.ndarray, np.ndarray, int]:
         lengths = self.source.sequence_lengths
         if hasattr(self.source, "sequence_pointers"):
@@ -284,7 +289,7 @@ class ComputedGPTDataset:
         return self.documents_of(self.windows_of(indices))
 
 
-class ComputedBlendedDataset:
+class ComputedBlendedDataset(_Items):
     """A blend of computed datasets: item k comes from the source the interleave names."""
 
     blended = True
@@ -347,12 +352,6 @@ class ComputedBlendedDataset:
         out = build_items(batch["windows"], self.item, padded=False, alloc=alloc)
         out["dataset_id"] = batch["dataset_id"]
         return out
-
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
-        return self.finish_batch(self.read_batch(indices))
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
     # -- mixture changes -----------------------------------------------------------------------
     def mixture_state(self, consumed: int) -> dict[str, Any]:
