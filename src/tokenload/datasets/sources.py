@@ -17,6 +17,7 @@ import xxhash
 from ..format import TokenFile, read_sidecar
 from ..format.sequences import SequencesFile
 from ..format.bin import gather_index
+from ..storage import file_size, local_path
 
 MOCK_SEQUENCES = 100_000
 MOCK_MAX_LENGTH = 4096
@@ -60,7 +61,7 @@ def index_digest(source: TokenFile, *, cached: bool = True) -> str:
     so a rewrite is seen; uncached costs no system call beyond the file's own opening."""
     key = None
     if cached:
-        st = os.stat(source.idx_path)
+        st = os.stat(local_path(source.idx_path))  # a URL's: its copy, named by its ETag
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if key in _INDEX_DIGESTS:
             return _INDEX_DIGESTS[key]
@@ -79,8 +80,8 @@ def file_facts(source: TokenFile) -> dict[str, Any]:
     """What identifies a token file's content: its sizes, the digest of its index arrays, and
     its sidecar's hashes when it has one."""
     facts: dict[str, Any] = {
-        "bin_bytes": os.path.getsize(source.bin_path),
-        "idx_bytes": os.path.getsize(source.idx_path),
+        "bin_bytes": file_size(source.bin_path),
+        "idx_bytes": file_size(source.idx_path),
         "index_xxh3_64": index_digest(source),
     }
     sidecar = read_sidecar(source.prefix)

@@ -239,7 +239,11 @@ _SOURCES = {ReadMode.MMAP: MmapBin, ReadMode.PREAD: PreadBin, ReadMode.MEMORY: M
 
 
 def open_bin(path: str, dtype: np.dtype, mode: ReadMode | str) -> BinSource:
-    """A ``BinSource`` for ``path`` in ``mode``."""
+    """A ``BinSource`` for ``path`` in ``mode`` (a URL: chunked ranged GETs, whatever the mode)."""
+    if "://" in path:
+        from ..storage import open_remote_bin
+
+        return open_remote_bin(path, dtype)
     return _SOURCES[ReadMode.parse(mode)](path, dtype)
 
 

@@ -119,7 +119,7 @@ class TokenFile:
         return state
 
     def _open(self) -> _Opened:
-        if self.warmup:
+        if self.warmup and "://" not in self.prefix:
             warmup_file(self.idx_path)
             warmup_file(self.bin_path)
         header, lengths, pointers, documents, modes = self._index()
@@ -177,13 +177,19 @@ class TokenFile:
 
     def _bin_size(self) -> int:
         try:
+            if "://" in self.bin_path:
+                from ..storage import file_size
+
+                return file_size(self.bin_path)
             return os.stat(self.bin_path).st_size
         except OSError as exc:
             raise read_error(exc, self.bin_path, "token data") from None
 
     def _read_index(self):
         try:
-            with open(self.idx_path, "rb") as f:
+            from ..storage import local_path  # a URL's .idx: its local copy
+
+            with open(local_path(self.idx_path), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if self.mode is ReadMode.MMAP and size > 0:
                     return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))

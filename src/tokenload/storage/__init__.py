@@ -1,0 +1,25 @@
+"""Where bytes come from: local files, or objects behind fsspec URLs (``s3://`` and others).
+
+A token file prefix may be a URL everywhere a local prefix works. Its ``.idx`` is copied once per
+node into a local cache (``index_cache``) and then read like a local index; its ``.bin`` is read by
+ranged GETs of whole chunks with a per-process LRU cache and a background read-ahead
+(``chunks``); every request is retried and every failure is a ``StorageError`` (``remote``).
+Settings come from ``TOKENLOAD_*`` environment variables (``options``); credentials only from the
+client library's usual sources.
+"""
+
+from __future__ import annotations
+
+from .index_cache import cached_copy, fetch_copy, file_size, local_path
+from .options import StorageOptions
+from .remote import is_url, stats
+
+__all__ = ["StorageOptions", "cached_copy", "fetch_copy", "file_size", "is_url", "local_path",
+           "open_remote_bin", "stats"]
+
+
+def open_remote_bin(url: str, dtype):
+    """A ``BinSource`` reading the ``.bin`` object at ``url`` in chunks."""
+    from .chunks import RemoteBin
+
+    return RemoteBin(url, dtype)

@@ -1,0 +1,114 @@
+"""Local copies of small remote files (``.idx``, cache ``.npy``), downloaded once per node.
+
+A copy is named by the object's URL and its identity (size and ETag, or mtime): a rewritten
+object gets a new name, so a stale copy is never read and nothing needs invalidating. The name
+keeps the URL's path (``{cache}/s3/bucket/path/{key}-name.idx``) so a user can find and delete
+it. The download goes to a temporary name in the same folder and is renamed into place, so a
+copy is whole or absent, even after a kill. Concurrent processes on one node (ranks, workers)
+take an ``fcntl`` lock on ``{copy}.lock`` and look again once they hold it: the first downloads,
+the others find the finished copy. Cost per open: one HEAD; a hit reads nothing else remotely.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import tempfile
+
+from ..errors import StorageError
+from ..format.storage import write_error
+from .options import StorageOptions
+from .remote import call, count, filesystem, info, is_url
+
+logger = logging.getLogger(__name__)
+
+
+def cached_copy(url: str, options: StorageOptions | None = None) -> str:
+    """The local path of an up-to-date copy of ``url`` (downloaded now if needed)."""
+    return fetch_copy(url, options)[0]
+
+
+def fetch_copy(url: str, options: StorageOptions | None = None) -> tuple[str, bool]:
+    """``(local path, whether this call downloaded it)``."""
+    options = options or StorageOptions.from_env()
+    found = info(url, options)
+    local = copy_path(url, found.size, found.tag, options)
+    if os.path.exists(local):
+        count("index_hits")
+        return local, False
+    folder = os.path.dirname(local)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = os.open(local + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _cache_error(exc, folder) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(local):  # another process finished it while we waited
+            count("index_hits")
+            return local, False
+        _download(url, local, found.size, options)
+        count("index_downloads")
+        logger.info("cached %s (%d bytes) as %s", url, found.size, local)
+        return local, True
+    finally:
+        os.close(lock)  # releases the lock
+
+
+def copy_path(url: str, size: int, tag: str, options: StorageOptions) -> str:
+    """Where the copy of ``url`` with this size and tag lives."""
+    protocol, rest = url.split("://", 1)
+    parts = [p for p in rest.split("/") if p not in ("", ".", "..")]
+    key = hashlib.sha256(f"{url}\0{size}\0{tag}".encode()).hexdigest()[:16]
+    return os.path.join(options.index_cache_dir, protocol, *parts[:-1], f"{key}-{parts[-1]}")
+
+
+def _download(url: str, local: str, size: int, options: StorageOptions) -> None:
+    fs, path = filesystem(url)
+    folder = os.path.dirname(local)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(local)}.tmp-")
+        os.close(fd)
+    except OSError as exc:
+        raise _cache_error(exc, folder) from None
+    try:
+        call(url, "download it", lambda: fs.get_file(path, tmp), options)
+        got = os.path.getsize(tmp)
+        if got != size:
+            raise StorageError(
+                f"downloaded {got} bytes, expected the {size} bytes the server reported",
+                path=url, hint="the object changed during the download; retry",
+            )
+        os.replace(tmp, local)
+    except OSError as exc:
+        raise _cache_error(exc, folder) from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _cache_error(exc: OSError, folder: str) -> StorageError:
+    if isinstance(exc, StorageError):
+        return exc
+    error = write_error(exc, folder, "the local index cache")
+    return StorageError(error.message, path=error.path,
+                        hint=f"{error.hint}; set TOKENLOAD_CACHE_DIR to a writable local folder")
+
+
+def local_path(path: str, options: StorageOptions | None = None) -> str:
+    """``path`` itself when local, else its cached local copy."""
+    return cached_copy(path, options) if is_url(path) else path
+
+
+def file_size(path: str) -> int:
+    """Size of a local file or of an object (one HEAD)."""
+    if is_url(path):
+        return info(path, StorageOptions.from_env()).size
+    try:
+        return os.path.getsize(path)
+    except OSError as exc:
+        from ..format.storage import read_error
+
+        raise read_error(exc, path, "the file") from None

@@ -1,0 +1,151 @@
+"""Objects behind fsspec URLs: one stat, ranged GETs with retries, typed failures, counters.
+
+Every call goes through ``call``: a failure that may pass (throttling, 5xx, timeouts, refused or
+dropped connections) is retried with exponential backoff, logged and counted; a permanent one
+(missing object, denied access, no credentials) raises at once. Either way the caller gets a
+``StorageError`` naming the object and a hint, never a botocore or aiohttp exception. For S3 the
+client's own retry loops are reduced to one attempt so that ``TOKENLOAD_RETRIES`` is the one
+number that decides how long a dead server is waited for, and every retry is counted here.
+
+Filesystems come from ``fsspec.core.url_to_fs`` in the process that reads: fsspec keeps one
+instance per process and drops its instances after a fork, so no client crosses a fork or a
+pickle. Messages carry the exception type and its first line, never the storage options (where
+a user may have put a key); the credentials stay with the client library.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from ..errors import StorageError, TokenloadError, require
+from .options import StorageOptions
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_STATS: Counter[str] = Counter()
+_STATS_LOCK = threading.Lock()
+_STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "retries",
+               "index_downloads", "index_hits")
+
+_CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network; the"
+                 " server did not answer after the retries (TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF)")
+_CREDENTIALS_HINT = ("check the credentials the client library finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
+                     " AWS_PROFILE, ~/.aws/credentials) and that they may read this bucket")
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an object behind an fsspec protocol (``s3://``, ``gs://``, ...)."""
+    return "://" in path
+
+
+def count(name: str, amount: int = 1) -> None:
+    with _STATS_LOCK:
+        _STATS[name] += amount
+
+
+def stats() -> dict[str, int]:
+    """This process's storage counters: GETs, bytes, chunk cache hits/misses, chunks read ahead,
+    retries, index downloads and index cache hits."""
+    with _STATS_LOCK:
+        return {name: int(_STATS[name]) for name in _STAT_NAMES}
+
+
+def filesystem(url: str) -> tuple[Any, str]:
+    """``(fs, path)`` for ``url``, created in this process (fsspec caches it per process)."""
+    fsspec = require("fsspec", "s3", f"reading {url}")
+    protocol = url.split("://", 1)[0]
+    kwargs: dict[str, Any] = {}
+    if protocol in ("s3", "s3a"):
+        require("s3fs", "s3", f"reading {url}")
+        # one attempt in s3fs and botocore each: the retries are ours, counted and logged
+        kwargs = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"},
+                                    "connect_timeout": 10, "read_timeout": 60}}
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **kwargs)
+    except TokenloadError:
+        raise
+    except Exception as exc:
+        raise StorageError(f"cannot resolve the URL ({_reason(exc)})", path=url,
+                           hint="check the URL's protocol and that its fsspec package is installed") from None
+    if kwargs:
+        fs.retries = 1  # s3fs's own loop (a class attribute); this instance is ours (its kwargs differ)
+    return fs, path
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What identifies an object's content: its size and ETag (or modification time)."""
+
+    size: int
+    tag: str
+
+
+def info(url: str, options: StorageOptions) -> ObjectInfo:
+    """Size and ETag (or mtime) of ``url``, one HEAD, retried like a GET."""
+    fs, path = filesystem(url)
+    found = call(url, "read the object's size", lambda: fs.info(path, refresh=True), options)
+    if found.get("type") == "directory":
+        raise StorageError("is a folder, expected an object", path=url,
+                           hint="pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)")
+    tag = found.get("ETag") or found.get("etag") or found.get("mtime") or found.get("LastModified") or ""
+    return ObjectInfo(int(found["size"]), str(tag).strip('"'))
+
+
+def call(url: str, action: str, fn: Callable[[], T], options: StorageOptions) -> T:
+    """``fn()`` with retries of transient failures; any failure ends as a StorageError."""
+    for attempt in range(options.retries + 1):
+        try:
+            return fn()
+        except TokenloadError:
+            raise
+        except Exception as exc:
+            if not transient(exc):
+                raise permanent_error(exc, url, action) from None
+            if attempt == options.retries:
+                raise StorageError(
+                    f"cannot {action}: {_reason(exc)}, still after {options.retries} retries",
+                    path=url, hint=_CONNECT_HINT,
+                ) from None
+            wait = options.backoff(attempt)
+            count("retries")
+            logger.warning("%s: cannot %s (%s); retry %d of %d in %.1f s", url, action, _reason(exc),
+                           attempt + 1, options.retries, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failure may pass on retry: anything but a missing object, denied access, missing
+    credentials or a malformed request (those fail the same way every time)."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError,
+                        TypeError, AttributeError)):
+        return False
+    if isinstance(exc, OSError) and exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES):
+        return False  # s3fs's InvalidRange (a shorter object), denied or malformed requests
+    name = type(exc).__name__
+    return name not in ("NoCredentialsError", "PartialCredentialsError", "ParamValidationError", "NoRegionError")
+
+
+def permanent_error(exc: BaseException, url: str, action: str) -> StorageError:
+    if isinstance(exc, FileNotFoundError):
+        return StorageError(f"cannot {action}: the object does not exist", path=url,
+                            hint="check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket")
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
+        return StorageError(f"cannot {action}: the request was refused ({_reason(exc)})", path=url,
+                            hint="the object may have been truncated or replaced; check it")
+    if isinstance(exc, PermissionError) or "Credentials" in type(exc).__name__:
+        return StorageError(f"cannot {action}: access denied ({_reason(exc)})", path=url, hint=_CREDENTIALS_HINT)
+    return StorageError(f"cannot {action} ({_reason(exc)})", path=url,
+                        hint="check the URL, the endpoint and the credentials")
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
