@@ -185,7 +185,7 @@ def _batch_flags(g) -> None:
     length = g.add_mutually_exclusive_group()
     length.add_argument("--train-iters", type=int, help="training iterations")
     length.add_argument("--train-samples", type=int, help="training samples (iterations = samples // global batch)")
-    g.add_argument("--eval-iters", type=int, default=100, help="iterations per evaluation (valid and test)")
+    g.add_argument("--eval-iters", type=int, default=100, help="iterations per evaluation")
     g.add_argument("--eval-interval", type=positive(int), help="iterations between evaluations")
     g.add_argument("--start-eval-at-iter", type=int, help="no evaluation before this iteration")
     g.add_argument("--eval-global-batch-size", type=positive(int), help="evaluation batch (default: global)")
