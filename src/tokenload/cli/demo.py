@@ -1,91 +1,209 @@
-"""``tokenload demo``: the main job end to end on an embedded default that needs no download.
+"""``tokenload demo``: the main job end to end, on N local ranks, from nothing but the package.
 
 Raw text (the Python standard library's own sources, written as JSONL) -> token files with the
-built-in byte-level tokenizer -> ``info`` of the result -> Megatron's sample order over it (its
-document, sample and shuffle indices, cached under Megatron's file names) and the first
-micro-batches a 2-rank data-parallel job would read.
+built-in byte-level tokenizer -> the index caches prepared once, offline, in one process (what
+``tokenload prepare-cache`` runs) with the build manifest and a sequences JSON -> N ranks started
+at once by torchrun (gloo, CPU), each loading batches in three orders: Megatron's on the prepared
+cache (``build_policy="none"``: no build, no barrier), the computed order (no cache at all) and
+mock data. Each rank checkpoints its loader after K steps and goes on; then a job on another
+rank count resumes from the checkpoint, and the samples it serves are compared with those of the
+uninterrupted run. One table gives, per order and rank, the time to the first batch (the data
+phase, after imports), samples/s and the share of time spent waiting for data (from
+``loader.metrics()``), and whether the resume was exact.
+
+The work folder is removed at the end unless ``--keep``; after a failure it is kept for its log.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
 from .args import positive
+
+#: Global batch per step, whatever the rank count (micro-batch = this / ranks).
+GLOBAL_BATCH = 16
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on the Python standard library's sources")
-    p.add_argument("--output", default=None, metavar="DIR", help="working folder (default: a new temporary one)")
-    p.add_argument("--max-mb", type=positive(float), default=16.0, help="size cap of the sample corpus in MB")
+    p = sub.add_parser("demo", help="run the main job on N local ranks on the Python standard library's sources")
+    p.add_argument("--ranks", type=positive(int), default=4, help="ranks of the job (torchrun, gloo on CPU)")
+    p.add_argument("--resume-ranks", type=positive(int), default=None,
+                   help="ranks of the job that resumes from the checkpoint (default: 2, or 1 when --ranks is 2)")
+    p.add_argument("--output", default=None, metavar="DIR", help="work folder (default: a new temporary one)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (token files, caches, results)")
+    p.add_argument("--max-mb", type=positive(float), default=8.0, help="size cap of the sample corpus in MB")
     p.add_argument("--workers", type=positive(int), default=2, help="tokenizer workers")
     p.add_argument("--seq-length", type=positive(int), default=1024, help="tokens per training sample")
+    p.add_argument("--steps", type=positive(int), default=12, help="training steps of the uninterrupted run")
+    p.add_argument("--checkpoint", type=positive(int), default=6, help="step after which the loader state is saved")
+    p.add_argument("--loader-workers", type=int, default=1, help="loader worker processes per rank")
+    p.add_argument("--step-ms", type=float, default=20.0, help="simulated training step the data must keep up with")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..preprocess import PreprocessConfig, TokenizerSpec, preprocess, write_stdlib_corpus
-    from .tokenfiles import run_info
+def _resume_ranks(args: argparse.Namespace) -> int:
+    resume = args.resume_ranks or (1 if args.ranks == 2 else 2)
+    for n in (args.ranks, resume):
+        if GLOBAL_BATCH % n:
+            raise ConfigError(f"{n} ranks do not divide the demo's global batch of {GLOBAL_BATCH} samples",
+                              hint="use 1, 2, 4, 8 or 16 ranks")
+    if resume == args.ranks:
+        raise ConfigError(f"--resume-ranks is {resume}, the same as --ranks",
+                          hint="resume on another rank count to see the order continue across it")
+    if not args.checkpoint < args.steps:
+        raise ConfigError(f"--checkpoint {args.checkpoint} is not before the last step {args.steps}",
+                          hint="checkpoint before --steps, e.g. at half of it")
+    if args.loader_workers < 0:
+        raise ConfigError(f"--loader-workers is {args.loader_workers}", hint="use 0 or more")
+    return resume
 
-    folder = Path(args.output or tempfile.mkdtemp(prefix="tokenload-demo-"))
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import require
+
+    require("torch", "torch", "tokenload demo (its ranks run the PyTorch loader)")
+    resume = _resume_ranks(args)
+    started = time.perf_counter()
+    folder = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="tokenload-demo-"))
+    created = not args.output or not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    work = folder / "work"
+    shutil.rmtree(work, ignore_errors=True)  # results of an earlier run must not be compared
+    work.mkdir()
+    job = _prepare(args, folder, work)
+    ok = _launch(job, args.ranks, "run", f"[4/6] {args.ranks} ranks (torchrun, gloo): each order, checkpoint"
+                 f" after step {args.checkpoint}, on to step {args.steps}")
+    ok = ok and _launch(job, resume, "resume", f"[5/6] {resume} ranks resume from the checkpoint")
+    if not ok:
+        return 2
+    print("[6/6] results")
+    exact = _print_table(work, job, args.ranks, resume)
+    print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
+    if args.keep:
+        print(f"files are in {folder}{os.sep}")
+    else:
+        _clean(folder, created)
+    return 0 if exact else 1
+
+
+def _clean(folder: Path, created: bool) -> None:
+    """Remove the work folder the demo created, or only what it wrote into a folder it found."""
+    if created:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in [folder / "work", folder / "stdlib.jsonl", folder / "index-cache", folder / "sequences.json",
+                 *folder.glob("stdlib_text_document*")]:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            path.unlink()
+
+
+def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
+    """Corpus, token files, caches and sequences JSON; the job description the ranks read."""
+    from ..datasets import build_datasets
+    from ..demo_rank import order_config
+    from ..format import TokenFile, read_sidecar
+    from ..format.sequences import counts_of, write_sequences
+    from ..preprocess import PreprocessConfig, TokenizerSpec, preprocess, write_stdlib_corpus
+
     corpus = folder / "stdlib.jsonl"
-    print(f"[1/4] sample corpus: the standard library's sources -> {corpus}")
+    print(f"[1/6] sample corpus: the standard library's sources -> {corpus}", flush=True)
     write_stdlib_corpus(corpus, max_bytes=int(args.max_mb * 2**20))
-    print(f"[2/4] tokenize with the built-in byte-level tokenizer ({args.workers} workers)")
+    print(f"[2/6] tokenize with the built-in byte-level tokenizer ({args.workers} workers)", flush=True)
     start = time.perf_counter()
     result = preprocess(
-        PreprocessConfig(
-            inputs=(str(corpus),),
-            output_prefix=str(folder / "stdlib"),
-            tokenizer=TokenizerSpec(kind="byte"),
-            append_eod=True,
-            workers=args.workers,
-            resume=False,
-        ),
+        PreprocessConfig(inputs=(str(corpus),), output_prefix=str(folder / "stdlib"),
+                         tokenizer=TokenizerSpec(kind="byte"), append_eod=True, workers=args.workers, resume=False),
         progress=False,
     )
     prefix = result.outputs["text"]
-    tokens = sum(result.tokens.values())
-    print(f"      {tokens:,} tokens in {time.perf_counter() - start:.2f} s")
-    print("[3/4] tokenload info")
-    run_info(argparse.Namespace(prefixes=[prefix], json=False))
-    print("[4/4] Megatron sample order and the first micro-batch of 2 data-parallel ranks")
-    _show_batches(prefix, args.seq_length)
-    print(f"\nfiles are in {folder}{os.sep}")
-    return 0
-
-
-def _show_batches(prefix: str, seq_length: int) -> None:
-    """Megatron's sample order over the new file and the first micro-batch of two data-parallel
-    ranks (computed with the sampler directly, so the demo needs no torch)."""
-    from ..datasets import MegatronDataConfig, build_datasets
-    from ..format import read_sidecar
-    from ..loader import MicroBatchPlan, PretrainingSampler
-
+    print(f"      {sum(result.tokens.values()):,} tokens in {time.perf_counter() - start:.2f} s", flush=True)
     tokenizer = read_sidecar(prefix).tokenizer or {}
-    config = MegatronDataConfig(
-        sequence_length=seq_length,
-        blend=[prefix],
-        split="98,2,0",
-        tokenizer=tokenizer,
-        eod_id=tokenizer.get("eod_id"),
-        path_to_cache=os.path.join(os.path.dirname(prefix), "index-cache"),
-    )
+    job = {
+        "work": str(work), "prefix": prefix, "cache": str(folder / "index-cache"),
+        "sequences": str(folder / "sequences.json"), "seq_length": args.seq_length, "seed": 1234,
+        "split": "100,0,0", "eod_id": tokenizer.get("eod_id"), "vocab_size": tokenizer.get("vocab_size"),
+        "tokenizer": tokenizer, "global_batch": GLOBAL_BATCH, "steps": args.steps, "checkpoint": args.checkpoint,
+        "sizes": [args.steps * GLOBAL_BATCH, None, None], "workers": args.loader_workers,
+        "step_ms": args.step_ms,
+    }
+    print("[3/6] prepare the index caches once, in one process (tokenload prepare-cache), and the"
+          " sequences JSON (tokenload sequences)", flush=True)
     start = time.perf_counter()
-    train, valid, _ = build_datasets(config, [None, None, None])
-    print(
-        f"      train {len(train):,} / valid {len(valid):,} samples of {seq_length} tokens,"
-        f" indices built and cached in {time.perf_counter() - start:.2f} s"
-    )
-    for rank in range(2):
-        plan = MicroBatchPlan(total_samples=len(train), micro_batch_size=4, dp_rank=rank, dp_size=2)
-        first = next(iter(PretrainingSampler(plan)))
-        batch = train.__getitems__(first)
-        text = bytes(int(t) for t in batch["tokens"][0][:60] if t < 256).decode("utf-8", "replace")
-        shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in batch.items())
-        print(f"      rank {rank}: samples {first}: {shapes}")
-        print(f"              sample {first[0]} starts {text!r}")
+    write_sequences(job["sequences"], {prefix: counts_of(TokenFile(prefix))})
+    train, _, _ = build_datasets(order_config(job, "megatron", prepare=True), job["sizes"])
+    written = len(os.listdir(job["cache"]))
+    print(f"      {written} cache files (train: {len(train):,} samples of {args.seq_length} tokens) in"
+          f" {time.perf_counter() - start:.2f} s; the ranks load them with build_policy='none'", flush=True)
+    (work / "job.json").write_text(json.dumps(job))
+    return job
+
+
+def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
+    """torchrun with ``ranks`` processes; a failure is one line (and the log kept), not a wall."""
+    work = Path(job["work"])
+    print(title, flush=True)
+    log = work / f"torchrun-{phase}.log"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               "-m", "tokenload.demo_rank", "--job", str(work / "job.json"), "--phase", phase]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    with open(log, "wb") as err:
+        code = subprocess.run(command, stdout=sys.stdout, stderr=err, env=env, stdin=subprocess.DEVNULL).returncode
+    if code == 0:
+        return True
+    # the first rank to fail is the cause; the others fail after it (a closed connection)
+    errors = sorted((work / "errors").glob("rank*.txt"), key=lambda p: p.stat().st_mtime_ns)
+    what = f"{errors[0].stem}: {errors[0].read_text().strip()}" if errors else f"torchrun exited with status {code}"
+    print(f"tokenload demo: error: {what} (log: {log}; the work folder is kept)", file=sys.stderr, flush=True)
+    return False
+
+
+def _load(work: Path, phase: str, order: str, ranks: int) -> list[dict]:
+    return [json.loads((work / "results" / f"{phase}-{order}-rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _exact(run: list[dict], resumed: list[dict], job: dict) -> list[bool]:
+    """Per rank of the uninterrupted run: whether the samples it served after the checkpoint are,
+    position for position, those the resumed job served there (both cut the same global batch)."""
+    per_rank = job["global_batch"] // len(run)
+    ok = [True] * len(run)
+    for step in range(job["checkpoint"], job["steps"]):
+        key = str(step)
+        after = [d for r in resumed for d in r["served"].get(key, [])]
+        for rank, result in enumerate(run):
+            mine = result["served"].get(key)
+            ok[rank] &= mine is not None and len(mine) == per_rank and after[rank * per_rank:(rank + 1) * per_rank] == mine
+    return ok
+
+
+def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
+    from ..demo_rank import ORDERS
+
+    header = (f"{'order':<10}{'rank':>5}{'first batch':>13}{'samples/s':>11}{'data wait':>11}   resume exact"
+              f" ({resume} ranks)")
+    print(header)
+    print("-" * len(header))
+    every = True
+    for order in ORDERS:
+        run, resumed = _load(work, "run", order, ranks), _load(work, "resume", order, resume)
+        exact = _exact(run, resumed, job)
+        every &= all(exact)
+        for r in run:
+            rate = r["samples"] / r["active_s"] if r["active_s"] else 0.0
+            share = "-" if r["wait_share"] is None else f"{r['wait_share']:.1%}"
+            print(f"{order:<10}{r['rank']:>5}{r['first_batch_s']:>11.2f} s{rate:>11.0f}{share:>11}"
+                  f"   {'yes' if exact[r['rank']] else 'no'}")
+    print(f"(samples/s of each rank's training loop with a simulated {job['step_ms']:g} ms step,"
+          f" {job['global_batch'] // ranks} samples of {job['seq_length']} tokens per micro-batch;"
+          f" first batch: datasets + loader + first batch, after imports)")
+    return every
