@@ -7,14 +7,13 @@ import fcntl
 import json
 import os
 import pty
-import shutil
 import struct
 import subprocess
 import sys
 import termios
 
-import pytest
 from support import FIXTURES, run_cli
+from test_prepare_cache import order_data  # noqa: F401 (a fixture: megatron's order/ token files)
 
 from tokenload.format import read_sequences
 
@@ -26,14 +25,6 @@ def _header_counts(prefix: str) -> list[int]:
     """[sequence_count, document_count] as megatron's reader saw them (fixture facts)."""
     facts = ORDER[prefix]
     return [len(facts["sequence_lengths"]), len(facts["document_indices"])]
-
-
-@pytest.fixture
-def order_data(tmp_path):
-    root = tmp_path / "data"
-    for sub in ("gold", "rand"):
-        shutil.copytree(FIXTURES / "megatron" / "order" / sub, root / sub)
-    return root
 
 
 def _sequences(cwd, *args) -> dict:
