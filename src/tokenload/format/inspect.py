@@ -21,6 +21,13 @@ from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar
 from .storage import read_error
 
+
+def file_size(path: str) -> int:
+    """Bytes of a local file or of an object behind a URL."""
+    from ..storage import file_size as size
+
+    return size(path)
+
 _SCAN_TOKENS = 16 << 20
 
 
@@ -43,8 +50,8 @@ def describe(prefix: str) -> dict[str, Any]:
         "documents_from_sequences": tf.documents_from_sequences,
         "sequences": tf.num_sequences,
         "tokens": tf.num_tokens,
-        "bin_bytes": os.path.getsize(tf.bin_path),
-        "idx_bytes": os.path.getsize(tf.idx_path),
+        "bin_bytes": file_size(tf.bin_path),
+        "idx_bytes": file_size(tf.idx_path),
         "document_tokens": {
             f"p{p}": int(v) for p, v in zip(pct, np.percentile(doc_tokens, pct) if doc_tokens.size else [0] * 5)
         },
@@ -90,7 +97,7 @@ def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = Fal
         return result
     result.checked[0] = _structure_label(header.index_format, tf.documents_from_sequences)
     result.problems += check_arrays(
-        header, tf.sequence_lengths, tf.sequence_pointers, tf.document_indices, os.path.getsize(tf.bin_path)
+        header, tf.sequence_lengths, tf.sequence_pointers, tf.document_indices, file_size(tf.bin_path)
     )
     sidecar = read_sidecar(tf.prefix)
     vocab_size, source = _vocab_size(vocab_size, sidecar)

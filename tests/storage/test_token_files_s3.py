@@ -1,0 +1,177 @@
+"""Token files in a bucket (SeaweedFS) read as prefixes ``s3://bucket/path``: the same tokens,
+samples and batches as the same files read locally, through TokenFile, the CLI, both orders and
+the loader with 0 and 2 workers under fork and spawn; the ``.idx`` downloaded once per node."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+import torch
+from support import run_cli, write_documents
+
+from tokenload import storage
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.format import TokenFile
+from tokenload.loader import build_dataloader
+
+from .conftest import BUCKET
+
+CHUNK = 1 << 16  # 64 KiB: a ~0.5 MB .bin spans several chunks
+
+
+def upload(fs, prefix: str, key: str) -> str:
+    """Copy a local token file pair into the bucket; returns its ``s3://`` prefix."""
+    for ext in (".bin", ".idx"):
+        fs.put(prefix + ext, f"{BUCKET}/{key}{ext}")
+    return f"s3://{BUCKET}/{key}"
+
+
+def corpus(folder, seed: int = 5, count: int = 2500) -> str:
+    rng = np.random.default_rng(seed)
+    docs = [np.append(rng.integers(0, 50_000, size=int(n)), 50_000) for n in rng.integers(1, 200, size=count)]
+    return write_documents(folder / f"corpus{seed}", docs)
+
+
+@pytest.fixture(scope="module")
+def env(s3_endpoint, tmp_path_factory):
+    """The environment a user sets (AWS_*) plus a private index cache and small chunks."""
+    values = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+              "AWS_DEFAULT_REGION": "us-east-1", "TOKENLOAD_CACHE_DIR": str(tmp_path_factory.mktemp("idxcache")),
+              "TOKENLOAD_CHUNK_BYTES": str(CHUNK)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in values.items():
+            mp.setenv(k, v)
+        yield values
+
+
+@pytest.fixture(scope="module")
+def files(env, s3_endpoint, tmp_path_factory):
+    """(local prefix, s3 prefix) of one corpus."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": s3_endpoint})
+    local = corpus(tmp_path_factory.mktemp("local"))
+    return local, upload(fs, local, "files/corpus")
+
+
+def _same_tokens(remote: TokenFile, local: TokenFile) -> None:
+    assert len(remote) == len(local) and remote.num_tokens == local.num_tokens
+    for i in range(len(local)):
+        np.testing.assert_array_equal(remote[i], local[i])
+    for a, b in zip(remote[100:400], local[100:400]):
+        np.testing.assert_array_equal(a, b)
+    starts = np.array([0, 5, 40_000, CHUNK // 2 - 3, 3 * CHUNK // 2 - 10], np.int64)  # within and across chunks
+    lengths = np.array([3, 700, 90, 10, 50_000], np.int64)
+    np.testing.assert_array_equal(remote.read_spans(starts, lengths), local.read_spans(starts, lengths))
+    np.testing.assert_array_equal(remote.document(17), local.document(17))
+
+
+def test_token_file_reads_the_local_tokens(files):
+    local, remote = files
+    before = storage.stats()
+    tf = TokenFile(remote)
+    _same_tokens(tf, TokenFile(local))
+    after = storage.stats()
+    assert after["gets"] > before["gets"] and after["chunk_hits"] > after["chunk_misses"] - before["chunk_misses"]
+    assert after["bytes"] - before["bytes"] >= tf.num_tokens * tf.dtype.itemsize  # every chunk read once at least
+
+
+def test_default_chunks_read_the_local_tokens(files, monkeypatch):
+    """With the defaults a user takes (256 MiB chunks) the file is one GET."""
+    monkeypatch.delenv("TOKENLOAD_CHUNK_BYTES")
+    local, remote = files
+    before = storage.stats()["gets"]
+    _same_tokens(TokenFile(remote), TokenFile(local))
+    assert storage.stats()["gets"] - before == 1
+
+
+def test_index_copy_is_keyed_by_etag_and_rewritten_objects_get_a_new_copy(files, s3, tmp_path):
+    local, _ = files
+    remote = upload(s3, local, "rewritten/c")
+    first, downloaded = storage.fetch_copy(remote + ".idx")
+    assert downloaded and open(first, "rb").read() == open(local + ".idx", "rb").read()
+    assert storage.fetch_copy(remote + ".idx") == (first, False)
+    other = corpus(tmp_path, seed=9, count=300)
+    upload(s3, other, "rewritten/c")
+    second, downloaded = storage.fetch_copy(remote + ".idx")
+    assert downloaded and second != first
+    assert len(TokenFile(remote)) == 300
+    np.testing.assert_array_equal(TokenFile(remote)[299], TokenFile(other)[299])
+    assert not [n for n in os.listdir(os.path.dirname(second)) if ".tmp-" in n]
+
+
+def _fetch(url):
+    return storage.fetch_copy(url)[1]
+
+
+def test_concurrent_processes_download_an_index_once(files, s3):
+    local, _ = files
+    remote = upload(s3, local, "concurrent/c")
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        downloaded = pool.map(_fetch, [remote + ".idx"] * 8)
+    assert sorted(downloaded) == [False] * 7 + [True]
+
+
+def test_info_and_verify_on_an_s3_prefix(files, env):
+    local, remote = files
+    got = run_cli("info", "--json", remote, env=env)
+    want = run_cli("info", "--json", local)
+    assert got.returncode == 0, got.stderr
+    got_info, want_info = json.loads(got.stdout), json.loads(want.stdout)
+    assert got_info.pop("prefix") == remote
+    want_info.pop("prefix")
+    assert want_info.pop("sidecar") is not None and got_info.pop("sidecar") is None  # not uploaded
+    assert got_info == want_info
+    checked = run_cli("verify", "--vocab-size", "50001", remote, env=env)
+    assert checked.returncode == 0 and checked.stdout.startswith("OK"), checked.stdout + checked.stderr
+    bad = run_cli("verify", "--vocab-size", "50000", remote, env=env)  # EOD 50000 is out of range
+    assert bad.returncode == 1 and "50000" in bad.stdout
+
+
+ORDERS = {"megatron": {}, "computed": {"order": "computed"}, "block": {"order": "computed", "block_size": 8}}
+
+
+def _train(prefix: str, cache, order: str):
+    config = MegatronDataConfig(sequence_length=32, blend=[prefix], split="90,10,0", eod_id=50_000,
+                                path_to_cache=str(cache), random_seed=7, **ORDERS[order])
+    return build_datasets(config, [400, 20, 0])[0]
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_both_orders_give_the_local_samples(files, order, tmp_path):
+    local, remote = files
+    want = _train(local, tmp_path / "local-cache", order)
+    got = _train(remote, tmp_path / "remote-cache", order)
+    assert len(got) == len(want)
+    picks = list(range(0, len(want), 7))
+    a, b = got.__getitems__(picks), want.__getitems__(picks)
+    assert set(a) == set(b)
+    for key in b:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def _batches(dataset, **config) -> list[dict]:
+    loader = build_dataloader(dataset, micro_batch_size=4, dp_rank=0, dp_size=1, **config)
+    try:
+        return list(itertools.islice(loader, 12))
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("order", ["megatron", "block"])
+@pytest.mark.parametrize("workers", [(0, None), (2, "fork"), (2, "spawn")])
+def test_loader_batches_equal_the_local_ones(files, order, workers, tmp_path):
+    local, remote = files
+    num_workers, method = workers
+    want = _batches(_train(local, tmp_path / "l", order), num_workers=0)
+    got = _batches(_train(remote, tmp_path / "r", order), num_workers=num_workers, multiprocessing_context=method)
+    assert len(got) == len(want) == 12
+    for g, w in zip(got, want):
+        assert set(g) == set(w)
+        for key in w:
+            assert torch.equal(g[key], w[key]), key
