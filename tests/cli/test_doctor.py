@@ -1,0 +1,125 @@
+"""`tokenload doctor`: each finding provoked by its condition, checked with its advice, as a real
+command; the fix, applied, makes the finding go away."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+
+import numpy as np
+from support import run_cli, write_documents
+
+from tokenload.doctor import READ_DELAY_ENV
+
+FAST = ("--split", "100,0,0", "--seq-length", "64", "--steps", "6")
+
+
+def _corpus(prefix, documents=400, seed=0):
+    rng = np.random.default_rng(seed)
+    return write_documents(prefix, [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(documents)])
+
+
+def _finding(stdout: str, check: str) -> str:
+    """The finding line of ``check`` and its fix line, if any."""
+    match = re.search(rf"^\[{check}\] .*(\n    fix: .*)?", stdout, re.M)
+    assert match, stdout
+    return match.group(0)
+
+
+def test_no_cache_under_rank0_is_a_startup_stall_and_its_prepare_command_fixes_it(tmp_path):
+    prefix = _corpus(tmp_path / "data")
+    cache = tmp_path / "cache"
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "rank0",
+                  "--train-samples", "200", *FAST)
+    assert out.returncode == 1, out.stderr
+    stall = _finding(out.stdout, "startup")
+    assert "PROBLEM: no prepared index cache" in stall and "rank 0 builds every index while every other rank waits" in stall
+    assert 'build_policy="none"' in stall and 'order="computed"' in stall
+    assert "PROBLEM" in _finding(out.stdout, "io-burst") and "sequences JSON" in _finding(out.stdout, "io-burst")
+    assert not cache.exists()  # measuring wrote nothing
+    command = re.search(r"fix: run `(tokenload prepare-cache [^`]*)`", stall).group(1)
+    prepared = run_cli(*shlex.split(command)[1:])
+    assert prepared.returncode == 0, prepared.stderr
+    sequences = tmp_path / "sequences.json"
+    assert run_cli("sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences).returncode == 0
+    after = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "none",
+                    "--sequences-path", sequences, "--train-samples", "200", *FAST)
+    assert "[startup] ok: the index caches are prepared" in after.stdout, after.stdout + after.stderr
+
+
+def test_a_prepared_cache_with_a_sequences_json_loads_without_a_burst(tmp_path):
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+
+    prefix = _corpus(tmp_path / "data")
+    cache, sequences = tmp_path / "cache", tmp_path / "sequences.json"
+    config = MegatronDataConfig(sequence_length=64, blend=[prefix], split="100,0,0", path_to_cache=str(cache))
+    build_datasets(config, [200, None, None])  # rank 0 of one process writes the caches and the manifest
+    assert run_cli("sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences).returncode == 0
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "none",
+                  "--sequences-path", sequences, "--train-samples", "200", *FAST)
+    assert "[startup] ok: the index caches are prepared" in out.stdout, out.stdout + out.stderr
+    assert "[io-burst] ok: 2 opens and 0 stats per rank in build_datasets: no burst" in out.stdout, out.stdout
+
+
+def test_slow_storage_is_a_slow_steady_state(tmp_path):
+    prefix = _corpus(tmp_path / "data")
+    out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST, env={READ_DELAY_ENV: "40"})
+    assert out.returncode == 1, out.stderr
+    slow = _finding(out.stdout, "steady-state")
+    assert "PROBLEM" in slow and "reading the data is the bottleneck" in slow
+    assert "loader workers" in slow and "read mode" in slow
+    assert "[startup] ok: the computed order starts" in out.stdout
+    quick = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
+    assert "[steady-state] ok" in quick.stdout, quick.stdout + quick.stderr
+
+
+def test_two_hundred_tiny_prefixes_are_advised_to_merge(tmp_path):
+    rng = np.random.default_rng(1)
+    prefixes = [write_documents(tmp_path / f"p{i:03d}", [rng.integers(0, 250, 80) for _ in range(4)]) for i in range(200)]
+    out = run_cli("doctor", "--data-path", *prefixes, "--order", "computed", *FAST)
+    assert out.returncode == 1, out.stderr
+    many = _finding(out.stdout, "prefixes")
+    assert "PROBLEM: 200 prefix(es)" in many and "200 under 10 GB" in many
+    assert "tokenload merge" in many and "at least 10 GB per file" in many
+
+
+def test_copies_that_differ_are_named(tmp_path):
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node1").mkdir()
+    (tmp_path / "node2").mkdir()
+    a = _corpus(tmp_path / "node0" / "corpus", seed=0)
+    b = _corpus(tmp_path / "node1" / "corpus", seed=1)  # same name and shape, other tokens
+    for suffix in (".bin", ".idx"):
+        shutil.copy(a + suffix, tmp_path / "node2" / f"corpus{suffix}")
+    out = run_cli("doctor", "--data-path", a, b, "--order", "computed", *FAST)
+    assert out.returncode == 1, out.stderr
+    differ = _finding(out.stdout, "copies")
+    assert "PROBLEM" in differ and "copies that differ: corpus:" in differ and a in differ and b in differ
+    assert "rsync -c" in differ
+    same = run_cli("doctor", "--data-path", a, "--compare", tmp_path / "node2", "--order", "computed", *FAST)
+    assert "[copies] ok: 1 file name(s) present in 2 copies: identical content" in same.stdout, same.stdout
+
+
+def test_plot_is_a_png_of_the_expected_size_and_not_blank(tmp_path):
+    from matplotlib import image
+
+    prefix = _corpus(tmp_path / "data")
+    png = tmp_path / "doctor.png"
+    out = run_cli("doctor", "--data-path", prefix, "--plot", png, *FAST)
+    assert out.returncode in (0, 1) and f"plot written to {png}" in out.stdout, out.stderr
+    pixels = image.imread(png)
+    assert pixels.shape[:2] == (600, 1000)
+    assert pixels[..., :3].std() > 0.05  # bars, lines and text, not one colour
+
+
+def test_plot_without_matplotlib_names_the_extra(tmp_path):
+    blocker = tmp_path / "blocker" / "matplotlib"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('matplotlib is absent here')\n")
+    prefix = _corpus(tmp_path / "data")
+    out = run_cli("doctor", "--data-path", prefix, "--plot", tmp_path / "x.png", *FAST,
+                  env={"PYTHONPATH": str(tmp_path / "blocker")})
+    assert out.returncode == 2
+    assert "tokenload[plot]" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "x.png").exists()
