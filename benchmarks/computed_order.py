@@ -21,7 +21,8 @@ starting (after one untimed computed-order run that touches the freshly written 
 
 Per side: seconds from the build call to the first micro-batch, the bytes of index arrays the
 rank holds (document, sample and shuffle indices; blending indices; the computed order's blend
-schedule), and the process's peak RSS (``ru_maxrss``, including the interpreter and NumPy).
+schedule), and the process's peak RSS (``VmHWM``, including the interpreter and NumPy). Sides
+that build nothing run ``--repeats`` times (the median run is shown; the machine may be shared).
 
 **Read throughput** (``--read-docs`` documents of real random tokens, warm page cache): fresh
 samples per second at S = 2048 over consecutive dataset indices (already shuffled in every
@@ -37,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -57,7 +57,7 @@ SEED = 1234
 VOCAB = 50257
 
 MEGATRON_STARTUP = r"""
-import json, logging, resource, sys, time, warnings
+import json, logging, sys, time, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 a = json.loads(sys.argv[1])
@@ -81,8 +81,8 @@ def arrays(d):
     names = ("document_index", "sample_index", "shuffle_index", "dataset_index", "dataset_sample_index")
     total = sum(getattr(d, n).nbytes for n in names if hasattr(d, n))
     return total + sum(arrays(m) for m in getattr(d, "datasets", []))
-print(json.dumps({"startup_s": elapsed, "index_bytes": arrays(ds),
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "len": len(ds)}))
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(json.dumps({"startup_s": elapsed, "index_bytes": arrays(ds), "peak_rss_mb": hwm / 1024, "len": len(ds)}))
 """
 
 MEGATRON_READ = MEGATRON_DATASET + r"""
@@ -137,7 +137,13 @@ def side_startup(a: dict) -> dict:
     ds.__getitems__(np.arange(a["micro_batch"]))
     elapsed = time.perf_counter() - start
     return {"startup_s": elapsed, "index_bytes": _index_bytes(ds), "len": len(ds),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS (``VmHWM``: ``ru_maxrss`` keeps the forking parent's across exec)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
 
 
 def side_read(a: dict) -> dict:
@@ -206,21 +212,27 @@ def startup(args) -> None:
                      ("megatron (cached)", {"order": "megatron", "policy": "none", "cache": cache})]
             run_side("startup", {**base, "order": "computed"})  # untimed: files just written
             for name, extra in sides:
-                got = run_side("startup", {**base, **extra})
+                repeats = args.repeats if "build" not in name and name != "prepare" else 1
+                runs = [run_side("startup", {**base, **extra}) for _ in range(repeats)]
                 if name != "prepare":
-                    rows.append(_startup_row(docs, name, got))
+                    rows.append(_startup_row(docs, name, _median_run(runs)))
             peer = {"prefixes": blend["prefixes"], "weights": weights, "seed": SEED, "seq": SEQ,
                     "vocab": VOCAB, "micro_batch": args.micro_batch, "size": size,
                     "cache": os.path.join(cache, "megatron-core")}
             for name in ("megatron-core (build)", "megatron-core (cached)"):
-                got = run_peer(MEGATRON_STARTUP, peer, timeout=7200)
-                if got is not None:
-                    rows.append(_startup_row(docs, name, got))
+                runs = [run_peer(MEGATRON_STARTUP, peer, timeout=7200) for _ in range(1 if "build" in name else args.repeats)]
+                if runs[0] is not None:
+                    rows.append(_startup_row(docs, name, _median_run(runs)))
         finally:
             shutil.rmtree(cache, ignore_errors=True)
         print(table(rows[-6:], STARTUP_HEADER), flush=True)
     print("\n## Startup of one rank (train split, first micro-batch)\n")
     print(table(rows, STARTUP_HEADER))
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median startup time."""
+    return sorted(runs, key=lambda r: r["startup_s"])[len(runs) // 2]
 
 
 STARTUP_HEADER = ["documents", "side", "startup s", "index arrays", "peak RSS MB"]
@@ -278,6 +290,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each startup side that builds nothing (median)")
     ap.add_argument("--only", choices=("startup", "throughput"))
     ap.add_argument("--gb", type=float, default=1.0)
     args = ap.parse_args()
