@@ -524,10 +524,11 @@ def plot(report: Report, path: str, *, width_in: float = 10.0, height_in: float 
         bottom.plot(range(1, len(waits) + 1), [w * 1e3 for w in waits], marker="o", label=f"{workers} workers")
     bottom.axhline(report.step_ms, color="grey", linestyle="--", label=f"training step {report.step_ms:g} ms")
     bottom.set_yscale("symlog", linthresh=0.1)
+    bottom.set_ylim(bottom=0)
     bottom.set_xlabel("step")
     bottom.set_ylabel("data wait (ms)")
     bottom.set_title("per-step data wait")
-    bottom.legend(loc="upper right", fontsize=8)
+    bottom.legend(loc="best", fontsize=8)
     fig.tight_layout()
     tmp = f"{path}.tmp.png"
     fig.savefig(tmp, dpi=dpi)
