@@ -5,8 +5,8 @@ the order is a pure function of the sampler, so the consumer sends no indices, o
 worker stays at most ``prefetch`` batches ahead of the consumer, writes each batch into a free
 slot of its ring (``ring.py``) and sends the slot's layout; the consumer takes batch k from worker
 k mod N, so batches arrive in the sampler's order whatever the workers' speeds. Per batch the
-consumer reads one small message, wraps the slot in arrays without copying, and sends one small
-message back (a credit, plus the worker's slots that nothing refers to any more). A batch that
+consumer reads one small message, hands out tensors over the slot (aliases of views made once
+per slot: ``ring.py``), and sends one small message back (a credit, plus the worker's slots that nothing refers to any more). A batch that
 finds no free slot (the training loop still holds earlier ones) travels through the pipe instead,
 so holding batches never blocks the workers.
 
@@ -104,7 +104,7 @@ class WorkerPool:
 
     def batches(self, sampler: Any) -> Iterator[Any]:
         """Start an iteration (it ends the one before): the sampler's micro-batches, made by the
-        workers, in order (dicts of arrays over slots, or whatever the dataset returned when a
+        workers, in order (dicts of tensors over slots, or whatever the dataset returned when a
         batch travelled through the pipe)."""
         self._generation += 1
         return self._batches(sampler, self._generation)
@@ -126,7 +126,7 @@ class WorkerPool:
             if slot is not None:
                 ring = self._rings[w]
                 assert ring is not None
-                batch = ring.arrays(slot, batch)
+                batch = ring.tensors(slot, batch)
                 self._lent[w].append(slot)
             self._credits[w] += 1
             if self._credits[w] >= self._group:  # enough for the worker's next read

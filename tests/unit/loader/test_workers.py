@@ -294,3 +294,52 @@ def test_an_abandoned_iterator_collected_later_leaves_the_new_iteration_alone(da
     for w in workers:
         w.join(10)
     assert not any(w.is_alive() for w in workers)
+
+
+def test_ring_tensors_are_fresh_aliases_that_hold_their_slot():
+    """Tensors over a slot are aliases of views made once per slot: whatever refers to the slot
+    (a handed tensor, a view of it, its NumPy array, its storage object) keeps the slot lent, and
+    a loop that reshapes its tensor in place does not change the next batch of that slot."""
+    import torch  # not at the top: spawned workers import this module, and must not import torch
+
+    from tokenload.loader import ring
+
+    worker = ring.WorkerRing(ring.batch_bytes({"a": np.zeros((4, 8)), "b": np.zeros(3, np.int32)}), 2)
+    alloc = worker.allocator(1)
+    a = alloc((4, 8), np.dtype(np.float64))
+    a[...] = np.arange(32).reshape(4, 8)
+    layout = worker.write(1, {"a": a, "b": np.array([7, 8, 9], np.int32)})
+    consumer = ring.ConsumerRing(worker.path, worker.slot_bytes, 2)
+    for hold in (lambda t: t["a"][1:], lambda t: t["b"].numpy(), lambda t: t["a"].untyped_storage(), lambda t: t):
+        got = consumer.tensors(1, layout)
+        assert got["a"].dtype == torch.float64 and got["b"].tolist() == [7, 8, 9]
+        assert np.array_equal(got["a"].numpy(), np.arange(32).reshape(4, 8))
+        kept = hold(got)
+        del got
+        assert consumer.in_use(1) and not consumer.in_use(0)
+        del kept
+        assert not consumer.in_use(1)
+    got = consumer.tensors(1, layout)
+    got["a"].unsqueeze_(0)  # the loop's own alias
+    got["b"][0] = 70  # writes land in the slot
+    del got
+    again = consumer.tensors(1, layout)
+    assert again["a"].shape == (4, 8) and again["b"].tolist() == [70, 8, 9]
+    a = worker.allocator(1)((4, 8), np.dtype(np.float64))
+    a[...] = 5
+    assert worker.write(1, {"a": a, "b": np.array([1, 2, 3], np.int32)}) == layout
+    assert again["b"].tolist() == [1, 2, 3]  # the worker's next batch in that slot, without a copy
+
+
+def test_loops_that_reshape_their_batches_in_place_get_every_batch_right(dataset):
+    """Slots are reused many times over; a loop that changes its tensors' shapes in place and
+    writes into them sees every later batch with its own shape and values."""
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+    want = _expected(dataset, 8, 200)
+    for k, batch in zip(range(200), loader):
+        tokens = batch["tokens"]
+        assert tokens.shape == (8, 16) and np.array_equal(tokens.numpy(), want[k]), k
+        assert _in_slots(batch, loader._pool) == (k >= 2), k  # each worker's first batch sizes its slots
+        tokens.unsqueeze_(0)[:] = -1
+        batch["labels"].t_()
+    loader.close()
