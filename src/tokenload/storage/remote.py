@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _STATS: Counter[str] = Counter()
+_FILESYSTEMS: dict[tuple, Any] = {}
 _STATS_LOCK = threading.Lock()
 _STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "retries",
                "index_downloads", "index_hits")
@@ -67,16 +69,21 @@ def filesystem(url: str) -> tuple[Any, str]:
         # one attempt in s3fs and botocore each: the retries are ours, counted and logged
         kwargs = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"},
                                     "connect_timeout": 10, "read_timeout": 60}}
+    # fsspec's instance cache ignores the environment, so a process that changes AWS_* (another
+    # endpoint or key) would keep talking to the first server: keyed here by it too, in memory only
+    key = (os.getpid(), protocol, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    fs = _FILESYSTEMS.get(key)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **kwargs)
+        if fs is None:
+            fs = _FILESYSTEMS[key] = fsspec.filesystem(protocol, skip_instance_cache=True, **kwargs)
+            if kwargs:
+                fs.retries = 1  # s3fs's own loop (a class attribute): the retries are ours
+        return fs, fs._strip_protocol(url)
     except TokenloadError:
         raise
     except Exception as exc:
         raise StorageError(f"cannot resolve the URL ({_reason(exc)})", path=url,
                            hint="check the URL's protocol and that its fsspec package is installed") from None
-    if kwargs:
-        fs.retries = 1  # s3fs's own loop (a class attribute); this instance is ours (its kwargs differ)
-    return fs, path
 
 
 @dataclass(frozen=True)
