@@ -105,12 +105,10 @@ def _run_order(job: dict[str, Any], order: str, phase: str, rank: int, world: in
 
 
 def _one_line(exc: BaseException) -> str:
+    from .cli.main import one_line
     from .errors import TokenloadError
 
-    if isinstance(exc, TokenloadError):
-        text = exc.message if exc.path is None else f"{exc.path}: {exc.message}"
-        return f"{text} [HINT: {exc.hint}]" if exc.hint else text
-    return f"{type(exc).__name__}: {exc}"
+    return one_line(exc) if isinstance(exc, TokenloadError) else f"{type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:

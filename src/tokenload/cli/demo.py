@@ -44,9 +44,9 @@ def register(sub) -> None:
     p.add_argument("--workers", type=positive(int), default=2, help="tokenizer workers")
     p.add_argument("--seq-length", type=positive(int), default=1024, help="tokens per training sample")
     p.add_argument("--steps", type=positive(int), default=12, help="training steps of the uninterrupted run")
-    p.add_argument("--checkpoint", type=positive(int), default=6, help="step after which the loader state is saved")
+    p.add_argument("--checkpoint", type=positive(int), default=6, help="save the loader state after this step")
     p.add_argument("--loader-workers", type=int, default=1, help="loader worker processes per rank")
-    p.add_argument("--step-ms", type=float, default=20.0, help="simulated training step the data must keep up with")
+    p.add_argument("--step-ms", type=float, default=20.0, help="simulated training step (ms)")
     p.set_defaults(func=run)
 
 
