@@ -218,12 +218,30 @@ class PreadBin(BinSource):
         return out
 
     def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
-        out = np.empty(int(lengths.sum()), dtype=self.dtype)
-        pos = 0
-        for start, length in zip(starts.tolist(), lengths.tolist()):
-            if length:
-                self._fill(out[pos : pos + length], start)
-            pos += length
+        # One preadv per run of spans adjacent in the file, straight into byte slices of one
+        # memoryview, every offset computed by NumPy first. Measured per micro-batch of 16 x 2049
+        # tokens in ~80 random spans (2-core gVisor VM): the system calls cost ~170 us CPU (2.1 us
+        # each), the Python around them 37 us with a slice of ``out`` and a call per span, 33 here.
+        if starts.size > 1:
+            joined = starts[1:] == ends[:-1]
+            if joined.any():
+                first = np.flatnonzero(np.concatenate(([True], ~joined)))
+                starts, lengths = starts[first], np.add.reduceat(lengths, first)
+        size = self.dtype.itemsize
+        stops = np.cumsum(lengths) * size
+        out = np.empty(int(stops[-1]) // size if stops.size else 0, dtype=self.dtype)
+        view = memoryview(out).cast("B")
+        fd, preadv = self._fd, os.preadv
+        begin = 0
+        try:
+            for offset, stop in zip((starts * size).tolist(), stops.tolist()):
+                if stop > begin:
+                    done = preadv(fd, [view[begin:stop]], offset)
+                    if done != stop - begin:
+                        self._fill_rest(view[begin:stop], offset, done)
+                begin = stop
+        except OSError as exc:
+            raise read_error(exc, self.path, "token data") from None
         return out
 
     def close(self) -> None:

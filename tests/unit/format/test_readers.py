@@ -151,3 +151,47 @@ def test_read_spans_overflowing_end_is_format_error(tmp_path, mode):
         with pytest.raises(FormatError, match="outside the 100 tokens"):
             source.read_spans(np.array(starts), np.array(lengths))
     source.close()
+
+
+def test_pread_spans_adjacent_runs_short_reads_and_failures(tmp_path, monkeypatch):
+    """pread reads runs of spans that continue each other with one call, finishes reads that
+    return fewer bytes than asked (network filesystems do), and a file that ends early or a
+    failing read is a StorageError, never a partly filled array."""
+    import os
+
+    from tokenload.errors import StorageError
+    from tokenload.format.bin import open_bin
+
+    tokens = (np.arange(10_000) % 50_000).astype(np.uint16)
+    tokens.tofile(tmp_path / "t.bin")
+    source = open_bin(str(tmp_path / "t.bin"), np.dtype(np.uint16), "pread")
+    starts = np.array([100, 110, 110, 130, 5, 9_990, 0])  # 100-110-130 continue each other
+    lengths = np.array([10, 0, 20, 7, 3, 10, 0])
+    expected = np.concatenate([tokens[s : s + n] for s, n in zip(starts, lengths)])
+    real = os.preadv
+    calls = []
+
+    def counted(fd, buffers, offset):
+        calls.append((offset, len(buffers[0])))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    np.testing.assert_array_equal(source.read_spans(starts, lengths), expected)
+    assert calls == [(200, 74), (10, 6), (19_980, 20)]  # tokens 100-137 in one read, empty spans none
+
+    def short(fd, buffers, offset):  # at most 4 bytes per call
+        return real(fd, [memoryview(buffers[0]).cast("B")[:4]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    np.testing.assert_array_equal(source.read_spans(starts, lengths), expected)
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: 0)  # the file was truncated
+    with pytest.raises(StorageError, match="file ended after 200 bytes, expected 274"):
+        source.read_spans(starts, lengths)
+
+    def failing(fd, buffers, offset):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "preadv", failing)
+    with pytest.raises(StorageError, match="cannot read token data"):
+        source.read_spans(starts, lengths)
+    source.close()
