@@ -70,3 +70,32 @@ def test_without_extra_token_the_last_label_is_padding():
 def test_eod_options_need_an_eod_id():
     with pytest.raises(ConfigError, match="eod_id"):
         ItemConfig(sequence_length=4, reset_position_ids=True)
+
+
+@pytest.mark.parametrize("pad_id", [0, 7, -1])
+@pytest.mark.parametrize("dtype", [np.uint16, np.int64])
+def test_fields_match_megatrons_steps_and_are_independent_arrays(pad_id, dtype):
+    """A pad id the tokenizer has (>= 0) is zeroed wherever it occurs in the windows, its labels
+    lose their loss after the EOD mask is taken from the inputs (Megatron's order); every field
+    is its own contiguous, writable array of its dtype, sharing memory with no other."""
+    rng = np.random.default_rng(pad_id + 10)
+    window = rng.integers(0, 12, size=(5, 33)).astype(dtype)
+    cfg = ItemConfig(sequence_length=32, eod_id=EOD, pad_id=pad_id, eod_mask_loss=True)
+    out = build_items(window, cfg, padded=False)
+    wide = window.astype(np.int64)
+    tokens, labels = wide[:, :-1].copy(), wide[:, 1:].copy()
+    loss_mask = np.where(tokens == EOD, 0.0, 1.0)
+    if pad_id >= 0:
+        loss_mask[labels == pad_id] = 0.0
+        tokens[tokens == pad_id] = 0
+        labels[labels == pad_id] = 0
+    np.testing.assert_array_equal(out["tokens"], tokens)
+    np.testing.assert_array_equal(out["labels"], labels)
+    np.testing.assert_array_equal(out["loss_mask"], loss_mask)
+    np.testing.assert_array_equal(out["position_ids"], np.broadcast_to(np.arange(32), (5, 32)))
+    wanted = {"tokens": np.int64, "labels": np.int64, "loss_mask": np.float32, "position_ids": np.int64}
+    assert {k: v.dtype for k, v in out.items()} == {k: np.dtype(v) for k, v in wanted.items()}
+    assert all(v.flags.c_contiguous and v.flags.writeable for v in out.values())
+    fields = list(out.values())
+    assert not any(np.shares_memory(a, b) for i, a in enumerate(fields) for b in fields[i + 1 :])
+    assert not any(np.shares_memory(a, window) for a in fields)
