@@ -116,7 +116,12 @@ def build_items(
 
 
 def _clear_padding(
-    text: np.ndarray, tokens: np.ndarray, labels: np.ndarray, loss_mask: np.ndarray, pad: int, extra: int
+    text: np.ndarray,
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    loss_mask: np.ndarray,
+    pad: int,
+    extra: int,
 ) -> None:
     """Padded labels lose their loss, then pad ids become 0. With the extra token, one comparison
     of the (often uint16) windows gives both masks, applied by ``copyto(where=)``: measured at

@@ -229,10 +229,9 @@ class _SlotTensors:
         return cls(layout, fields, whole.untyped_storage(), use_count)
 
     def in_use(self) -> bool:
-        """Whether a tensor, view, array or storage object other than these views refers to the slot."""
-        return (
-            self._use_count(self._address) > self._idle_uses or sys.getrefcount(self.storage) > self._idle_refs
-        )
+        """Whether a tensor, view, array or storage object besides these views refers to the slot."""
+        uses = self._use_count(self._address)
+        return uses > self._idle_uses or sys.getrefcount(self.storage) > self._idle_refs
 
 
 @functools.lru_cache(maxsize=None)

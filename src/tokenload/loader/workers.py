@@ -6,9 +6,9 @@ worker stays at most ``prefetch`` batches ahead of the consumer, writes each bat
 slot of its ring (``ring.py``) and sends the slot's layout; the consumer takes batch k from worker
 k mod N, so batches arrive in the sampler's order whatever the workers' speeds. Per batch the
 consumer reads one small message, hands out tensors over the slot (aliases of views made once
-per slot: ``ring.py``), and sends one small message back (a credit, plus the worker's slots that nothing refers to any more). A batch that
-finds no free slot (the training loop still holds earlier ones) travels through the pipe instead,
-so holding batches never blocks the workers.
+per slot: ``ring.py``), and sends one small message back (a credit, plus the worker's slots that
+nothing refers to any more). A batch that finds no free slot (the training loop still holds
+earlier ones) travels through the pipe instead, so holding batches never blocks the workers.
 
 Why not torch's DataLoader workers: they send every batch's indices through a queue and every
 tensor through its own shared-memory segment; measured in a gVisor sandbox, that fixed cost per

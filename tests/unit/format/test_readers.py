@@ -177,7 +177,8 @@ def test_pread_spans_adjacent_runs_short_reads_and_failures(tmp_path, monkeypatc
 
     monkeypatch.setattr(os, "preadv", counted)
     np.testing.assert_array_equal(source.read_spans(starts, lengths), expected)
-    assert calls == [(200, 74), (10, 6), (19_980, 20)]  # tokens 100-137 in one read, empty spans none
+    # tokens 100-137 in one read, none for empty spans
+    assert calls == [(200, 74), (10, 6), (19_980, 20)]
 
     def short(fd, buffers, offset):  # at most 4 bytes per call
         return real(fd, [memoryview(buffers[0]).cast("B")[:4]], offset)

@@ -304,13 +304,17 @@ def test_ring_tensors_are_fresh_aliases_that_hold_their_slot():
 
     from tokenload.loader import ring
 
-    worker = ring.WorkerRing(ring.batch_bytes({"a": np.zeros((4, 8)), "b": np.zeros(3, np.int32)}), 2)
+    size = ring.batch_bytes({"a": np.zeros((4, 8)), "b": np.zeros(3, np.int32)})
+    worker = ring.WorkerRing(size, 2)
     alloc = worker.allocator(1)
     a = alloc((4, 8), np.dtype(np.float64))
     a[...] = np.arange(32).reshape(4, 8)
     layout = worker.write(1, {"a": a, "b": np.array([7, 8, 9], np.int32)})
     consumer = ring.ConsumerRing(worker.path, worker.slot_bytes, 2)
-    for hold in (lambda t: t["a"][1:], lambda t: t["b"].numpy(), lambda t: t["a"].untyped_storage(), lambda t: t):
+    holds = (
+        lambda t: t["a"][1:], lambda t: t["b"].numpy(), lambda t: t["a"].untyped_storage(), lambda t: t
+    )
+    for hold in holds:
         got = consumer.tensors(1, layout)
         assert got["a"].dtype == torch.float64 and got["b"].tolist() == [7, 8, 9]
         assert np.array_equal(got["a"].numpy(), np.arange(32).reshape(4, 8))
@@ -339,7 +343,8 @@ def test_loops_that_reshape_their_batches_in_place_get_every_batch_right(dataset
     for k, batch in zip(range(200), loader):
         tokens = batch["tokens"]
         assert tokens.shape == (8, 16) and np.array_equal(tokens.numpy(), want[k]), k
-        assert _in_slots(batch, loader._pool) == (k >= 2), k  # each worker's first batch sizes its slots
+        # each worker's first batch sizes its slots and travels through the pipe
+        assert _in_slots(batch, loader._pool) == (k >= 2), k
         tokens.unsqueeze_(0)[:] = -1
         batch["labels"].t_()
     loader.close()
