@@ -111,6 +111,17 @@ def test_object_truncated_mid_run_is_a_storage_error_naming_it(s3_endpoint, tmp_
     assert error.hint
 
 
+def test_object_rewritten_with_the_same_size_is_a_storage_error(s3_endpoint, tmp_path, monkeypatch):
+    """Same size, other bytes: only the ETag tells, and each GET's answer is checked against it."""
+    tf, fs, local = _opened(tmp_path, monkeypatch, s3_endpoint, "rewritten-same-size/c")
+    data = bytearray(open(local + ".bin", "rb").read())
+    data[-2:] = b"\x00\x01"
+    fs.pipe(f"{BUCKET}/rewritten-same-size/c.bin", bytes(data))
+    with pytest.raises(StorageError) as caught:
+        tf[len(tf) - 1]
+    assert "came with ETag" in caught.value.message and f"now {len(data)} bytes" in caught.value.message
+
+
 def test_wrong_credentials_are_a_clear_error_without_the_secret(auth_s3, tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG, logger="tokenload")
     fs = _fs(auth_s3, AUTH_KEY, AUTH_SECRET)

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import FormatError, StorageError
 from ..format.bin import BinSource, _ArrayBin
 from .options import StorageOptions
-from .remote import ObjectInfo, call, count, filesystem, info
+from .remote import ObjectInfo, call, count, info, ranged_get
 
 
 class RemoteBin(BinSource):
@@ -32,7 +32,6 @@ class RemoteBin(BinSource):
         self.path = url
         self.dtype = np.dtype(dtype)
         self.options = options or StorageOptions.from_env()
-        self._fs, self._key = filesystem(url)
         self.opened: ObjectInfo = info(url, self.options)
         size = self.opened.size
         if size % self.dtype.itemsize:
@@ -94,14 +93,16 @@ class RemoteBin(BinSource):
         start = k * self.chunk_tokens * self.dtype.itemsize
         end = min(start + self.options.chunk_bytes, self.num_bytes)
         try:
-            data = call(self.path, f"read bytes [{start}, {end})",
-                        lambda: self._fs.cat_file(self._key, start=start, end=end), self.options)
+            data, tag = call(self.path, f"read bytes [{start}, {end})", lambda: ranged_get(self.path, start, end),
+                             self.options)
         except StorageError as exc:
             if "does not exist" in exc.message or "refused" in exc.message:
                 raise self._changed(f"a read of bytes [{start}, {end}) failed") from None
             raise
         if len(data) != end - start:
             raise self._changed(f"a read of bytes [{start}, {end}) returned {len(data)} bytes")
+        if tag is not None and self.opened.tag and tag != self.opened.tag:
+            raise self._changed(f"a read of bytes [{start}, {end}) came with ETag {tag}")
         count("gets")
         count("bytes", len(data))
         if ahead:

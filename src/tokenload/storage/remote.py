@@ -86,6 +86,45 @@ def filesystem(url: str) -> tuple[Any, str]:
                            hint="check the URL's protocol and that its fsspec package is installed") from None
 
 
+def ranged_get(url: str, start: int, end: int) -> tuple[bytes, str | None]:
+    """Bytes ``[start, end)`` of ``url`` and the ETag the answer carried (None if unknown).
+
+    ``s3://`` goes straight to botocore (the client boto3 wraps): measured on SeaweedFS, s3fs's
+    aiohttp body reads reach 50-70% of botocore's MB/s for 8-64 MiB GETs. Other protocols go
+    through fsspec."""
+    protocol, rest = url.split("://", 1)
+    if protocol in ("s3", "s3a"):
+        bucket, _, key = rest.partition("/")
+        try:
+            answer = _botocore().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+            return answer["Body"].read(), str(answer.get("ETag", "")).strip('"') or None
+        except Exception as exc:
+            raise _translated(exc) from None
+    fs, path = filesystem(url)
+    return fs.cat_file(path, start=start, end=end), None
+
+
+def _botocore():
+    key = ("botocore", os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    client = _FILESYSTEMS.get(key)
+    if client is None:
+        session = require("botocore.session", "s3", "reading s3:// token files")
+        config = require("botocore.config", "s3", "reading s3:// token files")
+        client = _FILESYSTEMS[key] = session.get_session().create_client("s3", config=config.Config(
+            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60))
+    return client
+
+
+def _translated(exc: Exception) -> Exception:
+    """A botocore ClientError as the Python exception s3fs would raise (NoSuchKey ->
+    FileNotFoundError, AccessDenied -> PermissionError, ...); others unchanged."""
+    if getattr(exc, "response", None) is None:
+        return exc
+    from s3fs.errors import translate_boto_error
+
+    return translate_boto_error(exc)
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """What identifies an object's content: its size and ETag (or modification time)."""
