@@ -50,11 +50,16 @@ class BinSource:
     def __init__(self, path: str, dtype: np.dtype) -> None:
         self.path = path
         self.dtype = np.dtype(dtype)
+        # Opened first and sized from the descriptor: no metadata lookup of the path beyond the
+        # open itself (at thousands of ranks every path stat is a shared-filesystem request).
         try:
-            size = os.stat(path).st_size
+            self._opened = os.open(path, os.O_RDONLY)
+            size = os.fstat(self._opened).st_size
         except OSError as exc:
+            self._release()
             raise read_error(exc, path, "token data") from None
         if size % self.dtype.itemsize:
+            os.close(self._release())
             raise FormatError(
                 f".bin is {size} bytes, not a multiple of the {self.dtype} item size {self.dtype.itemsize}",
                 path=path,
@@ -62,6 +67,11 @@ class BinSource:
             )
         self.num_bytes = size
         self.num_tokens = size // self.dtype.itemsize
+
+    def _release(self) -> int:
+        """The descriptor opened by ``__init__``, handed to the caller (-1 when none is left)."""
+        fd, self._opened = getattr(self, "_opened", -1), -1
+        return fd
 
     def read(self, start: int, length: int) -> np.ndarray:
         """Tokens ``[start, start + length)`` of the file."""
@@ -145,14 +155,16 @@ class MmapBin(_ArrayBin):
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
         self._map: mmap.mmap | None = None
-        if self.num_bytes == 0:
-            self.tokens = np.zeros(0, dtype=self.dtype)
-            return
+        fd = self._release()
         try:
-            with open(path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if self.num_bytes == 0:
+                self.tokens = np.zeros(0, dtype=self.dtype)
+                return
+            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         except OSError as exc:
             raise read_error(exc, path, "token data") from None
+        finally:
+            os.close(fd)
         self.tokens = np.frombuffer(self._map, dtype=self.dtype)
 
     def close(self) -> None:
@@ -165,7 +177,8 @@ class MemoryBin(_ArrayBin):
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
         try:
-            self.tokens = np.fromfile(path, dtype=self.dtype)
+            with os.fdopen(self._release(), "rb", buffering=0) as f:
+                self.tokens = np.fromfile(f, dtype=self.dtype)
         except OSError as exc:
             raise read_error(exc, path, "token data") from None
         if self.tokens.size != self.num_tokens:
@@ -181,10 +194,7 @@ class PreadBin(BinSource):
 
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
-        try:
-            self._fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise read_error(exc, path, "token data") from None
+        self._fd = self._release()
 
     def _fill(self, out: np.ndarray, start: int) -> None:
         offset = start * self.dtype.itemsize

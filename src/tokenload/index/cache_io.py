@@ -27,6 +27,7 @@ import enum
 import json
 import logging
 import math
+import mmap
 import os
 import tokenize
 from collections.abc import Mapping
@@ -128,12 +129,23 @@ def write_cache(
 
 
 def map_array(path: str) -> npt.NDArray[Any]:
-    """One cached array, memory-mapped read-only (pickles refused), as a plain ndarray view
-    (``np.memmap``'s subclass hooks cost more than a batch's lookups); ``CacheError`` naming
-    the file when it cannot be loaded."""
+    """One cached array, memory-mapped read-only from a single open of the file (``np.load``
+    with ``mmap_mode`` opens it three times), as a plain ndarray view (``np.memmap``'s subclass
+    hooks cost more than a batch's lookups); ``CacheError`` naming the file when it is not a
+    whole ``.npy`` of plain numbers."""
     try:
-        return np.asarray(np.load(path, mmap_mode="r", allow_pickle=False))
-    except _NPY_ERRORS as exc:
+        with open(path, "rb") as f:
+            shape, fortran, dtype = _read_npy_header(f, path)
+            offset, size = f.tell(), os.fstat(f.fileno()).st_size
+            nbytes = math.prod(shape) * dtype.itemsize
+            if dtype.hasobject or size < offset + nbytes:
+                what = "Python objects" if dtype.hasobject else f"{size} bytes, {offset + nbytes} expected"
+                raise FormatError(f"{what} in a cached index array", path=path)
+            if nbytes == 0:
+                return np.empty(shape, dtype=dtype)
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C")
+    except (*_NPY_ERRORS, FormatError) as exc:
         raise CacheError(
             f"cannot load the cached index array ({type(exc).__name__}: {exc}); expected a .npy "
             "file as numpy.save writes it",
@@ -148,21 +160,27 @@ def load_cache(files: CacheFiles) -> dict[str, npt.NDArray[Any]]:
     return {name: map_array(files.array(name)) for name in files.arrays}
 
 
+def _read_npy_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Shape, Fortran order and dtype of the ``.npy`` open in ``f``, left at its data."""
+    try:
+        version = np.lib.format.read_magic(f)
+        reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if reader is None:
+            raise FormatError(f"npy version {version}; expected 1.0 or 2.0", path=path)
+        shape, fortran, dtype = reader(f)
+    except _NPY_ERRORS as exc:
+        raise FormatError(f"not a .npy file ({exc})", path=path) from None
+    return tuple(shape), bool(fortran), dtype
+
+
 def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool]:
     """Shape, dtype and whether the file is as long as its header says."""
     with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            reader = {(1, 0): np.lib.format.read_array_header_1_0,
-                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if reader is None:
-                raise FormatError(f"npy version {version}; expected 1.0 or 2.0", path=path)
-            shape, _fortran, dtype = reader(f)
-        except _NPY_ERRORS as exc:
-            raise FormatError(f"not a .npy file ({exc})", path=path) from None
+        shape, _fortran, dtype = _read_npy_header(f, path)
         size = os.fstat(f.fileno()).st_size
         whole = size == f.tell() + math.prod(shape) * dtype.itemsize
-    return tuple(shape), dtype, whole
+    return shape, dtype, whole
 
 
 def _read_sidecar(path: str) -> dict[str, Any] | None:
