@@ -2,14 +2,15 @@
 storage tests start it), next to raw ranged GETs of botocore (the client boto3 wraps).
 
 Usage: python benchmarks/storage.py [--data-dir /tmp/tokenload-bench-s3] [--mb 256]
-           [--chunk-mb 32] [--random-chunk-mb 8] [--samples 2048] [--seq 2048] [--block 256]
+           [--chunk-mb 32] [--random-chunk-mb 8] [--samples 2048] [--seconds 10] [--seq 2048] [--block 256]
            [--endpoint URL (an existing server; AWS_* credentials from the environment)]
 
 * **Sequential MB/s**: the whole ``.bin`` read front to back in 1 MiB reads through a remote
   ``TokenFile`` (chunked GETs of ``--chunk-mb``, read-ahead thread on and off) next to raw
   botocore GETs of the same chunk ranges, one after another. Goal: >= 80% of raw.
 * **Random samples/s**: ``--samples`` consecutive global samples of S = ``--seq`` (already
-  shuffled over the file in each order) in micro-batches of 16 through ``__getitems__``: the
+  shuffled over the file in each order; at most ``--seconds`` per run) in micro-batches of 16
+  through ``__getitems__``: the
   Megatron order, the computed order flat, and in blocks of ``--block`` windows; chunks of
   ``--random-chunk-mb`` and a chunk cache of 4 chunks, far smaller than the file, so hits come
   from locality, not from holding the file. Next to one raw ranged GET per sample (its S + 1
@@ -94,9 +95,11 @@ def tokenload_random(prefix: str, order: str, args, cache: str) -> float:
     ds.__getitems__([0])  # opened before the clock starts
     begin = len(ds) // 3  # away from the chunk the warm-up read
     start = time.perf_counter()
-    for k in range(begin, begin + args.samples, 16):
-        ds.__getitems__(list(range(k, k + 16)))
-    return args.samples / (time.perf_counter() - start)
+    done = 0
+    while done < args.samples and time.perf_counter() - start < args.seconds:
+        ds.__getitems__(list(range(begin + done, begin + done + 16)))
+        done += 16
+    return done / (time.perf_counter() - start)
 
 
 def raw_per_sample(local: str, key: str, args) -> float:
@@ -156,6 +159,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=10.0, help="time cap of one random-sample run")
     ap.add_argument("--endpoint", default=None)
     args = ap.parse_args()
     folder = Path(args.data_dir)
@@ -189,6 +193,8 @@ def run(args, folder: Path) -> None:
     print(f"server {args.endpoint}; .bin {size / MIB:.0f} MiB, .idx {os.path.getsize(local + '.idx') / MIB:.1f} MiB\n")
 
     chunk = args.chunk_mb * MIB
+    raw_sequential(key + ".bin", size, chunk)  # untimed: clients created, the server's files read once
+    tokenload_sequential(prefix, chunk, True)
     raw = best(lambda: raw_sequential(key + ".bin", size, chunk), args.rounds)
     rows = [[f"raw botocore GETs of {args.chunk_mb} MiB", f"{size / MIB / raw:.0f}", "100%"]]
     for prefetch in (True, False):
@@ -212,9 +218,9 @@ def run(args, folder: Path) -> None:
     print(f"\nRandom samples (S = {args.seq}, micro-batches of 16, {args.random_chunk_mb} MiB chunks, cache of 4)\n")
     print(table(rows, ["reader", "samples/s", "vs one GET per sample"]))
 
-    idx_cache = tempfile.mkdtemp(prefix="first-", dir=folder)
-    cold = first_batch(prefix, args.seq, idx_cache)
-    warm = min((first_batch(prefix, args.seq, idx_cache) for _ in range(args.rounds)), key=lambda r: r["s"])
+    caches = [tempfile.mkdtemp(prefix="first-", dir=folder) for _ in range(args.rounds)]
+    cold = min((first_batch(prefix, args.seq, c) for c in caches), key=lambda r: r["s"])
+    warm = min((first_batch(prefix, args.seq, c) for c in caches), key=lambda r: r["s"])
     rows = [[name, f"{r['s']:.2f}", f"{r['process_s']:.2f}", r["index_downloads"], r["index_hits"], r["gets"],
              f"{r['bytes'] / MIB:.0f}"] for name, r in (("cold .idx cache", cold), ("warm .idx cache", warm))]
     print("\nFirst batch of a fresh process (computed order, default chunks)\n")

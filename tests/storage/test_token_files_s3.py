@@ -90,6 +90,29 @@ def test_default_chunks_read_the_local_tokens(files, monkeypatch):
     assert storage.stats()["gets"] - before == 1
 
 
+def _two_passes(remote: str) -> tuple[int, int]:
+    """GETs of a first and of a second sequential pass over one opened file."""
+    tf = TokenFile(remote)
+    counts = []
+    for _ in range(2):
+        before = storage.stats()["gets"]
+        for i in range(len(tf)):
+            tf[i]
+        counts.append(storage.stats()["gets"] - before)
+    return counts[0], counts[1]
+
+
+def test_chunk_cache_is_bounded_and_reads_ahead(files, monkeypatch):
+    _, remote = files
+    chunks = -(-TokenFile(remote).num_tokens * 2 // CHUNK)
+    monkeypatch.setenv("TOKENLOAD_CHUNK_CACHE_BYTES", str(3 * CHUNK))
+    ahead = storage.stats()["prefetched"]
+    assert _two_passes(remote) == (chunks, chunks)  # 3 chunks held: the second pass reads again
+    assert storage.stats()["prefetched"] - ahead >= 2 * (chunks - 1)  # all but the first, read ahead
+    monkeypatch.setenv("TOKENLOAD_CHUNK_CACHE_BYTES", str(chunks * CHUNK))
+    assert _two_passes(remote) == (chunks, 0)
+
+
 def test_index_copy_is_keyed_by_etag_and_rewritten_objects_get_a_new_copy(files, s3, tmp_path):
     local, _ = files
     remote = upload(s3, local, "rewritten/c")
