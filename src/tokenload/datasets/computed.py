@@ -79,6 +79,7 @@ from .sources import MockSource, open_token_file
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
 
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
 _SAMPLED_LENGTHS = 1024
 """Lengths hashed next to each end of a split for its identity (4 KiB each)."""
 
@@ -248,9 +249,12 @@ class ComputedGPTDataset(_Items):
     def windows_of(self, indices) -> np.ndarray:
         """int64 window number of each dataset index (the order, no read)."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
+        if not idx.size:
+            return idx
+        low, high = int(_MIN(idx)), int(_MAX(idx))
+        if low < 0 or high >= len(self):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        return self.order.global_windows(idx)
+        return self.order.global_windows(idx, (low, high))
 
     def read_windows(self, windows: np.ndarray) -> np.ndarray:
         """``(B, S + extra)`` tokens of windows, in the file's dtype: one span each."""

@@ -48,6 +48,7 @@ _EPOCH_MUL = np.uint64(0x100000001B3)
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _S29, _S32 = np.uint64(29), np.uint64(32)
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 _ROUND_STEPS = (_GOLDEN * np.arange(1, _ROUNDS + 1, dtype=np.uint64))[:, None]
 
 
@@ -79,7 +80,7 @@ def _pick(param: np.ndarray, sel: np.ndarray) -> np.ndarray:
 
 def _network(x: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """One pass of the Feistel network over ``Z_a x Z_b`` (x < a*b, uint64)."""
-    left, right = x // b, x % b
+    left, right = np.divmod(x, b)
     ring_left, ring_right = a, b
     for r in range(_ROUNDS):
         f = right ^ keys[r]
@@ -196,12 +197,13 @@ class WindowOrder:
         )
         return out.reshape(k.shape)
 
-    def global_windows(self, samples: np.ndarray) -> np.ndarray:
-        """int64 windows of global samples k >= 0 (epoch ``k // n``, position ``k % n``)."""
+    def global_windows(self, samples: np.ndarray, bounds: tuple[int, int] | None = None) -> np.ndarray:
+        """int64 windows of global samples k >= 0 (epoch ``k // n``, position ``k % n``);
+        ``bounds``: their minimum and maximum when the caller has them."""
         k = np.asarray(samples, dtype=np.int64).ravel()
         if not k.size:
             return np.empty(np.shape(samples), dtype=np.int64)
-        low, high = int(k.min()), int(k.max())
+        low, high = (int(_MIN(k)), int(_MAX(k))) if bounds is None else bounds
         if low < 0:
             raise IndexError("global samples must be >= 0")
         n = self.num_windows
