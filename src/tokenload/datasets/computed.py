@@ -72,9 +72,9 @@ from ..index.computed import WindowOrder, source_seed
 from ..index.interleave import DEFAULT_PERIOD
 from ..index.mixture import Mixture, MixtureState, resume
 from ..index.windows import WindowGrid, window_pieces
+from ..storage import file_size, local_path
 from .config import MegatronDataConfig
 from .items import Allocator, ItemConfig, build_items
-from ..storage import file_size, local_path
 from .sources import MockSource, open_token_file
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
@@ -111,7 +111,8 @@ def _pread(fd: int, offset: int, size: int, path: str) -> bytes:
 
 def _file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: MegatronDataConfig) -> Extent:
     """The split ``bookend`` of ``prefix``: a few ``pread`` s of the ``.idx`` (no header with a
-    sequences JSON that gives the dtype), the ``.bin`` size from one ``stat``."""
+    sequences JSON that gives the dtype), the ``.bin`` size from one ``stat`` (a URL: its
+    node-local ``.idx`` copy and one HEAD)."""
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     try:
         fd = os.open(local_path(idx_path), os.O_RDONLY)  # a URL's .idx: its local copy
@@ -145,10 +146,7 @@ def _file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: 
             sampled = lead + tail
     finally:
         os.close(fd)
-    try:
-        bin_bytes = file_size(bin_path)
-    except OSError as exc:
-        raise read_error(exc, bin_path, "token data") from None
+    bin_bytes = file_size(bin_path)  # one stat, or one HEAD of an object (StorageError)
     if last > bin_bytes:
         raise FormatError(
             f".bin is {bin_bytes} bytes, shorter than the {last} bytes its index describes",
