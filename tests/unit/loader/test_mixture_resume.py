@@ -16,8 +16,6 @@ from tokenload.datasets.computed import build_computed_datasets
 from tokenload.errors import StateError
 from tokenload.loader import build_dataloader
 
-pytest.importorskip("torch")
-
 S = 8
 FILE_BASE = 1_000_000
 """Token t of file f's stream is ``f * FILE_BASE + t + 1``: a window's first token names it."""
