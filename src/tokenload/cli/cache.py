@@ -166,6 +166,9 @@ def register_prepare_cache(sub) -> None:
     g.add_argument("--per-dataset-sequences-path", metavar="JSON",
                    help="open the token files with this sequences JSON's counts")
     g.add_argument("--mock-data", action="store_true", help="refused: mock data has no caches to prepare")
+    g.add_argument("--neox-config", nargs="+", metavar="YML",
+                   help="a GPT-NeoX config instead of Megatron's flags (several files merge as NeoX"
+                   " merges them): its data keys are checked and its datasets built once")
     _batch_flags(p.add_argument_group("batch and length (Megatron's arithmetic)"))
     _item_flags(p.add_argument_group("items"))
     _tokenizer_flags(p.add_argument_group("tokenizer identity (part of every cache name)"))
@@ -316,6 +319,8 @@ def _identity_from(text: str) -> dict:
 
 
 def run_prepare_cache(args: argparse.Namespace) -> int:
+    if args.neox_config:
+        return _prepare_neox(args)
     if args.order == "computed":
         print("--order computed: the computed order uses no index cache; there is nothing to prepare")
         return 0
@@ -335,6 +340,38 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     datasets = _build(args, blend, per_split, split, identity, counts)
     result = _result(args, counts, identity, datasets, sorted(_listing(args.data_cache_path) - before))
     _report_result(args, result, len(prefixes))
+    return 0
+
+
+def _prepare_neox(args: argparse.Namespace) -> int:
+    """A NeoX job's data, checked: the YAML's data keys become a configuration in NeoX's order,
+    whose indices tokenload builds in memory on every rank (no cache file to prepare); the build
+    runs once here so that a wrong path, split or key fails now rather than on every rank."""
+    import time
+
+    from ..datasets import build_datasets
+    from ..datasets.configs import neox_config_from_yaml
+
+    mixed = [f for f in ("data_path", "train_data_path", "valid_data_path", "test_data_path") if getattr(args, f, None)]
+    if mixed:
+        raise ConfigError(f"--neox-config and --{mixed[0].replace('_', '-')} both describe the data",
+                          hint="give either the NeoX config or Megatron's data flags")
+    imported = neox_config_from_yaml(args.neox_config, data_parallel_size=args.prepare_cache_world_size)
+    for name in _LAUNCHER_VARS:
+        os.environ.pop(name, None)
+    start = time.perf_counter()
+    datasets = build_datasets(imported.config(), imported.sizes)
+    lengths = {name: None if ds is None else len(ds) for name, ds in zip(("train", "valid", "test"), datasets)}
+    result = {"order": "neox", "train_valid_test_num_samples": list(imported.sizes),
+              **{f"{name}_dataset_length": n for name, n in lengths.items()},
+              "build_seconds": round(time.perf_counter() - start, 3), "files_written": []}
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return 0
+    print(f"GPT-NeoX config {' '.join(args.neox_config)}: samples (train, valid, test) {list(imported.sizes)}")
+    print("  " + ", ".join(f"{name} {n:,}" if n is not None else f"{name} none" for name, n in lengths.items()))
+    print(f"nothing to prepare: tokenload builds NeoX's order in memory on every rank, {result['build_seconds']} s"
+          " here for this configuration (no cache file is read or written)")
     return 0
 
 

@@ -1,0 +1,48 @@
+"""`tokenload prepare-cache --neox-config FILE.yml`, run as a real command: a GPT-NeoX job's data
+keys checked and its datasets built once, in NeoX's order, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from support import FIXTURES, run_cli, write_documents
+
+NEOX = json.loads((FIXTURES / "neox" / "cases.json").read_text())
+CASE = next(c for c in NEOX["cases"] if c["id"] == "n000")
+
+
+def neox_file(folder, name):
+    lengths = NEOX["data_files"][name]["sequence_lengths"]
+    docs = [(i * 131 + np.arange(k) * 7) % 50000 for i, k in enumerate(lengths)]
+    return write_documents(folder / name, docs)
+
+
+def test_a_neox_yaml_is_checked_and_built_once_with_nothing_written(tmp_path):
+    prefix = neox_file(tmp_path, "a")
+    yml = tmp_path / "job.yml"
+    yml.write_text(
+        f'{{"data_path": "{prefix}", "split": "969, 30, 1", "seq_length": 16, "train_iters": 20,\n'
+        ' "train_batch_size": 2, "eval_iters": 1, "eval_interval": 6}\n'
+    )
+    before = set(p.name for p in tmp_path.iterdir())
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["order"] == "neox" and result["files_written"] == []
+    assert result["train_valid_test_num_samples"] == CASE["num_samples"]
+    assert result["train_dataset_length"] == CASE["splits"]["train"]["len"]
+    assert set(p.name for p in tmp_path.iterdir()) == before
+    text = run_cli("prepare-cache", "--neox-config", yml)
+    assert text.returncode == 0 and "nothing to prepare" in text.stdout
+
+
+def test_a_neox_yaml_with_an_unsupported_key_or_megatron_data_flags_is_one_line(tmp_path):
+    prefix = neox_file(tmp_path, "a")
+    yml = tmp_path / "job.yml"
+    yml.write_text(f'{{"data_path": "{prefix}", "seq_length": 16, "train_iters": 2, "train_batch_size": 2,'
+                   ' "no_such_key": 1}\n')
+    out = run_cli("prepare-cache", "--neox-config", yml)
+    assert out.returncode == 2 and "no_such_key" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = run_cli("prepare-cache", "--neox-config", yml, "--data-path", prefix)
+    assert out.returncode == 2 and "both describe the data" in out.stderr
