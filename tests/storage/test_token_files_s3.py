@@ -82,12 +82,13 @@ def test_token_file_reads_the_local_tokens(files):
 
 
 def test_default_chunks_read_the_local_tokens(files, monkeypatch):
-    """With the defaults a user takes (256 MiB chunks) the file is one GET."""
+    """With the defaults a user takes (256 MiB chunks) the first read fetches only its bytes (a
+    random reader pays no chunk per read), the second the whole file as one chunk."""
     monkeypatch.delenv("TOKENLOAD_CHUNK_BYTES")
     local, remote = files
     before = storage.stats()["gets"]
     _same_tokens(TokenFile(remote), TokenFile(local))
-    assert storage.stats()["gets"] - before == 1
+    assert storage.stats()["gets"] - before == 2
 
 
 def _two_passes(remote: str) -> tuple[int, int]:
@@ -107,9 +108,12 @@ def test_chunk_cache_is_bounded_and_reads_ahead(files, monkeypatch):
     chunks = -(-TokenFile(remote).num_tokens * 2 // CHUNK)
     monkeypatch.setenv("TOKENLOAD_CHUNK_CACHE_BYTES", str(3 * CHUNK))
     ahead = storage.stats()["prefetched"]
-    assert _two_passes(remote) == (chunks, chunks)  # 3 chunks held: the second pass reads again
+    # each pass: its first read alone, then every chunk; 3 chunks held: the second pass reads again
+    assert _two_passes(remote) == (chunks + 1, chunks + 1)
     assert storage.stats()["prefetched"] - ahead >= 2 * (chunks - 1)  # all but the first, read ahead
     monkeypatch.setenv("TOKENLOAD_CHUNK_CACHE_BYTES", str(chunks * CHUNK))
+    assert _two_passes(remote) == (chunks + 1, 0)
+    monkeypatch.setenv("TOKENLOAD_DIRECT_READS", "0")  # Megatron's way: every miss fetches its chunk
     assert _two_passes(remote) == (chunks, 0)
 
 

@@ -3,7 +3,9 @@
 As Megatron's ``_S3BinReader``, a read that misses fetches the aligned chunk around it (default
 256 MiB), so neighbouring reads cost nothing more. Unlike it, each process keeps several chunks
 (an LRU bounded in bytes, not one chunk), a background thread fetches chunk k+1 while a reader
-moving forward is still in chunk k, and failed GETs are retried (``remote.call``).
+moving forward is still in chunk k, failed GETs are retried (``remote.call``), and a read far
+from the previous one fetches only its own bytes (``TOKENLOAD_DIRECT_READS``, default on): a
+random reader does not pay a whole chunk per sample, and the next read near it fetches the chunk.
 
 The object's size and ETag are recorded when it is opened. A GET that finds the object gone, or
 returns fewer bytes than the recorded size promises, stats the object again and names what
@@ -91,7 +93,13 @@ class RemoteBin(BinSource):
 
     def _fetch(self, k: int, ahead: bool = False) -> np.ndarray:
         start = k * self.chunk_tokens * self.dtype.itemsize
-        end = min(start + self.options.chunk_bytes, self.num_bytes)
+        tokens = self._get(start, min(start + self.options.chunk_bytes, self.num_bytes))
+        if ahead:
+            count("prefetched")
+        return tokens
+
+    def _get(self, start: int, end: int) -> np.ndarray:
+        """Bytes ``[start, end)`` as tokens, one ranged GET checked against the object at open."""
         try:
             data, tag = call(self.path, f"read bytes [{start}, {end})", lambda: ranged_get(self.path, start, end),
                              self.options)
@@ -105,8 +113,6 @@ class RemoteBin(BinSource):
             raise self._changed(f"a read of bytes [{start}, {end}) came with ETag {tag}")
         count("gets")
         count("bytes", len(data))
-        if ahead:
-            count("prefetched")
         return np.frombuffer(data, dtype=self.dtype)
 
     def _changed(self, what: str) -> StorageError:
@@ -124,6 +130,22 @@ class RemoteBin(BinSource):
             " with the new files, whose index then matches)",
         )
 
+    def _tokens(self, k: int, start: int, length: int) -> np.ndarray:
+        """Tokens ``[start, start + length)`` inside chunk ``k``: from the chunk when it is held,
+        in flight, or next to the previous read; otherwise (a random read) by a GET of just these
+        bytes. Measured on SeaweedFS (S = 2048, 8 MiB chunks), a whole chunk per random sample
+        gave 79 samples/s where one GET per sample gives 478."""
+        if self.options.direct_reads and k not in (self._last, self._last + 1):
+            with self._lock:
+                held = k in self._chunks or k in self._pending
+            if not held:
+                self._last = k
+                count("direct_reads")
+                size = self.dtype.itemsize
+                return self._get(start * size, (start + length) * size)
+        offset = start - k * self.chunk_tokens
+        return self._chunk(k)[offset : offset + length]
+
     # -- BinSource -------------------------------------------------------------------------------
     def _read(self, start: int, length: int) -> np.ndarray:
         if length == 0:
@@ -131,14 +153,14 @@ class RemoteBin(BinSource):
         c = self.chunk_tokens
         first, last = start // c, (start + length - 1) // c
         if first == last:
-            return self._chunk(first)[start - first * c : start - first * c + length]
+            return self._tokens(first, start, length)
         parts = [self._read(max(start, k * c), min(start + length, (k + 1) * c) - max(start, k * c))
                  for k in range(first, last + 1)]
         return np.concatenate(parts)
 
     def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
         c = self.chunk_tokens
-        if starts.size and int(starts.min()) // c == (int(ends.max()) - 1) // c and int(lengths.min()) > 0:
+        if starts.size > 1 and int(starts.min()) // c == (int(ends.max()) - 1) // c and int(lengths.min()) > 0:
             k = int(starts.min()) // c
             # every span in one chunk: the in-memory gather of mapped files, on that chunk
             view = SimpleNamespace(tokens=self._chunk(k), dtype=self.dtype)

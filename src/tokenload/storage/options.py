@@ -14,6 +14,9 @@ TOKENLOAD_CHUNK_CACHE_BYTES     bytes of chunks each process keeps (LRU), at lea
                                 one chunk plus the one read ahead
 TOKENLOAD_PREFETCH              1: a background thread reads the next chunk while  1
                                 a sequential reader is in the current one; 0: off
+TOKENLOAD_DIRECT_READS          1: a read outside the chunks held and away from    1
+                                the previous read GETs only its bytes; 0: every
+                                miss fetches its chunk (Megatron's behaviour)
 TOKENLOAD_RETRIES               attempts after the first failed one (throttling,   8
                                 5xx, timeouts, dropped connections)
 TOKENLOAD_RETRY_BACKOFF         seconds before the first retry; doubles each time  0.5
@@ -42,6 +45,8 @@ class StorageOptions:
     """Upper bound of the per-process chunk cache."""
     prefetch: bool = True
     """Read the next chunk in a background thread when reads move forward."""
+    direct_reads: bool = True
+    """A random read fetches only its own bytes instead of its chunk."""
     retries: int = 8
     """Retries of a failed request that may succeed later."""
     backoff_s: float = 0.5
@@ -74,7 +79,8 @@ class StorageOptions:
         return cls(
             chunk_bytes=_number(env, "TOKENLOAD_CHUNK_BYTES", 256 * MIB, int),
             cache_bytes=_number(env, "TOKENLOAD_CHUNK_CACHE_BYTES", 1024 * MIB, int),
-            prefetch=env.get("TOKENLOAD_PREFETCH", "1").strip().lower() not in ("0", "false", "no", "off"),
+            prefetch=_flag(env, "TOKENLOAD_PREFETCH"),
+            direct_reads=_flag(env, "TOKENLOAD_DIRECT_READS"),
             retries=_number(env, "TOKENLOAD_RETRIES", 8, int),
             backoff_s=_number(env, "TOKENLOAD_RETRY_BACKOFF", 0.5, float),
             max_backoff_s=_number(env, "TOKENLOAD_RETRY_MAX_BACKOFF", 20.0, float),
@@ -84,6 +90,10 @@ class StorageOptions:
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""
         return min(self.backoff_s * (2.0**attempt), self.max_backoff_s)
+
+
+def _flag(env, name: str) -> bool:
+    return env.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _number(env, name: str, default, kind):

@@ -7,15 +7,17 @@ dropped connections) is retried with exponential backoff, logged and counted; a 
 client's own retry loops are reduced to one attempt so that ``TOKENLOAD_RETRIES`` is the one
 number that decides how long a dead server is waited for, and every retry is counted here.
 
-Filesystems come from ``fsspec.core.url_to_fs`` in the process that reads: fsspec keeps one
-instance per process and drops its instances after a fork, so no client crosses a fork or a
-pickle. Messages carry the exception type and its first line, never the storage options (where
-a user may have put a key); the credentials stay with the client library.
+Clients (an fsspec filesystem for HEADs and index downloads; botocore's client for the ranged
+GETs of ``s3://``) are created on first use in the process that reads and kept per process id and
+digest of the ``AWS_*`` environment, so no client crosses a fork or a pickle and a changed
+endpoint or key is seen. Messages carry the exception type and its first line, never storage
+options or the environment; the credentials stay with the client library.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import threading
@@ -33,7 +35,7 @@ T = TypeVar("T")
 _STATS: Counter[str] = Counter()
 _FILESYSTEMS: dict[tuple, Any] = {}
 _STATS_LOCK = threading.Lock()
-_STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "retries",
+_STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "direct_reads", "retries",
                "index_downloads", "index_hits")
 
 _CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network; the"
@@ -54,13 +56,13 @@ def count(name: str, amount: int = 1) -> None:
 
 def stats() -> dict[str, int]:
     """This process's storage counters: GETs, bytes, chunk cache hits/misses, chunks read ahead,
-    retries, index downloads and index cache hits."""
+    reads fetched alone (random reads), retries, index downloads and index cache hits."""
     with _STATS_LOCK:
         return {name: int(_STATS[name]) for name in _STAT_NAMES}
 
 
 def filesystem(url: str) -> tuple[Any, str]:
-    """``(fs, path)`` for ``url``, created in this process (fsspec caches it per process)."""
+    """``(fs, path)`` for ``url``, created in this process on first use."""
     fsspec = require("fsspec", "s3", f"reading {url}")
     protocol = url.split("://", 1)[0]
     kwargs: dict[str, Any] = {}
@@ -71,7 +73,7 @@ def filesystem(url: str) -> tuple[Any, str]:
                                     "connect_timeout": 10, "read_timeout": 60}}
     # fsspec's instance cache ignores the environment, so a process that changes AWS_* (another
     # endpoint or key) would keep talking to the first server: keyed here by it too, in memory only
-    key = (os.getpid(), protocol, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    key = (os.getpid(), protocol, _environment())
     fs = _FILESYSTEMS.get(key)
     try:
         if fs is None:
@@ -105,7 +107,7 @@ def ranged_get(url: str, start: int, end: int) -> tuple[bytes, str | None]:
 
 
 def _botocore():
-    key = ("botocore", os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    key = ("botocore", os.getpid(), _environment())
     client = _FILESYSTEMS.get(key)
     if client is None:
         session = require("botocore.session", "s3", "reading s3:// token files")
@@ -113,6 +115,13 @@ def _botocore():
         client = _FILESYSTEMS[key] = session.get_session().create_client("s3", config=config.Config(
             retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60))
     return client
+
+
+def _environment() -> str:
+    """A digest of this process's ``AWS_*`` variables: clients are keyed by it, so a changed
+    endpoint or key gets a new client, and no secret is kept outside the environment."""
+    items = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    return hashlib.sha256(repr(items).encode()).hexdigest()
 
 
 def _translated(exc: Exception) -> Exception:
