@@ -45,8 +45,9 @@ import xxhash
 from .errors import CacheError, ConfigError
 
 READ_DELAY_ENV = "TOKENLOAD_DOCTOR_READ_DELAY_MS"
-#: Opens + stats per rank above which a startup counts as a burst (a manifest load makes 1-2).
-IO_BURST_LIMIT = 8
+#: Opens + stats per rank above which a startup counts as a burst: a manifest load makes 1-2
+#: (one more with a sequences JSON), a per-dataset cache check about 13 per dataset.
+IO_BURST_LIMIT = 4
 #: Data slower than this fraction of mock data of the same shape: the loader is the bottleneck.
 SLOW_RATIO = 0.5
 #: A read mode this many times slower than the other is worth switching.
