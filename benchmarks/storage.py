@@ -86,8 +86,9 @@ def _dataset(prefix: str, order: str, seq: int, block: int, cache: str):
     return build_datasets(config, [None, 0, 0])[0]
 
 
-def tokenload_random(prefix: str, order: str, args, cache: str) -> float:
+def tokenload_random(prefix: str, order: str, args, cache: str, direct: bool = True) -> float:
     """Samples per second of consecutive global samples in micro-batches of 16."""
+    os.environ["TOKENLOAD_DIRECT_READS"] = "1" if direct else "0"
     os.environ["TOKENLOAD_CHUNK_BYTES"] = str(args.random_chunk_mb * MIB)
     os.environ["TOKENLOAD_CHUNK_CACHE_BYTES"] = str(4 * args.random_chunk_mb * MIB)
     os.environ["TOKENLOAD_PREFETCH"] = "1"
@@ -211,9 +212,12 @@ def run(args, folder: Path) -> None:
     cache = tempfile.mkdtemp(prefix="npy-", dir=folder)
     per_get = best(lambda: raw_per_sample(local, key + ".bin", args), args.rounds, larger=True)
     rows = [["one raw ranged GET per sample", f"{per_get:,.0f}", "1.0x"]]
-    for order, label in (("megatron", "Megatron order"), ("computed", "computed order, flat"),
-                         ("block", f"computed order, blocks of {args.block}")):
-        rate = best(lambda: tokenload_random(prefix, order, args, cache), args.rounds, larger=True)
+    for order, label, direct in (
+        ("megatron", "Megatron order, a chunk per miss (Megatron's reader; DIRECT_READS=0)", False),
+        ("megatron", "Megatron order", True), ("computed", "computed order, flat", True),
+        ("block", f"computed order, blocks of {args.block}", True),
+    ):
+        rate = best(lambda: tokenload_random(prefix, order, args, cache, direct), args.rounds, larger=True)
         rows.append([label, f"{rate:,.0f}", f"{rate / per_get:.1f}x"])
     print(f"\nRandom samples (S = {args.seq}, micro-batches of 16, {args.random_chunk_mb} MiB chunks, cache of 4)\n")
     print(table(rows, ["reader", "samples/s", "vs one GET per sample"]))

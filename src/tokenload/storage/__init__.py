@@ -10,11 +10,11 @@ client library's usual sources.
 
 from __future__ import annotations
 
-from .index_cache import cached_copy, fetch_copy, file_size, local_path
+from .index_cache import cached_copy, fetch_copy, file_size, local_folder, local_path
 from .options import StorageOptions
 from .remote import is_url, stats
 
-__all__ = ["StorageOptions", "cached_copy", "fetch_copy", "file_size", "is_url", "local_path",
+__all__ = ["StorageOptions", "cached_copy", "fetch_copy", "file_size", "is_url", "local_folder", "local_path",
            "open_remote_bin", "stats"]
 
 

@@ -59,10 +59,9 @@ def fetch_copy(url: str, options: StorageOptions | None = None) -> tuple[str, bo
 
 def copy_path(url: str, size: int, tag: str, options: StorageOptions) -> str:
     """Where the copy of ``url`` with this size and tag lives."""
-    protocol, rest = url.split("://", 1)
-    parts = [p for p in rest.split("/") if p not in ("", ".", "..")]
+    folder, name = os.path.split(local_folder(url, options))
     key = hashlib.sha256(f"{url}\0{size}\0{tag}".encode()).hexdigest()[:16]
-    return os.path.join(options.index_cache_dir, protocol, *parts[:-1], f"{key}-{parts[-1]}")
+    return os.path.join(folder, f"{key}-{name}")
 
 
 def _download(url: str, local: str, size: int, options: StorageOptions) -> None:
@@ -95,6 +94,16 @@ def _cache_error(exc: OSError, folder: str) -> StorageError:
     error = write_error(exc, folder, "the local index cache")
     return StorageError(error.message, path=error.path,
                         hint=f"{error.hint}; set TOKENLOAD_CACHE_DIR to a writable local folder")
+
+
+def local_folder(url: str, options: StorageOptions | None = None) -> str:
+    """A local folder standing for ``url`` under the cache folder (``{cache}/s3/bucket/path``):
+    where files derived from a remote prefix (Megatron's index caches) can live when the
+    configuration names no folder, instead of a folder literally named ``s3:``."""
+    options = options or StorageOptions.from_env()
+    protocol, rest = url.split("://", 1)
+    parts = [p for p in rest.split("/") if p not in ("", ".", "..")]
+    return os.path.join(options.index_cache_dir, protocol, *parts)
 
 
 def local_path(path: str, options: StorageOptions | None = None) -> str:
