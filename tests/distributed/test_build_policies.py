@@ -95,14 +95,19 @@ class _Probe:
 
 def rank_run(rank, world_size, folder):
     os.environ.update(LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK=str(rank // 2))
-    from tokenload.datasets import build_datasets
+    from tokenload.datasets import build_datasets, wait_for_cache_writes
 
     node = os.path.join(folder, f"node{rank // 2}")  # node-local cache folders
     shared = os.path.join(folder, "shared")
     probe = _Probe(folder)
 
     def build(cache, **kw):
-        return lambda: digests(build_datasets(config(folder, cache, **kw), SIZES))
+        def run():
+            got = digests(build_datasets(config(folder, cache, **kw), SIZES))
+            assert wait_for_cache_writes(60)  # auto's writer writes behind its first batches
+            return got
+
+        return run
 
     out = {}
     try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .blended import BlendedDataset
-from .builder import MegatronDataConfig, build_datasets
+from .builder import MegatronDataConfig, build_datasets, wait_for_cache_writes
 from .flat import FlatDatasetConfig, FlatTokenDataset
 from .gpt import GPTDataset
 from .items import ItemConfig
@@ -18,4 +18,5 @@ __all__ = [
     "MegatronDataConfig",
     "MockSource",
     "build_datasets",
+    "wait_for_cache_writes",
 ]

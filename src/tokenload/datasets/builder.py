@@ -121,6 +121,7 @@ def build_datasets(
             config, sizes, weight_by_num_documents=config.weight_by_num_documents,
             weighted_sampler_alpha=config.weighted_sampler_alpha, num_epochs=config.num_epochs,
         )
+    wait_for_cache_writes()
     return _Builder(config, World.detect()).build(list(sizes))
 
 
@@ -139,6 +140,11 @@ class _Builder:
         self._folders: list[str] = []
         self._phases = Phases()
         self._lock = threading.Lock()
+        # auto on many ranks: the writer serves from memory and writes the caches behind its
+        # first batches, so its start is no longer than any other rank's (the barrier-free
+        # policies' critical path); one process, prepare-cache and the barrier policies write first.
+        self._behind = self.role is Role.WRITE and not self.sync and world.world_size > 1
+        self._deferred: list[tuple[Any, ...]] = []
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -210,7 +216,11 @@ class _Builder:
         if self._missing:
             raise missing_cache(c.build_policy, self._missing, self._folders, prepare_command(c, sizes))
         entries = [None if b is None else b[1] for b in built]
-        if manifest is not None and self.role is Role.WRITE and all(e is not None for b, e in zip(built, entries) if b):
+        if not (manifest is not None and self.role is Role.WRITE and all(e is not None for b, e in zip(built, entries) if b)):
+            manifest = None
+        if self._deferred:
+            write_behind(self._deferred, None if manifest is None else (*manifest, entries))
+        elif manifest is not None:
             with self._phase("cache_write"):
                 self._write_manifest(*manifest, entries)
         return tuple(None if b is None else b[0] for b in built)
@@ -393,10 +403,49 @@ class _Builder:
             arrays = build()
         if self.role is not Role.WRITE:  # CHECK: the writer writes it
             return IndexArrays(arrays=arrays), None
+        if self._behind:
+            self._deferred.append((files, description, arrays, fields))
+            return IndexArrays(arrays=arrays), entry
         with self._phase("cache_write"):
             write_cache(files, description=description, arrays=arrays, fields=fields)
         self._wrote = True
         return IndexArrays(paths=paths), entry
+
+
+def write_behind(caches: list[tuple[Any, ...]], manifest: tuple[str, dict, list] | None) -> threading.Thread:
+    """Write ``caches`` (each atomically) and then the manifest in a thread of this process. The
+    thread is not a daemon: the interpreter waits for it at exit, so a short job still leaves a
+    whole cache; a kill leaves only files that were complete (and temporaries the next writer
+    removes). A failure (disk full, read-only folder) is logged: the job runs on from memory."""
+
+    def run() -> None:
+        try:
+            for files, description, arrays, fields in caches:
+                write_cache(files, description=description, arrays=arrays, fields=fields)
+            if manifest is not None:
+                write_manifest(*manifest)
+        except (OSError, CacheError) as exc:
+            logger.warning("index cache not written (the job runs from memory; the next run builds it): %s", exc)
+
+    thread = threading.Thread(target=run, name="tokenload-cache-writer")
+    thread.start()
+    _WRITERS.append(thread)
+    return thread
+
+
+_WRITERS: list[threading.Thread] = []
+"""This process's cache writes in flight (``write_behind``)."""
+
+
+def wait_for_cache_writes(timeout: float | None = None) -> bool:
+    """Wait until this process's index caches written behind ``build_datasets`` (``auto`` on many
+    ranks) are on disk; True when none is left. ``build_datasets`` itself waits first, so a later
+    build in the same process never takes a half-written cache for a miss."""
+    for thread in list(_WRITERS):
+        thread.join(timeout)
+        if not thread.is_alive():
+            _WRITERS.remove(thread)
+    return not _WRITERS
 
 
 def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:

@@ -14,7 +14,7 @@ import pytest
 from support import write_documents
 
 import tokenload.datasets.builder as builder
-from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.datasets import wait_for_cache_writes, MegatronDataConfig, build_datasets
 from tokenload.datasets.policy import Role, prepare_command, resolve
 from tokenload.distributed import World
 from tokenload.errors import CacheError, ConfigError
@@ -151,7 +151,9 @@ def test_auto_on_a_miss_writes_only_on_rank0_and_never_waits(data, tmp_path, mon
     for got, want in zip(other, reference):
         np.testing.assert_array_equal(_tokens(got), want)
     _world(monkeypatch, rank=0, world_size=4, local_rank=0, local_world_size=2)
-    build_datasets(_config(data, tmp_path / "c"), SIZES)
+    writer = build_datasets(_config(data, tmp_path / "c"), SIZES)
+    assert writer[0].indices.paths is None  # rank 0 serves from memory and writes behind
+    assert wait_for_cache_writes(60)
     assert len(list((tmp_path / "c").glob("*-tokenload-build.json"))) == 1
     _world(monkeypatch, rank=3, world_size=4, local_rank=1, local_world_size=2)
     hit = build_datasets(_config(data, tmp_path / "c"), SIZES)  # now a hit: mapped, not built
@@ -278,3 +280,22 @@ def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, 
     splits, opened = _opens(lambda: build_datasets(cfg, sizes))
     assert len(opened) == 1 and opened[0].endswith("-tokenload-build.json")
     np.testing.assert_array_equal(_tokens(splits[0]), reference[0])
+
+
+def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_path, monkeypatch, reference, caplog):
+    import errno
+
+    import tokenload.datasets.builder as builder
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(builder, "write_cache", full)
+    _world(monkeypatch, rank=0, world_size=4, local_rank=0, local_world_size=2)
+    caplog.set_level("WARNING", logger="tokenload.datasets.builder")
+    got = build_datasets(_config(data, tmp_path / "c"), SIZES)
+    assert wait_for_cache_writes(60)
+    for ds, want in zip(got, reference):
+        np.testing.assert_array_equal(_tokens(ds), want)
+    assert not list((tmp_path / "c").glob("*-tokenload-build.json"))
+    assert any("index cache not written" in r.getMessage() and "No space" in r.getMessage() for r in caplog.records)
