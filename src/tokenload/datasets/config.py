@@ -77,8 +77,9 @@ class MegatronDataConfig:
     ``rank0`` and ``local-rank0`` call a collective (one barrier per ``build_datasets``).
 
     * ``"auto"`` (default): every rank checks the cache and loads a valid one, with no barrier.
-      On a miss, global rank 0 builds and writes it while every other rank builds in memory and
-      writes nothing (no waiting, no collective). Choose it when unsure, for a few nodes, and
+      On a miss, global rank 0 builds and writes it (behind its first batches, from a
+      background thread, when there are several ranks) while every other rank builds in memory
+      and writes nothing (no waiting, no collective). Choose it when unsure, for a few nodes, and
       the first run of a new configuration; the next runs are cache hits.
     * ``"rank0"``: global rank 0 checks, builds and writes everything into the shared cache
       folder; the other ranks wait at one barrier and then load (a cache still missing then is
