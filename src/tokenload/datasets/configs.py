@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .. import megatron_args
 from ..distributed import World
 from ..errors import ConfigError, StorageError
 from .config import MegatronDataConfig
@@ -99,10 +100,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
-    from ..cli import cache
-
     p = _Parser(prog="megatron", add_help=False, allow_abbrev=False)
-    cache._blend_flags(p)
+    megatron_args.blend_flags(p)
     g = p.add_argument_group("data")
     g.add_argument("--split")
     g.add_argument("--seq-length", type=int)
@@ -116,9 +115,9 @@ def _megatron_parser() -> argparse.ArgumentParser:
     g.add_argument("--dataloader-inter-document-masking", action="store_true")
     g.add_argument("--num-workers", type=int, default=2)
     g.add_argument("--dataloader-type", choices=("single", "cyclic", "external"))
-    cache._batch_flags(g)
-    cache._item_flags(g)
-    cache._tokenizer_flags(g)
+    megatron_args.batch_flags(g)
+    megatron_args.item_flags(g)
+    megatron_args.tokenizer_flags(g)
     for flag in _TOKENIZER_VALUE_FLAGS:
         g.add_argument(flag)
     return p
@@ -158,8 +157,6 @@ def megatron_config_from_args(
     process's world); ``eod_id``: the tokenizer's end-of-document id, needed by ``--mock-data``
     and the EOD flags unless the tokenizer is ``NullTokenizer`` (its EOD is known).
     """
-    from ..cli import cache
-
     args, leftovers = _megatron_parser().parse_known_args(list(argv))
     _check_leftovers(leftovers)
     if args.seq_length is None:
@@ -176,12 +173,12 @@ def megatron_config_from_args(
         paths = [getattr(args, f"{s}data_path") for s in ("", "train_", "valid_", "test_")]
         if any(paths):
             raise ConfigError("--mock-data is given with data paths; expected one of them")
-        fields["split"] = args.split or cache.LEGACY_SPLIT
+        fields["split"] = args.split or megatron_args.LEGACY_SPLIT
     else:
-        blend, per_split = cache.blends_of(args)
+        blend, per_split = megatron_args.blends_of(args)
         fields.update(blend=blend, blend_per_split=per_split)
         if blend is not None:
-            fields["split"] = args.split or cache.LEGACY_SPLIT
+            fields["split"] = args.split or megatron_args.LEGACY_SPLIT
     fields.update(_megatron_tokenizer(args, eod_id))
     fields.update(
         eod_mask_loss=args.eod_mask_loss,
@@ -194,7 +191,7 @@ def megatron_config_from_args(
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
     )
     _megatron_loading(args, fields)
-    counts = cache.batches(args)
+    counts = megatron_args.batches(args)
     extras = {
         "global_batch_size": counts.global_batch_size,
         "micro_batch_size": args.micro_batch_size,
@@ -215,12 +212,10 @@ def _megatron_tokenizer_files(args: argparse.Namespace) -> dict[str, Any]:
 
 def _megatron_tokenizer(args: argparse.Namespace, eod_id: int | None) -> dict[str, Any]:
     """The tokenizer's identity (cache names), EOD, pad and vocabulary, as far as flags say."""
-    from ..cli import cache
-
     out: dict[str, Any] = {}
     null = args.tokenizer_type == "NullTokenizer"
     if args.tokenizer_identity is not None or null:
-        out["tokenizer"] = cache.tokenizer_identity(args)
+        out["tokenizer"] = megatron_args.tokenizer_identity(args)
     if null:
         out["eod_id"] = (args.null_tokenizer_eod_id if args.null_tokenizer_eod_id is not None
                          else args.vocab_size - 1)  # megatron-core's NullTokenizer
