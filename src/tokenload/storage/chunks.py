@@ -57,12 +57,12 @@ class RemoteBin(BinSource):
             tokens = self._chunks.get(k)
             if tokens is not None:
                 self._chunks.move_to_end(k)
-            pending = self._pending.pop(k, None) if tokens is None else None
+            pending = self._pending.get(k) if tokens is None else None
         if tokens is not None:
             count("chunk_hits")
         elif pending is not None:
             count("chunk_hits")
-            tokens = self._keep(k, pending.result())
+            tokens = pending.result()
         else:
             count("chunk_misses")
             tokens = self._keep(k, self._fetch(k))
@@ -89,7 +89,15 @@ class RemoteBin(BinSource):
                 return
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenload-prefetch")
-            self._pending[k] = self._executor.submit(self._fetch, k, True)
+            self._pending[k] = self._executor.submit(self._ahead, k)
+
+    def _ahead(self, k: int) -> np.ndarray:
+        """A read-ahead lands in the bounded cache, read or not (no chunk held outside it)."""
+        try:
+            return self._keep(k, self._fetch(k, True))
+        finally:
+            with self._lock:
+                self._pending.pop(k, None)
 
     def _fetch(self, k: int, ahead: bool = False) -> np.ndarray:
         start = k * self.chunk_tokens * self.dtype.itemsize
