@@ -66,12 +66,13 @@ from ..index import (
 from ..index.cache_io import CacheState, check_cache, write_cache
 from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
 from ..metrics import Phases
+from ..storage import is_url, local_folder
 from .blended import BlendedDataset
 from .config import CACHE_POLICIES, MegatronDataConfig
 from .gpt import GPTDataset, IndexArrays
 from .manifest import manifest_key, manifest_path, read_manifest, write_manifest
 from .policy import Role, missing_cache, prepare_command, resolve
-from .sources import MockSource, file_facts, open_token_file
+from .sources import file_facts, open_source
 
 __all__ = ["CACHE_POLICIES", "MegatronDataConfig", "build_datasets"]
 
@@ -158,12 +159,9 @@ class _Builder:
     def source(self, prefix: str | None):
         if prefix not in self._sources:
             c = self.config
-            if prefix is None:
-                self._sources[prefix] = MockSource(c.vocab_size, c.eod_id)
-            else:
-                if c.sequences_path is not None and self._sequences is None:
-                    self._sequences = read_sequences(c.sequences_path)
-                self._sources[prefix] = open_token_file(prefix, c.read_mode, self._sequences, warmup=c.warmup)
+            if prefix is not None and c.sequences_path is not None and self._sequences is None:
+                self._sequences = read_sequences(c.sequences_path)
+            self._sources[prefix] = open_source(prefix, c, self._sequences)
         return self._sources[prefix]
 
     # -- the policy around one build ------------------------------------------------------------
@@ -360,7 +358,8 @@ class _Builder:
         )
         folder = c.path_to_cache
         if folder is None and mid.prefix is not None:
-            folder = default_cache_dir(mid.prefix)
+            # a URL's default folder is local, beside its index copy (never a folder named 's3:')
+            folder = default_cache_dir(local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix)
         fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last, "token_file": facts}
         indices, entry = self._indices(folder, uid, describe(uid), build, fields, expected)
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))

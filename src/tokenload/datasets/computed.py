@@ -75,7 +75,7 @@ from ..index.windows import WindowGrid, window_pieces
 from ..storage import file_size, local_path
 from .config import MegatronDataConfig
 from .items import Allocator, ItemConfig, build_items
-from .sources import MockSource, open_token_file
+from .sources import MockSource, open_source, open_token_file
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
 
@@ -468,11 +468,7 @@ class _Builder:
     def source(self, prefix: str | None):
         """A lazy source per prefix (a ``TokenFile`` opens on its first read)."""
         if prefix not in self._sources:
-            c = self.config
-            if prefix is None:
-                self._sources[prefix] = MockSource(c.vocab_size, c.eod_id)
-            else:
-                self._sources[prefix] = open_token_file(prefix, c.read_mode, self.sequences)
+            self._sources[prefix] = open_source(prefix, self.config, self.sequences)
         return self._sources[prefix]
 
     def member(self, mid) -> ComputedGPTDataset:

@@ -111,3 +111,11 @@ def open_token_file(prefix: str, mode: str, sequences: SequencesFile | None, *, 
         prefix, mode=mode, sequences=(entry.sequence_count, entry.document_count), dtype=entry.dtype,
         sequences_path=sequences.path, warmup=warmup,
     )
+
+
+def open_source(prefix: str | None, config: Any, sequences: SequencesFile | None) -> Any:
+    """What ``prefix`` reads from under a ``MegatronDataConfig``: mock data for None, else a lazy
+    ``TokenFile`` in the configured read mode (and warm-up)."""
+    if prefix is None:
+        return MockSource(config.vocab_size, config.eod_id)
+    return open_token_file(prefix, config.read_mode, sequences, warmup=config.warmup)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import StateError
 from ..metrics import DurationHistogram
+from ..storage import stats as storage_stats
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +203,7 @@ class LoaderMetrics:
             "data_wait": wait,
             "sources": sources,
             "repeating": [s["name"] for s in sources if s["repeating"]],
-            "storage": {},
+            "storage": storage_stats(),  # this process's object-storage counters (empty for local files)
         }
 
     # -- resume ------------------------------------------------------------------------------------

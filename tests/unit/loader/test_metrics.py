@@ -98,7 +98,7 @@ def test_counts_equal_what_the_batches_hold(request, kind, workers, context):
     assert [s["bytes_read"] for s in m["sources"]] == [n * (SEQ + 1) * 2 for n in samples]
     assert m["bytes_read"] == 30 * MBS * (SEQ + 1) * 2
     assert m["steps"] == m["data_wait"]["count"] == 30
-    assert m["consumed_samples"] == 30 * MBS and m["storage"] == {}
+    assert m["consumed_samples"] == 30 * MBS and not any(m["storage"].values())  # local files: no GETs
     assert json.loads(json.dumps(m)) == m  # plain data, ready for a log or a JSON file
 
 
