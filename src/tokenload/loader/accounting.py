@@ -109,6 +109,7 @@ class LoaderMetrics:
         self.steps = 0
         self.active_s = 0.0
         self.wait = DurationHistogram()
+        self.storage_base = storage_stats()  # this process's object-storage counters so far
         self.startup: dict[str, float | None] = {
             "loader_init_s": None, "first_batch_s": None, "first_batch_wait_s": None,
         }
@@ -203,7 +204,8 @@ class LoaderMetrics:
             "data_wait": wait,
             "sources": sources,
             "repeating": [s["name"] for s in sources if s["repeating"]],
-            "storage": storage_stats(),  # this process's object-storage counters (empty for local files)
+            # object-storage counters of this process since the loader was built (0 for local files)
+            "storage": {k: v - self.storage_base.get(k, 0) for k, v in storage_stats().items()},
         }
 
     # -- resume ------------------------------------------------------------------------------------
