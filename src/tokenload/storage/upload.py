@@ -1,0 +1,133 @@
+"""Writing to object storage: files made locally, then published object by object.
+
+Objects cannot be appended to or renamed, but one PUT (or one multipart upload) becomes visible
+whole or not at all. So tokenload never writes an object in place: outputs are written to a
+local staging folder with the same atomic writers as local outputs, and each finished file is
+uploaded with one ``put_file``. For a token file the order makes a partial publish harmless:
+the old ``PREFIX.idx`` is deleted first, then ``.bin`` and the sidecar are uploaded, and
+``PREFIX.idx`` last, so a reader sees either the old complete file, no file, or the new complete
+file, never a new ``.bin`` under an old index. Retries and typed errors come from ``remote.call``.
+
+Staging folders live under ``TOKENLOAD_STAGING_DIR`` (default: the system's temporary folder),
+named by a digest of the URL so that a rerun of the same job finds its earlier staging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from typing import Iterator
+
+from ..errors import StorageError
+from ..format.storage import write_error
+from .options import StorageOptions
+from .remote import call, filesystem, is_url
+
+logger = logging.getLogger(__name__)
+
+#: Suffixes of a token file prefix in publish order: the index last, once what it describes is there.
+TOKEN_FILE_SUFFIXES = (".bin", ".json", ".idx")
+
+
+def upload_file(local: str, url: str, options: StorageOptions | None = None) -> None:
+    """Upload ``local`` to ``url`` as one object (visible whole or not at all), with retries."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+    call(url, "upload it", lambda: fs.put_file(local, path), options)
+    logger.info("uploaded %s (%d bytes) to %s", local, os.path.getsize(local), url)
+
+
+def upload_bytes(data: bytes, url: str, options: StorageOptions | None = None) -> None:
+    """Write ``data`` as the object ``url`` (one PUT), with retries."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+    call(url, "write it", lambda: fs.pipe_file(path, data), options)
+
+
+def remove_object(url: str, options: StorageOptions | None = None) -> bool:
+    """Delete ``url`` if it exists; whether it did."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+    if not object_exists(url, options):
+        return False
+    call(url, "delete it", lambda: fs.rm_file(path), options)
+    return True
+
+
+def object_exists(url: str, options: StorageOptions | None = None) -> bool:
+    """Whether an object (not a folder) exists at ``url``; asks the server, never a listing cache."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+
+    def probe() -> bool:
+        try:
+            return fs.info(path, refresh=True).get("type") != "directory"
+        except FileNotFoundError:
+            return False
+
+    return call(url, "look for it", probe, options)
+
+
+def list_objects(url: str, options: StorageOptions | None = None) -> list[str]:
+    """URLs of the objects directly under the folder ``url`` (empty when there is none)."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+    protocol = url.split("://", 1)[0]
+
+    def listing() -> list[str]:
+        try:
+            found = fs.ls(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(f"{protocol}://{entry['name']}" for entry in found if entry.get("type") != "directory")
+
+    return call(url, "list the folder", listing, options)
+
+
+def publish_prefix(local_prefix: str, url_prefix: str, options: StorageOptions | None = None) -> None:
+    """Upload the token file ``local_prefix`` (``.bin``, ``.idx``, and its sidecar if any) to
+    ``url_prefix`` so that no reader ever pairs a new ``.bin`` with an old ``.idx``."""
+    options = options or StorageOptions.from_env()
+    remove_object(url_prefix + ".idx", options)
+    for suffix in TOKEN_FILE_SUFFIXES:
+        local = local_prefix + suffix
+        if os.path.exists(local):
+            upload_file(local, url_prefix + suffix, options)
+        elif suffix == ".json":
+            remove_object(url_prefix + suffix, options)  # an old sidecar would describe other bytes
+
+
+def staging_folder(url: str) -> str:
+    """The local folder where outputs bound for ``url`` are made (stable per URL)."""
+    root = os.environ.get("TOKENLOAD_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "tokenload-staging")
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    name = os.path.basename(url.rstrip("/")) or "output"
+    return os.path.join(root, f"{name}-{digest}")
+
+
+@contextlib.contextmanager
+def staged_prefix(url_prefix: str, options: StorageOptions | None = None) -> Iterator[str]:
+    """A local prefix to write a token file for ``url_prefix`` to; published when the block ends
+    without an error, then removed. A local ``url_prefix`` is yielded unchanged."""
+    if not is_url(url_prefix):
+        yield url_prefix
+        return
+    folder = staging_folder(url_prefix)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise _staging_error(exc, folder) from None
+    local = os.path.join(folder, os.path.basename(url_prefix.rstrip("/")) or "output")
+    yield local
+    publish_prefix(local, url_prefix, options)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _staging_error(exc: OSError, folder: str) -> StorageError:
+    error = write_error(exc, folder, "the local staging folder of an object-storage output")
+    return StorageError(error.message, path=error.path,
+                        hint=f"{error.hint}; set TOKENLOAD_STAGING_DIR to a writable local folder with room for the output")
