@@ -3,14 +3,19 @@ megatron-core's prepare_cache.py writes (fixtures/megatron/prepare_cache), one-l
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import shlex
 import shutil
+
+import numpy as np
 
 import pytest
 from support import FIXTURES, run_cli, write_documents
 
 from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.errors import CacheError
 
 PREPARED = json.loads((FIXTURES / "megatron" / "prepare_cache" / "expected.json").read_text())
 CASES = {c["id"]: c for c in PREPARED["cases"]}
@@ -77,6 +82,30 @@ def test_build_policy_none_loads_the_prepared_caches(order_data, tmp_path, monke
     datasets = build_datasets(config, case["counts"]["train_valid_test_num_samples"])
     assert {s: len(d) for s, d in zip(("train", "valid", "test"), datasets)} == case["lengths"]
     assert _md5s(cache) == before
+
+
+# sizes Megatron's flags reach (a global batch of 1; --full-validation for one valid epoch) and
+# sizes they cannot (a split of one epoch other than valid, a valid count no interval gives)
+JOB_SIZES = [[40, 12, 4], [40, None, 8], [None, 10, 4], [40, 20, 0], [40, None, None]]
+
+
+@pytest.mark.parametrize("sizes", JOB_SIZES)
+def test_the_missing_cache_command_builds_the_caches_the_job_loads(sizes, one_prefix, tmp_path):
+    """The command a build_policy='none' job prints, run as it is, prepares exactly its caches."""
+    config = MegatronDataConfig(sequence_length=4, blend=[one_prefix], split="90,5,5",
+                                path_to_cache=str(tmp_path / "c"), build_policy="none")
+    with pytest.raises(CacheError) as info:
+        build_datasets(config, sizes)
+    command = shlex.split(str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0])
+    assert command[:2] == ["tokenload", "prepare-cache"]
+    out = run_cli(*command[1:])
+    assert out.returncode == 0, out.stderr
+    loaded = build_datasets(config, sizes)
+    built = build_datasets(dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes)
+    for got, want in zip(loaded, built):
+        assert len(got) == len(want)
+        rows = np.arange(0, len(want), max(1, len(want) // 7))
+        np.testing.assert_array_equal(got.__getitems__(rows)["tokens"], want.__getitems__(rows)["tokens"])
 
 
 # Megatron's arithmetic: train = iters x gbs (or --train-samples), valid = (iters // interval + 1)
@@ -158,6 +187,9 @@ ERRORS = [  # (base flags removed, flags added, what the one line says)
     ([], ["--tokenizer-type", "GPT2BPETokenizer"], "derives only NullTokenizer"),
     ([], ["--tokenizer-identity", "{{not json"], "is not JSON"),
     (["--train-iters"], [], "no training length"),
+    ([], ["--train-valid-test-num-samples", "8", "epoch", "2"], "both give the sizes"),
+    (["--train-iters", "--eval-interval", "--global-batch-size"], ["--train-valid-test-num-samples", "8", "-1", "2"],
+     "expected a number >= 0 or 'epoch'"),
 ]
 
 

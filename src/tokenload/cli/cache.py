@@ -28,6 +28,8 @@ from ..errors import ConfigError
 from ..format import TokenFile
 from ..format.sequences import counts_of, unique_prefixes, write_sequences
 from ..index import Blend
+from ..storage import is_url
+from ..storage.upload import list_objects
 from ..megatron_args import (
     LEGACY_SPLIT,
     Batches,
@@ -128,7 +130,12 @@ def register_prepare_cache(sub) -> None:
     g.add_argument("--neox-config", nargs="+", metavar="YML",
                    help="a GPT-NeoX config instead of Megatron's flags (several files merge as NeoX"
                    " merges them): its data keys are checked and its datasets built once")
-    batch_flags(p.add_argument_group("batch and length (Megatron's arithmetic)"))
+    lengths = p.add_argument_group("batch and length (Megatron's arithmetic)")
+    batch_flags(lengths)
+    lengths.add_argument("--train-valid-test-num-samples", nargs=3, metavar=("TRAIN", "VALID", "TEST"),
+                         help="the samples per split outright, instead of the batch and length flags ('epoch':"
+                         " one epoch of that split); what build_datasets' sizes are, and what a missing-cache"
+                         " error prints when Megatron's arithmetic cannot give the job's counts")
     item_flags(p.add_argument_group("items"))
     tokenizer_flags(p.add_argument_group("tokenizer identity (part of every cache name)"))
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -146,7 +153,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
                           hint="pass the job's --data-path (Megatron's prepare_cache.py refuses it too)")
     _require(args)
     blend, per_split = blends_of(args)
-    counts = batches(args)
+    counts = _counts(args)
     identity = tokenizer_identity(args)
     split = (args.split or LEGACY_SPLIT) if blend is not None else None
     _report_plan(args, counts, identity, split)
@@ -200,13 +207,42 @@ def _require(args: argparse.Namespace) -> None:
                           " requires it too)")
     if args.seq_length is None:
         raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
-    if args.train_iters is None and args.train_samples is None:
+    explicit = args.train_valid_test_num_samples is not None
+    given = [f for f in ("train_iters", "train_samples", "eval_interval", "global_batch_size", "micro_batch_size",
+                         "full_validation", "skip_train") if getattr(args, f)] if explicit else []
+    if given:
+        raise ConfigError(f"--train-valid-test-num-samples and --{given[0].replace('_', '-')} both give the sizes",
+                          hint="give the counts outright or the job's batch and length flags, not both")
+    if args.train_iters is None and args.train_samples is None and not explicit:
         raise ConfigError("no training length: expected --train-iters or --train-samples",
                           hint="pass the training job's flag")
     for flag in ("train_iters", "train_samples", "eval_iters", "start_eval_at_iter"):
         value = getattr(args, flag)
         if value is not None and value < 0:
             raise ConfigError(f"--{flag.replace('_', '-')} is {value}, expected a number >= 0")
+
+
+def _num_samples(text: str) -> int | None:
+    """A split's sample count: a number >= 0, or ``epoch`` (None: one epoch)."""
+    if text == "epoch":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"--train-valid-test-num-samples holds {text!r}, expected a number >= 0 or 'epoch'",
+                          hint="write the train, valid and test sample counts, e.g. 8000 epoch 80")
+    return value
+
+
+def _counts(args: argparse.Namespace) -> Batches:
+    """The job's samples per split: given outright, or by Megatron's arithmetic."""
+    if args.train_valid_test_num_samples is None:
+        return batches(args)
+    train, valid, test = map(_num_samples, args.train_valid_test_num_samples)
+    return Batches(world_size=args.prepare_cache_world_size, data_parallel_size=args.prepare_cache_world_size,
+                   global_batch_size=1, train_iters=train or 0, samples=(train, valid, test))
 
 
 def _build(args, blend, per_split, split, identity, counts: Batches):
@@ -232,6 +268,9 @@ def _build(args, blend, per_split, split, identity, counts: Batches):
 
 
 def _listing(folder: str) -> set[str]:
+    """Names of the files in ``folder``, local or in object storage."""
+    if is_url(folder):
+        return {url.rsplit("/", 1)[1] for url in list_objects(folder)}
     try:
         return set(os.listdir(folder))
     except FileNotFoundError:
@@ -259,7 +298,8 @@ def _report_plan(args, counts: Batches, identity, split: str | None) -> None:
     print(f"  data-parallel size  {counts.data_parallel_size}")
     print(f"  global batch size   {counts.global_batch_size}")
     print(f"  train iterations    {counts.train_iters}")
-    print(f"  samples             train {train}, valid {'one epoch' if valid is None else valid}, test {test}")
+    shown = ["one epoch" if n is None else n for n in (train, valid, test)]
+    print(f"  samples             train {shown[0]}, valid {shown[1]}, test {shown[2]}")
     if split is not None:
         note = "" if args.split else " (Megatron's default without --split)"
         print(f"  split               {split!r}{note}")

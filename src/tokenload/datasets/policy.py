@@ -69,9 +69,11 @@ def missing_cache(policy: str, missing: Sequence[str], folders: Sequence[str], c
 
 
 def prepare_command(config: Any, sizes: Sequence[int | None]) -> str:
-    """The ``tokenload prepare-cache`` command line that writes the caches of ``config`` for these
-    sample counts, in Megatron's flag names (a global batch of 1, so that iterations are
-    samples: train = T, valid = (T // interval + 1) x eval_iters, test = eval_iters)."""
+    """The ``tokenload prepare-cache`` command line that writes exactly the caches of ``config``
+    for these sample counts: in Megatron's flag names where its arithmetic reaches them (a global
+    batch of 1, so that iterations are samples: train = T, valid = (T // interval + 1) x
+    eval_iters, test = eval_iters; ``--full-validation`` for one epoch of valid), else with the
+    counts given outright (``--train-valid-test-num-samples``)."""
     args = ["tokenload", "prepare-cache"]
     if config.blend is not None:
         args += ["--data-path", *_blend_items(config.blend)]
@@ -107,19 +109,26 @@ def _blend_items(blend: Any) -> list[str]:
 
 
 def _length_flags(sizes: Sequence[int | None]) -> list[str]:
-    """Megatron's length flags giving these sample counts with a global batch of 1, when they
-    follow Megatron's arithmetic; otherwise a placeholder for the interval."""
+    """Flags that give exactly these sample counts: Megatron's length flags with a global batch
+    of 1 when its arithmetic reaches them, else tokenload's ``--train-valid-test-num-samples``
+    (``epoch`` for a split of one epoch, which no Megatron flag but ``--full-validation`` says)."""
     train, valid, test = (list(sizes) + [None, None, None])[:3]
-    flags = ["--global-batch-size", "1", "--train-samples", str(train or 0)]
-    test = test or 0
+    flags = _megatron_length_flags(train, valid, test)
+    if flags is not None:
+        return flags
+    return ["--train-valid-test-num-samples", *("epoch" if n is None else str(n) for n in (train, valid, test))]
+
+
+def _megatron_length_flags(train: int | None, valid: int | None, test: int | None) -> list[str] | None:
+    if train is None or test is None:
+        return None
+    flags = ["--global-batch-size", "1", "--train-samples", str(train), "--eval-iters", str(test)]
     if valid is None:
-        return flags + ["--eval-iters", str(test or 0), "--full-validation"]
+        return flags + ["--full-validation"]
     if not valid and not test:
-        return flags + ["--eval-iters", "0", "--eval-interval", "1"]
-    interval = _eval_interval(train or 0, valid or 0, test)
-    if interval is None:
-        return flags + ["--eval-iters", str(test), "--eval-interval", "<the job's --eval-interval>"]
-    return flags + ["--eval-iters", str(test), "--eval-interval", str(interval)]
+        return flags + ["--eval-interval", "1"]
+    interval = _eval_interval(train, valid, test)
+    return None if interval is None else flags + ["--eval-interval", str(interval)]
 
 
 def _eval_interval(train: int, valid: int, test: int) -> int | None:
