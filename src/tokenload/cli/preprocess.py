@@ -57,7 +57,12 @@ def _input_flags(io) -> None:
         help="files, folders, globs or fsspec URLs (.jsonl/.json/.ndjson[.gz|.zst], .parquet,"
         " .txt); repeatable; order kept, each glob/folder sorted",
     )
-    io.add_argument("--output-prefix", required=True, help="output prefix (folder must exist)")
+    io.add_argument(
+        "--output-prefix",
+        required=True,
+        help="output prefix: a local path (its folder must exist) or a URL such as s3://bucket/path/name"
+        " (made in a local staging folder, TOKENLOAD_STAGING_DIR, and uploaded when the run succeeds)",
+    )
     io.add_argument(
         "--json-keys",
         "--jsonl-keys",  # GPT-NeoX's name
@@ -141,7 +146,8 @@ def _runtime_flags(rt) -> None:
         choices=("auto", "threads", "processes", "ray"),
         help="auto: threads for Rust encoders, processes for Python ones; ray: tasks on a Ray"
         " cluster (RAY_ADDRESS or --ray-address, else a local one of --workers CPUs; needs"
-        " tokenload[ray]; the output folder must be on a filesystem every node sees)",
+        " tokenload[ray]; the output folder must be on a filesystem every node sees, or the output"
+        " an s3:// prefix: parts then go under a work prefix in the bucket)",
     )
     rt.add_argument(
         "--ray-address",

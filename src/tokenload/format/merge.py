@@ -5,12 +5,16 @@ Inputs are concatenated in the given order (for a folder: every prefix in sorted
 document indices are offset, ``.bin`` bytes copied. The dtype must agree across inputs. The result
 is published by ``TokenFileWriter``, so a killed merge leaves no valid-looking output; the hidden
 full-size temporaries a killed merge leaves are removed by the next merge into the same prefix.
+Inputs and output may be object-storage URLs (``s3://``): an input's ``.bin`` is downloaded to a
+local temporary folder while it is copied, and an output is written in a local staging folder
+and published when complete, its index last (``storage.upload``).
 Converting is a merge of one input: whatever the input's format, the writer writes megatron-core's
 MMIDIDX bytes for the same documents.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -19,7 +23,7 @@ from ..errors import ConfigError
 from .atomic import remove_stale_temporaries
 from .idx import DtypeCodes, prefix_of
 from .reader import TokenFile
-from .sidecar import Sidecar, read_sidecar, sidecar_path
+from .sidecar import FORMAT_NAME, Sidecar, read_sidecar, sidecar_path
 from .writer import TokenFileWriter
 
 
@@ -56,7 +60,7 @@ def merge_token_files(
     if not prefixes:
         raise ConfigError("nothing to merge", hint="give at least one input prefix")
     files = [TokenFile(p, mode="pread", dtype_codes=dtype_codes) for p in prefixes]
-    return _write(files, output_prefix)
+    return _write(files, output_prefix, dtype_codes=dtype_codes)
 
 
 def convert_token_file(
@@ -75,10 +79,10 @@ def convert_token_file(
         "dtype_code": header.code,
         "documents_from_sequences": source.documents_from_sequences,
     }
-    return _write([source], output_prefix, {"converted_from": origin})
+    return _write([source], output_prefix, {"converted_from": origin}, dtype_codes)
 
 
-def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None) -> Sidecar:
+def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None, dtype_codes: DtypeCodes = "auto") -> Sidecar:
     dtypes = {}
     for f in files:  # opened one at a time (thousands of shards must not exhaust file handles)
         dtypes[f.prefix] = f.dtype
@@ -89,27 +93,58 @@ def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None) 
             f"inputs have different token dtypes: {listing}",
             hint="merge only files made with the same tokenizer; Megatron's merge refuses them too",
         )
-    out = prefix_of(output_prefix)
-    if any(os.path.abspath(f.prefix) == os.path.abspath(out) for f in files):
+    out = prefix_of(os.fspath(output_prefix))
+    if any(_same_place(f.prefix, out) for f in files):
         raise ConfigError(
             f"output prefix {out!r} is also an input",
             hint="choose an --output-prefix outside the inputs",
         )
-    for final in (out + ".bin", out + ".idx", sidecar_path(out)):
-        remove_stale_temporaries(final)
+    from ..storage.upload import fetched_prefix, staged_prefix
+
     tokenizer = _common_tokenizer([f.prefix for f in files])
-    with TokenFileWriter(out, files[0].dtype, tokenizer=tokenizer, metadata=metadata) as writer:
-        for f in files:
-            writer.append(f)
-            f.close()
-        return writer.finalize()
+    with staged_prefix(out) as local:  # an object-storage output: made locally, then published
+        for final in (local + ".bin", local + ".idx", sidecar_path(local)):
+            remove_stale_temporaries(final)
+        with TokenFileWriter(local, files[0].dtype, tokenizer=tokenizer, metadata=metadata) as writer:
+            for f in files:
+                if is_url(f.prefix):  # the writer copies .bin from a local file
+                    with fetched_prefix(f.prefix) as copy:
+                        writer.append(TokenFile(copy, mode="pread", dtype_codes=dtype_codes))
+                else:
+                    writer.append(f)
+                f.close()
+            sidecar = writer.finalize()
+    return sidecar
+
+
+def is_url(path: str) -> bool:
+    return "://" in path
+
+
+def _same_place(a: str, b: str) -> bool:
+    return a == b if is_url(a) or is_url(b) else os.path.abspath(a) == os.path.abspath(b)
 
 
 def _common_tokenizer(prefixes: Sequence[str]) -> dict | None:
     """The tokenizer identity shared by every input's sidecar, if they all have the same one."""
     identities = []
     for p in prefixes:
-        sidecar = read_sidecar(p)
+        sidecar = _remote_sidecar(p) if is_url(p) else read_sidecar(p)
         identities.append(None if sidecar is None else sidecar.tokenizer)
     first = identities[0]
     return first if all(i == first for i in identities) else None
+
+
+def _remote_sidecar(prefix: str) -> Sidecar | None:
+    """The sidecar object beside a token file in object storage, or None (see ``read_sidecar``)."""
+    from ..storage.upload import read_object
+
+    data = read_object(sidecar_path(prefix))
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+        ours = json.loads(text).get("format") == FORMAT_NAME
+    except (ValueError, AttributeError):
+        return None
+    return Sidecar.from_json(text, sidecar_path(prefix)) if ours else None

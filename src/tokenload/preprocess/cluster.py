@@ -10,7 +10,9 @@ a task reads its own bytes from the path and returns counts, so the object store
 input text or tokens. Each task publishes its part files atomically and then its marker, so
 Ray's retry of a task whose worker died rewrites the same bytes, and a rerun after a killed
 driver reuses every finished part (see ``workdir``). Trade-off: every part is a file in the
-work folder, which must be on a filesystem that every node and the driver see.
+work folder, which must be on a filesystem that every node and the driver see, or, for an
+``s3://`` output, objects under a work prefix in the bucket (each task uploads its part and then
+its marker; the driver downloads the parts one at a time to concatenate them, then publishes).
 
 Live progress: tasks report their running byte/token counts to a small actor; the driver shows
 finished counts plus the live ones, so the bar moves during long tasks, over the whole cluster.
@@ -34,7 +36,7 @@ from .parts import PartResult, PartTask, encode_part
 from .records import BadRecord
 from .progress import Progress
 from .sources import InputFile, byte_ranges
-from .workdir import WorkDir, range_stem
+from .workdir import WorkFolder, range_stem
 
 log = logging.getLogger(__name__)
 skip_log = logging.getLogger(__name__.rsplit(".", 1)[0] + ".pipeline.skipped")
@@ -176,13 +178,14 @@ def connect(ray, config: PreprocessConfig) -> bool:
 
 
 def storage_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The driver's object-storage settings (AWS_*, FSSPEC_*), passed to the tasks so that they
-    read ``s3://`` inputs from the same endpoint with the same credentials as the driver."""
+    """The driver's object-storage settings (AWS_*, FSSPEC_*, TOKENLOAD_RETRIES and its backoff),
+    passed to the tasks so that they read ``s3://`` inputs and write parts under an ``s3://`` work
+    prefix on the same endpoint, with the same credentials and retries as the driver."""
     env = os.environ if environ is None else environ
     return {k: v for k, v in env.items() if k.startswith(_FORWARDED)}
 
 
-_FORWARDED = ("AWS_", "FSSPEC_", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_")
+_FORWARDED = ("AWS_", "FSSPEC_", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_", "TOKENLOAD_RETR")
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -208,7 +211,7 @@ class _FilePlan:
 def encode_on_ray(
     config: PreprocessConfig,
     encode: EncodeTask,
-    work: WorkDir,
+    work: WorkFolder,
     todo: list[tuple[int, InputFile]],
     summaries: dict[int, dict[str, Any]],
     bar: Progress,
@@ -307,7 +310,7 @@ class _Driver:
             k=k,
             file=plan.file,
             span=plan.spans[k],
-            root=str(self.work.root),
+            root=self.work.location,
             stem=range_stem(index, k) if plan.ranged else f"{index:06d}",
             encode=self.encode,
             chunk_bytes=self.config.chunk_bytes,

@@ -118,7 +118,9 @@ class PreprocessConfig:
     inputs: tuple[str, ...]
     """Files, folders, globs or fsspec URLs; expanded in the order given, globs/folders sorted."""
     output_prefix: str
-    """Output prefix; each key writes ``{output_prefix}_{key}_document`` (Megatron's naming)."""
+    """Output prefix; each key writes ``{output_prefix}_{key}_document`` (Megatron's naming). A
+    URL (``s3://bucket/path/name``) is written in a local staging folder (``TOKENLOAD_STAGING_DIR``)
+    and uploaded, each index last, once the whole run has succeeded."""
     tokenizer: TokenizerSpec | None = None
     """The tokenizer; required (``TokenizerSpec(kind="byte")`` is the built-in byte-level one,
     which needs no files)."""
@@ -137,7 +139,8 @@ class PreprocessConfig:
     ray_address: str | None = None
     """ray: the cluster to join (as ``ray.init(address=...)``); None: RAY_ADDRESS, else a local
     cluster of ``workers`` CPUs started for the run. The work folder must be on a filesystem
-    every node sees (next to the output)."""
+    every node sees (next to the output), or the output a URL: the parts then go under a work
+    prefix in object storage (``{output_prefix}.tokenload-work/``)."""
     ray_cpus_per_task: float = 1.0
     """ray: CPUs Ray reserves for each task."""
     ray_tasks_in_flight: int | None = None

@@ -7,10 +7,17 @@ bytes from the path, encodes them chunk by chunk (memory stays about one chunk),
 part atomically and only then writes its marker. A second attempt of the same part (a retry
 after its worker died) rewrites the same bytes under the same names, so a retry neither
 duplicates nor loses records. Returns a small ``PartResult``: counts, never tokens.
+
+Under a work prefix in object storage (``task.root`` is a URL) the part is made in a local
+temporary folder of the node that runs the task, then each part file is uploaded (the index
+last) and the marker object after them; the local copy is removed either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,6 +29,8 @@ import numpy as np
 
 from ..errors import RecordError, TokenloadError
 from ..format import TokenFileWriter
+from ..storage.remote import is_url
+from ..storage.upload import publish_prefix, temporary_folder
 from .encode import EncodeTask, encode_chunk
 from .records import BadRecord
 from .sources import InputFile, UnreadableFile, read_range_chunks
@@ -42,7 +51,7 @@ class PartTask:
     span: tuple[int, int]
     """Byte range [start, end) of the file; (0, -1) for the whole file."""
     root: str
-    """The work folder."""
+    """The work folder (a local path, or the URL of a work prefix in object storage)."""
     stem: str
     """Name stem of the part files and marker in the work folder."""
     encode: EncodeTask
@@ -80,10 +89,32 @@ Report = Callable[[int, int, int], None]
 
 def encode_part(task: PartTask, report: Report | None = None) -> PartResult:
     """Encode ``task``'s part, publish it and write its marker; errors come back as values."""
+    try:
+        with _local_folder(task) as folder:
+            return _encode_part(task, folder, report)
+    except TokenloadError as exc:  # making the local folder or uploading the part
+        return PartResult(task.index, task.k, failure=exc)
+
+
+@contextlib.contextmanager
+def _local_folder(task: PartTask):
+    """Where the part files are written: the work folder itself, or for a work prefix in
+    object storage a temporary folder on this node, removed afterwards."""
+    if not is_url(task.root):
+        yield task.root
+        return
+    folder = temporary_folder(f".part-{task.stem}-")
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResult:
     start = time.perf_counter()
     result = PartResult(task.index, task.k)
     keys = task.encode.keys
-    writers = _writers(task)
+    writers = _writers(task, folder)
     counts: Counter = Counter()
     documents = lines = 0
     try:
@@ -131,6 +162,9 @@ def encode_part(task: PartTask, report: Report | None = None) -> PartResult:
     }
     for writer in writers:
         writer.finalize()
+    if folder != task.root:
+        for writer in writers:
+            publish_prefix(writer.prefix, f"{task.root}/{os.path.basename(writer.prefix)}")
     if task.whole:
         summary["parts"] = [task.stem] if writers else []
         write_marker(task.root, f"{task.stem}.done", summary)
@@ -143,9 +177,9 @@ def encode_part(task: PartTask, report: Report | None = None) -> PartResult:
     return result
 
 
-def _writers(task: PartTask) -> list[TokenFileWriter]:
+def _writers(task: PartTask, folder: str) -> list[TokenFileWriter]:
     dtype = np.dtype(task.encode.dtype)
-    root = Path(task.root)
+    root = Path(folder)
     return [TokenFileWriter(str(root / f"{task.stem}_{key}"), dtype) for key in task.encode.keys]
 
 

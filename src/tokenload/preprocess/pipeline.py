@@ -13,13 +13,15 @@ tokenizing and buys restart without redoing finished files.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import shutil
 import time
 from collections import Counter, deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,8 @@ import numpy as np
 from ..errors import ConfigError, RecordError, StorageError, TokenloadError
 from ..format import TokenFileWriter
 from ..format.atomic import remove_temporaries, require_folder
+from ..storage.remote import is_url
+from ..storage.upload import check_writable, make_staging_folder, publish_prefix, staging_root
 from .config import PreprocessConfig
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .progress import Progress
@@ -34,7 +38,7 @@ from .sources import ChunkSize, InputFile, UnreadableFile, expand_inputs, read_c
 from .load import load_tokenizer
 from .parts import write_documents
 from .tokenizer import TextTokenizer
-from .workdir import WorkDir
+from .workdir import WorkFolder, open_workdir
 
 log = logging.getLogger(__name__)
 #: Skipped records, one short line each (the CLI prints this logger without the logging prefix).
@@ -79,7 +83,10 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         from .cluster import require_ray
 
         require_ray()
-    _check_output_folder(config)
+    local = _staged(config)
+    _check_output_folder(local)
+    if local is not config:
+        check_writable(config.shard_prefix)
     tok = load_tokenizer(config.tokenizer)
     _check_eod(config, tok)
     files = shard_files(
@@ -87,20 +94,26 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     )
     _check_keys_for_text(config, files)
     job = _job_description(config, tok, files)
-    work = WorkDir(config.shard_prefix, job)
+    shared = local is not config and config.executor == "ray"  # nodes share no folder: a work prefix
+    work = open_workdir(config.shard_prefix if shared else local.shard_prefix, job, remote=shared)
     try:
         work.open(config.resume)
     except OSError as exc:
-        raise _write_error(exc, config, None) from None
+        raise _write_error(exc, local, None) from None
     try:
-        summaries, bar = _run(config, tok, work, files, progress)
+        summaries, bar = _run(local, tok, work, files, progress)
         totals = _totals(summaries.values(), config.json_keys)
-        _write_outputs(config, tok, work, [summaries[i] for i in range(len(files))], totals)
+        _write_outputs(local, tok, work, [summaries[i] for i in range(len(files))], totals)
+        if local is not config:
+            for key in config.json_keys:
+                publish_prefix(local.output_for(key), config.output_for(key))
         work.remove()
+        if local is not config:
+            shutil.rmtree(os.path.dirname(local.shard_prefix), ignore_errors=True)
     except BaseException as exc:
-        _clean_after_failure(config, work)
+        _clean_after_failure(local, work)
         if isinstance(exc, OSError) and not isinstance(exc, TokenloadError):  # writing failed
-            raise _write_error(exc, config, work) from None
+            raise _write_error(exc, local, work) from None
         raise
     return PreprocessResult(
         outputs=config.outputs,
@@ -116,7 +129,7 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     )
 
 
-def _run(config, tok, work: WorkDir, files: list[InputFile], progress: bool | None):
+def _run(config, tok, work: WorkFolder, files: list[InputFile], progress: bool | None):
     """Encode every input file not finished by an earlier run; returns the summaries by index."""
     summaries: dict[int, dict[str, Any]] = {}
     for index, file in enumerate(files):
@@ -139,35 +152,57 @@ def _run(config, tok, work: WorkDir, files: list[InputFile], progress: bool | No
     return summaries, bar
 
 
-def _clean_after_failure(config: PreprocessConfig, work: WorkDir) -> None:
+def _staged(config: PreprocessConfig) -> PreprocessConfig:
+    """The job as written locally: for outputs bound for object storage, the same job with its
+    outputs in the URL's staging folder (published once the run has succeeded; a rerun finds
+    the same folder, so its resumable work carries over), else ``config`` itself."""
+    if not is_url(config.output_prefix):
+        return config
+    folder = make_staging_folder(config.shard_prefix)
+    return replace(config, output_prefix=os.path.join(folder, os.path.basename(config.output_prefix)))
+
+
+def _clean_after_failure(config: PreprocessConfig, work: WorkFolder) -> None:
     """Remove what a failed run leaves besides the parts a resume can use: temporaries, and
-    the work folder itself when it holds no finished part."""
+    the work folder itself when it holds no finished part (and then an emptied staging folder)."""
     try:
         for key in config.json_keys:
             remove_temporaries(config.output_for(key))
-        if work.root.exists():
+        if work.exists():
             if work.committed():
                 work.remove_temporaries()
             else:
                 work.remove()
+        if _is_staging(config):
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(config.shard_prefix))  # only when empty
     except OSError as exc:
         log.warning("could not clean up after the failure: %s", exc)
 
 
-def _write_error(exc: OSError, config: PreprocessConfig, work: WorkDir | None) -> StorageError:
-    """The StorageError for an OSError met while writing the work folder or the outputs."""
+def _is_staging(config: PreprocessConfig) -> bool:
+    return os.path.dirname(os.path.abspath(config.output_prefix)).startswith(os.path.abspath(staging_root()))
+
+
+def _write_error(exc: OSError, config: PreprocessConfig, work: WorkFolder | None) -> StorageError:
+    """The StorageError for an OSError met while writing the work folder or the outputs (for an
+    object-storage output: its local staging folder, which TOKENLOAD_STAGING_DIR moves)."""
     folder = os.path.dirname(os.path.abspath(config.output_prefix))
     resume = (
-        f"; finished input files stay in {str(work.root)!r} and the same command resumes"
-        if work is not None and work.root.exists()
+        f"; finished input files stay in {work.location!r} and the same command resumes"
+        if work is not None and _exists(work)
         else ""
     )
+    other = "choose another --output-prefix"
+    if _is_staging(config):
+        folder = os.path.dirname(folder)
+        other = "set TOKENLOAD_STAGING_DIR to a local folder with room for the output (staged there before the upload)"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = f"free space on the filesystem of {folder!r} or choose another --output-prefix{resume}"
+        hint = f"free space on the filesystem of {folder!r} or {other}{resume}"
     elif exc.errno == errno.EROFS:
-        hint = f"{folder!r} is on a read-only filesystem: choose a writable --output-prefix"
+        hint = f"{folder!r} is on a read-only filesystem: {other}"
     elif exc.errno in (errno.EACCES, errno.EPERM):
-        hint = f"this user may not write in {folder!r}: fix its permissions or choose another --output-prefix"
+        hint = f"this user may not write in {folder!r}: fix its permissions or {other}"
     else:
         hint = f"check the disk that holds {folder!r}{resume}"
     return StorageError(
@@ -175,6 +210,14 @@ def _write_error(exc: OSError, config: PreprocessConfig, work: WorkDir | None) -
         path=exc.filename or config.shard_prefix,
         hint=hint,
     )
+
+
+def _exists(work: WorkFolder) -> bool:
+    """Whether the work folder is there (False when that cannot be told now)."""
+    try:
+        return work.exists()
+    except TokenloadError:
+        return False
 
 
 def _check_output_folder(config: PreprocessConfig) -> None:
@@ -238,7 +281,7 @@ class _FileJob:
     """One input file being encoded: its part writers and what it has counted so far."""
 
     def __init__(
-        self, index: int, file: InputFile, config: PreprocessConfig, work: WorkDir, dtype: np.dtype
+        self, index: int, file: InputFile, config: PreprocessConfig, work: WorkFolder, dtype: np.dtype
     ) -> None:
         self.index, self.file, self.work, self.config, self.dtype = index, file, work, config, dtype
         self._open_writers()
@@ -310,8 +353,6 @@ def _executor(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
 
 def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
     """The spec with the engine the main process settled on, so every worker uses the same one."""
-    from dataclasses import replace
-
     if config.tokenizer.kind == "byte":
         return config.tokenizer
     return replace(config.tokenizer, engine="gigatoken" if tok.engine == "gigatoken" else "native")
@@ -390,7 +431,7 @@ def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _write_outputs(
-    config: PreprocessConfig, tok: TextTokenizer, work: WorkDir, summaries: list[dict], totals
+    config: PreprocessConfig, tok: TextTokenizer, work: WorkFolder, summaries: list[dict], totals
 ) -> None:
     metadata = {
         "producer": "tokenload preprocess",
@@ -410,5 +451,6 @@ def _write_outputs(
         ) as writer:
             for index, summary in enumerate(summaries):
                 for part in work.parts(index, summary, key):
-                    writer.append(part)
+                    with work.readable(part) as local:
+                        writer.append(local)
             writer.finalize()

@@ -10,6 +10,13 @@ with the same ``job.json`` reuses every part whose marker exists and whose input
 the recorded size and modification time, and redoes the rest. The final outputs are the parts
 concatenated in input order, so they are the same bytes whether or not the job was interrupted.
 
+With an object-storage output (``s3://``) the work folder is a work prefix in the bucket,
+``{prefix}.tokenload-work/`` with the same names (``RemoteWorkDir``): nodes of a cluster share no
+folder, so each Ray task makes its part in a local temporary folder, uploads the part files and
+then its marker object (one PUT each, visible whole or not at all), and the driver downloads the
+parts one at a time to concatenate them. The marker is the last object of a part, so a part with
+a marker is complete, as in a local folder.
+
 ``job.json`` is written before any part and deleted after every other file, so parts are never
 seen without the job that made them; a folder lacking it is wiped, not reused (otherwise a run
 killed during cleanup would hand its parts to the next run, even one with another tokenizer).
@@ -17,60 +24,90 @@ killed during cleanup would hand its parts to the next run, even one with anothe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 from ..format.atomic import write_bytes_atomic
+from ..storage.remote import is_url
+from ..storage.upload import fetched_prefix, list_objects, read_object, read_objects, remove_objects, upload_bytes
 from .sources import WORK_SUFFIX, InputFile
 
 log = logging.getLogger(__name__)
 
 _JOB = "job.json"
+_MARKERS = (".done", ".range")
 
 
-class WorkDir:
-    """The work folder of one job (one shard)."""
+class WorkFolder:
+    """What a work folder does, over four primitives its two kinds (a local folder, a prefix
+    in object storage) implement: list the names, read one, write one atomically, delete some."""
 
-    def __init__(self, prefix: str, job: dict[str, Any]) -> None:
-        self.root = Path(prefix + WORK_SUFFIX)
+    location: str
+
+    def __init__(self, job: dict[str, Any]) -> None:
         self.job = job
 
+    # -- primitives ---------------------------------------------------------------------------
+    def exists(self) -> bool:
+        raise NotImplementedError
+
+    def _names(self) -> set[str]:
+        raise NotImplementedError
+
+    def _read(self, name: str) -> bytes | None:
+        raise NotImplementedError
+
+    def _write(self, name: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _delete(self, names: list[str]) -> None:
+        raise NotImplementedError
+
+    def _create(self) -> None:
+        """Make the (empty) folder before ``job.json`` is written into it."""
+
+    def _has_part(self, stem_key: str) -> bool:
+        raise NotImplementedError
+
+    def remove_temporaries(self) -> None:
+        """Temporary files of a killed run (local folders only: an upload is whole or absent)."""
+
+    # -- the work folder ----------------------------------------------------------------------
     def open(self, resume: bool) -> None:
         """Create the folder, or check an existing one belongs to this job (or wipe it).
 
         Only a ``job.json`` vouches for the parts beside it: a folder without one (a kill during
         the final cleanup, or a run killed before it wrote one) is wiped, never reused."""
-        if self.root.exists():
+        if self.exists():
             old = self._recorded_job()
             if not resume or old is None:
                 if old is None:
-                    log.info("discarding %s: no job.json vouches for its parts", self.root)
+                    log.info("discarding %s: no job.json vouches for its parts", self.location)
                 self._wipe()
             elif old != self.job:
                 raise self._other_job(old)
             else:
                 self.remove_temporaries()
                 return
-        self.root.mkdir()
-        write_bytes_atomic(
-            self.root / _JOB, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode()
-        )
+        self._create()
+        self._write(_JOB, (json.dumps(self.job, indent=1, sort_keys=True) + "\n").encode())
 
     def _recorded_job(self) -> dict[str, Any] | None:
         try:
-            job = json.loads((self.root / _JOB).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            job = json.loads(self._read(_JOB) or b"")
+        except ValueError:
             return None
         return job if isinstance(job, dict) else None
 
     def _other_job(self, old: dict[str, Any]) -> ConfigError:
         changed = sorted(k for k in set(self.job) | set(old) if old.get(k) != self.job.get(k))
-        done = len(list(self.root.glob("*.done")))
+        done = sum(name.endswith(".done") for name in self._names())
         earlier = ""
         if "inputs" in changed and isinstance(old.get("inputs"), list) and old["inputs"]:
             earlier = f"; its inputs were {old['inputs'][0]!r}" + (
@@ -78,7 +115,7 @@ class WorkDir:
             )
         return ConfigError(
             f"an earlier run on this output prefix stopped before it finished (an error or a kill)"
-            f" and left {done} finished input file(s) in {str(self.root)!r} for a resume, but its"
+            f" and left {done} finished input file(s) in {self.location!r} for a resume, but its"
             f" settings differ from this run's (differs in: {', '.join(changed)}){earlier}",
             hint="pass --restart (resume=False) to discard that work and start over, or rerun the earlier"
             " command to resume it",
@@ -86,14 +123,22 @@ class WorkDir:
 
     def part(self, index: int, key: str) -> str:
         """Token file prefix of input file ``index``'s part for ``key``."""
-        return str(self.root / f"{index:06d}_{key}")
+        return f"{self.location}/{index:06d}_{key}"
 
     def parts(self, index: int, summary: dict[str, Any], key: str) -> list[str]:
         """Token file prefixes of finished input file ``index`` for ``key``, in input order."""
-        return [str(self.root / f"{stem}_{key}") for stem in summary.get("parts", [f"{index:06d}"])]
+        return [f"{self.location}/{stem}_{key}" for stem in summary.get("parts", [f"{index:06d}"])]
 
-    def _marker(self, index: int) -> Path:
-        return self.root / f"{index:06d}.done"
+    def readable(self, part: str) -> contextlib.AbstractContextManager[str]:
+        """A local token file prefix holding ``part``'s bytes while the block runs."""
+        return fetched_prefix(part)
+
+    def _summary(self, name: str) -> dict[str, Any] | None:
+        try:
+            summary = json.loads(self._read(name) or b"")
+        except ValueError:
+            return None
+        return summary if isinstance(summary, dict) else None
 
     def range_finished(
         self, index: int, k: int, file: InputFile, span: tuple[int, int], keys: tuple[str, ...]
@@ -101,63 +146,152 @@ class WorkDir:
         """The summary of byte range ``k`` of input file ``index`` if a task finished it for the
         file as it is now and for the same cut, else None."""
         stem = range_stem(index, k)
-        try:
-            summary = json.loads((self.root / f"{stem}.range").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        if (summary.get("path"), summary.get("stamp"), summary.get("range")) != (
+        summary = self._summary(f"{stem}.range")
+        if summary is None or (summary.get("path"), summary.get("stamp"), summary.get("range")) != (
             file.path, file.stamp, list(span)
         ):
             return None
-        for key in keys:
-            part = str(self.root / f"{stem}_{key}")
-            if not (os.path.isfile(part + ".bin") and os.path.isfile(part + ".idx")):
-                return None
+        if not all(self._has_part(f"{stem}_{key}") for key in keys):
+            return None
         return summary
 
     def finished(self, index: int, file: InputFile, keys: tuple[str, ...]) -> dict[str, Any] | None:
         """The summary of a committed part that is still valid for ``file``, else None."""
-        try:
-            summary = json.loads(self._marker(index).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        summary = self._summary(f"{index:06d}.done")
+        if summary is None:
             return None
         if summary.get("path") != file.path or summary.get("stamp") != file.stamp:
             log.info("input %s changed since its part was written; redoing it", file.path)
             return None
-        for key in keys:
-            for part in self.parts(index, summary, key):
-                if not (os.path.isfile(part + ".bin") and os.path.isfile(part + ".idx")):
-                    return None
+        stems = summary.get("parts", [f"{index:06d}"])
+        if not all(self._has_part(f"{stem}_{key}") for stem in stems for key in keys):
+            return None
         return summary
 
     def commit(self, index: int, summary: dict[str, Any]) -> None:
         """Mark input file ``index`` finished (its part files are already published)."""
-        write_marker(self.root, f"{index:06d}.done", summary)
+        write_marker(self.location, f"{index:06d}.done", summary)
 
     def committed(self) -> int:
         """How many input files and byte ranges have a finished part (what a resume would reuse)."""
-        return len(list(self.root.glob("*.done"))) + len(list(self.root.glob("*.range")))
+        return sum(name.endswith(_MARKERS) for name in self._names())
 
     def remove(self) -> None:
-        """Delete the folder, ``job.json`` last: a kill at any point leaves either a folder that
-        ``job.json`` still vouches for, or one without it, which ``open`` wipes."""
-        if not self.root.exists():
+        """Delete the folder: markers, then parts, then ``job.json``: a kill at any point leaves
+        either a folder that ``job.json`` still vouches for, or one without it, which ``open``
+        wipes."""
+        if not self.exists():
             return
-        order = lambda e: (e.name == _JOB, not e.name.endswith((".done", ".range")))  # noqa: E731
-        for entry in sorted(self.root.iterdir(), key=order):
-            _delete(entry)
-        self.root.rmdir()
+        names = self._names()
+        markers = sorted(n for n in names if n.endswith(_MARKERS))
+        rest = sorted(n for n in names if n != _JOB and not n.endswith(_MARKERS))
+        self._delete(markers)
+        self._delete(rest)
+        self._delete([_JOB])
 
     def _wipe(self) -> None:
         """Delete everything, vouched-for ``job.json`` first so no reader trusts what remains."""
+        self._delete([_JOB])
+        self._delete(sorted(self._names()))
+
+
+class WorkDir(WorkFolder):
+    """The work folder of one job (one shard) on a local (or shared) filesystem."""
+
+    def __init__(self, prefix: str, job: dict[str, Any]) -> None:
+        super().__init__(job)
+        self.root = Path(prefix + WORK_SUFFIX)
+        self.location = str(self.root)
+
+    def exists(self) -> bool:
+        return self.root.exists()
+
+    def _names(self) -> set[str]:
+        return {entry.name for entry in self.root.iterdir()} if self.root.is_dir() else set()
+
+    def _read(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except OSError:
+            return None
+
+    def _write(self, name: str, data: bytes) -> None:
+        write_bytes_atomic(self.root / name, data)
+
+    def _create(self) -> None:
+        self.root.mkdir()
+
+    def _delete(self, names: list[str]) -> None:
+        for name in names:
+            _delete(self.root / name)
+
+    def _wipe(self) -> None:
         (self.root / _JOB).unlink(missing_ok=True)
         shutil.rmtree(self.root)
+
+    def remove(self) -> None:
+        super().remove()
+        if self.root.exists():
+            self.root.rmdir()
+
+    def _has_part(self, stem_key: str) -> bool:
+        part = self.root / stem_key
+        return os.path.isfile(f"{part}.bin") and os.path.isfile(f"{part}.idx")
+
+    def readable(self, part: str) -> contextlib.AbstractContextManager[str]:
+        return contextlib.nullcontext(part)
 
     def remove_temporaries(self) -> None:
         """Temporary files of a killed run (``.NAME.tmp-PID-XXXX``) are never reused."""
         for entry in self.root.iterdir():
             if entry.name.startswith(".") and ".tmp-" in entry.name:
                 entry.unlink(missing_ok=True)
+
+
+class RemoteWorkDir(WorkFolder):
+    """The work prefix of one job in object storage: ``{prefix}.tokenload-work/`` in the bucket.
+
+    What is there is listed once when the job opens it (and its markers read in one concurrent
+    batch), since a resume asks about every part and a request per question would cost a round
+    trip each; ``committed`` and ``remove`` list again."""
+
+    def __init__(self, prefix: str, job: dict[str, Any]) -> None:
+        super().__init__(job)
+        self.location = prefix + WORK_SUFFIX
+        self._seen: set[str] = set()
+        self._markers: dict[str, bytes] = {}
+
+    def exists(self) -> bool:
+        return bool(self._names())
+
+    def _names(self) -> set[str]:
+        return {url.rsplit("/", 1)[1] for url in list_objects(self.location)}
+
+    def open(self, resume: bool) -> None:
+        super().open(resume)
+        self._seen = self._names()
+        markers = [f"{self.location}/{name}" for name in sorted(self._seen) if name.endswith(_MARKERS)]
+        self._markers = {url.rsplit("/", 1)[1]: data for url, data in read_objects(markers).items()}
+
+    def _read(self, name: str) -> bytes | None:
+        if name in self._markers:
+            return self._markers[name]
+        return read_object(f"{self.location}/{name}")
+
+    def _write(self, name: str, data: bytes) -> None:
+        upload_bytes(data, f"{self.location}/{name}")
+
+    def _delete(self, names: list[str]) -> None:
+        remove_objects([f"{self.location}/{name}" for name in names])
+
+    def _has_part(self, stem_key: str) -> bool:
+        return {f"{stem_key}.bin", f"{stem_key}.idx"} <= self._seen
+
+
+def open_workdir(prefix: str, job: dict[str, Any], remote: bool) -> WorkFolder:
+    """The work folder of the job writing ``prefix``: a work prefix in object storage when
+    ``remote`` (its parts are made where no folder is shared), else a folder beside ``prefix``."""
+    return RemoteWorkDir(prefix, job) if remote else WorkDir(prefix, job)
 
 
 def range_stem(index: int, k: int) -> str:
@@ -167,8 +301,13 @@ def range_stem(index: int, k: int) -> str:
 
 def write_marker(root: str | Path, name: str, summary: dict[str, Any]) -> None:
     """Mark a file (``.done``) or byte range (``.range``) finished, atomically, after its parts
-    are published; a Ray task writes its own, so a killed driver loses no finished task."""
-    write_bytes_atomic(Path(root) / name, (json.dumps(summary, sort_keys=True) + "\n").encode())
+    are published; a Ray task writes its own, so a killed driver loses no finished task. Under a
+    work prefix in object storage the marker is one PUT (whole or absent)."""
+    data = (json.dumps(summary, sort_keys=True) + "\n").encode()
+    if is_url(str(root)):
+        upload_bytes(data, f"{root}/{name}")
+    else:
+        write_bytes_atomic(Path(root) / name, data)
 
 
 def _delete(entry: Path) -> None:

@@ -101,12 +101,127 @@ def publish_prefix(local_prefix: str, url_prefix: str, options: StorageOptions |
             remove_object(url_prefix + suffix, options)  # an old sidecar would describe other bytes
 
 
+def remove_objects(urls: list[str], options: StorageOptions | None = None) -> None:
+    """Delete the objects ``urls`` (all of one filesystem), in batches; missing ones are fine."""
+    if not urls:
+        return
+    options = options or StorageOptions.from_env()
+    fs, _ = filesystem(urls[0])
+    paths = [fs._strip_protocol(url) for url in urls]
+    for start in range(0, len(paths), 1000):
+        batch = paths[start : start + 1000]
+        call(urls[0], "delete objects", lambda: _remove_existing(fs, batch), options)
+
+
+def _remove_existing(fs, paths: list[str]) -> None:
+    try:
+        fs.rm(paths)
+    except FileNotFoundError:
+        pass
+
+
+def read_object(url: str, options: StorageOptions | None = None) -> bytes | None:
+    """The bytes of the object ``url``, or None when there is no such object."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+
+    def read() -> bytes | None:
+        try:
+            return fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+
+    return call(url, "read it", read, options)
+
+
+def read_objects(urls: list[str], options: StorageOptions | None = None) -> dict[str, bytes]:
+    """The bytes of each object of ``urls`` that exists (fetched concurrently), by URL."""
+    if not urls:
+        return {}
+    options = options or StorageOptions.from_env()
+    fs, _ = filesystem(urls[0])
+    by_path = {fs._strip_protocol(url): url for url in urls}
+    found = call(urls[0], "read objects", lambda: fs.cat(list(by_path), on_error="omit"), options)
+    return {by_path[path]: data for path, data in found.items() if isinstance(data, bytes)}
+
+
+def download_file(url: str, local: str, options: StorageOptions | None = None) -> None:
+    """Copy the object ``url`` to the local file ``local``, with retries."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+    call(url, "download it", lambda: fs.get_file(path, local), options)
+
+
+def check_writable(url_prefix: str, options: StorageOptions | None = None) -> None:
+    """Write and delete an empty object beside ``url_prefix``: an unreachable endpoint or
+    credentials that may not write fail here, before any work, not when the output is published."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url_prefix)
+    probe = path + ".tokenload-probe"
+    call(url_prefix, "write beside it (an empty test object)", lambda: fs.pipe_file(probe, b""), options)
+    call(url_prefix, "delete the test object beside it", lambda: fs.rm_file(probe), options)
+
+
+def staging_root() -> str:
+    """Where local staging folders go: ``TOKENLOAD_STAGING_DIR``, else the temporary folder."""
+    return os.environ.get("TOKENLOAD_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "tokenload-staging")
+
+
+def make_staging_root() -> str:
+    """``staging_root()``, created if need be (a StorageError naming TOKENLOAD_STAGING_DIR if
+    it cannot be)."""
+    root = staging_root()
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as exc:
+        raise _staging_error(exc, root) from None
+    return root
+
+
+def temporary_folder(prefix: str) -> str:
+    """A new folder under the staging root, named ``prefix`` and random letters."""
+    root = make_staging_root()
+    try:
+        return tempfile.mkdtemp(prefix=prefix, dir=root)
+    except OSError as exc:
+        raise _staging_error(exc, root) from None
+
+
 def staging_folder(url: str) -> str:
     """The local folder where outputs bound for ``url`` are made (stable per URL)."""
-    root = os.environ.get("TOKENLOAD_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "tokenload-staging")
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     name = os.path.basename(url.rstrip("/")) or "output"
-    return os.path.join(root, f"{name}-{digest}")
+    return os.path.join(staging_root(), f"{name}-{digest}")
+
+
+def make_staging_folder(url: str) -> str:
+    """Create ``staging_folder(url)`` (kept if it exists: a rerun resumes there); a folder that
+    cannot be made is a StorageError naming TOKENLOAD_STAGING_DIR."""
+    folder = staging_folder(url)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, os.strerror(13), folder)
+    except OSError as exc:
+        raise _staging_error(exc, folder) from None
+    return folder
+
+
+@contextlib.contextmanager
+def fetched_prefix(url_prefix: str, options: StorageOptions | None = None) -> Iterator[str]:
+    """A local copy of the token file ``url_prefix`` (``.bin`` and ``.idx``) in a temporary folder
+    under the staging root, removed when the block ends; a local prefix is yielded unchanged."""
+    if not is_url(url_prefix):
+        yield url_prefix
+        return
+    folder = temporary_folder(".fetch-")
+    try:
+        local = os.path.join(folder, os.path.basename(url_prefix.rstrip("/")) or "part")
+        for suffix in (".idx", ".bin"):
+            download_file(url_prefix + suffix, local + suffix, options)
+        yield local
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -116,11 +231,7 @@ def staged_prefix(url_prefix: str, options: StorageOptions | None = None) -> Ite
     if not is_url(url_prefix):
         yield url_prefix
         return
-    folder = staging_folder(url_prefix)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise _staging_error(exc, folder) from None
+    folder = make_staging_folder(url_prefix)
     local = os.path.join(folder, os.path.basename(url_prefix.rstrip("/")) or "output")
     yield local
     publish_prefix(local, url_prefix, options)
