@@ -385,7 +385,7 @@ class _Builder:
         if check.state is CacheState.HIT:
             if not check.has_sidecar:
                 logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
-            return IndexArrays(paths=paths), entry
+            return IndexArrays(paths=dict(check.arrays)), entry
         if self.role is Role.READ:
             self._missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
             self._folders.append(folder)
@@ -408,6 +408,8 @@ class _Builder:
         with self._phase("cache_write"):
             write_cache(files, description=description, arrays=arrays, fields=fields)
         self._wrote = True
+        if is_url(folder):  # just uploaded: serve from memory rather than download it again
+            return IndexArrays(arrays=arrays), entry
         return IndexArrays(paths=paths), entry
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..index import Blend
+from ..storage import is_url
 from .items import ItemConfig
 from .policy import BUILD_POLICIES
 
@@ -52,7 +53,12 @@ class MegatronDataConfig:
     mid_level_dataset_surplus: float = 0.005
     """Extra fraction of samples built per blended dataset (``--mid-level-dataset-surplus``)."""
     path_to_cache: str | None = None
-    """``--data-cache-path``; None uses Megatron's default folder next to each prefix."""
+    """``--data-cache-path``; None uses Megatron's default folder next to each prefix (a local
+    folder for an ``s3://`` prefix). A URL (``s3://bucket/cache``) keeps the caches in object
+    storage: the writer makes them locally and uploads them, each cache's description last, so a
+    partial upload never loads; readers copy each file once per node (keyed by its ETag) and
+    check it as a local cache. Not with ``build_policy="local-rank0"`` (a bucket is not
+    node-local)."""
     cache: str = "auto"
     """"auto": use a valid cache, (re)build a missing or stale one; "strict": refuse a stale
     cache with CacheError; "off": build in memory, read and write no cache."""
@@ -126,7 +132,7 @@ class MegatronDataConfig:
     sequences_path: str | None = None
     """A sequences JSON (``tokenload sequences``; Megatron's ``--per-dataset-sequences-path``
     with each file's dtype): the token files open with the counts and dtype it gives and read
-    no ``.idx`` header."""
+    no ``.idx`` header. A URL is read through the node's local copy cache."""
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_POLICIES:
@@ -140,6 +146,14 @@ class MegatronDataConfig:
             raise ConfigError(
                 "build_policy='none' loads caches only, but cache='off' reads none",
                 hint="use cache='auto' or 'strict' with build_policy='none', or build_policy='every-rank'",
+            )
+        if self.build_policy == "local-rank0" and self.path_to_cache is not None and is_url(self.path_to_cache):
+            raise ConfigError(
+                f"build_policy='local-rank0' builds into a node-local cache folder, but path_to_cache is"
+                f" {self.path_to_cache!r}, a bucket every node shares (each node's writer would upload"
+                " the same files)",
+                hint="use build_policy='rank0' or 'auto' with a cache in object storage (one writer, global"
+                " rank 0), or 'none' after tokenload prepare-cache; or give local-rank0 a local folder",
             )
         if self.order not in ORDERS:
             raise ConfigError(f"order is {self.order!r}, expected one of {ORDERS}",

@@ -28,6 +28,8 @@ from typing import Any
 from ..errors import CacheError
 from ..format.atomic import write_atomic
 from ..index import Blend, parse_blend
+from ..index.cache_remote import copy_or_none, publish_bytes
+from ..storage import is_url
 
 __all__ = ["MANIFEST_FORMAT", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
 
@@ -75,9 +77,13 @@ def manifest_path(folder: str, key: dict[str, Any]) -> str:
 
 def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     """The manifest's splits when the file exists and belongs to ``key``, else None (one open;
-    no existence probe). A damaged manifest is None too: the caches are then checked one by one."""
+    no existence probe; in object storage one HEAD, and a download when the node has no copy yet).
+    A damaged manifest is None too: the caches are then checked one by one."""
     try:
-        with open(path, "rb") as f:
+        local = _local(path)
+        if local is None:
+            return None
+        with open(local, "rb") as f:
             data = json.loads(f.read())
     except FileNotFoundError:
         return None
@@ -93,16 +99,28 @@ def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     return data
 
 
+def _local(path: str) -> str | None:
+    """A local path to read ``path`` from: itself, or the node's copy of an object (None when the
+    object does not exist)."""
+    return copy_or_none(path) if is_url(path) else path
+
+
 def write_manifest(path: str, key: dict[str, Any], splits: list[Any]) -> None:
-    """Write the manifest atomically unless an identical one is there (one writer, idempotent)."""
+    """Write the manifest atomically unless an identical one is there (one writer, idempotent);
+    in object storage with one PUT, after the caches it names were uploaded."""
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "key": key, "splits": splits}
     text = json.dumps(data, indent=1).encode()
     try:
-        with open(path, "rb") as f:
-            if f.read() == text:
-                return
+        local = _local(path)
+        if local is not None:
+            with open(local, "rb") as f:
+                if f.read() == text:
+                    return
     except OSError:
         pass
+    if is_url(path):
+        publish_bytes(text, path)
+        return
     try:
         write_atomic(path, lambda f: f.write(text))
     except OSError as exc:

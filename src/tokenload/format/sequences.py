@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError, StorageError
+from ..storage.remote import is_url
 from .atomic import write_bytes_atomic
 from .idx import MAGIC, MEGATRON_CODES, NEOX_CODES, IndexHeader, dtype_code
 
@@ -82,9 +83,16 @@ def sequences_json(entries: Mapping[str, SequenceCounts]) -> dict:
 
 
 def write_sequences(path: str | os.PathLike[str], entries: Mapping[str, SequenceCounts]) -> None:
-    """Write the sequences JSON atomically (a killed run leaves no file a job could read)."""
-    text = json.dumps(sequences_json(entries)) + "\n"
-    write_bytes_atomic(path, text.encode("utf-8"))
+    """Write the sequences JSON atomically (a killed run leaves no file a job could read); a URL
+    (``s3://...``) with one PUT, which appears whole or not at all."""
+    data = (json.dumps(sequences_json(entries)) + "\n").encode("utf-8")
+    path = os.fspath(path)
+    if is_url(path):
+        from ..storage.upload import upload_bytes
+
+        upload_bytes(data, path)
+    else:
+        write_bytes_atomic(path, data)
 
 
 def counts_of(token_file) -> SequenceCounts:
@@ -109,7 +117,7 @@ def read_sequences(path: str | os.PathLike[str]) -> SequencesFile:
     ConfigError naming the file."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(_local_copy(path), encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
         raise ConfigError(
@@ -130,6 +138,22 @@ def read_sequences(path: str | os.PathLike[str]) -> SequencesFile:
     if dtypes:
         raise _malformed(path, f"{DTYPES_KEY} names prefixes without counts: {sorted(dtypes)}")
     return SequencesFile(path, entries)
+
+
+def _local_copy(path: str) -> str:
+    """``path``, or for a URL the node's copy of the object (``FileNotFoundError`` when there is
+    no such object; any other failure is the storage layer's ``StorageError``)."""
+    if not is_url(path):
+        return path
+    from ..storage import cached_copy
+    from ..storage.upload import object_exists
+
+    try:
+        return cached_copy(path)
+    except StorageError:
+        if object_exists(path):
+            raise
+        raise FileNotFoundError(path) from None
 
 
 def _counts(path: str, prefix: str, value) -> tuple[int, int]:

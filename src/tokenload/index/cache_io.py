@@ -6,7 +6,9 @@ sidecar next and Megatron's description last: Megatron counts a cache as complet
 description and the arrays exist, so a build killed at any point never leaves a cache that
 Megatron or tokenload would take for complete, and two builders racing for one cache leave one
 valid cache (their bytes are identical). Arrays are written with ``numpy.save`` as Megatron
-writes them, so each side loads the other's cache.
+writes them, so each side loads the other's cache. A cache folder in object storage
+(``s3://bucket/cache``) is written locally and uploaded in the same order, and read and checked
+through the node's local copies of its files (``cache_remote``).
 
 The sidecar ``{md5}-{Class}-{split}-tokenload.json`` records what Megatron's hash forgets
 (``add_extra_token``, the validation drop-last flag, the surplus, fingerprints of the token
@@ -23,6 +25,7 @@ A damaged ``.npy`` header can make NumPy raise almost anything (``ValueError``, 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -37,9 +40,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenload.errors import CacheError, FormatError
+from tokenload.errors import CacheError, FormatError, StorageError
 from tokenload.format.atomic import fsync_dir, write_atomic
 from tokenload.index.cache import CacheFiles
+from tokenload.storage import is_url
 
 __all__ = ["CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "write_cache"]
 
@@ -74,6 +78,9 @@ class CacheCheck:
     has_sidecar: bool
     """False when the cache carries no tokenload sidecar (e.g. Megatron built it): a hit is
     then checked on the description and array shapes only."""
+    arrays: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The array files checked, by name: the cache's own, or the local copies of a cache in
+    object storage (map these: they are the bytes the check saw)."""
 
 
 def _array_facts(dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -96,10 +103,25 @@ def write_cache(
     """Write a complete cache atomically: arrays, then the sidecar, then the description.
 
     ``arrays`` must hold exactly ``files.arrays``; ``fields`` are the sidecar's extra facts
-    (JSON-serializable). Raises ``CacheError`` when the folder cannot be created or written.
+    (JSON-serializable). A folder in object storage gets the files written locally first and
+    uploaded in the same order (``cache_remote``). Raises ``CacheError`` when the folder cannot
+    be created or written, ``StorageError`` when an upload fails.
     """
     if set(arrays) != set(files.arrays):
         raise CacheError(f"arrays {sorted(arrays)}; expected exactly {list(files.arrays)}")
+    if not is_url(files.directory):
+        _write_local(files, description, arrays, fields)
+        return
+    from .cache_remote import publish_cache, staged_cache
+
+    with staged_cache(files) as local:
+        _write_local(local, description, arrays, fields)
+        publish_cache(local, files)
+    logger.debug("published index cache %s", files.description)
+
+
+def _write_local(files: CacheFiles, description: str, arrays: Mapping[str, npt.NDArray[Any]],
+                 fields: Mapping[str, Any] | None) -> None:
     sidecar = {
         "format": SIDECAR_FORMAT,
         "version": SIDECAR_VERSION,
@@ -132,8 +154,11 @@ def map_array(path: str) -> npt.NDArray[Any]:
     """One cached array, memory-mapped read-only from a single open of the file (``np.load``
     with ``mmap_mode`` opens it three times), as a plain ndarray view (``np.memmap``'s subclass
     hooks cost more than a batch's lookups); ``CacheError`` naming the file when it is not a
-    whole ``.npy`` of plain numbers."""
+    whole ``.npy`` of plain numbers. A URL maps its local copy (downloaded once per node)."""
+    shown = path
     try:
+        if is_url(path):
+            path = _array_copy(path)
         with open(path, "rb") as f:
             shape, fortran, dtype = _read_npy_header(f, path)
             offset, size = f.tell(), os.fstat(f.fileno()).st_size
@@ -145,14 +170,26 @@ def map_array(path: str) -> npt.NDArray[Any]:
                 return np.empty(shape, dtype=dtype)
             buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C")
+    except StorageError:
+        raise
     except (*_NPY_ERRORS, FormatError) as exc:
         raise CacheError(
             f"cannot load the cached index array ({type(exc).__name__}: {exc}); expected a .npy "
             "file as numpy.save writes it",
-            path=path,
+            path=shown,
             hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
             "again: cache='auto' rebuilds them",
         ) from None
+
+
+def _array_copy(url: str) -> str:
+    """The local copy of a cached array in object storage; a missing object is a damaged cache."""
+    from .cache_remote import copy_or_none
+
+    local = copy_or_none(url)
+    if local is None:
+        raise FormatError("the object does not exist", path=url)
+    return local
 
 
 def load_cache(files: CacheFiles) -> dict[str, npt.NDArray[Any]]:
@@ -194,11 +231,10 @@ def _read_sidecar(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {}
 
 
-def _check_arrays(files, recorded, expected_shapes, reasons) -> None:
+def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
     for name in files.arrays:
-        path = files.array(name)
         try:
-            shape, dtype, whole = _npy_header(path)
+            shape, dtype, whole = _npy_header(where[f"{name}.npy"])
         except (OSError, FormatError) as exc:
             reasons.append(f"{name}: unreadable ({exc})")
             continue
@@ -214,6 +250,17 @@ def _check_arrays(files, recorded, expected_shapes, reasons) -> None:
             reasons.append(f"{name}: cached shape {shape}, expected {tuple(want)}")
 
 
+def _located(files: CacheFiles) -> dict[str, str | None]:
+    """``{suffix: local path}`` of the cache's files: the files themselves, or for a folder in
+    object storage their local copies (None for a missing object)."""
+    if is_url(files.directory):
+        from .cache_remote import local_copies
+
+        return local_copies(files)
+    suffixes = ("description.txt", "tokenload.json", *(f"{name}.npy" for name in files.arrays))
+    return {suffix: files.path(suffix) for suffix in suffixes}
+
+
 def check_cache(
     files: CacheFiles,
     *,
@@ -226,18 +273,22 @@ def check_cache(
     MISS: one of Megatron's files is missing. STALE: the description differs, an array is
     truncated or has another shape than ``expected_shapes`` (e.g. from ``gpt.gpt_length``), or
     the sidecar records other ``fields`` or other array facts. HIT otherwise; without a sidecar
-    the ``fields`` cannot be checked (``has_sidecar`` is False).
+    the ``fields`` cannot be checked (``has_sidecar`` is False). A cache in object storage is
+    checked on its local copies, the same way; ``CacheCheck.arrays`` names the files checked.
     """
-    missing = [p for p in files.megatron_files if not os.path.isfile(p)]
-    sidecar = _read_sidecar(files.sidecar)
+    where = _located(files)
+    arrays = {name: where.get(f"{name}.npy") or files.array(name) for name in files.arrays}
+    missing = [s for s in ("description.txt", *(f"{n}.npy" for n in files.arrays))
+               if where.get(s) is None or not os.path.isfile(where[s])]
+    sidecar = None if where.get("tokenload.json") is None else _read_sidecar(where["tokenload.json"])
     has_sidecar = sidecar is not None
     if missing:
-        names = ", ".join(os.path.basename(p) for p in missing)
+        names = ", ".join(os.path.basename(files.path(s)) for s in missing)
         return CacheCheck(state=CacheState.MISS, reasons=(f"missing {names}",),
-                          has_sidecar=has_sidecar)
+                          has_sidecar=has_sidecar, arrays=arrays)
     reasons: list[str] = []
     try:
-        with open(files.description, "rb") as f:
+        with open(where["description.txt"], "rb") as f:
             if f.read() != description.encode("utf-8"):
                 reasons.append("description text differs from the expected one")
     except OSError as exc:
@@ -252,6 +303,6 @@ def check_cache(
             for key in sorted(set(want) | set(have)):
                 if want.get(key) != have.get(key):
                     reasons.append(f"{key}: cached {have.get(key)!r}, expected {want.get(key)!r}")
-    _check_arrays(files, recorded, expected_shapes, reasons)
+    _check_arrays(files, where, recorded, expected_shapes, reasons)
     state = CacheState.STALE if reasons else CacheState.HIT
-    return CacheCheck(state=state, reasons=tuple(reasons), has_sidecar=has_sidecar)
+    return CacheCheck(state=state, reasons=tuple(reasons), has_sidecar=has_sidecar, arrays=arrays)
