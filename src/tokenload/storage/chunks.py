@@ -7,6 +7,16 @@ moving forward is still in chunk k, failed GETs are retried (``remote.call``), a
 from the previous one fetches only its own bytes (``TOKENLOAD_DIRECT_READS``, default on): a
 random reader does not pay a whole chunk per sample, and the next read near it fetches the chunk.
 
+A chunk is read as several ranged GETs of ``TOKENLOAD_GET_BYTES`` (32 MiB), up to
+``TOKENLOAD_GET_THREADS`` (4) in flight, each written by ``readinto`` straight into one buffer of
+the chunk's size, and a read waits only for the parts it covers: the first bytes are served while
+the rest still arrive. Measured on SeaweedFS over loopback (256 MiB chunks, 2 shared cores), one
+GET per chunk into ``bytes`` reached 78% of raw botocore GETs of the same size; the buffer is an
+anonymous ``mmap``, not ``np.empty``: NumPy asks for transparent huge pages on large arrays, and
+filling such an array from a socket measured 105-330 MB/s in half the rounds (the kernel compacting
+memory at each fault) against 560-810 for the same GETs into an ``mmap``. Evicted buffers are not
+reused: reads hand out views of their chunk, which may outlive its place in the cache.
+
 The object's size and ETag are recorded when it is opened. A GET that finds the object gone, or
 returns fewer bytes than the recorded size promises, stats the object again and names what
 changed: a file replaced under a running job would otherwise feed it other tokens.
@@ -14,17 +24,34 @@ changed: a file replaced under a running job would otherwise feed it other token
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 
 from ..errors import FormatError, StorageError
 from ..format.bin import BinSource, _ArrayBin
 from .options import StorageOptions
-from .remote import ObjectInfo, call, count, info, ranged_get
+from .remote import ObjectInfo, call, count, info, ranged_get, ranged_get_into
+
+
+class _Chunk:
+    """One chunk's tokens and the part GETs that fill them (each a future of the pool)."""
+
+    __slots__ = ("tokens", "parts", "part_tokens")
+
+    def __init__(self, tokens: np.ndarray, parts: list[Future], part_tokens: int) -> None:
+        self.tokens, self.parts, self.part_tokens = tokens, parts, part_tokens
+
+    def wait(self, lo: int, hi: int) -> np.ndarray:
+        """All tokens, once those in ``[lo, hi)`` have arrived (a failed part raises here)."""
+        for part in self.parts[lo // self.part_tokens : max(hi - 1, lo) // self.part_tokens + 1]:
+            part.result()
+        return self.tokens
 
 
 class RemoteBin(BinSource):
@@ -44,84 +71,103 @@ class RemoteBin(BinSource):
         self.num_bytes = size
         self.num_tokens = size // self.dtype.itemsize
         self.chunk_tokens = self.options.chunk_bytes // self.dtype.itemsize
-        self._chunks: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._pending: dict[int, Future] = {}
+        self.part_tokens = min(self.options.get_bytes, self.options.chunk_bytes) // self.dtype.itemsize
+        self._chunks: OrderedDict[int, _Chunk] = OrderedDict()
         self._lock = threading.Lock()
         self._last = -2
         self._executor: ThreadPoolExecutor | None = None
 
     # -- chunks ----------------------------------------------------------------------------------
-    def _chunk(self, k: int) -> np.ndarray:
-        """Tokens of chunk ``k``, from the cache, a prefetch in flight, or a GET now."""
+    def _ready(self, k: int, lo: int, hi: int) -> np.ndarray:
+        """Tokens of chunk ``k`` once its tokens ``[lo, hi)`` have arrived: from the cache, from
+        GETs in flight (read ahead or started by another read), or from GETs started now."""
         with self._lock:
-            tokens = self._chunks.get(k)
-            if tokens is not None:
+            chunk = self._chunks.get(k)
+            if chunk is not None:
                 self._chunks.move_to_end(k)
-            pending = self._pending.get(k) if tokens is None else None
-        if tokens is not None:
+        if chunk is not None:
             count("chunk_hits")
-        elif pending is not None:
-            count("chunk_hits")
-            tokens = pending.result()
         else:
             count("chunk_misses")
-            tokens = self._keep(k, self._fetch(k))
-        if self.options.prefetch and k in (self._last, self._last + 1):
-            self._prefetch(k + 1)
+            chunk = self._start(k)
+        forward = k in (self._last, self._last + 1)
         self._last = k
-        return tokens
-
-    def _keep(self, k: int, tokens: np.ndarray) -> np.ndarray:
-        with self._lock:
-            self._chunks[k] = tokens
-            self._chunks.move_to_end(k)
-            held = sum(c.nbytes for c in self._chunks.values())
-            while held > self.options.cache_bytes and len(self._chunks) > 1:
-                _, dropped = self._chunks.popitem(last=False)
-                held -= dropped.nbytes
-        return tokens
-
-    def _prefetch(self, k: int) -> None:
-        if k * self.chunk_tokens >= self.num_tokens:
-            return
-        with self._lock:
-            if k in self._chunks or k in self._pending:
-                return
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="tokenload-prefetch")
-            self._pending[k] = self._executor.submit(self._ahead, k)
-
-    def _ahead(self, k: int) -> np.ndarray:
-        """A read-ahead lands in the bounded cache, read or not (no chunk held outside it)."""
+        if self.options.prefetch and forward:
+            self._prefetch(k + 1)
         try:
-            return self._keep(k, self._fetch(k, True))
-        finally:
-            with self._lock:
-                self._pending.pop(k, None)
+            return chunk.wait(lo, hi)
+        except BaseException:
+            with self._lock:  # a failed chunk is not kept: the next read asks again
+                if self._chunks.get(k) is chunk:
+                    del self._chunks[k]
+            raise
 
-    def _fetch(self, k: int, ahead: bool = False) -> np.ndarray:
-        start = k * self.chunk_tokens * self.dtype.itemsize
-        tokens = self._get(start, min(start + self.options.chunk_bytes, self.num_bytes))
+    def _start(self, k: int, ahead: bool = False) -> _Chunk:
+        """Chunk ``k``'s buffer, its part GETs submitted in order and the chunk in the LRU."""
+        first = k * self.chunk_tokens * self.dtype.itemsize
+        size = min(first + self.options.chunk_bytes, self.num_bytes) - first
+        buffer = mmap.mmap(-1, size)
+        tokens = np.frombuffer(buffer, dtype=self.dtype)
+        tokens.flags.writeable = False
+        view = memoryview(buffer)
+        step = self.part_tokens * self.dtype.itemsize
+        with self._lock:
+            if k in self._chunks:  # started by another thread meanwhile
+                return self._chunks[k]
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.options.get_threads, thread_name_prefix="tokenload-get")
+            parts = [self._executor.submit(self._part, view[a : a + step], first + a) for a in range(0, size, step)]
+            chunk = self._chunks[k] = _Chunk(tokens, parts, self.part_tokens)
+            self._chunks.move_to_end(k)
+            self._evict(keep=(k, self._last))
         if ahead:
             count("prefetched")
-        return tokens
+        return chunk
+
+    def _evict(self, keep: tuple[int, ...]) -> None:
+        """Least recently used chunks out until the cache fits its bound, but never the chunk just
+        started nor the one being read (so a read-ahead may hold one chunk over a small bound).
+        Parts in flight of an evicted chunk finish into its buffer, which is freed with them."""
+        held = sum(c.tokens.nbytes for c in self._chunks.values())
+        for k in list(self._chunks):
+            if held <= self.options.cache_bytes:
+                break
+            if k not in keep:
+                held -= self._chunks.pop(k).tokens.nbytes
+
+    def _prefetch(self, k: int) -> None:
+        if k * self.chunk_tokens < self.num_tokens and k not in self._chunks:
+            self._start(k, ahead=True)
+
+    def _part(self, out: memoryview, start: int) -> None:
+        """One part of a chunk: bytes ``[start, start + len(out))`` into ``out``, checked."""
+        end = start + len(out)
+        got, tag = self._request(start, end, lambda: ranged_get_into(self.path, start, out))
+        self._verify(start, end, got, tag)
 
     def _get(self, start: int, end: int) -> np.ndarray:
-        """Bytes ``[start, end)`` as tokens, one ranged GET checked against the object at open."""
+        """Bytes ``[start, end)`` as tokens, one ranged GET (a read outside the chunks)."""
+        data, tag = self._request(start, end, lambda: ranged_get(self.path, start, end))
+        self._verify(start, end, len(data), tag)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def _request(self, start: int, end: int, fn: Callable[[], tuple]) -> tuple:
+        """``fn()`` through ``call`` (retried); a missing object or a refused range is a change."""
         try:
-            data, tag = call(self.path, f"read bytes [{start}, {end})", lambda: ranged_get(self.path, start, end),
-                             self.options)
+            return call(self.path, f"read bytes [{start}, {end})", fn, self.options)
         except StorageError as exc:
             if "does not exist" in exc.message or "refused" in exc.message:
                 raise self._changed(f"a read of bytes [{start}, {end}) failed") from None
             raise
-        if len(data) != end - start:
-            raise self._changed(f"a read of bytes [{start}, {end}) returned {len(data)} bytes")
+
+    def _verify(self, start: int, end: int, got: int, tag: str | None) -> None:
+        """The answer is the object opened: as many bytes as asked, the ETag recorded at open."""
+        if got != end - start:
+            raise self._changed(f"a read of bytes [{start}, {end}) returned {got} bytes")
         if tag is not None and self.opened.tag and tag != self.opened.tag:
             raise self._changed(f"a read of bytes [{start}, {end}) came with ETag {tag}")
         count("gets")
-        count("bytes", len(data))
-        return np.frombuffer(data, dtype=self.dtype)
+        count("bytes", got)
 
     def _changed(self, what: str) -> StorageError:
         """The object changed since it was opened: say how (stat it again)."""
@@ -145,14 +191,14 @@ class RemoteBin(BinSource):
         gave 79 samples/s where one GET per sample gives 478."""
         if self.options.direct_reads and k not in (self._last, self._last + 1):
             with self._lock:
-                held = k in self._chunks or k in self._pending
+                held = k in self._chunks
             if not held:
                 self._last = k
                 count("direct_reads")
                 size = self.dtype.itemsize
                 return self._get(start * size, (start + length) * size)
         offset = start - k * self.chunk_tokens
-        return self._chunk(k)[offset : offset + length]
+        return self._ready(k, offset, offset + length)[offset : offset + length]
 
     # -- BinSource -------------------------------------------------------------------------------
     def _read(self, start: int, length: int) -> np.ndarray:
@@ -171,7 +217,8 @@ class RemoteBin(BinSource):
         if starts.size > 1 and int(starts.min()) // c == (int(ends.max()) - 1) // c and int(lengths.min()) > 0:
             k = int(starts.min()) // c
             # every span in one chunk: the in-memory gather of mapped files, on that chunk
-            view = SimpleNamespace(tokens=self._chunk(k), dtype=self.dtype)
+            tokens = self._ready(k, int(starts.min()) - k * c, int(ends.max()) - k * c)
+            view = SimpleNamespace(tokens=tokens, dtype=self.dtype)
             return _ArrayBin._read_spans(view, starts - k * c, lengths, ends - k * c, dtype)
         parts = [self._read(s, n) for s, n in zip(starts.tolist(), lengths.tolist())]
         out = np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
@@ -180,9 +227,6 @@ class RemoteBin(BinSource):
     def close(self) -> None:
         with self._lock:
             self._chunks.clear()
-            pending, self._pending = self._pending, {}
             executor, self._executor = self._executor, None
-        for future in pending.values():
-            future.cancel()
         if executor is not None:
-            executor.shutdown(wait=False)
+            executor.shutdown(wait=False, cancel_futures=True)

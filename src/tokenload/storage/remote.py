@@ -38,6 +38,10 @@ _STATS_LOCK = threading.Lock()
 _STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "direct_reads", "retries",
                "index_downloads", "index_hits")
 
+# connections the one client per process keeps: several files' part GETs (TOKENLOAD_GET_THREADS
+# each) share it, and a full pool closes the connections it cannot keep (botocore's default is 10)
+_POOL = 64
+
 _CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network; the"
                  " server did not answer after the retries (TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF)")
 _CREDENTIALS_HINT = ("check the credentials the client library finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
@@ -106,6 +110,56 @@ def ranged_get(url: str, start: int, end: int) -> tuple[bytes, str | None]:
     return fs.cat_file(path, start=start, end=end), None
 
 
+def ranged_get_into(url: str, start: int, out: memoryview) -> tuple[int, str | None]:
+    """Bytes ``[start, start + len(out))`` of ``url`` written into ``out``: how many the server
+    sent (fewer when the object is now shorter) and the answer's ETag (None if unknown).
+
+    For ``s3://`` the body goes from the socket straight into ``out`` through the ``readinto`` of
+    the ``http.client`` response under botocore's body (private attributes, checked, with a
+    read-and-copy fallback): no bytes object of the part's size to allocate and fault in, no copy
+    (urllib3's own ``readinto`` reads into a temporary and copies). A body that ends early is a
+    dropped connection, raised as ``ConnectionError`` so that ``call`` retries it."""
+    end = start + len(out)
+    protocol, rest = url.split("://", 1)
+    if protocol not in ("s3", "s3a"):
+        data, tag = ranged_get(url, start, end)
+        out[: len(data)] = data
+        return len(data), tag
+    bucket, _, key = rest.partition("/")
+    try:
+        answer = _botocore().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+    except Exception as exc:
+        raise _translated(exc) from None
+    tag = str(answer.get("ETag", "")).strip('"') or None
+    sent = min(int(answer.get("ContentLength", len(out))), len(out))
+    body = answer["Body"]
+    stream = getattr(body, "_raw_stream", None)
+    source = getattr(stream, "_fp", None)
+    if not hasattr(source, "readinto") or not hasattr(stream, "release_conn"):
+        data = body.read()
+        out[: len(data)] = data
+        return len(data), tag
+    try:
+        _fill(source, out[:sent])
+    except BaseException:
+        stream.close()  # a half-read answer: its connection is not reused
+        raise
+    if source.isclosed():
+        stream.release_conn()
+    else:
+        stream.close()
+    return sent, tag
+
+
+def _fill(source: Any, out: memoryview) -> None:
+    got = 0
+    while got < len(out):
+        n = source.readinto(out[got:])
+        if not n:
+            raise ConnectionError(f"the answer ended after {got} of {len(out)} bytes")
+        got += n
+
+
 def _botocore():
     key = ("botocore", os.getpid(), _environment())
     client = _FILESYSTEMS.get(key)
@@ -113,7 +167,8 @@ def _botocore():
         session = require("botocore.session", "s3", "reading s3:// token files")
         config = require("botocore.config", "s3", "reading s3:// token files")
         client = _FILESYSTEMS[key] = session.get_session().create_client("s3", config=config.Config(
-            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60))
+            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60,
+            max_pool_connections=_POOL))
     return client
 
 
