@@ -33,7 +33,9 @@ LENGTH_FLAGS = ["--seq-length", "16", "--split", "90,8,2", "--global-batch-size"
 
 @pytest.fixture(autouse=True)
 def env(s3_env, monkeypatch, tmp_path):
-    """The user's AWS_* environment, and this test's own local copy cache and staging folder."""
+    """The user's AWS_* environment, and this test's own local copy cache and staging folder; run
+    in ``tmp_path``, where a URL mistaken for a local path would leave a folder named ``s3:``."""
+    monkeypatch.chdir(tmp_path)
     values = {**s3_env, "TOKENLOAD_CACHE_DIR": str(tmp_path / "copies"),
               "TOKENLOAD_STAGING_DIR": str(tmp_path / "staging")}
     for key, value in values.items():
@@ -97,7 +99,7 @@ def test_sequences_on_s3_prefixes_match_the_local_file_and_write_to_the_bucket(f
     got["__tokenload_dtypes__"] = {renamed[k]: v for k, v in got["__tokenload_dtypes__"].items()}
     assert {renamed.get(k, k): v for k, v in got.items()} == json.loads((tmp_path / "local.json").read_text())
     url = f"{_folder()}/sequences.json"
-    done = run_cli("sequences", "--data-path", *_blend(remote), "--per-dataset-sequences-path", url)
+    done = run_cli("sequences", "--data-path", *_blend(remote), "--per-dataset-sequences-path", url, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(s3.cat_file(url.removeprefix("s3://"))) == json.loads((tmp_path / "remote.json").read_text())
     # a job reads it through the local copy cache, and opens no .idx header with it
@@ -146,7 +148,7 @@ def test_prepare_cache_into_the_bucket_then_a_fresh_job_loads_it(files, referenc
     _, remote = files
     folder = _folder()
     done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder,
-                   "--json")
+                   "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     written = json.loads(done.stdout.splitlines()[-1])["files_written"]
     names = _names(s3, folder)
@@ -197,9 +199,9 @@ def test_auto_uploads_once_and_later_runs_load_from_the_bucket(files, reference,
     _same(build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES), reference)
 
 
-def _prepared(remote: list[str]) -> str:
+def _prepared(remote: list[str], cwd) -> str:
     folder = _folder()
-    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder)
+    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return folder
 
@@ -207,7 +209,7 @@ def _prepared(remote: list[str]) -> str:
 @pytest.mark.parametrize("damage", ["garbage", "other_shape"])
 def test_a_replaced_array_in_the_bucket_is_a_cache_error(files, s3, damage, monkeypatch, tmp_path):
     _, remote = files
-    folder = _prepared(remote)
+    folder = _prepared(remote, tmp_path)
     build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES)  # the node has its copies
     name = next(n for n in _names(s3, folder) if n.endswith("GPTDataset-train-shuffle_index.npy"))
     key = f"{folder.removeprefix('s3://')}/{name}"
@@ -265,14 +267,16 @@ def test_local_rank0_with_a_bucket_cache_is_a_config_error(files):
     assert "build_policy='rank0' or 'auto'" in info.value.hint
 
 
-def test_none_on_an_empty_bucket_folder_prints_the_command_that_fills_it(files, reference):
+def test_none_on_an_empty_bucket_folder_prints_the_command_that_fills_it(files, reference, s3, tmp_path):
     _, remote = files
-    config = _config(remote, path_to_cache=_folder(), build_policy="none")
+    folder = _folder()
+    config = _config(remote, path_to_cache=folder, build_policy="none")
     with pytest.raises(CacheError) as info:
         build_datasets(config, SIZES)
     command = str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0].split()
-    done = run_cli(*command[1:])
+    done = run_cli(*command[1:], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    assert len(_names(s3, folder)) == 6 * 5 + 3 * 4 + 1 and not (tmp_path / "s3:").exists()
     _same(build_datasets(config, SIZES), reference)
 
 
