@@ -133,6 +133,7 @@ class WorkerPool:
                 self._reclaim()
                 self._flush(w, generation)
             yield batch
+            del batch  # the slot is free once the training loop drops the batch
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
