@@ -35,7 +35,9 @@ from typing import Any, Iterator
 from ..errors import ConfigError
 from ..format.atomic import write_bytes_atomic
 from ..storage.remote import is_url
-from ..storage.upload import fetched_prefix, list_objects, read_object, read_objects, remove_objects, upload_bytes
+from ..storage.upload import (
+    fetched_prefix, list_objects, read_object, read_objects, remove_folder, remove_objects, upload_bytes,
+)
 from .sources import WORK_SUFFIX, InputFile
 
 log = logging.getLogger(__name__)
@@ -286,6 +288,10 @@ class RemoteWorkDir(WorkFolder):
 
     def _has_part(self, stem_key: str) -> bool:
         return {f"{stem_key}.bin", f"{stem_key}.idx"} <= self._seen
+
+    def remove(self) -> None:
+        super().remove()
+        remove_folder(self.location)
 
 
 def open_workdir(prefix: str, job: dict[str, Any], remote: bool) -> WorkFolder:

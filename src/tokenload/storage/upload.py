@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import StorageError
 from ..format.storage import write_error
@@ -73,7 +73,8 @@ def object_exists(url: str, options: StorageOptions | None = None) -> bool:
 
 
 def list_objects(url: str, options: StorageOptions | None = None) -> list[str]:
-    """URLs of the objects directly under the folder ``url`` (empty when there is none)."""
+    """URLs of the objects directly under the folder ``url`` (empty when there is none); the
+    entry ``FOLDER/`` some servers list for an emptied folder is not an object."""
     options = options or StorageOptions.from_env()
     fs, path = filesystem(url)
     protocol = url.split("://", 1)[0]
@@ -83,7 +84,8 @@ def list_objects(url: str, options: StorageOptions | None = None) -> list[str]:
             found = fs.ls(path, detail=True, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(f"{protocol}://{entry['name']}" for entry in found if entry.get("type") != "directory")
+        return sorted(f"{protocol}://{entry['name']}" for entry in found
+                      if entry.get("type") != "directory" and not entry["name"].endswith("/"))
 
     return call(url, "list the folder", listing, options)
 
@@ -109,15 +111,25 @@ def remove_objects(urls: list[str], options: StorageOptions | None = None) -> No
     fs, _ = filesystem(urls[0])
     paths = [fs._strip_protocol(url) for url in urls]
     for start in range(0, len(paths), 1000):
-        batch = paths[start : start + 1000]
-        call(urls[0], "delete objects", lambda: _remove_existing(fs, batch), options)
+        call(urls[0], "delete objects", _removal(fs.rm, paths[start : start + 1000]), options)
 
 
-def _remove_existing(fs, paths: list[str]) -> None:
-    try:
-        fs.rm(paths)
-    except FileNotFoundError:
-        pass
+def remove_folder(url: str, options: StorageOptions | None = None) -> None:
+    """Delete the entry ``url/`` that a server with real folders (SeaweedFS's filer) keeps and
+    lists after the last object under ``url`` was deleted; on S3 itself there is none."""
+    options = options or StorageOptions.from_env()
+    fs, path = filesystem(url)
+    call(url, "delete the emptied folder", _removal(fs.rm_file, path + "/"), options)
+
+
+def _removal(remove, what) -> Callable[[], None]:
+    """``remove(what)`` as a call that finds nothing to remove fine."""
+
+    def run() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            remove(what)
+
+    return run
 
 
 def read_object(url: str, options: StorageOptions | None = None) -> bytes | None:
