@@ -8,6 +8,7 @@ two shuffles). Every split and every prefix uses the same seed, as in Megatron.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +118,7 @@ def build_gpt_indices(
         sequence_length=config.sequence_length,
         extra=extra,
     )
-    rng = np.random.RandomState(config.random_seed)
+    rng = seeded_random_state(config.random_seed)
     document_index = build_document_index(
         docs, epochs.num_epochs, rng, epochs.separate_final_epoch
     )
@@ -139,6 +140,24 @@ def build_gpt_indices(
         shuffle_index=shuffle_index,
         epochs=epochs,
     )
+
+
+_LOCAL = threading.local()
+
+
+def seeded_random_state(seed: int) -> np.random.RandomState:
+    """This thread's ``RandomState``, reseeded: the state of a fresh ``RandomState(seed)``.
+
+    A new ``RandomState(seed)`` first seeds its MT19937 from OS entropy and then reseeds it
+    (~0.15-0.27 ms; 0.03-0.05 s for a blend of 100 prefixes x 2 splits); ``seed(seed)`` on a
+    kept one costs ~1.3 us (measured). One per thread, because builds run in a thread pool;
+    the generator must not outlive the caller's use of it.
+    """
+    rng = getattr(_LOCAL, "rng", None)
+    if rng is None:
+        rng = _LOCAL.rng = np.random.RandomState()
+    rng.seed(seed)
+    return rng
 
 
 def gpt_length(*, tokens_per_epoch: int, num_samples: int | None, config: GPTIndexConfig) -> int:

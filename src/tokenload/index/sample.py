@@ -84,12 +84,15 @@ def _check_inputs(sequence_lengths, document_index, sequence_length, num_epochs,
 def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
     """Fill rows 1..n of samples whose last token is in the stream; return the first unfilled.
 
-    Per chunk of documents: gathered lengths -> ``cum`` = stream position of each document's
-    start minus ``extra`` -> ``ends = floor(cum / S)`` = samples whose last token lies before
-    it -> the documents where ``ends`` steps, repeated by the step, in sample order.
+    Per chunk of documents: lengths gathered as int64 behind the running offset and summed in
+    place -> ``cum`` = stream position of each document's start minus ``extra`` -> ``ends =
+    floor(cum / S)`` = samples whose last token lies before it -> the documents where ``ends``
+    steps, repeated by the step, in sample order.
     """
     chunk = min(_CHUNK, doc_index.shape[0])
-    gathered = np.empty(chunk, dtype=lengths.dtype)
+    # int64 lengths once: the gather then lands in the cumulative sum's own buffer (no
+    # int32 -> int64 cast inside cumsum, no separate pass adding the offset)
+    wide = lengths if lengths.dtype == np.int64 else lengths.astype(np.int64)
     cum = np.empty(chunk + 1, dtype=np.int64)
     ends = np.empty(chunk + 1, dtype=np.int64)
     steps = np.empty(chunk, dtype=bool)
@@ -99,17 +102,15 @@ def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
         if k_next > n:
             break
         c = min(chunk, doc_index.shape[0] - a)
-        # take(mode="wrap") into a reused buffer: the fastest gather measured (ids are checked)
-        np.take(lengths, doc_index[a : a + c], out=gathered[:c], mode="wrap")
         cum[0] = offset
-        np.cumsum(gathered[:c], dtype=np.int64, out=cum[1 : c + 1])
-        cum[1 : c + 1] += offset
+        # take(mode="wrap") into a reused buffer: the fastest gather measured (ids are checked)
+        np.take(wide, doc_index[a : a + c], out=cum[1 : c + 1], mode="wrap")
+        np.cumsum(cum[: c + 1], out=cum[: c + 1])
         if shift >= 0:
             np.right_shift(cum[: c + 1], shift, out=ends[: c + 1])
         else:
             np.floor_divide(cum[: c + 1], s, out=ends[: c + 1])
-        if ends[0] < 0 or ends[c] > n:  # ends is sorted: only the stream's ends need clipping
-            np.clip(ends[: c + 1], 0, n, out=ends[: c + 1])
+        _clamp_sorted(ends[: c + 1], n)
         k_hi = int(ends[c])
         if k_hi >= k_next:
             # documents holding at least one sample's last token, then how many each holds
@@ -124,6 +125,15 @@ def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
             k_next = k_hi + 1
         offset = int(cum[c])
     return k_next
+
+
+def _clamp_sorted(ends, n: int) -> None:
+    """Clip the nondecreasing ``ends`` to ``[0, n]`` in place, touching only the clipped ends
+    (a full ``np.clip`` pass ran on every first chunk, whose first entry is ``-1 // S``)."""
+    if ends[0] < 0:
+        ends[: np.searchsorted(ends, 0)] = 0
+    if ends[-1] > n:
+        ends[np.searchsorted(ends, n, side="right") :] = n
 
 
 def sample_count(num_epochs: int, tokens_per_epoch: int, sequence_length: int, drop_last: bool, extra: int) -> int:
