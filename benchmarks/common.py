@@ -152,15 +152,24 @@ def usage(pids=()):
     return total
 
 
-def drop_caches():
-    # evict the page cache (root only); False where the machine does not allow it
+def drop_caches(paths=()):
+    # evict the page cache: all of it where the machine allows (root), else the pages of ``paths``
+    # (posix_fadvise DONTNEED: any user). Neither evicts pages a process has mapped, so a cold
+    # pass needs a process that has not read the files yet. False when nothing was evicted.
     try:
         os.sync()
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")
         return True
     except OSError:
-        return False
+        pass
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return bool(paths)
 
 
 def timed(body, batches, pids=()):
@@ -207,3 +216,11 @@ def can_drop_caches() -> bool:
         return True
     except OSError:
         return False
+
+
+def cold_method(paths: list[str]) -> str | None:
+    """How a cold pass evicts the page cache here: "drop_caches" (all of it), "fadvise" (the pages
+    of ``paths``, posix_fadvise DONTNEED, where drop_caches is refused), or None (neither)."""
+    if can_drop_caches():
+        return "drop_caches"
+    return "fadvise" if paths and hasattr(os, "posix_fadvise") else None

@@ -16,9 +16,12 @@ Regimes, each process reading each index at most once per regime:
   cache holds the file, the process's page tables hold nothing: what pretraining does, reading
   each sample about once per epoch from a file much larger than one pass touches.
 * **warm re-read**: the same process reads the same samples again (page tables mapped).
-* **cold page cache**: ``echo 3 > /proc/sys/vm/drop_caches`` right before the pass, then other
-  fresh samples (fewer: they come from disk); skipped, and said so, where the machine refuses.
-  The file is read back into the page cache after each process that dropped it.
+* **cold page cache**: ``echo 3 > /proc/sys/vm/drop_caches`` right before the pass, or where the
+  machine refuses that (not root, a sandbox), ``posix_fadvise(DONTNEED)`` on the token file and
+  both sides' index caches; then other fresh samples (fewer: they come from disk). Neither way
+  evicts pages a process has mapped, so the cold pass runs in a process of its own (run after the
+  first and warm passes, which map most of the file, it would find them resident and mapped).
+  The files are read back into the page cache after each cold process.
 
 Measurements, each side in a fresh process, the same indices for every side of a round, sides
 alternating in order from round to round, cells the MEDIAN of ``--rounds`` rounds:
@@ -36,7 +39,9 @@ Before its first pass each in-process side reads one untimed micro-batch of othe
 
 Per side and micro-batch: CPU time (the process and its workers), minor and major page faults,
 voluntary and involuntary context switches (``getrusage`` and ``/proc`` for the workers), so a
-missed goal can be explained. ``--variants`` also measures the read-path ideas of
+missed goal can be explained. ``--baseline-src DIR`` also runs tokenload imported from another
+source folder (a worktree of an earlier commit) as one more side of every round: before and after
+a change, on the same indices, in one run. ``--variants`` also measures the read-path ideas of
 ``prototypes.py`` (tokenload only, patched in the benchmark process, not in ``src``).
 
 The machine may be shared: absolute rates move between runs; the ratios are the point. Where
@@ -61,7 +66,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import MEGATRON_DATASET, PROBE, add_data_arguments, can_drop_caches, docs_file, run_peer, table  # noqa: E402
+from common import MEGATRON_DATASET, PROBE, add_data_arguments, cold_method, docs_file, run_peer, table  # noqa: E402
 from prototypes import IN_PROCESS_VARIANTS, VARIANTS, WORKER_VARIANTS, apply_variant  # noqa: E402
 
 SEQ = 2048
@@ -74,9 +79,10 @@ REGIME_NAMES = {"first": "first pass (the goal)", "warm": "warm re-read", "cold"
 WHATS = ("in-process", "loader-0", "loader-2")
 
 PASSES = PROBE + r"""
-def in_process_passes(plan, read_batch, mb):
+def in_process_passes(plan, read_batch, mb, evict=()):
     # plan: [(regime, indices)]; every batch of each regime's indices read once, one pass each; a
-    # "warmup" entry is read first and not timed (first-call costs: lazy imports, code pages)
+    # "warmup" entry is read first and not timed (first-call costs: lazy imports, code pages);
+    # "cold" evicts the page cache (all of it, else the files ``evict``) right before its pass
     out = {}
     for regime, idx in plan:
         if regime == "warmup":
@@ -84,7 +90,7 @@ def in_process_passes(plan, read_batch, mb):
             continue
         batches = [idx[b : b + mb] for b in range(0, len(idx), mb)]
         if regime == "cold":
-            drop_caches()
+            drop_caches(evict)
 
         def body():
             for b in batches:
@@ -95,16 +101,20 @@ def in_process_passes(plan, read_batch, mb):
     return out
 
 
-def loader_passes(plan, start_pass, mb, worker_pids):
+def loader_passes(plan, start_pass, mb, worker_pids, evict=()):
     # plan: [(regime, first index, samples)]; each pass takes an iterator from start_pass(start),
-    # skips its first batch (worker start-up) and times the next samples // mb - 1
+    # skips its first batch (worker start-up) and times the next samples // mb - 1; "cold" evicts
+    # before the iterator starts and again after its first batch (what the workers read ahead
+    # before that is read warm: at most prefetch batches per worker)
     out = {}
     for regime, start, samples in plan:
         steps = samples // mb - 1
+        if regime == "cold":
+            drop_caches(evict)
         it = start_pass(start)
         next(it)
         if regime == "cold":
-            drop_caches()
+            drop_caches(evict)
         pids = worker_pids()
 
         def body():
@@ -127,7 +137,7 @@ def read_batch(b):
         ds[i]
 
 if a["what"] == "in-process":
-    out["passes"] = in_process_passes(a["plan"], read_batch, mb)
+    out["passes"] = in_process_passes(a["plan"], read_batch, mb, a.get("evict", ()))
 else:
     w = int(a["what"][-1])
     current = {}
@@ -152,7 +162,7 @@ else:
         return holder["it"]
 
     out["passes"] = loader_passes(a["plan"], start_pass, mb,
-                                  lambda: [p.pid for p in getattr(holder["it"], "_workers", [])])
+                                  lambda: [p.pid for p in getattr(holder["it"], "_workers", [])], a.get("evict", ()))
 if a.get("items"):
     items = [ds[i] for i in a["check"]]
     numpy.savez(a["items"], **{k: numpy.stack([it[k].numpy() for it in items]) for k in items[0]})
@@ -183,7 +193,8 @@ def side_tokenload(a: dict) -> dict:
                 before(ds, b)
             read(ds, b)
 
-        return {"passes": in_process_passes([(r, np.asarray(i)) for r, i in a["plan"]], read_batch, mb)}  # noqa: F821
+        plan = [(r, np.asarray(i)) for r, i in a["plan"]]
+        return {"passes": in_process_passes(plan, read_batch, mb, a.get("evict", ()))}  # noqa: F821
     from tokenload.loader import build_dataloader
 
     w = int(a["what"][-1])
@@ -196,7 +207,7 @@ def side_tokenload(a: dict) -> dict:
 
     try:
         return {"passes": loader_passes(a["plan"], start_pass, mb,  # noqa: F821 (from PASSES)
-                                        lambda: [p.pid for p in loader.worker_processes])}
+                                        lambda: [p.pid for p in loader.worker_processes], a.get("evict", ()))}
     finally:
         loader.close()
 
@@ -235,17 +246,19 @@ def side_ceiling(a: dict) -> dict:
         def read_batch(samples):  # noqa: F811
             np.concatenate([mm[s:e] for spans in samples for s, e in spans]).astype(np.int64)
 
-    return {"passes": in_process_passes(a["plan"], read_batch, a["micro_batch"])}  # noqa: F821
+    return {"passes": in_process_passes(a["plan"], read_batch, a["micro_batch"], a.get("evict", ()))}  # noqa: F821
 
 
-def run_side(side: str, payload: dict) -> dict:
-    """Run one of this file's sides in a fresh process (the payload travels as a JSON file)."""
+def run_side(side: str, payload: dict, src: str | None = None) -> dict:
+    """Run one of this file's sides in a fresh process (the payload travels as a JSON file);
+    ``src``: import tokenload from that source folder (the ``--baseline-src`` side)."""
+    env = None if src is None else {**os.environ, "PYTHONPATH": src}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         json.dump(payload, f)
         f.flush()
         out = subprocess.run(
             [sys.executable, __file__, "--side", side, "--payload", f.name],
-            capture_output=True, text=True, timeout=3600,
+            capture_output=True, text=True, timeout=3600, env=env,
         )
     if out.returncode != 0:
         raise RuntimeError(f"{side} side failed:\n{out.stderr[-3000:]}")
@@ -304,6 +317,8 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=WHATS, default=list(WHATS), help="measure only these")
     ap.add_argument("--quick", action="store_true", help="small smoke run: 1 round, few samples, 2 variants")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-src", help="also measure tokenload imported from this source folder (a "
+                    "worktree's src: `git worktree add /tmp/base COMMIT`), side by side: before/after")
     ap.add_argument("--side", choices=["tokenload", "ceiling"], help=argparse.SUPPRESS)
     ap.add_argument("--payload", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -333,7 +348,11 @@ def measure(args):
     }
     ds = _dataset(payload)
     tf = TokenFile(prefix)
-    cold = not args.no_cold and can_drop_caches()
+    def data_paths():  # the token file and both sides' index caches (evicted for a cold pass)
+        return [prefix + ".bin", prefix + ".idx"] + [str(p) for p in cache.rglob("*.npy")]
+
+    how = None if args.no_cold else cold_method(data_paths())
+    cold = how is not None
     regimes = [r for r in REGIMES if r != "cold" or cold]
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(ds))  # fresh indices: every round and regime takes its own
@@ -349,15 +368,17 @@ def measure(args):
     n_loader, n_cold = payload["loader_samples"], args.cold_samples // mb * mb
     loader_base = 0  # DataLoader ranges: consecutive (already shuffled) dataset indices
     rounds: list[dict] = []
-    warm_paths = [prefix + ".bin", prefix + ".idx"] + [str(p) for p in cache.rglob("*.npy")]
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             first, cold_idx = fresh(args.samples), fresh(args.cold_samples)
-            plan_idx = [("warmup", fresh(mb).tolist()), ("first", first.tolist()), ("warm", first.tolist())] + ([("cold", cold_idx.tolist())] if cold else [])
+            # The cold pass runs in a process of its own: neither way of evicting the page cache
+            # evicts pages a process has mapped, and the first and warm passes map most of the file.
+            plan_idx = [("warmup", fresh(mb).tolist()), ("first", first.tolist()), ("warm", first.tolist())]
+            cold_plans = {"in-process": [("warmup", fresh(mb).tolist()), ("cold", cold_idx.tolist())]}
             starts = {}
             for what in WHATS[1:]:
-                starts[what] = [("first", loader_base, n_loader), ("warm", loader_base, n_loader)] + (
-                    [("cold", loader_base + n_loader, n_cold)] if cold else [])
+                starts[what] = [("first", loader_base, n_loader), ("warm", loader_base, n_loader)]
+                cold_plans[what] = [("cold", loader_base + n_loader, n_cold)]
                 loader_base += 2 * n_loader
                 if loader_base + 2 * n_loader > len(ds):
                     loader_base = 0
@@ -366,6 +387,8 @@ def measure(args):
             for what in args.only:
                 plan = plan_idx if what == "in-process" else starts[what]
                 sides = [("megatron", "mmap"), ("tokenload", "mmap")]
+                if args.baseline_src:
+                    sides.append(("tokenload-base", "mmap"))
                 if r % 2:
                     sides.reverse()
                 sides += [("tokenload", v) for v in args.variants
@@ -373,29 +396,32 @@ def measure(args):
                 if what == "in-process":
                     sides += [("ceiling", "mmap"), ("ceiling", "spans")]
                 for side, variant in sides:
-                    p = {**payload, "what": what, "plan": plan, "variant": variant}
-                    if side == "megatron":
-                        if what == "in-process":
-                            p.update(items=items, check=first[:CHECKED].tolist())
-                        res = run_megatron(p)
-                        payload["len_megatron"] = res["len"]
-                    elif side == "ceiling":
-                        where = window_starts if variant == "mmap" else lambda ds, tf, i: sample_spans(ds, i)
-                        p["plan"] = [(reg, _tolist(where(ds, tf, np.asarray(i)))) for reg, i in plan]
-                        res = run_side("ceiling", p)
-                    else:
-                        res = run_side("tokenload", p)
-                    got[(what, side, variant)] = res["passes"]
-                    if cold:
-                        warm_files(warm_paths)
+                    passes = {}
+                    for part in [plan] + ([cold_plans[what]] if cold else []):
+                        p = {**payload, "what": what, "plan": part, "variant": variant, "evict": data_paths()}
+                        if side == "megatron":
+                            if what == "in-process" and part is plan:
+                                p.update(items=items, check=first[:CHECKED].tolist())
+                            res = run_megatron(p)
+                            payload["len_megatron"] = res["len"]
+                        elif side == "ceiling":
+                            where = window_starts if variant == "mmap" else lambda ds, tf, i: sample_spans(ds, i)
+                            p["plan"] = [(reg, _tolist(where(ds, tf, np.asarray(i)))) for reg, i in part]
+                            res = run_side("ceiling", p)
+                        else:
+                            res = run_side("tokenload", p, args.baseline_src if side == "tokenload-base" else None)
+                        passes.update(res["passes"])
+                        if part is not plan:
+                            warm_files(data_paths())
+                    got[(what, side, variant)] = passes
                     print(f"  round {r + 1} {what} {side} {variant}: "
-                          + ", ".join(f"{k} {v['rate']:,.0f}/s" for k, v in res["passes"].items()), file=sys.stderr)
+                          + ", ".join(f"{k} {v['rate']:,.0f}/s" for k, v in passes.items()), file=sys.stderr)
             if r == 0:  # megatron-core's items are saved by its in-process side
                 problems = check_items(ds, first[:CHECKED], items) if "in-process" in args.only else []
             rounds.append(got)
     if payload["len_megatron"] != len(ds):
         problems.append(f"length {len(ds)} vs megatron-core {payload['len_megatron']}")
-    info = {"prefix": prefix, "tf": tf, "len": len(ds), "regimes": regimes, "cold": cold, "loader_samples": n_loader}
+    info = {"prefix": prefix, "tf": tf, "len": len(ds), "regimes": regimes, "cold": how, "loader_samples": n_loader}
     return rounds, problems, info
 
 
@@ -415,6 +441,9 @@ def report(args, rounds: list[dict], problems: list[str], info: dict) -> None:
           f"load average at the end {os.getloadavg()[0]:.1f}")
     if not info["cold"]:
         print("cold page cache: not measured (--no-cold, or dropping the page cache is not permitted here)")
+    elif info["cold"] == "fadvise":
+        print("cold page cache: /proc/sys/vm/drop_caches is refused here, so each cold pass evicts the token "
+              "file and both index caches with posix_fadvise(DONTNEED) instead (in a fresh process per side)")
     for regime in info["regimes"]:
         name = REGIME_NAMES[regime]
         rows = []
@@ -455,6 +484,17 @@ def report(args, rounds: list[dict], problems: list[str], info: dict) -> None:
                                              for k in ("cpu_us", "minflt", "majflt", "vcsw", "ivcsw")])
         print("\n" + table(diag, ["per micro-batch (process + workers)", "side", "CPU us", "minor faults",
                                   "major faults", "voluntary cs", "involuntary cs"]))
+    if args.baseline_src:
+        print(f"\n### tokenload before (`{args.baseline_src}`) and after (this checkout), same indices, same rounds\n")
+        rows = []
+        for regime in info["regimes"]:
+            for what in WHATS:
+                b, a = med(what, "tokenload-base", "mmap", regime), med(what, "tokenload", "mmap", regime)
+                cb, ca = (med(what, s, "mmap", regime, "cpu_us") for s in ("tokenload-base", "tokenload"))
+                rows.append([regime, what, f"{b:,.0f}", f"{a:,.0f}", f"{a / b:.2f}x", f"{cb:,.0f}", f"{ca:,.0f}",
+                             f"{cb / ca:.2f}x"])
+        print(table(rows, ["regime", "what", "before samples/s", "after samples/s", "speed-up",
+                           "before CPU us/batch", "after CPU us/batch", "CPU saved (before/after)"]))
     if args.variants:
         print("\n### read-path ideas (tokenload only, prototyped in benchmarks/prototypes.py)\n")
         rows = []
