@@ -56,6 +56,7 @@ _MIN_BURN_IN = 32
 _MAX_BURN_IN = 4096
 _CHAIN_MAX_D = 8  # up to here a max chain over rows beats argmax(axis=1) (measured crossover)
 _FLUSH = 64  # steps recorded before a flush to the lane-major output
+_BINCOUNT_CHUNK = 1 << 16
 
 
 def _check_weights(weights: Sequence[float] | npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -353,7 +354,7 @@ def check_oversampling(
     out of range yet, and no caller is known to catch Megatron's ``IndexError`` specifically.
     """
     lengths = [int(n) for n in lengths]
-    counts = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(lengths))
+    counts = _bincount(np.asarray(dataset_index), len(lengths))
     if counts.shape[0] > len(lengths):
         raise ConfigError(
             f"the {split} blend refers to dataset {counts.shape[0] - 1}; "
@@ -367,3 +368,19 @@ def check_oversampling(
             f"{lengths[d]}; expected at most {lengths[d]}",
             hint="raise mid_level_dataset_surplus (--mid-level-dataset-surplus)",
         )
+
+
+def _bincount(ids: npt.NDArray[np.integer], minlength: int) -> npt.NDArray[np.int64]:
+    """``np.bincount`` over int16 ids a chunk at a time: bincount casts to intp, and a whole
+    2M-sample blend cast at once is a fresh 16 MB array (page faults) that a chunk avoids."""
+    if ids.size and int(ids.min()) < 0:
+        raise ConfigError(f"the blend refers to dataset {int(ids.min())}; expected ids >= 0")
+    counts = np.zeros(minlength, dtype=np.int64)
+    for a in range(0, ids.shape[0], _BINCOUNT_CHUNK):
+        part = np.bincount(ids[a : a + _BINCOUNT_CHUNK], minlength=minlength)
+        if part.shape[0] > counts.shape[0]:
+            part[: counts.shape[0]] += counts
+            counts = part
+        else:
+            counts[: part.shape[0]] += part
+    return counts
