@@ -178,8 +178,8 @@ def test_none_on_a_missing_cache_lists_the_files_and_the_prepare_command(data, t
     assert "GPTDataset-train: missing" in text and "-description.txt" in text
     assert f"tokenload prepare-cache --data-path 2 {data / 'a'} 3" in text
     assert f"--split 90,10,0 --seq-length 8 --seed 1234 --data-cache-path {tmp_path}" in text
-    # 20 valid and 0 test samples follow no evaluation schedule: the job's interval is asked for
-    assert "--global-batch-size 1 --train-samples 200 --eval-iters 0 --eval-interval '<the job" in text
+    # 20 valid and 0 test samples follow no evaluation schedule: the counts are passed as they are
+    assert "--train-valid-test-num-samples 200 20 0" in text
     assert not os.listdir(tmp_path)
 
 
