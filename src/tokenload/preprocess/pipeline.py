@@ -193,14 +193,15 @@ def _write_error(exc: OSError, config: PreprocessConfig, work: WorkFolder | None
         if work is not None and _exists(work)
         else ""
     )
-    other = "choose another --output-prefix"
+    other, writable = "choose another --output-prefix", "choose a writable --output-prefix"
     if _is_staging(config):
         folder = os.path.dirname(folder)
         other = "set TOKENLOAD_STAGING_DIR to a local folder with room for the output (staged there before the upload)"
+        writable = "set TOKENLOAD_STAGING_DIR to a writable local folder"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         hint = f"free space on the filesystem of {folder!r} or {other}{resume}"
     elif exc.errno == errno.EROFS:
-        hint = f"{folder!r} is on a read-only filesystem: {other}"
+        hint = f"{folder!r} is on a read-only filesystem: {writable}"
     elif exc.errno in (errno.EACCES, errno.EPERM):
         hint = f"this user may not write in {folder!r}: fix its permissions or {other}"
     else:
