@@ -39,7 +39,9 @@ def start_server(folder: Path, ports: dict | None = None, extra: tuple[str, ...]
         _weed(), "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={BUCKET}",
         "-admin.ui=false", f"-admin.port={ports['admin']}", f"-master.port={ports['master']}",
         f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}",
-        f"-webdav.port={ports['webdav']}", *extra,
+        f"-webdav.port={ports['webdav']}",
+        # the Iceberg and Lance catalogs bind fixed ports (8181, 9101): a second server exited
+        "-s3.port.iceberg=0", "-s3.port.lance=0", *extra,
     ]
     log = open(folder / "weed.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True)
