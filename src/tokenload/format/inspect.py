@@ -157,6 +157,8 @@ def _check_hashes(tf: TokenFile, sidecar: Sidecar | None) -> list[str]:
 def file_xxh3(path: str, chunk: int = 16 << 20) -> str:
     """xxh3-64 hex digest of a whole file, read in bounded chunks."""
     h = xxhash.xxh3_64()
+    if "://" in path:
+        return _object_xxh3(path, chunk)
     try:
         with open(path, "rb") as f:
             while data := f.read(chunk):
@@ -165,3 +167,16 @@ def file_xxh3(path: str, chunk: int = 16 << 20) -> str:
         raise read_error(exc, path, "the file") from None
     return h.hexdigest()
 
+
+def _object_xxh3(url: str, chunk: int) -> str:
+    """xxh3-64 of an object, streamed in ranged GETs of ``chunk`` bytes (each retried)."""
+    from ..storage.options import StorageOptions
+    from ..storage.remote import call, info, ranged_get
+
+    options = StorageOptions.from_env()
+    size = info(url, options).size
+    h = xxhash.xxh3_64()
+    for start in range(0, size, chunk):
+        end = min(size, start + chunk)
+        h.update(call(url, "read it", lambda: ranged_get(url, start, end)[0], options))
+    return h.hexdigest()

@@ -111,13 +111,9 @@ def read_sidecar(prefix: str | os.PathLike[str]) -> Sidecar | None:
     raises FormatError.
     """
     path = sidecar_path(prefix)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+    raw = _read_remote(path) if "://" in path else _read_local(path)
+    if raw is None:
         return None
-    except OSError as exc:
-        raise read_error(exc, path, "the sidecar") from None
     try:
         text = raw.decode("utf-8")
         claims_ours = json.loads(text).get("format") == FORMAT_NAME
@@ -127,3 +123,20 @@ def read_sidecar(prefix: str | os.PathLike[str]) -> Sidecar | None:
         logger.debug("%s is not a tokenload sidecar; ignoring it", path)
         return None
     return Sidecar.from_json(text, path)
+
+
+def _read_local(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise read_error(exc, path, "the sidecar") from None
+
+
+def _read_remote(url: str) -> bytes | None:
+    """The sidecar object's bytes (one GET, retried), or None when the bucket has none."""
+    from ..storage.upload import read_object
+
+    return read_object(url)
