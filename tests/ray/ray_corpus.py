@@ -38,3 +38,20 @@ def same_outputs(a: Path, b: Path) -> None:
         left, right = Path(str(a) + ext).read_bytes(), Path(str(b) + ext).read_bytes()
         assert left == right, f"{ext} differs: {len(left)} vs {len(right)} bytes"
         assert len(left) > 100
+
+
+def rerun_resumes(command: list[str], env: dict, killed_stderr: str, kept: int) -> None:
+    """Run ``command`` again after a killed driver that left ``kept`` finished parts: it must
+    succeed, say it resumed at least those parts, and submit at least 2 tasks fewer."""
+    import re
+    import subprocess
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
+    assert again.returncode == 0, again.stderr
+    resumed = re.search(r"\((\d+) resumed\)", again.stdout)
+    assert resumed and int(resumed.group(1)) >= kept >= 2  # tasks of the dead driver may finish late
+    assert _tasks(again.stderr) <= _tasks(killed_stderr) - 2  # finished parts are not redone
+
+
+def _tasks(stderr: str) -> int:
+    return int(stderr.split("ray: ")[1].split(" task(s)")[0])

@@ -5,7 +5,6 @@ from the finished parts); both end with the bytes of an undisturbed one-machine 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 from support import run_cli
 
-from ray_corpus import docs, jsonl_bytes, same_outputs
+from ray_corpus import docs, jsonl_bytes, rerun_resumes, same_outputs
 
 
 def _corpus(folder: Path, files: int, docs_per_file: int) -> None:
@@ -86,12 +85,7 @@ def test_a_killed_driver_resumes_from_finished_parts_with_the_same_output(tmp_pa
     _, killed_err = run.communicate(timeout=60)
     assert run.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     kept = len(list(work.glob("*.done")))
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
-    assert again.returncode == 0, again.stderr
-    resumed = re.search(r"\((\d+) resumed\)", again.stdout)
-    assert resumed and int(resumed.group(1)) >= kept >= 2  # tasks of the dead driver may finish late
-    tasks = lambda err: int(err.split("ray: ")[1].split(" task(s)")[0])  # noqa: E731
-    assert tasks(again.stderr) <= tasks(killed_err) - 2  # finished parts are not redone
+    rerun_resumes(command, env, killed_err, kept)
     assert not work.exists()
     _reference(corpus, tmp_path / "one")
     same_outputs(tmp_path / "ray_text_document", tmp_path / "one_text_document")

@@ -8,7 +8,6 @@ local copies."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import uuid
 from storage.conftest import BUCKET
 from support import run_cli
 
-from ray_corpus import docs, jsonl_bytes
+from ray_corpus import docs, jsonl_bytes, rerun_resumes
 
 COMMON = ("--tokenizer-type", "ByteTokenizer", "--append-eod", "--no-progress", "--chunk-mb", "0.03")
 
@@ -82,12 +81,7 @@ def test_a_killed_driver_with_an_s3_output_resumes_from_the_parts_in_the_bucket(
     assert run.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not s3.exists(out.removeprefix("s3://") + "_text_document.idx")
     kept = len(markers())
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
-    assert again.returncode == 0, again.stderr
-    resumed = re.search(r"\((\d+) resumed\)", again.stdout)
-    assert resumed and int(resumed.group(1)) >= kept >= 2  # tasks of the dead driver may finish late
-    tasks = lambda err: int(err.split("ray: ")[1].split(" task(s)")[0])  # noqa: E731
-    assert tasks(again.stderr) <= tasks(killed_err) - 2  # finished parts are not redone
+    rerun_resumes(command, env, killed_err, kept)
     assert not markers()
     one = run_cli("preprocess", *COMMON, "--input", corpus, "--output-prefix", tmp_path / "one", "--workers", "2")
     assert one.returncode == 0, one.stderr
