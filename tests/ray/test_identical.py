@@ -5,11 +5,9 @@ Python API on a local cluster it starts itself."""
 
 from __future__ import annotations
 
-import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import zstandard
 from support import run_cli
 
