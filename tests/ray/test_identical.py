@@ -5,7 +5,6 @@ Python API on a local cluster it starts itself."""
 
 from __future__ import annotations
 
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
