@@ -47,11 +47,13 @@ def _dataset(prefix: str, cache):
     return build_datasets(config, [None, 0, 0])[0]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_server_restarted_mid_epoch_loses_and_repeats_nothing(restartable_s3, tmp_path, monkeypatch, workers):
+@pytest.mark.parametrize("workers,get_bytes", [(0, None), (2, None), (0, "1024")])
+def test_server_restarted_mid_epoch_loses_and_repeats_nothing(restartable_s3, tmp_path, monkeypatch, workers,
+                                                              get_bytes):
+    """Also with each chunk read as 4 GETs in flight (get_bytes): each part is retried alone."""
     server = restartable_s3
     _env(monkeypatch, server.endpoint, tmp_path, TOKENLOAD_RETRY_BACKOFF="0.25", TOKENLOAD_RETRY_MAX_BACKOFF="2",
-         TOKENLOAD_RETRIES="60")
+         TOKENLOAD_RETRIES="60", **({"TOKENLOAD_GET_BYTES": get_bytes} if get_bytes else {}))
     local = corpus(tmp_path, seed=21, count=1500)
     remote = upload(_fs(server.endpoint), local, "restart/c")
     expected = _dataset(local, tmp_path / "lc")
@@ -120,6 +122,35 @@ def test_object_rewritten_with_the_same_size_is_a_storage_error(s3_endpoint, tmp
     with pytest.raises(StorageError) as caught:
         tf[len(tf) - 1]
     assert "came with ETag" in caught.value.message and f"now {len(data)} bytes" in caught.value.message
+
+
+PARTS = {"TOKENLOAD_DIRECT_READS": "0", "TOKENLOAD_GET_BYTES": "1024"}  # every read through a chunk of 4 GETs
+
+
+@pytest.mark.parametrize("change", ["deleted", "truncated", "rewritten"])
+def test_object_changed_under_a_chunk_read_in_parts_is_a_storage_error_every_time(s3_endpoint, tmp_path,
+                                                                                  monkeypatch, change):
+    """A chunk whose part GETs find the object changed is an error naming the object, and it is
+    not kept: the next read of it fails again rather than serve a partly filled buffer."""
+    for name, value in PARTS.items():
+        monkeypatch.setenv(name, value)
+    tf, fs, local = _opened(tmp_path, monkeypatch, s3_endpoint, f"parts-{change}/c")
+    data = bytearray(open(local + ".bin", "rb").read())
+    key = f"{BUCKET}/parts-{change}/c.bin"
+    if change == "deleted":
+        fs.rm(key)
+    elif change == "truncated":
+        fs.pipe(key, bytes(data[: len(data) - 3000]))
+    else:
+        data[-2:] = b"\x00\x01"
+        fs.pipe(key, bytes(data))
+    misses = storage.stats()["chunk_misses"]
+    for _ in range(2):
+        with pytest.raises(StorageError) as caught:
+            tf[len(tf) - 1]
+        assert caught.value.path == f"s3://{key}" and "changed while in use" in caught.value.message
+        assert caught.value.hint
+    assert storage.stats()["chunk_misses"] - misses == 2  # the failed chunk was not kept
 
 
 def test_wrong_credentials_are_a_clear_error_without_the_secret(auth_s3, tmp_path, monkeypatch, caplog):

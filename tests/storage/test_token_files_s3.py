@@ -117,6 +117,46 @@ def test_chunk_cache_is_bounded_and_reads_ahead(files, monkeypatch):
     assert _two_passes(remote) == (chunks, 0)
 
 
+def test_a_chunk_is_read_as_several_gets_of_the_configured_size(files, monkeypatch):
+    """TOKENLOAD_GET_BYTES splits each chunk into GETs of that size (several in flight): the
+    tokens are the local ones, each part is one GET, and every byte is fetched exactly once."""
+    local, remote = files
+    part = CHUNK // 4 - 8  # parts that do not divide the chunk: the last part of each is shorter
+    monkeypatch.setenv("TOKENLOAD_GET_BYTES", str(part))
+    monkeypatch.setenv("TOKENLOAD_GET_THREADS", "3")
+    monkeypatch.setenv("TOKENLOAD_DIRECT_READS", "0")
+    size = TokenFile(remote).num_tokens * 2
+    per_chunk = [-(-min(CHUNK, size - c) // part) for c in range(0, size, CHUNK)]
+    before = storage.stats()
+    tf = TokenFile(remote)
+    for i in range(len(tf)):
+        np.testing.assert_array_equal(tf[i], TokenFile(local)[i])
+    after = storage.stats()
+    assert after["gets"] - before["gets"] == sum(per_chunk) > 4 * len(per_chunk) - 1
+    assert after["bytes"] - before["bytes"] == size
+    _same_tokens(TokenFile(remote), TokenFile(local))
+
+
+def test_chunk_tokens_are_read_only(files):
+    """Reads hand out views of the cached chunk: writing through one would change what later
+    reads of the chunk return, so the views refuse writes."""
+    _, remote = files
+    tf = TokenFile(remote)
+    tf[0], tf[1]  # the second read, next to the first, fetches the chunk
+    with pytest.raises(ValueError):
+        tf[1][0] = 7
+
+
+@pytest.mark.parametrize("setting", [("TOKENLOAD_GET_BYTES", "12"), ("TOKENLOAD_GET_BYTES", "0"),
+                                     ("TOKENLOAD_GET_THREADS", "0"), ("TOKENLOAD_GET_THREADS", "four")])
+def test_bad_get_settings_are_a_config_error(files, env, setting):
+    _, remote = files
+    name, value = setting
+    cli = run_cli("verify", remote, env=dict(env, **{name: value}))
+    last = cli.stderr.strip().splitlines()[-1]
+    assert cli.returncode == 2 and "HINT" in last and name in last, cli.stderr
+
+
 def test_index_copy_is_keyed_by_etag_and_rewritten_objects_get_a_new_copy(files, s3, tmp_path):
     local, _ = files
     remote = upload(s3, local, "rewritten/c")

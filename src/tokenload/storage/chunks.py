@@ -7,7 +7,7 @@ moving forward is still in chunk k, failed GETs are retried (``remote.call``), a
 from the previous one fetches only its own bytes (``TOKENLOAD_DIRECT_READS``, default on): a
 random reader does not pay a whole chunk per sample, and the next read near it fetches the chunk.
 
-A chunk is read as several ranged GETs of ``TOKENLOAD_GET_BYTES`` (32 MiB), up to
+A chunk is read as several ranged GETs of ``TOKENLOAD_GET_BYTES`` (64 MiB), up to
 ``TOKENLOAD_GET_THREADS`` (4) in flight, each written by ``readinto`` straight into one buffer of
 the chunk's size, and a read waits only for the parts it covers: the first bytes are served while
 the rest still arrive. Measured on SeaweedFS over loopback (256 MiB chunks, 2 shared cores), one
@@ -37,6 +37,14 @@ from ..errors import FormatError, StorageError
 from ..format.bin import BinSource, _ArrayBin
 from .options import StorageOptions
 from .remote import ObjectInfo, call, count, info, ranged_get, ranged_get_into
+
+
+def _buffer(size: int) -> mmap.mmap:
+    """``size`` bytes of private anonymous memory, zero pages until written. Private, not the
+    default shared mapping: shared anonymous pages live in shmem, and a GET into them measured
+    0.65 CPU s/GiB against 0.58 into private pages (the same as into the ``bytes`` of ``.read()``)."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    return mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
 
 
 class _Chunk:
@@ -106,7 +114,7 @@ class RemoteBin(BinSource):
         """Chunk ``k``'s buffer, its part GETs submitted in order and the chunk in the LRU."""
         first = k * self.chunk_tokens * self.dtype.itemsize
         size = min(first + self.options.chunk_bytes, self.num_bytes) - first
-        buffer = mmap.mmap(-1, size)
+        buffer = _buffer(size)
         tokens = np.frombuffer(buffer, dtype=self.dtype)
         tokens.flags.writeable = False
         view = memoryview(buffer)

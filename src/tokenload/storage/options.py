@@ -12,7 +12,7 @@ TOKENLOAD_CHUNK_BYTES           bytes per ranged GET of a ``.bin`` (Megatron's  
                                 ``bin_chunk_nbytes``)
 TOKENLOAD_CHUNK_CACHE_BYTES     bytes of chunks each process keeps (LRU), at least 1073741824
                                 one chunk plus the one read ahead
-TOKENLOAD_GET_BYTES             bytes per ranged GET within a chunk: a chunk is    33554432
+TOKENLOAD_GET_BYTES             bytes per ranged GET within a chunk: a chunk is    67108864
                                 read as several GETs of this size (at most one
                                 when as large as the chunk)
 TOKENLOAD_GET_THREADS           GETs in flight per file (parts of the chunk read   4
@@ -48,7 +48,7 @@ class StorageOptions:
     """Bytes per ranged GET; a multiple of 8 so that no token straddles two chunks."""
     cache_bytes: int = 1024 * MIB
     """Upper bound of the per-process chunk cache."""
-    get_bytes: int = 32 * MIB
+    get_bytes: int = 64 * MIB
     """Bytes per ranged GET inside a chunk; a multiple of 8 (parts split no token)."""
     get_threads: int = 4
     """Ranged GETs in flight per file."""
@@ -75,7 +75,7 @@ class StorageOptions:
             raise ConfigError(
                 f"{self.get_bytes} bytes per GET and {self.get_threads} GETs in flight, expected a positive"
                 " multiple of 8 bytes and at least 1 GET",
-                hint="set TOKENLOAD_GET_BYTES to e.g. 33554432 (32 MiB) and TOKENLOAD_GET_THREADS to e.g. 4",
+                hint="set TOKENLOAD_GET_BYTES to e.g. 67108864 (64 MiB) and TOKENLOAD_GET_THREADS to e.g. 4",
             )
         if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0 or self.cache_bytes < 0:
             raise ConfigError(
@@ -94,7 +94,7 @@ class StorageOptions:
         return cls(
             chunk_bytes=_number(env, "TOKENLOAD_CHUNK_BYTES", 256 * MIB, int),
             cache_bytes=_number(env, "TOKENLOAD_CHUNK_CACHE_BYTES", 1024 * MIB, int),
-            get_bytes=_number(env, "TOKENLOAD_GET_BYTES", 32 * MIB, int),
+            get_bytes=_number(env, "TOKENLOAD_GET_BYTES", 64 * MIB, int),
             get_threads=_number(env, "TOKENLOAD_GET_THREADS", 4, int),
             prefetch=_flag(env, "TOKENLOAD_PREFETCH"),
             direct_reads=_flag(env, "TOKENLOAD_DIRECT_READS"),
