@@ -240,6 +240,7 @@ def _stop(processes: list, commands: list, results: list) -> None:
 # -- worker side -----------------------------------------------------------------------------------
 def _worker_main(w: int, n: int, dataset: Any, commands, results, slots: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _no_wakeup_preemption()
     parent = os.getppid()  # the training process, or the forkserver that forked this worker
     worker = _Worker(w, n, dataset, results, slots)
     try:
@@ -257,6 +258,17 @@ def _worker_main(w: int, n: int, dataset: Any, commands, results, slots: int) ->
     finally:
         if worker.ring is not None:
             worker.ring.unlink()
+
+
+def _no_wakeup_preemption() -> None:
+    """Run this worker as SCHED_BATCH: the same share of the CPU, but woken by a credit it no
+    longer preempts the training process that sent it. Where workers and the training loop share
+    a core, the loop otherwise waited for the worker's whole read inside ``next()`` after every
+    long step (a sleeping worker wakes with scheduler credit). Not available: left as it is."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
 
 
 class _Worker:

@@ -1,9 +1,11 @@
-"""The loader's hand-over: a batch the training loop has dropped is not kept alive by the loader
-while it makes the next one (its memory is reused, still in the CPU caches). The one-source
-repeat check is covered by test_metrics (a cyclic loader past its dataset repeats)."""
+"""The loader's hand-over: workers do not preempt the training loop when a credit wakes them, and
+a batch the loop has dropped is not kept alive by the loader while it makes the next one (its
+memory is reused, still in the CPU caches). The one-source repeat check is covered by
+test_metrics (a cyclic loader past its dataset repeats)."""
 
 from __future__ import annotations
 
+import os
 import weakref
 
 import numpy as np
@@ -37,3 +39,18 @@ def test_a_dropped_batch_is_freed_before_the_next_is_read(tmp_path):
     next(it)
     assert ds.alive_at_read == [False, False, False]
 
+
+
+def test_workers_do_not_preempt_the_training_loop_when_woken(tmp_path):
+    """Workers run as SCHED_BATCH: a credit that wakes one does not preempt the loop that sent it
+    (on shared cores the loop waited for the worker's read inside next() after long steps)."""
+    write_flat(tmp_path / "train.bin", np.arange(20_000) % 60_000)
+    ds = FlatTokenDataset(tmp_path / "train.bin", FlatDatasetConfig(block_size=16, seed=5))
+    loader = build_dataloader(ds, micro_batch_size=4, num_workers=2, dp_rank=0, dp_size=1)
+    try:
+        next(iter(loader))
+        policies = {os.sched_getscheduler(p.pid) for p in loader.worker_processes}
+        assert policies == {os.SCHED_BATCH}
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the training process is left alone
+    finally:
+        loader.close()
