@@ -1,6 +1,7 @@
 """Tokenization throughput: `tokenload preprocess` vs Megatron-LM's way, same input, same tokenizer.
 
 Usage: python benchmarks/preprocess.py [--data-dir /tmp/tokenload-bench] [--mb 60] [--workers 2]
+                                      [--rounds 3] [--bytecode compiled|source]
 
 Input: a JSONL corpus of at least ``--mb`` MB written by ``tokenload corpus`` (the Python standard
 library's own sources, 33 MB; passes after the first reverse the line order of every file, so no
@@ -12,6 +13,14 @@ Baseline (spec §6.1), run in megatron-core's scratch venv (``MEGATRON_PYTHON``)
 ``multiprocessing.Pool(workers).imap(encode, lines, 32)`` where ``encode`` parses one JSON line and
 tokenizes one document with transformers' tokenizer, and every result goes through megatron-core's
 ``IndexedDatasetBuilder.add_document``. Both outputs must be byte-identical: the script checks it.
+
+Rounds alternate the two sides (tokenload, Megatron, tokenload, ...); the table shows each side's
+median wall time and CPU time (user + system of the process and its children), and the speed-up
+of the medians. Bytecode: megatron-core and every other library run from byte-compiled
+site-packages, while an editable tokenload under ``PYTHONDONTWRITEBYTECODE=1`` would compile its
+own modules on every start (a pip install byte-compiles them); ``--bytecode compiled`` (default)
+compiles them once (``compileall``, into the package's ``__pycache__`` folders) and times runs
+that may read them, ``source`` times the uncompiled start.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import argparse
 import hashlib
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -96,74 +107,115 @@ def md5(path: str) -> str:
     return h.hexdigest()
 
 
+def children_cpu() -> float:
+    """User + system CPU seconds of every finished child process so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], **kw) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall s, CPU s, result) of one child process run to its end."""
+    cpu, t = children_cpu(), time.perf_counter()
+    out = subprocess.run(cmd, **kw)
+    return time.perf_counter() - t, children_cpu() - cpu, out
+
+
+def bytecode_env(mode: str) -> dict[str, str]:
+    """The environment of tokenload's timed runs (see the module docstring, "Bytecode")."""
+    env = dict(os.environ)
+    if mode == "source":
+        return env
+    import tokenload
+
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tokenload.__file__).parent)],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    return env
+
+
+def make_corpus(data: Path, mb: int) -> Path:
+    """The benchmark's JSONL corpus (see the module docstring), written once and reused."""
+    corpus = data / f"corpus_{mb}mb.jsonl"
+    if corpus.exists():
+        return corpus
+    raw = data / f"corpus_{mb}mb.raw.jsonl"
+    subprocess.run([sys.executable, "-m", "tokenload.cli.main", "corpus", "--output", str(raw),
+                    "--min-mb", str(mb), "--max-mb", str(mb + 8)], check=True)
+    with open(raw, encoding="utf-8") as src, open(corpus, "w", encoding="utf-8") as dst:
+        for line in src:
+            record = json.loads(line)
+            if record.get("pass", 0) % 2:
+                record["text"] = "\n".join(reversed(record["text"].split("\n")))
+            dst.write(json.dumps(record) + "\n")
+    raw.unlink()
+    return corpus
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
     ap.add_argument("--mb", type=int, default=60)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per side (medians)")
+    ap.add_argument("--bytecode", choices=("compiled", "source"), default="compiled")
     args = ap.parse_args()
     data = Path(args.data_dir)
     data.mkdir(parents=True, exist_ok=True)
-    corpus = data / f"corpus_{args.mb}mb.jsonl"
-    if not corpus.exists():
-        raw = data / f"corpus_{args.mb}mb.raw.jsonl"
-        subprocess.run([sys.executable, "-m", "tokenload.cli.main", "corpus", "--output", str(raw),
-                        "--min-mb", str(args.mb), "--max-mb", str(args.mb + 8)], check=True)
-        with open(raw, encoding="utf-8") as src, open(corpus, "w", encoding="utf-8") as dst:
-            for line in src:
-                record = json.loads(line)
-                if record.get("pass", 0) % 2:
-                    record["text"] = "\n".join(reversed(record["text"].split("\n")))
-                dst.write(json.dumps(record) + "\n")
-        raw.unlink()
+    corpus = make_corpus(data, args.mb)
     tokenizer = train_tokenizer(corpus, data / "bpe32k.json")
     from tokenizers import Tokenizer
 
     hf = Tokenizer.from_file(str(tokenizer))
     eod, vocab = hf.token_to_id(EOD), hf.get_vocab_size()
     mb = corpus.stat().st_size / 2**20
+    if not os.path.exists(MEGATRON_PYTHON):
+        sys.exit(f"{MEGATRON_PYTHON} missing: run bash ../shared/tools/megatron-env.sh")
 
     out_ours = data / "pre_ours"
     out_ours.mkdir(exist_ok=True)
     prefix = out_ours / "corpus"
-    for f in out_ours.iterdir():
-        if f.is_file():
-            f.unlink()
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "tokenload.cli.main", "preprocess", "--input", str(corpus),
-                    "--output-prefix", str(prefix), "--tokenizer-type", "huggingface",
-                    "--tokenizer-model", str(tokenizer), "--eod-token", EOD, "--append-eod",
-                    "--workers", str(args.workers), "--no-resume", "--no-progress"], check=True,
-                   stdout=subprocess.DEVNULL)
-    ours_s = time.perf_counter() - t
+    ours_cmd = [sys.executable, "-m", "tokenload.cli.main", "preprocess", "--input", str(corpus),
+                "--output-prefix", str(prefix), "--tokenizer-type", "huggingface",
+                "--tokenizer-model", str(tokenizer), "--eod-token", EOD, "--append-eod",
+                "--workers", str(args.workers), "--no-resume", "--no-progress"]
+    peer_prefix = str(data / "pre_megatron")
+    peer_cmd = [MEGATRON_PYTHON, "-c", PEER, json.dumps({
+        "input": str(corpus), "tokenizer": str(tokenizer), "eod": eod, "vocab": vocab,
+        "workers": args.workers, "prefix": peer_prefix})]
+    env = bytecode_env(args.bytecode)
+    ours, peer = [], []
+    for _ in range(args.rounds):
+        for f in out_ours.iterdir():
+            if f.is_file():
+                f.unlink()
+        wall, cpu, _ = timed(ours_cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+        ours.append((wall, cpu))
+        wall, cpu, out = timed(peer_cmd, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(out.stderr[-3000:])
+        peer.append((wall, cpu))
     ours_prefix = f"{prefix}_text_document"
     tokens = json.loads(Path(ours_prefix + ".json").read_text())["tokens"]
-
-    peer_prefix = str(data / "pre_megatron")
-    if not os.path.exists(MEGATRON_PYTHON):
-        sys.exit(f"{MEGATRON_PYTHON} missing: run bash ../shared/tools/megatron-env.sh")
-    t = time.perf_counter()
-    out = subprocess.run([MEGATRON_PYTHON, "-c", PEER, json.dumps({
-        "input": str(corpus), "tokenizer": str(tokenizer), "eod": eod, "vocab": vocab,
-        "workers": args.workers, "prefix": peer_prefix})], capture_output=True, text=True)
-    peer_s = time.perf_counter() - t
-    if out.returncode:
-        sys.exit(out.stderr[-3000:])
-    peer = json.loads(out.stdout.strip().splitlines()[-1])
+    peer_tokens = json.loads(out.stdout.strip().splitlines()[-1])["tokens"]
 
     identical = all(md5(ours_prefix + e) == md5(peer_prefix + e) for e in (".bin", ".idx"))
+    ours_s, peer_s = (statistics.median(w for w, _ in side) for side in (ours, peer))
+    ours_cpu, peer_cpu = (statistics.median(c for _, c in side) for side in (ours, peer))
     print(f"input: {corpus} ({mb:.1f} MB, {tokens:,} tokens), tokenizer: byte-level BPE vocab {vocab}, "
-          f"workers: {args.workers}, nproc: {os.cpu_count()}\n")
+          f"workers: {args.workers}, nproc: {os.cpu_count()}, rounds: {args.rounds}, "
+          f"tokenload bytecode: {args.bytecode}\n")
     rows = [
-        ["tokenload preprocess", f"{ours_s:.1f}", f"{tokens / ours_s:,.0f}", f"{mb / ours_s:.2f}", f"{peer_s / ours_s:.1f}x"],
-        ["Megatron way (Pool.imap + transformers + IndexedDatasetBuilder)", f"{peer_s:.1f}",
-         f"{peer['tokens'] / peer_s:,.0f}", f"{mb / peer_s:.2f}", "1.0x"],
+        ["tokenload preprocess", f"{ours_s:.2f}", f"{ours_cpu:.2f}", f"{tokens / ours_s:,.0f}",
+         f"{mb / ours_s:.2f}", f"{peer_s / ours_s:.1f}x"],
+        ["Megatron way (Pool.imap + transformers + IndexedDatasetBuilder)", f"{peer_s:.2f}",
+         f"{peer_cpu:.2f}", f"{peer_tokens / peer_s:,.0f}", f"{mb / peer_s:.2f}", "1.0x"],
     ]
-    print(table(rows, ["pipeline", "wall s", "tokens/s", "MB/s", "speed-up"]))
-    print(f"\noutputs byte-identical (.bin and .idx md5): {identical}")
+    print(table(rows, ["pipeline", "wall s (median)", "CPU s (median)", "tokens/s", "MB/s", "speed-up"]))
+    print("\nper round (tokenload wall s, Megatron wall s, ratio): " + "; ".join(
+        f"{o:.2f}, {p:.2f}, {p / o:.1f}x" for (o, _), (p, _) in zip(ours, peer)))
+    print(f"outputs byte-identical (.bin and .idx md5): {identical}")
     if not identical:
         sys.exit(1)
-
 
 if __name__ == "__main__":
     main()
