@@ -115,3 +115,10 @@ def exhaustive_loop(sizes):
             active.remove(best)
         k += 1
     return np.array(di, dtype=np.int16), np.array(dsi, dtype=np.int64)
+
+
+def assert_same_blend(ours, ref):
+    """Both blending arrays equal the reference's, with Megatron's dtypes (int16, int64)."""
+    assert ours[0].dtype == np.int16 and ours[1].dtype == np.int64
+    np.testing.assert_array_equal(ours[0], ref[0])
+    np.testing.assert_array_equal(ours[1], ref[1])

@@ -1,6 +1,6 @@
-"""The build's CPU shortcuts keep Megatron's exact arrays: the wide greedy loop (more than 8
-datasets: frozen lane, snapshots, exhausted datasets, repairs), the sample index's int64 gather
-across chunks and clamped ends, the per-thread reseeded RandomState, the chunked bincount."""
+"""The build's CPU shortcuts keep Megatron's exact arrays: the wide greedy loop on ties (its
+many-block repairs are in test_index_blending), the sample index across chunks with clamped ends,
+the per-thread reseeded RandomState, the chunked bincount."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from index_reference import (
+    assert_same_blend,
     blending_loop,
     document_index_mgrid,
     exhaustive_loop,
@@ -30,32 +31,11 @@ from tokenload.index.gpt import seeded_random_state
 from tokenload.index.sample import build_sample_index
 
 
-def _same(ours, ref):
-    assert ours[0].dtype == np.int16 and ours[1].dtype == np.int64
-    np.testing.assert_array_equal(ours[0], ref[0])
-    np.testing.assert_array_equal(ours[1], ref[1])
-
-
-@pytest.mark.parametrize("d", [9, 64, 130])
-def test_wide_greedy_matches_the_loop_across_many_blocks(d, monkeypatch):
-    """Few lanes and a short burn-in: many blocks, a frozen lane 0 and repair rounds, for
-    weighted and exhaustive blends over more than 8 datasets."""
-    monkeypatch.setattr(blending, "_LANE_ELEMENTS", 16 * d)
-    monkeypatch.setattr(blending, "_MIN_LANES", 16)
-    monkeypatch.setattr(blending, "_burn_in", lambda w: 3)
-    rng = np.random.default_rng(d)
-    w = rng.lognormal(0, 1.5, d)
-    w = (w / w.sum()).tolist()
-    _same(build_blending_indices(w, 7000), blending_loop(w, 7000))
-    sizes = rng.integers(1, 120, d).tolist()
-    _same(build_exhaustive_blending_indices(sizes), exhaustive_loop(sizes))
-
-
 def test_wide_greedy_with_equal_weights_breaks_ties_to_the_lowest_index():
     w = [1 / 12] * 12
     di, dsi = build_blending_indices(w, 1200)
     assert di.tolist() == list(range(12)) * 100
-    _same((di, dsi), blending_loop(w, 1200))
+    assert_same_blend((di, dsi), blending_loop(w, 1200))
 
 
 @pytest.mark.parametrize("extra,drop_last", [(1, True), (0, True), (1, False), (0, False)])
