@@ -289,10 +289,22 @@ class _Builder:
 
     def _mids(self, name, plan, split, matrix) -> list:
         """The split's mid-level datasets, the missing ones built in threads when there are many."""
-        if len(plan.datasets) == 1 or BUILD_THREADS < 2 or self.role is Role.READ:
+        threads = self._threads()
+        if len(plan.datasets) == 1 or threads < 2 or self.role is Role.READ:
             return [self._mid(name, mid, split, matrix) for mid in plan.datasets]
-        with ThreadPoolExecutor(BUILD_THREADS, thread_name_prefix="tokenload-build") as pool:
+        with ThreadPoolExecutor(threads, thread_name_prefix="tokenload-build") as pool:
             return list(pool.map(lambda mid: self._mid(name, mid, split, matrix), plan.datasets))
+
+    def _threads(self) -> int:
+        """Build threads: ``BUILD_THREADS`` where the build writes as it goes (fsync-bound), else
+        this rank's share of the cores it may run on. In memory the build is CPU-bound and threads
+        beyond a rank's cores only queue on the GIL: 2 ranks on 2 cores, auto on an empty cache,
+        4 threads each 0.87-1.07 CPU s and 1.2-1.7 s to the first item, 1 thread 0.68-0.77 CPU s
+        and 0.69-1.2 s (benchmarks/startup.py, 3 runs each)."""
+        if self.role is Role.WRITE and not self._behind:
+            return BUILD_THREADS
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return max(1, min(BUILD_THREADS, cores // max(self.world.local_world_size, 1)))
 
     def _lengths(self, prefix: str | None) -> np.ndarray:
         """Sequence lengths in RAM: the index build gathers from them at random, which is about
