@@ -153,8 +153,9 @@ def test_bad_get_settings_are_a_config_error(files, env, setting):
     _, remote = files
     name, value = setting
     cli = run_cli("verify", remote, env=dict(env, **{name: value}))
+    assert cli.returncode == 2, cli.stdout + cli.stderr
     last = cli.stderr.strip().splitlines()[-1]
-    assert cli.returncode == 2 and "HINT" in last and name in last, cli.stderr
+    assert "HINT" in last and name in last, cli.stderr
 
 
 def test_index_copy_is_keyed_by_etag_and_rewritten_objects_get_a_new_copy(files, s3, tmp_path):

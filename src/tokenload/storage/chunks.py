@@ -8,14 +8,19 @@ from the previous one fetches only its own bytes (``TOKENLOAD_DIRECT_READS``, de
 random reader does not pay a whole chunk per sample, and the next read near it fetches the chunk.
 
 A chunk is read as several ranged GETs of ``TOKENLOAD_GET_BYTES`` (64 MiB), up to
-``TOKENLOAD_GET_THREADS`` (4) in flight, each written by ``readinto`` straight into one buffer of
-the chunk's size, and a read waits only for the parts it covers: the first bytes are served while
-the rest still arrive. Measured on SeaweedFS over loopback (256 MiB chunks, 2 shared cores), one
-GET per chunk into ``bytes`` reached 78% of raw botocore GETs of the same size; the buffer is an
-anonymous ``mmap``, not ``np.empty``: NumPy asks for transparent huge pages on large arrays, and
-filling such an array from a socket measured 105-330 MB/s in half the rounds (the kernel compacting
-memory at each fault) against 560-810 for the same GETs into an ``mmap``. Evicted buffers are not
-reused: reads hand out views of their chunk, which may outlive its place in the cache.
+``TOKENLOAD_GET_THREADS`` (4) in flight (the parts of the chunk read, then those of the one read
+ahead), each written by ``readinto`` straight into one buffer of the chunk's size; a read waits
+only for the parts it covers. Measured on SeaweedFS over loopback (benchmarks/storage.py, 2
+shared cores, 1 MiB reads of a 256 MiB file, which is one default chunk): one GET per chunk into
+``bytes`` reached 78% of raw botocore GETs of 256 MiB; one GET per chunk into this buffer 88%; the
+defaults 103% (109% of raw GETs with the same concurrency), at 0.75 CPU s/GiB against raw's 0.82.
+The buffer is a private anonymous ``mmap``, not ``np.empty``: NumPy asks for transparent huge pages
+on large arrays, and GETs into such arrays measured 105-330 MB/s in half the rounds (the kernel
+compacting memory at faults) against 560-810 into a mapping. Evicted buffers are not reused: reads
+hand out views of their chunk, which may outlive its place in the cache, and a reused buffer would
+change tokens a caller still holds. Read-ahead is one chunk: with parts in flight the next
+chunk's GETs queue behind the current one's, so the connection is not idle while the reader
+copies.
 
 The object's size and ETag are recorded when it is opened. A GET that finds the object gone, or
 returns fewer bytes than the recorded size promises, stats the object again and names what
@@ -48,15 +53,18 @@ def _buffer(size: int) -> mmap.mmap:
 
 
 class _Chunk:
-    """One chunk's tokens and the part GETs that fill them (each a future of the pool)."""
+    """One chunk's tokens and the GETs that fill them (futures). A chunk of several parts has its
+    buffer from the start; a chunk of one GET (``tokens`` None) is that GET's result."""
 
-    __slots__ = ("tokens", "parts", "part_tokens")
+    __slots__ = ("tokens", "parts", "part_tokens", "nbytes")
 
-    def __init__(self, tokens: np.ndarray, parts: list[Future], part_tokens: int) -> None:
-        self.tokens, self.parts, self.part_tokens = tokens, parts, part_tokens
+    def __init__(self, tokens: np.ndarray | None, parts: list[Future], part_tokens: int, nbytes: int) -> None:
+        self.tokens, self.parts, self.part_tokens, self.nbytes = tokens, parts, part_tokens, nbytes
 
     def wait(self, lo: int, hi: int) -> np.ndarray:
         """All tokens, once those in ``[lo, hi)`` have arrived (a failed part raises here)."""
+        if self.tokens is None:
+            return self.parts[0].result()
         for part in self.parts[lo // self.part_tokens : max(hi - 1, lo) // self.part_tokens + 1]:
             part.result()
         return self.tokens
@@ -111,37 +119,51 @@ class RemoteBin(BinSource):
             raise
 
     def _start(self, k: int, ahead: bool = False) -> _Chunk:
-        """Chunk ``k``'s buffer, its part GETs submitted in order and the chunk in the LRU."""
+        """Chunk ``k`` in the LRU, its GETs submitted in order (a chunk of one GET that a read is
+        waiting for is fetched by the reading thread: no hand-off, as before parts)."""
         first = k * self.chunk_tokens * self.dtype.itemsize
         size = min(first + self.options.chunk_bytes, self.num_bytes) - first
-        buffer = _buffer(size)
-        tokens = np.frombuffer(buffer, dtype=self.dtype)
-        tokens.flags.writeable = False
-        view = memoryview(buffer)
         step = self.part_tokens * self.dtype.itemsize
+        tokens = None
+        if size > step:
+            buffer = _buffer(size)
+            tokens = np.frombuffer(buffer, dtype=self.dtype)
+            tokens.flags.writeable = False
+            view = memoryview(buffer)
+        mine: Future | None = None
         with self._lock:
             if k in self._chunks:  # started by another thread meanwhile
                 return self._chunks[k]
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.options.get_threads, thread_name_prefix="tokenload-get")
-            parts = [self._executor.submit(self._part, view[a : a + step], first + a) for a in range(0, size, step)]
-            chunk = self._chunks[k] = _Chunk(tokens, parts, self.part_tokens)
+            if tokens is not None:
+                parts = [self._executor.submit(self._part, view[a : a + step], first + a) for a in range(0, size, step)]
+            elif ahead:
+                parts = [self._executor.submit(self._get, first, first + size)]
+            else:
+                parts = [mine := Future()]
+            chunk = self._chunks[k] = _Chunk(tokens, parts, self.part_tokens, size)
             self._chunks.move_to_end(k)
             self._evict(keep=(k, self._last))
         if ahead:
             count("prefetched")
+        if mine is not None:
+            try:
+                mine.set_result(self._get(first, first + size))
+            except BaseException as exc:
+                mine.set_exception(exc)
         return chunk
 
     def _evict(self, keep: tuple[int, ...]) -> None:
         """Least recently used chunks out until the cache fits its bound, but never the chunk just
         started nor the one being read (so a read-ahead may hold one chunk over a small bound).
         Parts in flight of an evicted chunk finish into its buffer, which is freed with them."""
-        held = sum(c.tokens.nbytes for c in self._chunks.values())
+        held = sum(c.nbytes for c in self._chunks.values())
         for k in list(self._chunks):
             if held <= self.options.cache_bytes:
                 break
             if k not in keep:
-                held -= self._chunks.pop(k).tokens.nbytes
+                held -= self._chunks.pop(k).nbytes
 
     def _prefetch(self, k: int) -> None:
         if k * self.chunk_tokens < self.num_tokens and k not in self._chunks:
