@@ -12,8 +12,11 @@ A chunk is read as several ranged GETs of ``TOKENLOAD_GET_BYTES`` (64 MiB), up t
 ahead), each written by ``readinto`` straight into one buffer of the chunk's size; a read waits
 only for the parts it covers. Measured on SeaweedFS over loopback (benchmarks/storage.py, 2
 shared cores, 1 MiB reads of a 256 MiB file, which is one default chunk): one GET per chunk into
-``bytes`` reached 78% of raw botocore GETs of 256 MiB; one GET per chunk into this buffer 88%; the
-defaults 103% (109% of raw GETs with the same concurrency), at 0.75 CPU s/GiB against raw's 0.82.
+``bytes`` reached 78-85% of raw botocore GETs of 256 MiB, the defaults 98-103% (95-109% of raw
+GETs with the same concurrency) at 0.75-0.80 CPU s/GiB against raw's 0.81-0.82. A chunk of one
+GET (small chunks: random reads use 8 MiB) still goes into ``bytes``, fetched by the reading
+thread: glibc reuses heap pages for allocations up to 32 MiB, where each mapping faults in fresh
+ones (block-mode random reads measured 29% slower through mappings and the pool).
 The buffer is a private anonymous ``mmap``, not ``np.empty``: NumPy asks for transparent huge pages
 on large arrays, and GETs into such arrays measured 105-330 MB/s in half the rounds (the kernel
 compacting memory at faults) against 560-810 into a mapping. Evicted buffers are not reused: reads
