@@ -6,20 +6,22 @@ post-processors, so the fixed prefix/suffix ids a post-processor adds (BOS/EOS t
 back around its output, vectorized. It is used only when it reproduces the native encoder on
 ``PROBE_TEXTS`` at load; the tests check equality on every kind it accepts.
 
-gigatoken's batch call returns an awkward Array, and importing awkward costs 0.15-0.5 s of CPU
-per process (measured on the 2-core benchmark machine): a quarter of a whole 60 MB preprocess run.
-Its one-text call returns NumPy and needs no awkward, but costs about 1-2.5 us more per text
-(measured: 0.9 us at 64 characters, 2.6 us at 4 KB; the same CPU as the batch call on 17 KB
-documents). So a process encodes one text per call until that extra cost would have paid for the
-import (``PER_TEXT_BUDGET`` texts), then batches; long-document corpora never import awkward,
-short-document ones pay at most twice the cheaper choice. Both paths give the same ids: the batch
-path is compared with the one-text path on ``PROBE_TEXTS`` before its first use.
+gigatoken's calls differ in what they cost besides encoding (measured on the 2-core benchmark
+machine): ``encode_batch`` returns an awkward Array, and importing awkward costs 0.15-0.5 s of CPU
+per process, a quarter of a whole 60 MB preprocess run; the one-text ``encode`` holds the GIL
+while it encodes, so worker threads would encode one at a time. ``encode_batch_padded`` needs
+neither: it releases the GIL and returns a NumPy matrix (one row per text, padded to the longest),
+and given its texts as a ``BytesSource`` of UTF-8 buffers (a list of str makes it import awkward
+to check the input's type) it never imports awkward.
+Texts are therefore sorted by length and encoded in groups of similar lengths (``GROUP_CHARS``
+characters of rows x longest text at most, which bounds the padding and the matrix), and each
+row's ids are copied to the text's place: one slice per row for long rows, one masked gather for
+groups of short ones. The ids are the batch call's, proven equal to the native encoder's at load.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 
 import numpy as np
 
@@ -33,9 +35,12 @@ log = logging.getLogger(__name__)
 
 #: Characters gigatoken encodes differently from the SentencePiece library.
 SENTENCEPIECE_DIVERGENT_CHARS = "\x85"
-#: Texts a process encodes one per call before it imports awkward and batches (see above):
-#: about 0.15 s of import at ~2 us of extra cost per one-text call.
-PER_TEXT_BUDGET = 75_000
+#: Rows x longest text (characters) of one padded call: a 1 MB matrix for text of about 4
+#: characters per token, 16 MB at most (a token per UTF-8 byte, 4 per character).
+GROUP_CHARS = 1 << 20
+#: Mean padded width from which rows are copied one slice each rather than by one masked gather
+#: (a slice costs about 1 us, the gather about 8 ns per token).
+ROW_COPY_WIDTH = 128
 
 
 class GigatokenTokenizer(TextTokenizer):
@@ -62,9 +67,6 @@ class GigatokenTokenizer(TextTokenizer):
         self.vocab_size, self.eod_id = native.vocab_size, native.eod_id
         self.prefix = np.asarray(prefix, dtype=np.int64)
         self.suffix = np.asarray(suffix, dtype=np.int64)
-        self._per_text_left = PER_TEXT_BUDGET
-        self._batch_ok: bool | None = None  # None: the batch path is not checked yet
-        self._lock = threading.Lock()
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.markers:
@@ -76,27 +78,10 @@ class GigatokenTokenizer(TextTokenizer):
     def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if self._use_batch(len(texts)):
-            flat, lengths = _encode_batched(self.giga, texts)
-        else:
-            flat, lengths = _encode_one_by_one(self.giga, texts)
+        flat, lengths = _encode_grouped(self.giga, texts)
         if self.prefix.size or self.suffix.size:
             return _wrap(flat, lengths, self.prefix, self.suffix)
         return flat, lengths
-
-    def _use_batch(self, count: int) -> bool:
-        """Whether ``count`` texts go through the batch call (see the module docstring)."""
-        with self._lock:
-            if self._per_text_left > 0:
-                self._per_text_left -= count
-                return False
-            if self._batch_ok is None:
-                probe = list(PROBE_TEXTS)
-                a, b = _encode_batched(self.giga, probe), _encode_one_by_one(self.giga, probe)
-                self._batch_ok = all(np.array_equal(x, y) for x, y in zip(a, b))
-                if not self._batch_ok:
-                    log.info("gigatoken's batch call differs from its one-text call; not batching")
-            return self._batch_ok
 
     def _encode_mixed(self, texts: list[str], routed: list[int]) -> tuple[np.ndarray, np.ndarray]:
         native_mask = np.zeros(len(texts), dtype=bool)
@@ -112,20 +97,49 @@ class GigatokenTokenizer(TextTokenizer):
         return out, lengths
 
 
-def _encode_batched(giga, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """gigatoken's batch call (imports awkward on first use): (uint32 ids, int64 lengths)."""
-    layout = giga.encode_batch(texts, parallel=False).layout
-    offsets = np.asarray(layout.offsets.data)
-    flat = np.asarray(layout.content.data)[offsets[0] : offsets[-1]]
-    return flat, np.diff(offsets).astype(np.int64)
+def _encode_grouped(giga, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """gigatoken's padded batch call over groups of similar lengths (see the module docstring):
+    (uint32 ids of every text in input order, int64 length per text)."""
+    from gigatoken.gigatoken_rs import BytesSource, PadTruncate
+
+    no_padding_rules = PadTruncate(0)
+    chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+    order = np.argsort(chars, kind="stable")
+    lengths = np.empty(len(texts), dtype=np.int64)
+    groups = []
+    for rows in _groups(chars[order], order):
+        buffers = BytesSource([texts[i].encode("utf-8") for i in rows.tolist()])
+        matrix, got = giga.backend.encode_batch_padded(buffers, no_padding_rules, parallel=False)
+        lengths[rows] = got
+        groups.append((rows, matrix))
+    starts = np.cumsum(lengths) - lengths
+    flat = np.empty(int(lengths.sum()), dtype=np.uint32)
+    for rows, matrix in groups:
+        _place(flat, starts[rows], lengths[rows], matrix)
+    return flat, lengths
 
 
-def _encode_one_by_one(giga, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """One gigatoken call per text (NumPy out, no awkward): (uint32 ids, int64 lengths)."""
-    encode = giga.backend.encode  # the Rust method: no wrapper call per text
-    pieces = [encode(text) for text in texts]
-    lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-    return np.concatenate(pieces), lengths
+def _groups(sorted_chars: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
+    """Consecutive runs of ``order`` (texts sorted by length) whose rows x longest text stays
+    within ``GROUP_CHARS`` (a text longer than that is a group of its own)."""
+    groups, start, n = [], 0, sorted_chars.size
+    while start < n:
+        rows = np.arange(1, n - start + 1)
+        fits = int(np.searchsorted(np.maximum(sorted_chars[start:], 1) * rows, GROUP_CHARS, "right"))
+        stop = start + max(fits, 1)
+        groups.append(order[start:stop])
+        start = stop
+    return groups
+
+
+def _place(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, matrix: np.ndarray) -> None:
+    """Copy row r's first ``lengths[r]`` ids of ``matrix`` to ``flat[starts[r]:]``."""
+    if matrix.size >= ROW_COPY_WIDTH * matrix.shape[0]:
+        for row, (start, length) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            flat[start : start + length] = matrix[row, :length]
+        return
+    keep = np.arange(matrix.shape[1]) < lengths[:, None]
+    flat[gather_index(starts, lengths)] = matrix[keep]
 
 
 def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.ndarray):
