@@ -105,10 +105,11 @@ def _encode_grouped(giga, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     no_padding_rules = PadTruncate(0)
     chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     order = np.argsort(chars, kind="stable")
+    utf8 = list(map(str.encode, texts))
     lengths = np.empty(len(texts), dtype=np.int64)
     groups = []
     for rows in _groups(chars[order], order):
-        buffers = BytesSource([texts[i].encode("utf-8") for i in rows.tolist()])
+        buffers = BytesSource(list(map(utf8.__getitem__, rows.tolist())))
         matrix, got = giga.backend.encode_batch_padded(buffers, no_padding_rules, parallel=False)
         lengths[rows] = got
         groups.append((rows, matrix))
