@@ -170,7 +170,7 @@ def _load_huggingface(spec: TokenizerSpec):
         add_special_tokens=spec.add_special_tokens,
         options=_options(spec),
     )
-    return native, tok
+    return native, ("tokenizer.json", str(path), tok)
 
 
 def _load_folder(spec: TokenizerSpec, folder: Path):

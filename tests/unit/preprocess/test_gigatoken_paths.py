@@ -56,3 +56,34 @@ print(result.engine, result.documents, "awkward" in sys.modules)
     assert out.stdout.split() == ["gigatoken", "60", "False"]
     written = np.fromfile(tmp_path / "out_text_document.bin", dtype=np.uint16)
     assert written.size > 30 * 40
+
+
+def test_gigatoken_read_from_the_file_ignores_its_truncation_and_padding(tokenizer_files, texts, tmp_path):
+    """gigatoken now reads the tokenizer.json file itself; the native encoder drops the
+    truncation and padding stored there (as transformers does per call), and so must the ids."""
+    from tokenizers import Tokenizer
+
+    saved = Tokenizer.from_file(tokenizer_files["bytelevel"])
+    saved.enable_truncation(5)
+    saved.enable_padding(length=64)
+    path = tmp_path / "tokenizer.json"
+    saved.save(str(path))
+    assert json.loads(path.read_text())["truncation"]["max_length"] == 5
+    spec = spec_for("bytelevel", {"bytelevel": str(path)})
+    tok, native = load_tokenizer(spec), load_tokenizer(spec_for("bytelevel", {"bytelevel": str(path)}, engine="native"))
+    assert tok.engine == "gigatoken"
+    sample = [" ".join(texts[:30]), "", texts[1]]
+    flat, lengths = tok.encode_batch(sample)
+    assert split(flat, lengths) == split(*native.encode_batch(sample))
+    assert lengths[0] > 64
+
+
+def test_a_tokenizer_json_gigatoken_cannot_read_falls_back_to_the_loaded_tokenizer(tokenizer_files, monkeypatch):
+    import gigatoken
+
+    def refuse(data):
+        raise ValueError("unreadable")
+
+    monkeypatch.setattr(gigatoken.Tokenizer, "from_json", staticmethod(refuse))
+    tok = load_tokenizer(spec_for("bytelevel", tokenizer_files))
+    assert tok.engine == "gigatoken"
