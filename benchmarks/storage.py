@@ -1,5 +1,5 @@
 """Token files in object storage (issue 13) on a local SeaweedFS server (``weed mini``, as the
-storage tests start it), next to raw ranged GETs of botocore (the client boto3 wraps).
+storage tests start it), next to raw ranged GETs of boto3's S3 client.
 
 Usage: python benchmarks/storage.py [--data-dir /tmp/tokenload-bench-s3] [--mb 256]
            [--chunk-mb 32] [--random-chunk-mb 8] [--samples 2048] [--seconds 10] [--seq 2048] [--block 256]
@@ -7,7 +7,7 @@ Usage: python benchmarks/storage.py [--data-dir /tmp/tokenload-bench-s3] [--mb 2
            [--endpoint URL (an existing server; AWS_* credentials from the environment)]
 
 * **Sequential MB/s**: the whole ``.bin`` read front to back in 1 MiB reads through a remote
-  ``TokenFile``, next to raw botocore GETs of the same ranges one at a time (the goal's baseline:
+  ``TokenFile``, next to raw boto3 GETs of the same ranges one at a time (the goal's baseline:
   >= 80% of raw): ``--chunk-mb`` chunks with read-ahead on and off; the defaults (256 MiB chunks,
   each read as GETs of 64 MiB, 4 in flight); 256 MiB chunks as one GET each. Raw GETs with the
   defaults' concurrency (64 MiB ranges, 4 in flight) are a row of their own, and the defaults are
@@ -71,9 +71,10 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AW
 
 
 def _client():
-    import botocore.session
+    """boto3's S3 client (the baseline the issue names: a botocore client with boto3's defaults)."""
+    import boto3
 
-    return botocore.session.get_session().create_client("s3")
+    return boto3.client("s3")
 
 
 def raw_sequential(key: str, size: int, chunk: int) -> float:
@@ -268,7 +269,7 @@ def run(args, folder: Path) -> None:
 
 
 def sequential(args, key: str, prefix: str, size: int) -> None:
-    """Whole-file MB/s: raw botocore GETs and TokenFile reads, interleaved, medians of rounds."""
+    """Whole-file MB/s: raw boto3 GETs and TokenFile reads, interleaved, medians of rounds."""
     from tokenload.storage import StorageOptions
 
     chunk, default = args.chunk_mb * MIB, StorageOptions()
@@ -297,11 +298,11 @@ def sequential(args, key: str, prefix: str, size: int) -> None:
 
     c, big = args.chunk_mb, default.chunk_bytes // MIB
     rows = [
-        row(f"raw botocore GETs of {c} MiB, one at a time", "raw", "raw"),
+        row(f"raw boto3 GETs of {c} MiB, one at a time", "raw", "raw"),
         row(f"TokenFile, {c} MiB chunks, read-ahead on", "on", "raw"),
         row(f"TokenFile, {c} MiB chunks, read-ahead off", "off", "raw"),
-        row(f"raw botocore GETs of {big} MiB, one at a time", "raw256", "raw256"),
-        row(f"raw botocore GETs of {part // MIB} MiB, {threads} in flight (same concurrency as the default)",
+        row(f"raw boto3 GETs of {big} MiB, one at a time", "raw256", "raw256"),
+        row(f"raw boto3 GETs of {part // MIB} MiB, {threads} in flight (same concurrency as the default)",
             "rawpar", "raw256", True),
         row(f"TokenFile, defaults: {big} MiB chunks, GETs of {part // MIB} MiB, {threads} in flight, read-ahead",
             "default", "raw256", True),
