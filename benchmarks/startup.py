@@ -190,8 +190,9 @@ class Bench:
         return str(out)
 
     # -- runs ---------------------------------------------------------------------------------
-    def launch(self, specs: list[dict], envs: list[dict], traced: bool, tag: str) -> None:
-        """Start one process per spec at once (as torchrun does) and wait for all."""
+    def launch(self, specs: list[dict], envs: list[dict], traced: bool, tag: str, one_at_a_time: bool = False) -> None:
+        """Start one process per spec at once (as torchrun does) and wait for all; with
+        ``one_at_a_time``, each after the previous ended (same work, no CPU contention)."""
         logs = self.work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         procs = []
@@ -206,6 +207,8 @@ class Bench:
             with open(logs / f"{tag}-r{i}.stderr", "w") as err:
                 procs.append(subprocess.Popen(cmd, env=full_env, stdout=err, stderr=err,
                                               start_new_session=True))
+            if one_at_a_time:
+                procs[-1].wait(timeout=self.args.timeout)
         deadline = time.time() + self.args.timeout
         for p in procs:
             try:
@@ -240,7 +243,8 @@ class Bench:
             envs.append({"RANK": str(r), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(r % per_node),
                          "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(node),
                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        self.launch(specs, envs, traced, tag)
+        alone = self.args.one_at_a_time and side.lib == "tokenload" and side.policy in ("none", "every-rank")
+        self.launch(specs, envs, traced, tag, one_at_a_time=alone)
         records = []
         for r in range(ranks):
             path = run_dir / f"rank{r}.json"
@@ -441,6 +445,9 @@ def main() -> None:
                     help="initialise gloo for every tokenload side, not only rank0/local-rank0")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per (side, ranks) launch")
     ap.add_argument("--keep-logs", action="store_true", help="keep the strace logs")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="start the ranks of tokenload's none/every-rank sides one after another (they need no "
+                         "peer): each rank's CPU without the contention of N processes on few cores")
     ap.add_argument("--out", help="write every record and summary as JSON here")
     args = ap.parse_args()
     args.prefixes = args.prefixes or (10 if args.quick else 100)
