@@ -72,6 +72,7 @@ class TokenFileWriter:
         self._documents = array("q", [0])
         self._modes = array("b")
         self._tokens = 0
+        self._adopted: str | None = None  # the .bin digest of a file adopted whole (see adopt)
         self._closed = False
 
     # -- writing -------------------------------------------------------------------------------
@@ -83,6 +84,9 @@ class TokenFileWriter:
         self._write_bytes(self._file_tokens(tokens).data)
 
     def _write_bytes(self, data) -> None:
+        if self._adopted is not None:
+            raise FormatError("cannot add tokens after adopt(): the .bin is another file's", path=self.prefix,
+                              hint="adopt a file only when the output is exactly that file")
         try:
             self._bin.write(data)
         except OSError as exc:
@@ -211,6 +215,42 @@ class TokenFileWriter:
         self._copy_bin(other.bin_path)
         self._tokens += other.num_tokens
 
+    def adopt(self, source: str) -> bool:
+        """Make this (empty) writer's output exactly the token file ``source`` by hard-linking its
+        ``.bin`` instead of copying it: no copy, no second hash, no second fsync of the tokens.
+
+        Taken only when ``source`` has a sidecar whose ``.bin`` size and xxh3-64 are recorded and
+        the size matches, and the link succeeds (same filesystem); otherwise returns False with
+        nothing changed, and the caller appends as usual. Both names then share one inode, so the
+        source must never be written in place afterwards (preprocess parts never are: each is
+        published once by rename and later only deleted). Nothing may be added after it."""
+        self._check_open()
+        if self._tokens or len(self._lengths):
+            return False
+        from .reader import TokenFile
+        from .sidecar import read_sidecar
+
+        sidecar = read_sidecar(source)
+        digest = None if sidecar is None else sidecar.hashes.get("bin", {}).get("xxh3_64")
+        if digest is None or self.multimodal:
+            return False
+        other = TokenFile(source, mode="pread")
+        if other.dtype != self.dtype or other.num_tokens * self.dtype.itemsize != sidecar.bin_bytes:
+            return False
+        close_quietly(self._bin)  # the empty temporary gives its name to the link
+        try:
+            os.unlink(self._bin_tmp)
+            os.link(other.bin_path, self._bin_tmp)
+            self._bin = open(self._bin_tmp, "rb")
+        except OSError:  # another filesystem, no hard links: copy instead
+            self._bin = create_temp(self._bin_tmp, self.prefix + ".bin")
+            return False
+        self._lengths.frombytes(np.ascontiguousarray(other.sequence_lengths).tobytes())
+        self._documents.frombytes(np.asarray(other.document_indices[1:], dtype=np.int64).tobytes())
+        self._tokens = other.num_tokens
+        self._adopted = digest
+        return True
+
     def _copy_bin(self, path: str) -> None:
         try:
             src = open(path, "rb")
@@ -282,7 +322,7 @@ class TokenFileWriter:
             tokens=self._tokens,
             bin_bytes=self._tokens * self.dtype.itemsize,
             idx_bytes=sum(len(c) for c in idx_chunks),
-            bin_xxh3=self._hash.hexdigest(),
+            bin_xxh3=self._adopted or self._hash.hexdigest(),
             idx_xxh3=idx_hash.hexdigest(),
             tokenizer=self.tokenizer,
             metadata=self.metadata,

@@ -450,8 +450,9 @@ def _write_outputs(
             tokenizer=work.job["tokenizer"],
             metadata={**metadata, "json_key": key},
         ) as writer:
-            for index, summary in enumerate(summaries):
-                for part in work.parts(index, summary, key):
-                    with work.readable(part) as local:
+            parts = [part for index, summary in enumerate(summaries) for part in work.parts(index, summary, key)]
+            for part in parts:
+                with work.readable(part) as local:
+                    if len(parts) > 1 or not writer.adopt(local):  # one part: its .bin linked, not copied
                         writer.append(local)
             writer.finalize()

@@ -200,3 +200,56 @@ def test_non_integer_tokens_are_refused(tmp_path):
             w.add_document(np.array([1.5, 2.0]))
         w.add_document([])  # an empty document (NumPy makes [] float64) is fine
     assert TokenFile(tmp_path / "f").num_documents == 1
+
+
+# -- adopt: one whole file linked instead of copied -----------------------------------------------
+def _source(tmp_path, name: str = "part", sidecar: bool = True):
+    prefix = str(tmp_path / name)
+    with TokenFileWriter(prefix, np.uint16) as w:
+        for n in (3, 1, 7):
+            w.add_document(np.arange(n, dtype=np.uint16) + n)
+    if not sidecar:
+        os.unlink(prefix + ".json")
+    return prefix
+
+
+def _bytes(prefix: str) -> tuple[bytes, bytes]:
+    return open(prefix + ".bin", "rb").read(), open(prefix + ".idx", "rb").read()
+
+
+def test_adopt_gives_the_bytes_and_hashes_of_append_and_shares_the_inode(tmp_path):
+    source = _source(tmp_path)
+    with TokenFileWriter(tmp_path / "copied", np.uint16) as w:
+        w.append(source)
+    with TokenFileWriter(tmp_path / "linked", np.uint16) as w:
+        assert w.adopt(source)
+    linked, copied = str(tmp_path / "linked"), str(tmp_path / "copied")
+    assert _bytes(linked) == _bytes(copied)
+    assert read_sidecar(linked).hashes == read_sidecar(copied).hashes
+    assert os.stat(linked + ".bin").st_ino == os.stat(source + ".bin").st_ino
+    os.unlink(source + ".bin")  # the work folder's removal leaves the output whole
+    assert TokenFile(linked)[2].tolist() == list(range(7, 14))
+
+
+def test_adopt_declines_without_a_sidecar_or_on_another_dtype_and_append_still_works(tmp_path):
+    bare = _source(tmp_path, "bare", sidecar=False)
+    with TokenFileWriter(tmp_path / "out", np.uint16) as w:
+        assert not w.adopt(bare)
+        w.append(bare)
+    assert _bytes(str(tmp_path / "out")) == _bytes(bare)
+    with TokenFileWriter(tmp_path / "wide", np.int32) as w:
+        assert not w.adopt(_source(tmp_path))
+    with TokenFileWriter(tmp_path / "started", np.uint16) as w:
+        w.add_document(np.array([1], np.uint16))
+        assert not w.adopt(_source(tmp_path, "other"))
+
+
+def test_nothing_may_be_added_after_adopt_and_the_source_is_untouched(tmp_path):
+    source = _source(tmp_path)
+    before = _bytes(source)
+    w = TokenFileWriter(tmp_path / "out", np.uint16)
+    assert w.adopt(source)
+    with pytest.raises(FormatError, match="after adopt"):
+        w.add_document(np.array([1, 2], np.uint16))
+    w.abort()
+    assert not os.path.exists(tmp_path / "out.bin") and _bytes(source) == before
