@@ -13,9 +13,12 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
-from .index import Blend, parse_blend, read_data_args_file, read_per_split_data_args
+
+if TYPE_CHECKING:
+    from .index import Blend
 
 
 def positive(kind: Callable[[str], int | float]) -> Callable[[str], int | float]:
@@ -69,10 +72,14 @@ def blends_of(args: argparse.Namespace) -> tuple[Blend | None, list[Blend | None
         raise ConfigError(f"{names} are given together; expected one way of naming the data",
                           hint="use --data-path (with --split) or the per-split flags, as Megatron")
     if args.data_args_path is not None:
+        from .index import read_data_args_file
+
         return read_data_args_file(args.data_args_path), None
     if args.data_path is not None:
         return _blend("--data-path", args.data_path), None
     if args.per_split_data_args_path is not None:
+        from .index import read_per_split_data_args
+
         return None, list(read_per_split_data_args(args.per_split_data_args_path))
     return None, [None if getattr(args, f) is None else _blend(f"--{f.replace('_', '-')}", getattr(args, f))
                   for f in split_flags]
@@ -82,6 +89,8 @@ def _blend(flag: str, items: list[str]) -> Blend:
     if not items:
         raise ConfigError(f"{flag} is given without prefixes",
                           hint=f"write {flag} PREFIX or {flag} W1 PREFIX1 W2 PREFIX2 ...")
+    from .index import parse_blend  # the index package (and NumPy) only when a blend is parsed
+
     blend = parse_blend(items)
     assert blend is not None
     return blend
