@@ -14,7 +14,6 @@ MMIDIDX bytes for the same documents.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -23,7 +22,7 @@ from ..errors import ConfigError
 from .atomic import remove_stale_temporaries
 from .idx import DtypeCodes, prefix_of
 from .reader import TokenFile
-from .sidecar import FORMAT_NAME, Sidecar, read_sidecar, sidecar_path
+from .sidecar import Sidecar, read_sidecar, sidecar_path
 from .writer import TokenFileWriter
 
 
@@ -129,22 +128,7 @@ def _common_tokenizer(prefixes: Sequence[str]) -> dict | None:
     """The tokenizer identity shared by every input's sidecar, if they all have the same one."""
     identities = []
     for p in prefixes:
-        sidecar = _remote_sidecar(p) if is_url(p) else read_sidecar(p)
+        sidecar = read_sidecar(p)  # an object's sidecar is read from the bucket
         identities.append(None if sidecar is None else sidecar.tokenizer)
     first = identities[0]
     return first if all(i == first for i in identities) else None
-
-
-def _remote_sidecar(prefix: str) -> Sidecar | None:
-    """The sidecar object beside a token file in object storage, or None (see ``read_sidecar``)."""
-    from ..storage.upload import read_object
-
-    data = read_object(sidecar_path(prefix))
-    if data is None:
-        return None
-    try:
-        text = data.decode("utf-8")
-        ours = json.loads(text).get("format") == FORMAT_NAME
-    except (ValueError, AttributeError):
-        return None
-    return Sidecar.from_json(text, sidecar_path(prefix)) if ours else None
