@@ -305,3 +305,15 @@ def test_lightning_trains_on_s3_prefixes_with_the_local_batches(files, monkeypat
     seen = fit(remote)
     assert len(seen) == 6 and seen == fit(local)
     assert storage.stats()["gets"] == before  # the workers read the bucket, not this process
+
+
+def test_an_unwritable_staging_folder_for_a_bucket_cache_names_its_variable(files, tmp_path):
+    _, remote = files
+    (tmp_path / "a-file").write_text("not a folder")
+    env = {**_environ(), "TOKENLOAD_STAGING_DIR": str(tmp_path / "a-file" / "staging")}
+    folder = _folder()
+    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder,
+                   cwd=tmp_path, env=env)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "TOKENLOAD_STAGING_DIR" in last and folder in last, last

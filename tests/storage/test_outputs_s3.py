@@ -167,6 +167,17 @@ def test_merge_and_convert_s3_to_s3_equal_local_runs(tmp_path, s3, s3_env):
     for ext in (".bin", ".idx"):
         assert s3.cat(f"{BUCKET}/{key}/conv{ext}") == (tmp_path / f"conv{ext}").read_bytes()
     assert not list((tmp_path / "staging").iterdir())
+    # --input takes a folder of objects too (it garbled 's3://' into a local path before)
+    folder = run_cli("merge", "--input", f"s3://{BUCKET}/{key}/", "--output-prefix", tmp_path / "from-folder", env=env)
+    assert folder.returncode == 0, folder.stderr
+    here = run_cli("merge", "--input", tmp_path / "shards", "--output-prefix", tmp_path / "from-local")
+    assert here.returncode == 0, here.stderr
+    # the bucket's folder holds the two shards, then conv and merged (each the shards' documents): sorted by name
+    whole, shards = TokenFile(str(tmp_path / "from-folder")), TokenFile(str(tmp_path / "from-local"))
+    assert whole.num_documents == 3 * shards.num_documents
+    for i in (0, shards.num_documents - 1):
+        for k in range(3):
+            assert (whole[i + k * shards.num_documents] == shards[i]).all()
 
 
 def _one_line_storage_error(result, command: str) -> str:
@@ -188,7 +199,19 @@ def test_unreachable_output_endpoint_is_a_storage_error_before_any_work(tmp_path
     assert here.returncode == 0
     last = _one_line_storage_error(run_cli("merge", tmp_path / "local_text_document", "--output-prefix", url,
                                            env=dead), "merge")
-    assert url in last
+    assert url in last and "test object" in last  # checked before the merge, not when publishing
+    assert not (tmp_path / "staging").exists() or not list((tmp_path / "staging").iterdir())
+
+
+def test_a_wrong_output_bucket_fails_before_the_merge_and_leaves_no_staging(tmp_path, s3_env):
+    corpus = _corpus(tmp_path / "corpus", files=1, docs=10)
+    env = _env(s3_env, tmp_path)
+    assert _preprocess(corpus, tmp_path / "local").returncode == 0
+    url = f"s3://{BUCKET}-typo/{_key()}/merged"
+    for command in (("merge", tmp_path / "local_text_document"), ("convert", tmp_path / "local_text_document")):
+        last = _one_line_storage_error(run_cli(*command, "--output-prefix", url, env=env), command[0])
+        assert url in last and "test object" in last and "bucket" in last
+    assert not (tmp_path / "staging").exists() or not list((tmp_path / "staging").iterdir())
 
 
 def test_denied_credentials_on_output_are_a_storage_error(tmp_path, auth_s3):  # noqa: F811

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import ConfigError
 from .atomic import remove_stale_temporaries
@@ -27,17 +27,14 @@ from .writer import TokenFileWriter
 
 
 def prefixes_in(folder: str | os.PathLike[str]) -> list[str]:
-    """Every token file prefix in ``folder``, sorted by basename; every .idx needs its .bin."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(
-            f"--input {str(folder)!r} is not a folder",
-            hint="pass a folder holding PREFIX.bin/PREFIX.idx pairs, or list the prefixes explicitly",
-        )
+    """Every token file prefix in ``folder`` (local, or a folder of objects such as
+    ``s3://bucket/path``), sorted by basename; every .idx needs its .bin."""
+    names, join = _listing(os.fspath(folder))
     stems: dict[str, set[str]] = {}
-    for entry in folder.iterdir():
-        if entry.suffix in (".bin", ".idx") and not entry.name.startswith("."):
-            stems.setdefault(entry.stem, set()).add(entry.suffix)
+    for name in names:
+        stem, suffix = os.path.splitext(name)
+        if suffix in (".bin", ".idx") and not name.startswith("."):
+            stems.setdefault(stem, set()).add(suffix)
     unpaired = sorted(s + next(iter(exts)) for s, exts in stems.items() if len(exts) != 2)
     if unpaired:
         raise ConfigError(
@@ -49,7 +46,26 @@ def prefixes_in(folder: str | os.PathLike[str]) -> list[str]:
             f"no .bin/.idx pairs in {str(folder)!r}",
             hint="point --input at the folder holding the token files to merge",
         )
-    return [str(folder / stem) for stem in sorted(stems)]
+    return [join(stem) for stem in sorted(stems)]
+
+
+def _listing(folder: str) -> tuple[list[str], Callable[[str], str]]:
+    """The file names in ``folder`` and how to make a path of one of them."""
+    if is_url(folder):
+        from ..storage.upload import list_objects
+
+        base = folder.rstrip("/")
+        names = [url.rsplit("/", 1)[1] for url in list_objects(base)]
+        if not names:
+            raise ConfigError(f"--input {folder!r} holds no objects",
+                              hint="check the URL of the folder holding PREFIX.bin/PREFIX.idx pairs")
+        return names, lambda stem: f"{base}/{stem}"
+    if not os.path.isdir(folder):
+        raise ConfigError(
+            f"--input {folder!r} is not a folder",
+            hint="pass a folder holding PREFIX.bin/PREFIX.idx pairs, or list the prefixes explicitly",
+        )
+    return os.listdir(folder), lambda stem: str(Path(folder) / stem)
 
 
 def merge_token_files(

@@ -21,7 +21,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from ..errors import StorageError
+from ..errors import CacheError, StorageError
 from ..storage import cached_copy
 from ..storage.upload import object_exists, remove_object, staging_folder, upload_bytes, upload_file
 from .cache import CacheFiles
@@ -59,8 +59,19 @@ def staged_cache(files: CacheFiles) -> Iterator[CacheFiles]:
     when the block ends, published or not."""
     local = CacheFiles(directory=staging_folder(files.directory), hash=files.hash, class_name=files.class_name,
                        split=files.split, arrays=files.arrays)
+    hint = (f"a cache bound for a bucket is made in the local staging folder {local.directory} first: set"
+            " TOKENLOAD_STAGING_DIR to a writable local folder")
+    try:
+        os.makedirs(local.directory, exist_ok=True)
+    except OSError as exc:
+        raise CacheError(f"cannot make the staging folder of the cache ({exc.strerror or exc})",
+                         path=files.directory, hint=hint) from None
     try:
         yield local
+    except CacheError as exc:
+        if exc.path != local.directory:
+            raise
+        raise CacheError(exc.message, path=files.directory, hint=hint) from None
     finally:
         for suffix in ("description.txt", "tokenload.json", *(f"{name}.npy" for name in files.arrays)):
             with contextlib.suppress(FileNotFoundError):

@@ -83,19 +83,23 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         from .cluster import require_ray
 
         require_ray()
+    if is_url(config.output_prefix):
+        check_writable(config.shard_prefix)  # a wrong bucket or key fails before any work
     local = _staged(config)
-    _check_output_folder(local)
-    if local is not config:
-        check_writable(config.shard_prefix)
-    tok = load_tokenizer(config.tokenizer)
-    _check_eod(config, tok)
-    files = shard_files(
-        expand_inputs(config.inputs, config.input_format), config.num_shards, config.shard_index
-    )
-    _check_keys_for_text(config, files)
-    job = _job_description(config, tok, files)
-    shared = local is not config and config.executor == "ray"  # nodes share no folder: a work prefix
-    work = open_workdir(config.shard_prefix if shared else local.shard_prefix, job, remote=shared)
+    try:
+        _check_output_folder(local)
+        tok = load_tokenizer(config.tokenizer)
+        _check_eod(config, tok)
+        files = shard_files(
+            expand_inputs(config.inputs, config.input_format), config.num_shards, config.shard_index
+        )
+        _check_keys_for_text(config, files)
+        job = _job_description(config, tok, files)
+        shared = local is not config and config.executor == "ray"  # nodes share no folder: a work prefix
+        work = open_workdir(config.shard_prefix if shared else local.shard_prefix, job, remote=shared)
+    except BaseException:
+        _remove_empty_staging(local)
+        raise
     try:
         work.open(config.resume)
     except OSError as exc:
@@ -173,11 +177,16 @@ def _clean_after_failure(config: PreprocessConfig, work: WorkFolder) -> None:
                 work.remove_temporaries()
             else:
                 work.remove()
-        if _is_staging(config):
-            with contextlib.suppress(OSError):
-                os.rmdir(os.path.dirname(config.shard_prefix))  # only when empty
+        _remove_empty_staging(config)
     except OSError as exc:
         log.warning("could not clean up after the failure: %s", exc)
+
+
+def _remove_empty_staging(config: PreprocessConfig) -> None:
+    """The staging folder of an object-storage output, when a failure left nothing in it."""
+    if _is_staging(config):
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(config.shard_prefix))  # only when empty
 
 
 def _is_staging(config: PreprocessConfig) -> bool:

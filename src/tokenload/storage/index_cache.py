@@ -51,7 +51,7 @@ def fetch_copy(url: str, options: StorageOptions | None = None) -> tuple[str, bo
             return local, False
         _download(url, local, found.size, options)
         count("index_downloads")
-        logger.info("cached %s (%d bytes) as %s", url, found.size, local)
+        logger.debug("cached %s (%d bytes) as %s", url, found.size, local)
         return local, True
     finally:
         os.close(lock)  # releases the lock

@@ -44,8 +44,9 @@ _POOL = 64
 
 _CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network; the"
                  " server did not answer after the retries (TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF)")
-_CREDENTIALS_HINT = ("check the credentials the client library finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
-                     " AWS_PROFILE, ~/.aws/credentials) and that they may read this bucket")
+_CREDENTIALS_HINT = ("check the bucket's name (some servers deny access to a bucket that does not exist) and"
+                     " the credentials the client library finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
+                     " AWS_PROFILE, ~/.aws/credentials): they must be allowed to read it, and to write it for outputs")
 
 
 def is_url(path: str) -> bool:
@@ -246,7 +247,8 @@ def transient(exc: BaseException) -> bool:
 def permanent_error(exc: BaseException, url: str, action: str) -> StorageError:
     if isinstance(exc, FileNotFoundError):
         return StorageError(f"cannot {action}: the object does not exist", path=url,
-                            hint="check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket")
+                            hint="check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket; a"
+                                 " .bin without its .idx is an interrupted upload: rerun the command that wrote it")
     if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
         return StorageError(f"cannot {action}: the request was refused ({_reason(exc)})", path=url,
                             hint="the object may have been truncated or replaced; check it")

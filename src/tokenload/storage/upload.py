@@ -38,7 +38,7 @@ def upload_file(local: str, url: str, options: StorageOptions | None = None) -> 
     options = options or StorageOptions.from_env()
     fs, path = filesystem(url)
     call(url, "upload it", lambda: fs.put_file(local, path), options)
-    logger.info("uploaded %s (%d bytes) to %s", local, os.path.getsize(local), url)
+    logger.debug("uploaded %s (%d bytes) to %s", local, os.path.getsize(local), url)
 
 
 def upload_bytes(data: bytes, url: str, options: StorageOptions | None = None) -> None:
@@ -243,11 +243,14 @@ def staged_prefix(url_prefix: str, options: StorageOptions | None = None) -> Ite
     if not is_url(url_prefix):
         yield url_prefix
         return
+    check_writable(url_prefix, options)  # a wrong bucket or key fails now, not after the work
     folder = make_staging_folder(url_prefix)
     local = os.path.join(folder, os.path.basename(url_prefix.rstrip("/")) or "output")
-    yield local
-    publish_prefix(local, url_prefix, options)
-    shutil.rmtree(folder, ignore_errors=True)
+    try:
+        yield local
+        publish_prefix(local, url_prefix, options)
+    finally:  # nothing resumes from this staging (merge, convert): never leave it behind
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _staging_error(exc: OSError, folder: str) -> StorageError:
