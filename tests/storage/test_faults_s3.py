@@ -194,3 +194,14 @@ def test_unreachable_server_is_a_storage_error_after_the_retries(tmp_path, monke
     assert storage.stats()["retries"] - before == 2 and caplog.text.count("retry ") == 2
     cli = run_cli("verify", f"s3://{BUCKET}/nothing/here", env=env)
     assert cli.returncode == 2 and "HINT" in cli.stderr.strip().splitlines()[-1]
+
+
+def test_a_command_gives_up_on_an_endpoint_it_never_reached_after_3_retries(tmp_path, monkeypatch):
+    """A mistyped endpoint costs a command seconds (3 retries), not TOKENLOAD_RETRIES' minute of
+    backoff; the library, which a training job uses, keeps every retry (the test above)."""
+    for endpoint in ("http://127.0.0.1:9", "http://nonexistent.invalid:9000"):
+        env = _env(monkeypatch, endpoint, tmp_path, TOKENLOAD_RETRY_BACKOFF="0.05")
+        cli = run_cli("info", f"s3://{BUCKET}/nothing/here", env=env)
+        last = cli.stderr.strip().splitlines()[-1]
+        assert cli.returncode == 2 and "still after 3 retries" in last and "AWS_ENDPOINT_URL" in last, cli.stderr
+        assert cli.stderr.count("retry ") == 3 and "of 3 in" in cli.stderr

@@ -106,6 +106,10 @@ def did_you_mean(command_parser: argparse.ArgumentParser, words: Sequence[str]) 
     return "; ".join(hints)
 
 
+#: Retries of an endpoint the command has not reached yet (refused, unknown host): 0.5 + 1 + 2 s.
+FIRST_CONTACT_RETRIES = 3
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
@@ -117,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("tokenload").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    from ..storage.remote import fail_fast_before_first_contact
+
+    fail_fast_before_first_contact(FIRST_CONTACT_RETRIES)  # a mistyped endpoint: seconds, not a minute
     try:
         return int(args.func(args) or 0)
     except TokenloadError as exc:

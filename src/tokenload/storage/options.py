@@ -23,7 +23,9 @@ TOKENLOAD_DIRECT_READS          1: a read outside the chunks held and away from 
                                 the previous read GETs only its bytes; 0: every
                                 miss fetches its chunk (Megatron's behaviour)
 TOKENLOAD_RETRIES               attempts after the first failed one (throttling,   8
-                                5xx, timeouts, dropped connections)
+                                5xx, timeouts, dropped connections); a
+                                ``tokenload`` command gives up on an endpoint it
+                                has never reached (refused, unknown host) after 3
 TOKENLOAD_RETRY_BACKOFF         seconds before the first retry; doubles each time  0.5
 TOKENLOAD_RETRY_MAX_BACKOFF     cap of one wait                                    20
 TOKENLOAD_CACHE_DIR             local folder of cached ``.idx`` copies             ~/.cache/tokenload

@@ -209,25 +209,53 @@ def info(url: str, options: StorageOptions) -> ObjectInfo:
     return ObjectInfo(int(found["size"]), str(tag).strip('"'))
 
 
+#: Retries of a connection that cannot be made (refused, unresolvable host) while this process
+#: has not reached the server once; None: all of TOKENLOAD_RETRIES. The CLI sets a few: a command
+#: whose first request cannot connect has a mistyped endpoint far more often than a restarting
+#: server, and should not sit through a minute of backoff. A training process keeps every retry,
+#: since a server restarting under a running job is what they are for.
+_first_contact_retries: int | None = None
+_reached_in: int | None = None  # the process id that has had an answer from a server
+
+
+def fail_fast_before_first_contact(retries: int | None) -> None:
+    """Retry an unreachable endpoint only ``retries`` times until a first request succeeds."""
+    global _first_contact_retries
+    _first_contact_retries = retries
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether no connection could be made at all (as opposed to one that failed midway)."""
+    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
+    return bool(names & {"EndpointConnectionError", "ConnectionRefusedError", "ClientConnectorError",
+                         "ClientConnectorDNSError", "gaierror", "NameResolutionError"})
+
+
 def call(url: str, action: str, fn: Callable[[], T], options: StorageOptions) -> T:
     """``fn()`` with retries of transient failures; any failure ends as a StorageError."""
+    global _reached_in
     for attempt in range(options.retries + 1):
         try:
-            return fn()
+            result = fn()
+            _reached_in = os.getpid()
+            return result
         except TokenloadError:
             raise
         except Exception as exc:
             if not transient(exc):
                 raise permanent_error(exc, url, action) from None
-            if attempt == options.retries:
+            limit = options.retries
+            if _first_contact_retries is not None and _reached_in != os.getpid() and _unreachable(exc):
+                limit = min(limit, _first_contact_retries)
+            if attempt >= limit:
                 raise StorageError(
-                    f"cannot {action}: {_reason(exc)}, still after {options.retries} retries",
+                    f"cannot {action}: {_reason(exc)}, still after {attempt} retries",
                     path=url, hint=_CONNECT_HINT,
                 ) from None
             wait = options.backoff(attempt)
             count("retries")
             logger.warning("%s: cannot %s (%s); retry %d of %d in %.1f s", url, action, _reason(exc),
-                           attempt + 1, options.retries, wait)
+                           attempt + 1, limit, wait)
             time.sleep(wait)
     raise AssertionError("unreachable")
 
