@@ -210,6 +210,9 @@ class _Builder:
             surplus=c.mid_level_dataset_surplus,
         )
         matrix = None if split is None else split_matrix(split)
+        for name, plan in zip(SPLIT_NAMES, plans):  # every split checked before any is built or written
+            for mid in [] if plan is None else plan.datasets:
+                self._check_not_empty(name, mid, split)
         built = [None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)]
         if self._missing:
             raise missing_cache(c.build_policy, self._missing, self._folders, prepare_command(c, sizes))
@@ -329,6 +332,16 @@ class _Builder:
                 hint="blend only token files made with the same tokenizer (re-tokenize the odd ones out)",
             )
 
+    def _check_not_empty(self, name: str, mid, split: str | None) -> None:
+        """ConfigError when the split of ``mid`` holds no tokens but samples are asked of it."""
+        if not mid.num_samples:
+            return
+        with self._phase("header_reads"):
+            lengths = self._lengths(mid.prefix)
+        beg, end = split_range(mid.bookend, len(lengths))
+        if int(np.sum(lengths[beg:end], dtype=np.int64)) == 0:
+            raise _empty_split(name, mid, beg, end, len(lengths), split)
+
     def _mid(self, name, mid, split, matrix):
         c = self.config
         source = self.source(mid.prefix)
@@ -355,9 +368,6 @@ class _Builder:
         )
         documents = np.arange(beg, end, dtype=np.int32)
         tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
-        asked = None if mid.num_samples is None else mid.num_samples * c.sequence_length + gpt.extra
-        if tokens == 0 and asked:
-            raise _empty_split(name, mid, beg, end, len(lengths), split)
 
         def build():
             idx = build_gpt_indices(lengths, documents, num_samples=mid.num_samples, config=gpt)

@@ -319,3 +319,15 @@ def test_fingerprint_follows_the_configuration_not_the_cache_folder(tmp_path):
     c = _fingerprints([prefix], cache="off")[0].fingerprint
     other_seed = _fingerprints([prefix], cache="off", random_seed=7)[0].fingerprint
     assert a == b == c != other_seed
+
+
+def test_an_empty_split_fails_before_any_cache_is_written(tmp_path):
+    """prepare-cache over a blend whose test split is empty wrote the train and valid caches (to a
+    bucket: uploaded them) before the test split's error; every split is checked first now."""
+    prefix = write_documents(tmp_path / "tiny", [[1, 2, 3, 4, 5]] * 10)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    cfg = MegatronDataConfig(sequence_length=4, blend=[prefix], split="90,9,1", path_to_cache=str(cache))
+    with pytest.raises(ConfigError, match="test split"):
+        build_datasets(cfg, [20, 2, 3])
+    assert not [p for p in cache.rglob("*") if p.is_file()]
