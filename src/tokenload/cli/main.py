@@ -125,6 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fail_fast_before_first_contact(FIRST_CONTACT_RETRIES)  # a mistyped endpoint: seconds, not a minute
     try:
+        return _run(args)
+    finally:  # main() called in a process that goes on (a test, a notebook) leaves the library as it was
+        fail_fast_before_first_contact(None)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The subcommand, with every failure as one line and an exit status."""
+    try:
         return int(args.func(args) or 0)
     except TokenloadError as exc:
         print(f"tokenload {args.command}: error: {one_line(exc)}", file=sys.stderr)
