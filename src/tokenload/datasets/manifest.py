@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import CacheError
 from ..format.atomic import write_atomic
 from ..index import Blend, parse_blend
-from ..index.cache_remote import copy_or_none, publish_bytes
+from ..storage.upload import copy_or_none, upload_bytes
 from ..storage import is_url
 
 __all__ = ["MANIFEST_FORMAT", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
@@ -119,7 +119,7 @@ def write_manifest(path: str, key: dict[str, Any], splits: list[Any]) -> None:
     except OSError:
         pass
     if is_url(path):
-        publish_bytes(text, path)
+        upload_bytes(text, path)  # one PUT: whole or absent
         return
     try:
         write_atomic(path, lambda f: f.write(text))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError, StorageError
+from ..errors import ConfigError, FormatError
 from ..storage.remote import is_url
 from .atomic import write_bytes_atomic
 from .idx import MAGIC, MEGATRON_CODES, NEOX_CODES, IndexHeader, dtype_code
@@ -145,15 +145,12 @@ def _local_copy(path: str) -> str:
     no such object; any other failure is the storage layer's ``StorageError``)."""
     if not is_url(path):
         return path
-    from ..storage import cached_copy
-    from ..storage.upload import object_exists
+    from ..storage.upload import copy_or_none
 
-    try:
-        return cached_copy(path)
-    except StorageError:
-        if object_exists(path):
-            raise
-        raise FileNotFoundError(path) from None
+    copy = copy_or_none(path)
+    if copy is None:
+        raise FileNotFoundError(path)
+    return copy
 
 
 def _counts(path: str, prefix: str, value) -> tuple[int, int]:

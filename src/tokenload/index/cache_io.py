@@ -184,7 +184,7 @@ def map_array(path: str) -> npt.NDArray[Any]:
 
 def _array_copy(url: str) -> str:
     """The local copy of a cached array in object storage; a missing object is a damaged cache."""
-    from .cache_remote import copy_or_none
+    from ..storage.upload import copy_or_none
 
     local = copy_or_none(url)
     if local is None:

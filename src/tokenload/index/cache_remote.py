@@ -21,23 +21,11 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from ..errors import CacheError, StorageError
-from ..storage import cached_copy
-from ..storage.upload import object_exists, remove_object, staging_folder, upload_bytes, upload_file
+from ..errors import CacheError
+from ..storage.upload import copy_or_none, remove_object, staging_folder, upload_file
 from .cache import CacheFiles
 
-__all__ = ["copy_or_none", "local_copies", "publish_bytes", "publish_cache", "staged_cache"]
-
-
-def copy_or_none(url: str) -> str | None:
-    """The local copy of ``url``, or None when no such object exists (one HEAD when it does; a
-    second only to tell a missing object from another failure, which is raised)."""
-    try:
-        return cached_copy(url)
-    except StorageError:
-        if not object_exists(url):
-            return None
-        raise
+__all__ = ["local_copies", "publish_cache", "staged_cache"]
 
 
 def local_copies(files: CacheFiles) -> dict[str, str | None]:
@@ -87,7 +75,3 @@ def publish_cache(local: CacheFiles, remote: CacheFiles) -> None:
     upload_file(local.sidecar, remote.sidecar)
     upload_file(local.description, remote.description)
 
-
-def publish_bytes(data: bytes, url: str) -> None:
-    """Write one small object (a build manifest) with one PUT: whole or absent."""
-    upload_bytes(data, url)

@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 
 from ..errors import StorageError
 from ..format.storage import write_error
+from .index_cache import cached_copy
 from .options import StorageOptions
 from .remote import call, filesystem, is_url
 
@@ -48,14 +49,11 @@ def upload_bytes(data: bytes, url: str, options: StorageOptions | None = None) -
     call(url, "write it", lambda: fs.pipe_file(path, data), options)
 
 
-def remove_object(url: str, options: StorageOptions | None = None) -> bool:
-    """Delete ``url`` if it exists; whether it did."""
+def remove_object(url: str, options: StorageOptions | None = None) -> None:
+    """Delete ``url``; one that does not exist is fine (one request, no HEAD first)."""
     options = options or StorageOptions.from_env()
     fs, path = filesystem(url)
-    if not object_exists(url, options):
-        return False
-    call(url, "delete it", lambda: fs.rm_file(path), options)
-    return True
+    call(url, "delete it", _removal(fs.rm_file, path), options)
 
 
 def object_exists(url: str, options: StorageOptions | None = None) -> bool:
@@ -130,6 +128,18 @@ def _removal(remove, what) -> Callable[[], None]:
             remove(what)
 
     return run
+
+
+def copy_or_none(url: str, options: StorageOptions | None = None) -> str | None:
+    """The node's local copy of ``url`` (``index_cache.cached_copy``), or None when no such object
+    exists: one HEAD when it does, a second only to tell a missing object from another failure,
+    which is raised."""
+    try:
+        return cached_copy(url, options)
+    except StorageError:
+        if not object_exists(url, options):
+            return None
+        raise
 
 
 def read_object(url: str, options: StorageOptions | None = None) -> bytes | None:
