@@ -135,7 +135,8 @@ def _remote(url: str, action: str, fn):
             f"cannot {action} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
             path=url,
             hint="check the URL, the endpoint (e.g. AWS_ENDPOINT_URL for S3-compatible servers) and the"
-            " credentials; the storage must be reachable from this machine",
+            " credentials; the storage must be reachable from this machine, then rerun the same command:"
+            " input files already finished are resumed",
         ) from None
 
 
