@@ -185,7 +185,7 @@ def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokeni
             # exhaustive probe of U+0080..U+FFFF and a stride over the astral planes).
             markers = (*native.control_pieces(), SENTENCEPIECE_DIVERGENT_CHARS)
         fast = GigatokenTokenizer(native, giga, prefix, suffix, markers)
-        same = _same_ids(native, fast)
+        same = _same_ids(native.encode_batch(list(PROBE_TEXTS)), fast)
     except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
         same, reason = False, str(exc).splitlines()[0]
     else:
@@ -216,8 +216,30 @@ def _from_tokenizer_json(gigatoken, path: str, loaded):
         return gigatoken.Tokenizer(loaded)
 
 
-def _same_ids(a: TextTokenizer, b: TextTokenizer) -> bool:
-    texts = list(PROBE_TEXTS)
-    fa, la = a.encode_batch(texts)
-    fb, lb = b.encode_batch(texts)
+def accelerate_twins(spec: TokenizerSpec) -> TextTokenizer | None:
+    """gigatoken proven equal to the native encoder, the two loaded at once in two processes
+    (``twin``); None where the serial load must decide, including a probe that fails (the serial
+    load then logs or raises exactly as it always has)."""
+    from .twin import load_twins
+
+    loaded = load_twins(spec)
+    if loaded is None:
+        return None
+    giga, native, facts = loaded
+    try:
+        fast = GigatokenTokenizer(native, giga, facts.prefix, facts.suffix)
+        same = _same_ids((facts.probe_ids, facts.probe_lengths), fast)
+    except Exception:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
+        return None
+    if not same:
+        return None
+    log.debug("encoding with gigatoken (native tokenizer loaded in a forked child)")
+    return fast
+
+
+def _same_ids(native_ids: tuple[np.ndarray, np.ndarray], b: TextTokenizer) -> bool:
+    """Whether ``b`` gives ``native_ids`` (the native encoder's flat ids and lengths) on
+    ``PROBE_TEXTS``."""
+    fa, la = native_ids
+    fb, lb = b.encode_batch(list(PROBE_TEXTS))
     return np.array_equal(la, lb) and np.array_equal(fa.astype(np.int64), fb.astype(np.int64))

@@ -3,7 +3,8 @@ gigatoken standing in for it where a probe shows identical ids.
 
 This module sits on top of the tokenizer modules so their imports run one way:
 ``tokenizer`` (base class, byte tokenizer) <- ``backends`` (native encoders) <- ``fast``
-(gigatoken) <- ``load``. Before any library parses a tokenizer file, each file is opened here,
+(gigatoken) <- ``load``; ``twin`` loads gigatoken and the native tokenizer at once, in two
+processes, where it can (a tokenizer.json file). Before any library parses a tokenizer file, each file is opened here,
 so a missing or unreadable file is reported as that (with a permissions hint), not as a file
 the library could not parse.
 """
@@ -34,8 +35,12 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
     for path in (spec.model, spec.vocab_file, spec.merge_file):
         if path is not None:
             check_readable(path)
-    from . import backends, fast
+    from . import backends, fast, twin
 
+    if twin.can_fork_for(spec):
+        accelerated = fast.accelerate_twins(spec)
+        if accelerated is not None:
+            return accelerated
     native, giga_source = backends.load_native(spec)
     if spec.engine == "native" or giga_source is None:
         if spec.engine == "gigatoken":
