@@ -87,10 +87,15 @@ def can_fork_for(spec: TokenizerSpec) -> bool:
         and spec.engine != "native"
         and spec.model is not None
         and os.path.isfile(spec.model)
-        and threading.active_count() == 1
+        and _only_thread()
         and _resident_bytes() < FORK_RESIDENT_LIMIT
         and importlib.util.find_spec("gigatoken") is not None
     )
+
+
+def _only_thread() -> bool:
+    """Whether the calling thread is this process's only Python thread."""
+    return threading.active_count() == 1
 
 
 def _resident_bytes() -> int:

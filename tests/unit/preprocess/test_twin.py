@@ -31,7 +31,12 @@ def forks(monkeypatch):
     for thread in threading.enumerate():
         if thread.name == "tokenload-reap":  # an earlier test's child, exiting
             thread.join(5)
-    assert threading.active_count() == 1, threading.enumerate()
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    if others:
+        # Earlier tests in this process leave idle daemon threads (fsspec's event loop, asyncio's
+        # executor) that a user's fresh process would not have: the twin load is tested anyway.
+        assert all(t.daemon for t in others), others
+        monkeypatch.setattr(twin, "_only_thread", lambda: True)
     pids: list[int] = []
     real_fork = os.fork
 
@@ -87,7 +92,7 @@ def test_twin_load_gives_the_serial_loads_tokenizer(name, tokenizer_files, texts
     assert np.array_equal(got[1], want[1]) and np.array_equal(got[0].astype(np.int64), want[0])
 
 
-def test_stand_in_loads_the_native_encoder_only_when_asked(tokenizer_files, texts):
+def test_stand_in_loads_the_native_encoder_only_when_asked(tokenizer_files, texts, forks):
     fast = load_tokenizer(spec(tokenizer_files["bytelevel_bos"]))
     stand_in = fast.native
     assert isinstance(stand_in, twin.NativeStandIn) and stand_in._real is None
@@ -97,7 +102,8 @@ def test_stand_in_loads_the_native_encoder_only_when_asked(tokenizer_files, text
     assert np.array_equal(ids, want[0]) and np.array_equal(lengths, want[1])
 
 
-def test_another_thread_alive_means_a_serial_load(tokenizer_files, forks):
+def test_another_thread_alive_means_a_serial_load(tokenizer_files, forks, monkeypatch):
+    monkeypatch.setattr(twin, "_only_thread", lambda: threading.active_count() == 1)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
