@@ -184,6 +184,7 @@ def test_killed_run_resumes_to_the_same_bytes(tmp_path):
     resumed = run_cli(*args, "--output-prefix", prefix)
     assert resumed.returncode == 0, resumed.stderr
     assert f"from 40 input file(s) ({finished} resumed)" in resumed.stdout
+    assert f"(the {40 - finished} file(s) encoded now)" in resumed.stdout
     assert same(str(prefix) + "_text_document", str(tmp_path / "clean") + "_text_document")
     assert not work.exists()
     assert not [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name]
@@ -226,3 +227,38 @@ def test_corpus_command_writes_stdlib_jsonl_that_preprocesses(tmp_path):
     )
     assert pre.returncode == 0, pre.stderr
     assert TokenFile(str(tmp_path / "std_text_document")).num_documents == len(lines)
+
+
+def test_a_rerun_with_every_file_done_says_so_instead_of_a_zero_rate(tmp_path, monkeypatch):
+    """Outputs that failed to write (a full disk) after every input file was encoded: the rerun
+    only writes them, and its summary says there was nothing left to encode."""
+    import errno
+    from dataclasses import replace
+
+    import pytest
+
+    from tokenload.cli.preprocess import summary_text
+    from tokenload.errors import StorageError
+    from tokenload.preprocess import PreprocessConfig, TokenizerSpec, pipeline, preprocess
+
+    inputs = tuple(write_jsonl(tmp_path / f"in{i}.jsonl", sample_texts(20, seed=i)) for i in range(2))
+    config = PreprocessConfig(
+        inputs=inputs, output_prefix=str(tmp_path / "out"), tokenizer=TokenizerSpec(kind="byte")
+    )
+    real = pipeline._write_outputs
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pipeline, "_write_outputs", disk_full)
+    with pytest.raises(StorageError, match="rerun"):
+        preprocess(config, progress=False)
+    monkeypatch.setattr(pipeline, "_write_outputs", real)
+    result = preprocess(config, progress=False)
+    assert (result.files, result.files_resumed, result.encoded_tokens) == (2, 2, 0)
+    text = summary_text(config, result)
+    assert "nothing left to encode (every input file was finished by an earlier run)" in text
+    assert "tokens/s" not in text
+    clean = replace(config, output_prefix=str(tmp_path / "clean"))
+    preprocess(clean, progress=False)
+    assert same(str(tmp_path / "out_text_document"), str(tmp_path / "clean_text_document"))

@@ -378,6 +378,15 @@ def _short_skip_warnings() -> None:
     skip_log.propagate = False
 
 
+def _speed(result, mb: float) -> str:
+    """This run's encoding speed; a run that only resumed finished files encoded nothing, and a
+    rate of 0 tokens/s would read as a stall."""
+    if result.files_resumed and not result.encoded_tokens and not result.input_bytes:
+        return "nothing left to encode (every input file was finished by an earlier run)"
+    rate = f"{result.tokens_per_second / 1e6:.2f}M tokens/s, {mb / max(result.seconds, 1e-9):.1f} MB/s"
+    return rate + (f" (the {result.files - result.files_resumed} file(s) encoded now)" if result.files_resumed else "")
+
+
 def summary_text(config, result) -> str:
     """The run's final summary: documents, tokens, speed, skipped records by reason, outputs."""
     from ..preprocess.config import output_name, shard_prefix
@@ -388,8 +397,7 @@ def summary_text(config, result) -> str:
         f"preprocess: {result.documents:,} documents, {tokens:,} tokens"
         f" from {result.files} input file(s)"
         + (f" ({result.files_resumed} resumed)" if result.files_resumed else ""),
-        f"  time     {result.seconds:.2f} s: {result.tokens_per_second / 1e6:.2f}M tokens/s,"
-        f" {mb / max(result.seconds, 1e-9):.1f} MB/s"
+        f"  time     {result.seconds:.2f} s: {_speed(result, mb)}"
         f"  [{result.engine}, "
         + ("ray" if config.executor == "ray" else f"{config.workers} worker(s)") + "]",
         "  skipped  " + (", ".join(f"{r} {n:,}" for r, n in result.skipped.items()) or "none"),
