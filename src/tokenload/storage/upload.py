@@ -19,7 +19,9 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
 from typing import Callable, Iterator
 
 from ..errors import StorageError
@@ -200,13 +202,62 @@ def make_staging_root() -> str:
     return root
 
 
+#: A temporary folder untouched this long whose process is gone is an orphan (a worker killed
+#: mid-task, by SIGKILL or the OOM killer, runs no cleanup); younger ones are left alone.
+ORPHAN_SECONDS = 3600.0
+
+
 def temporary_folder(prefix: str) -> str:
-    """A new folder under the staging root, named ``prefix`` and random letters."""
+    """A new folder under the staging root: ``prefix``, then ``host@pid@`` of this process and
+    random letters. Orphans of dead processes on this host are removed first (see
+    ``remove_orphans``), so killed workers do not fill the node's disk run after run."""
     root = make_staging_root()
+    remove_orphans(root)
     try:
-        return tempfile.mkdtemp(prefix=prefix, dir=root)
+        return tempfile.mkdtemp(prefix=f"{prefix}@{socket.gethostname()}@{os.getpid()}@", dir=root)
     except OSError as exc:
         raise _staging_error(exc, root) from None
+
+
+def remove_orphans(root: str, now: float | None = None) -> list[str]:
+    """Remove temporary folders under ``root`` made by a process of this host that no longer
+    exists and untouched for ``ORPHAN_SECONDS`` (the newest of the folder and its files); returns
+    their paths. A staging root shared by several hosts keeps every other host's folders."""
+    now = time.time() if now is None else now
+    host, removed = socket.gethostname(), []
+    try:
+        entries = [e for e in os.scandir(root) if e.name.startswith(".") and e.name.count("@") >= 3]
+    except OSError:
+        return removed
+    for entry in entries:
+        _, owner_host, pid, _ = entry.name.rsplit("@", 3)
+        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if now - _last_touched(entry.path) < ORPHAN_SECONDS:
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+        logger.info("removed %s, left by process %s that no longer exists", entry.path, pid)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
+
+
+def _last_touched(folder: str) -> float:
+    try:
+        times = [os.stat(folder).st_mtime]
+        times += [e.stat(follow_symlinks=False).st_mtime for e in os.scandir(folder)]
+    except OSError:
+        return time.time()  # vanishing as we look: not an orphan to touch
+    return max(times)
 
 
 def staging_folder(url: str) -> str:
