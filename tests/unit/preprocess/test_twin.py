@@ -37,6 +37,8 @@ def forks(monkeypatch):
         # executor) that a user's fresh process would not have: the twin load is tested anyway.
         assert all(t.daemon for t in others), others
         monkeypatch.setattr(twin, "_only_thread", lambda: True)
+    # likewise the memory the whole suite has accumulated in this process by now
+    monkeypatch.setattr(twin, "FORK_RESIDENT_LIMIT", 1 << 40)
     pids: list[int] = []
     real_fork = os.fork
 
