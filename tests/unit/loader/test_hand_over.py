@@ -48,7 +48,8 @@ def test_workers_do_not_preempt_the_training_loop_when_woken(tmp_path):
     ds = FlatTokenDataset(tmp_path / "train.bin", FlatDatasetConfig(block_size=16, seed=5))
     loader = build_dataloader(ds, micro_batch_size=4, num_workers=2, dp_rank=0, dp_size=1)
     try:
-        next(iter(loader))
+        batches = iter(loader)
+        next(batches), next(batches)  # worker w makes batches w, w + 2, ...: both have started
         policies = {os.sched_getscheduler(p.pid) for p in loader.worker_processes}
         assert policies == {os.SCHED_BATCH}
         assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the training process is left alone
