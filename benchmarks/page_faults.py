@@ -6,7 +6,8 @@ Maps the ``.bin`` of ``loader.py``'s data afresh for each measurement (page cach
 one byte in each of ``--touches`` distinct random 64 KiB blocks: the first touch of a block is a
 page fault that maps the block's pages around it (fault-around). Also: the same with
 ``MADV_RANDOM`` (one page per fault), the same touches again once mapped (no fault), and
-``MADV_POPULATE_READ`` over the whole file (every page mapped in one call). loader.py's cold pass
+``MADV_POPULATE_READ`` over the whole file (every page mapped in one call), and a positional read
+of a piece's bytes instead of any mapping (``read_mode="pread"``). loader.py's cold pass
 pays the first of these once per 64 KiB block per process, on every side alike.
 """
 
@@ -52,6 +53,17 @@ def touches(fd: int, offsets: list[int], advice: int | None = None, again: bool 
         m.close()
 
 
+def preads(fd: int, offsets: list[int], length: int = 2400) -> tuple[float, float]:
+    """(us per read, faults per read) of ``os.preadv`` of ``length`` bytes (a typical document
+    piece) at each offset into one reused buffer: no mapping, one system call per piece."""
+    buf = memoryview(bytearray(length))
+    f, t = _faults(), time.perf_counter()
+    for o in offsets:
+        os.preadv(fd, [buf], o)
+    dt = time.perf_counter() - t
+    return dt / len(offsets) * 1e6, (_faults() - f) / len(offsets)
+
+
 def populate(fd: int, size: int) -> tuple[float, float]:
     """(ms, faults) of mapping every page of the file in one madvise call."""
     m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -91,6 +103,12 @@ def main() -> None:
                 got = touches(fd, offsets, advice, again)
                 best = got if best is None or got[0] < best[0] else best
             rows.append([name, f"{best[0]:.2f}", f"{best[1]:.2f}"])
+        best = None
+        for _ in range(args.repeats):
+            offsets = (rng.choice(blocks, min(args.touches, blocks), replace=False) * BLOCK + 1000).tolist()
+            got = preads(fd, offsets)
+            best = got if best is None or got[0] < best[0] else best
+        rows.append(["pread of 2,400 bytes into a reused buffer (no mapping)", f"{best[0]:.2f}", f"{best[1]:.2f}"])
         try:
             ms, faults = min(populate(fd, size) for _ in range(args.repeats))
         except OSError as exc:  # MADV_POPULATE_READ needs Linux >= 5.14
