@@ -32,19 +32,20 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<host>[A-Za-z0-9_.]+)-)?(?P<pid>
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This host's name as temporaries record it (letters, digits, '_' and '.')."""
     return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
 
 
 def temp_path(final: str | os.PathLike[str]) -> Path:
     """A unique temporary name beside ``final`` that records this host and process."""
     final = Path(final)
-    return final.with_name(f".{final.name}.tmp-{_host()}-{os.getpid()}-{secrets.token_hex(4)}")
+    return final.with_name(f".{final.name}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def _owner_gone(host: str | None, pid: int) -> bool:
+def owner_gone(host: str | None, pid: int) -> bool:
     """Whether the process that made a temporary has surely exited (only knowable on this host)."""
-    if host is not None and host != _host():
+    if host is not None and host != host_name():
         return False
     if pid == os.getpid():
         return False
@@ -74,7 +75,7 @@ def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None
             old = now - path.stat().st_mtime > STALE_AFTER_S
         except FileNotFoundError:
             continue
-        if old or _owner_gone(match["host"], int(match["pid"])):
+        if old or owner_gone(match["host"], int(match["pid"])):
             try:
                 path.unlink(missing_ok=True)
             except OSError as exc:  # the write that follows reports an unwritable folder itself

@@ -19,12 +19,12 @@ import hashlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from typing import Callable, Iterator
 
 from ..errors import StorageError
+from ..format.atomic import host_name, owner_gone
 from ..format.storage import write_error
 from .index_cache import cached_copy
 from .options import StorageOptions
@@ -214,7 +214,7 @@ def temporary_folder(prefix: str) -> str:
     root = make_staging_root()
     remove_orphans(root)
     try:
-        return tempfile.mkdtemp(prefix=f"{prefix}@{socket.gethostname()}@{os.getpid()}@", dir=root)
+        return tempfile.mkdtemp(prefix=f"{prefix}@{host_name()}@{os.getpid()}@", dir=root)
     except OSError as exc:
         raise _staging_error(exc, root) from None
 
@@ -224,14 +224,14 @@ def remove_orphans(root: str, now: float | None = None) -> list[str]:
     exists and untouched for ``ORPHAN_SECONDS`` (the newest of the folder and its files); returns
     their paths. A staging root shared by several hosts keeps every other host's folders."""
     now = time.time() if now is None else now
-    host, removed = socket.gethostname(), []
+    removed: list[str] = []
     try:
         entries = [e for e in os.scandir(root) if e.name.startswith(".") and e.name.count("@") >= 3]
     except OSError:
         return removed
     for entry in entries:
         _, owner_host, pid, _ = entry.name.rsplit("@", 3)
-        if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or not owner_gone(owner_host, int(pid)):
             continue
         if now - _last_touched(entry.path) < ORPHAN_SECONDS:
             continue
@@ -239,16 +239,6 @@ def remove_orphans(root: str, now: float | None = None) -> list[str]:
         removed.append(entry.path)
         logger.info("removed %s, left by process %s that no longer exists", entry.path, pid)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by another user
-        return True
-    return True
 
 
 def _last_touched(folder: str) -> float:

@@ -4,13 +4,13 @@ killed processes on this host removed by the next one, never a live or a foreign
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from tokenload.format.atomic import host_name
 from tokenload.storage import upload
 
 
@@ -40,12 +40,12 @@ def folder(root, name: str, age: float, files: int = 1):
 def test_a_temporary_folder_is_named_by_host_and_process(root):
     made = upload.temporary_folder(".part-corpus-")
     name = os.path.basename(made)
-    assert name.startswith(f".part-corpus-@{socket.gethostname()}@{os.getpid()}@")
+    assert name.startswith(f".part-corpus-@{host_name()}@{os.getpid()}@")
     assert os.path.isdir(made) and os.path.dirname(made) == str(root)
 
 
 def test_orphans_of_dead_processes_on_this_host_are_removed_by_the_next_folder(root):
-    host, old = socket.gethostname(), upload.ORPHAN_SECONDS + 60
+    host, old = host_name(), upload.ORPHAN_SECONDS + 60
     pid = dead_pid()
     orphan = folder(root, f".part-a-@{host}@{pid}@abc", old)
     fetch_orphan = folder(root, f".fetch-@{host}@{pid}@def", old, files=0)
@@ -60,7 +60,7 @@ def test_orphans_of_dead_processes_on_this_host_are_removed_by_the_next_folder(r
 
 
 def test_a_file_written_recently_keeps_an_old_folder(root):
-    host, pid = socket.gethostname(), dead_pid()
+    host, pid = host_name(), dead_pid()
     busy = folder(root, f".part-a-@{host}@{pid}@abc", upload.ORPHAN_SECONDS + 60, files=2)
     os.utime(busy / "part1.bin")  # written to a moment ago
     assert upload.remove_orphans(str(root)) == []
@@ -70,5 +70,5 @@ def test_a_file_written_recently_keeps_an_old_folder(root):
 def test_the_sweep_returns_what_it_removed_and_tolerates_a_missing_root(tmp_path):
     assert upload.remove_orphans(str(tmp_path / "nothing")) == []
     root = tmp_path / "r"
-    gone = folder(root, f".fetch-@{socket.gethostname()}@{dead_pid()}@x", upload.ORPHAN_SECONDS + 1)
+    gone = folder(root, f".fetch-@{host_name()}@{dead_pid()}@x", upload.ORPHAN_SECONDS + 1)
     assert upload.remove_orphans(str(root)) == [str(gone)]
