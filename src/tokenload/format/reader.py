@@ -4,64 +4,21 @@ A ``TokenFile`` is cheap to create and to pickle: it holds only ``(prefix, optio
 the files on first use, in the process that uses them, re-opening after a fork. So DataLoader
 workers and forked or spawned processes never share a file offset or a mapping.
 
-Opening costs O(1): the header is parsed, both file sizes are checked against it (the last
-pointer plus the last length must end exactly at the end of ``.bin``), and the document indices
-must start at 0 and end at the sequence count. An index whose document indices are just ``[0]``
-(GPT-NeoX's merge forgets them) is read with each sequence as one document. The O(N) invariants
-are ``verify``'s job. A legacy fairseq ``TNTIDX`` index (GPT-NeoX ``data_impl`` cached/lazy) is
-recognised by its magic, as NeoX's ``data_impl="infer"`` does, and read and checked in O(N)
-(``legacy.py``). The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
-``pread`` mode creates no mapping at all.
-
-Opened with the counts of a sequences JSON (``sequences=(N, D + 1)``, ``dtype=``: Megatron's
-``--per-dataset-sequences-path``, ``sequences.py``), a token file parses no header: its length
-and dtype are known without opening it, and on first use the arrays are mapped at the offsets
-the counts give, after the O(1) checks of the ``.idx`` size and the header bytes in the mapping.
+This module is the read API (index arrays, token reads, documents); what an open reads and
+checks, in O(1), is ``opening.py``'s. Given the counts of a sequences JSON
+(``sequences=(N, D + 1)``, ``dtype=``), a token file knows its length and dtype without opening.
 """
 
 from __future__ import annotations
 
-import glob
-import mmap
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, StorageError
-from .bin import BinSource, ReadMode, open_bin, warmup_file
-from .idx import (
-    FLOAT_CODES,
-    HEADER_SIZE,
-    DtypeCodes,
-    IndexHeader,
-    code_table,
-    index_arrays,
-    parse_header,
-    prefix_of,
-    resolve_float_dtype,
-)
-from .legacy import is_legacy, read_legacy
-from .sequences import check_counts, header_from_counts
-from .storage import read_error
-
-
-@dataclass
-class _Opened:
-    pid: int
-    header: IndexHeader
-    lengths: np.ndarray
-    pointers: np.ndarray
-    documents: np.ndarray | None
-    """None until first needed when ``per_sequence`` (then it is ``arange(N + 1)``)."""
-    modes: np.ndarray | None
-    bin: BinSource
-    per_sequence: bool
-    """The index records no document boundaries: each sequence is one document."""
-
-    @property
-    def itemsize(self) -> int:
-        return self.header.dtype.itemsize
+from ..errors import FormatError
+from .bin import ReadMode
+from .idx import DtypeCodes, IndexHeader, code_table, prefix_of
+from .opening import Opened, open_pair
 
 
 class TokenFile:
@@ -101,7 +58,7 @@ class TokenFile:
         if self.given_dtype is not None and self.sequences is None:
             raise ValueError("dtype= is given with sequences=(sequence_count, document_count) only")
         self.sequences_path = None if sequences_path is None else os.fspath(sequences_path)
-        self._state: _Opened | None = None
+        self._state: Opened | None = None
 
     @property
     def idx_path(self) -> str:
@@ -112,92 +69,11 @@ class TokenFile:
         return self.prefix + ".bin"
 
     # -- lazy opening ----------------------------------------------------------------------------
-    def _opened(self) -> _Opened:
+    def _opened(self) -> Opened:
         state = self._state
         if state is None or state.pid != os.getpid():
-            state = self._state = self._open()
+            state = self._state = open_pair(self)
         return state
-
-    def _open(self) -> _Opened:
-        if self.warmup and "://" not in self.prefix:
-            warmup_file(self.idx_path)
-            warmup_file(self.bin_path)
-        header, lengths, pointers, documents, modes = self._index()
-        per_sequence = _per_sequence_documents(header, documents, self.idx_path)
-        if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":  # TNTIDX: its element size decides
-            header = self._float_header(header, lengths)
-        source = open_bin(self.bin_path, header.dtype, self.mode)
-        try:
-            _check_bin_size(header, lengths, pointers, source, self.bin_path)
-        except FormatError:
-            source.close()
-            raise
-        if per_sequence:
-            documents = None
-        return _Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
-
-    def _index(self) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
-        """The header and (lengths, pointers, documents, modes) of either index format."""
-        buffer = self._read_index()
-        if is_legacy(buffer[:8]):
-            header, lengths, pointers, documents = read_legacy(
-                buffer, self.idx_path, dtype_codes=self.dtype_codes, multimodal=self.multimodal
-            )
-            return header, lengths, pointers, documents, None
-        if self.sequences is not None and self.given_dtype is not None:
-            header = header_from_counts(
-                bytes(buffer[:HEADER_SIZE]), len(buffer), self.idx_path, self.sequences, self.given_dtype,
-                multimodal=self.multimodal, source=self.sequences_path,
-            )
-            return (header, *index_arrays(buffer, header))
-        header = parse_header(
-            bytes(buffer[:HEADER_SIZE]),
-            len(buffer),
-            self.idx_path,
-            dtype_codes=self.dtype_codes,
-            multimodal=self.multimodal,
-        )
-        if self.sequences is not None:
-            check_counts(header, self.sequences, self.idx_path, self.sequences_path)
-        return (header, *index_arrays(buffer, header))
-
-    def _float_header(self, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
-        """Codes 6/7: "auto" takes the float type the ``.bin`` size fits; a forced table that the
-        size contradicts is named, since the cause is the table, not a damaged file."""
-        fitting = resolve_float_dtype(header, lengths, self._bin_size())
-        if self.dtype_codes == "auto" or fitting.dtype == header.dtype:
-            return fitting
-        raise FormatError(
-            f"dtype code {header.code} is {header.dtype} in the {self.dtype_codes!r} table, but the .bin"
-            f" size fits {fitting.dtype} (codes 6 and 7 are swapped between megatron-core and GPT-NeoX)",
-            path=self.idx_path,
-            hint="open it with dtype_codes='auto' (the default), which takes the table the .bin size"
-            " fits (tokenload convert: --dtype-codes auto)",
-        )
-
-    def _bin_size(self) -> int:
-        try:
-            if "://" in self.bin_path:
-                from ..storage import file_size
-
-                return file_size(self.bin_path)
-            return os.stat(self.bin_path).st_size
-        except OSError as exc:
-            raise read_error(exc, self.bin_path, "token data") from None
-
-    def _read_index(self):
-        try:
-            from ..storage import local_path  # a URL's .idx: its local copy
-
-            with open(local_path(self.idx_path), "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if self.mode is ReadMode.MMAP and size > 0:
-                    return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-                return memoryview(f.read())
-        except FileNotFoundError as exc:
-            raise _missing_index(exc, self.idx_path) from None
-        except OSError as exc:
-            raise read_error(exc, self.idx_path, "the index") from None
 
     def close(self) -> None:
         """Drop file handles and mappings; the next access reopens."""
@@ -373,56 +249,3 @@ def _negative_length(index: int, length: int, path: str) -> FormatError:
         hint="the index is corrupt; run `tokenload verify` and rewrite the file",
     )
 
-
-def _per_sequence_documents(header: IndexHeader, documents: np.ndarray, path: str) -> bool:
-    """Check the two ends of ``document_indices`` (O(1)); True for GPT-NeoX's boundary-less ``[0]``.
-
-    A first entry other than 0 or a last one other than N would make documents start or end at
-    sequences the file does not have, so reads would silently return the wrong tokens."""
-    n = header.sequence_count
-    first, last = int(documents[0]), int(documents[-1])
-    if documents.size == 1 and first == 0 and n > 0:
-        return True
-    if first != 0:
-        raise _bad_documents(f"document_indices[0] is {first}, expected 0", path)
-    if last != n:
-        raise _bad_documents(f"document_indices[-1] is {last}, expected the sequence count {n}", path)
-    return False
-
-
-def _bad_documents(message: str, path: str) -> FormatError:
-    return FormatError(
-        message,
-        path=path,
-        hint="the index is corrupt or was written incompletely; rewrite the file (tokenload"
-        " preprocess or merge), and run `tokenload verify` on its other copies",
-    )
-
-
-def _missing_index(exc: OSError, path: str) -> StorageError:
-    """No ``.idx``: name a writer's leftovers when one was killed while replacing the pair."""
-    folder, name = os.path.split(path)
-    leftovers = glob.glob(os.path.join(glob.escape(folder or "."), f".{glob.escape(name)}.tmp-*"))
-    if not leftovers:
-        return read_error(exc, path, "the index")
-    return StorageError(
-        f"cannot read the index ({exc.strerror}); its hidden temporary {os.path.basename(leftovers[0])}"
-        " remains",
-        path=path,
-        hint="a writer or merge of this prefix was killed while replacing its files; rerun it (a"
-        " new merge removes the leftovers)",
-    )
-
-
-def _check_bin_size(header, lengths, pointers, source: BinSource, path: str) -> None:
-    if header.sequence_count == 0:
-        expected = 0
-    else:
-        expected = int(pointers[-1]) + int(lengths[-1]) * header.dtype.itemsize
-    if expected != source.num_bytes:
-        state = "shorter" if source.num_bytes < expected else "longer"
-        raise FormatError(
-            f".bin is {source.num_bytes} bytes, {state} than the {expected} bytes its index describes",
-            path=path,
-            hint="the .bin and .idx do not belong together or one was truncated; rewrite the pair",
-        )

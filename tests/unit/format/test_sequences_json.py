@@ -13,7 +13,7 @@ from support import write_documents
 
 from tokenload.errors import ConfigError, FormatError
 from tokenload.format import SequenceCounts, TokenFile, read_sequences, write_sequences
-from tokenload.format import reader as reader_module
+from tokenload.format import opening as opening_module
 from tokenload.format.idx import optimal_dtype
 
 DOCS = [[1, 2, 3], [4, 5], [], [6, 7, 8, 9]]
@@ -84,7 +84,7 @@ def test_token_file_with_counts_parses_no_header(prefix, monkeypatch):
     def no_header(*args, **kwargs):
         raise AssertionError("the header was parsed")
 
-    monkeypatch.setattr(reader_module, "parse_header", no_header)
+    monkeypatch.setattr(opening_module, "parse_header", no_header)
     tf = TokenFile(prefix, sequences=(4, 5), dtype="uint16", sequences_path="seq.json")
     assert [tf[i].tolist() for i in range(len(tf))] == [[1, 2, 3], [4, 5], [], [6, 7, 8, 9]]
     assert tf.document(3).tolist() == [6, 7, 8, 9] and tf.num_documents == 4

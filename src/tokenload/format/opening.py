@@ -1,0 +1,206 @@
+"""Opening a token file pair (``PREFIX.idx`` + ``PREFIX.bin``): everything ``TokenFile`` does on
+first use, in the process that uses it, kept apart from ``reader.py``'s read API so that the
+checks an open makes are read in one place.
+
+Opening costs O(1): the header is parsed, both file sizes are checked against it (the last
+pointer plus the last length must end exactly at the end of ``.bin``), and the document indices
+must start at 0 and end at the sequence count. An index whose document indices are just ``[0]``
+(GPT-NeoX's merge forgets them) is read with each sequence as one document. The O(N) invariants
+are ``verify``'s job. A legacy fairseq ``TNTIDX`` index (GPT-NeoX ``data_impl`` cached/lazy) is
+recognised by its magic, as NeoX's ``data_impl="infer"`` does, and read and checked in O(N)
+(``legacy.py``). The ``.idx`` is memory-mapped in ``mmap`` mode and read into RAM otherwise, so
+``pread`` mode creates no mapping at all.
+
+Opened with the counts of a sequences JSON (``sequences=(N, D + 1)``, ``dtype=``: Megatron's
+``--per-dataset-sequences-path``, ``sequences.py``), a token file parses no header: its length
+and dtype are known without opening it, and on first use the arrays are mapped at the offsets
+the counts give, after the O(1) checks of the ``.idx`` size and the header bytes in the mapping.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import FormatError, StorageError
+from .bin import BinSource, ReadMode, open_bin, warmup_file
+from .idx import (
+    FLOAT_CODES,
+    HEADER_SIZE,
+    IndexHeader,
+    index_arrays,
+    parse_header,
+    resolve_float_dtype,
+)
+from .legacy import is_legacy, read_legacy
+from .sequences import check_counts, header_from_counts
+from .storage import read_error
+
+if TYPE_CHECKING:
+    from .reader import TokenFile
+
+
+@dataclass
+class Opened:
+    """A token file's state in the process that opened it."""
+
+    pid: int
+    header: IndexHeader
+    lengths: np.ndarray
+    pointers: np.ndarray
+    documents: np.ndarray | None
+    """None until first needed when ``per_sequence`` (then it is ``arange(N + 1)``)."""
+    modes: np.ndarray | None
+    bin: BinSource
+    per_sequence: bool
+    """The index records no document boundaries: each sequence is one document."""
+
+    @property
+    def itemsize(self) -> int:
+        return self.header.dtype.itemsize
+
+
+def open_pair(file: TokenFile) -> Opened:
+    """Open ``file``'s index and ``.bin`` with its options, after the O(1) checks."""
+    if file.warmup and "://" not in file.prefix:
+        warmup_file(file.idx_path)
+        warmup_file(file.bin_path)
+    header, lengths, pointers, documents, modes = _index(file)
+    per_sequence = _per_sequence_documents(header, documents, file.idx_path)
+    if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":  # TNTIDX: its element size decides
+        header = _float_header(file, header, lengths)
+    source = open_bin(file.bin_path, header.dtype, file.mode)
+    try:
+        _check_bin_size(header, lengths, pointers, source, file.bin_path)
+    except FormatError:
+        source.close()
+        raise
+    if per_sequence:
+        documents = None
+    return Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
+
+
+def _index(file: TokenFile) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """The header and (lengths, pointers, documents, modes) of either index format."""
+    buffer = _read_index(file)
+    if is_legacy(buffer[:8]):
+        header, lengths, pointers, documents = read_legacy(
+            buffer, file.idx_path, dtype_codes=file.dtype_codes, multimodal=file.multimodal
+        )
+        return header, lengths, pointers, documents, None
+    if file.sequences is not None and file.given_dtype is not None:
+        header = header_from_counts(
+            bytes(buffer[:HEADER_SIZE]), len(buffer), file.idx_path, file.sequences, file.given_dtype,
+            multimodal=file.multimodal, source=file.sequences_path,
+        )
+        return (header, *index_arrays(buffer, header))
+    header = parse_header(
+        bytes(buffer[:HEADER_SIZE]),
+        len(buffer),
+        file.idx_path,
+        dtype_codes=file.dtype_codes,
+        multimodal=file.multimodal,
+    )
+    if file.sequences is not None:
+        check_counts(header, file.sequences, file.idx_path, file.sequences_path)
+    return (header, *index_arrays(buffer, header))
+
+
+def _float_header(file: TokenFile, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
+    """Codes 6/7: "auto" takes the float type the ``.bin`` size fits; a forced table that the
+    size contradicts is named, since the cause is the table, not a damaged file."""
+    fitting = resolve_float_dtype(header, lengths, _bin_size(file.bin_path))
+    if file.dtype_codes == "auto" or fitting.dtype == header.dtype:
+        return fitting
+    raise FormatError(
+        f"dtype code {header.code} is {header.dtype} in the {file.dtype_codes!r} table, but the .bin"
+        f" size fits {fitting.dtype} (codes 6 and 7 are swapped between megatron-core and GPT-NeoX)",
+        path=file.idx_path,
+        hint="open it with dtype_codes='auto' (the default), which takes the table the .bin size"
+        " fits (tokenload convert: --dtype-codes auto)",
+    )
+
+
+def _bin_size(bin_path: str) -> int:
+    try:
+        if "://" in bin_path:
+            from ..storage import file_size
+
+            return file_size(bin_path)
+        return os.stat(bin_path).st_size
+    except OSError as exc:
+        raise read_error(exc, bin_path, "token data") from None
+
+
+def _read_index(file: TokenFile):
+    try:
+        from ..storage import local_path  # a URL's .idx: its local copy
+
+        with open(local_path(file.idx_path), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if file.mode is ReadMode.MMAP and size > 0:
+                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            return memoryview(f.read())
+    except FileNotFoundError as exc:
+        raise _missing_index(exc, file.idx_path) from None
+    except OSError as exc:
+        raise read_error(exc, file.idx_path, "the index") from None
+
+
+def _per_sequence_documents(header: IndexHeader, documents: np.ndarray, path: str) -> bool:
+    """Check the two ends of ``document_indices`` (O(1)); True for GPT-NeoX's boundary-less ``[0]``.
+
+    A first entry other than 0 or a last one other than N would make documents start or end at
+    sequences the file does not have, so reads would silently return the wrong tokens."""
+    n = header.sequence_count
+    first, last = int(documents[0]), int(documents[-1])
+    if documents.size == 1 and first == 0 and n > 0:
+        return True
+    if first != 0:
+        raise _bad_documents(f"document_indices[0] is {first}, expected 0", path)
+    if last != n:
+        raise _bad_documents(f"document_indices[-1] is {last}, expected the sequence count {n}", path)
+    return False
+
+
+def _bad_documents(message: str, path: str) -> FormatError:
+    return FormatError(
+        message,
+        path=path,
+        hint="the index is corrupt or was written incompletely; rewrite the file (tokenload"
+        " preprocess or merge), and run `tokenload verify` on its other copies",
+    )
+
+
+def _missing_index(exc: OSError, path: str) -> StorageError:
+    """No ``.idx``: name a writer's leftovers when one was killed while replacing the pair."""
+    folder, name = os.path.split(path)
+    leftovers = glob.glob(os.path.join(glob.escape(folder or "."), f".{glob.escape(name)}.tmp-*"))
+    if not leftovers:
+        return read_error(exc, path, "the index")
+    return StorageError(
+        f"cannot read the index ({exc.strerror}); its hidden temporary {os.path.basename(leftovers[0])}"
+        " remains",
+        path=path,
+        hint="a writer or merge of this prefix was killed while replacing its files; rerun it (a"
+        " new merge removes the leftovers)",
+    )
+
+
+def _check_bin_size(header, lengths, pointers, source: BinSource, path: str) -> None:
+    if header.sequence_count == 0:
+        expected = 0
+    else:
+        expected = int(pointers[-1]) + int(lengths[-1]) * header.dtype.itemsize
+    if expected != source.num_bytes:
+        state = "shorter" if source.num_bytes < expected else "longer"
+        raise FormatError(
+            f".bin is {source.num_bytes} bytes, {state} than the {expected} bytes its index describes",
+            path=path,
+            hint="the .bin and .idx do not belong together or one was truncated; rewrite the pair",
+        )
