@@ -183,7 +183,7 @@ class MegatronDataConfig:
         """The configuration in a GPT-NeoX YAML file (or a list of files merged as NeoX merges
         them, or a dict), as an ``ImportedConfig`` (see ``from_megatron_args``); ``order`` is
         ``"neox"``. Unsupported data keys are a ConfigError naming them."""
-        from .configs import neox_config_from_yaml
+        from .neox_config import neox_config_from_yaml
 
         return neox_config_from_yaml(config, **options)
 

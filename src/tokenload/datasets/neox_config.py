@@ -1,0 +1,286 @@
+"""GPT-NeoX's YAML configs as ``MegatronDataConfig`` fields: the NeoX half of the importers.
+
+Files are read as NeoX reads them: several YAML files merged in order (a key twice is an error,
+as in NeoX's ``from_ymls``), ``-`` in keys read as ``_``, NeoX's defaults for what a file leaves
+out, and ``order="neox"``. Every key either maps onto a field, is recorded in ``extras``, is one
+of NeoX's known non-data keys (``NEOX_NON_DATA_KEYS``), or is a ``ConfigError`` that names it;
+a data key tokenload cannot reproduce (``NEOX_UNSUPPORTED_DATA_KEYS``) is refused unless left at
+NeoX's default. The sample counts follow NeoX's ``train_val_test_num_samples``.
+
+Separate from ``configs`` (the Megatron-flag importer and the ``ImportedConfig`` both return)
+because the two share nothing but that result: NeoX's schema lists and merge rules are their
+own, and PyYAML is imported only when a NeoX file is read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..distributed import World
+from ..errors import ConfigError, StorageError
+from .configs import ImportedConfig
+
+__all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
+
+NEOX_NON_DATA_KEYS = frozenset("""
+account activation activation_checkpointing adlr_autoresume adlr_autoresume_interval amp
+apply_query_key_layer_scaling attention_config attention_dropout attention_softmax_in_fp32
+autotuning autotuning_run base_shapes_file batch_size bf16 bias_dropout_fusion
+bias_gelu_fusion char_level_ppl checkpoint checkpoint_activations checkpoint_factor
+checkpoint_in_cpu checkpoint_num_layers checkpoint_scale
+checkpoint_validation_with_forward_pass clip_grad comet_experiment comet_experiment_name
+comet_others comet_project comet_tags comet_workspace comment comms_logger
+communication_data_type compression_training config_files contiguous_checkpointing
+coord_check csv_monitor data_types deepscale deepscale_config deepspeed
+deepspeed_activation_checkpointing deepspeed_extra_args deepspeed_mpi deepspeed_slurm
+dim_att distributed_backend do_test do_train do_valid dpo_beta dpo_fp32 dpo_reference_free
+dump_state dynamic_loss_scale elasticity eval_results_prefix eval_tasks exclude
+exit_interval expansion_factor extra_save_iters ffn_dim finetune flops_profiler force_multi
+fp16 fp16_lm_cross_entropy fp32_allreduce fp32_reinforce fused_kernels_build_path git_hash
+global_num_gpus gmlp_attn_dim gpt_j_residual gpt_j_tied gradient_clipping
+gradient_noise_scale_cpu_offload gradient_noise_scale_n_batches gradient_predivide_factor
+head_size hidden_dropout hidden_size hostfile hysteresis include init_method init_method_std
+intermediate_size is_pipe_parallel iteration keep_last_n_checkpoints kl_div_beta kl_impl
+kto_beta kto_desirable_weight kto_fp32 kto_undesirable_weight launcher layernorm_epsilon
+layernorm_fusion lazy_mpu_init load local_rank log_dir log_grad_norm log_grad_pct_zeros
+log_gradient_noise_scale log_interval log_optimizer_states log_param_norm loss_scale
+loss_scale_window lr lr_decay_fraction lr_decay_iters lr_decay_style
+make_vocab_size_divisible_by mamba_causal_conv_fusion mamba_inner_func_fusion
+mamba_selective_fp32_params mamba_selective_scan_fusion mamba_use_bias_in_conv
+mamba_use_bias_in_linears master_addr master_port max_position_embeddings maximum_tokens
+memory_profiling memory_profiling_path min_lr min_scale mlp_multiple_of moe_expert_interval
+moe_jitter_eps moe_lbl_in_fp32 moe_num_experts moe_router_type moe_top_k mup_attn_temp
+mup_embedding_mult mup_init_scale mup_output_temp mup_rp_embedding_mult mup_width_scale
+no_load_optim no_load_rng no_save_optim no_save_rng no_ssh_check no_weight_tying norm
+num_attention_heads num_gpus num_kv_heads num_layers num_nodes num_samples num_unique_layers
+online_dataserver_ips online_dataserver_ports onnx_safe opt_pos_emb_offset optimizer
+optimizer_type output_layer_init_method output_layer_parallelism override_lr_scheduler
+padded_vocab_size param_sharing_style partition_activations peak_theoretical_tflops
+pipe_partition_method pos_emb precision prescale_gradients profile profile_backward
+profile_step_start profile_step_stop prompt_end rank recompute reinforce_leave_one_out
+return_logits rms_norm_epsilon rmsnorm_fusion rope_fusion rotary_emb_base rotary_pct
+rotary_save_freqs_buffer rpe_max_distance rpe_num_buckets s3_chunk_size s3_path
+sample_input_file sample_output_file save save_base_shapes scaled_masked_softmax_fusion
+scaled_upper_triang_masked_softmax_fusion scalenorm_epsilon scheduler sequence_parallel
+serve_model_weights short_seq_prob sliding_window_width soft_prompt_tuning sparse_attention
+sparse_gradients sparsity_config steps_per_print synchronize_each_layer te_columnparallel
+te_fp8_amax_compute_algo te_fp8_amax_history_len te_fp8_format te_fp8_margin te_fp8_mha
+te_fp8_wgrad te_layernorm_mlp te_mha te_rowparallel temperature tensorboard tensorboard_dir
+text_gen_type top_k top_p use_bias_in_attn_linear use_bias_in_mlp use_bias_in_norms
+use_bnb_optimizer use_checkpoint_lr_scheduler use_comet use_cpu_initialization
+use_flashattn_swiglu use_mup use_qk_layernorm use_wandb user_script wall_clock_breakdown
+wandb wandb_group wandb_host wandb_init_all_ranks wandb_project wandb_run_name wandb_team
+warmup weight_decay weight_server_port world_size z_loss zero_allgather_bucket_size
+zero_contiguous_gradients zero_optimization zero_reduce_bucket_size zero_reduce_scatter
+zero_stage
+""".split())
+"""Keys of GPT-NeoX's config schema (``megatron/neox_arguments``, commit ea7aefd) that decide no
+sample, token or item: model, optimizer, DeepSpeed, parallelism, logging, checkpoints,
+generation. Keys outside the schema, and data keys tokenload does not map, are refused."""
+
+NEOX_UNSUPPORTED_DATA_KEYS: dict[str, Any] = {
+    **{f"{s}_{kind}_data_paths": None for s in ("train", "valid", "test")
+       for kind in ("label", "reward")},
+    **{f"{side}_{s}_{kind}data_paths": None for side in ("pos", "neg")
+       for s in ("train", "valid", "test") for kind in ("", "label_")},
+    "precompute_model_name": None,
+    "curriculum_learning": None,
+    "curriculum_seqlen": 0,
+    "data_efficiency": None,
+}
+"""Data keys of NeoX's schema with no tokenload counterpart (label/reward datasets, pairwise
+DPO/KTO data, DeepSpeed curriculum and data efficiency), with NeoX's defaults: a key set to
+another value is a ConfigError naming it."""
+
+_NEOX_FIXED = {"pack_impl": "packed", "dataset_impl": "gpt2", "train_impl": "normal"}
+"""NeoX's data modes tokenload reproduces only at these values (NeoX's defaults)."""
+
+_NEOX_DATA_DEFAULTS: dict[str, Any] = {
+    "data_path": None, "train_data_paths": None, "valid_data_paths": None,
+    "test_data_paths": None, "train_data_weights": None, "valid_data_weights": None,
+    "test_data_weights": None, "weight_by_num_documents": False, "weighted_sampler_alpha": 1.0,
+    "split": "969, 30, 1", "seq_length": None, "seed": 1234, "data_impl": "infer",
+    "mmap_warmup": False, "use_shared_fs": True, "allow_chopped": True, "eod_mask_loss": False,
+    "train_iters": None, "train_epochs": None, "eval_iters": 100, "eval_interval": 1000,
+    "train_batch_size": None, "train_micro_batch_size_per_gpu": None,
+    "gradient_accumulation_steps": 1, "pipe_parallel_size": 0, "model_parallel_size": 1,
+    "num_workers": 2, "vocab_file": None, "merge_file": None, "tokenizer_type": "GPT2BPETokenizer",
+    **_NEOX_FIXED,
+}
+"""The keys the importer reads, with GPT-NeoX's defaults (``neox_args.py``)."""
+
+_DATA_IMPL_READ_MODES = {"mmap": "mmap", "cached": "memory", "lazy": "pread", "infer": None}
+"""NeoX's ``data_impl`` as tokenload's ``read_mode`` (docs/FORMAT.md); ``infer`` needs none."""
+
+
+def _load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = yaml.load(f, Loader=yaml.FullLoader)  # NeoX's loader: True/False, 1.0e-8
+    except OSError as exc:
+        raise StorageError(f"cannot read the NeoX config {path}: {exc.strerror}", path=str(path),
+                           hint="check the path") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}".splitlines()[0], path=str(path),
+                          hint="check the file's syntax") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} holds a {type(value).__name__}; expected a mapping of keys",
+                          path=str(path))
+    return value
+
+
+def _merge_neox(sources: Sequence[Any]) -> dict[str, Any]:
+    """NeoX's ``from_ymls``: files merged in order, ``-`` read as ``_``. A key already merged is
+    refused as NeoX refuses it: the key as written against the merged (``_``) keys, so
+    ``tokenizer_type`` then ``tokenizer-type`` is NeoX's override (later file wins), kept."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for source in sources:
+        name = "the config dict" if isinstance(source, Mapping) else str(source)
+        conf = dict(source) if isinstance(source, Mapping) else _load_yaml(source)
+        for key, value in conf.items():
+            if key in merged:
+                raise ConfigError(
+                    f"key {key!r} is in both {origin[key]} and {name}; expected each key once "
+                    "(GPT-NeoX refuses it too)", hint="keep the key in one file",
+                )
+            norm = str(key).replace("-", "_")
+            merged[norm], origin[norm] = value, name
+    return merged
+
+
+def _check_neox_keys(conf: Mapping[str, Any]) -> None:
+    for key, value in conf.items():
+        if key in NEOX_UNSUPPORTED_DATA_KEYS:
+            if value != NEOX_UNSUPPORTED_DATA_KEYS[key]:
+                raise ConfigError(
+                    f"NeoX key {key} is set ({value!r}); tokenload does not support it",
+                    hint=f"remove {key} (only GPT-NeoX's plain language-model data is supported)",
+                )
+        elif key in _NEOX_FIXED:
+            if value != _NEOX_FIXED[key]:
+                raise ConfigError(
+                    f"NeoX key {key} is {value!r}; tokenload reproduces only {_NEOX_FIXED[key]!r}",
+                    hint=f"remove {key} or set it to {_NEOX_FIXED[key]!r}",
+                )
+        elif key not in _NEOX_DATA_DEFAULTS and key not in NEOX_NON_DATA_KEYS:
+            raise ConfigError(
+                f"unknown NeoX key {key}: neither a data key tokenload maps nor a known key of "
+                "GPT-NeoX's config schema", hint="check its spelling, or remove it",
+            )
+
+
+def neox_config_from_yaml(
+    path_or_dict: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any],
+    *, data_parallel_size: int | None = None, eod_id: int | None = None,
+) -> ImportedConfig:
+    """A GPT-NeoX config (a YAML path, a dict, or a list of them merged as ``deepy.py`` does) as
+    ``MegatronDataConfig`` fields with ``order="neox"`` and NeoX's sample counts.
+
+    ``data_parallel_size``: for ``train_batch_size`` when the config gives only the micro batch
+    (default: this process's world divided by pipe x model parallel sizes, as NeoX);
+    ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``.
+    """
+    many = isinstance(path_or_dict, Sequence) and not isinstance(path_or_dict, (str, bytes))
+    raw = _merge_neox(list(path_or_dict) if many else [path_or_dict])
+    _check_neox_keys(raw)
+    conf = {**_NEOX_DATA_DEFAULTS, **{k: v for k, v in raw.items() if k in _NEOX_DATA_DEFAULTS}}
+    if conf["seq_length"] is None:
+        raise ConfigError("the NeoX config has no seq_length", hint="add seq_length")
+    fields: dict[str, Any] = {
+        "order": "neox",
+        "sequence_length": int(conf["seq_length"]),
+        "random_seed": int(conf["seed"]),
+    }
+    fields.update(_neox_data(conf))
+    read_mode = _DATA_IMPL_READ_MODES.get(conf["data_impl"], "?")
+    if read_mode == "?":
+        raise ConfigError(f"NeoX key data_impl is {conf['data_impl']!r}; expected one of "
+                          f"{sorted(_DATA_IMPL_READ_MODES)}", hint="use mmap (NeoX's usual)")
+    if read_mode is not None:
+        fields["read_mode"] = read_mode
+    if conf["mmap_warmup"]:
+        fields["warmup"] = True
+    if not conf["use_shared_fs"]:
+        fields["build_policy"] = "local-rank0"
+    if conf["eod_mask_loss"]:
+        if eod_id is None:
+            raise ConfigError("eod_mask_loss needs the tokenizer's end-of-document id",
+                              hint="pass eod_id=... (50256 for GPT2BPETokenizer)")
+        fields.update(eod_mask_loss=True, eod_id=eod_id)
+    sizes, batch = _neox_sizes(conf, data_parallel_size)
+    if sizes == [None, None, None]:
+        fields["num_epochs"] = 1
+    extras = {"train_batch_size": batch, "num_workers": conf["num_workers"],
+              "tokenizer": {k: conf[k] for k in ("tokenizer_type", "vocab_file", "merge_file")}}
+    return ImportedConfig(fields, sizes, extras)
+
+
+def _neox_paths(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(p, str) for p in value):
+        raise ConfigError(f"NeoX key {key} is {value!r}; expected a list of path prefixes")
+    return value
+
+
+def _neox_data(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``data_path`` + ``split``, or per-split weighted paths (NeoX prefers the latter)."""
+    if conf["train_data_paths"]:
+        blends: list[list[str] | None] = []
+        for s in ("train", "valid", "test"):
+            paths = conf[f"{s}_data_paths"]
+            if not paths:
+                blends.append(None)
+                continue
+            paths = _neox_paths(f"{s}_data_paths", paths)
+            weights = conf[f"{s}_data_weights"] or [1.0] * len(paths)  # NeoX's default
+            if len(weights) != len(paths):
+                raise ConfigError(f"NeoX has {len(weights)} {s}_data_weights for {len(paths)} "
+                                  f"{s}_data_paths; expected one weight per path")
+            blends.append([x for w, p in zip(weights, paths) for x in (repr(float(w)), p)])
+        out: dict[str, Any] = {"blend_per_split": blends}
+        if conf["weight_by_num_documents"]:
+            out["weight_by_num_documents"] = True
+            out["weighted_sampler_alpha"] = float(conf["weighted_sampler_alpha"])
+        return out
+    if not conf["data_path"]:
+        raise ConfigError("the NeoX config has no data: expected data_path or train_data_paths",
+                          hint="add data_path (split by split) or train/valid/test_data_paths")
+    return {"blend": _neox_paths("data_path", conf["data_path"]), "split": str(conf["split"])}
+
+
+def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | None], int | None]:
+    """NeoX's ``train_val_test_num_samples`` and its ``train_batch_size``."""
+    if conf["train_iters"] is None:
+        if conf["train_epochs"] is None:
+            raise ConfigError("the NeoX config has neither train_iters nor train_epochs",
+                              hint="add train_iters (GPT-NeoX requires one of them too)")
+        return [None, None, None], None
+    batch = conf["train_batch_size"]
+    if batch is None:
+        micro = conf["train_micro_batch_size_per_gpu"]
+        if micro is None:
+            raise ConfigError("the NeoX config has neither train_batch_size nor "
+                              "train_micro_batch_size_per_gpu", hint="add one of them")
+        batch = int(micro) * int(conf["gradient_accumulation_steps"]) * _neox_dp(conf, dp)
+    iters, evals = int(conf["train_iters"]), int(conf["eval_iters"])
+    valid = (iters // int(conf["eval_interval"]) + 1) * evals
+    return [iters * batch, valid * batch, evals * batch], int(batch)
+
+
+def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
+    if dp is not None:
+        return dp
+    model = max(1, int(conf["pipe_parallel_size"])) * max(1, int(conf["model_parallel_size"]))
+    world = World.detect().world_size
+    if world % model:
+        raise ConfigError(
+            f"{world} processes are not divisible by pipe x model parallel size {model}",
+            hint="pass data_parallel_size=... (the job's number of data-parallel replicas)",
+        )
+    return world // model
