@@ -1,12 +1,14 @@
 """``preprocess``: input files -> Megatron token files, in parallel, deterministic and resumable.
 
-The main thread reads each input file as a stream of chunks (about ``chunk_bytes`` of whole
-lines) and submits them to a pool of workers (threads when the tokenizer's encoder runs outside
-the GIL, as every Rust encoder does; processes otherwise). Results are taken back strictly in
-submission order and appended to the current file's part writers, at most ``2 x workers + 2``
-chunks in flight, so memory stays bounded and the bytes do not depend on the worker count.
-When a file's last chunk is written its parts are published in the work folder and the file is
-marked done (see ``workdir``); the final outputs are the parts concatenated in input order.
+This module runs the job: it checks the outputs can be written, loads the tokenizer, lists and
+shards the inputs, opens the work folder, hands the files not finished by an earlier run to an
+executor, writes the final outputs and cleans up after a failure. The executors encode each
+file into parts: ``pool`` (threads or processes on this machine: chunks of about
+``chunk_bytes`` of whole lines, results taken back strictly in submission order, at most
+``2 x workers + 2`` in flight, so memory stays bounded and the bytes do not depend on the worker
+count) or ``cluster`` (Ray). When a file's last chunk is written its parts are published in the
+work folder and the file is marked done (see ``workdir``); the final outputs (``outputs``) are
+the parts concatenated in input order.
 Trade-off: every token is written twice (part, then output), which costs little next to
 tokenizing and buys restart without redoing finished files.
 """
@@ -19,31 +21,28 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter, deque
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, RecordError, StorageError, TokenloadError
-from ..format import TokenFileWriter
+from ..errors import ConfigError, StorageError, TokenloadError
 from ..format.atomic import remove_temporaries, require_folder
 from ..storage.remote import is_url
 from ..storage.upload import check_writable, make_staging_folder, publish_prefix, staging_root
 from .config import PreprocessConfig
-from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
-from .progress import Progress
-from .sources import ChunkSize, InputFile, UnreadableFile, expand_inputs, read_chunks, shard_files
 from .load import load_tokenizer
-from .parts import write_documents
+from .outputs import _totals, _write_outputs
+from .parts import write_documents  # noqa: F401  (re-exported: tests import it from here)
+from .pool import _encode_files, _encode_task
+from .progress import Progress
+from .sources import InputFile, expand_inputs, shard_files
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder, open_workdir
 
 log = logging.getLogger(__name__)
 #: Skipped records, one short line each (the CLI prints this logger without the logging prefix).
 skip_log = logging.getLogger(__name__ + ".skipped")
-_TICK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -284,184 +283,3 @@ def _job_description(
         "shard": [config.shard_index, config.num_shards],
         "inputs": [f.path for f in files],
     }
-
-
-# -- encoding -------------------------------------------------------------------------------------
-class _FileJob:
-    """One input file being encoded: its part writers and what it has counted so far."""
-
-    def __init__(
-        self, index: int, file: InputFile, config: PreprocessConfig, work: WorkFolder, dtype: np.dtype
-    ) -> None:
-        self.index, self.file, self.work, self.config, self.dtype = index, file, work, config, dtype
-        self._open_writers()
-        self.documents = 0
-        self.skipped: Counter = Counter()
-        self.damaged: str | None = None
-
-    def _open_writers(self) -> None:
-        self.writers = [TokenFileWriter(self.work.part(self.index, k), self.dtype) for k in self.config.json_keys]
-
-    def add(self, result: Encoded) -> None:
-        if self.damaged:
-            return
-        for writer, (tokens, seq_lengths, per_doc) in zip(self.writers, result.outputs):
-            write_documents(writer, tokens, seq_lengths, per_doc)
-        self.documents += result.documents
-        self.skipped.update(result.skipped)
-        for example in result.examples:
-            skip_log.warning("skipped %s", example)
-
-    def commit(self) -> dict[str, Any]:
-        if self.damaged:
-            if self.config.on_bad_record == "error":
-                raise RecordError(
-                    f"cannot read the file to its end: {self.damaged}",
-                    path=self.file.path,
-                    hint="replace the damaged file, or pass --on-bad-record skip to skip it",
-                )
-            skip_log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
-            self.abort()
-            self._open_writers()
-            self.documents, self.skipped = 0, Counter({"unreadable_file": 1})
-        tokens = {}
-        for key, writer in zip(self.config.json_keys, self.writers):
-            tokens[key] = writer.num_tokens
-            writer.finalize()
-        self.writers = []  # a finished writer still holds its index arrays
-        summary = {
-            "path": self.file.path,
-            "stamp": self.file.stamp,
-            "documents": self.documents,
-            "tokens": tokens,
-            "skipped": dict(sorted(self.skipped.items())),
-        }
-        self.work.commit(self.index, summary)
-        return summary
-
-    def abort(self) -> None:
-        for writer in self.writers:
-            writer.abort()
-
-
-def _executor(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
-    kind = config.executor
-    if kind == "auto":
-        kind = "threads" if tok.releases_gil else "processes"
-    if kind == "threads":
-        register_tokenizer(_resolved_spec(config, tok), tok)
-        return ThreadPoolExecutor(config.workers, thread_name_prefix="tokenload-encode")
-    import multiprocessing
-
-    return ProcessPoolExecutor(
-        config.workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=init_worker_process,
-        initargs=(_resolved_spec(config, tok), os.getpid()),
-    )
-
-
-def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
-    """The spec with the engine the main process settled on, so every worker uses the same one."""
-    if config.tokenizer.kind == "byte":
-        return config.tokenizer
-    return replace(config.tokenizer, engine="gigatoken" if tok.engine == "gigatoken" else "native")
-
-
-def _encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:
-    return EncodeTask(
-        tokenizer=_resolved_spec(config, tok),
-        keys=config.json_keys,
-        append_eod=config.append_eod,
-        strict=config.on_bad_record == "error",
-        dtype=tok.dtype.name,
-    )
-
-
-def _encode_files(config, tok, work, todo, summaries, bar) -> None:
-    task = _encode_task(config, tok)
-    depth = 2 * config.workers + 2
-    sizer = ChunkSize(config.chunk_bytes)
-    pending: deque = deque()
-    jobs: list[_FileJob] = []
-    executor = _executor(config, tok)
-    try:
-        for index, file in todo:
-            job = _FileJob(index, file, config, work, tok.dtype)
-            jobs.append(job)
-            try:
-                for chunk in read_chunks(file, sizer, config.json_keys):
-                    pending.append((job, executor.submit(encode_chunk, task, chunk)))
-                    while len(pending) > depth:
-                        _drain_one(pending, summaries, bar, sizer)
-            except UnreadableFile as exc:
-                job.damaged = str(exc)
-            pending.append((job, None))
-            if job.damaged and config.on_bad_record == "error":
-                break  # its error is raised once every earlier result is written, in input order
-        while pending:
-            _drain_one(pending, summaries, bar, sizer)
-    except BaseException:
-        for _, future in pending:
-            if future is not None:
-                future.cancel()
-        for job in jobs:
-            job.abort()
-        raise
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _drain_one(pending: deque, summaries: dict, bar: Progress, sizer: ChunkSize) -> None:
-    job, future = pending.popleft()
-    if future is None:
-        summaries[job.index] = job.commit()
-        bar.file_done()
-        return
-    while not wait([future], timeout=_TICK_SECONDS).done:
-        bar.tick()
-    result = future.result()
-    sizer.observe(result.input_bytes, result.seconds)
-    job.add(result)
-    bar.update(result)
-
-
-# -- final outputs --------------------------------------------------------------------------------
-def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
-    documents, tokens, skipped = 0, Counter({k: 0 for k in keys}), Counter()
-    for s in summaries:
-        documents += s["documents"]
-        tokens.update(s["tokens"])
-        skipped.update(s["skipped"])
-    return {
-        "documents": documents,
-        "tokens": dict(tokens),
-        "skipped": dict(sorted(skipped.items())),
-    }
-
-
-def _write_outputs(
-    config: PreprocessConfig, tok: TextTokenizer, work: WorkFolder, summaries: list[dict], totals
-) -> None:
-    metadata = {
-        "producer": "tokenload preprocess",
-        "inputs": work.job["inputs"],
-        "json_keys": list(config.json_keys),
-        "append_eod": config.append_eod,
-        "on_bad_record": config.on_bad_record,
-        "shard": {"index": config.shard_index, "count": config.num_shards},
-        "skipped": totals["skipped"],
-    }
-    for key in config.json_keys:
-        with TokenFileWriter(
-            config.output_for(key),
-            tok.dtype,
-            tokenizer=work.job["tokenizer"],
-            metadata={**metadata, "json_key": key},
-        ) as writer:
-            parts = [part for index, summary in enumerate(summaries) for part in work.parts(index, summary, key)]
-            for part in parts:
-                with work.readable(part) as local:
-                    if len(parts) > 1 or not writer.adopt(local):  # one part: its .bin linked, not copied
-                        writer.append(local)
-            writer.finalize()

@@ -1,0 +1,57 @@
+"""The final outputs of preprocess: one token file per key, the finished parts concatenated in
+input order, with the run's totals in its sidecar.
+
+Apart from ``pipeline`` because it is the one step both executors share once every part is in
+the work folder (local or under an object-storage work prefix, read one part at a time), and
+the step a full disk at the end of a run fails in (the parts stay, and a rerun only does this).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ..format import TokenFileWriter
+from .config import PreprocessConfig
+from .tokenizer import TextTokenizer
+from .workdir import WorkFolder
+
+
+def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
+    documents, tokens, skipped = 0, Counter({k: 0 for k in keys}), Counter()
+    for s in summaries:
+        documents += s["documents"]
+        tokens.update(s["tokens"])
+        skipped.update(s["skipped"])
+    return {
+        "documents": documents,
+        "tokens": dict(tokens),
+        "skipped": dict(sorted(skipped.items())),
+    }
+
+
+def _write_outputs(
+    config: PreprocessConfig, tok: TextTokenizer, work: WorkFolder, summaries: list[dict], totals
+) -> None:
+    metadata = {
+        "producer": "tokenload preprocess",
+        "inputs": work.job["inputs"],
+        "json_keys": list(config.json_keys),
+        "append_eod": config.append_eod,
+        "on_bad_record": config.on_bad_record,
+        "shard": {"index": config.shard_index, "count": config.num_shards},
+        "skipped": totals["skipped"],
+    }
+    for key in config.json_keys:
+        with TokenFileWriter(
+            config.output_for(key),
+            tok.dtype,
+            tokenizer=work.job["tokenizer"],
+            metadata={**metadata, "json_key": key},
+        ) as writer:
+            parts = [part for index, summary in enumerate(summaries) for part in work.parts(index, summary, key)]
+            for part in parts:
+                with work.readable(part) as local:
+                    if len(parts) > 1 or not writer.adopt(local):  # one part: its .bin linked, not copied
+                        writer.append(local)
+            writer.finalize()
