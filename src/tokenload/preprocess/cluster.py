@@ -35,7 +35,8 @@ from .load import load_tokenizer
 from .parts import PartResult, PartTask, encode_part
 from .records import BadRecord
 from .progress import Progress
-from .sources import InputFile, byte_ranges
+from .inputs import InputFile
+from .sources import byte_ranges
 from .workdir import WorkFolder, range_stem
 
 log = logging.getLogger(__name__)

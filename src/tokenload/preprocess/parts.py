@@ -33,7 +33,8 @@ from ..storage.remote import is_url
 from ..storage.upload import publish_prefix, temporary_folder
 from .encode import EncodeTask, encode_chunk
 from .records import BadRecord
-from .sources import InputFile, UnreadableFile, read_range_chunks
+from .inputs import InputFile
+from .sources import UnreadableFile, read_range_chunks
 from .workdir import write_marker
 
 _MAX_EXAMPLES = 20

@@ -36,7 +36,7 @@ from .outputs import _totals, _write_outputs
 from .parts import write_documents  # noqa: F401  (re-exported: tests import it from here)
 from .pool import _encode_files, _encode_task
 from .progress import Progress
-from .sources import InputFile, expand_inputs, shard_files
+from .inputs import InputFile, expand_inputs, shard_files
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder, open_workdir
 

@@ -1,4 +1,4 @@
-"""The local executor of preprocess: input files encoded by a thread or process pool on this machine.
+"""The local executor of preprocess: input files encoded by a thread or process pool here.
 
 Each input file becomes a ``_FileJob`` that owns its part writers; its chunks are submitted to
 the pool (threads when the tokenizer's encoder releases the GIL, as every Rust encoder does;
@@ -25,7 +25,8 @@ from .config import PreprocessConfig
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .parts import write_documents
 from .progress import Progress
-from .sources import ChunkSize, InputFile, UnreadableFile, read_chunks
+from .inputs import InputFile
+from .sources import ChunkSize, UnreadableFile, read_chunks
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from .encode import Encoded
-from .sources import InputFile
+from .inputs import InputFile
 
 
 class Progress:

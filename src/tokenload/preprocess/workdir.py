@@ -38,7 +38,7 @@ from ..storage.remote import is_url
 from ..storage.upload import (
     fetched_prefix, list_objects, read_object, read_objects, remove_folder, remove_objects, upload_bytes,
 )
-from .sources import WORK_SUFFIX, InputFile
+from .inputs import WORK_SUFFIX, InputFile
 
 log = logging.getLogger(__name__)
 
