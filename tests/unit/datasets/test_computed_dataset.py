@@ -136,7 +136,7 @@ def test_an_unweighted_blend_weighs_by_windows_and_holds_one_epoch_of_each(files
 
 
 def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatch):
-    import tokenload.datasets.computed as computed
+    import tokenload.datasets.extents as computed
     from tokenload.format.sequences import counts_of, write_sequences
 
     prefixes = list(files)
@@ -159,7 +159,7 @@ def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatc
 def test_startup_reads_no_index_array_and_keeps_nothing_per_document(files, monkeypatch):
     prefix = next(iter(files))
     reads = []
-    import tokenload.datasets.computed as computed
+    import tokenload.datasets.extents as computed
 
     real = computed.os.pread
     monkeypatch.setattr(computed.os, "pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))

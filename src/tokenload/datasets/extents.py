@@ -1,0 +1,144 @@
+"""Where a split of a token file lies, for the computed order, read without mapping the file.
+
+An ``Extent`` is what the computed order (``datasets.computed``) needs of one split of one file:
+the split's sequence range, its window grid (first token and token count of the split's stream),
+the token dtype and an identity made of content facts (counts, dtype, ``.bin`` size, the split's
+range and token extent, an xxh3 of the 1024 lengths next to each end; never the path).
+
+``file_extent`` reads a few entries of the ``.idx`` with ``pread`` (its header, or nothing of it
+with a sequences JSON that gives the dtype, then the pointers at the split's two ends and at most
+8 KiB of lengths next to them) and stats the ``.bin``: time and memory do not depend on the
+number of documents, and no file stays open. Legacy and float indices, rare formats, are opened
+by their reader instead; the mock source's extent is computed from its lengths.
+
+Separate from ``datasets.computed`` because this is file reading (the ``.idx`` layout, its
+errors, the identity hash) and that module is the order and its items over any extent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from ..errors import FormatError
+from ..format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
+from ..format.legacy import is_legacy
+from ..format.sequences import SequencesFile
+from ..format.storage import read_error
+from ..index import split_range
+from ..index.windows import WindowGrid
+from ..storage import file_size, local_path
+from .config import MegatronDataConfig
+from .sources import MockSource, open_token_file
+
+__all__ = ["Extent", "file_extent", "mock_extent"]
+
+_SAMPLED_LENGTHS = 1024
+"""Lengths hashed next to each end of a split for its identity (4 KiB each)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Extent:
+    """What the computed order needs of one split of one file, read without mapping it."""
+
+    begin: int
+    end: int
+    grid: WindowGrid
+    dtype: np.dtype
+    identity: str
+    """Content facts of the file and the split (never its path)."""
+
+
+def _pread(fd: int, offset: int, size: int, path: str) -> bytes:
+    try:
+        data = os.pread(fd, size, offset)
+    except OSError as exc:
+        raise read_error(exc, path, "the index") from None
+    if len(data) != size:
+        raise FormatError(
+            f"index holds {len(data)} bytes at offset {offset}, expected {size}",
+            path=path, hint="the .idx is truncated; rewrite the token file",
+        )
+    return data
+
+
+def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: MegatronDataConfig) -> Extent:
+    """The split ``bookend`` of ``prefix``: a few ``pread`` s of the ``.idx`` (no header with a
+    sequences JSON that gives the dtype), the ``.bin`` size from one ``stat`` (a URL: its
+    node-local ``.idx`` copy and one HEAD)."""
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    try:
+        fd = os.open(local_path(idx_path), os.O_RDONLY)  # a URL's .idx: its local copy
+    except OSError as exc:
+        raise read_error(exc, idx_path, "the index") from None
+    try:
+        entry = None if sequences is None else sequences.entry(prefix)
+        if entry is not None and entry.dtype is not None:
+            n, d, dtype = entry.sequence_count, entry.document_count, np.dtype(entry.dtype)
+        else:
+            size = os.fstat(fd).st_size
+            head = _pread(fd, 0, min(HEADER_SIZE, size), idx_path)
+            if is_legacy(head[:8]):
+                return _opened_extent(prefix, bookend, config)
+            header = parse_header(head, size, idx_path, dtype_codes="megatron")
+            if header.code in FLOAT_CODES:  # the .bin size decides the float type: open it
+                return _opened_extent(prefix, bookend, config)
+            n, d, dtype = header.sequence_count, header.document_count, header.dtype
+        begin, end = split_range(bookend, n)
+        sampled = b""
+        first = last = 0
+        if end > begin:
+            pointers = HEADER_SIZE + 4 * n
+            first = struct.unpack("<q", _pread(fd, pointers + 8 * begin, 8, idx_path))[0]
+            last_ptr = struct.unpack("<q", _pread(fd, pointers + 8 * (end - 1), 8, idx_path))[0]
+            head_n = min(_SAMPLED_LENGTHS, end - begin)
+            tail_n = min(_SAMPLED_LENGTHS, end - begin)
+            lead = _pread(fd, HEADER_SIZE + 4 * begin, 4 * head_n, idx_path)
+            tail = _pread(fd, HEADER_SIZE + 4 * (end - tail_n), 4 * tail_n, idx_path)
+            last = last_ptr + dtype.itemsize * int(np.frombuffer(tail, dtype="<i4")[-1])
+            sampled = lead + tail
+    finally:
+        os.close(fd)
+    bin_bytes = file_size(bin_path)  # one stat, or one HEAD of an object (StorageError)
+    if last > bin_bytes:
+        raise FormatError(
+            f".bin is {bin_bytes} bytes, shorter than the {last} bytes its index describes",
+            path=bin_path, hint="the .bin and .idx do not belong together or one was truncated",
+        )
+    facts = f"{n}|{d}|{dtype.str}|{bin_bytes}|{begin}|{end}|{first}|{last}|{xxhash.xxh3_64_hexdigest(sampled)}"
+    return _extent(begin, end, first // dtype.itemsize, (last - first) // dtype.itemsize, dtype, facts, config)
+
+
+def _opened_extent(prefix: str, bookend, config: MegatronDataConfig) -> Extent:
+    """Legacy and float indices: their reader decides (it opens the file; rare formats)."""
+    tf = open_token_file(prefix, config.read_mode, None)
+    begin, end = split_range(bookend, tf.num_sequences)
+    pointers, lengths, size = tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize
+    grid = WindowGrid.from_pointers(pointers, lengths, size, begin, end, config.sequence_length, int(config.add_extra_token))
+    sampled = np.concatenate([lengths[begin:begin + _SAMPLED_LENGTHS], lengths[max(begin, end - _SAMPLED_LENGTHS):end]])
+    facts = f"{tf.num_sequences}|{tf.dtype.str}|{tf.num_tokens}|{begin}|{end}|{xxhash.xxh3_64_hexdigest(sampled.tobytes())}"
+    tf.close()
+    return _extent(begin, end, grid.first_token, grid.num_tokens, tf.dtype, facts, config)
+
+
+def _extent(begin, end, first_token, num_tokens, dtype, facts, config: MegatronDataConfig) -> Extent:
+    grid = WindowGrid(
+        first_token=first_token, num_tokens=num_tokens, sequence_length=config.sequence_length,
+        extra=int(config.add_extra_token),
+    )
+    identity = hashlib.sha256(f"{facts}|S={grid.sequence_length}|x={grid.extra}".encode()).hexdigest()[:16]
+    return Extent(begin=begin, end=end, grid=grid, dtype=np.dtype(dtype), identity=identity)
+
+
+def mock_extent(source: MockSource, bookend, config: MegatronDataConfig) -> Extent:
+    lengths = source.sequence_lengths
+    begin, end = split_range(bookend, len(lengths))
+    first = int(np.sum(lengths[:begin], dtype=np.int64))
+    tokens = int(np.sum(lengths[begin:end], dtype=np.int64))
+    facts = f"mock|{source.vocab_size}|{source.eod_id}|{begin}|{end}"
+    return _extent(begin, end, first, tokens, np.dtype(np.int64), facts, config)
