@@ -1,0 +1,98 @@
+"""The doctor's data and its renderings: what it is asked (``DoctorConfig``), what it answers
+(``Finding``, ``Report``), and the report as text (``format_report``) and as a PNG (``plot``).
+
+Kept apart from the checks (``checks.py``) and the measuring tools (``measure.py``) so that both
+share these types without importing each other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoctorConfig:
+    """The job's data flags (as Megatron's) and how long to measure."""
+
+    data_path: list[str]
+    seq_length: int
+    data_cache_path: str | None = None
+    split: str = "969, 30, 1"
+    train_samples: int | None = None
+    """Samples of the train split (None: one epoch, as ``build_datasets``)."""
+    seed: int = 1234
+    build_policy: str = "auto"
+    order: str = "megatron"
+    read_mode: str = "mmap"
+    sequences_path: str | None = None
+    micro_batch_size: int = 4
+    step_ms: float = 20.0
+    steps: int = 16
+    compare: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    check: str
+    problem: bool
+    measured: str
+    fix: str | None = None
+
+
+@dataclass
+class Report:
+    findings: list[Finding] = field(default_factory=list)
+    timeline: list[tuple[str, float]] = field(default_factory=list)
+    """Startup phases in order (name, seconds) as one rank runs them."""
+    waits: dict[int, list[float]] = field(default_factory=dict)
+    """Per-step data wait (seconds) per loader worker count."""
+    step_ms: float = 0.0
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for f in self.findings if f.problem]
+
+
+def format_report(report: Report) -> str:
+    lines = []
+    for f in report.findings:
+        lines.append(f"[{f.check}] {'PROBLEM' if f.problem else 'ok'}: {f.measured}")
+        if f.problem and f.fix:
+            lines.append(f"    fix: {f.fix}")
+    n = len(report.problems)
+    lines.append(f"{n} problem(s) found" if n else "no problem found")
+    return "\n".join(lines)
+
+
+def plot(report: Report, path: str, *, width_in: float = 10.0, height_in: float = 6.0, dpi: int = 100) -> None:
+    """A PNG of the startup timeline and of the per-step data wait per worker count."""
+    from ..errors import require
+
+    matplotlib = require("matplotlib", "plot", "tokenload doctor --plot")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(width_in, height_in), dpi=dpi)
+    left = 0.0
+    for i, (name, seconds) in enumerate(report.timeline or [("startup", 0.0)]):
+        top.barh(0, seconds * 1e3, left=left * 1e3, color=f"C{i}", label=f"{name} {seconds * 1e3:.1f} ms")
+        left += seconds
+    top.set_yticks([])
+    top.set_xlabel("ms from the start of build_datasets (one rank)")
+    top.set_title("startup timeline")
+    top.legend(loc="upper right", fontsize=8)
+    for workers, waits in sorted(report.waits.items()):
+        bottom.plot(range(1, len(waits) + 1), [w * 1e3 for w in waits], marker="o", label=f"{workers} workers")
+    bottom.axhline(report.step_ms, color="grey", linestyle="--", label=f"training step {report.step_ms:g} ms")
+    bottom.set_yscale("symlog", linthresh=0.1)
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("data wait (ms)")
+    bottom.set_title("per-step data wait")
+    bottom.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=dpi)
+    plt.close(fig)
+    os.replace(tmp, path)
