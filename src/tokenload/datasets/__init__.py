@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .blended import BlendedDataset
-from .builder import MegatronDataConfig, build_datasets, wait_for_cache_writes
+from .builder import MegatronDataConfig, build_datasets
 from .flat import FlatDatasetConfig, FlatTokenDataset
 from .gpt import GPTDataset
+from .index_cache import wait_for_cache_writes
 from .items import ItemConfig
 from .sources import MockSource
 

@@ -5,13 +5,9 @@ This plays the part of Megatron's ``BlendedMegatronDatasetBuilder``: split and b
 and the cache (``index.cache`` for names, ``index.cache_io`` for files). A cache that Megatron
 wrote loads here and the reverse, under Megatron's own file names.
 
-Unlike Megatron, a cache is checked before use: the description text, the arrays' dtypes and
-shapes (against those the configuration implies) and, when tokenload wrote it, a sidecar with
-what Megatron's hash forgets (extra token, validation drop-last, the token files' sizes, their
-sidecar hashes when they have one, and an xxh3 of each ``.idx``'s sequence lengths and document
-indices: what the indices depend on, so a file rewritten to the same sizes is noticed). A stale
-cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently reused. The
-index values are range-checked as batches use them (``datasets.gpt``).
+Unlike Megatron, a cache is checked before use, and a stale one is rebuilt or refused, never
+silently reused (``datasets.index_cache``). The index values are range-checked as batches use
+them (``datasets.gpt``).
 
 Who builds, writes, waits and loads is the build policy (``datasets.policy``): each process
 takes one role from ``build_policy`` and its ``World``; ``rank0`` and ``local-rank0`` call one
@@ -29,7 +25,6 @@ Missing prefixes of a blend build in threads (NumPy's sorts and shuffles release
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -42,13 +37,12 @@ from typing import Any
 import numpy as np
 
 from ..distributed import World, barrier, process_group
-from ..errors import CacheError, ConfigError
+from ..errors import ConfigError
 from ..format import read_sequences
 from ..index import (
     MOCK_SPLIT,
     SPLIT_NAMES,
     Blend,
-    CacheFiles,
     blended_identifiers,
     build_blending_indices,
     build_exhaustive_blending_indices,
@@ -63,20 +57,18 @@ from ..index import (
     split_matrix,
     split_range,
 )
-from ..index.cache_io import CacheState, check_cache, write_cache
 from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
 from ..metrics import Phases
 from ..storage import is_url, local_folder
 from .blended import BlendedDataset
 from .config import CACHE_POLICIES, MegatronDataConfig
 from .gpt import GPTDataset, IndexArrays
-from .manifest import manifest_key, manifest_path, read_manifest, write_manifest
+from .index_cache import IndexCache, wait_for_cache_writes, write_behind
+from .manifest import manifest_key, manifest_path, read_manifest
 from .policy import Role, missing_cache, prepare_command, resolve
 from .sources import file_facts, open_source
 
 __all__ = ["CACHE_POLICIES", "MegatronDataConfig", "build_datasets"]
-
-logger = logging.getLogger(__name__)
 
 BUILD_THREADS = 4
 """Threads that build the missing prefixes of a blend. Measured on 2 cores, 100 prefixes of 3,000
@@ -136,16 +128,13 @@ class _Builder:
         self._length_copies: dict[str | None, np.ndarray] = {}
         self._facts: dict[str | None, dict[str, Any] | None] = {}
         self._sequences: dict[str, Any] | None = None
-        self._missing: list[str] = []
-        self._wrote = False
-        self._folders: list[str] = []
         self._phases = Phases()
         self._lock = threading.Lock()
         # auto on many ranks: the writer serves from memory and writes the caches behind its
         # first batches, so its start is no longer than any other rank's (the barrier-free
         # policies' critical path); one process, prepare-cache and the barrier policies write first.
-        self._behind = self.role is Role.WRITE and not self.sync and world.world_size > 1
-        self._deferred: list[tuple[Any, ...]] = []
+        behind = self.role is Role.WRITE and not self.sync and world.world_size > 1
+        self._cache = IndexCache(self.role, config.cache, behind=behind, phase=self._phase)
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -214,27 +203,17 @@ class _Builder:
             for mid in [] if plan is None else plan.datasets:
                 self._check_not_empty(name, mid, split)
         built = [None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)]
-        if self._missing:
-            raise missing_cache(c.build_policy, self._missing, self._folders, prepare_command(c, sizes))
+        if self._cache.missing:
+            raise missing_cache(c.build_policy, self._cache.missing, self._cache.folders, prepare_command(c, sizes))
         entries = [None if b is None else b[1] for b in built]
         if not (manifest is not None and self.role is Role.WRITE and all(e is not None for b, e in zip(built, entries) if b)):
             manifest = None
-        if self._deferred:
-            write_behind(self._deferred, None if manifest is None else (*manifest, entries))
+        if self._cache.deferred:
+            write_behind(self._cache.deferred, None if manifest is None else (*manifest, entries))
         elif manifest is not None:
             with self._phase("cache_write"):
-                self._write_manifest(*manifest, entries)
+                self._cache.write_manifest(*manifest, entries)
         return tuple(None if b is None else b[0] for b in built)
-
-    def _write_manifest(self, path: str, key: dict[str, Any], entries: list) -> None:
-        """After a build that wrote caches the manifest must follow (else a failure); after a
-        pure hit (maybe a read-only folder of Megatron's caches) it is an extra, best effort."""
-        try:
-            write_manifest(path, key, entries)
-        except CacheError as exc:
-            if self._wrote:
-                raise
-            logger.info("no build manifest written beside a complete cache: %s", exc)
 
     # -- datasets from a manifest ---------------------------------------------------------------
     def _from_entry(self, entry: Mapping[str, Any]):
@@ -277,7 +256,7 @@ class _Builder:
         fields = {"members": [ds.fingerprint for ds, _, _ in mids]}
         n = sum(lengths) if size is None else size  # the exhaustive blend takes every sample once
         expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
-        indices, entry = self._indices(folder, uid, description, build, fields, expected)
+        indices, entry = self._cache.indices(folder, uid, description, build, fields, expected)
         placeless = blended_identifiers(
             datasets=[_placeless(u) for _, u, _ in mids], split=name, weights=weights, size=size
         )
@@ -304,7 +283,7 @@ class _Builder:
         beyond a rank's cores only queue on the GIL: 2 ranks on 2 cores, auto on an empty cache,
         4 threads each 0.87-1.07 CPU s and 1.2-1.7 s to the first item, 1 thread 0.68-0.77 CPU s
         and 0.69-1.2 s (benchmarks/startup.py, 3 runs each)."""
-        if self.role is Role.WRITE and not self._behind:
+        if self.role is Role.WRITE and not self._cache.behind:
             return BUILD_THREADS
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return max(1, min(BUILD_THREADS, cores // max(self.world.local_world_size, 1)))
@@ -383,7 +362,7 @@ class _Builder:
             # a URL's default folder is local, beside its index copy (never a folder named 's3:')
             folder = default_cache_dir(local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix)
         fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last, "token_file": facts}
-        indices, entry = self._indices(folder, uid, describe(uid), build, fields, expected)
+        indices, entry = self._cache.indices(folder, uid, describe(uid), build, fields, expected)
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
         length = expected["sample_index"][0] - 1
         per_epoch = (tokens - gpt.extra) // c.sequence_length
@@ -392,83 +371,6 @@ class _Builder:
             entry.update(kind="gpt", prefix=mid.prefix, length=length, samples_per_epoch=per_epoch,
                          identity=identity, token_file=facts)
         return dataset, uid, entry
-
-    def _indices(self, folder, uid, description, build, fields, expected) -> tuple[IndexArrays, dict | None]:
-        """The dataset's index arrays as the role says, and its manifest entry when cached."""
-        if folder is None or self.role is Role.MEMORY:
-            with self._phase("index_build"):
-                return IndexArrays(arrays=build()), None
-        files = CacheFiles.of(folder, uid)
-        paths = {name: files.array(name) for name in files.arrays}
-        with self._phase("index_load"):
-            check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
-        entry = {"arrays": {k: os.path.basename(p) for k, p in paths.items()},
-                 "shapes": {k: list(v) for k, v in expected.items()}}
-        if check.state is CacheState.HIT:
-            if not check.has_sidecar:
-                logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
-            return IndexArrays(paths=dict(check.arrays)), entry
-        if self.role is Role.READ:
-            self._missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
-            self._folders.append(folder)
-            return IndexArrays(paths=paths), None
-        if check.state is CacheState.STALE:
-            if self.config.cache == "strict":
-                raise CacheError(
-                    f"the index cache is stale: {'; '.join(check.reasons)}",
-                    path=files.description,
-                    hint="delete these cache files or use cache='auto' to rebuild them",
-                )
-            logger.warning("rebuilding stale index cache %s: %s", files.description, "; ".join(check.reasons))
-        with self._phase("index_build"):
-            arrays = build()
-        if self.role is not Role.WRITE:  # CHECK: the writer writes it
-            return IndexArrays(arrays=arrays), None
-        if self._behind:
-            self._deferred.append((files, description, arrays, fields))
-            return IndexArrays(arrays=arrays), entry
-        with self._phase("cache_write"):
-            write_cache(files, description=description, arrays=arrays, fields=fields)
-        self._wrote = True
-        if is_url(folder):  # just uploaded: serve from memory rather than download it again
-            return IndexArrays(arrays=arrays), entry
-        return IndexArrays(paths=paths), entry
-
-
-def write_behind(caches: list[tuple[Any, ...]], manifest: tuple[str, dict, list] | None) -> threading.Thread:
-    """Write ``caches`` (each atomically) and then the manifest in a thread of this process. The
-    thread is not a daemon: the interpreter waits for it at exit, so a short job still leaves a
-    whole cache; a kill leaves only files that were complete (and temporaries the next writer
-    removes). A failure (disk full, read-only folder) is logged: the job runs on from memory."""
-
-    def run() -> None:
-        try:
-            for files, description, arrays, fields in caches:
-                write_cache(files, description=description, arrays=arrays, fields=fields)
-            if manifest is not None:
-                write_manifest(*manifest)
-        except (OSError, CacheError) as exc:
-            logger.warning("index cache not written (the job runs from memory; the next run builds it): %s", exc)
-
-    thread = threading.Thread(target=run, name="tokenload-cache-writer")
-    thread.start()
-    _WRITERS.append(thread)
-    return thread
-
-
-_WRITERS: list[threading.Thread] = []
-"""This process's cache writes in flight (``write_behind``)."""
-
-
-def wait_for_cache_writes(timeout: float | None = None) -> bool:
-    """Wait until this process's index caches written behind ``build_datasets`` (``auto`` on many
-    ranks) are on disk; True when none is left. ``build_datasets`` itself waits first, so a later
-    build in the same process never takes a half-written cache for a miss."""
-    for thread in list(_WRITERS):
-        thread.join(timeout)
-        if not thread.is_alive():
-            _WRITERS.remove(thread)
-    return not _WRITERS
 
 
 def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:

@@ -285,7 +285,7 @@ def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, 
 def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_path, monkeypatch, reference, caplog):
     import errno
 
-    import tokenload.datasets.builder as builder
+    import tokenload.datasets.index_cache as builder
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -1,0 +1,153 @@
+"""The index arrays of one ``build_datasets`` call, from and to Megatron's cache files.
+
+For each dataset the builder asks ``IndexCache.indices`` for its arrays; the process's build role
+(``datasets.policy``) decides what that means: build in memory (``MEMORY``, or no cache folder),
+load a cache or record it as missing (``READ``), load or build without writing (``CHECK``), or
+load, build and write (``WRITE``). The cache files are named and written as Megatron's
+(``index.cache``, ``index.cache_io``), so a cache Megatron wrote loads here and the reverse.
+
+Unlike Megatron, a cache is checked before use: the description text, the arrays' dtypes and
+shapes (against those the configuration implies) and, when tokenload wrote it, a sidecar with
+what Megatron's hash forgets (extra token, validation drop-last, the token files' sizes, their
+sidecar hashes when they have one, and an xxh3 of each ``.idx``'s sequence lengths and document
+indices: what the indices depend on, so a file rewritten to the same sizes is noticed). A stale
+cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently reused.
+
+A writer with ``behind`` set (``auto`` on many ranks) serves its arrays from memory and writes
+them afterwards in a thread (``write_behind``); ``wait_for_cache_writes`` waits for those writes.
+
+Separate from ``datasets.builder`` because this is the cache's trust and write rules, whatever
+dataset the arrays belong to; the builder plans the splits and makes the datasets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..errors import CacheError
+from ..index import CacheFiles
+from ..index.cache_io import CacheState, check_cache, write_cache
+from ..storage import is_url
+from .gpt import IndexArrays
+from .manifest import write_manifest
+from .policy import Role
+
+__all__ = ["IndexCache", "wait_for_cache_writes", "write_behind"]
+
+logger = logging.getLogger(__name__)
+
+
+class IndexCache:
+    """One build's index arrays as its role says, and what the build must do afterwards: the
+    caches a loading rank found missing, the caches left to write behind, whether it wrote one."""
+
+    def __init__(
+        self, role: Role, cache: str, *, behind: bool, phase: Callable[[str], AbstractContextManager[None]]
+    ) -> None:
+        self.role = role
+        self.cache = cache
+        """``MegatronDataConfig.cache``: a stale cache is rebuilt (``auto``) or refused (``strict``)."""
+        self.behind = behind
+        """A writer that serves from memory and leaves its writes in ``deferred`` for ``write_behind``."""
+        self.phase = phase
+        """The builder's timer of startup phases (``index_build``, ``index_load``, ``cache_write``)."""
+        self.missing: list[str] = []
+        """A loading rank's caches not found (``name: reasons``), for ``policy.missing_cache``."""
+        self.folders: list[str] = []
+        """The folders of ``missing``."""
+        self.deferred: list[tuple[Any, ...]] = []
+        """``(files, description, arrays, fields)`` of each cache left to ``write_behind``."""
+        self.wrote = False
+        """A cache file was written by this build: the build manifest must then follow."""
+
+    def indices(self, folder, uid, description, build, fields, expected) -> tuple[IndexArrays, dict | None]:
+        """The dataset's index arrays as the role says, and its manifest entry when cached."""
+        if folder is None or self.role is Role.MEMORY:
+            with self.phase("index_build"):
+                return IndexArrays(arrays=build()), None
+        files = CacheFiles.of(folder, uid)
+        paths = {name: files.array(name) for name in files.arrays}
+        with self.phase("index_load"):
+            check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
+        entry = {"arrays": {k: os.path.basename(p) for k, p in paths.items()},
+                 "shapes": {k: list(v) for k, v in expected.items()}}
+        if check.state is CacheState.HIT:
+            if not check.has_sidecar:
+                logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
+            return IndexArrays(paths=dict(check.arrays)), entry
+        if self.role is Role.READ:
+            self.missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
+            self.folders.append(folder)
+            return IndexArrays(paths=paths), None
+        if check.state is CacheState.STALE:
+            if self.cache == "strict":
+                raise CacheError(
+                    f"the index cache is stale: {'; '.join(check.reasons)}",
+                    path=files.description,
+                    hint="delete these cache files or use cache='auto' to rebuild them",
+                )
+            logger.warning("rebuilding stale index cache %s: %s", files.description, "; ".join(check.reasons))
+        with self.phase("index_build"):
+            arrays = build()
+        if self.role is not Role.WRITE:  # CHECK: the writer writes it
+            return IndexArrays(arrays=arrays), None
+        if self.behind:
+            self.deferred.append((files, description, arrays, fields))
+            return IndexArrays(arrays=arrays), entry
+        with self.phase("cache_write"):
+            write_cache(files, description=description, arrays=arrays, fields=fields)
+        self.wrote = True
+        if is_url(folder):  # just uploaded: serve from memory rather than download it again
+            return IndexArrays(arrays=arrays), entry
+        return IndexArrays(paths=paths), entry
+
+    def write_manifest(self, path: str, key: dict[str, Any], entries: list) -> None:
+        """After a build that wrote caches the manifest must follow (else a failure); after a
+        pure hit (maybe a read-only folder of Megatron's caches) it is an extra, best effort."""
+        try:
+            write_manifest(path, key, entries)
+        except CacheError as exc:
+            if self.wrote:
+                raise
+            logger.info("no build manifest written beside a complete cache: %s", exc)
+
+
+def write_behind(caches: list[tuple[Any, ...]], manifest: tuple[str, dict, list] | None) -> threading.Thread:
+    """Write ``caches`` (each atomically) and then the manifest in a thread of this process. The
+    thread is not a daemon: the interpreter waits for it at exit, so a short job still leaves a
+    whole cache; a kill leaves only files that were complete (and temporaries the next writer
+    removes). A failure (disk full, read-only folder) is logged: the job runs on from memory."""
+
+    def run() -> None:
+        try:
+            for files, description, arrays, fields in caches:
+                write_cache(files, description=description, arrays=arrays, fields=fields)
+            if manifest is not None:
+                write_manifest(*manifest)
+        except (OSError, CacheError) as exc:
+            logger.warning("index cache not written (the job runs from memory; the next run builds it): %s", exc)
+
+    thread = threading.Thread(target=run, name="tokenload-cache-writer")
+    thread.start()
+    _WRITERS.append(thread)
+    return thread
+
+
+_WRITERS: list[threading.Thread] = []
+"""This process's cache writes in flight (``write_behind``)."""
+
+
+def wait_for_cache_writes(timeout: float | None = None) -> bool:
+    """Wait until this process's index caches written behind ``build_datasets`` (``auto`` on many
+    ranks) are on disk; True when none is left. ``build_datasets`` itself waits first, so a later
+    build in the same process never takes a half-written cache for a miss."""
+    for thread in list(_WRITERS):
+        thread.join(timeout)
+        if not thread.is_alive():
+            _WRITERS.remove(thread)
+    return not _WRITERS
