@@ -285,14 +285,14 @@ def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, 
 def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_path, monkeypatch, reference, caplog):
     import errno
 
-    import tokenload.datasets.index_cache as builder
+    import tokenload.datasets.index_cache as index_cache
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(builder, "write_cache", full)
+    monkeypatch.setattr(index_cache, "write_cache", full)
     _world(monkeypatch, rank=0, world_size=4, local_rank=0, local_world_size=2)
-    caplog.set_level("WARNING", logger="tokenload.datasets.builder")
+    caplog.set_level("WARNING", logger="tokenload.datasets.index_cache")
     got = build_datasets(_config(data, tmp_path / "c"), SIZES)
     assert wait_for_cache_writes(60)
     for ds, want in zip(got, reference):

@@ -136,15 +136,15 @@ def test_an_unweighted_blend_weighs_by_windows_and_holds_one_epoch_of_each(files
 
 
 def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatch):
-    import tokenload.datasets.extents as computed
+    import tokenload.datasets.extents as extents
     from tokenload.format.sequences import counts_of, write_sequences
 
     prefixes = list(files)
     sequences = tmp_path / "sequences.json"
     write_sequences(sequences, {p: counts_of(TokenFile(p)) for p in prefixes})
     offsets = []
-    real = computed.os.pread
-    monkeypatch.setattr(computed.os, "pread", lambda fd, n, off: offsets.append(off) or real(fd, n, off))
+    real = extents.os.pread
+    monkeypatch.setattr(extents.os, "pread", lambda fd, n, off: offsets.append(off) or real(fd, n, off))
     for path in (None, str(sequences)):
         offsets.clear()
         blend = ["99", prefixes[0], "1", prefixes[1]]
@@ -159,10 +159,10 @@ def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatc
 def test_startup_reads_no_index_array_and_keeps_nothing_per_document(files, monkeypatch):
     prefix = next(iter(files))
     reads = []
-    import tokenload.datasets.extents as computed
+    import tokenload.datasets.extents as extents
 
-    real = computed.os.pread
-    monkeypatch.setattr(computed.os, "pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))
+    real = extents.os.pread
+    monkeypatch.setattr(extents.os, "pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))
     build_computed_datasets(_config([prefix]), [10, 10, 10])
     assert reads and max(reads) <= 4 * 1024 and sum(reads) <= 3 * (34 + 16 + 8 * 1024)
 
