@@ -185,7 +185,7 @@ def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokeni
             # exhaustive probe of U+0080..U+FFFF and a stride over the astral planes).
             markers = (*native.control_pieces(), SENTENCEPIECE_DIVERGENT_CHARS)
         fast = GigatokenTokenizer(native, giga, prefix, suffix, markers)
-        same = _same_ids(native.encode_batch(list(PROBE_TEXTS)), fast)
+        same = same_ids(native.encode_batch(list(PROBE_TEXTS)), fast)
     except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
         same, reason = False, str(exc).splitlines()[0]
     else:
@@ -210,34 +210,18 @@ def _from_tokenizer_json(gigatoken, path: str, loaded):
     tokenizer if gigatoken cannot read the file. Truncation and padding stored in the file, which
     the native encoder drops, are ignored by gigatoken either way; the probe checks the ids."""
     try:
-        with open(path, "rb") as f:
-            return gigatoken.Tokenizer.from_json(f.read())
+        return read_tokenizer_json(gigatoken, path)
     except Exception:  # gigatoken raises ValueError/RuntimeError for what it cannot read
         return gigatoken.Tokenizer(loaded)
 
 
-def accelerate_twins(spec: TokenizerSpec) -> TextTokenizer | None:
-    """gigatoken proven equal to the native encoder, the two loaded at once in two processes
-    (``twin``); None where the serial load must decide, including a probe that fails (the serial
-    load then logs or raises exactly as it always has)."""
-    from .twin import load_twins
-
-    loaded = load_twins(spec)
-    if loaded is None:
-        return None
-    giga, native, facts = loaded
-    try:
-        fast = GigatokenTokenizer(native, giga, facts.prefix, facts.suffix)
-        same = _same_ids((facts.probe_ids, facts.probe_lengths), fast)
-    except Exception:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
-        return None
-    if not same:
-        return None
-    log.debug("encoding with gigatoken (native tokenizer loaded in a forked child)")
-    return fast
+def read_tokenizer_json(gigatoken, path: str):
+    """gigatoken's tokenizer from a tokenizer.json file's own bytes."""
+    with open(path, "rb") as f:
+        return gigatoken.Tokenizer.from_json(f.read())
 
 
-def _same_ids(native_ids: tuple[np.ndarray, np.ndarray], b: TextTokenizer) -> bool:
+def same_ids(native_ids: tuple[np.ndarray, np.ndarray], b: TextTokenizer) -> bool:
     """Whether ``b`` gives ``native_ids`` (the native encoder's flat ids and lengths) on
     ``PROBE_TEXTS``."""
     fa, la = native_ids

@@ -3,10 +3,10 @@ gigatoken standing in for it where a probe shows identical ids.
 
 This module sits on top of the tokenizer modules so their imports run one way:
 ``tokenizer`` (base class, byte tokenizer) <- ``backends`` (native encoders) <- ``fast``
-(gigatoken) <- ``load``; ``twin`` loads gigatoken and the native tokenizer at once, in two
-processes, where it can (a tokenizer.json file). Before any library parses a tokenizer file, each file is opened here,
-so a missing or unreadable file is reported as that (with a permissions hint), not as a file
-the library could not parse.
+(gigatoken) <- ``twin`` (gigatoken and the native tokenizer loaded at once, in two processes,
+where it can: a tokenizer.json file) <- ``load``. Before any library parses a tokenizer file,
+each file is opened here, so a missing or unreadable file is reported as that (with a
+permissions hint), not as a file the library could not parse.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
     from . import backends, fast, twin
 
     if twin.can_fork_for(spec):
-        accelerated = fast.accelerate_twins(spec)
+        accelerated = twin.accelerate_twins(spec)
         if accelerated is not None:
             return accelerated
     native, giga_source = backends.load_native(spec)

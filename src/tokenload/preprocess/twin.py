@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .config import TokenizerSpec
+from .fast import GigatokenTokenizer, read_tokenizer_json, same_ids
 from .tokenizer import PROBE_TEXTS, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class NativeStandIn(TextTokenizer):
     process) only if asked to encode, which gigatoken for a tokenizer.json never does."""
 
     def __init__(self, spec: TokenizerSpec, facts: NativeFacts) -> None:
-        self.spec, self._real = spec, None
+        self.spec, self.facts, self._real = spec, facts, None
         self.kind, self.engine, self.files = "huggingface", facts.engine, (spec.model,)
         self.vocab_size, self.eod_id, self.options = facts.vocab_size, facts.eod_id, facts.options
 
@@ -107,14 +108,36 @@ def _resident_bytes() -> int:
         return FORK_RESIDENT_LIMIT
 
 
-def load_twins(spec: TokenizerSpec) -> tuple[Any, NativeStandIn, NativeFacts] | None:
-    """(gigatoken's tokenizer, the native tokenizer's stand-in, the child's facts), or None
-    where the serial load must decide (any failure, in either process)."""
+def accelerate_twins(spec: TokenizerSpec) -> TextTokenizer | None:
+    """gigatoken proven equal to the native encoder, the two loaded at once in two processes;
+    None where the serial load must decide, including a probe that fails (the serial load then
+    logs or raises exactly as it always has)."""
+    loaded = _load_twins(spec)
+    if loaded is None:
+        return None
+    giga, native = loaded
+    facts = native.facts
+    try:
+        fast = GigatokenTokenizer(native, giga, facts.prefix, facts.suffix)
+        same = same_ids((facts.probe_ids, facts.probe_lengths), fast)
+    except Exception:  # gigatoken raises RuntimeError/ValueError for what it cannot encode
+        return None
+    if not same:
+        return None
+    log.debug("encoding with gigatoken (native tokenizer loaded in a forked child)")
+    return fast
+
+
+def _load_twins(spec: TokenizerSpec) -> tuple[Any, NativeStandIn] | None:
+    """(gigatoken's tokenizer, the native tokenizer's stand-in), or None where the serial load
+    must decide (any failure, in either process)."""
     child = _Child.start(spec)
     if child is None:
         return None
     try:
-        giga = _gigatoken_from_file(spec.model)
+        import gigatoken
+
+        giga = read_tokenizer_json(gigatoken, spec.model)
     except Exception:  # gigatoken raises ValueError/RuntimeError for what it cannot read
         child.stop()
         return None
@@ -124,14 +147,7 @@ def load_twins(spec: TokenizerSpec) -> tuple[Any, NativeStandIn, NativeFacts] | 
     facts = child.facts()
     if facts is None:
         return None
-    return giga, NativeStandIn(spec, facts), facts
-
-
-def _gigatoken_from_file(path: str):
-    import gigatoken
-
-    with open(path, "rb") as f:
-        return gigatoken.Tokenizer.from_json(f.read())
+    return giga, NativeStandIn(spec, facts)
 
 
 class _Child:
