@@ -117,8 +117,10 @@ def _speed(result, mb: float) -> str:
     rate of 0 tokens/s would read as a stall."""
     if result.files_resumed and not result.encoded_tokens and not result.input_bytes:
         return "nothing left to encode (every input file was finished by an earlier run)"
-    rate = f"{result.tokens_per_second / 1e6:.2f}M tokens/s, {mb / max(result.seconds, 1e-9):.1f} MB/s"
-    return rate + (f" (the {result.files - result.files_resumed} file(s) encoded now)" if result.files_resumed else "")
+    speed = f"{result.tokens_per_second / 1e6:.2f}M tokens/s, {mb / max(result.seconds, 1e-9):.1f} MB/s"
+    if not result.files_resumed:
+        return speed
+    return f"{speed} (the {result.files - result.files_resumed} file(s) encoded now)"
 
 
 def summary_text(config, result) -> str:

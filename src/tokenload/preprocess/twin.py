@@ -13,8 +13,9 @@ Whatever this cannot do the same way, it leaves to the serial load (``load_token
 both in this process): a platform without ``fork``, a process with other Python threads (a fork
 copies only the calling thread, so a lock another thread holds would stay held in the child), a
 tokenizer that is not one tokenizer.json file, gigatoken not installed, a process of more than
-``FORK_RESIDENT_LIMIT`` resident, and any failure in either process. A failure then happens again in the serial load, which raises the typed error a user
-sees, so a bad file reports exactly what it reported before.
+``FORK_RESIDENT_LIMIT`` resident, and any failure in either process. A failure then happens
+again in the serial load, which raises the typed error a user sees, so a bad file reports
+exactly what it reported before.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ FORK_RESIDENT_LIMIT = 1 << 30
 
 @dataclass(frozen=True)
 class NativeFacts:
-    """What the native tokenizer told the child: enough to prove gigatoken and to stand in for it."""
+    """What the native tokenizer told the child: enough to prove gigatoken and stand in for it."""
 
     engine: str
     vocab_size: int
