@@ -117,7 +117,8 @@ def _speed(result, mb: float) -> str:
     rate of 0 tokens/s would read as a stall."""
     if result.files_resumed and not result.encoded_tokens and not result.input_bytes:
         return "nothing left to encode (every input file was finished by an earlier run)"
-    speed = f"{result.tokens_per_second / 1e6:.2f}M tokens/s, {mb / max(result.seconds, 1e-9):.1f} MB/s"
+    mb_per_s = mb / max(result.seconds, 1e-9)
+    speed = f"{result.tokens_per_second / 1e6:.2f}M tokens/s, {mb_per_s:.1f} MB/s"
     if not result.files_resumed:
         return speed
     return f"{speed} (the {result.files - result.files_resumed} file(s) encoded now)"
