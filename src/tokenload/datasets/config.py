@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ConfigError
 from ..index import Blend
@@ -206,3 +206,17 @@ class MegatronDataConfig:
         )
 
 
+class ImportedConfig(NamedTuple):
+    """What an importer found: dataset fields, the samples per split, and the rest."""
+
+    fields: dict[str, Any]
+    """Keyword arguments of ``MegatronDataConfig`` (only what the config sets)."""
+    sizes: list[int | None]
+    """Samples of train, valid and test, as the source system computes them (``None``: one
+    epoch, NeoX's ``train_epochs`` mode)."""
+    extras: dict[str, Any]
+    """Batch sizes, loader settings and tokenizer files: not dataset fields."""
+
+    def config(self) -> MegatronDataConfig:
+        """``MegatronDataConfig(**fields)``, every field passed as found."""
+        return MegatronDataConfig(**self.fields)

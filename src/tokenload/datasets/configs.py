@@ -1,11 +1,12 @@
 """Configs as users have them: Megatron-LM's training flags, and the result every importer returns.
 
-Each importer returns an ``ImportedConfig``: ``fields`` (keyword arguments of
-``MegatronDataConfig``), ``sizes`` (samples per split, by the arithmetic of the system the config
-comes from) and ``extras`` (what is not a dataset field: batch sizes, loader workers, tokenizer
-files). Nothing is silently ignored: a flag or key either maps onto a field, is recorded in
-``extras``, belongs to an explicit list of the system's known non-data options (model, optimizer,
-parallelism, logging, checkpoints), or is a ``ConfigError`` that names it.
+Each importer returns an ``ImportedConfig`` (defined beside ``MegatronDataConfig``): ``fields``
+(keyword arguments of ``MegatronDataConfig``), ``sizes`` (samples per split, by the arithmetic
+of the system the config comes from) and ``extras`` (what is not a dataset field: batch sizes,
+loader workers, tokenizer files). Nothing is silently ignored: a flag or key either maps onto a
+field, is recorded in ``extras``, belongs to an explicit list of the system's known non-data
+options (model, optimizer, parallelism, logging, checkpoints), or is a ``ConfigError`` that
+names it.
 
 Megatron's flags are parsed here with Megatron's own names and rules (``allow_abbrev=False``,
 blends and batch arithmetic shared with ``tokenload prepare-cache``). GPT-NeoX's YAML files are
@@ -17,43 +18,23 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import megatron_args
 from ..distributed import World
 from ..errors import ConfigError
-from .config import MegatronDataConfig
+from .config import ImportedConfig
+# GPT-NeoX's importer, importable from here where it was first documented (docs/MIGRATING.md)
+from .neox_config import NEOX_NON_DATA_KEYS, NEOX_UNSUPPORTED_DATA_KEYS, neox_config_from_yaml
 
-_NEOX_NAMES = ("NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml")
-"""The NeoX importer's public names (``datasets.neox_config``), re-exported lazily below."""
-
-__all__ = ["MEGATRON_NON_DATA_FLAGS", "ImportedConfig", "megatron_config_from_args", *_NEOX_NAMES]
-
-
-def __getattr__(name: str) -> Any:
-    """The NeoX importer's names, loaded on first use: ``neox_config`` imports ``ImportedConfig``
-    from this module, so importing it here at the top would be a cycle."""
-    if name not in _NEOX_NAMES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import neox_config
-
-    return getattr(neox_config, name)
-
-
-class ImportedConfig(NamedTuple):
-    """What an importer found: dataset fields, the samples per split, and the rest."""
-
-    fields: dict[str, Any]
-    """Keyword arguments of ``MegatronDataConfig`` (only what the config sets)."""
-    sizes: list[int | None]
-    """Samples of train, valid and test, as the source system computes them (``None``: one
-    epoch, NeoX's ``train_epochs`` mode)."""
-    extras: dict[str, Any]
-    """Batch sizes, loader settings and tokenizer files: not dataset fields."""
-
-    def config(self) -> MegatronDataConfig:
-        """``MegatronDataConfig(**fields)``, every field passed as found."""
-        return MegatronDataConfig(**self.fields)
+__all__ = [
+    "MEGATRON_NON_DATA_FLAGS",
+    "ImportedConfig",
+    "megatron_config_from_args",
+    "NEOX_NON_DATA_KEYS",
+    "NEOX_UNSUPPORTED_DATA_KEYS",
+    "neox_config_from_yaml",
+]
 
 
 # -- Megatron-LM ----------------------------------------------------------------------------------

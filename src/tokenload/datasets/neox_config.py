@@ -7,7 +7,7 @@ of NeoX's known non-data keys (``NEOX_NON_DATA_KEYS``), or is a ``ConfigError`` 
 a data key tokenload cannot reproduce (``NEOX_UNSUPPORTED_DATA_KEYS``) is refused unless left at
 NeoX's default. The sample counts follow NeoX's ``train_val_test_num_samples``.
 
-Separate from ``configs`` (the Megatron-flag importer and the ``ImportedConfig`` both return)
+Separate from ``configs`` (the Megatron-flag importer; both return ``config.ImportedConfig``)
 because the two share nothing but that result: NeoX's schema lists and merge rules are their
 own, and PyYAML is imported only when a NeoX file is read.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from ..distributed import World
 from ..errors import ConfigError, StorageError
-from .configs import ImportedConfig
+from .config import ImportedConfig
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 

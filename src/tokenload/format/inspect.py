@@ -8,7 +8,6 @@ sidecar's), scanning ``.bin`` in bounded chunks; and on request the sidecar's xx
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 

@@ -37,7 +37,6 @@ from .records import BadRecord
 from .progress import Progress
 from .inputs import InputFile
 from .ray_worker import _run_part, _Tally, tokenizer_files
-from .ray_worker import local_spec  # noqa: F401  (re-exported: tests import it from here)
 from .sources import byte_ranges
 from .workdir import WorkFolder, range_stem
 

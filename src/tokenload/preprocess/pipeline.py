@@ -33,7 +33,6 @@ from ..storage.upload import check_writable, make_staging_folder, publish_prefix
 from .config import PreprocessConfig
 from .load import load_tokenizer
 from .outputs import _totals, _write_outputs
-from .parts import write_documents  # noqa: F401  (re-exported: tests import it from here)
 from .pool import _encode_files, _encode_task
 from .progress import Progress
 from .inputs import InputFile, expand_inputs, shard_files

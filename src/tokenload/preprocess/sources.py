@@ -16,8 +16,6 @@ from typing import Any
 
 from ..errors import StorageError, TokenloadError, require
 from .inputs import InputFile, _remote, is_url
-# re-exported: tests import them from here
-from .inputs import expand_inputs, shard_files  # noqa: F401
 
 _BLOCK = 1 << 20
 

@@ -30,7 +30,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ConfigError
 from ..format.atomic import write_bytes_atomic

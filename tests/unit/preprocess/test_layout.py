@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tokenload.errors import ConfigError
 from tokenload.format import TokenFile, TokenFileWriter
 from tokenload.preprocess.encode import layout_documents
-from tokenload.preprocess.pipeline import write_documents
+from tokenload.preprocess.parts import write_documents
 
 EOD = 999
 

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenload.errors import ConfigError
-from tokenload.preprocess.sources import ChunkSize, UnreadableFile, expand_inputs, read_chunks, shard_files
+from tokenload.preprocess.inputs import expand_inputs, shard_files
+from tokenload.preprocess.sources import ChunkSize, UnreadableFile, read_chunks
 
 
 def touch(path, data=b"{}\n"):
