@@ -12,11 +12,15 @@ through the node's local copies of its files (``cache_remote``).
 
 The sidecar ``{md5}-{Class}-{split}-tokenload.json`` records what Megatron's hash forgets
 (``add_extra_token``, the validation drop-last flag, the surplus, fingerprints of the token
-files -- whatever the caller passes as ``fields``) and the arrays' shapes and dtypes.
-``check_cache`` compares it, the description and the ``.npy`` headers (a few hundred bytes per
-file, never the arrays) with what the caller expects. The arrays' values are range-checked where
-they are used (per batch, ``datasets.gpt``): scanning them here would read gigabytes on every
-rank at startup.
+files -- whatever the caller passes as ``fields``) and the arrays' shapes, dtypes and an xxh3-64
+of each array's data bytes. ``check_cache`` compares it, the description and the ``.npy`` headers
+with what the caller expects, and the content of every array up to ``VERIFY_AT_CHECK_BYTES``.
+``map_array`` verifies the content of an array the first time a process maps it (unless this
+process verified the same file already), so a value damaged in range (a duplicated shuffle
+entry) is a ``CacheError`` before any batch reads through it. xxh3 hashes at tens of GB/s: the
+cost is reading the array once per process (``benchmarks/integrity.py``). The arrays' values are
+also range-checked where they are used (per batch, ``datasets.gpt``), which covers caches
+without a sidecar (Megatron's) and damage after the first use.
 
 A damaged ``.npy`` header can make NumPy raise almost anything (``ValueError``, ``SyntaxError``,
 ``tokenize.TokenError``, ``EOFError``); ``check_cache`` reports it as a stale cache and
@@ -39,18 +43,28 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from tokenload.errors import CacheError, FormatError, StorageError
 from tokenload.format.atomic import fsync_dir, write_atomic
-from tokenload.index.cache import CacheFiles
+from tokenload.index.cache import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.storage import is_url
 
-__all__ = ["CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "write_cache"]
+__all__ = [
+    "CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "recorded_digest", "write_cache",
+]
 
 logger = logging.getLogger(__name__)
 
 SIDECAR_FORMAT = "tokenload-index-cache"
 SIDECAR_VERSION = 1
+
+VERIFY_AT_CHECK_BYTES = 256 << 20
+"""Arrays up to this size have their content hash verified by ``check_cache`` (so ``auto``
+rebuilds a damaged cache instead of failing at its first batch); larger ones when first mapped."""
+
+_VERIFIED: set[tuple[int, int, int, int]] = set()
+"""``(device, inode, size, mtime)`` of the array files whose content this process verified."""
 
 _NPY_ERRORS = (OSError, ValueError, SyntaxError, EOFError, OverflowError, tokenize.TokenError)
 """What ``numpy.load`` and its header readers raise on a damaged or vanished ``.npy`` file."""
@@ -84,8 +98,20 @@ class CacheCheck:
 
 
 def _array_facts(dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
-    """What the sidecar records of an array, in the form it is written and compared in."""
+    """What the sidecar records of an array's header, in the form it is written and compared in."""
     return {"dtype": np.lib.format.dtype_to_descr(dtype), "shape": list(shape)}
+
+
+def _recorded_header(facts: Any) -> Any:
+    """The header part of a sidecar's record of an array (its hash left out)."""
+    if not isinstance(facts, dict):
+        return facts
+    return {k: facts.get(k) for k in ("dtype", "shape")}
+
+
+def _digest(data: Any) -> str:
+    """xxh3-64 (hex) of an array's data bytes as ``numpy.save`` writes them (C order)."""
+    return xxhash.xxh3_64_hexdigest(memoryview(np.ascontiguousarray(data)).cast("B"))
 
 
 def _canonical_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -128,7 +154,8 @@ def _write_local(files: CacheFiles, description: str, arrays: Mapping[str, npt.N
         "description_md5": files.hash,
         "class": files.class_name,
         "split": files.split,
-        "arrays": {name: _array_facts(np.asarray(arrays[name]).dtype, np.shape(arrays[name])) for name in files.arrays},
+        "arrays": {name: {**_array_facts(np.asarray(arrays[name]).dtype, np.shape(arrays[name])),
+                          "xxh3_64": _digest(arrays[name])} for name in files.arrays},
         "fields": _canonical_fields(fields),
     }
     try:
@@ -140,6 +167,8 @@ def _write_local(files: CacheFiles, description: str, arrays: Mapping[str, npt.N
         write_atomic(files.sidecar, lambda f: f.write(text), fsync_folder=False)
         write_atomic(files.description, lambda f: f.write(description.encode("utf-8")), fsync_folder=False)
         fsync_dir(files.directory)
+        for name in files.arrays:  # written from these very arrays: verified in this process
+            _VERIFIED.add(_file_key(os.stat(files.array(name))))
     except OSError as exc:
         raise CacheError(
             f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
@@ -166,11 +195,14 @@ def map_array(path: str) -> npt.NDArray[Any]:
             if dtype.hasobject or size < offset + nbytes:
                 what = "Python objects" if dtype.hasobject else f"{size} bytes, {offset + nbytes} expected"
                 raise FormatError(f"{what} in a cached index array", path=path)
+            key = _file_key(os.fstat(f.fileno()))
             if nbytes == 0:
                 return np.empty(shape, dtype=dtype)
             buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if key not in _VERIFIED:
+            _verify(shown, memoryview(buffer)[offset:offset + nbytes], key)
         return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C")
-    except StorageError:
+    except (StorageError, CacheError):
         raise
     except (*_NPY_ERRORS, FormatError) as exc:
         raise CacheError(
@@ -180,6 +212,47 @@ def map_array(path: str) -> npt.NDArray[Any]:
             hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
             "again: cache='auto' rebuilds them",
         ) from None
+
+
+def _file_key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _verify(path: str, data: Any, key: tuple[int, int, int, int]) -> None:
+    """Compare the array's data bytes with the xxh3-64 its cache's sidecar recorded (nothing to
+    compare without a sidecar or a recorded hash); ``CacheError`` naming the file on a mismatch."""
+    recorded = recorded_digest(path)
+    if recorded is None:
+        return
+    found = xxhash.xxh3_64_hexdigest(data)
+    if found != recorded:
+        raise CacheError(
+            f"{os.path.basename(path)} holds data whose xxh3-64 is {found}, expected {recorded} "
+            "(recorded in the cache's sidecar when it was written): the index cache is damaged",
+            path=path,
+            hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
+            "again: cache='auto' rebuilds them",
+        )
+    _VERIFIED.add(key)
+
+
+def recorded_digest(path: str) -> str | None:
+    """The xxh3-64 that the tokenload sidecar of the cache recorded for the array file ``path``
+    (a URL: from its node-local copy); None without a sidecar (Megatron wrote the cache) or a
+    recorded hash (a sidecar written before hashes were recorded)."""
+    base = path.rsplit("/", 1)[-1]
+    name = next((n for n in (*GPT_ARRAYS, *BLENDED_ARRAYS) if base.endswith(f"-{n}.npy")), None)
+    if name is None:
+        return None
+    sidecar: str | None = path[: -len(f"-{name}.npy")] + "-tokenload.json"
+    if is_url(sidecar):
+        from ..storage.upload import copy_or_none
+
+        sidecar = copy_or_none(sidecar)
+    data = None if sidecar is None else _read_sidecar(sidecar)
+    facts = ((data or {}).get("arrays") or {}).get(name)
+    digest = facts.get("xxh3_64") if isinstance(facts, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def _array_copy(url: str) -> str:
@@ -211,13 +284,22 @@ def _read_npy_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     return tuple(shape), bool(fortran), dtype
 
 
-def _npy_header(path: str) -> tuple[tuple[int, ...], np.dtype, bool]:
-    """Shape, dtype and whether the file is as long as its header says."""
+def _npy_header(path: str, digest: bool = False) -> tuple[Any, ...]:
+    """Shape, dtype, whether the file is as long as its header says and, with ``digest`` for a
+    whole file up to ``VERIFY_AT_CHECK_BYTES``, the xxh3-64 of its data (then this process counts
+    the file as verified when the digest is the recorded one: ``_VERIFIED``)."""
     with open(path, "rb") as f:
         shape, _fortran, dtype = _read_npy_header(f, path)
-        size = os.fstat(f.fileno()).st_size
-        whole = size == f.tell() + math.prod(shape) * dtype.itemsize
-    return shape, dtype, whole
+        st = os.fstat(f.fileno())
+        nbytes = math.prod(shape) * dtype.itemsize
+        whole = st.st_size == f.tell() + nbytes
+        found = None
+        if digest and whole and nbytes <= VERIFY_AT_CHECK_BYTES:
+            h = xxhash.xxh3_64()
+            while chunk := f.read(16 << 20):
+                h.update(chunk)
+            found = h.hexdigest()
+    return shape, dtype, whole, found, _file_key(st)
 
 
 def _read_sidecar(path: str) -> dict[str, Any] | None:
@@ -234,7 +316,9 @@ def _read_sidecar(path: str) -> dict[str, Any] | None:
 def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
     for name in files.arrays:
         try:
-            shape, dtype, whole = _npy_header(where[f"{name}.npy"])
+            record = None if recorded is None else recorded.get(name)
+            want_digest = record.get("xxh3_64") if isinstance(record, dict) else None
+            shape, dtype, whole, found, key = _npy_header(where[f"{name}.npy"], want_digest is not None)
         except (OSError, FormatError) as exc:
             reasons.append(f"{name}: unreadable ({exc})")
             continue
@@ -243,8 +327,13 @@ def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
         if not whole:
             reasons.append(f"{name}: file length does not match its header (truncated?)")
         facts = _array_facts(dtype, shape)
-        if recorded is not None and recorded.get(name) != facts:
-            reasons.append(f"{name}: cached {facts}, sidecar recorded {recorded.get(name)}")
+        if recorded is not None and _recorded_header(record) != facts:
+            reasons.append(f"{name}: cached {facts}, sidecar recorded {_recorded_header(record)}")
+        elif found is not None and found != want_digest:
+            reasons.append(f"{name}: data's xxh3-64 is {found}, the sidecar recorded {want_digest} "
+                           "(values damaged)")
+        elif found is not None:
+            _VERIFIED.add(key)
         want = None if expected_shapes is None else expected_shapes.get(name)
         if want is not None and tuple(want) != shape:
             reasons.append(f"{name}: cached shape {shape}, expected {tuple(want)}")

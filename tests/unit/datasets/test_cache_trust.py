@@ -186,18 +186,68 @@ GPT_DAMAGE = {
 }
 
 
+IN_RANGE_DAMAGE = {
+    "shuffle_index, one entry duplicated": ("shuffle_index", lambda a: np.r_[a[:5], a[6], a[6:]]),
+    "document_index, two entries swapped": ("document_index", lambda a: np.r_[a[1], a[0], a[2:]]),
+    "sample_index, one offset moved by one": ("sample_index", lambda a: a + (np.arange(a.size).reshape(a.shape) == 7)),
+}
+ALL_DAMAGE = {**GPT_DAMAGE, **IN_RANGE_DAMAGE}
+
+
+@pytest.mark.parametrize("damage", list(ALL_DAMAGE), ids=list(ALL_DAMAGE))
+def test_damaged_values_of_a_hashed_cache_are_rebuilt_or_refused(tmp_path, damage):
+    """The sidecar records each array's xxh3-64: a damaged value, even one in range (a duplicated
+    shuffle entry serves wrong items with no range check failing), makes the cache stale:
+    ``strict`` refuses it naming the array, ``auto`` rebuilds it and serves the right items."""
+    array, change = ALL_DAMAGE[damage]
+    prefix = _megatron_file(tmp_path / "data", _documents(5))
+    cache = tmp_path / "cache"
+    build_datasets(_config(prefix, path_to_cache=str(cache)), [300, 10, 0])
+    for manifest in glob.glob(str(cache / "*-tokenload-build.json")):
+        os.remove(manifest)  # each cache checked on its own (the manifest path: next test)
+    _rewrite(_cache_file(cache, f"{array}.npy"), change)
+    with pytest.raises(CacheError, match=rf"stale: .*{array}: data's xxh3-64 is \w+, the sidecar recorded"):
+        build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [300, 10, 0])
+    rebuilt = build_datasets(_config(prefix, path_to_cache=str(cache)), [300, 10, 0])[0]
+    fresh = build_datasets(_config(prefix, cache="off"), [300, 10, 0])[0]
+    np.testing.assert_array_equal(_tokens(rebuilt), _tokens(fresh))
+
+
+@pytest.mark.parametrize("damage", list(IN_RANGE_DAMAGE), ids=list(IN_RANGE_DAMAGE))
+def test_damaged_values_met_through_the_build_manifest_are_a_cache_error(tmp_path, damage):
+    """With a build manifest no cache file is opened at build time: the array's hash is verified
+    where it is first mapped, before the first batch reads through it."""
+    array, change = IN_RANGE_DAMAGE[damage]
+    prefix = _megatron_file(tmp_path / "data", _documents(5))
+    cache = tmp_path / "cache"
+    cfg = _config(prefix, path_to_cache=str(cache))
+    build_datasets(cfg, [300, 10, 0])
+    assert glob.glob(str(cache / "*-tokenload-build.json"))
+    path = _cache_file(cache, f"{array}.npy")
+    _rewrite(path, change)
+    loading = MegatronDataConfig(**{**cfg.__dict__, "build_policy": "none"})  # READ: the manifest
+    train = build_datasets(loading, [300, 10, 0])[0]
+    shipped = pickle.dumps(train)  # a loader worker maps the arrays itself
+    with pytest.raises(CacheError, match="xxh3-64 is .* the index cache is damaged") as info:
+        _tokens(pickle.loads(shipped))
+    assert info.value.path == path and "HINT" in str(info.value)
+
+
 @pytest.mark.parametrize("policy", ["auto", "strict"])
 @pytest.mark.parametrize("damage", list(GPT_DAMAGE), ids=list(GPT_DAMAGE))
 def test_damaged_gpt_index_values_are_a_cache_error_naming_the_file(tmp_path, damage, policy):
+    """Values damaged after the cache was checked, in a cache without a sidecar: the per-batch
+    range checks name the file."""
     array, change = GPT_DAMAGE[damage]
     prefix = _megatron_file(tmp_path / "data", _documents(5))
     cache = tmp_path / "cache"
     build_datasets(_config(prefix, path_to_cache=str(cache)), [300, 10, 0])
+    train = build_datasets(_config(prefix, path_to_cache=str(cache), cache=policy), [300, 10, 0])[0]
+    os.remove(_cache_file(cache, "tokenload.json"))
     path = _cache_file(cache, f"{array}.npy")
     _rewrite(path, change)
-    train = build_datasets(_config(prefix, path_to_cache=str(cache), cache=policy), [300, 10, 0])[0]
     with pytest.raises(CacheError, match="damaged") as info:
-        _tokens(train)
+        _tokens(pickle.loads(pickle.dumps(train)))
     assert info.value.path == path and "HINT" in str(info.value)
 
 
@@ -219,6 +269,7 @@ def test_damaged_blend_index_values_are_a_cache_error_naming_the_file(tmp_path, 
         sequence_length=SEQ, blend=["30", a, "70", b], split="90,10,0", path_to_cache=str(cache)
     )
     build_datasets(cfg, [200, 10, 0])
+    os.remove(glob.glob(str(cache / "*-BlendedDataset-train-tokenload.json"))[0])  # no hash
     path = _cache_file(cache, f"{array}.npy")
     _rewrite(path, change)
     strict = MegatronDataConfig(**{**cfg.__dict__, "cache": "strict"})
