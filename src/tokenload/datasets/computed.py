@@ -54,13 +54,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError
 from ..format import read_sequences
 from ..index import MOCK_SPLIT, Blend, parse_blend, plan_splits
 from ..index.computed import WindowOrder, source_seed
 from ..index.interleave import DEFAULT_PERIOD
-from ..index.mixture import Mixture, MixtureState, resume
 from ..index.windows import WindowGrid, window_pieces
+from .computed_blend import ComputedBlendedDataset, _Items
 from .config import MegatronDataConfig
 from .extents import Extent, file_extent, mock_extent
 from .items import Allocator, ItemConfig, build_items
@@ -69,16 +69,6 @@ from .sources import open_source
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
-
-
-class _Items:
-    """``__getitems__``/``__getitem__`` over ``read_batch`` and ``finish_batch``."""
-
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
-        return self.finish_batch(self.read_batch(indices))
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
 
 class ComputedGPTDataset(_Items):
@@ -176,127 +166,6 @@ class ComputedGPTDataset(_Items):
         return self.documents_of(self.windows_of(indices))
 
 
-class ComputedBlendedDataset(_Items):
-    """A blend of computed datasets: item k comes from the source the interleave names."""
-
-    blended = True
-    """A blend (the loader's metrics count ``dataset_id`` per member)."""
-
-    def __init__(
-        self, datasets: Sequence[ComputedGPTDataset], weights: Sequence[float], *, seed: int, length: int,
-        block_size: int | None = None, period: int = DEFAULT_PERIOD,
-        startup_phases: dict[str, float] | None = None,
-    ) -> None:
-        self.datasets = list(datasets)
-        if len({d.item for d in self.datasets}) > 1:
-            raise ValueError("the members of a blend must share one item configuration")
-        self.weights = [float(w) for w in weights]
-        self.seed, self.block_size, self.period = int(seed), block_size, int(period)
-        self._length = int(length)
-        self.startup_phases = startup_phases or {}
-        ids = _distinct([d.identity for d in self.datasets])
-        self.sources = ids
-        self.mixture = Mixture(
-            ids, self.weights, [d.grid.num_windows for d in self.datasets], seed=self.seed,
-            period=self.period, block_size=block_size,
-        )
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
-    def item(self) -> ItemConfig:
-        return self.datasets[0].item
-
-    @property
-    def order_fingerprint(self) -> str:
-        """What every phase of a run must share: seed, block size and item layout."""
-        text = f"computed-blend|{self.seed}|{self.block_size}|{self.item!r}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    @property
-    def fingerprint(self) -> str:
-        """The sources' identities and the order, not the weights (a state resumes into a blend
-        of other weights; the loader accepts other sources through ``resume_mixture``)."""
-        text = f"{self.order_fingerprint}|{'|'.join(sorted(self.sources))}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def read_batch(self, indices) -> dict[str, Any]:
-        idx = np.asarray(indices, dtype=np.int64).ravel()
-        if idx.size and int(idx.max()) >= len(self):
-            raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        draws = self.mixture.draw(idx)
-        width = self.item.window
-        present = np.unique(draws.source).tolist()
-        dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)
-        windows = np.empty((idx.size, width), dtype=dtype)
-        for d in present:
-            rows = draws.source == d
-            windows[rows] = self.datasets[d].read_windows(draws.window[rows])
-        return {"windows": windows, "padded": False, "dataset_id": draws.source}
-
-    def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
-        out = build_items(batch["windows"], self.item, padded=False, alloc=alloc)
-        out["dataset_id"] = batch["dataset_id"]
-        return out
-
-    # -- mixture changes -----------------------------------------------------------------------
-    def mixture_state(self, consumed: int) -> dict[str, Any]:
-        """The cursors of every source after ``consumed`` global samples, and the current phase
-        (where it started, its sources and weights), JSON-able: the loader keeps it in its state."""
-        phase = {
-            "identities": list(self.sources), "weights": self.weights, "period": self.period,
-            **self.mixture.state(self.mixture.start).to_dict(),
-        }
-        return {"order": self.order_fingerprint, **self.mixture.state(consumed).to_dict(), "phase": phase}
-
-    def resume_mixture(self, state: dict[str, Any]) -> str:
-        """Continue the run that saved ``state`` (``mixture_state``). With the saved phase's
-        sources and weights, the same phase continues (the order is the uninterrupted run's):
-        returns ``"same"``. Otherwise a new phase starts at ``state["consumed"]`` where every
-        source serves its next cursor under this blend's weights: ``"weights"`` (same sources)
-        or ``"sources"`` (added, removed or reordered ones). ``StateError`` for a state of another seed,
-        block size or item layout, or a source whose windows per epoch changed."""
-        if not isinstance(state, dict) or state.get("order") != self.order_fingerprint:
-            found = state.get("order") if isinstance(state, dict) else type(state).__name__
-            raise StateError(
-                f"the mixture state was saved for order {found!r}; this blend's is {self.order_fingerprint}",
-                hint="resume with the seed, block size, sequence length and item options of the saved run",
-            )
-        saved = MixtureState.from_dict(state)
-        phase = state.get("phase")
-        if saved.consumed > len(self):
-            raise StateError(
-                f"the mixture state was saved after {saved.consumed} samples; this blend holds {len(self)}",
-                hint="build the blend with at least as many samples as the run has consumed",
-            )
-        windows = [d.grid.num_windows for d in self.datasets]
-        same_sources = isinstance(phase, dict) and phase.get("identities") == self.sources
-        if same_sources and phase.get("weights") == self.weights and phase.get("period") == self.period:
-            start = MixtureState.from_dict(phase)
-            self.mixture = Mixture(
-                self.sources, self.weights, windows, seed=self.seed, start=start.consumed, state=start,
-                period=self.period, block_size=self.block_size,
-            )
-            return "same"
-        self.mixture = resume(
-            saved, self.sources, self.weights, windows, seed=self.seed, period=self.period,
-            block_size=self.block_size,
-        )
-        return "weights" if same_sources else "sources"
-
-
-def _distinct(identities: list[str]) -> list[str]:
-    """Source identities with a repeat count appended to the second and later copies of one file
-    (a blend may list a prefix twice): each copy keeps its own order and cursor."""
-    seen: dict[str, int] = {}
-    out = []
-    for s in identities:
-        seen[s] = seen.get(s, 0) + 1
-        out.append(s if seen[s] == 1 else f"{s}#{seen[s]}")
-    return out
-
-
 def _as_blend(value) -> Blend | None:
     return value if value is None or isinstance(value, Blend) else parse_blend(value)
 
@@ -334,7 +203,11 @@ def build_computed_datasets(
         surplus=c.mid_level_dataset_surplus,
     )
     builder = _Builder(c, block_size)
-    out = [None if plan is None else builder.split(plan, period) for plan in plans]
+    out = [
+        None if plan is None
+        else builder.split(plan, period, c.weights_schedule if k == 0 else None)
+        for k, plan in enumerate(plans)
+    ]
     phases = {"header_reads": time.perf_counter() - started}
     for ds in out:
         if ds is not None:
@@ -375,9 +248,14 @@ class _Builder:
             length=_whole_epochs(mid.num_samples, n), block_size=self.block_size,
         )
 
-    def split(self, plan, period: int):
+    def split(self, plan, period: int, schedule=None):
         members = [self.member(mid) for mid in plan.datasets]
         if not plan.blended:
+            if schedule is not None:
+                raise ConfigError(
+                    "weights_schedule needs a blend of two or more prefixes for the train split",
+                    hint="drop weights_schedule or list the sources in blend",
+                )
             return members[0]
         dtypes = {m.extent.dtype for m in members}
         if len(dtypes) > 1:
@@ -399,6 +277,7 @@ class _Builder:
             weights = windows
             length = sum(windows) if plan.size is None else int(plan.size)
         return ComputedBlendedDataset(
-            members, weights, seed=self.config.random_seed, length=length, block_size=self.block_size, period=period,
+            members, weights, seed=self.config.random_seed, length=length,
+            block_size=self.block_size, period=period, schedule=schedule,
         )
 

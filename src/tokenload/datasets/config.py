@@ -16,6 +16,7 @@ __all__ = ["CACHE_POLICIES", "ORDERS", "MegatronDataConfig"]
 
 CACHE_POLICIES = ("auto", "strict", "off")
 ORDERS = ("megatron", "computed", "neox")
+MIXTURE_CHANGES = ("refuse", "continue")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +130,16 @@ class MegatronDataConfig:
     warmup: bool = False
     """Read each token file once, sequentially, when a process first opens it (GPT-NeoX's
     ``mmap_warmup``): slower start, no page faults on first reads afterwards."""
+    weights_schedule: Sequence[tuple[int, Sequence[float]]] | None = None
+    """Train-split weights that change at given global samples, declared up front:
+    ``[(0, [0.5, 0.3, 0.2]), (40_000, [0.2, 0.5, 0.3])]``, one weight per source of the blend
+    (0: inactive), starts strictly increasing from 0. The mixture changes at each start with no
+    restart and no sample of a source repeated or skipped (docs/ORDER.md, "Schedules"). The
+    computed order only for now; the blend's own weights are then ignored for the train split."""
+    mixture_change: str = "refuse"
+    """What a Megatron-order blend does when a resume state was saved under other weights or
+    sources: "refuse" (default) raises ``StateError``, reproducing Megatron exactly. (The computed
+    order always continues every source at its cursor.)"""
     sequences_path: str | None = None
     """A sequences JSON (``tokenload sequences``; Megatron's ``--per-dataset-sequences-path``
     with each file's dtype): the token files open with the counts and dtype it gives and read
@@ -161,12 +172,33 @@ class MegatronDataConfig:
         if self.block_size is not None and self.order != "computed":
             raise ConfigError(f"block_size applies to order='computed' only, not {self.order!r}",
                               hint="drop block_size or set order='computed'")
+        self._check_mixture_fields()
         if self.blend is not None and self.blend_per_split is not None:
             raise ConfigError("blend and blend_per_split are exclusive", hint="give one of them (as Megatron)")
         if self.blend is not None and self.split is None:
             raise ConfigError("a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"')
         if self.mock and (self.vocab_size is None or self.eod_id is None):
             raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+
+    def _check_mixture_fields(self) -> None:
+        if self.mixture_change not in MIXTURE_CHANGES:
+            raise ConfigError(
+                f"mixture_change is {self.mixture_change!r}, expected one of {MIXTURE_CHANGES}",
+                hint="use mixture_change='refuse' (Megatron's behaviour) or 'continue'",
+            )
+        if self.weights_schedule is None:
+            return
+        from ..index.schedule import check_schedule
+
+        check_schedule(self.weights_schedule)
+        if self.order != "computed":
+            raise ConfigError(
+                f"weights_schedule applies to order='computed' only, not {self.order!r}",
+                hint="set order='computed', or change the weights at a resume",
+            )
+        if self.mock:
+            raise ConfigError("weights_schedule needs a blend",
+                              hint="pass blend or blend_per_split")
 
     @classmethod
     def from_megatron_args(cls, argv: Sequence[str], **options: Any):

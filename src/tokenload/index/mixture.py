@@ -93,6 +93,7 @@ class Mixture:
         state: MixtureState | None = None,
         period: int = DEFAULT_PERIOD,
         block_size: int | None = None,
+        interleave: Interleave | None = None,
     ) -> None:
         self.sources = tuple(str(s) for s in sources)
         if len(set(self.sources)) != len(self.sources) or not (len(self.sources) == len(weights) == len(num_windows)):
@@ -101,7 +102,9 @@ class Mixture:
                 f" {len(num_windows)} window counts; expected one distinct identity, weight and count per source"
             )
         self.start = int(start)
-        self.interleave = Interleave(weights, period=period)
+        if interleave is None:
+            interleave = Interleave(weights, period=period)
+        self.interleave = interleave
         self.orders = [
             WindowOrder(int(n), source_seed(seed, s), block_size=block_size)
             for s, n in zip(self.sources, num_windows)

@@ -1,0 +1,187 @@
+"""A blend in the computed order whose weights may follow a schedule and change at a resume.
+
+Item k comes from the source ``index.schedule.ScheduledMixture`` names (the entry of the weights
+schedule in force at k decides the source; the source serves its next cursor). A blend without
+a schedule is the one-entry schedule ``[(0, weights)]``.
+
+**Resume.** ``mixture_state(consumed)`` records every source's cursor and the chain it was
+serving (its sources, schedule, period and origin); ``resume_mixture(state)`` continues the same
+chain when this blend has the same sources, schedule and period (bit-exactly the uninterrupted
+run), and otherwise starts a new chain at the saved ``consumed`` from the saved cursors: other
+weights or another schedule, sources added (cursor 0) or removed (their cursors kept in the
+state, so a source that comes back continues).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import StateError
+from ..index.interleave import DEFAULT_PERIOD
+from ..index.mixture import MixtureState
+from ..index.schedule import ScheduledMixture, check_schedule
+from .items import Allocator, build_items
+
+__all__ = ["ComputedBlendedDataset"]
+
+
+class _Items:
+    """``__getitems__``/``__getitem__`` over ``read_batch`` and ``finish_batch``."""
+
+    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+        return self.finish_batch(self.read_batch(indices))
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+
+class ComputedBlendedDataset(_Items):
+    """A blend of computed datasets: item k comes from the source the interleave names."""
+
+    blended = True
+    """A blend (the loader's metrics count ``dataset_id`` per member)."""
+
+    def __init__(
+        self, datasets: Sequence[Any], weights: Sequence[float], *, seed: int, length: int,
+        block_size: int | None = None, period: int = DEFAULT_PERIOD,
+        startup_phases: dict[str, float] | None = None, schedule=None,
+    ) -> None:
+        self.datasets = list(datasets)
+        if len({d.item for d in self.datasets}) > 1:
+            raise ValueError("the members of a blend must share one item configuration")
+        self.seed, self.block_size, self.period = int(seed), block_size, int(period)
+        self._length = int(length)
+        self.startup_phases = startup_phases or {}
+        self.sources = _distinct([d.identity for d in self.datasets])
+        given = [(0, list(weights))] if schedule is None else schedule
+        self.schedule = check_schedule(given, len(self.datasets))
+        self.weights = list(self.schedule[0][1])
+        """The weights of the schedule's first entry (the blend's weights without a schedule)."""
+        self.mixture = self._chain(None)
+
+    def _chain(self, origin: MixtureState | None) -> ScheduledMixture:
+        return ScheduledMixture(
+            self.sources, self.schedule, [d.grid.num_windows for d in self.datasets],
+            seed=self.seed, origin=origin, period=self.period, block_size=self.block_size,
+        )
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def item(self):
+        return self.datasets[0].item
+
+    @property
+    def order_fingerprint(self) -> str:
+        """What every phase of a run must share: seed, block size and item layout."""
+        text = f"computed-blend|{self.seed}|{self.block_size}|{self.item!r}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def fingerprint(self) -> str:
+        """The sources' identities and the order, not the weights (a state resumes into a blend
+        of other weights; the loader accepts other sources through ``resume_mixture``)."""
+        text = f"{self.order_fingerprint}|{'|'.join(sorted(self.sources))}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def read_batch(self, indices) -> dict[str, Any]:
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        if idx.size and int(idx.max()) >= len(self):
+            raise IndexError(f"sample indices must lie in [0, {len(self)})")
+        draws = self.mixture.draw(idx)
+        width = self.item.window
+        present = np.unique(draws.source).tolist()
+        dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)
+        windows = np.empty((idx.size, width), dtype=dtype)
+        for d in present:
+            rows = draws.source == d
+            windows[rows] = self.datasets[d].read_windows(draws.window[rows])
+        return {"windows": windows, "padded": False, "dataset_id": draws.source}
+
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
+        out = build_items(batch["windows"], self.item, padded=False, alloc=alloc)
+        out["dataset_id"] = batch["dataset_id"]
+        return out
+
+    # -- accounting ------------------------------------------------------------------------------
+    def source_cursors(self, consumed: int) -> np.ndarray:
+        """int64 samples drawn from each member by the first ``consumed`` global samples (all
+        epochs and phases, the run before this chain included): the same on every rank."""
+        return self.mixture.cursors(consumed)
+
+    def schedule_position(self, consumed: int) -> dict[str, Any]:
+        """The schedule's entry in force after ``consumed`` samples, and the next change."""
+        entry = self.mixture.phase_of(consumed)
+        start, weights = self.schedule[entry]
+        following = self.schedule[entry + 1][0] if entry + 1 < len(self.schedule) else None
+        return {"entry": entry, "entries": len(self.schedule), "start": start,
+                "weights": list(weights), "next_change": following}
+
+    # -- mixture changes -------------------------------------------------------------------------
+    def mixture_state(self, consumed: int) -> dict[str, Any]:
+        """The cursors of every source after ``consumed`` global samples, and the chain served
+        (its sources, schedule, period and origin), JSON-able: the loader keeps it in its state."""
+        current = self.schedule[self.mixture.phase_of(consumed)][1]
+        phase = {
+            "identities": list(self.sources), "weights": list(current), "period": self.period,
+            "schedule": [[s, list(w)] for s, w in self.schedule], **self.mixture.origin.to_dict(),
+        }
+        cursors = self.mixture.state(consumed).to_dict()
+        return {"order": self.order_fingerprint, **cursors, "phase": phase}
+
+    def resume_mixture(self, state: dict[str, Any]) -> str:
+        """Continue the run that saved ``state`` (``mixture_state``). With the saved chain's
+        sources, schedule and period the same chain continues (the order of the uninterrupted
+        run): returns ``"same"``. Otherwise a new chain starts at ``state["consumed"]`` where
+        every source serves its next cursor under this blend's schedule: ``"weights"`` (same
+        sources) or ``"sources"`` (added, removed or reordered ones). ``StateError`` for a state
+        of another seed, block size or item layout, or a source whose windows per epoch changed."""
+        if not isinstance(state, dict) or state.get("order") != self.order_fingerprint:
+            found = state.get("order") if isinstance(state, dict) else type(state).__name__
+            raise StateError(
+                f"the mixture state was saved for order {found!r}; this blend's is"
+                f" {self.order_fingerprint}",
+                hint="resume with the seed, block size, sequence length and item options of the"
+                " saved run",
+            )
+        saved = MixtureState.from_dict(state)
+        phase = state.get("phase")
+        if saved.consumed > len(self):
+            raise StateError(
+                f"the mixture state was saved after {saved.consumed} samples; this blend holds"
+                f" {len(self)}",
+                hint="build the blend with at least as many samples as the run has consumed",
+            )
+        same_sources = isinstance(phase, dict) and phase.get("identities") == self.sources
+        same_chain = _saved_schedule(phase) == self.schedule and phase.get("period") == self.period
+        if same_sources and same_chain:
+            self.mixture = self._chain(MixtureState.from_dict(phase))
+            return "same"
+        self.mixture = self._chain(saved)
+        return "weights" if same_sources else "sources"
+
+
+def _saved_schedule(phase: dict[str, Any]):
+    """The schedule a state's chain served (a state of a blend without one: its weights)."""
+    try:
+        return check_schedule(phase.get("schedule") or [(0, phase.get("weights"))])
+    except Exception:  # a malformed record never matches: the run continues as a new chain
+        return None
+
+
+def _distinct(identities: list[str]) -> list[str]:
+    """Source identities with a repeat count appended to the second and later copies of one file
+    (a blend may list a prefix twice): each copy keeps its own order and cursor."""
+    seen: dict[str, int] = {}
+    out = []
+    for s in identities:
+        seen[s] = seen.get(s, 0) + 1
+        out.append(s if seen[s] == 1 else f"{s}#{seen[s]}")
+    return out

@@ -1,0 +1,160 @@
+"""A weights schedule declared up front: the mixture changes at given global samples, no restart.
+
+A schedule is a list of ``(start, weights)``: from global sample ``start`` on (the first entry
+starts at 0, starts increase strictly), the blend's sources have ``weights`` (one per source, 0
+for an inactive source). Each entry is one phase of ``mixture.Mixture``: the phase starting at
+``start`` takes every source's cursor where the phase before left it (``Mixture.state(start)``)
+and serves it on under its own ``interleave.Interleave``. So a run with a schedule is the same
+global stream as the same run stopped at each ``start`` and resumed with the next weights (a
+zero weight serves nothing, exactly as a source left out), and since global sample k is still a
+pure function of k, resuming anywhere on any topology continues it bit-exactly.
+
+**Bound.** Within a phase the interleave's bound holds from the phase's first sample: after m
+samples of the phase, source d has been served ``m * c_d / P`` of them within one sample (the
+phase's rounded weights, ``interleave``). Against the whole schedule's integral of weights a
+prefix is therefore within one sample per phase begun (errors left at a boundary carry over).
+
+A chain may start at an *origin* that is not sample 0: a resume with another schedule or other
+sources starts a new chain at the saved ``consumed``, from the saved cursors; the entry in force
+at the origin applies from it. Equal weights share one interleave (built once, 0.03 s each).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import ConfigError
+from .interleave import DEFAULT_PERIOD, Interleave
+from .mixture import Draws, Mixture, MixtureState
+
+__all__ = ["ScheduledMixture", "check_schedule"]
+
+Schedule = tuple[tuple[int, tuple[float, ...]], ...]
+
+
+def check_schedule(
+    schedule, num_sources: int | None = None, *, what: str = "weights_schedule"
+) -> Schedule:
+    """``schedule`` as a tuple of ``(start, weights)``; a ``ConfigError`` naming ``what`` unless
+    the starts are ints from 0, strictly increasing, and each entry has one finite weight >= 0
+    per source (``num_sources`` when given) with a positive sum."""
+    hint = "pass [(0, [w1, w2, ...]), (start, [...]), ...]: one weight per source of the blend"
+    try:
+        entries = [(start, tuple(float(w) for w in weights)) for start, weights in schedule]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{what} is {schedule!r} ({exc}); expected (start, weights) pairs", hint=hint
+        ) from None
+    if not entries:
+        raise ConfigError(f"{what} is empty; expected at least the entry for sample 0", hint=hint)
+    previous = -1
+    for start, weights in entries:
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start <= previous:
+            raise ConfigError(
+                f"{what} starts at {[s for s, _ in entries]}; expected ints, strictly increasing",
+                hint=hint,
+            )
+        previous = int(start)
+        if num_sources is not None and len(weights) != num_sources:
+            raise ConfigError(
+                f"{what} entry at sample {start} has {len(weights)} weights; the blend has"
+                f" {num_sources} sources",
+                hint=hint,
+            )
+        if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+            raise ConfigError(
+                f"{what} entry at sample {start} has weights {list(weights)}; expected finite"
+                " weights >= 0 with a positive sum",
+                hint="give every entry at least one positive weight (0 makes a source inactive)",
+            )
+    if entries[0][0] != 0:
+        raise ConfigError(
+            f"{what} starts at sample {entries[0][0]}; expected its first entry at 0", hint=hint
+        )
+    return tuple((int(s), w) for s, w in entries)
+
+
+@lru_cache(maxsize=64)
+def _interleave(weights: tuple[float, ...], period: int) -> Interleave:
+    return Interleave(weights, period=period)
+
+
+class ScheduledMixture:
+    """The phases of a schedule from an origin on: global sample k -> (source, cursor, window)."""
+
+    def __init__(
+        self,
+        sources: Sequence[str],
+        schedule,
+        num_windows: Sequence[int],
+        *,
+        seed: int,
+        origin: MixtureState | None = None,
+        period: int = DEFAULT_PERIOD,
+        block_size: int | None = None,
+    ) -> None:
+        self.sources = tuple(str(s) for s in sources)
+        self.schedule = check_schedule(schedule, len(self.sources))
+        self.period = int(period)
+        self.origin = origin or MixtureState(consumed=0)
+        at = self.origin.consumed
+        starts = [s for s, _ in self.schedule]
+        first = int(np.searchsorted(starts, at, side="right")) - 1
+        bounds = [at] + starts[first + 1 :]
+        self.phases: list[Mixture] = []
+        state = self.origin
+        for start, (_, weights) in zip(bounds, self.schedule[first:]):
+            if self.phases:
+                state = self.phases[-1].state(start)
+            self.phases.append(Mixture(
+                self.sources, weights, num_windows, seed=seed, start=start, state=state,
+                period=self.period, block_size=block_size,
+                interleave=_interleave(weights, self.period),
+            ))
+        self.starts = np.array(bounds, dtype=np.int64)
+
+    @property
+    def start(self) -> int:
+        """The first global sample the chain serves (its origin)."""
+        return self.origin.consumed
+
+    def phase_of(self, sample: int) -> int:
+        """Index into ``schedule`` of the entry in force at global ``sample``."""
+        return int(np.searchsorted([s for s, _ in self.schedule], sample, side="right")) - 1
+
+    def _phase(self, samples: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.starts, samples, side="right") - 1
+
+    def draw(self, samples) -> Draws:
+        """``Mixture.draw`` of each sample's phase (one call per phase present)."""
+        k = np.asarray(samples, dtype=np.int64).ravel()
+        if k.size and int(k.min()) < self.start:
+            raise IndexError(f"global samples of this chain start at {self.start}")
+        if len(self.phases) == 1:
+            return self.phases[0].draw(k)
+        which = self._phase(k)
+        present = np.unique(which).tolist()
+        if len(present) == 1:
+            return self.phases[present[0]].draw(k)
+        out = Draws(np.empty_like(k), np.empty_like(k), np.empty_like(k))
+        for p in present:
+            rows = which == p
+            part = self.phases[p].draw(k[rows])
+            for dst, src in zip(out, part):
+                dst[rows] = src
+        return out
+
+    def state(self, consumed: int) -> MixtureState:
+        """Every source's cursor after ``consumed`` global samples (``>= start``)."""
+        if consumed < self.start:
+            raise ValueError(f"consumed is {consumed}; this chain starts at {self.start}")
+        return self.phases[int(self._phase(np.int64(consumed)))].state(consumed)
+
+    def cursors(self, consumed: int) -> np.ndarray:
+        """int64 cursor of each source (in ``sources`` order) after ``consumed`` samples."""
+        state = self.state(consumed)
+        return np.array([state.cursors[s] for s in self.sources], dtype=np.int64)
