@@ -5,6 +5,7 @@ JSON, merge, describe and verify."""
 from __future__ import annotations
 
 from .bin import ReadMode, warmup_file
+from .descriptors import max_open_files, set_max_open_files
 from .flat import FlatTokenFile, write_flat
 from .idx import IndexHeader, dtype_code, optimal_dtype
 from .inspect import Verification, check_file, describe, document_token_counts, file_xxh3, verify
@@ -30,12 +31,14 @@ __all__ = [
     "document_token_counts",
     "dtype_code",
     "file_xxh3",
+    "max_open_files",
     "merge_token_files",
     "open_token_file",
     "optimal_dtype",
     "prefixes_in",
     "read_sequences",
     "read_sidecar",
+    "set_max_open_files",
     "sidecar_path",
     "verify",
     "warmup_file",

@@ -16,12 +16,12 @@ ones (mmap/memory), or one positional read per range (pread).
 from __future__ import annotations
 
 import enum
-import mmap
 import os
 
 import numpy as np
 
 from ..errors import FormatError, StorageError
+from .descriptors import descriptor_cache, identity, map_readonly, reopen_same
 from .storage import read_error
 
 WARMUP_CHUNK = 100 << 20  # GPT-NeoX's mmap warm-up reads in 100 MiB chunks
@@ -54,10 +54,12 @@ class BinSource:
         # open itself (at thousands of ranks every path stat is a shared-filesystem request).
         try:
             self._opened = os.open(path, os.O_RDONLY)
-            size = os.fstat(self._opened).st_size
+            stat = os.fstat(self._opened)
         except OSError as exc:
             self._release()
             raise read_error(exc, path, "token data") from None
+        self._identity = identity(stat)  # what a reopened descriptor must match (pread mode)
+        size = stat.st_size
         if size % self.dtype.itemsize:
             os.close(self._release())
             raise FormatError(
@@ -154,21 +156,23 @@ class _ArrayBin(BinSource):
 class MmapBin(_ArrayBin):
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
-        self._map: mmap.mmap | None = None
+        # The mapping keeps no descriptor (``descriptors.map_readonly``): a blend of thousands of
+        # prefixes holds no open file per prefix.
+        self._map: np.ndarray | None = None
         fd = self._release()
         try:
             if self.num_bytes == 0:
                 self.tokens = np.zeros(0, dtype=self.dtype)
                 return
-            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self._map = map_readonly(fd, self.num_bytes)
         except OSError as exc:
             raise read_error(exc, path, "token data") from None
         finally:
             os.close(fd)
-        self.tokens = np.frombuffer(self._map, dtype=self.dtype)
+        self.tokens = self._map.view(self.dtype)
 
     def close(self) -> None:
-        # Views may still reference the buffer; dropping our references lets the GC unmap it.
+        # Views may still reference the mapping; it is unmapped when the last one is gone.
         self.tokens = np.zeros(0, dtype=self.dtype)
         self._map = None
 
@@ -190,29 +194,43 @@ class MemoryBin(_ArrayBin):
 
 
 class PreadBin(BinSource):
-    _fd = -1
+    """Positional reads; the descriptor sits in the process's bounded set of open ``.bin`` files
+    (``descriptors.max_open_files``), reopened, and checked to be the same file, when evicted."""
+
+    _key = -1
 
     def __init__(self, path: str, dtype: np.dtype) -> None:
         super().__init__(path, dtype)
-        self._fd = self._release()
+        self._cache = descriptor_cache()
+        self._key = self._cache.new_key()
+        self._cache.adopt(self._key, self._release())
+
+    def _reopen(self) -> int:
+        return reopen_same(self.path, self._identity, self._error)
+
+    def _error(self, exc: OSError) -> StorageError:
+        return read_error(exc, self.path, "token data")
 
     def _fill(self, out: np.ndarray, start: int) -> None:
         offset = start * self.dtype.itemsize
+        entry = self._cache.acquire(self._key, self._reopen)
         try:
-            done = os.preadv(self._fd, [out], offset)  # one syscall in the common case
-        except OSError as exc:  # costs nothing unless raised (Python >= 3.11), next to nothing before
-            raise read_error(exc, self.path, "token data") from None
-        if done == out.nbytes:
-            return
-        self._fill_rest(memoryview(out).cast("B"), offset, done)
+            try:
+                done = os.preadv(entry.fd, [out], offset)  # one syscall in the common case
+            except OSError as exc:  # costs nothing unless raised (Python >= 3.11)
+                raise self._error(exc) from None
+            if done != out.nbytes:
+                self._fill_rest(entry.fd, memoryview(out).cast("B"), offset, done)
+        finally:
+            self._cache.release(entry)
 
-    def _fill_rest(self, view: memoryview, offset: int, done: int) -> None:
+    def _fill_rest(self, fd: int, view: memoryview, offset: int, done: int) -> None:
         """Finish a short read (a network filesystem may return fewer bytes than asked)."""
         while done < len(view):
             try:
-                got = os.preadv(self._fd, [view[done:]], offset + done)
+                got = os.preadv(fd, [view[done:]], offset + done)
             except OSError as exc:
-                raise read_error(exc, self.path, "token data") from None
+                raise self._error(exc) from None
             if got <= 0:
                 raise StorageError(
                     f"file ended after {offset + done} bytes, expected {offset + len(view)}",
@@ -241,26 +259,32 @@ class PreadBin(BinSource):
         stops = np.cumsum(lengths) * size
         out = np.empty(int(stops[-1]) // size if stops.size else 0, dtype=self.dtype)
         view = memoryview(out).cast("B")
-        fd, preadv = self._fd, os.preadv
+        entry = self._cache.acquire(self._key, self._reopen)
+        fd, preadv = entry.fd, os.preadv
         begin = 0
         try:
             for offset, stop in zip((starts * size).tolist(), stops.tolist()):
                 if stop > begin:
                     done = preadv(fd, [view[begin:stop]], offset)
                     if done != stop - begin:
-                        self._fill_rest(view[begin:stop], offset, done)
+                        self._fill_rest(fd, view[begin:stop], offset, done)
                 begin = stop
         except OSError as exc:
-            raise read_error(exc, self.path, "token data") from None
+            raise self._error(exc) from None
+        finally:
+            self._cache.release(entry)
         return out
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._key >= 0:
+            self._cache.discard(self._key)
+            self._key = -1
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the cache may be gone already
+            pass
 
 
 _SOURCES = {ReadMode.MMAP: MmapBin, ReadMode.PREAD: PreadBin, ReadMode.MEMORY: MemoryBin}

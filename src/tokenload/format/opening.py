@@ -20,7 +20,6 @@ the counts give, after the O(1) checks of the ``.idx`` size and the header bytes
 from __future__ import annotations
 
 import glob
-import mmap
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ import numpy as np
 
 from ..errors import FormatError, StorageError
 from .bin import BinSource, ReadMode, open_bin, warmup_file
+from .descriptors import map_readonly
 from .idx import (
     FLOAT_CODES,
     HEADER_SIZE,
@@ -39,6 +39,7 @@ from .idx import (
 )
 from .legacy import is_legacy, read_legacy
 from .sequences import check_counts, header_from_counts
+from .sidecar import read_sidecar, sidecar_path
 from .storage import read_error
 
 if TYPE_CHECKING:
@@ -64,6 +65,11 @@ class Opened:
     def itemsize(self) -> int:
         return self.header.dtype.itemsize
 
+    @property
+    def last_sequence(self) -> int:
+        """N - 1: the one sequence that ends at the end of ``.bin`` rather than at a pointer."""
+        return self.header.sequence_count - 1
+
 
 def open_pair(file: TokenFile) -> Opened:
     """Open ``file``'s index and ``.bin`` with its options, after the O(1) checks."""
@@ -77,6 +83,7 @@ def open_pair(file: TokenFile) -> Opened:
     source = open_bin(file.bin_path, header.dtype, file.mode)
     try:
         _check_bin_size(header, lengths, pointers, source, file.bin_path)
+        _check_recorded_dtype(file, header)  # a width the sizes did not refuse: the type
     except FormatError:
         source.close()
         raise
@@ -111,6 +118,33 @@ def _index(file: TokenFile) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.nda
     return (header, *index_arrays(buffer, header))
 
 
+def _check_recorded_dtype(file: TokenFile, header: IndexHeader) -> None:
+    """The dtype the ``PREFIX.json`` sidecar recorded must be the header's: a dtype code changed
+    to another type of the same width (uint16 -> int16) passes every size check and would read
+    every token >= 32768 as a negative number. One open of a small file (or one failed lookup
+    when there is none: Megatron's files); a file in object storage is not checked here (a GET
+    per process), nor is a sidecar that cannot be read (reading never requires one)."""
+    if "://" in file.prefix:
+        return
+    try:
+        sidecar = read_sidecar(file.prefix)
+    except (FormatError, StorageError):
+        return
+    try:
+        if sidecar is None or np.dtype(sidecar.dtype) == header.dtype:
+            return
+    except TypeError:  # not a dtype name: a damaged sidecar says nothing
+        return
+    raise FormatError(
+        f"the header's dtype code {header.code} means {header.dtype}, but the sidecar "
+        f"{os.path.basename(sidecar_path(file.prefix))} records {sidecar.dtype}; expected the "
+        "same dtype in both",
+        path=file.idx_path,
+        hint="the .idx header is damaged (or the sidecar belongs to another file); run "
+        "`tokenload verify --hashes` and rewrite the file",
+    )
+
+
 def _float_header(file: TokenFile, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
     """Codes 6/7: "auto" takes the float type the ``.bin`` size fits; a forced table that the
     size contradicts is named, since the cause is the table, not a damaged file."""
@@ -143,8 +177,8 @@ def _read_index(file: TokenFile):
 
         with open(local_path(file.idx_path), "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if file.mode is ReadMode.MMAP and size > 0:
-                return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            if file.mode is ReadMode.MMAP and size > 0:  # a mapping that keeps no descriptor
+                return memoryview(map_readonly(f.fileno(), size))
             return memoryview(f.read())
     except FileNotFoundError as exc:
         raise _missing_index(exc, file.idx_path) from None

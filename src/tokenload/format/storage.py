@@ -32,11 +32,33 @@ _WRITE_HINTS = {
 }
 
 
+def too_many_open_files_hint(code: int | None) -> str | None:
+    """The hint for EMFILE/ENFILE: which limit was reached and how to raise it (None otherwise)."""
+    if code == errno.ENFILE:
+        return ("the system-wide table of open files is full (fs.file-max): close other programs'"
+                " files or raise the kernel limit, then rerun")
+    if code != errno.EMFILE:
+        return None
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = f"the soft limit is {soft}, the hard limit {hard}"
+    except (ImportError, OSError, ValueError):
+        limit = "see `ulimit -n`"
+    return (f"this process has as many files open as it may ({limit}): raise it before the job"
+            " (`ulimit -n 65536`, or resource.setrlimit(RLIMIT_NOFILE) in the launcher), or keep"
+            " fewer .bin files open in pread mode (TOKENLOAD_OPEN_FILES or"
+            " tokenload.format.set_max_open_files, default 128)")
+
+
 def read_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
     """A StorageError for a failed read of ``what`` (e.g. "the index") at ``path``."""
     if isinstance(exc, StorageError):
         return exc
-    hint = _READ_HINTS.get(exc.errno, "check that the file is readable and its filesystem is healthy")
+    hint = too_many_open_files_hint(exc.errno) or _READ_HINTS.get(
+        exc.errno, "check that the file is readable and its filesystem is healthy"
+    )
     return _keep_cause(StorageError(f"cannot read {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc)
 
 
@@ -44,7 +66,9 @@ def write_error(exc: OSError, path: str | os.PathLike[str], what: str) -> Storag
     """A StorageError for a failed write of ``what`` (e.g. "the token file") at ``path``."""
     if isinstance(exc, StorageError):
         return exc
-    hint = _WRITE_HINTS.get(exc.errno, "check the output folder and its filesystem, then rerun")
+    hint = too_many_open_files_hint(exc.errno) or _WRITE_HINTS.get(
+        exc.errno, "check the output folder and its filesystem, then rerun"
+    )
     return _keep_cause(StorageError(f"cannot write {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc)
 
 

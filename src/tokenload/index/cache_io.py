@@ -34,7 +34,6 @@ import enum
 import json
 import logging
 import math
-import mmap
 import os
 import tokenize
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ import xxhash
 
 from tokenload.errors import CacheError, FormatError, StorageError
 from tokenload.format.atomic import fsync_dir, write_atomic
+from tokenload.format.descriptors import map_readonly
 from tokenload.index.cache import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.storage import is_url
 
@@ -198,7 +198,7 @@ def map_array(path: str) -> npt.NDArray[Any]:
             key = _file_key(os.fstat(f.fileno()))
             if nbytes == 0:
                 return np.empty(shape, dtype=dtype)
-            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            buffer = map_readonly(f.fileno(), size)  # keeps no descriptor open
         if key not in _VERIFIED:
             _verify(shown, memoryview(buffer)[offset:offset + nbytes], key)
         return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C")
