@@ -35,6 +35,15 @@ def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProce
     )
 
 
+def run_shell(command: str, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    """Run a command line that tokenload printed for a user (``mkdir -p X && tokenload ...``) as
+    their shell would, with this interpreter's ``tokenload`` first on the PATH."""
+    bin_dir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def megatron_config(cfg: dict, tokenizer: dict, cache_dir=None, **overrides):
     """A ``MegatronDataConfig`` for a megatron-core fixture case's ``config`` and ``tokenizer``
     (tests/fixtures/megatron/order/cases.json)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,19 +23,32 @@ if TYPE_CHECKING:
 
 
 def positive(kind: Callable[[str], int | float]) -> Callable[[str], int | float]:
-    """An argparse ``type`` that parses with ``kind`` and refuses zero and negative values."""
+    """An argparse ``type`` that parses with ``kind`` and refuses zero, negative and non-finite
+    values (``inf``, ``nan``, ``1e999``)."""
+    return _bounded(kind, 0, inclusive=False, label="positive")
 
+
+def at_least(kind: Callable[[str], int | float], low: int | float) -> Callable[[str], int | float]:
+    """An argparse ``type`` that parses with ``kind`` and refuses values below ``low`` and
+    non-finite ones."""
+    return _bounded(kind, low, inclusive=True, label=f">= {low}")
+
+
+def _bounded(kind, low, *, inclusive: bool, label: str) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
+        noun = "an integer" if kind is int else "a number"
         try:
             value = kind(text)
         except ValueError:
-            noun = "an integer" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} must be greater than 0")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if not (value >= low if inclusive else value > low):
+            relation = "at least" if inclusive else "greater than"
+            raise argparse.ArgumentTypeError(f"{text} must be {relation} {low}")
         return value
 
-    parse.__name__ = f"positive {kind.__name__}"
+    parse.__name__ = f"{label} {kind.__name__}"
     return parse
 
 
@@ -106,18 +120,18 @@ def batch_flags(g) -> None:
     g.add_argument("--pipeline-model-parallel-size", type=positive(int), default=1)
     g.add_argument("--context-parallel-size", type=positive(int), default=1)
     length = g.add_mutually_exclusive_group()
-    length.add_argument("--train-iters", type=int, help="training iterations")
-    length.add_argument("--train-samples", type=int, help="training samples (iterations = samples // global batch)")
-    g.add_argument("--eval-iters", type=int, default=100, help="iterations per evaluation")
+    length.add_argument("--train-iters", type=at_least(int, 0), help="training iterations")
+    length.add_argument("--train-samples", type=at_least(int, 0), help="training samples (iterations = samples // global batch)")
+    g.add_argument("--eval-iters", type=at_least(int, 0), default=100, help="iterations per evaluation")
     g.add_argument("--eval-interval", type=positive(int), help="iterations between evaluations")
-    g.add_argument("--start-eval-at-iter", type=int, help="no evaluation before this iteration")
+    g.add_argument("--start-eval-at-iter", type=at_least(int, 0), help="no evaluation before this iteration")
     g.add_argument("--eval-global-batch-size", type=positive(int), help="evaluation batch (default: global)")
     g.add_argument("--skip-train", action="store_true", help="evaluation only: valid = eval_iters x batch")
     g.add_argument("--full-validation", action="store_true", help="one full epoch of the valid split")
 
 
 def item_flags(g) -> None:
-    g.add_argument("--mid-level-dataset-surplus", type=float, default=0.005,
+    g.add_argument("--mid-level-dataset-surplus", type=at_least(float, 0), default=0.005,
                    help="extra samples built per blended dataset (enters the sizes)")
     g.add_argument("--no-add-extra-token", dest="add_extra_token", action="store_false",
                    help="samples of S tokens, not S + 1 (tokenload's option)")

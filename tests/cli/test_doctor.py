@@ -4,11 +4,10 @@ command; the fix, applied, makes the finding go away."""
 from __future__ import annotations
 
 import re
-import shlex
 import shutil
 
 import numpy as np
-from support import run_cli, write_documents
+from support import run_cli, run_shell, write_documents
 
 from tokenload.doctor import READ_DELAY_ENV
 
@@ -38,8 +37,8 @@ def test_no_cache_under_rank0_is_a_startup_stall_and_its_prepare_command_fixes_i
     assert 'build_policy="none"' in stall and 'order="computed"' in stall
     assert "PROBLEM" in _finding(out.stdout, "io-burst") and "sequences JSON" in _finding(out.stdout, "io-burst")
     assert not cache.exists()  # measuring wrote nothing
-    command = re.search(r"fix: run `(tokenload prepare-cache [^`]*)`", stall).group(1)
-    prepared = run_cli(*shlex.split(command)[1:])
+    command = re.search(r"fix: run `(mkdir -p [^`]* && tokenload prepare-cache [^`]*)`", stall).group(1)
+    prepared = run_shell(command)
     assert prepared.returncode == 0, prepared.stderr
     sequences = tmp_path / "sequences.json"
     assert run_cli("sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences).returncode == 0

@@ -3,6 +3,6 @@ subcommand's usage, before any work starts (defined with Megatron's flags, used 
 
 from __future__ import annotations
 
-from ..megatron_args import positive
+from ..megatron_args import at_least, positive
 
-__all__ = ["positive"]
+__all__ = ["at_least", "positive"]

@@ -26,6 +26,7 @@ from dataclasses import asdict
 
 from ..errors import ConfigError
 from ..format import TokenFile
+from ..format.atomic import require_existing_folder
 from ..format.sequences import counts_of, unique_prefixes, write_sequences
 from ..index import Blend
 from ..storage import is_url
@@ -152,6 +153,8 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
         raise ConfigError("--mock-data has no token files and no caches to prepare",
                           hint="pass the job's --data-path (Megatron's prepare_cache.py refuses it too)")
     _require(args)
+    if not is_url(args.data_cache_path):
+        require_existing_folder(args.data_cache_path)
     blend, per_split = blends_of(args)
     counts = _counts(args)
     identity = tokenizer_identity(args)
@@ -216,10 +219,6 @@ def _require(args: argparse.Namespace) -> None:
     if args.train_iters is None and args.train_samples is None and not explicit:
         raise ConfigError("no training length: expected --train-iters or --train-samples",
                           hint="pass the training job's flag")
-    for flag in ("train_iters", "train_samples", "eval_iters", "start_eval_at_iter"):
-        value = getattr(args, flag)
-        if value is not None and value < 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} is {value}, expected a number >= 0")
 
 
 def _num_samples(text: str) -> int | None:

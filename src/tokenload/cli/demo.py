@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError
-from .args import positive
+from .args import at_least, positive
 
 #: Global batch per step, whatever the rank count (micro-batch = this / ranks).
 GLOBAL_BATCH = 16
@@ -45,8 +45,8 @@ def register(sub) -> None:
     p.add_argument("--seq-length", type=positive(int), default=1024, help="tokens per training sample")
     p.add_argument("--steps", type=positive(int), default=12, help="training steps of the uninterrupted run")
     p.add_argument("--checkpoint", type=positive(int), default=6, help="save the loader state after this step")
-    p.add_argument("--loader-workers", type=int, default=1, help="loader worker processes per rank")
-    p.add_argument("--step-ms", type=float, default=20.0, help="simulated training step (ms)")
+    p.add_argument("--loader-workers", type=at_least(int, 0), default=1, help="loader worker processes per rank")
+    p.add_argument("--step-ms", type=at_least(float, 0), default=20.0, help="simulated training step (ms)")
     p.set_defaults(func=run)
 
 

@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from .args import positive
 from .preprocess_flags import add_preprocess_flags, check_preprocess_flags
 
 log = logging.getLogger(__name__)
@@ -164,11 +165,11 @@ def register_corpus(sub) -> None:
     )
     p.add_argument("--output", required=True, help="JSONL file to write")
     p.add_argument(
-        "--max-mb", type=float, default=None, help="stop before the file exceeds this size"
+        "--max-mb", type=positive(float), default=None, help="stop before the file exceeds this size"
     )
     p.add_argument(
         "--min-mb",
-        type=float,
+        type=positive(float),
         default=None,
         help="repeat the sources (records marked with 'pass') until at least this size",
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -95,6 +96,9 @@ def prepare_command(config: Any, sizes: Sequence[int | None]) -> str:
         args.append("--no-drop-last-partial-validation-sequence")
     if config.mid_level_dataset_surplus != 0.005:
         args += ["--mid-level-dataset-surplus", repr(config.mid_level_dataset_surplus)]
+    folder = config.path_to_cache
+    if folder is not None and "://" not in folder and not os.path.isdir(folder):
+        return f"mkdir -p {shlex.quote(folder)} && {shlex.join(args)}"  # commands make no folder
     return shlex.join(args)
 
 

@@ -88,15 +88,30 @@ def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None
 
 
 def require_folder(final: str | os.PathLike[str]) -> None:
-    """Raise ConfigError unless the folder that will hold ``final`` exists."""
+    """Raise ConfigError unless ``final`` names a file (not ``''`` or ``dir/``, which would write
+    hidden ``.bin``/``.idx`` files) in a folder that exists. Every command writes only into an
+    existing folder, so a mistyped path creates nothing."""
     from ..errors import ConfigError
 
-    folder = Path(final).parent
-    if not folder.is_dir():
+    text = os.fspath(final)
+    if os.path.basename(text) in ("", ".", ".."):
         raise ConfigError(
-            f"output folder {str(folder)!r} does not exist",
-            path=os.fspath(final),
-            hint="create the folder first or choose another --output-prefix",
+            f"output {text!r} names a folder, not a file",
+            path=text or None,
+            hint="end the output with a file name, e.g. data/corpus (writes data/corpus.bin)",
+        )
+    require_existing_folder(Path(text).parent, text)
+
+
+def require_existing_folder(folder: str | os.PathLike[str], path: str | None = None) -> None:
+    """Raise ConfigError unless ``folder``, where an output goes, exists."""
+    from ..errors import ConfigError
+
+    if not Path(folder).is_dir():
+        raise ConfigError(
+            f"output folder {os.fspath(folder)!r} does not exist",
+            path=path or os.fspath(folder),
+            hint="create the folder first (mkdir -p) or choose another output path",
         )
 
 

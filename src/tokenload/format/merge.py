@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..errors import ConfigError
-from .atomic import remove_stale_temporaries
+from .atomic import remove_stale_temporaries, require_folder
 from .idx import DtypeCodes, prefix_of
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar, sidecar_path
@@ -109,6 +109,8 @@ def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None, 
             hint="merge only files made with the same tokenizer; Megatron's merge refuses them too",
         )
     out = prefix_of(os.fspath(output_prefix))
+    if not is_url(out):
+        require_folder(out)  # before any work: '' or 'dir/' would write hidden '.bin' files
     if any(_same_place(f.prefix, out) for f in files):
         raise ConfigError(
             f"output prefix {out!r} is also an input",

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError
 from ..storage.remote import is_url
-from .atomic import write_bytes_atomic
+from .atomic import require_folder, write_bytes_atomic
 from .idx import MAGIC, MEGATRON_CODES, NEOX_CODES, IndexHeader, dtype_code
 
 #: The top-level key that holds tokenload's dtypes; Megatron never looks it up.
@@ -92,6 +92,7 @@ def write_sequences(path: str | os.PathLike[str], entries: Mapping[str, Sequence
 
         upload_bytes(data, path)
     else:
+        require_folder(path)
         write_bytes_atomic(path, data)
 
 

@@ -8,6 +8,7 @@ too, but they never change a byte (the pipeline guarantees it).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -192,6 +193,16 @@ class PreprocessConfig:
             raise ConfigError(
                 f"shard index {self.shard_index} of {self.num_shards} shards is out of range",
                 hint="--shard-index must be in [0, --num-shards)",
+            )
+        if not (math.isfinite(self.ray_cpus_per_task) and self.ray_cpus_per_task > 0):
+            raise ConfigError(
+                f"ray_cpus_per_task is {self.ray_cpus_per_task}, expected a positive number",
+                hint="leave it out for one CPU per task",
+            )
+        if self.ray_tasks_in_flight is not None and self.ray_tasks_in_flight < 1:
+            raise ConfigError(
+                f"ray_tasks_in_flight is {self.ray_tasks_in_flight}, expected at least 1",
+                hint="leave it out for twice the tasks the cluster's CPUs run at once",
             )
         if self.chunk_bytes < 1024:
             raise ConfigError(
