@@ -116,6 +116,8 @@ class LoaderMetrics:
         self._limits: np.ndarray | None = None  # samples per epoch, resolved at the first batch
         self._limit_one = 0  # _limits[0] as an int (the one-source check)
         self._bytes: list[int] | None = None
+        self.ledger: Any = None
+        """The job's exact per-source figures (``ledger.Ledger``), set by the loader."""
 
     # -- per batch ---------------------------------------------------------------------------------
     def record(self, batch: Any, wait_s: float, interval_s: float, consumed: int) -> None:
@@ -210,6 +212,9 @@ class LoaderMetrics:
             "data_wait": wait,
             "sources": sources,
             "repeating": [s["name"] for s in sources if s["repeating"]],
+            # the whole job's figures, the same on every rank (ledger.py): drawn, skipped,
+            # delivered samples and tokens and epoch per source, skips, the schedule's position
+            "job": None if self.ledger is None else self.ledger.as_dict(consumed),
             # object-storage counters of this process since the loader was built (0 for local files)
             "storage": {k: v - self.storage_base.get(k, 0) for k, v in storage_stats().items()},
         }

@@ -33,6 +33,7 @@ from ..distributed import World
 from ..errors import ConfigError, StateError, require
 from .accounting import LoaderMetrics, summary_line
 from .collate import fetch, to_tensors
+from .ledger import Ledger
 from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
 from .workers import WorkerPool
@@ -116,6 +117,9 @@ class TokenloadDataLoader:
         )
         self.consumed_samples = consumed_samples
         self._pool: WorkerPool | None = None
+        # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
+        self.ledger = self._metrics.ledger = Ledger(dataset)
+        self._skip_count = 0
         self._metrics.startup["loader_init_s"] = time.perf_counter() - self._metrics.created
 
     def make_sampler(self):
@@ -154,6 +158,7 @@ class TokenloadDataLoader:
             batches = pool.batches(sampler)
             generation = pool.generation
         metrics, every = self._metrics, self.config.log_metrics_every
+        skips = self._skip_count
         asked, handed = started, started
         try:
             for batch in batches:
@@ -173,6 +178,9 @@ class TokenloadDataLoader:
                 # so the next one's arrays reuse its memory, still in the CPU caches (measured 18 us
                 # per micro-batch of 16 x 2048 with 0 workers), and its ring slot is free again.
                 del batch
+                if self._skip_count != skips:  # skip() while iterating: go on from the new point
+                    yield from self.__iter__()
+                    return
                 asked = time.perf_counter()
         finally:
             # Non-persistent workers stop with their iteration, unless a newer one uses them (an
@@ -198,6 +206,30 @@ class TokenloadDataLoader:
     def worker_processes(self) -> list:
         """The worker processes of the open pool (empty when there is none)."""
         return list(self._pool.processes) if self._pool is not None and not self._pool.closed else []
+
+    def skip(self, samples: int) -> None:
+        """Drop the next ``samples`` global samples (e.g. the window of a loss spike): the order
+        moves on without serving them, so the stream afterwards is the unskipped stream from that
+        point, the same on every rank (call it on all of them). The skip is recorded in the state
+        (``state["skips"]``) and in ``metrics()["job"]``, per source. Mid-iteration, batches made
+        ahead are dropped and the iteration continues from the new point."""
+        group, left = self.plan.group, self.plan.total_samples - self.consumed_samples
+        if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples <= left:
+            raise ConfigError(
+                f"skip(samples={samples!r}); expected an int in [0, {left}] (the samples left)",
+                hint="pass how many global samples (all ranks together) to drop",
+            )
+        if samples % group:
+            raise ConfigError(
+                f"skip(samples={samples}) is not a multiple of micro_batch_size * dp_size ="
+                f" {group}",
+                hint=f"skip a multiple of {group} samples: every rank stays on a step boundary",
+            )
+        if samples:
+            self.ledger.skip(self.consumed_samples, samples)
+            self.consumed_samples += samples
+            self._skip_count += 1
+            self.close()  # workers made batches ahead of the skipped point
 
     def restart(self, consumed_samples: int = 0) -> None:
         """Start the next iteration at ``consumed_samples`` (e.g. 0 for every validation pass)."""
@@ -243,6 +275,8 @@ class TokenloadDataLoader:
             dp_size=self.dp_size,
         ).to_dict()
         state["metrics"] = self._metrics.state_dict()
+        state["skips"] = self.ledger.state_dict()
+        state["accounting"] = self.ledger.as_dict(self.consumed_samples)
         if self._mixture_resumable:
             state["mixture"] = self.dataset.mixture_state(self.consumed_samples)
         return state
@@ -289,6 +323,7 @@ class TokenloadDataLoader:
             self._metrics.load_state_dict(state["metrics"])
         elif "metrics" in state:
             logger.info("the blend's sources changed: the loader's per-source metrics start from zero")
+        self.ledger.load_state_dict(state.get("skips") or [], state.get("accounting"))
         self.consumed_samples = loaded.consumed_samples
 
 
