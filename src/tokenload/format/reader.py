@@ -172,7 +172,11 @@ class TokenFile:
             raise IndexError(
                 f"tokens [{offset}, {offset + length}) are outside sequence {index} of length {seq_len}"
             )
-        return state.bin.read(int(state.pointers[index]) // state.itemsize + offset, length)
+        pointer = int(state.pointers[index])
+        following = int(state.pointers[index + 1]) if index + 1 < count else state.bin.num_bytes
+        if following - pointer != seq_len * state.itemsize:
+            raise _pointer_gap(state, np.array([index]), self.idx_path)
+        return state.bin.read(pointer // state.itemsize + offset, length)
 
     def __getitem__(self, key: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(key, slice):
@@ -191,18 +195,23 @@ class TokenFile:
     def _run(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """The tokens of sequences ``[begin, end)`` concatenated, and their int64 lengths.
 
-        Each sequence is taken at its own pointer, as ``get`` takes it: one contiguous read would
-        silently return other tokens when a corrupt index's pointers disagree with its lengths.
-        Sequences stored back to back (every sound file) are still read in one piece."""
+        Every sound file stores its sequences back to back, so they are read in one piece once
+        each pointer is checked against the previous pointer and length (and the last against the
+        next pointer, or the end of ``.bin``): a corrupt index whose pointers disagree with its
+        lengths is a ``FormatError`` naming the first such sequence, never other tokens."""
         state = self._opened()
         lengths = state.lengths[begin:end].astype(np.int64)
         if int(lengths.min()) < 0:
             i = begin + int(np.argmin(lengths))
             raise _negative_length(i, int(state.lengths[i]), self.idx_path)
-        starts = state.pointers[begin:end] // state.itemsize
-        if bool(np.all(starts[1:] == starts[:-1] + lengths[:-1])):
-            return state.bin.read(int(starts[0]), int(lengths.sum())), lengths
-        return state.bin.read_spans(starts, lengths), lengths
+        count = state.header.sequence_count
+        bounds = np.empty(end - begin + 1, dtype=np.int64)
+        bounds[:-1] = state.pointers[begin:end]
+        bounds[-1] = state.pointers[end] if end < count else state.bin.num_bytes
+        bad = np.flatnonzero(np.diff(bounds) != lengths * state.itemsize)
+        if bad.size:
+            raise _pointer_gap(state, begin + bad[:1], self.idx_path)
+        return state.bin.read(int(bounds[0]) // state.itemsize, int(lengths.sum())), lengths
 
     def read_pieces(
         self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
@@ -219,11 +228,25 @@ class TokenFile:
         return self._opened().bin.read_spans(starts, lengths, dtype)
 
     def token_starts(self, sequences: np.ndarray) -> np.ndarray:
-        """Position in ``.bin`` (in tokens) where each sequence begins (a new int64 array)."""
+        """Position in ``.bin`` (in tokens) where each sequence begins (a new int64 array).
+
+        Each sequence's pointer is checked against the next one: ``pointer[i + 1] - pointer[i]
+        == length[i] * itemsize`` (O(sequences), a few vectorized operations per batch), so an
+        index with two lengths swapped or a pointer moved is a ``FormatError`` naming the file
+        and the sequence instead of other tokens (``_pointer_gap``)."""
         state = self._state
         if state is None or state.pid != os.getpid():
             state = self._opened()
-        return state.pointers[sequences] // state.itemsize
+        pointers = state.pointers
+        starts = pointers[sequences]
+        following = sequences + 1
+        np.minimum(following, state.last_sequence, out=following)
+        gaps = pointers[following]
+        gaps -= starts
+        if not _ALL_EQUAL(gaps, np.multiply(state.lengths[sequences], state.itemsize, dtype=np.int64)):
+            _check_gaps(state, np.asarray(sequences), self.idx_path)
+        starts //= state.itemsize
+        return starts
 
     def document(self, index: int) -> np.ndarray:
         """All tokens of document ``index`` (its sequences concatenated)."""
@@ -240,6 +263,40 @@ class TokenFile:
         if first == last:
             return np.zeros(0, dtype=self.dtype)
         return self._run(first, last)[0]
+
+
+def _ALL_EQUAL(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.equal(a, b).all())
+
+
+def _check_gaps(state, sequences: np.ndarray, path: str) -> None:
+    """The slow path of ``token_starts``: the last sequence ends at the end of ``.bin`` rather
+    than at a next pointer (checked when the file opened); any other mismatch is an error."""
+    sequences = sequences.astype(np.int64)
+    inner = sequences[sequences != state.last_sequence]
+    if inner.size:
+        gaps = state.pointers[inner + 1] - state.pointers[inner]
+        bad = inner[gaps != state.lengths[inner].astype(np.int64) * state.itemsize]
+        if bad.size:
+            raise _pointer_gap(state, bad[:1], path)
+
+
+def _pointer_gap(state, sequences: np.ndarray, path: str) -> FormatError:
+    """The error for a sequence whose next pointer (or the end of ``.bin``) is not its own pointer
+    plus its length: the index is damaged, and reading it would return other tokens."""
+    i = int(sequences[0])
+    pointer, length = int(state.pointers[i]), int(state.lengths[i])
+    last = i + 1 >= state.header.sequence_count
+    following = state.bin.num_bytes if last else int(state.pointers[i + 1])
+    what = "the end of .bin" if last else f"sequence {i + 1}'s pointer"
+    return FormatError(
+        f"sequence {i} has pointer {pointer} and length {length} ({length * state.itemsize} bytes "
+        f"of {state.header.dtype}), but {what} is {following}: {following - pointer} bytes "
+        "later; expected pointer[i + 1] - pointer[i] == length[i] * itemsize",
+        path=path,
+        hint="the index is corrupt (lengths or pointers changed); run `tokenload verify` and "
+        "rewrite the file",
+    )
 
 
 def _negative_length(index: int, length: int, path: str) -> FormatError:
