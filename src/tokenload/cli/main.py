@@ -22,7 +22,7 @@ from .. import __version__
 from ..errors import TokenloadError
 
 #: Modules under tokenload.cli that register subcommands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "preprocess", "tokenfiles", "cache", "doctor")
+COMMANDS = ("demo", "preprocess", "tokenfiles", "cache", "doctor", "state")
 
 #: Exit status when the reader of our output goes away (``tokenload info ... | head``): the one
 #: a shell reports for a process ended by SIGPIPE, as ``cat`` or ``grep`` would be.
