@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -10,6 +12,31 @@ from hypothesis import settings
 from support import write_documents
 
 from tokenload.format import TokenFileWriter
+
+def pytest_configure(config):
+    """Everything the tests and the processes they start write to the temporary folder (Ray's
+    session folders, torchrun's torchelastic_* folders, staging folders, servers' sockets and logs)
+    goes under one folder of this run, removed when the run ends, so a run leaves nothing behind
+    in the machine's temporary folder. pytest's own tmp_path folders stay where they were (kept
+    only for failed tests: tmp_path_retention_policy)."""
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    run_tmp = tempfile.mkdtemp(prefix="tokenload-tests-")
+    config._tokenload_tmp = (run_tmp, os.environ.get("TMPDIR"))
+    os.environ["TMPDIR"] = run_tmp
+    tempfile.tempdir = None  # the next gettempdir() reads TMPDIR again
+
+
+def pytest_unconfigure(config):
+    run_tmp, before = getattr(config, "_tokenload_tmp", (None, None))
+    if run_tmp is None:
+        return
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+    shutil.rmtree(run_tmp, ignore_errors=True)
+
 
 # CI (CI=true) replays a fixed set of hypothesis examples so that a landing never depends on the
 # draw; every local run draws new ones (that is how the U+0085 gigatoken divergence was found).
