@@ -28,7 +28,7 @@ import xxhash
 from ..errors import FormatError
 from ..format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
 from ..format.legacy import is_legacy
-from ..format.sequences import SequencesFile
+from ..format.sequences import SequencesFile, check_counts, check_index_size
 from ..format.storage import read_error
 from ..index import split_range
 from ..index.windows import WindowGrid
@@ -67,6 +67,26 @@ def _pread(fd: int, offset: int, size: int, path: str) -> bytes:
     return data
 
 
+def _pointers(fd: int, at: int, i: int, n: int, path: str) -> tuple[int, ...]:
+    """Pointer i and, when there is one, pointer i + 1 (one ``pread``)."""
+    count = min(2, n - i)
+    return struct.unpack(f"<{count}q", _pread(fd, at + 8 * i, 8 * count, path))
+
+
+def _check_step(i: int, pointers: tuple[int, ...], length: int, dtype: np.dtype, path: str) -> None:
+    """``pointer[i + 1] - pointer[i] == length[i] * itemsize``, as every read of a token file
+    checks it (``TokenFile.token_starts``); a ``FormatError`` naming the sequence otherwise."""
+    if len(pointers) == 2 and pointers[1] - pointers[0] != length * dtype.itemsize:
+        raise FormatError(
+            f"sequence {i} has pointer {pointers[0]} and length {length} ({length * dtype.itemsize}"
+            f" bytes of {dtype}), but sequence {i + 1}'s pointer is {pointers[1]}; expected "
+            "pointer[i + 1] - pointer[i] == length[i] * itemsize",
+            path=path,
+            hint="the index is corrupt (lengths or pointers changed); run `tokenload verify` and "
+            "rewrite the file",
+        )
+
+
 def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: MegatronDataConfig) -> Extent:
     """The split ``bookend`` of ``prefix``: a few ``pread`` s of the ``.idx`` (no header with a
     sequences JSON that gives the dtype), the ``.bin`` size from one ``stat`` (a URL: its
@@ -80,6 +100,10 @@ def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: M
         entry = None if sequences is None else sequences.entry(prefix)
         if entry is not None and entry.dtype is not None:
             n, d, dtype = entry.sequence_count, entry.document_count, np.dtype(entry.dtype)
+            # the counts are the JSON's: a file changed since is named with both files, as the
+            # Megatron order names it (one fstat; the header is not read)
+            check_index_size(os.fstat(fd).st_size, idx_path, (n, d), dtype, multimodal=None,
+                             source=sequences.path)
         else:
             size = os.fstat(fd).st_size
             head = _pread(fd, 0, min(HEADER_SIZE, size), idx_path)
@@ -88,26 +112,34 @@ def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: M
             header = parse_header(head, size, idx_path, dtype_codes="megatron")
             if header.code in FLOAT_CODES:  # the .bin size decides the float type: open it
                 return _opened_extent(prefix, bookend, config)
+            if entry is not None:  # counts without a dtype: the header must hold them
+                check_counts(header, (entry.sequence_count, entry.document_count), idx_path, sequences.path)
             n, d, dtype = header.sequence_count, header.document_count, header.dtype
         begin, end = split_range(bookend, n)
         sampled = b""
         first = last = 0
         if end > begin:
             pointers = HEADER_SIZE + 4 * n
-            first = struct.unpack("<q", _pread(fd, pointers + 8 * begin, 8, idx_path))[0]
-            last_ptr = struct.unpack("<q", _pread(fd, pointers + 8 * (end - 1), 8, idx_path))[0]
+            # each end's pointer with the next one: a split's two ends are all the computed order
+            # takes of the pointers, so each is checked against its neighbour and its length
+            ends = [_pointers(fd, pointers, i, n, idx_path) for i in (begin, end - 1)]
             head_n = min(_SAMPLED_LENGTHS, end - begin)
             tail_n = min(_SAMPLED_LENGTHS, end - begin)
             lead = _pread(fd, HEADER_SIZE + 4 * begin, 4 * head_n, idx_path)
             tail = _pread(fd, HEADER_SIZE + 4 * (end - tail_n), 4 * tail_n, idx_path)
-            last = last_ptr + dtype.itemsize * int(np.frombuffer(tail, dtype="<i4")[-1])
+            first = ends[0][0]
+            last = ends[1][0] + dtype.itemsize * int(np.frombuffer(tail, dtype="<i4")[-1])
+            _check_step(begin, ends[0], int(np.frombuffer(lead[:4], dtype="<i4")[0]), dtype, idx_path)
+            if end < n:
+                _check_step(end - 1, ends[1], (last - ends[1][0]) // dtype.itemsize, dtype, idx_path)
             sampled = lead + tail
     finally:
         os.close(fd)
     bin_bytes = file_size(bin_path)  # one stat, or one HEAD of an object (StorageError)
-    if last > bin_bytes:
+    if last > bin_bytes or (end == n > begin and last != bin_bytes):
+        state = "shorter" if bin_bytes < last else "longer"
         raise FormatError(
-            f".bin is {bin_bytes} bytes, shorter than the {last} bytes its index describes",
+            f".bin is {bin_bytes} bytes, {state} than the {last} bytes its index describes",
             path=bin_path, hint="the .bin and .idx do not belong together or one was truncated",
         )
     facts = f"{n}|{d}|{dtype.str}|{bin_bytes}|{begin}|{end}|{first}|{last}|{xxhash.xxh3_64_hexdigest(sampled)}"

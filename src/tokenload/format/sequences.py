@@ -201,6 +201,25 @@ def header_from_counts(
     mismatch means the token file changed after ``source`` (the sequences JSON) was written."""
     n, d = counts
     dtype = np.dtype(dtype)
+    fitting = check_index_size(file_size, idx_path, counts, dtype, multimodal=multimodal, source=source)
+    magic, _version, stored_code, stored_n, stored_d = _HEADER.unpack_from(head)
+    stored_dtypes = {MEGATRON_CODES.get(stored_code), NEOX_CODES.get(stored_code)}
+    if magic != MAGIC or (stored_n, stored_d) != (n, d) or dtype not in stored_dtypes:
+        raise _stale(
+            idx_path, source,
+            f"header holds {stored_n} sequences, document count {stored_d}, dtype code {stored_code}"
+            f" (magic {magic!r}), expected {n}, {d} and a code of {dtype}",
+        )
+    return fitting[0]
+
+
+def check_index_size(
+    file_size: int, idx_path: str, counts: tuple[int, int], dtype: np.dtype, *,
+    multimodal: bool | None, source: str | None,
+) -> list[IndexHeader]:
+    """The headers the counts imply that fit an ``.idx`` of ``file_size`` bytes (one ``stat`` of
+    the file, no read); a ``FormatError`` naming the ``.idx`` and ``source`` when none does."""
+    n, d = counts
     code = dtype_code(dtype)
     candidates = [IndexHeader(dtype, code, n, d, m) for m in ([False, True] if multimodal is None else [multimodal])]
     fitting = [h for h in candidates if h.size == file_size]
@@ -211,15 +230,7 @@ def header_from_counts(
             f"index is {file_size} bytes, expected {expected} for the {n} sequences and {d - 1}"
             " documents",
         )
-    magic, _version, stored_code, stored_n, stored_d = _HEADER.unpack_from(head)
-    stored_dtypes = {MEGATRON_CODES.get(stored_code), NEOX_CODES.get(stored_code)}
-    if magic != MAGIC or (stored_n, stored_d) != (n, d) or dtype not in stored_dtypes:
-        raise _stale(
-            idx_path, source,
-            f"header holds {stored_n} sequences, document count {stored_d}, dtype code {stored_code}"
-            f" (magic {magic!r}), expected {n}, {d} and a code of {dtype}",
-        )
-    return fitting[0]
+    return fitting
 
 
 def check_counts(header: IndexHeader, counts: tuple[int, int], idx_path: str, source: str | None) -> None:
@@ -248,6 +259,7 @@ __all__ = [
     "SequenceCounts",
     "SequencesFile",
     "check_counts",
+    "check_index_size",
     "counts_of",
     "header_from_counts",
     "read_sequences",
