@@ -43,7 +43,8 @@ def _input_flags(io) -> None:
         required=True,
         metavar="PATH",
         help="files, folders, globs or fsspec URLs (.jsonl/.json/.ndjson[.gz|.zst], .parquet,"
-        " .txt); repeatable; order kept, each glob/folder sorted",
+        " .arrow, .txt), or Hugging Face dataset folders (save_to_disk, Hub snapshot);"
+        " repeatable; order kept, each glob/folder sorted",
     )
     io.add_argument(
         "--output-prefix",
@@ -62,7 +63,7 @@ def _input_flags(io) -> None:
     io.add_argument(
         "--input-format",
         default="auto",
-        choices=("auto", "jsonl", "parquet", "text", "lines"),
+        choices=("auto", "jsonl", "parquet", "arrow", "text", "lines"),
         help="auto: from the extension; text: one document per file; lines: one per line",
     )
     io.add_argument(

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from .hf import is_dataset_object
 
 #: Canonical tokenizer kinds, then the Megatron-LM / GPT-NeoX names accepted for each.
 TOKENIZER_KINDS = ("byte", "huggingface", "gpt2", "tiktoken", "sentencepiece")
@@ -32,7 +33,7 @@ _KIND_ALIASES = {
     "SPMTokenizer": "sentencepiece",
 }
 TIKTOKEN_PATTERNS = ("gpt2", "r50k", "p50k", "cl100k", "o200k")
-INPUT_FORMATS = ("auto", "jsonl", "parquet", "text", "lines")
+INPUT_FORMATS = ("auto", "jsonl", "parquet", "arrow", "text", "lines")
 EXECUTORS = ("auto", "threads", "processes", "ray")
 ENGINES = ("auto", "gigatoken", "native")
 BAD_RECORD_POLICIES = ("error", "skip")
@@ -117,7 +118,10 @@ class PreprocessConfig:
     """One preprocess job: inputs -> ``{output_prefix}_{key}_document.bin/.idx`` per JSON key."""
 
     inputs: tuple[str, ...]
-    """Files, folders, globs or fsspec URLs; expanded in the order given, globs/folders sorted."""
+    """Files, folders, globs or fsspec URLs; expanded in the order given, globs/folders sorted.
+    A Hugging Face dataset folder (``save_to_disk`` output, or a Hub snapshot on disk) reads its
+    data files; a ``datasets.Dataset`` or ``IterableDataset`` object is read in row order (not
+    with ``executor="ray"``)."""
     output_prefix: str
     """Output prefix; each key writes ``{output_prefix}_{key}_document`` (Megatron's naming). A
     URL (``s3://bucket/path/name``) is written in a local staging folder (``TOKENLOAD_STAGING_DIR``)
@@ -149,7 +153,8 @@ class PreprocessConfig:
     run at once. Bounds the driver's bookkeeping, not the data: tasks read their own bytes."""
     range_bytes: int = 256 << 20
     """ray: uncompressed JSONL/lines files larger than this are split into byte ranges of this
-    size, each a task (cuts fall on line starts, found by the task itself)."""
+    size, each a task (cuts fall on line starts, found by the task itself). Any executor: a
+    ``datasets.Dataset`` input is cut into row ranges of about this many bytes, each resumable."""
     on_bad_record: str = "error"
     """error: stop at the first bad record with file:line; skip: skip and count by reason."""
     num_shards: int = 1
@@ -162,9 +167,11 @@ class PreprocessConfig:
     """Reuse finished per-file parts from an interrupted run of the same job."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.inputs, (str, os.PathLike)):
-            object.__setattr__(self, "inputs", (os.fspath(self.inputs),))
-        object.__setattr__(self, "inputs", tuple(os.fspath(i) for i in self.inputs))
+        if isinstance(self.inputs, (str, os.PathLike)) or is_dataset_object(self.inputs):
+            object.__setattr__(self, "inputs", (self.inputs,))
+        object.__setattr__(
+            self, "inputs", tuple(i if is_dataset_object(i) else os.fspath(i) for i in self.inputs)
+        )
         object.__setattr__(self, "json_keys", tuple(self.json_keys))
         object.__setattr__(self, "output_prefix", os.fspath(self.output_prefix))
         if not self.inputs:

@@ -5,15 +5,18 @@ the file list (and with it the output) is the same on every machine. Each file i
 its format (from its extension or ``--input-format``), its compression and a stamp (size and
 modification time or etag) that decides whether a finished part may be reused. Apart from
 ``sources`` (which reads a described file as chunks) because listing runs once, in the driver,
-while reading runs in every worker and task.
+while reading runs in every worker and task. Hugging Face dataset folders and in-memory dataset
+objects are listed by ``hf``.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from . import hf
 from ..errors import ConfigError, StorageError, TokenloadError, require
 
 WORK_SUFFIX = ".tokenload-work"  # preprocess's work folders, never inputs
@@ -23,6 +26,7 @@ _FORMAT_BY_EXT = {
     ".ndjson": "jsonl",
     ".parquet": "parquet",
     ".pq": "parquet",
+    ".arrow": "arrow",
     ".txt": "text",
     ".text": "text",
     ".md": "text",
@@ -36,11 +40,14 @@ class InputFile:
 
     path: str
     format: str
-    """jsonl, parquet, text (the file is one document) or lines (each line is one)."""
+    """jsonl, parquet, arrow (Arrow IPC stream or file, as ``datasets`` writes), text (the file is
+    one document), lines (each line is one) or dataset (a piece of an in-memory dataset object)."""
     compression: str | None
     size: int | None
     stamp: str
     """Size and modification time (or etag): a finished part is reused only if it still matches."""
+    source: Any = field(default=None, compare=False, repr=False)
+    """format dataset: the piece's rows (``hf.RowRange`` or ``hf.Shard``)."""
 
 
 def is_url(path: str) -> bool:
@@ -48,11 +55,19 @@ def is_url(path: str) -> bool:
 
 
 def expand_inputs(
-    patterns: tuple[str, ...] | list[str], input_format: str = "auto"
+    patterns: tuple[Any, ...] | list[Any], input_format: str = "auto", piece_bytes: int = 256 << 20
 ) -> list[InputFile]:
-    """The input files ``patterns`` name, in order, each glob or folder sorted."""
+    """The input files ``patterns`` name, in order, each glob or folder sorted; a ``datasets``
+    object becomes its pieces (row ranges of about ``piece_bytes``, or its shards)."""
     files: list[InputFile] = []
     for pattern in patterns:
+        if hf.is_dataset_object(pattern):
+            files.extend(
+                InputFile(path=name, format=hf.DATASET_FORMAT, compression=None, size=size,
+                          stamp=stamp, source=piece)
+                for name, size, stamp, piece in hf.object_pieces(pattern, piece_bytes)
+            )
+            continue
         paths = _expand_url(pattern) if is_url(pattern) else _expand_local(pattern, input_format)
         files.extend(_describe(p, input_format) for p in paths)
     return files
@@ -60,6 +75,9 @@ def expand_inputs(
 
 def _expand_local(pattern: str, input_format: str) -> list[str]:
     if os.path.isdir(pattern):
+        saved = hf.saved_dataset_files(pattern)
+        if saved is not None:
+            return saved
         found = []
         for root, dirs, names in os.walk(pattern):
             dirs[:] = sorted(
@@ -71,11 +89,14 @@ def _expand_local(pattern: str, input_format: str) -> list[str]:
             for p in found
             if (input_format != "auto" or _format_of(p, "auto")) and not _is_token_file(p)
         )
+        if hf.is_hub_snapshot(pattern):
+            return hf.snapshot_files(pattern, found)
         if not found:
             raise ConfigError(
                 f"folder {pattern!r} holds no input files",
                 path=pattern,
-                hint="inputs end in .jsonl/.json/.ndjson/.parquet/.txt (optionally .gz/.zst)",
+                hint="inputs end in .jsonl/.json/.ndjson/.parquet/.arrow/.txt (optionally"
+                " .gz/.zst), or the folder is a Hugging Face dataset (save_to_disk, Hub snapshot)",
             )
         return found
     if glob.has_magic(pattern):
@@ -150,13 +171,13 @@ def _describe(path: str, input_format: str) -> InputFile:
         raise ConfigError(
             f"cannot tell the format of {path!r} from its extension",
             path=path,
-            hint="pass --input-format jsonl|parquet|text|lines",
+            hint="pass --input-format jsonl|parquet|arrow|text|lines",
         )
     ext = os.path.splitext(path.lower())[1]
     compression = _COMPRESSION_BY_EXT.get(ext)
-    if fmt == "parquet" and compression:
+    if fmt in ("parquet", "arrow") and compression:
         raise ConfigError(
-            "parquet files compress internally; a compressed .parquet file is not supported",
+            f"{fmt} files compress internally; a compressed .{fmt} file is not supported",
             path=path,
             hint="decompress it first",
         )

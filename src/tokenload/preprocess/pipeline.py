@@ -89,9 +89,12 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         tok = load_tokenizer(config.tokenizer)
         _check_eod(config, tok)
         files = shard_files(
-            expand_inputs(config.inputs, config.input_format), config.num_shards, config.shard_index
+            expand_inputs(config.inputs, config.input_format, config.range_bytes),
+            config.num_shards,
+            config.shard_index,
         )
         _check_keys_for_text(config, files)
+        _check_objects_for_ray(config, files)
         job = _job_description(config, tok, files)
         shared = local is not config and config.executor == "ray"  # nodes share no folder: a work prefix
         work = open_workdir(config.shard_prefix if shared else local.shard_prefix, job, remote=shared)
@@ -264,6 +267,16 @@ def _check_keys_for_text(config: PreprocessConfig, files: list[InputFile]) -> No
         raise ConfigError(
             "plain text inputs have a single text field, but several --json-keys were given",
             hint="give one key (it names the output) or pass only JSONL/parquet inputs",
+        )
+
+
+def _check_objects_for_ray(config: PreprocessConfig, files: list[InputFile]) -> None:
+    if config.executor == "ray" and any(f.source is not None for f in files):
+        raise ConfigError(
+            "a datasets.Dataset/IterableDataset object lives in this process, and Ray tasks read"
+            " their inputs themselves",
+            hint="save it with ds.save_to_disk(DIR) and pass DIR as an input, or use"
+            " executor='processes'",
         )
 
 

@@ -26,8 +26,9 @@ class Progress:
             return
         from tqdm import tqdm
 
-        sized = all(
-            f.compression is None and f.size is not None and f.format != "parquet" for f in todo
+        sized = all(  # parquet/arrow/dataset chunks count decoded column bytes, not file bytes
+            f.compression is None and f.size is not None and f.format in ("jsonl", "text", "lines")
+            for f in todo
         )
         self._bar = tqdm(
             total=sum(f.size for f in todo) if sized else None,

@@ -4,7 +4,10 @@ Line-based files are cut into chunks of about ``chunk_bytes`` at line boundaries
 the number of its first line, so a worker reports ``file:line`` without seeing the rest of the file.
 Compressed files are decompressed block by block with an explicit end-of-stream check: a truncated
 ``.gz``/``.zst`` is an error, never a silently shorter file (zstandard's stream reader would just
-stop). Which files to read, and how, is ``inputs``.
+stop). Arrow files (``datasets``' ``save_to_disk`` output) are read one record batch at a time
+from a plain file (not memory-mapped, so memory stays at the chunks in flight), and regrouped into
+chunks of about ``chunk_bytes``. Which files to read, and how, is ``inputs``; the pieces of an
+in-memory dataset object are read by ``hf``.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class Chunk:
     first: int
     """1-based number of the first line (row) in the chunk."""
     payload: Any
-    """bytes, or a pyarrow RecordBatch for parquet."""
+    """bytes, or a pyarrow RecordBatch/Table for parquet, arrow and dataset (a dict of the row
+    count and column names when a requested column is missing)."""
     size: int
     """Bytes of input text (decompressed) the chunk holds, for progress."""
 
@@ -74,6 +78,14 @@ def read_chunks(
     size = chunk_bytes if callable(chunk_bytes) else (lambda: chunk_bytes)
     if file.format == "parquet":
         yield from _parquet_chunks(file, getattr(chunk_bytes, "limit", size()), columns)
+        return
+    if file.format == "arrow":
+        yield from _arrow_chunks(file, getattr(chunk_bytes, "limit", size()), columns)
+        return
+    if file.format == "dataset":
+        for first, table in file.source.tables(getattr(chunk_bytes, "limit", size()), columns):
+            nbytes = 0 if isinstance(table, dict) else int(table.nbytes)
+            yield Chunk(file.path, "dataset", first, table, nbytes)
         return
     blocks = _blocks(file)
     if file.format == "text":
@@ -282,3 +294,60 @@ def _parquet_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...])
         if error is exc and type(exc).__module__.startswith("pyarrow"):
             error = UnreadableFile(str(exc))
         raise error from None
+
+
+def _arrow_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[Chunk]:
+    """An Arrow IPC file (stream format, as ``datasets`` writes, or file format) as chunks of
+    about ``chunk_bytes`` of the requested columns; batches are read one at a time."""
+    pa = require("pyarrow", "hf", "reading Arrow files")
+    try:
+        with pa.OSFile(file.path) if not is_url(file.path) else _open_raw(file.path) as raw:
+            reader = _arrow_reader(pa, raw)
+            names = reader.schema.names
+            whole = all(c in names for c in columns)
+            first, held, held_bytes = 1, [], 0
+            for batch in reader:
+                if not whole:  # the worker reports the missing column per row
+                    missing = {"rows": batch.num_rows, "names": sorted(names)}
+                    yield Chunk(file.path, "arrow", first, missing, 0)
+                    first += batch.num_rows
+                    continue
+                batch = batch.select(list(columns))
+                step = max(1, int(chunk_bytes * batch.num_rows / max(batch.nbytes, 1)))
+                for start in range(0, batch.num_rows, step):
+                    piece = batch.slice(start, step)
+                    held.append(piece)
+                    held_bytes += piece.nbytes
+                    if held_bytes >= chunk_bytes:
+                        table = pa.Table.from_batches(held)
+                        yield Chunk(file.path, "arrow", first, table, held_bytes)
+                        first += table.num_rows
+                        held, held_bytes = [], 0
+            if held:
+                yield Chunk(file.path, "arrow", first, pa.Table.from_batches(held), held_bytes)
+    except (UnreadableFile, TokenloadError):
+        raise
+    except Exception as exc:
+        error = _read_error(file.path, exc)
+        if error is exc and type(exc).__module__.startswith("pyarrow"):
+            error = UnreadableFile(str(exc))
+        raise error from None
+
+
+class _Batches:
+    """The record batches of an Arrow IPC file-format reader, one at a time."""
+
+    def __init__(self, reader) -> None:
+        self.reader, self.schema = reader, reader.schema
+
+    def __iter__(self):
+        return (self.reader.get_batch(i) for i in range(self.reader.num_record_batches))
+
+
+def _arrow_reader(pa, raw):
+    """A reader of the stream format (``datasets``' files) or, after its magic, the file format."""
+    if raw.read(6) == b"ARROW1":
+        raw.seek(0)
+        return _Batches(pa.ipc.open_file(raw))
+    raw.seek(0)
+    return pa.ipc.open_stream(raw)
