@@ -60,15 +60,15 @@ class Opened:
     bin: BinSource
     per_sequence: bool
     """The index records no document boundaries: each sequence is one document."""
+    verified: np.ndarray | None = None
+    """Per chunk of ``CHECK_CHUNK`` sequences, whether its pointers were checked against its
+    lengths (``TokenFile.token_starts``); made on first use."""
+    unverified: int = -1
+    """Chunks not checked yet (-1: not counted yet); 0 once every pointer was checked."""
 
     @property
     def itemsize(self) -> int:
         return self.header.dtype.itemsize
-
-    @property
-    def last_sequence(self) -> int:
-        """N - 1: the one sequence that ends at the end of ``.bin`` rather than at a pointer."""
-        return self.header.sequence_count - 1
 
 
 def open_pair(file: TokenFile) -> Opened:

@@ -204,14 +204,10 @@ class TokenFile:
         if int(lengths.min()) < 0:
             i = begin + int(np.argmin(lengths))
             raise _negative_length(i, int(state.lengths[i]), self.idx_path)
-        count = state.header.sequence_count
-        bounds = np.empty(end - begin + 1, dtype=np.int64)
-        bounds[:-1] = state.pointers[begin:end]
-        bounds[-1] = state.pointers[end] if end < count else state.bin.num_bytes
-        bad = np.flatnonzero(np.diff(bounds) != lengths * state.itemsize)
+        bad = _bad_steps(state, begin, end)
         if bad.size:
             raise _pointer_gap(state, begin + bad[:1], self.idx_path)
-        return state.bin.read(int(bounds[0]) // state.itemsize, int(lengths.sum())), lengths
+        return state.bin.read(int(state.pointers[begin]) // state.itemsize, int(lengths.sum())), lengths
 
     def read_pieces(
         self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
@@ -230,21 +226,19 @@ class TokenFile:
     def token_starts(self, sequences: np.ndarray) -> np.ndarray:
         """Position in ``.bin`` (in tokens) where each sequence begins (a new int64 array).
 
-        Each sequence's pointer is checked against the next one: ``pointer[i + 1] - pointer[i]
-        == length[i] * itemsize`` (O(sequences), a few vectorized operations per batch), so an
-        index with two lengths swapped or a pointer moved is a ``FormatError`` naming the file
-        and the sequence instead of other tokens (``_pointer_gap``)."""
+        Every sequence read is first checked against the next pointer: ``pointer[i + 1] -
+        pointer[i] == length[i] * itemsize`` (the last against the end of ``.bin``), so an index
+        with two lengths swapped or a pointer moved is a ``FormatError`` naming the file and the
+        sequence instead of other tokens. The check runs once per chunk of ``CHECK_CHUNK``
+        sequences, vectorized, on the chunk's first use in the process; until every chunk is
+        checked a batch pays one lookup per sequence in a small flag array, then nothing
+        (measured in benchmarks/README.md)."""
         state = self._state
         if state is None or state.pid != os.getpid():
             state = self._opened()
-        pointers = state.pointers
-        starts = pointers[sequences]
-        following = sequences + 1
-        np.minimum(following, state.last_sequence, out=following)
-        gaps = pointers[following]
-        gaps -= starts
-        if not _ALL_EQUAL(gaps, np.multiply(state.lengths[sequences], state.itemsize, dtype=np.int64)):
-            _check_gaps(state, np.asarray(sequences), self.idx_path)
+        starts = state.pointers[sequences]
+        if state.unverified and (state.verified is None or not _ALL(state.verified[sequences >> CHECK_SHIFT])):
+            _check_chunks(state, np.asarray(sequences), self.idx_path)
         starts //= state.itemsize
         return starts
 
@@ -265,20 +259,39 @@ class TokenFile:
         return self._run(first, last)[0]
 
 
-def _ALL_EQUAL(a: np.ndarray, b: np.ndarray) -> bool:
-    return bool(np.equal(a, b).all())
+CHECK_SHIFT = 14
+CHECK_CHUNK = 1 << CHECK_SHIFT
+"""Sequences whose pointers ``token_starts`` checks at once (192 KiB of the index)."""
+_ALL = np.logical_and.reduce
 
 
-def _check_gaps(state, sequences: np.ndarray, path: str) -> None:
-    """The slow path of ``token_starts``: the last sequence ends at the end of ``.bin`` rather
-    than at a next pointer (checked when the file opened); any other mismatch is an error."""
-    sequences = sequences.astype(np.int64)
-    inner = sequences[sequences != state.last_sequence]
-    if inner.size:
-        gaps = state.pointers[inner + 1] - state.pointers[inner]
-        bad = inner[gaps != state.lengths[inner].astype(np.int64) * state.itemsize]
+def _check_chunks(state, sequences: np.ndarray, path: str) -> None:
+    """Check the pointers of every chunk of sequences that ``sequences`` touch and that was not
+    checked yet, and mark them; ``FormatError`` naming the first bad sequence of a chunk."""
+    n = state.header.sequence_count
+    if state.verified is None:
+        state.verified = np.zeros((n + CHECK_CHUNK - 1) // CHECK_CHUNK, dtype=bool)
+        state.unverified = state.verified.size
+    if not sequences.size:
+        return
+    chunks = np.unique(sequences.astype(np.int64) >> CHECK_SHIFT)
+    chunks = chunks[(chunks >= 0) & (chunks < state.verified.size)]  # others: the read's IndexError
+    for chunk in chunks[~state.verified[chunks]].tolist():
+        begin, end = chunk * CHECK_CHUNK, min(n, (chunk + 1) * CHECK_CHUNK)
+        bad = _bad_steps(state, begin, end)
         if bad.size:
-            raise _pointer_gap(state, bad[:1], path)
+            raise _pointer_gap(state, begin + bad[:1], path)
+        state.verified[chunk] = True
+        state.unverified -= 1
+
+
+def _bad_steps(state, begin: int, end: int) -> np.ndarray:
+    """Offsets in ``[begin, end)`` of the sequences whose next pointer (or the end of ``.bin``)
+    is not their pointer plus their length."""
+    bounds = np.empty(end - begin + 1, dtype=np.int64)
+    bounds[:-1] = state.pointers[begin:end]
+    bounds[-1] = state.pointers[end] if end < state.header.sequence_count else state.bin.num_bytes
+    return np.flatnonzero(np.diff(bounds) != state.lengths[begin:end].astype(np.int64) * state.itemsize)
 
 
 def _pointer_gap(state, sequences: np.ndarray, path: str) -> FormatError:

@@ -102,3 +102,23 @@ def test_a_dtype_code_changed_to_the_same_width_disagrees_with_the_sidecar(prefi
     with pytest.raises(FormatError, match="records uint16"):
         train = build_datasets(cfg, [40, 0, 0])[0]
         train.__getitems__([0])
+
+
+@pytest.mark.parametrize("mode", list(ReadMode))
+def test_each_chunk_of_pointers_is_checked_on_its_first_use(prefix, mode, monkeypatch):
+    """``token_starts`` checks a chunk of sequences at its first use: damage in a chunk a batch
+    has not touched yet is found when one does, after other chunks were checked and marked."""
+    import tokenload.format.reader as reader
+
+    monkeypatch.setattr(reader, "CHECK_SHIFT", 2)  # chunks of 4 sequences: [0, 4) and [4, 8)
+    monkeypatch.setattr(reader, "CHECK_CHUNK", 4)
+    at = 34 + 4 * N + 8 * 5
+    (pointer,) = struct.unpack("<q", open(prefix + ".idx", "rb").read()[at:at + 8])
+    _patch(prefix, at, struct.pack("<q", pointer + 2))  # sequence 5's pointer: one token on
+    tf = TokenFile(prefix, mode=mode)
+    one = np.ones(2, np.int64)
+    assert tf.read_pieces(np.array([0, 3]), np.zeros(2, np.int64), one).size == 2  # chunk 0: sound
+    assert tf._state.verified.tolist() == [True, False] and tf._state.unverified == 1
+    with pytest.raises(FormatError, match=r"d\.idx: sequence 4 has pointer"):
+        tf.read_pieces(np.array([1, 7]), np.zeros(2, np.int64), one)
+    assert tf._state.verified.tolist() == [True, False]  # a damaged chunk is never marked
