@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -33,6 +34,7 @@ from ..distributed import World
 from ..errors import ConfigError, StateError, require
 from .accounting import LoaderMetrics, summary_line
 from .collate import fetch, to_tensors
+from .health import WorkerHealth
 from .ledger import Ledger
 from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
@@ -73,6 +75,14 @@ class LoaderConfig:
     shared_memory: bool = True
     """Workers hand batches over in reused shared-memory slots (``ring.py``); False sends them
     pickled through each worker's pipe instead (no shared memory at all; slower)."""
+    worker_timeout: float | None = 120.0
+    """Seconds a worker may send nothing while the training loop waits for its batch before it
+    is killed and replaced (a warning names it at half the time); None never replaces a live
+    worker. The default stays below NCCL's 10-minute watchdog."""
+    max_worker_restarts: int = 3
+    """Workers this loader may replace (exited, or silent past ``worker_timeout``); the fault
+    after that raises WorkerError. A replacement makes exactly the micro-batches the lost worker
+    still owed: the training loop receives the same batches as without the fault."""
     log_metrics_every: int | None = None
     """Log a one-line summary of ``metrics()`` on global rank 0 every this many micro-batches
     (logging at INFO, logger ``tokenload.loader.dataloader``); None logs nothing."""
@@ -89,6 +99,15 @@ class LoaderConfig:
                 f"multiprocessing_context is {self.multiprocessing_context!r}",
                 hint="use 'fork', 'spawn' or 'forkserver'",
             )
+        timeout = self.worker_timeout
+        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and 0 < timeout < math.inf):
+            raise ConfigError(f"worker_timeout is {timeout!r}",
+                              hint="use a positive number of seconds, or None to disable it")
+        restarts = self.max_worker_restarts
+        if type(restarts) is not int or restarts < 0:
+            raise ConfigError(f"max_worker_restarts is {restarts!r}",
+                              hint="use 0 or a positive count")
         every = self.log_metrics_every
         if every is not None and (type(every) is not int or every < 1):
             raise ConfigError(
@@ -120,6 +139,11 @@ class TokenloadDataLoader:
         # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
         self.ledger = self._metrics.ledger = Ledger(dataset)
         self._skip_count = 0
+        self._health = WorkerHealth(  # restarts are counted per loader, across its pools
+            worker_timeout=config.worker_timeout,
+            max_worker_restarts=config.max_worker_restarts,
+            context=config.multiprocessing_context,
+        )
         self._metrics.startup["loader_init_s"] = time.perf_counter() - self._metrics.created
 
     def make_sampler(self):
@@ -190,7 +214,7 @@ class TokenloadDataLoader:
                     self.close()
 
     def _workers(self) -> WorkerPool:
-        if self._pool is None or not self._pool.alive:  # first use, closed, or a worker died
+        if self._pool is None or self._pool.closed:  # a worker that died is replaced by the pool
             self.close()
             c = self.config
             self._pool = WorkerPool(
@@ -199,6 +223,7 @@ class TokenloadDataLoader:
                 prefetch=4 if c.prefetch_factor is None else c.prefetch_factor,
                 context=c.multiprocessing_context,
                 shared_memory=c.shared_memory,
+                health=self._health,
             )
         return self._pool
 
@@ -260,7 +285,10 @@ class TokenloadDataLoader:
         if self.config.kind == "cyclic":  # its epochs hold only whole groups
             total -= total % self.plan.group
         epoch = self.consumed_samples // total
-        return self._metrics.as_dict(consumed=self.consumed_samples, epoch=epoch)
+        out = self._metrics.as_dict(consumed=self.consumed_samples, epoch=epoch)
+        # workers replaced, stalls detected, time the loop lost waiting for them (health.py)
+        out["workers"] = self._health.as_dict()
+        return out
 
     def log_metrics(self, level: int = logging.INFO) -> None:
         """Log a one-line summary of ``metrics()`` (on global rank 0 only)."""

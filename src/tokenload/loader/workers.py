@@ -1,14 +1,15 @@
-"""Worker processes that make micro-batches ahead of the training loop.
+"""Worker processes that make micro-batches ahead of the training loop, and replace themselves.
 
-Worker w of N makes micro-batches k = w, w + N, w + 2N, ... of the sampler's sequence by itself:
-the order is a pure function of the sampler, so the consumer sends no indices, only credits. A
-worker stays at most ``prefetch`` batches ahead of the consumer, writes each batch into a free
-slot of its ring (``ring.py``) and sends the slot's layout; the consumer takes batch k from worker
-k mod N, so batches arrive in the sampler's order whatever the workers' speeds. Per batch the
-consumer reads one small message, hands out tensors over the slot (aliases of views made once
-per slot: ``ring.py``), and sends one small message back (a credit, plus the worker's slots that
-nothing refers to any more). A batch that finds no free slot (the training loop still holds
-earlier ones) travels through the pipe instead, so holding batches never blocks the workers.
+Worker w of N makes micro-batches k = w, w + N, w + 2N, ... of the sampler's sequence by itself
+(``worker_main.py``): the order is a pure function of the sampler, so the consumer sends no
+indices, only credits. A worker stays at most ``prefetch`` batches ahead of the consumer, writes
+each batch into a free slot of its ring (``ring.py``) and sends the slot's layout; the consumer
+takes batch k from worker k mod N, so batches arrive in the sampler's order whatever the workers'
+speeds. Per batch the consumer reads one small message, hands out tensors over the slot (aliases
+of views made once per slot: ``ring.py``), and sends one small message back (a credit, plus the
+worker's slots that nothing refers to any more). A batch that finds no free slot (the training
+loop still holds earlier ones) travels through the pipe instead, so holding batches never blocks
+the workers.
 
 Why not torch's DataLoader workers: they send every batch's indices through a queue and every
 tensor through its own shared-memory segment; measured in a gVisor sandbox, that fixed cost per
@@ -17,76 +18,84 @@ none. Workers here do not import torch (the consumer makes the tensors); only th
 sampler's ``torch.randperm`` does, to reproduce Megatron's permutations.
 
 Iterations are numbered; a new one (``start``) makes the workers drop what they were doing, and
-messages of older iterations are discarded (their slots freed). An exception in a worker ends
-that iteration and is raised in the consumer with the worker's traceback; a worker that dies is
-noticed within a second and raised as ``WorkerError``. Workers ignore SIGINT (Ctrl-C belongs to
-the training process) and exit when told to, when their pipe closes, or when their parent
-process is gone.
+messages of older iterations are discarded (their slots freed). An exception in a worker's read
+ends that iteration and is raised in the consumer with the worker's traceback.
+
+Nothing here waits without a bound. Writes to a worker never block (``Channel.unblock``: what a
+full pipe cannot take is written while the consumer waits anyway); a wait for a batch wakes every
+second to check that the worker lives; ``close`` kills what does not stop in time. A worker that
+exits (any signal or exit code, at start or mid-epoch), or that sends nothing for
+``worker_timeout`` seconds while the training loop waits for its batch (stopped, stuck in a read;
+one still starting progresses while it uses the CPU), is killed and replaced (``health.py``): the
+new process starts at the first micro-batch the lost one still owed, so the loop receives the
+same batches as without the fault. A warning at half the
+timeout names the slow worker and what it is reading. An exception raised in the training
+process while it waits (its own signal handler's ``TimeoutError``, a ``KeyboardInterrupt``)
+propagates as itself.
 """
 
 from __future__ import annotations
 
 import collections
-import itertools
 import multiprocessing
-import os
 import pickle
-import signal
-import traceback
+import select
+import time
 import weakref
 from typing import Any, Iterator
 
-from ..errors import TokenloadError
 from .channel import Channel
-from .collate import fetch
-from .ring import ConsumerRing, WorkerRing, batch_bytes
+from .health import Fault, WorkerError, WorkerHealth, cpu_time, doing, logger
+from .ring import ConsumerRing
+from .worker_main import group_size, worker_main
 
-_LIVENESS_S = 1.0  # how often a waiting side checks that the other one is still there
-_STOP_S = 5.0
-_GROUP = 4  # most micro-batches a worker reads at once (one vectorized read; measured per batch
-# of 16 at S = 2048: 113 us alone, 87 us in twos, 75 us in fours)
+__all__ = ["WorkerError", "WorkerPool"]
 
-
-class WorkerError(TokenloadError, RuntimeError):
-    """A loader worker process died or could not deliver a batch."""
+_LIVENESS_S = 1.0  # how often a waiting consumer checks that the worker is still there
+_STOP_S = 5.0  # how long close() waits for workers to stop before it kills them
 
 
 class WorkerPool:
     """``num_workers`` processes making micro-batches of ``dataset`` for one consumer."""
 
     def __init__(
-        self, dataset: Any, *, num_workers: int, prefetch: int, context: str | None, shared_memory: bool = True
+        self, dataset: Any, *, num_workers: int, prefetch: int, context: str | None,
+        shared_memory: bool = True, health: WorkerHealth | None = None,
     ) -> None:
-        ctx = multiprocessing.get_context(context)
+        self._ctx = multiprocessing.get_context(context)
+        self.health = health if health is not None else WorkerHealth(context=context)
         self.prefetch = prefetch
         # in flight, plus the batch in use and the one before it; none: every batch by pipe
         self.slots = prefetch + 2 if shared_memory else 0
-        self._group = _group_size(prefetch)  # credits a worker waits for before it reads
-        self.processes: list = []
-        self._commands: list = []
-        self._results: list = []
-        for w in range(num_workers):
-            command_out, command_in = ctx.Pipe(duplex=False)
-            result_out, result_in = ctx.Pipe(duplex=False)
-            process = ctx.Process(
-                target=_worker_main,
-                args=(w, num_workers, dataset, Channel(command_out), Channel(result_in), self.slots),
-                name=f"tokenload-worker-{w}",
-                daemon=True,
-            )
-            process.start()
-            command_out.close()
-            result_in.close()
-            self.processes.append(process)
-            self._commands.append(Channel(command_in))
-            self._results.append(Channel(result_out))
-        self._rings: list[ConsumerRing | None] = [None] * num_workers
-        self._lent: list[list[int]] = [[] for _ in range(num_workers)]
-        self._freed: list[list[int]] = [[] for _ in range(num_workers)]
-        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
-        self._credits = [0] * num_workers  # batches taken from each worker since its last credit
+        self._group = group_size(prefetch)  # credits a worker waits for before it reads
+        fork = self._ctx.get_start_method() == "fork"
+        self._dataset = dataset if fork else None  # inherited by a forked worker
+        self._payload = None if fork else pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        n = num_workers
+        self.processes: list = [None] * n
+        self._commands: list[Channel] = [None] * n  # type: ignore[list-item]
+        self._results: list[Channel] = [None] * n  # type: ignore[list-item]
+        self._abandoned: list = []  # killed workers that did not end in time (a stuck kernel read)
+        self._rings: list[ConsumerRing | None] = [None] * n
+        self._lent: list[list[int]] = [[] for _ in range(n)]
+        self._freed: list[list[int]] = [[] for _ in range(n)]
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(n)]
+        self._credits = [0] * n  # batches taken from each worker since its last credit
+        self._started = [False] * n  # said "ready": its dataset is loaded
+        self._heard = [0.0] * n  # when bytes last went to the worker (its dataset, a command)
+        self._cpu: list[int | None] = [None] * n  # CPU time of a starting worker, last seen
+        self._failed_starts = [0] * n  # starts of worker w in a row that failed before "ready"
+        self._ever_started = False  # some worker of this pool has said "ready"
+        self._delivered: list[int | None] = [None] * n  # its last micro-batch of this iteration
+        self._lost: list[tuple[Fault, float] | None] = [None] * n  # fault replaced, wait began
+        self._backlog = False  # some worker's pipe has bytes waiting to be written
         self._generation = 0
-        self._finalizer = weakref.finalize(self, _stop, self.processes, self._commands, self._results)
+        self._sampler: Any = None
+        self._finalizer = weakref.finalize(
+            self, _stop, self.processes, self._commands, self._results, self._abandoned
+        )
+        for w in range(n):
+            self._start(w)
 
     @property
     def closed(self) -> bool:
@@ -111,13 +120,15 @@ class WorkerPool:
 
     def _batches(self, sampler: Any, generation: int) -> Iterator[Any]:
         n = len(self.processes)
+        self._sampler = sampler
         self._reclaim()
         for w in range(n):
             # batches of an abandoned iteration that were received but never handed out
             self._freed[w].extend(slot for _, slot, _ in self._pending[w] if slot is not None)
             self._pending[w].clear()
             self._credits[w] = 0
-            self._send(w, ("start", generation, sampler, self.prefetch, self._take_freed(w)))
+            self._delivered[w] = None
+            self._send(w, ("start", generation, sampler, w, self.prefetch, self._take_freed(w)))
         for k in range(len(sampler)):
             if generation != self._generation:
                 raise RuntimeError("a newer iteration of this loader has started; this one is over")
@@ -139,45 +150,152 @@ class WorkerPool:
         """Stop the workers (idempotent)."""
         self._finalizer()
 
+    # -- starting and replacing workers ---------------------------------------------------------
+    def _start(self, w: int) -> None:
+        """Start worker w (its dataset, under spawn and forkserver, follows through its pipe)."""
+        command_out, command_in = self._ctx.Pipe(duplex=False)
+        result_out, result_in = self._ctx.Pipe(duplex=False)
+        args = (w, len(self.processes), self._dataset, Channel(command_out), Channel(result_in),
+                self.slots)
+        process = self._ctx.Process(target=worker_main, args=args, name=f"tokenload-worker-{w}",
+                                    daemon=True)
+        process.start()
+        command_out.close()
+        result_in.close()
+        self.processes[w] = process
+        self._commands[w], self._results[w] = Channel(command_in), Channel(result_out)
+        self._commands[w].unblock()
+        self._rings[w], self._lent[w], self._freed[w] = None, [], []
+        self._pending[w].clear()
+        self._credits[w], self._started[w], self._heard[w] = 0, False, time.monotonic()
+        self._cpu[w] = None
+        if self._payload is not None:
+            self._send(w, ("dataset", self._payload))
+
+    def _replace(self, w: int, k: int, cause: str, waited_since: float) -> None:
+        """Worker w is lost while micro-batch k is awaited: count it (WorkerError past the budget),
+        end it, and start a new worker w at micro-batch k."""
+        process = self.processes[w]
+        if process.is_alive():
+            process.kill()  # SIGKILL ends a stopped process too
+        process.join(_LIVENESS_S)
+        fault = Fault(w, process.pid, cause, process.exitcode, self._delivered[w], self._started[w])
+        self._failed_starts[w] = 0 if self._started[w] else self._failed_starts[w] + 1
+        repeated = self._failed_starts[w] > 1 and not self._ever_started
+        self.health.fault(fault, repeated_start=repeated)
+        if process.is_alive():  # in a kernel read that even SIGKILL waits for: reaped at close
+            self._abandoned.append(process)
+        self._commands[w].close()
+        self._results[w].close()
+        lost = self._lost[w]
+        self._lost[w] = (fault, lost[1] if lost is not None else waited_since)
+        self._start(w)
+        self._send(w, ("start", self._generation, self._sampler, k, self.prefetch, []))
+
     # -- consumer side of the protocol -----------------------------------------------------------
     def _next(self, w: int, generation: int, k: int) -> tuple:
         """(slot, layout) or (None, batch) of micro-batch k, from worker w."""
-        pending = self._pending[w]
-        while not pending:
+        while not self._pending[w]:
             self._reclaim()
             if self._credits[w] or self._freed[w]:  # the worker may be waiting for these
                 self._flush(w, generation)
-            message = self._recv(w)
+            message = self._recv(w, k)
             kind = message[0]
-            if kind == "ring":
-                self._rings[w] = ConsumerRing(*message[1:])
+            if kind == "ready":
+                self._started[w] = self._ever_started = True
+            elif kind == "ring":
+                self._map_ring(w, k, message)
             elif message[1] != generation:  # left over from an abandoned iteration
                 if kind == "batches":
                     self._freed[w].extend(slot for _, slot, _ in message[2] if slot is not None)
             elif kind == "error":
                 _raise_from_worker(w, message[2], message[3], message[4])
             else:
-                pending.extend(message[2])
-        got, slot, batch = pending.popleft()
+                self._pending[w].extend(message[2])
+                lost = self._lost[w]
+                if lost is not None:  # a replacement's first batches
+                    self.health.recovered(lost[0], time.monotonic() - lost[1])
+                    self._lost[w] = None
+        got, slot, batch = self._pending[w].popleft()
         assert got == k, (got, k)
+        self._delivered[w] = k
         return slot, batch
 
-    def _recv(self, w: int) -> tuple:
-        results, process = self._results[w], self.processes[w]
+    def _recv(self, w: int, k: int) -> tuple:
+        """The next message of worker w, replacing the worker while it is lost (exited, or silent
+        for ``worker_timeout`` seconds while micro-batch k is awaited)."""
+        began = time.monotonic()
+        warned = False
+        while True:
+            results = self._results[w]
+            try:
+                if self._wait(w, _LIVENESS_S):
+                    return results.recv()
+            except EOFError:  # the worker's end of its pipe closed: it exited
+                self.processes[w].join(_LIVENESS_S)
+            now = time.monotonic()
+            if not self.processes[w].is_alive():
+                self._replace(w, k, "exited", began)
+                continue
+            timeout = self.health.timeout
+            if timeout is None:
+                continue
+            if not self._started[w] and cpu_time(self.processes[w].pid) != self._cpu[w]:
+                # still starting (imports, loading its dataset) and using the CPU: not stuck
+                self._cpu[w], self._heard[w] = cpu_time(self.processes[w].pid), now
+            quiet = now - max(began, results.heard, self._heard[w])
+            if quiet >= timeout:
+                self._replace(w, k, "stalled", began)
+            elif quiet >= timeout / 2 and not warned:
+                warned = True
+                process = self.processes[w]
+                logger.warning(
+                    "loader worker %d (pid %s) has sent nothing for %.0f s while the training loop"
+                    " waits for its micro-batch %d (%s); it is replaced at worker_timeout=%g s",
+                    w, process.pid, quiet, k, doing(process.pid) or "state unknown", timeout,
+                )
+
+    def _wait(self, w: int, timeout: float) -> bool:
+        """Whether a whole message of worker w has arrived, waiting up to ``timeout`` seconds,
+        meanwhile writing what waits to be sent to any worker."""
+        results = self._results[w]
+        if not self._backlog:
+            return results.poll(timeout)
+        owed = [v for v, c in enumerate(self._commands) if c.pending]
+        poller = select.poll()
+        poller.register(results.fileno(), select.POLLIN)
+        for v in owed:
+            poller.register(self._commands[v].fileno(), select.POLLOUT)
+        poller.poll(timeout * 1000)
+        for v in owed:
+            try:
+                if self._commands[v].drain():
+                    self._heard[v] = time.monotonic()
+            except BrokenPipeError:  # that worker is gone: noticed when its batch is awaited
+                pass
+        self._backlog = any(c.pending for c in self._commands)
+        return results.poll(0)
+
+    def _map_ring(self, w: int, k: int, message: tuple) -> None:
         try:
-            while not results.poll(_LIVENESS_S):
-                if not process.is_alive():
-                    raise _died(w, process)
-            return results.recv()
-        except (EOFError, OSError):
-            process.join(_LIVENESS_S)
-            raise _died(w, process) from None
+            self._rings[w] = ConsumerRing(*message[1:])
+        except FileNotFoundError:  # its memory went with it: the worker died after naming it
+            self.processes[w].join(_LIVENESS_S)
+            if self.processes[w].is_alive():
+                raise WorkerError(
+                    f"cannot open loader worker {w}'s batch memory {message[1]}",
+                    hint="pass shared_memory=False to send batches through pipes instead",
+                ) from None
+            self._replace(w, k, "exited", time.monotonic())
 
     def _send(self, w: int, message: tuple) -> None:
+        commands = self._commands[w]
         try:
-            self._commands[w].send(message)
-        except OSError:
-            raise _died(w, self.processes[w]) from None
+            commands.send(message)  # never blocks (Channel.unblock)
+        except BrokenPipeError:  # the worker is gone: replaced when its next batch is awaited
+            pass
+        if commands.pending:
+            self._backlog = True  # written by _wait
 
     def _reclaim(self) -> None:
         """Move lent slots that nothing refers to any more to the free lists."""
@@ -199,22 +317,9 @@ class WorkerPool:
         return freed
 
 
-def _group_size(prefetch: int) -> int:
-    """Micro-batches a worker reads at once: half its prefetch, so it reads while the consumer
-    still has the other half to take."""
-    return max(1, min(_GROUP, prefetch // 2))
-
-
-def _died(w: int, process) -> WorkerError:
-    code = process.exitcode
-    return WorkerError(
-        f"loader worker {w} (pid {process.pid}) exited unexpectedly with exit code {code}",
-        hint="a negative code is the signal that killed it (-9: often the out-of-memory killer); see its log above",
-    )
-
-
-def _raise_from_worker(w: int, k: int, exc: BaseException | None, text: str) -> None:
-    where = f"in loader worker {w}, reading micro-batch {k} of this iteration:\n{text}"
+def _raise_from_worker(w: int, k: int | None, exc: BaseException | None, text: str) -> None:
+    what = "loading the dataset" if k is None else f"reading micro-batch {k} of this iteration"
+    where = f"in loader worker {w}, {what}:\n{text}"
     if exc is None:
         raise WorkerError(f"the dataset raised an exception that cannot be pickled {where}")
     if hasattr(exc, "add_note"):
@@ -222,168 +327,26 @@ def _raise_from_worker(w: int, k: int, exc: BaseException | None, text: str) -> 
     raise exc
 
 
-def _stop(processes: list, commands: list, results: list) -> None:
-    for c in commands:
+def _stop(processes: list, commands: list, results: list, abandoned: list) -> None:
+    """Ask every worker to stop; kill those still running after ``_STOP_S`` (a stopped or stuck
+    worker cannot answer); close the pipes. Bounded whatever the workers do."""
+    for p, c in zip(processes, commands):
+        if p is None:  # its start failed
+            continue
         try:
             c.send(("stop",))
         except OSError:
             pass
+        if c.pending:  # still reading its dataset (or stuck): nothing to stop gracefully
+            p.kill()
+    processes = [p for p in processes if p is not None]
+    deadline = time.monotonic() + _STOP_S
     for p in processes:
-        p.join(_STOP_S)
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in (*processes, *abandoned):
         if p.is_alive():
-            p.terminate()
-            p.join(_STOP_S)
+            p.kill()
+            p.join(_LIVENESS_S)
     for c in (*commands, *results):
-        c.close()
-
-
-# -- worker side -----------------------------------------------------------------------------------
-def _worker_main(w: int, n: int, dataset: Any, commands, results, slots: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _no_wakeup_preemption()
-    parent = os.getppid()  # the training process, or the forkserver that forked this worker
-    worker = _Worker(w, n, dataset, results, slots)
-    try:
-        while True:
-            count = worker.ready()
-            if count:
-                worker.make(count)
-                continue
-            message = _wait(commands, parent)
-            if message is None or message[0] == "stop":
-                return
-            worker.handle(message)
-    except (BrokenPipeError, ConnectionResetError, EOFError):
-        return
-    finally:
-        if worker.ring is not None:
-            worker.ring.unlink()
-
-
-def _no_wakeup_preemption() -> None:
-    """Run this worker as SCHED_BATCH: the same share of the CPU, but woken by a credit it no
-    longer preempts the training process that sent it. Where workers and the training loop share
-    a core, the loop otherwise waited for the worker's whole read inside ``next()`` after every
-    long step (a sleeping worker wakes with scheduler credit). Not available: left as it is."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
-
-
-class _Worker:
-    """A worker's state: its iteration, credits and free slots, and how it makes batches."""
-
-    def __init__(self, w: int, n: int, dataset: Any, results, slots: int) -> None:
-        self.w, self.n, self.dataset, self.results, self.slots = w, n, dataset, results, slots
-        self.ring: WorkerRing | None = None
-        self.free = list(range(slots))
-        self.generation, self.credits, self.target, self.work = -1, 0, 1, None
-        self.two_stage = hasattr(dataset, "read_batch") and hasattr(dataset, "finish_batch")
-
-    def handle(self, message: tuple) -> None:
-        self.free.extend(message[-1])
-        if message[0] == "start":
-            _, self.generation, sampler, self.credits, _ = message
-            self.target = _group_size(self.credits)  # the prefetch, at the start
-            self.work = itertools.islice(enumerate(sampler), self.w, None, self.n)
-        elif message[1] == self.generation:
-            self.credits += message[2]
-
-    def ready(self) -> int:
-        """How many micro-batches to make now (0: wait for credits or a new iteration). Waiting
-        for ``target`` credits lets one vectorized read serve several micro-batches."""
-        if self.work is None or self.credits < self.target:
-            return 0
-        if not self.two_stage or (self.ring is None and self.slots):
-            return 1  # the first batch sizes the slots
-        room = len(self.free) if self.slots else _GROUP  # without slots every batch takes the pipe
-        return max(1, min(self.credits, room, _GROUP))
-
-    def make(self, count: int) -> None:
-        """Make up to ``count`` of this worker's next micro-batches and send them in one message."""
-        first = -1
-        try:
-            steps = list(itertools.islice(self.work, count))
-            if len(steps) < count:
-                self.work = None
-            if not steps:
-                return
-            first = steps[0][0]
-            self.credits -= len(steps)
-            slots = self.free[::-1][: len(steps)] if self.ring is not None else []
-            batches = self._read([indices for _, indices in steps], slots)
-        except Exception as exc:  # delivered to the consumer, which raises it
-            self.results.send(("error", self.generation, first, _picklable(exc), traceback.format_exc()))
-            self.work = None
-            return
-        if self.ring is None and self.slots:
-            size = batch_bytes(batches[0])
-            if size is not None:
-                self.ring = WorkerRing(size, self.slots)
-                self.results.send(("ring", self.ring.path, self.ring.slot_bytes, self.slots))
-        entries = []
-        for i, ((k, _), batch) in enumerate(zip(steps, batches)):
-            slot = slots[i] if i < len(slots) else None
-            layout = None if slot is None or self.ring is None else self.ring.write(slot, batch)
-            if layout is None:
-                entries.append((k, None, batch))
-            else:
-                self.free.remove(slot)
-                entries.append((k, slot, layout))
-        try:
-            self.results.send(("batches", self.generation, entries))
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a batch that cannot travel
-            # The builtin type varies with the Python version (AttributeError up to 3.13).
-            error = WorkerError(
-                f"a batch cannot be sent to the training process: {exc}",
-                hint="make __getitems__ return arrays, numbers or strings (nothing unpicklable)",
-            )
-            self.results.send(("error", self.generation, first, error, traceback.format_exc()))
-            self.work = None
-
-    def _read(self, index_lists: list, slots: list[int]) -> list:
-        """The batches of ``index_lists``; with several, one ``read_batch`` reads them all and
-        each is finished into its own slot."""
-        allocs = [self.ring.allocator(s) for s in slots] if self.ring is not None else []
-        allocs += [None] * (len(index_lists) - len(allocs))
-        if len(index_lists) == 1 or not self.two_stage:
-            return [fetch(self.dataset, idx, alloc) for idx, alloc in zip(index_lists, allocs)]
-        sizes = [len(idx) for idx in index_lists]
-        raw = self.dataset.read_batch([i for idx in index_lists for i in idx])
-        parts = _split_rows(raw, sizes)
-        return [self.dataset.finish_batch(part, alloc) for part, alloc in zip(parts, allocs)]
-
-
-def _split_rows(raw: dict, sizes: list[int]) -> list[dict]:
-    """``read_batch`` output of several micro-batches, cut back into one per micro-batch (arrays
-    with a row per sample are sliced, other values shared)."""
-    total = sum(sizes)
-    parts = []
-    begin = 0
-    for size in sizes:
-        end = begin + size
-        parts.append({
-            k: v[begin:end] if getattr(v, "ndim", 0) >= 1 and len(v) == total else v for k, v in raw.items()
-        })
-        begin = end
-    return parts
-
-
-def _wait(commands, parent: int):
-    """The next command, or None once the consumer is gone."""
-    try:
-        while not commands.poll(_LIVENESS_S):
-            if os.getppid() != parent:
-                return None
-        return commands.recv()
-    except (EOFError, OSError):
-        return None
-
-
-def _picklable(exc: BaseException) -> BaseException | None:
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:
-        return None
-    return exc
+        if c is not None:
+            c.close()

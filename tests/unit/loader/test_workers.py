@@ -117,19 +117,24 @@ def test_an_exception_that_cannot_be_pickled_still_reaches_the_loop(dataset):
     loader.close()
 
 
-def test_a_killed_worker_is_reported(dataset):
-    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+def test_a_killed_worker_beyond_the_restart_budget_is_reported(dataset):
+    """(A killed worker within the budget is replaced: test_self_heal.)"""
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              max_worker_restarts=0)
     it = iter(loader)
-    next(it)
+    next(it), next(it)  # worker 1 has delivered micro-batch 1
     victim = loader.worker_processes[1]
     os.kill(victim.pid, signal.SIGKILL)
     t = time.monotonic()
-    with pytest.raises(WorkerError, match=r"worker 1 .* exit code -9") as info:
+    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"
+                       r" \(SIGKILL\) \(exit code -9\); last micro-batch it delivered in this"
+                       r" iteration: micro-batch \d*[13579]; ") as info:
         for _ in it:
             pass
     assert time.monotonic() - t < 30
-    assert "out-of-memory" in str(info.value)
-    loader.restart(0)  # the next iteration starts fresh workers
+    assert "out-of-memory" in str(info.value) and "max_worker_restarts is 0" in str(info.value)
+    loader.close()  # the budget is the loader's: closing it starts fresh workers
+    loader.restart(0)
     assert np.array_equal(next(iter(loader))["tokens"].numpy(), _expected(dataset, 8, 1)[0])
     assert victim not in loader.worker_processes
     loader.close()

@@ -1,0 +1,183 @@
+"""What the loader knows of its workers' faults: the restart budget, the counters ``metrics()``
+reports, and the words of the warning and the error (``WorkerError``).
+
+A worker process that exits (any signal, any exit code, at start or mid-epoch) or makes no
+progress for ``worker_timeout`` seconds while the training loop waits for its batch is a fault
+of the process, not of the data: ``workers.py`` replaces it, and the replacement makes exactly
+the micro-batches the lost one still owed (the order is a pure function of the sampler), so the
+training loop receives the batches of a run without the fault. Each loader may replace at most
+``max_worker_restarts`` workers; the fault after that raises ``WorkerError`` naming the worker,
+its pid, how it ended and the last micro-batch it delivered. An exception raised by the
+dataset's own read is not a fault of the process: it is raised in the training process, typed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import TokenloadError
+
+logger = logging.getLogger("tokenload.loader.workers")
+
+_KEEP = 20  # faults kept in metrics()
+
+
+class WorkerError(TokenloadError, RuntimeError):
+    """A loader worker process died or could not deliver a batch."""
+
+
+@dataclass
+class Fault:
+    """One worker process lost: which one, how, and when."""
+
+    worker: int
+    pid: int | None
+    cause: str  # "exited", "stalled", "ring" (died before its memory was mapped)
+    exitcode: int | None
+    delivered: int | None  # last micro-batch of the iteration it delivered (None: none)
+    started: bool  # whether it had finished starting (loaded the dataset)
+    at: float = field(default_factory=time.monotonic)
+    recovered_s: float | None = None  # from detection to the replacement's first batch
+
+    def how(self) -> str:
+        if self.cause == "stalled":
+            return "made no progress while a batch was owed and was killed"
+        ended = describe_exit(self.exitcode)
+        return ended if self.started else f"{ended} while starting"
+
+
+class WorkerHealth:
+    """Restart budget and fault counters of one loader (all its worker pools)."""
+
+    def __init__(self, *, worker_timeout: float | None = 120.0, max_worker_restarts: int = 3,
+                 context: str | None = None) -> None:
+        self.timeout = worker_timeout
+        self.budget = max_worker_restarts
+        self.context = context
+        self.restarts = 0
+        self.stalls = 0
+        self.time_lost_s = 0.0
+        self.faults: list[Fault] = []
+
+    def fault(self, fault: Fault, *, repeated_start: bool = False) -> None:
+        """Count a lost worker; WorkerError once the budget is spent, or at once when its start
+        failed again before any worker ever started (not transient: a main module that spawn
+        cannot import fails every start the same way)."""
+        self.faults = [*self.faults[-(_KEEP - 1):], fault]
+        self.stalls += fault.cause == "stalled"
+        if repeated_start:
+            raise self.error(fault, "its start failed twice and no worker has started yet")
+        if self.restarts >= self.budget:
+            raise self.error(fault)
+        self.restarts += 1
+        logger.warning("loader worker %d (pid %s) %s; replaced (restart %d of max_worker_restarts"
+                       "=%d), it makes the micro-batches the lost one owed", fault.worker,
+                       fault.pid, fault.how(), self.restarts, self.budget)
+
+    def recovered(self, fault: Fault, waited_s: float) -> None:
+        """The replacement of ``fault``'s worker delivered; the loop waited ``waited_s`` for it."""
+        fault.recovered_s = time.monotonic() - fault.at
+        self.time_lost_s += waited_s
+
+    def error(self, fault: Fault, why: str = "") -> WorkerError:
+        last = "none yet" if fault.delivered is None else f"micro-batch {fault.delivered}"
+        hint = ("a negative exit code is the signal that ended it (-9: often the out-of-memory"
+                " killer, see the kernel log); see the worker's log above; raise"
+                " max_worker_restarts to replace more workers")
+        if fault.cause == "stalled":
+            hint = ("the worker was stopped or stuck (a hung read, a debugger, a frozen file"
+                    " system); raise worker_timeout if its reads are legitimately that slow")
+        elif not fault.started and self.context in ("spawn", "forkserver"):
+            hint = (f"under multiprocessing_context={self.context!r} each worker imports the main"
+                    " module: run the script from a file (not standard input or a notebook) with"
+                    " its code under `if __name__ == '__main__':`, or use 'fork'; see the worker's"
+                    " log above")
+        return WorkerError(
+            f"loader worker {fault.worker} (pid {fault.pid}) {fault.how()}"
+            f" (exit code {fault.exitcode}); last micro-batch it delivered in this iteration:"
+            f" {last}; {self.restarts} worker(s) already replaced, max_worker_restarts is"
+            f" {self.budget}" + (f"; {why}" if why else ""),
+            hint=hint,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "restarts": self.restarts,
+            "stalls": self.stalls,
+            "time_lost_s": self.time_lost_s,
+            "max_worker_restarts": self.budget,
+            "worker_timeout": self.timeout,
+            "faults": [{k: v for k, v in asdict(f).items() if k != "at"} for f in self.faults],
+        }
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+# -- what a slow worker is doing (Linux /proc, best effort) ----------------------------------------
+_STATES = {
+    "R": "running", "S": "sleeping",
+    "D": "in an uninterruptible wait (usually disk or network I/O)",
+    "T": "stopped (SIGSTOP, a debugger or the scheduler)", "t": "stopped by a debugger",
+    "Z": "dead",
+}
+# syscall numbers that read from a descriptor: name, and which argument is the file offset
+_READS = {
+    "x86_64": {0: ("read", None), 17: ("pread64", 3), 19: ("readv", None), 295: ("preadv", 3),
+               327: ("preadv2", 3), 45: ("recvfrom", None), 47: ("recvmsg", None)},
+    "aarch64": {63: ("read", None), 67: ("pread64", 3), 65: ("readv", None), 69: ("preadv", 3),
+                286: ("preadv2", 3), 207: ("recvfrom", None), 212: ("recvmsg", None)},
+}
+
+
+def cpu_time(pid: int | None) -> int | None:
+    """Clock ticks of CPU ``pid`` has used (user + system), None where /proc says nothing."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def doing(pid: int | None) -> str:
+    """What process ``pid`` is doing, from /proc: its state, and the file and offset it reads
+    when it is inside a read; "" where /proc says nothing."""
+    if pid is None:
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    words = [_STATES.get(state, state)]
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            call = f.read().split()
+    except OSError:
+        call = []
+    known = _READS.get(platform.machine(), {})
+    if call and call[0].lstrip("-").isdigit() and int(call[0]) in known:
+        name, at = known[int(call[0])]
+        fd = int(call[1], 16)
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            target = f"descriptor {fd}"
+        offset = f" at offset {int(call[1 + at], 16)}" if at is not None else ""
+        words.append(f"reading {target}{offset} ({name})")
+    return ", ".join(words)
