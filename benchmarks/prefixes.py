@@ -1,0 +1,231 @@
+"""Many small prefixes (issue 27): 100, 1,000 and 10,000 prefixes, per build policy, side by side
+with megatron-core's default and fast paths; the cost per prefix should stay flat.
+
+Usage:
+    python benchmarks/prefixes.py                                   # 100,1000,10000 prefixes
+    python benchmarks/prefixes.py --prefixes 100,1000 --rounds 3 --passes time,count
+    MEGATRON_PYTHON=/tmp/megatron-venv-27/bin/python python benchmarks/prefixes.py ...
+
+Data: benchmarks/startup_data.py's blends (real ``.idx`` files over sparse ``.bin`` files,
+lognormal documents of mean ~600 tokens, weights = token counts) of ``--docs-per-prefix``
+documents per prefix (default 200: a 120k-token, 240 KB prefix), so the work per prefix is the
+same at every prefix count. S = 2048, split "90,10,0", sizes scaled with the documents as
+benchmarks/startup.py scales them.
+
+Sides (one rank each; benchmarks/startup.py's machinery, worker benchmarks/prefixes_worker.py):
+
+* ``mcore-default``: megatron-core 0.19.2's builder on an empty cache (builds and writes it);
+* ``mcore-fast``: its fast path (``fast_cache_load`` + ``defer_npy_index_mmap`` + sequences
+  JSON) on a cache prepared first;
+* ``tl-auto-empty``: tokenload, ``build_policy="auto"``, empty cache (builds and writes it);
+* ``tl-none-seq``: tokenload, ``build_policy="none"`` on a prepared cache, with the sequences JSON;
+* ``tl-computed``: tokenload's computed order (nothing built, nothing cached).
+
+Per side: seconds from the build call to the first item (median of ``--rounds``, and the spread),
+CPU seconds of that phase, the rank's open file descriptors after the first item, its RSS and
+peak RSS, and (``count`` pass, strace) the opens, path stats and other metadata calls on the data
+folder. Then the CLI's ``prepare-cache`` (one process, empty cache) and ``sequences`` on the same
+blend: wall, CPU and peak RSS. Every figure is also given per prefix; the last table compares
+the cost per prefix at the largest prefix count with that at the smallest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import startup  # noqa: E402
+from common import table  # noqa: E402
+from startup import SIDES, Bench, Side  # noqa: E402
+from startup_data import make_blend  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+startup.WORKER = str(HERE / "prefixes_worker.py")
+startup.SPLIT = "90,10,0"  # a 50-document prefix keeps documents in its valid split
+SIDES["tl-computed"] = Side("tl-computed", "tokenload", "empty", policy="computed")
+DEFAULT_SIDES = ("mcore-default", "mcore-fast", "tl-auto-empty", "tl-none-seq", "tl-computed")
+CLI = [sys.executable, "-m", "tokenload.cli.main"]
+
+
+def spread(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:.2f}"
+    return f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def run_cli(args: list[str]) -> dict:
+    """Wall, CPU and peak RSS of one CLI process."""
+    t = time.time()
+    proc = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out, err = proc.communicate()
+    wall = time.time() - t
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # cumulative: differences taken below
+    return {"rc": proc.returncode, "wall_s": wall, "cpu_total": usage.ru_utime + usage.ru_stime,
+            "stderr": err.decode()[-500:]}
+
+
+def cli_costs(blend: dict, work: Path, sizes: list[int]) -> dict:
+    data_args = work / "data-args.txt"
+    data_args.write_text(" ".join(f"{w} {p}" for w, p in zip(blend["weights"], blend["prefixes"])))
+    out = {}
+    cache = work / "cli-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    seq = work / "cli-sequences.json"
+    seq.unlink(missing_ok=True)
+    jobs = {
+        "sequences": ["sequences", "--data-args-path", str(data_args), "--per-dataset-sequences-path",
+                      str(seq)],
+        "prepare-cache": ["prepare-cache", "--data-args-path", str(data_args), "--split", startup.SPLIT,
+                          "--seq-length", str(startup.SEQ), "--seed", str(startup.SEED),
+                          "--data-cache-path", str(cache), "--train-valid-test-num-samples",
+                          *map(str, sizes)],
+    }
+    for name, args in jobs.items():
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        got = run_cli(args)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        got["cpu_s"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        got["maxrss_mb"] = after.ru_maxrss / 1024  # the largest child so far (reported as such)
+        out[name] = got
+    shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def side_rows(bench: Bench, side: Side, rounds: int, count: bool) -> dict:
+    timed = []
+    for _ in range(rounds):
+        recs = bench.run(side, 1, traced=False)
+        timed.append(recs[0])
+    counted = bench.run(side, 1, traced=True)[0] if count else None
+    ok = [r for r in timed if "error" not in r]
+    row = {"side": side.name, "errors": [r["error"] for r in timed if "error" in r][:1]}
+    if ok:
+        row["data_s"] = [r["data_s"] for r in ok]
+        row["cpu_s"] = [r["data_cpu_s"] for r in ok]
+        row["fds"] = [r["result"]["fds"] for r in ok]
+        row["rss_mb"] = [r["result"]["rss_kb"] / 1024 for r in ok]
+        row["hwm_mb"] = [r["result"]["hwm_kb"] / 1024 for r in ok]
+        row["rchar_mb"] = [r["io"]["rchar"] / 1e6 for r in ok]
+    if counted and "error" not in counted and counted.get("trace"):
+        t = counted["trace"]
+        row["opens"], row["stats"], row["other_meta"] = t.get("opens", 0), t.get("stats", 0), t.get("other_meta", 0)
+        row["maps"], row["fstats"] = t.get("maps", 0), t.get("fstats", 0)
+        row["bytes_read"], row["bytes_written"] = t.get("bytes_read", 0), t.get("bytes_written", 0)
+    return row
+
+
+def print_prefix_table(prefixes: int, rows: list[dict], cli: dict) -> None:
+    out = []
+    for r in rows:
+        if "data_s" not in r:
+            out.append([r["side"], f"FAILED: {r['errors'][0][:100] if r['errors'] else '?'}"] + [""] * 8)
+            continue
+        med = statistics.median(r["data_s"])
+        out.append([
+            r["side"], spread(r["data_s"]), f"{med / prefixes * 1e3:.2f}", spread(r["cpu_s"]),
+            f"{statistics.median(r['fds']):.0f}", f"{statistics.median(r['rss_mb']):.0f} / "
+            f"{statistics.median(r['hwm_mb']):.0f}",
+            str(r.get("opens", "-")), str(r.get("stats", "-")), str(r.get("other_meta", "-")),
+            f"{r['bytes_written'] / 1e6:.1f}" if "bytes_written" in r else "-",
+        ])
+    for name, got in cli.items():
+        out.append([f"CLI {name}", f"{got['wall_s']:.2f}", f"{got['wall_s'] / prefixes * 1e3:.2f}",
+                    f"{got['cpu_s']:.2f}", "-", f"(max child {got['maxrss_mb']:.0f})", "-", "-", "-",
+                    "-" if got["rc"] == 0 else f"rc {got['rc']}: {got['stderr'][-80:]}"])
+    print(f"\n{prefixes} prefixes (one rank):")
+    print(table(out, ["side", "first item s (median, range)", "ms per prefix", "CPU s",
+                      "open fds", "RSS / peak MB", "opens", "path stats", "other meta",
+                      "MB written"]))
+
+
+def print_growth(results: dict) -> None:
+    counts = sorted(int(p) for p in results)
+    if len(counts) < 2:
+        return
+    lo, hi = str(counts[0]), str(counts[-1])
+    rows = []
+    names = [r["side"] for r in results[hi]["sides"]]
+    for name in names:
+        a = next((r for r in results[lo]["sides"] if r["side"] == name and "data_s" in r), None)
+        b = next((r for r in results[hi]["sides"] if r["side"] == name and "data_s" in r), None)
+        if not a or not b:
+            rows.append([name, "-", "-", "-", "-"])
+            continue
+        per = [statistics.median(x["data_s"]) / int(p) * 1e3 for x, p in ((a, lo), (b, hi))]
+        ops = "-"
+        if "opens" in a and "opens" in b:
+            oa = (a["opens"] + a["stats"] + a["other_meta"]) / int(lo)
+            ob = (b["opens"] + b["stats"] + b["other_meta"]) / int(hi)
+            ops = f"{oa:.2f} -> {ob:.2f}"
+        rows.append([name, f"{per[0]:.2f} -> {per[1]:.2f}", f"{per[1] / per[0]:.2f}x", ops,
+                     f"{statistics.median(a['fds'])} -> {statistics.median(b['fds'])}"])
+    for name in ("prepare-cache", "sequences"):
+        a, b = results[lo]["cli"].get(name), results[hi]["cli"].get(name)
+        if a and b:
+            pa, pb = a["wall_s"] / int(lo) * 1e3, b["wall_s"] / int(hi) * 1e3
+            rows.append([f"CLI {name}", f"{pa:.2f} -> {pb:.2f}", f"{pb / pa:.2f}x", "-", "-"])
+    print(f"\ncost per prefix, {lo} -> {hi} prefixes:")
+    print(table(rows, ["side", "ms per prefix to first item", "growth", "metadata ops per prefix",
+                       "open fds"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "prefixes"))
+    ap.add_argument("--prefixes", default="100,1000,10000")
+    ap.add_argument("--docs-per-prefix", type=int, default=200)
+    ap.add_argument("--sides", default=",".join(DEFAULT_SIDES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--passes", default="time,count", help="time, or time,count (strace)")
+    ap.add_argument("--no-cli", action="store_true", help="skip prepare-cache / sequences")
+    ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--out", help="every record as JSON")
+    args = ap.parse_args()
+    sides = [SIDES[n] for n in args.sides.split(",")]
+    count = "count" in args.passes
+    results = {}
+    print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs", flush=True)
+    for prefixes in (int(p) for p in args.prefixes.split(",")):
+        docs = prefixes * args.docs_per_prefix
+        t = time.time()
+        blend = make_blend(args.data_dir, prefixes, docs)
+        scale = docs / startup.FULL_DOCS
+        sizes = [max(int(round(n * scale)), 1) for n in startup.FULL_SIZES]
+        print(f"[{prefixes} prefixes, {docs:,} documents, {blend['tokens']:,} tokens, sizes {sizes}: "
+              f"data made/reused in {time.time() - t:.1f} s]", flush=True)
+        bench_args = argparse.Namespace(data_dir=args.data_dir, timeout=args.timeout, keep_logs=False,
+                                        one_at_a_time=False, pg="needed", sizes=sizes)
+        bench = Bench(bench_args, blend)
+        rows = []
+        for side in sides:
+            t = time.time()
+            rows.append(side_rows(bench, side, args.rounds, count))
+            print(f"  [{side.name}: {time.time() - t:.0f} s; load {os.getloadavg()[0]:.1f}]", flush=True)
+        cli = {} if args.no_cli else cli_costs(blend, bench.work, sizes)
+        results[str(prefixes)] = {"sides": rows, "cli": cli, "sizes": sizes,
+                                  "load": os.getloadavg()}
+        print_prefix_table(prefixes, rows, cli)
+    print_growth(results)
+    print(f"load average at end: {os.getloadavg()}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main()
