@@ -63,8 +63,7 @@ class BlendedDataset:
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        which = np.asarray(self.dataset_index[idx], dtype=np.int64)
-        within = np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
+        which, within = self._locate(idx)
         present = np.unique(which).tolist()
         if present and (present[0] < 0 or present[-1] >= len(self.datasets)):
             raise self.indices.corrupt(
@@ -86,6 +85,11 @@ class BlendedDataset:
         for d, part in parts.items():
             windows[rows[d]] = part["windows"]
         return {"windows": windows, "padded": padded, "dataset_id": which}
+
+    def _locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Member and member sample of each global sample (Megatron's two arrays)."""
+        which = np.asarray(self.dataset_index[idx], dtype=np.int64)
+        return which, np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
 
     def _member_batch(self, d: int, samples: np.ndarray) -> dict[str, Any]:
         try:

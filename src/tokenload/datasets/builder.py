@@ -65,6 +65,7 @@ from .config import CACHE_POLICIES, MegatronDataConfig
 from .gpt import GPTDataset, IndexArrays
 from .index_cache import IndexCache, wait_for_cache_writes, write_behind
 from .manifest import manifest_key, manifest_path, read_manifest
+from .megatron_mixture import continuable, first_entry_blend, mixture_mode
 from .policy import Role, missing_cache, prepare_command, resolve
 from .sources import file_facts, open_source
 
@@ -155,6 +156,7 @@ class _Builder:
 
     # -- the policy around one build ------------------------------------------------------------
     def build(self, sizes: list[int | None]):
+        self.sizes = list(sizes)  # a Megatron-order schedule plans each entry (megatron_mixture)
         why = f"build_policy={self.config.build_policy!r}"
         if self.sync and process_group() is None:
             barrier(self.world, why)  # the ConfigError, on every rank, before any work
@@ -182,7 +184,8 @@ class _Builder:
 
     def _build(self, sizes: list[int | None]):
         c = self.config
-        manifest = self._manifest_path(sizes)
+        # a blend whose mixture changes wraps its datasets (megatron_mixture): no manifest
+        manifest = None if mixture_mode(c) else self._manifest_path(sizes)
         if manifest is not None and self.role is Role.READ:
             with self._phase("index_load"):
                 found = read_manifest(*manifest)
@@ -192,7 +195,7 @@ class _Builder:
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
         per_split = None if c.blend_per_split is None else [_as_blend(b) for b in c.blend_per_split]
         plans = plan_splits(
-            blend=None if c.mock else _as_blend(c.blend),
+            blend=None if c.mock else first_entry_blend(c, _as_blend(c.blend)),
             blend_per_split=per_split,
             split=split,
             sizes=sizes,
@@ -262,6 +265,8 @@ class _Builder:
         )
         identity = description_hash(describe(placeless))
         dataset = BlendedDataset([ds for ds, _, _ in mids], indices, identity=identity, length=n)
+        if mixture_mode(self.config) and plan.weights is not None:
+            dataset = continuable(self, name, plan, split, matrix, dataset, mids)
         members = [e for _, _, e in mids]
         if entry is not None and all(e is not None for e in members):
             entry.update(kind="blended", length=n, identity=identity, members=members)

@@ -135,11 +135,15 @@ class MegatronDataConfig:
     ``[(0, [0.5, 0.3, 0.2]), (40_000, [0.2, 0.5, 0.3])]``, one weight per source of the blend
     (0: inactive), starts strictly increasing from 0. The mixture changes at each start with no
     restart and no sample of a source repeated or skipped (docs/ORDER.md, "Schedules"). The
-    computed order only for now; the blend's own weights are then ignored for the train split."""
+    blend's own weights are then ignored: the Megatron order builds Megatron's blend of the first
+    entry (its sources of positive weight) for every split, and continues from it by the rule of
+    ``mixture_change="continue"``."""
     mixture_change: str = "refuse"
     """What a Megatron-order blend does when a resume state was saved under other weights or
-    sources: "refuse" (default) raises ``StateError``, reproducing Megatron exactly. (The computed
-    order always continues every source at its cursor.)"""
+    sources: "refuse" (default) raises ``StateError``, reproducing Megatron exactly; "continue"
+    continues each source's own Megatron order at its cursor under a new blending from the resume
+    point (docs/ORDER.md, "Changing a Megatron-order mixture"). The computed order always
+    continues every source at its cursor."""
     sequences_path: str | None = None
     """A sequences JSON (``tokenload sequences``; Megatron's ``--per-dataset-sequences-path``
     with each file's dtype): the token files open with the counts and dtype it gives and read
@@ -191,10 +195,10 @@ class MegatronDataConfig:
         from ..index.schedule import check_schedule
 
         check_schedule(self.weights_schedule)
-        if self.order != "computed":
+        if self.order == "neox":
             raise ConfigError(
-                f"weights_schedule applies to order='computed' only, not {self.order!r}",
-                hint="set order='computed', or change the weights at a resume",
+                "weights_schedule applies to order='computed' or 'megatron', not 'neox'",
+                hint="set order='computed' or 'megatron', or change the weights at a resume",
             )
         if self.mock:
             raise ConfigError("weights_schedule needs a blend",

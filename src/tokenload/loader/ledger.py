@@ -40,9 +40,9 @@ class Ledger:
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
         self.members = member_datasets(dataset)
-        computed = hasattr(dataset, "mixture") and hasattr(dataset, "sources")
         names = [source_name(m) for m in self.members]
-        self.keys = list(dataset.sources) if computed else _distinct(names)
+        keys = getattr(dataset, "sources", None)  # blends whose sources may change: their keys
+        self.keys = list(keys) if keys is not None else _distinct(names)
         self.names = dict(zip(self.keys, names))
         self.skips: list[dict[str, Any]] = []
         self.remembered: dict[str, dict[str, Any]] = {}

@@ -103,9 +103,11 @@ def test_a_resume_into_another_schedule_continues_every_source(files):
 def test_schedules_are_checked_against_the_blend(files):
     with pytest.raises(ConfigError, match="3 sources"):
         blend(files, [(0, [1, 1, 1, 1])], names=["a", "b", "c"])
-    with pytest.raises(ConfigError, match="order='computed' only"):
-        MegatronDataConfig(sequence_length=S, blend=["x", "y"], split="1,0,0",
+    with pytest.raises(ConfigError, match="not 'neox'"):
+        MegatronDataConfig(sequence_length=S, blend=["x", "y"], split="1,0,0", order="neox",
                            weights_schedule=[(0, [1, 1])])
+    with pytest.raises(ConfigError, match="mixture_change"):
+        MegatronDataConfig(sequence_length=S, blend=["x", "y"], split="1,0,0", mixture_change="yes")
     with pytest.raises(ConfigError, match="needs a blend"):
         cfg = MegatronDataConfig(sequence_length=S, blend=[files["a"]], split="1,0,0",
                                  order="computed", weights_schedule=[(0, [1])])

@@ -1,0 +1,324 @@
+"""Megatron-order blends whose weights change: schedules and ``mixture_change="continue"``.
+
+Megatron's blend is two arrays over the whole run (``dataset_index``, ``dataset_sample_index``)
+built by its greedy from fixed weights; changing the weights at a resume rebuilds them, so some
+samples of a source repeat and others are never served (Megatron-LM issue #457). Here a run is a
+chain of *segments* instead:
+
+* Each source (blend member) has its **prepared order**: Megatron's per-source order (document,
+  sample and shuffle index) built for the ``num_samples`` of the first phase the source appears
+  in, and kept for the rest of the run (the state records it, and a later phase rebuilds the
+  member with that number, from the same cache). Its *cursor* is the number of its samples the
+  run has drawn.
+* Segment 0 of a run that starts at sample 0 is Megatron's own blend, bit for bit.
+* At a change (a schedule entry, or a resume with other weights or sources) a new segment starts
+  at global sample C: Megatron's greedy (``build_blending_indices``, with the weights normalized
+  twice as Megatron does) restarted at step 0 over the sources of positive weight, and source d's
+  j-th sample of the segment is sample ``cursor_d(C) + j`` of its prepared order.
+
+So each source serves its prepared order's samples 0, 1, 2, ... in turn across all changes: none
+repeated, none skipped. **When a prepared order runs out** (the new weights ask a source for
+more than it was prepared with, its ``len``) the source starts its prepared order again from
+sample 0, as a new pass (a warning is logged once; the accounting's epoch counts on): samples
+repeat only after every sample of the prepared order has been served. The counts per segment
+follow Megatron's greedy: never one sample ahead of the weights, at most about 1.3 behind with
+three or more sources (docs/ORDER.md).
+
+A schedule is the same chain declared up front: the same global stream as the run stopped at
+each entry's start and resumed with that entry's weights (a 0 weight is the source left out),
+each source's prepared order being the one its first entry of positive weight plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, StateError
+from ..index import Blend, build_blending_indices, plan_splits
+from ..index.schedule import check_schedule
+from .blended import BlendedDataset
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ContinuableBlendedDataset", "entry_plans"]
+
+
+def entry_plans(config, sizes, prefixes: Sequence[str], schedule) -> list[Any]:
+    """The train-split plan Megatron makes for each schedule entry's blend (its sources of
+    positive weight, with those weights): the weights (normalized twice) and buffers a phase run
+    with that entry's blend would use."""
+    plans = []
+    for _, weights in schedule:
+        active = [i for i, w in enumerate(weights) if w > 0]
+        blend = Blend(prefixes=tuple(prefixes[i] for i in active),
+                      weights=tuple(weights[i] for i in active))
+        plan = plan_splits(blend=blend, blend_per_split=None, split=config.split, sizes=list(sizes),
+                           surplus=config.mid_level_dataset_surplus)[0]
+        plans.append((active, plan))
+    return plans
+
+
+class _Segment:
+    """Global samples ``[start, ...)`` served by one greedy blend from ``base`` cursors."""
+
+    def __init__(self, start: int, sources: np.ndarray, di: np.ndarray, dsi: np.ndarray,
+                 base: np.ndarray) -> None:
+        self.start, self.sources, self.di, self.dsi, self.base = start, sources, di, dsi, base
+        self._counted, self._counts = 0, np.zeros(base.size, dtype=np.int64)
+
+    def cursors(self, consumed: int) -> np.ndarray:
+        """Every member's cursor after global sample ``consumed`` (incremental count)."""
+        upto = consumed - self.start
+        if upto < self._counted:
+            self._counted, self._counts[:] = 0, 0
+        for at in range(self._counted, upto, 1 << 22):
+            part = np.asarray(self.di[at : min(at + (1 << 22), upto)], dtype=np.int64)
+            self._counts += np.bincount(self.sources[part], minlength=self.base.size)
+        self._counted = upto
+        return self.base + self._counts
+
+
+class ContinuableBlendedDataset(BlendedDataset):
+    """A Megatron blend served as a chain of segments (module docstring)."""
+
+    def __init__(
+        self, blend: BlendedDataset, members: list[Any], *, keys: list[str], schedule,
+        plans: list[Any], prepared: list[int], rebuild: Callable[[int, int], Any],
+        allow_change: bool, order: str,
+    ) -> None:
+        super().__init__(members, blend.indices, identity=blend.identity, length=len(blend),
+                         startup_phases=blend.startup_phases)
+        self.megatron = blend  # segment 0 of a run from sample 0: Megatron's arrays
+        self.sources = list(keys)
+        self.schedule = check_schedule(schedule, len(members))
+        self.plans = plans  # per entry: (active member indices, the entry's plan)
+        self.prepared = list(prepared)
+        self.rebuild = rebuild
+        self.allow_change = allow_change
+        self.order = order
+        self.carried: dict[str, dict[str, int]] = {}
+        self._warned: set[int] = set()
+        self._chain(0, np.zeros(len(members), dtype=np.int64))
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["rebuild"] = None  # a worker reads; only the training process resumes (and rebuilds)
+        return state
+
+    # -- the chain ------------------------------------------------------------------------------
+    def _chain(self, origin: int, cursors: np.ndarray) -> None:
+        self.origin, self.origin_cursors = int(origin), cursors.copy()
+        starts = [s for s, _ in self.schedule]
+        first = int(np.searchsorted(starts, origin, side="right")) - 1
+        bounds = [origin] + starts[first + 1 :] + [len(self)]
+        self.segments: list[_Segment] = []
+        base = cursors
+        for e, (start, end) in enumerate(zip(bounds[:-1], bounds[1:]), start=first):
+            if start >= len(self):
+                break
+            if self.segments:
+                base = self.segments[-1].cursors(start)
+            active, plan = self.plans[e]
+            sources = np.asarray(active, dtype=np.int64)
+            if start == 0 and e == 0:  # Megatron's own blend of the first entry
+                di, dsi = self.megatron.dataset_index, self.megatron.dataset_sample_index
+            else:
+                di, dsi = build_blending_indices(list(plan.weights), end - start)
+            self.segments.append(_Segment(start, sources, di, dsi, base))
+        self._starts = np.array([s.start for s in self.segments], dtype=np.int64)
+
+    def _locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if idx.size and int(idx.min()) < self.origin:
+            raise IndexError(f"global samples of this run start at {self.origin}")
+        which = np.empty(idx.size, dtype=np.int64)
+        within = np.empty(idx.size, dtype=np.int64)
+        seg = np.searchsorted(self._starts, idx, side="right") - 1
+        for p in np.unique(seg).tolist():
+            rows = seg == p
+            s = self.segments[p]
+            j = idx[rows] - s.start
+            d = s.sources[np.asarray(s.di[j], dtype=np.int64)]
+            which[rows] = d
+            within[rows] = s.base[d] + np.asarray(s.dsi[j], dtype=np.int64)
+        lengths = np.array([len(m) for m in self.datasets], dtype=np.int64)
+        over = within >= lengths[which]
+        if over.any():
+            for d in np.unique(which[over]).tolist():
+                if d not in self._warned:
+                    self._warned.add(d)
+                    logger.warning(
+                        "source %s has served all %d samples of its prepared order; it starts"
+                        " it again from its first sample (a new pass)", self.sources[d], lengths[d])
+            within[over] %= lengths[which[over]]
+        return which, within
+
+    def _segment(self, consumed: int) -> _Segment:
+        return self.segments[max(int(np.searchsorted(self._starts, consumed, side="right")) - 1, 0)]
+
+    # -- accounting -----------------------------------------------------------------------------
+    def source_cursors(self, consumed: int) -> np.ndarray:
+        """int64 samples drawn from each member by global ``consumed`` (all phases)."""
+        if consumed < self.origin:
+            raise ValueError(f"consumed is {consumed}; this run starts at {self.origin}")
+        return self._segment(consumed).cursors(consumed)
+
+    def schedule_position(self, consumed: int) -> dict[str, Any]:
+        starts = [s for s, _ in self.schedule]
+        entry = int(np.searchsorted(starts, consumed, side="right")) - 1
+        following = starts[entry + 1] if entry + 1 < len(starts) else None
+        return {"entry": entry, "entries": len(starts), "start": starts[entry],
+                "weights": list(self.schedule[entry][1]), "next_change": following}
+
+    # -- resume -----------------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{self.order}|{'|'.join(self.sources)}".encode()).hexdigest()[:16]
+
+    def mixture_state(self, consumed: int) -> dict[str, Any]:
+        now = self.source_cursors(consumed)
+        sources = {k: dict(v) for k, v in self.carried.items()}
+        for k, c, n in zip(self.sources, now.tolist(), self.prepared):
+            sources[k] = {"cursor": int(c), "num_samples": int(n)}
+        phase = {"keys": self.sources, "schedule": [[s, list(w)] for s, w in self.schedule],
+                 "origin": self.origin, "origin_cursors": self.origin_cursors.tolist()}
+        return {"order": self.order, "consumed": int(consumed), "sources": sources, "phase": phase}
+
+    def resume_mixture(self, state: dict[str, Any]) -> str:
+        """Continue the run that saved ``state``: the same chain when its sources and schedule are
+        this blend's; otherwise (``mixture_change="continue"`` only) a new segment from the saved
+        ``consumed`` in which every source continues its prepared order at its cursor."""
+        consumed, sources, phase = _parse(state, self.order)
+        if consumed > len(self):
+            raise StateError(f"the mixture state was saved after {consumed} samples; this blend"
+                             f" holds {len(self)}",
+                             hint="build the blend with at least as many samples")
+        for i, key in enumerate(self.sources):
+            n = sources.get(key, {}).get("num_samples")
+            if n is not None and n != self.prepared[i]:
+                self.datasets[i] = self.rebuild(i, n)  # the source's own prepared order
+                self.prepared[i] = n
+        same = phase.get("keys") == self.sources and _schedule(phase) == self.schedule
+        if same:
+            cursors = np.array(phase.get("origin_cursors"), dtype=np.int64)
+            self.carried = {k: v for k, v in sources.items() if k not in self.sources}
+            self._chain(int(phase.get("origin")), cursors)
+            return "same"
+        if not self.allow_change:
+            raise StateError(
+                "the loader state was saved for a Megatron-order blend of other weights or sources",
+                hint="resume with the saved blend (Megatron's behaviour), or set"
+                " MegatronDataConfig(mixture_change='continue') to continue every source where"
+                " it stopped",
+            )
+        self.carried = {k: v for k, v in sources.items() if k not in self.sources}
+        cursors = np.array([sources.get(k, {}).get("cursor", 0) for k in self.sources],
+                           dtype=np.int64)
+        self._chain(consumed, cursors)
+        return "weights" if set(sources) == set(self.sources) else "sources"
+
+
+def _parse(state: Any, order: str):
+    if not isinstance(state, dict) or state.get("order") != order:
+        found = state.get("order") if isinstance(state, dict) else type(state).__name__
+        raise StateError(
+            f"the mixture state was saved for order {found!r}; this blend's is {order!r}",
+            hint="resume with the seed, split, sequence length and item options of the saved run",
+        )
+    try:
+        consumed = int(state["consumed"])
+        sources = {str(k): {"cursor": int(v["cursor"]), "num_samples": int(v["num_samples"])}
+                   for k, v in state["sources"].items()}
+        phase = dict(state["phase"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StateError(f"mixture state is malformed ({type(exc).__name__}: {exc})",
+                         hint="pass the dict loader.state_dict() saved, unchanged") from None
+    if consumed < 0 or any(v["cursor"] < 0 or v["num_samples"] < 0 for v in sources.values()):
+        raise StateError(f"mixture state has a negative count: {state!r}",
+                         hint="pass the dict loader.state_dict() saved, unchanged")
+    return consumed, sources, phase
+
+
+def _schedule(phase: dict[str, Any]):
+    try:
+        return check_schedule(phase.get("schedule"))
+    except Exception:  # a malformed record never matches: a change, refused or continued
+        return None
+
+
+def continuable(builder, name: str, plan, split, matrix, blend: BlendedDataset, mids):
+    """``blend`` wrapped for schedules and mixture changes (called by the builder, train split
+    with a schedule or any blend with ``mixture_change="continue"``)."""
+    c = builder.config
+    prefixes = list(c_blend(c).prefixes)
+    schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
+    if schedule is None:
+        schedule = [(0, list(plan.weights))]
+        entries = [(list(range(len(prefixes))), plan)]
+    else:
+        entries = entry_plans(c, builder.sizes, prefixes, check_schedule(schedule, len(prefixes)))
+    members: list[Any] = [None] * len(prefixes)
+    prepared = [0] * len(prefixes)
+    for j, (ds, _, _) in enumerate(mids):
+        i = entries[0][0][j]
+        members[i], prepared[i] = ds, plan.datasets[j].num_samples
+    template = plan.datasets[0]
+
+    def rebuild(i: int, n: int):
+        mid = replace(template, prefix=prefixes[i], num_samples=n)
+        return builder._mid(name, mid, split, matrix)[0]
+
+    for i in range(len(prefixes)):
+        if members[i] is None:  # weight 0 in the first entry: prepared by its first positive one
+            e = next(e for e, (active, _) in enumerate(entries) if i in active)
+            active, p = entries[e]
+            prepared[i] = p.datasets[active.index(i)].num_samples
+            members[i] = rebuild(i, prepared[i])
+    keys = _distinct([str(p) for p in prefixes])
+    order = hashlib.sha256(
+        f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
+    ).hexdigest()[:16]
+    return ContinuableBlendedDataset(
+        blend, members, keys=keys, schedule=schedule, plans=entries, prepared=prepared,
+        rebuild=rebuild, allow_change=c.mixture_change == "continue", order=order,
+    )
+
+
+def mixture_mode(config) -> bool:
+    """Whether the builder wraps blends in ``ContinuableBlendedDataset``."""
+    return config.mixture_change == "continue" or config.weights_schedule is not None
+
+
+def first_entry_blend(config, blend: Blend | None) -> Blend | None:
+    """With a schedule, the blend Megatron builds first: the first entry's sources of positive
+    weight with those weights (the others join at their first positive entry)."""
+    if config.weights_schedule is None or blend is None:
+        return blend
+    weights = check_schedule(config.weights_schedule, len(blend.prefixes))[0][1]
+    active = [i for i, w in enumerate(weights) if w > 0]
+    return Blend(prefixes=tuple(blend.prefixes[i] for i in active),
+                 weights=tuple(weights[i] for i in active))
+
+
+def c_blend(config) -> Blend:
+    from .builder import _as_blend
+
+    blend = _as_blend(config.blend)
+    if blend is None:
+        raise ConfigError("a Megatron-order weights_schedule or mixture_change='continue'"
+                          " needs blend",
+                          hint="list the sources in blend (blend_per_split is not supported here)")
+    return blend
+
+
+def _distinct(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for s in names:
+        seen[s] = seen.get(s, 0) + 1
+        out.append(s if seen[s] == 1 else f"{s}#{seen[s]}")
+    return out

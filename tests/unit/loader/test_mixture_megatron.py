@@ -1,0 +1,151 @@
+"""Megatron-order mixture changes (issue 26, points 2-4): ``mixture_change="continue"`` continues
+each source's own Megatron order at its cursor under a new blending from the resume point; before
+the change the order is Megatron's; sources may be removed (cursor kept) and added; a schedule is
+the same stream as the phases resumed one by one; the default still refuses."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from test_mixture_resume import S, files  # noqa: F401  (files is a fixture)
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.errors import StateError
+from tokenload.index import build_blending_indices
+from tokenload.loader import build_dataloader
+
+SIZE = 640
+
+
+def megatron(files, weights: dict[str, float], *, schedule=None, change="continue", **kw):
+    blend = [x for name, w in weights.items() for x in (str(w), files[name])]
+    cfg = MegatronDataConfig(sequence_length=S, blend=blend, split="100,0,0", cache="off",
+                             mixture_change=change, weights_schedule=schedule, **kw)
+    return build_datasets(cfg, [SIZE, 0, 0])[0]
+
+
+def run(dataset, samples, state=None, *, dp=2, mbs=4, workers=0, skip=None):
+    """Token rows of the next ``samples`` global samples (all ranks, global order), the global
+    indices they are, and rank 0's state after."""
+    loaders = [build_dataloader(dataset, micro_batch_size=mbs, dp_rank=r, dp_size=dp,
+                                num_workers=workers, multiprocessing_context="fork")
+               for r in range(dp)]
+    for loader in loaders:
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        if skip:
+            loader.skip(samples=skip)
+    start = loaders[0].consumed_samples
+    iters = [iter(x) for x in loaders]
+    rows = [row for _ in range(samples // (dp * mbs)) for it in iters
+            for row in next(it)["tokens"].numpy().tolist()]
+    state = loaders[0].state_dict()
+    for x in loaders:
+        x.close()
+    return rows, list(range(start, start + len(rows))), state
+
+
+def prepared_sample(dataset, k):
+    """(source key, sample of its prepared order) of global sample k."""
+    which, within = dataset._locate(np.array([k]))
+    return dataset.sources[int(which[0])], int(within[0])
+
+
+PHASES = [
+    ({"a": 3, "b": 1, "c": 1}, 160, None),  # weights A
+    ({"a": 1, "c": 3}, 192, 64),  # weights B, b removed, a skip of 64
+    ({"a": 1, "b": 2, "c": 1, "d": 2}, 224, None),  # b back, d new
+]
+
+
+def _phases(files, dps=((4, 2), (2, 4), (8, 1))):
+    rows, ks, owners, state, members = [], [], [], None, {}
+    for (weights, samples, skip), (dp, mbs) in zip(PHASES, dps):
+        dataset = megatron(files, weights)
+        got, k, state = run(dataset, samples, state, dp=dp, mbs=mbs, skip=skip)
+        rows += got
+        ks += k
+        owners += [prepared_sample(dataset, i) for i in k]
+        for key, member in zip(dataset.sources, dataset.datasets):
+            members.setdefault(key, member)
+    return rows, ks, owners, state, members
+
+
+def test_each_source_continues_its_own_megatron_order_through_changes(files):
+    rows, ks, owners, state, members = _phases(files)
+    assert ks == list(range(160)) + list(range(224, 416)) + list(range(416, 640))
+    # phase 1 is Megatron's own order: the plain (refusing) blend's items
+    plain = megatron(files, PHASES[0][0], change="refuse")
+    assert type(plain).__name__ == "BlendedDataset"
+    theirs = plain.__getitems__(list(range(160)))["tokens"]
+    np.testing.assert_array_equal(np.array(rows[:160]), theirs)
+    # each source serves its prepared order 0, 1, 2, ... (the skip's samples are the only gap)
+    skipped = {}
+    dataset2 = megatron(files, PHASES[1][0])
+    dataset2.resume_mixture(run(megatron(files, PHASES[0][0]), 160)[2]["mixture"])
+    for k in range(160, 224):
+        key, s = prepared_sample(dataset2, k)
+        skipped.setdefault(key, []).append(s)
+    for key in members:
+        served = [s for owner, s in owners if owner == key] + skipped.get(key, [])
+        assert sorted(served) == list(range(len(served))), key
+    # the samples are the member's: its prepared order (built with phase 1's num_samples)
+    for row, (key, s) in list(zip(rows, owners))[::7]:
+        np.testing.assert_array_equal(row, members[key][s]["tokens"])
+    # phase 3's shares: Megatron's greedy for its weights, restarted at the resume point
+    shares = [owner for owner, _ in owners[160 + 192 :]]
+    third = megatron(files, PHASES[2][0])
+    di, _ = build_blending_indices(list(third.plans[0][1].weights), 224)
+    assert [third.sources.index(key) for key in shares] == di.tolist()
+    weights = np.array(list(PHASES[2][0].values())) / sum(PHASES[2][0].values())
+    m = np.arange(1, 225)[:, None]
+    error = np.cumsum(di[:, None] == np.arange(4), axis=0) - m * weights
+    assert (error < 1).all() and (error > -1.5).all()  # never one ahead, at most ~1.3 behind
+
+
+def test_a_schedule_is_the_same_stream_as_the_phases_resumed(files):
+    rows, ks, _, _, _ = _phases(files)
+    everyone = {"a": 1, "b": 1, "c": 1, "d": 1}  # the schedule replaces these weights
+    schedule = [(0, [3, 1, 1, 0]), (160, [1, 0, 3, 0]), (416, [1, 2, 1, 2])]
+    dataset = megatron(files, everyone, schedule=schedule, change="refuse")
+    got, _, state = run(dataset, 160, dp=4, mbs=2)
+    more, _, state = run(megatron(files, everyone, schedule=schedule), 192, state, dp=2, mbs=4,
+                         skip=64)
+    rest, _, _ = run(megatron(files, everyone, schedule=schedule), 224, state, dp=8, mbs=1)
+    assert got + more + rest == rows
+
+
+def test_resuming_a_changed_run_anywhere_continues_it_bit_exactly(files):
+    _, _, state = run(megatron(files, PHASES[0][0]), 160)
+    whole, _, _ = run(megatron(files, PHASES[1][0]), 240, state)
+    head, _, mid = run(megatron(files, PHASES[1][0]), 80, state, dp=1, mbs=8)
+    tail, _, _ = run(megatron(files, PHASES[1][0]), 160, mid, dp=4, mbs=2, workers=2)
+    assert head + tail == whole
+
+
+def test_the_default_refuses_a_change_as_megatron(files):
+    schedule = [(0, [1, 1]), (100, [1, 3])]
+    _, _, state = run(megatron(files, {"a": 1, "b": 1}, schedule=schedule, change="refuse"), 48)
+    other = megatron(files, {"a": 1, "b": 1}, schedule=[(0, [1, 1]), (100, [3, 1])],
+                     change="refuse")
+    loader = build_dataloader(other, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    with pytest.raises(StateError, match="other weights or sources") as err:
+        loader.load_state_dict(state)
+    assert "mixture_change='continue'" in str(err.value)
+
+
+def test_a_source_whose_prepared_order_runs_out_starts_it_again(files, caplog):
+    _, _, state = run(megatron(files, {"a": 20, "b": 1}), 320)
+    dataset = megatron(files, {"a": 1, "b": 20})  # b was prepared for a small share
+    with caplog.at_level(logging.WARNING, logger="tokenload.datasets.megatron_mixture"):
+        run(dataset, 320, state)
+    b = dataset.sources[1]
+    length = len(dataset.datasets[1])
+    served = [s for k in range(320, 640) for key, s in [prepared_sample(dataset, k)] if key == b]
+    first = dataset.source_cursors(320)[1]
+    assert served == [(first + j) % length for j in range(len(served))]
+    assert first + len(served) > length
+    assert "starts it again from its first sample" in caplog.text
