@@ -36,6 +36,7 @@ import mmap
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Callable
 
@@ -175,12 +176,14 @@ class RemoteBin(BinSource):
     def _part(self, out: memoryview, start: int) -> None:
         """One part of a chunk: bytes ``[start, start + len(out))`` into ``out``, checked."""
         end = start + len(out)
-        got, tag = self._request(start, end, lambda: ranged_get_into(self.path, start, out))
+        got, tag = self._request(
+            start, end, lambda: ranged_get_into(self.path, start, out, self.options))
         self._verify(start, end, got, tag)
 
     def _get(self, start: int, end: int) -> np.ndarray:
         """Bytes ``[start, end)`` as tokens, one ranged GET (a read outside the chunks)."""
-        data, tag = self._request(start, end, lambda: ranged_get(self.path, start, end))
+        data, tag = self._request(
+            start, end, lambda: ranged_get(self.path, start, end, self.options))
         self._verify(start, end, len(data), tag)
         return np.frombuffer(data, dtype=self.dtype)
 
@@ -206,7 +209,7 @@ class RemoteBin(BinSource):
         """The object changed since it was opened: say how (stat it again)."""
         was = f"{self.opened.size} bytes, ETag {self.opened.tag or '-'}"
         try:
-            now = info(self.path, StorageOptions(chunk_bytes=8, retries=0))
+            now = info(self.path, replace(self.options, retries=0))
             found = f"now {now.size} bytes, ETag {now.tag or '-'}"
         except StorageError as exc:
             found = "now gone" if "does not exist" in exc.message else f"now unreadable ({exc.message})"

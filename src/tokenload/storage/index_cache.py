@@ -65,7 +65,7 @@ def copy_path(url: str, size: int, tag: str, options: StorageOptions) -> str:
 
 
 def _download(url: str, local: str, size: int, options: StorageOptions) -> None:
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     folder = os.path.dirname(local)
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(local)}.tmp-")

@@ -28,12 +28,29 @@ TOKENLOAD_RETRIES               attempts after the first failed one (throttling,
                                 has never reached (refused, unknown host) after 3
 TOKENLOAD_RETRY_BACKOFF         seconds before the first retry; doubles each time  0.5
 TOKENLOAD_RETRY_MAX_BACKOFF     cap of one wait                                    20
+TOKENLOAD_CONNECT_TIMEOUT       seconds to wait for a connection to be accepted    5
+TOKENLOAD_READ_TIMEOUT          seconds to wait for the next bytes of an answer    20
+                                (the first byte, or the next of a body): a stuck
+                                request fails and is retried, never hangs
+TOKENLOAD_FIRST_CONTACT_TIMEOUT a ``tokenload`` command gives up on an endpoint    50
+                                that has never answered (accepts and stays silent,
+                                drops packets, refuses) after at most this long
 TOKENLOAD_CACHE_DIR             local folder of cached ``.idx`` copies             ~/.cache/tokenload
 ==============================  =================================================  ==============
+
+Bounds. One attempt of a request ends within CONNECT_TIMEOUT + READ_TIMEOUT seconds unless the
+server keeps sending bytes (25 s by default); a body that stops for READ_TIMEOUT seconds fails.
+A ``tokenload`` command (the CLI) whose endpoint has never answered stops retrying before
+FIRST_CONTACT_TIMEOUT: it makes no attempt that could end later (with the defaults, two attempts
+against a silent endpoint, about 41 s; a refused connection: 3 retries, about 4 s). Once an
+answer came, TOKENLOAD_RETRIES decides. A process whose reads have a time budget (the loader's
+``worker_timeout``, set through ``retry_reads_for``) retries for as long as the budget allows,
+instead of TOKENLOAD_RETRIES times, and raises the ``StorageError`` before the budget is spent.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -66,6 +83,12 @@ class StorageOptions:
     """Longest single wait."""
     cache_dir: str = ""
     """Folder of cached index files; empty means ``~/.cache/tokenload``."""
+    connect_timeout_s: float = 5.0
+    """Longest wait for a connection to be accepted."""
+    read_timeout_s: float = 20.0
+    """Longest wait for the next bytes of an answer."""
+    first_contact_s: float = 50.0
+    """How long a ``tokenload`` command tries an endpoint that has never answered."""
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 8 or self.chunk_bytes % 8:
@@ -84,6 +107,18 @@ class StorageOptions:
                 "retries, backoff and cache size must be >= 0",
                 hint="check TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF and TOKENLOAD_CHUNK_CACHE_BYTES",
             )
+        times = (self.connect_timeout_s, self.read_timeout_s, self.first_contact_s)
+        if not all(math.isfinite(t) and t > 0 for t in times):
+            raise ConfigError(
+                f"timeouts {times[0]}, {times[1]} and {times[2]} s, expected finite numbers > 0",
+                hint="set TOKENLOAD_CONNECT_TIMEOUT, TOKENLOAD_READ_TIMEOUT and"
+                " TOKENLOAD_FIRST_CONTACT_TIMEOUT to seconds (e.g. 5, 20, 50) or unset them",
+            )
+
+    @property
+    def attempt_s(self) -> float:
+        """Longest time one attempt of a request waits without receiving a byte."""
+        return self.connect_timeout_s + self.read_timeout_s
 
     @property
     def index_cache_dir(self) -> str:
@@ -104,11 +139,39 @@ class StorageOptions:
             backoff_s=_number(env, "TOKENLOAD_RETRY_BACKOFF", 0.5, float),
             max_backoff_s=_number(env, "TOKENLOAD_RETRY_MAX_BACKOFF", 20.0, float),
             cache_dir=env.get("TOKENLOAD_CACHE_DIR", ""),
+            connect_timeout_s=_number(env, "TOKENLOAD_CONNECT_TIMEOUT", 5.0, float),
+            read_timeout_s=_number(env, "TOKENLOAD_READ_TIMEOUT", 20.0, float),
+            first_contact_s=_number(env, "TOKENLOAD_FIRST_CONTACT_TIMEOUT", 50.0, float),
         )
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""
         return min(self.backoff_s * (2.0**attempt), self.max_backoff_s)
+
+
+#: Seconds a failing request of this process may be retried for, from its first attempt (None:
+#: TOKENLOAD_RETRIES times). Set by ``retry_reads_for``; a forked child inherits it.
+_read_window_s: float | None = None
+
+
+def retry_reads_for(seconds: float | None) -> None:
+    """From now on, in this process, retry a failing storage request for as long as ``seconds``
+    allows instead of TOKENLOAD_RETRIES times: a request that has not succeeded is given up, as a
+    ``StorageError``, when one more attempt (``attempt_s``, after its backoff) could end more than
+    ``seconds`` after its first attempt began. Each retry logs a warning saying how much of the
+    budget is left. None restores the count. The loader calls it in each worker (and in the
+    training process for in-process reads) with its ``worker_timeout``, so that a read of a stuck
+    server ends as a typed error before the watchdog takes the worker for a stalled one."""
+    global _read_window_s
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"a read retry budget of {seconds} s, expected a number > 0 or None",
+                          hint="pass worker_timeout as seconds > 0, or None to disable it")
+    _read_window_s = None if seconds is None else float(seconds)
+
+
+def read_retry_window() -> float | None:
+    """The budget ``retry_reads_for`` set in this process (None: retries are counted)."""
+    return _read_window_s
 
 
 def _flag(env, name: str) -> bool:

@@ -5,7 +5,12 @@ dropped connections) is retried with exponential backoff, logged and counted; a 
 (missing object, denied access, no credentials) raises at once. Either way the caller gets a
 ``StorageError`` naming the object and a hint, never a botocore or aiohttp exception. For S3 the
 client's own retry loops are reduced to one attempt so that ``TOKENLOAD_RETRIES`` is the one
-number that decides how long a dead server is waited for, and every retry is counted here.
+number that decides how long a dead server is waited for, and every retry is counted here. Every
+attempt has a connect and a read timeout (``TOKENLOAD_CONNECT_TIMEOUT``/``READ_TIMEOUT``): a server
+that accepts and never answers is a failed attempt, retried, then a ``StorageError``, never a hang.
+A ``tokenload`` command gives up on an endpoint that never answered within
+``TOKENLOAD_FIRST_CONTACT_TIMEOUT``; a process with a read budget (``options.retry_reads_for``,
+the loader's ``worker_timeout``) retries by time instead of by count.
 
 Clients (an fsspec filesystem for HEADs and index downloads; botocore's client for the ranged
 GETs of ``s3://``) are created on first use in the process that reads and kept per process id and
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from ..errors import StorageError, TokenloadError, require
-from .options import StorageOptions
+from .options import StorageOptions, read_retry_window
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -42,8 +48,9 @@ _STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "dir
 # each) share it, and a full pool closes the connections it cannot keep (botocore's default is 10)
 _POOL = 64
 
-_CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network; the"
-                 " server did not answer after the retries (TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF)")
+_CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network;"
+                 " the server did not answer after the retries (TOKENLOAD_RETRIES,"
+                 " TOKENLOAD_RETRY_BACKOFF, TOKENLOAD_CONNECT_TIMEOUT, TOKENLOAD_READ_TIMEOUT)")
 _CREDENTIALS_HINT = ("check the bucket's name (some servers deny access to a bucket that does not exist) and"
                      " the credentials the client library finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
                      " AWS_PROFILE, ~/.aws/credentials): they must be allowed to read it, and to write it for outputs")
@@ -66,19 +73,19 @@ def stats() -> dict[str, int]:
         return {name: int(_STATS[name]) for name in _STAT_NAMES}
 
 
-def filesystem(url: str) -> tuple[Any, str]:
-    """``(fs, path)`` for ``url``, created in this process on first use."""
+def filesystem(url: str, options: StorageOptions | None = None) -> tuple[Any, str]:
+    """``(fs, path)`` for ``url``, created in this process on first use (with the timeouts of
+    ``options``, by default the environment's)."""
     fsspec = require("fsspec", "s3", f"reading {url}")
     protocol = url.split("://", 1)[0]
+    options = options or StorageOptions.from_env()
     kwargs: dict[str, Any] = {}
     if protocol in ("s3", "s3a"):
         require("s3fs", "s3", f"reading {url}")
-        # one attempt in s3fs and botocore each: the retries are ours, counted and logged
-        kwargs = {"config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"},
-                                    "connect_timeout": 10, "read_timeout": 60}}
+        kwargs = {"config_kwargs": _client_config(options)}
     # fsspec's instance cache ignores the environment, so a process that changes AWS_* (another
     # endpoint or key) would keep talking to the first server: keyed here by it too, in memory only
-    key = (os.getpid(), protocol, _environment())
+    key = (os.getpid(), protocol, _environment(), options.connect_timeout_s, options.read_timeout_s)
     fs = _FILESYSTEMS.get(key)
     try:
         if fs is None:
@@ -93,7 +100,15 @@ def filesystem(url: str) -> tuple[Any, str]:
                            hint="check the URL's protocol and that its fsspec package is installed") from None
 
 
-def ranged_get(url: str, start: int, end: int) -> tuple[bytes, str | None]:
+def _client_config(options: StorageOptions) -> dict[str, Any]:
+    """botocore's settings: one attempt (``total_max_attempts``; its ``max_attempts`` counts
+    retries, and 1 made every attempt two, 2 x 60 s against a silent server) and our timeouts."""
+    return {"retries": {"total_max_attempts": 1, "mode": "standard"},
+            "connect_timeout": options.connect_timeout_s, "read_timeout": options.read_timeout_s}
+
+
+def ranged_get(url: str, start: int, end: int,
+               options: StorageOptions | None = None) -> tuple[bytes, str | None]:
     """Bytes ``[start, end)`` of ``url`` and the ETag the answer carried (None if unknown).
 
     ``s3://`` goes straight to botocore (the client boto3 wraps): measured on SeaweedFS, s3fs's
@@ -103,15 +118,17 @@ def ranged_get(url: str, start: int, end: int) -> tuple[bytes, str | None]:
     if protocol in ("s3", "s3a"):
         bucket, _, key = rest.partition("/")
         try:
-            answer = _botocore().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+            answer = _botocore(options).get_object(Bucket=bucket, Key=key,
+                                                   Range=f"bytes={start}-{end - 1}")
             return answer["Body"].read(), str(answer.get("ETag", "")).strip('"') or None
         except Exception as exc:
             raise _translated(exc) from None
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     return fs.cat_file(path, start=start, end=end), None
 
 
-def ranged_get_into(url: str, start: int, out: memoryview) -> tuple[int, str | None]:
+def ranged_get_into(url: str, start: int, out: memoryview,
+                    options: StorageOptions | None = None) -> tuple[int, str | None]:
     """Bytes ``[start, start + len(out))`` of ``url`` written into ``out``: how many the server
     sent (fewer when the object is now shorter) and the answer's ETag (None if unknown).
 
@@ -123,12 +140,13 @@ def ranged_get_into(url: str, start: int, out: memoryview) -> tuple[int, str | N
     end = start + len(out)
     protocol, rest = url.split("://", 1)
     if protocol not in ("s3", "s3a"):
-        data, tag = ranged_get(url, start, end)
+        data, tag = ranged_get(url, start, end, options)
         out[: len(data)] = data
         return len(data), tag
     bucket, _, key = rest.partition("/")
     try:
-        answer = _botocore().get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        answer = _botocore(options).get_object(Bucket=bucket, Key=key,
+                                               Range=f"bytes={start}-{end - 1}")
     except Exception as exc:
         raise _translated(exc) from None
     tag = str(answer.get("ETag", "")).strip('"') or None
@@ -161,15 +179,16 @@ def _fill(source: Any, out: memoryview) -> None:
         got += n
 
 
-def _botocore():
-    key = ("botocore", os.getpid(), _environment())
+def _botocore(options: StorageOptions | None = None):
+    options = options or StorageOptions.from_env()
+    key = ("botocore", os.getpid(), _environment(), options.connect_timeout_s,
+           options.read_timeout_s)
     client = _FILESYSTEMS.get(key)
     if client is None:
         session = require("botocore.session", "s3", "reading s3:// token files")
         config = require("botocore.config", "s3", "reading s3:// token files")
         client = _FILESYSTEMS[key] = session.get_session().create_client("s3", config=config.Config(
-            retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60,
-            max_pool_connections=_POOL))
+            **_client_config(options), max_pool_connections=_POOL))
     return client
 
 
@@ -200,7 +219,7 @@ class ObjectInfo:
 
 def info(url: str, options: StorageOptions) -> ObjectInfo:
     """Size and ETag (or mtime) of ``url``, one HEAD, retried like a GET."""
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     found = call(url, "read the object's size", lambda: fs.info(path, refresh=True), options)
     if found.get("type") == "directory":
         raise StorageError("is a folder, expected an object", path=url,
@@ -209,32 +228,63 @@ def info(url: str, options: StorageOptions) -> ObjectInfo:
     return ObjectInfo(int(found["size"]), str(tag).strip('"'))
 
 
-#: Retries of a connection that cannot be made (refused, unresolvable host) while this process
-#: has not reached the server once; None: all of TOKENLOAD_RETRIES. The CLI sets a few: a command
-#: whose first request cannot connect has a mistyped endpoint far more often than a restarting
-#: server, and should not sit through a minute of backoff. A training process keeps every retry,
-#: since a server restarting under a running job is what they are for.
+#: Retries of an endpoint that has not answered (refused, unresolvable host, silent) while this
+#: process has had no answer yet; None: all of TOKENLOAD_RETRIES. The CLI sets a few, and then
+#: also gives up after TOKENLOAD_FIRST_CONTACT_TIMEOUT: a command whose first request gets no
+#: answer has a mistyped or black-holed endpoint far more often than a restarting server, and
+#: should not sit through minutes of backoff. A training process keeps every retry, since a
+#: server restarting under a running job is what they are for.
 _first_contact_retries: int | None = None
 _reached_in: int | None = None  # the process id that has had an answer from a server
+_silent_since: tuple[int, float] | None = None  # (pid, start of its first attempt without answer)
+_gave_up: tuple[int, str] | None = None  # (pid, why): this command gave up on the endpoint
+
+#: Names of the exceptions (or their causes) of a request that got no answer at all.
+_NO_ANSWER = {"EndpointConnectionError", "ConnectionRefusedError", "ClientConnectorError",
+              "ClientConnectorDNSError", "gaierror", "NameResolutionError", "ConnectTimeoutError",
+              "ReadTimeoutError", "ConnectTimeout", "ReadTimeout", "TimeoutError", "timeout",
+              "ServerTimeoutError", "ConnectionClosedError", "ServerDisconnectedError",
+              "RemoteDisconnected", "ConnectionResetError"}
 
 
 def fail_fast_before_first_contact(retries: int | None) -> None:
-    """Retry an unreachable endpoint only ``retries`` times until a first request succeeds."""
-    global _first_contact_retries
+    """Until a first answer, retry an endpoint that does not answer only ``retries`` times, and
+    no longer than TOKENLOAD_FIRST_CONTACT_TIMEOUT in all (None: no such limit)."""
+    global _first_contact_retries, _silent_since, _gave_up
     _first_contact_retries = retries
+    _silent_since = _gave_up = None
 
 
-def _unreachable(exc: BaseException) -> bool:
-    """Whether no connection could be made at all (as opposed to one that failed midway)."""
-    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
-    return bool(names & {"EndpointConnectionError", "ConnectionRefusedError", "ClientConnectorError",
-                         "ClientConnectorDNSError", "gaierror", "NameResolutionError"})
+def _causes(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(seen) < 8:
+        e = todo.pop()
+        if e is not None and all(e is not s for s in seen):
+            seen.append(e)
+            todo += [e.__cause__, e.__context__]
+    return seen
+
+
+def _no_answer(exc: BaseException) -> bool:
+    """Whether the server sent nothing: no connection, or a connection that timed out or closed
+    before an answer (as opposed to an HTTP error, which is an answer)."""
+    return any(type(e).__name__ in _NO_ANSWER for e in _causes(exc))
+
+
+def _failing_fast() -> bool:
+    """Whether this process is a command that has not heard from its endpoint yet."""
+    return _first_contact_retries is not None and _reached_in != os.getpid()
 
 
 def call(url: str, action: str, fn: Callable[[], T], options: StorageOptions) -> T:
     """``fn()`` with retries of transient failures; any failure ends as a StorageError."""
-    global _reached_in
-    for attempt in range(options.retries + 1):
+    global _reached_in, _silent_since, _gave_up
+    if _failing_fast() and _gave_up is not None and _gave_up[0] == os.getpid():
+        raise StorageError(f"cannot {action}: {_gave_up[1]}", path=url, hint=_CONNECT_HINT)
+    started = time.monotonic()
+    for attempt in itertools.count():
+        begun = time.monotonic()
         try:
             result = fn()
             _reached_in = os.getpid()
@@ -242,22 +292,55 @@ def call(url: str, action: str, fn: Callable[[], T], options: StorageOptions) ->
         except TokenloadError:
             raise
         except Exception as exc:
+            silent = _no_answer(exc)
+            if not silent:
+                _reached_in = os.getpid()  # an HTTP error is an answer: the endpoint is there
             if not transient(exc):
                 raise permanent_error(exc, url, action) from None
-            limit = options.retries
-            if _first_contact_retries is not None and _reached_in != os.getpid() and _unreachable(exc):
-                limit = min(limit, _first_contact_retries)
-            if attempt >= limit:
-                raise StorageError(
-                    f"cannot {action}: {_reason(exc)}, still after {attempt} retries",
-                    path=url, hint=_CONNECT_HINT,
-                ) from None
             wait = options.backoff(attempt)
+            first_silence = _silent_since is None or _silent_since[0] != os.getpid()
+            if silent and _failing_fast() and first_silence:
+                _silent_since = (os.getpid(), begun)
+            stop, limit = _stop(attempt, wait, started, silent, options)
+            if stop is not None:
+                if silent and _failing_fast():
+                    why = f"no answer from the endpoint ({_reason(exc)}), {stop}"
+                    _gave_up = (os.getpid(), why)
+                raise StorageError(f"cannot {action}: {_reason(exc)}, {stop}", path=url,
+                                   hint=_CONNECT_HINT) from None
             count("retries")
-            logger.warning("%s: cannot %s (%s); retry %d of %d in %.1f s", url, action, _reason(exc),
+            logger.warning("%s: cannot %s (%s); retry %d %s in %.1f s", url, action, _reason(exc),
                            attempt + 1, limit, wait)
             time.sleep(wait)
     raise AssertionError("unreachable")
+
+
+def _stop(attempt: int, wait: float, started: float, silent: bool,
+          options: StorageOptions) -> tuple[str | None, str]:
+    """Why a request that failed ``attempt + 1`` times is given up (None: retried), and how the
+    retry warning states the limit."""
+    now = time.monotonic()
+    fail_fast = _first_contact_retries is not None and _silent_since is not None
+    if silent and _failing_fast() and fail_fast:
+        quiet = now - _silent_since[1]
+        most = min(options.retries, _first_contact_retries)
+        if attempt >= most:
+            return f"still after {attempt} retries", ""
+        if quiet + wait + options.attempt_s > options.first_contact_s:
+            return (f"still after {attempt} retries and {quiet:.1f} s without an answer (a command"
+                    " gives up on an endpoint that never answered within"
+                    f" TOKENLOAD_FIRST_CONTACT_TIMEOUT, {options.first_contact_s:g} s)"), ""
+        return None, f"of {most}"
+    window = read_retry_window()
+    if window is not None:
+        spent = now - started
+        if spent + wait + options.attempt_s > window:
+            return (f"still after {attempt} retries in {spent:.1f} s (reads are retried for up to"
+                    f" {window:g} s, the loader's worker_timeout)"), ""
+        return None, f"(retrying for up to {window - spent:.0f} s more)"
+    if attempt >= options.retries:
+        return f"still after {attempt} retries", ""
+    return None, f"of {options.retries}"
 
 
 def transient(exc: BaseException) -> bool:

@@ -1,0 +1,162 @@
+"""An S3 endpoint that accepts connections and never answers (a black-holed load balancer, a
+stuck proxy): each attempt ends at the read timeout, is retried, and ends as a StorageError; a
+command gives up within TOKENLOAD_FIRST_CONTACT_TIMEOUT; a process with a read budget
+(``retry_reads_for``, the loader's worker_timeout) retries by time and ends before the budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from tokenload.errors import ConfigError, StorageError
+from tokenload.storage import remote
+from tokenload.storage.options import StorageOptions, read_retry_window, retry_reads_for
+
+URL = "s3://bucket/data/file.idx"
+
+
+class SilentServer:
+    """Accepts every connection on 127.0.0.1 and never sends a byte; counts the connections."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            if select.select([self.sock], [], [], 0.05)[0]:
+                self.accepted.append(self.sock.accept()[0])
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        for conn in [*self.accepted, self.sock]:
+            conn.close()
+
+
+@pytest.fixture
+def silent(monkeypatch):
+    server = SilentServer()
+    values = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}", "AWS_ACCESS_KEY_ID": "k",
+              "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1",
+              "TOKENLOAD_CONNECT_TIMEOUT": "0.5", "TOKENLOAD_READ_TIMEOUT": "0.5",
+              "TOKENLOAD_RETRY_BACKOFF": "0.05", "TOKENLOAD_RETRY_MAX_BACKOFF": "0.2"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield server
+    finally:
+        remote.fail_fast_before_first_contact(None)
+        retry_reads_for(None)
+        server.close()
+
+
+def _warm(silent: SilentServer, options: StorageOptions) -> int:
+    """Create this process's clients (imports and setup take seconds on a loaded machine) with one
+    failed request of each kind, so that the timed requests time only the server's silence;
+    returns the connections made so far."""
+    once = dataclasses.replace(options, retries=0)
+    for fn in (lambda: remote.info(URL, once), lambda: remote.ranged_get(URL, 0, 10, once)):
+        with pytest.raises(Exception):
+            remote.call(URL, "warm up", fn, once)
+    remote.fail_fast_before_first_contact(None)
+    return len(silent.accepted)
+
+
+def _timed(fn):
+    start = time.monotonic()
+    with pytest.raises(StorageError) as caught:
+        fn()
+    return caught.value, time.monotonic() - start
+
+
+@pytest.mark.parametrize("request_kind", ["head", "ranged_get"])
+def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(silent, monkeypatch, request_kind):
+    """One connection per attempt: botocore's own retry (its ``max_attempts`` counts retries, so
+    1 doubled every attempt, 2 x 60 s) is off, and the read timeout ends each one."""
+    monkeypatch.setenv("TOKENLOAD_RETRIES", "2")
+    options = StorageOptions.from_env()
+    before = _warm(silent, options)
+    if request_kind == "head":
+        error, took = _timed(lambda: remote.info(URL, options))
+    else:
+        error, took = _timed(lambda: remote.call(URL, "read it", lambda: remote.ranged_get(
+            URL, 0, 10, options), options))
+    assert "still after 2 retries" in error.message and "Timeout" in error.message
+    assert error.path == URL and "TOKENLOAD_READ_TIMEOUT" in error.hint
+    assert len(silent.accepted) - before == 3
+    assert 3 * 0.5 <= took < 3 * 0.5 + 5.0  # three timeouts, two short backoffs (and a busy machine)
+
+
+def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeout(silent, monkeypatch):
+    """The CLI's mode: 8 retries allowed, but no attempt starts that could end after
+    TOKENLOAD_FIRST_CONTACT_TIMEOUT; later requests of the command give up at once."""
+    monkeypatch.setenv("TOKENLOAD_READ_TIMEOUT", "1")
+    monkeypatch.setenv("TOKENLOAD_FIRST_CONTACT_TIMEOUT", "4")
+    options = StorageOptions.from_env()
+    before = _warm(silent, options)
+    remote.fail_fast_before_first_contact(8)
+    error, took = _timed(lambda: remote.info(URL, options))
+    assert took <= 4.0 + 1.0 and len(silent.accepted) - before >= 2
+    assert "without an answer" in error.message and "TOKENLOAD_FIRST_CONTACT_TIMEOUT" in error.message
+    again, took_again = _timed(lambda: remote.info(URL.replace("file", "other"), options))
+    assert took_again < 0.1 and "no answer from the endpoint" in again.message
+    assert again.path.endswith("other.idx")
+
+
+def test_a_library_process_keeps_its_retries_on_a_silent_endpoint(silent, monkeypatch):
+    """Without the CLI's fail-fast (a training job), TOKENLOAD_RETRIES decides, not the
+    first-contact bound."""
+    monkeypatch.setenv("TOKENLOAD_FIRST_CONTACT_TIMEOUT", "0.5")
+    monkeypatch.setenv("TOKENLOAD_RETRIES", "3")
+    options = StorageOptions.from_env()
+    before = _warm(silent, options)
+    error, _ = _timed(lambda: remote.info(URL, options))
+    assert "still after 3 retries" in error.message and len(silent.accepted) - before == 4
+
+
+def test_a_read_budget_retries_by_time_and_ends_before_it(silent, monkeypatch, caplog):
+    """``retry_reads_for`` (the loader's worker_timeout): retries beyond TOKENLOAD_RETRIES while
+    the budget allows, a warning for each saying how long is left, the error before the budget."""
+    caplog.set_level(logging.WARNING, logger="tokenload")
+    monkeypatch.setenv("TOKENLOAD_RETRIES", "0")
+    options = StorageOptions.from_env()
+    before = _warm(silent, options)
+    caplog.clear()
+    retry_reads_for(5.0)
+    assert read_retry_window() == 5.0
+    error, took = _timed(lambda: remote.call(URL, "read bytes [0, 10)", lambda: remote.ranged_get(
+        URL, 0, 10, options), options))
+    assert took <= 5.0 + 1.0  # no attempt starts that could end after the budget
+    made = len(silent.accepted) - before
+    assert made >= 2  # TOKENLOAD_RETRIES=0, yet retried within the budget
+    assert "reads are retried for up to 5 s" in error.message and "worker_timeout" in error.message
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == made - 1
+    assert all("retrying for up to" in w and "s more" in w for w in warnings)
+
+
+def test_bad_timeouts_and_budgets_are_config_errors(monkeypatch):
+    for name, value in (("TOKENLOAD_READ_TIMEOUT", "0"), ("TOKENLOAD_CONNECT_TIMEOUT", "inf"),
+                        ("TOKENLOAD_FIRST_CONTACT_TIMEOUT", "-1")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(ConfigError) as caught:
+            StorageOptions.from_env()
+        assert name in caught.value.hint
+        monkeypatch.delenv(name)
+    for budget in (0, -5, float("nan"), float("inf")):
+        with pytest.raises(ConfigError):
+            retry_reads_for(budget)
+    assert read_retry_window() is None
