@@ -28,6 +28,13 @@ Where this sits in Lightning's loop (read from lightning 2.6's ``Trainer._run`` 
   state (0 once a pass is finished, when Lightning begins a new epoch). This bookkeeping only
   keeps Lightning's epoch numbering equal to an uninterrupted run's; the samples never depend on it.
 
+While training, the loader's metrics go to the trainer's loggers (CSV, TensorBoard, W&B, ...)
+every ``Trainer(log_every_n_steps=...)`` optimizer steps, at ``trainer.global_step``, as the scalars
+of ``integrations.scalars.loader_scalars`` (``tokenload/data_wait_share``,
+``tokenload/samples_per_s``, ``tokenload/tokens/{source}``, ``tokenload/worker_restarts``, ...):
+this rank's loader, written by global rank 0 as Lightning's loggers are. ``log_metrics=False``
+turns it off.
+
 A pass of the training loader runs from where the order stands to the end of the dataset
 ("single": the dataset's length already holds its epochs) or of the current random epoch
 ("cyclic"); each new Lightning epoch continues the order, never restarts it. When the single
@@ -44,6 +51,7 @@ from typing import Any
 
 from ..errors import ConfigError, StateError, require
 from ..loader import LoaderConfig, TokenloadDataLoader, build_dataloader
+from .scalars import loader_scalars
 
 _pl = require("lightning.pytorch", "lightning", "TokenloadDataModule")
 
@@ -71,12 +79,14 @@ class TokenloadDataModule(_pl.LightningDataModule):
         micro_batch_size: int,
         global_batch_size: int | None = None,
         consumed_samples: int = 0,
+        log_metrics: bool = True,
         **loader_options: Any,
     ) -> None:
         """``train``/``val``/``test``: datasets or factories (e.g. the splits of one blend).
         ``global_batch_size``: samples per optimizer step over all ranks; it must equal
         ``micro_batch_size * world_size * accumulate_grad_batches`` (None derives it).
         ``consumed_samples``: where a fresh fit starts in the order (a checkpoint overrides it).
+        ``log_metrics``: log the loader's metrics through the trainer's loggers while training.
         ``loader_options``: further ``LoaderConfig`` fields (num_workers, kind, ...)."""
         super().__init__()
         LoaderConfig(micro_batch_size=micro_batch_size, **loader_options)  # fail at construction
@@ -90,6 +100,8 @@ class TokenloadDataModule(_pl.LightningDataModule):
         self.global_batch_size = global_batch_size
         self.consumed_samples = consumed_samples
         self.loader_options = dict(loader_options)
+        self.log_metrics = log_metrics
+        self._logged_step: int | None = None
         self._sources = {"train": train, "val": val, "test": test}
         self._datasets: dict[str, Any] = {}
         self._train: _TrainLoader | None = None
@@ -113,7 +125,9 @@ class TokenloadDataModule(_pl.LightningDataModule):
             )
         restored = self._restored if self._restored is not None else self._fit_loop_state()
         loader = _TrainLoader(
-            self._build(dataset, self._start_samples(restored is not None)), self._exhausted
+            self._build(dataset, self._start_samples(restored is not None)),
+            self._exhausted,
+            self._log_loader_metrics if self.log_metrics else None,
         )
         if restored is not None:
             loader.load_state_dict(restored)
@@ -187,6 +201,20 @@ class TokenloadDataModule(_pl.LightningDataModule):
         )
         if self.trainer is not None:
             self.trainer.should_stop = True
+
+    def _log_loader_metrics(self, loader: TokenloadDataLoader) -> None:
+        """At a batch handed to training: the loader's scalars to every logger of the trainer,
+        once per ``log_every_n_steps`` optimizer steps (Lightning's own logging cadence)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.loggers:
+            return
+        step = trainer.global_step
+        if step % max(1, trainer.log_every_n_steps) or step == self._logged_step:
+            return
+        self._logged_step = step
+        values = loader_scalars(loader.metrics())
+        for logger_ in trainer.loggers:
+            logger_.log_metrics(values, step=step)
 
     def _fit_loop_state(self) -> dict[str, Any] | None:
         """The fit loop's copy of the loader state when the checkpoint lacks this DataModule's entry
@@ -293,10 +321,14 @@ class _TrainLoader(_LoaderView):
     from the pass's start; its state records how far into the pass it is (see the module doc)."""
 
     def __init__(
-        self, loader: TokenloadDataLoader, on_exhausted: Callable[[int, int], None] | None = None
+        self,
+        loader: TokenloadDataLoader,
+        on_exhausted: Callable[[int, int], None] | None = None,
+        on_batch: Callable[[TokenloadDataLoader], None] | None = None,
     ) -> None:
         super().__init__(loader)
         self._on_exhausted = on_exhausted
+        self._on_batch = on_batch
         self._in_pass = 0  # batches handed out in the current pass
         self._pass_len: int | None = None  # batches of the current pass, fixed when it starts
         self._resumed = False
@@ -324,6 +356,8 @@ class _TrainLoader(_LoaderView):
             self._pass_len = self._in_pass + len(self.loader)
         for batch in self.loader:
             self._in_pass += 1
+            if self._on_batch is not None:
+                self._on_batch(self.loader)
             yield batch
 
     def state_dict(self) -> dict[str, Any]:
