@@ -121,6 +121,7 @@ def test_a_missing_sequences_object_is_one_config_error(files):
 def test_prepare_cache_on_s3_prefixes_into_a_local_folder(files, reference, tmp_path):
     _, remote = files
     cache = tmp_path / "cache"
+    cache.mkdir()  # prepare-cache, like every command, writes into an existing folder
     done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", cache)
     assert done.returncode == 0, done.stderr
     assert len(list(cache.glob("*-description.txt"))) == 3 * (2 + 1)  # per split: 2 prefixes and their blend

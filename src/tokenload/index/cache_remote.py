@@ -9,6 +9,16 @@ the arrays, the tokenload sidecar, and Megatron's description last. Whatever a k
 upload leaves lacks its description, which is Megatron's and tokenload's test of completeness, so
 it is never loaded. The build manifest goes up after every cache it names (``datasets.manifest``).
 
+Several writers of one cache (two ``prepare-cache`` runs of one job, started together): each
+stages in a folder of its own (``storage.upload.temporary_folder``, named by host and process), so
+none removes another's staged files. Before publishing, a writer reads the bucket's description
+and sidecar: when both are byte for byte its own, another writer has published the same cache
+(or a rebuild repairs a damaged array); the writer then only uploads its arrays again (the same
+bytes, or a repair) and leaves the description and sidecar in place, so no reader sees the cache
+vanish, and it logs that it found the cache published. A description that differs is deleted
+first as before. A description goes up only after all of its writer's arrays and sidecar, so
+failed writers, however they interleave, leave no cache a reader takes for complete.
+
 Reading: each file is copied once per node into the local copy cache keyed by its URL and ETag
 (``storage.cached_copy``, under a lock, so concurrent ranks download once), and the copies are
 checked and mapped exactly as a local cache's files. A replaced object has another ETag, hence
@@ -18,12 +28,15 @@ another copy: a stale copy is never read.
 from __future__ import annotations
 
 import contextlib
-import os
+import logging
+import shutil
 from collections.abc import Iterator
 
-from ..errors import CacheError
-from ..storage.upload import copy_or_none, remove_object, staging_folder, upload_file
+from ..errors import CacheError, StorageError
+from ..storage.upload import copy_or_none, read_object, remove_object, temporary_folder, upload_file
 from .cache import CacheFiles
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["local_copies", "publish_cache", "staged_cache"]
 
@@ -43,17 +56,18 @@ def local_copies(files: CacheFiles) -> dict[str, str | None]:
 
 @contextlib.contextmanager
 def staged_cache(files: CacheFiles) -> Iterator[CacheFiles]:
-    """Local files to write the cache ``files`` (in a bucket) to; their staged copies are removed
-    when the block ends, published or not."""
-    local = CacheFiles(directory=staging_folder(files.directory), hash=files.hash, class_name=files.class_name,
-                       split=files.split, arrays=files.arrays)
-    hint = (f"a cache bound for a bucket is made in the local staging folder {local.directory} first: set"
-            " TOKENLOAD_STAGING_DIR to a writable local folder")
+    """Local files to write the cache ``files`` (in a bucket) to, in a staging folder of this
+    writer's own, removed when the block ends, published or not."""
+    hint = ("a cache bound for a bucket is made in a local staging folder first (under"
+            " TOKENLOAD_STAGING_DIR, by default the temporary folder): set TOKENLOAD_STAGING_DIR"
+            " to a writable local folder")
     try:
-        os.makedirs(local.directory, exist_ok=True)
-    except OSError as exc:
-        raise CacheError(f"cannot make the staging folder of the cache ({exc.strerror or exc})",
+        folder = temporary_folder(".cache-")
+    except StorageError as exc:
+        raise CacheError(f"cannot make the staging folder of the cache ({exc.message})",
                          path=files.directory, hint=hint) from None
+    local = CacheFiles(directory=folder, hash=files.hash, class_name=files.class_name,
+                       split=files.split, arrays=files.arrays)
     try:
         yield local
     except CacheError as exc:
@@ -61,17 +75,28 @@ def staged_cache(files: CacheFiles) -> Iterator[CacheFiles]:
             raise
         raise CacheError(exc.message, path=files.directory, hint=hint) from None
     finally:
-        for suffix in ("description.txt", "tokenload.json", *(f"{name}.npy" for name in files.arrays)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(local.path(suffix))
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-def publish_cache(local: CacheFiles, remote: CacheFiles) -> None:
-    """Upload a complete local cache to ``remote``: the old description deleted first, then the
-    arrays, the sidecar, and the description last (see the module docstring)."""
-    remove_object(remote.description)
+def publish_cache(local: CacheFiles, remote: CacheFiles) -> bool:
+    """Upload a complete local cache to ``remote`` (see the module docstring): the arrays, the
+    sidecar and the description last, after deleting a different description. False when the
+    same cache was found published already (its arrays are uploaded again, nothing else)."""
+    with open(local.description, "rb") as f:
+        description = f.read()
+    with open(local.sidecar, "rb") as f:
+        sidecar = f.read()
+    published = read_object(remote.description)  # None when absent; other failures raise
+    same = published == description and read_object(remote.sidecar) == sidecar
+    if published is not None and not same:
+        remove_object(remote.description)
     for name in remote.arrays:
         upload_file(local.array(name), remote.array(name))
+    if same:
+        logger.info("index cache %s was already published with the same description and sidecar"
+                    " (by another writer, or damaged): kept them, uploaded its arrays again",
+                    remote.description)
+        return False
     upload_file(local.sidecar, remote.sidecar)
     upload_file(local.description, remote.description)
-
+    return True

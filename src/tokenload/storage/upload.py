@@ -39,7 +39,7 @@ TOKEN_FILE_SUFFIXES = (".bin", ".json", ".idx")
 def upload_file(local: str, url: str, options: StorageOptions | None = None) -> None:
     """Upload ``local`` to ``url`` as one object (visible whole or not at all), with retries."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     call(url, "upload it", lambda: fs.put_file(local, path), options)
     logger.debug("uploaded %s (%d bytes) to %s", local, os.path.getsize(local), url)
 
@@ -47,21 +47,21 @@ def upload_file(local: str, url: str, options: StorageOptions | None = None) -> 
 def upload_bytes(data: bytes, url: str, options: StorageOptions | None = None) -> None:
     """Write ``data`` as the object ``url`` (one PUT), with retries."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     call(url, "write it", lambda: fs.pipe_file(path, data), options)
 
 
 def remove_object(url: str, options: StorageOptions | None = None) -> None:
     """Delete ``url``; one that does not exist is fine (one request, no HEAD first)."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     call(url, "delete it", _removal(fs.rm_file, path), options)
 
 
 def object_exists(url: str, options: StorageOptions | None = None) -> bool:
     """Whether an object (not a folder) exists at ``url``; asks the server, never a listing cache."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
 
     def probe() -> bool:
         try:
@@ -76,7 +76,7 @@ def list_objects(url: str, options: StorageOptions | None = None) -> list[str]:
     """URLs of the objects directly under the folder ``url`` (empty when there is none); the
     entry ``FOLDER/`` some servers list for an emptied folder is not an object."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     protocol = url.split("://", 1)[0]
 
     def listing() -> list[str]:
@@ -108,7 +108,7 @@ def remove_objects(urls: list[str], options: StorageOptions | None = None) -> No
     if not urls:
         return
     options = options or StorageOptions.from_env()
-    fs, _ = filesystem(urls[0])
+    fs, _ = filesystem(urls[0], options)
     paths = [fs._strip_protocol(url) for url in urls]
     for start in range(0, len(paths), 1000):
         call(urls[0], "delete objects", _removal(fs.rm, paths[start : start + 1000]), options)
@@ -118,7 +118,7 @@ def remove_folder(url: str, options: StorageOptions | None = None) -> None:
     """Delete the entry ``url/`` that a server with real folders (SeaweedFS's filer) keeps and
     lists after the last object under ``url`` was deleted; on S3 itself there is none."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     call(url, "delete the emptied folder", _removal(fs.rm_file, path + "/"), options)
 
 
@@ -135,19 +135,23 @@ def _removal(remove, what) -> Callable[[], None]:
 def copy_or_none(url: str, options: StorageOptions | None = None) -> str | None:
     """The node's local copy of ``url`` (``index_cache.cached_copy``), or None when no such object
     exists: one HEAD when it does, a second only to tell a missing object from another failure,
-    which is raised."""
+    which is raised. An object that appears between the two looks (another writer publishing
+    it) is copied."""
     try:
         return cached_copy(url, options)
-    except StorageError:
+    except StorageError as exc:
         if not object_exists(url, options):
             return None
-        raise
+        if "does not exist" not in exc.message:
+            raise
+    # missing at the first look, there at the second: another writer published it meanwhile
+    return cached_copy(url, options)
 
 
 def read_object(url: str, options: StorageOptions | None = None) -> bytes | None:
     """The bytes of the object ``url``, or None when there is no such object."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
 
     def read() -> bytes | None:
         try:
@@ -163,7 +167,7 @@ def read_objects(urls: list[str], options: StorageOptions | None = None) -> dict
     if not urls:
         return {}
     options = options or StorageOptions.from_env()
-    fs, _ = filesystem(urls[0])
+    fs, _ = filesystem(urls[0], options)
     by_path = {fs._strip_protocol(url): url for url in urls}
     found = call(urls[0], "read objects", lambda: fs.cat(list(by_path), on_error="omit"), options)
     return {by_path[path]: data for path, data in found.items() if isinstance(data, bytes)}
@@ -172,7 +176,7 @@ def read_objects(urls: list[str], options: StorageOptions | None = None) -> dict
 def download_file(url: str, local: str, options: StorageOptions | None = None) -> None:
     """Copy the object ``url`` to the local file ``local``, with retries."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, options)
     call(url, "download it", lambda: fs.get_file(path, local), options)
 
 
@@ -180,7 +184,7 @@ def check_writable(url_prefix: str, options: StorageOptions | None = None) -> No
     """Write and delete an empty object beside ``url_prefix``: an unreachable endpoint or
     credentials that may not write fail here, before any work, not when the output is published."""
     options = options or StorageOptions.from_env()
-    fs, path = filesystem(url_prefix)
+    fs, path = filesystem(url_prefix, options)
     probe = path + ".tokenload-probe"
     call(url_prefix, "write beside it (an empty test object)", lambda: fs.pipe_file(probe, b""), options)
     call(url_prefix, "delete the test object beside it", lambda: fs.rm_file(probe), options)
