@@ -84,10 +84,12 @@ a = json.loads(sys.argv[1])
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.tokenizers import MegatronTokenizer
-tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"}, vocab_size=a["vocab"], pad_id=-1)
+tok = MegatronTokenizer.from_pretrained(metadata_path={"library": "null-text"},
+                                        vocab_size=a["vocab"], pad_id=-1)
 w = a["weights"]
 cfg = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq"], blend=(a["prefixes"], w),
-    split="100,0,0", path_to_cache=a["cache"], tokenizer=tok, mid_level_dataset_surplus=a["surplus"],
+    split="100,0,0", path_to_cache=a["cache"], tokenizer=tok,
+    mid_level_dataset_surplus=a["surplus"],
     reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
     create_attention_mask=False)
 def cpu():
@@ -128,7 +130,8 @@ def compare(ours: str, theirs: str) -> str:
     for folder in mine_dirs:
         if all(os.path.exists(os.path.join(folder, f)) for f in files):
             arrays, same_bytes, n = compare_caches(folder, theirs)
-            return f"{'yes' if arrays else 'NO'} ({n} files; bytes {'equal' if same_bytes else 'differ'})"
+            same = "equal" if same_bytes else "differ"
+            return f"{'yes' if arrays else 'NO'} ({n} files; bytes {same})"
     return "not compared (file names differ)"
 
 
@@ -140,7 +143,8 @@ def case_rows(args, docs: int, prefixes: int) -> tuple[list, dict]:
             while f.read(64 << 20):
                 pass
     size = blend["tokens"] // SEQ // 2
-    print(f"[{docs:,} documents in {prefixes} prefix(es), {blend['tokens']:,} tokens, size {size:,}; "
+    print(f"[{docs:,} documents in {prefixes} prefix(es), {blend['tokens']:,} tokens, "
+          f"size {size:,}; "
           f"data ready in {time.time() - t:.0f} s]", flush=True)
     base = {"prefixes": blend["prefixes"], "weights": None if prefixes == 1 else blend["weights"],
             "seq": SEQ, "seed": SEED, "vocab": VOCAB, "surplus": SURPLUS, "size": size,
@@ -180,7 +184,8 @@ def case_rows(args, docs: int, prefixes: int) -> tuple[list, dict]:
         ratio = "-"
         if peer and side != "megatron-core":
             ratio = spread([b["s"] / a["s"] for a, b in zip(got, peer)])
-        rows.append([f"{docs:,}", prefixes, side, spread(secs), spread([x["cpu"] for x in got]), ratio,
+        rows.append([f"{docs:,}", prefixes, side, spread(secs),
+                     spread([x["cpu"] for x in got]), ratio,
                      f"{statistics.median(secs) / docs * 1e9:.0f}",
                      f"{statistics.median([x['hwm_mb'] for x in got]):,.0f}",
                      identical if side == sides[0] else "",
@@ -195,19 +200,22 @@ HEADER = ["documents", "prefixes", "side", "build s (median, range)", "CPU s",
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "index-scale"))
+    ap.add_argument("--data-dir",
+                    default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "index-scale"))
     ap.add_argument("--docs", type=int, nargs="+", default=[1_000_000, 10_000_000, 100_000_000])
     ap.add_argument("--prefixes", type=int, nargs="+", default=[1, 100])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--policies", default="auto,every-rank",
-                    help="tokenload build policies, each a side (auto writes the cache, as megatron-core does;"
-                         " every-rank builds in memory)")
-    ap.add_argument("--threads", type=int, default=0, help="tokenload's BUILD_THREADS (0: as shipped)")
+                    help="tokenload build policies, each a side (auto writes the cache, as"
+                         " megatron-core does; every-rank builds in memory)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="tokenload's BUILD_THREADS (0: as shipped)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()
     os.makedirs(args.data_dir, exist_ok=True)
-    print(f"load average at start {os.getloadavg()}; {os.cpu_count()} CPUs; peer {MEGATRON_PYTHON}", flush=True)
+    print(f"load average at start {os.getloadavg()}; {os.cpu_count()} CPUs; "
+          f"peer {MEGATRON_PYTHON}", flush=True)
     rows, raw = [], []
     for docs in args.docs:
         for prefixes in args.prefixes:

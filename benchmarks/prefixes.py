@@ -89,9 +89,10 @@ def cli_costs(blend: dict, work: Path, sizes: list[int]) -> dict:
     seq = work / "cli-sequences.json"
     seq.unlink(missing_ok=True)
     jobs = {
-        "sequences": ["sequences", "--data-args-path", str(data_args), "--per-dataset-sequences-path",
-                      str(seq)],
-        "prepare-cache": ["prepare-cache", "--data-args-path", str(data_args), "--split", startup.SPLIT,
+        "sequences": ["sequences", "--data-args-path", str(data_args),
+                      "--per-dataset-sequences-path", str(seq)],
+        "prepare-cache": ["prepare-cache", "--data-args-path", str(data_args),
+                          "--split", startup.SPLIT,
                           "--seq-length", str(startup.SEQ), "--seed", str(startup.SEED),
                           "--data-cache-path", str(cache), "--train-valid-test-num-samples",
                           *map(str, sizes)],
@@ -124,7 +125,8 @@ def side_rows(bench: Bench, side: Side, rounds: int, count: bool) -> dict:
         row["rchar_mb"] = [r["io"]["rchar"] / 1e6 for r in ok]
     if counted and "error" not in counted and counted.get("trace"):
         t = counted["trace"]
-        row["opens"], row["stats"], row["other_meta"] = t.get("opens", 0), t.get("stats", 0), t.get("other_meta", 0)
+        for key in ("opens", "stats", "other_meta"):
+            row[key] = t.get(key, 0)
         row["maps"], row["fstats"] = t.get("maps", 0), t.get("fstats", 0)
         row["bytes_read"], row["bytes_written"] = t.get("bytes_read", 0), t.get("bytes_written", 0)
     return row
@@ -134,7 +136,8 @@ def print_prefix_table(prefixes: int, rows: list[dict], cli: dict) -> None:
     out = []
     for r in rows:
         if "data_s" not in r:
-            out.append([r["side"], f"FAILED: {r['errors'][0][:100] if r['errors'] else '?'}"] + [""] * 8)
+            why = r["errors"][0][:100] if r["errors"] else "?"
+            out.append([r["side"], f"FAILED: {why}"] + [""] * 8)
             continue
         med = statistics.median(r["data_s"])
         out.append([
@@ -146,7 +149,8 @@ def print_prefix_table(prefixes: int, rows: list[dict], cli: dict) -> None:
         ])
     for name, got in cli.items():
         out.append([f"CLI {name}", f"{got['wall_s']:.2f}", f"{got['wall_s'] / prefixes * 1e3:.2f}",
-                    f"{got['cpu_s']:.2f}", "-", f"(max child {got['maxrss_mb']:.0f})", "-", "-", "-",
+                    f"{got['cpu_s']:.2f}", "-", f"(max child {got['maxrss_mb']:.0f})",
+                    "-", "-", "-",
                     "-" if got["rc"] == 0 else f"rc {got['rc']}: {got['stderr'][-80:]}"])
     print(f"\n{prefixes} prefixes (one rank):")
     print(table(out, ["side", "first item s (median, range)", "ms per prefix", "CPU s",
@@ -187,7 +191,8 @@ def print_growth(results: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "prefixes"))
+    ap.add_argument("--data-dir",
+                    default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "prefixes"))
     ap.add_argument("--prefixes", default="100,1000,10000")
     ap.add_argument("--docs-per-prefix", type=int, default=200)
     ap.add_argument("--sides", default=",".join(DEFAULT_SIDES))
@@ -207,16 +212,19 @@ def main() -> None:
         blend = make_blend(args.data_dir, prefixes, docs)
         scale = docs / startup.FULL_DOCS
         sizes = [max(int(round(n * scale)), 1) for n in startup.FULL_SIZES]
-        print(f"[{prefixes} prefixes, {docs:,} documents, {blend['tokens']:,} tokens, sizes {sizes}: "
+        print(f"[{prefixes} prefixes, {docs:,} documents, {blend['tokens']:,} tokens, "
+              f"sizes {sizes}: "
               f"data made/reused in {time.time() - t:.1f} s]", flush=True)
-        bench_args = argparse.Namespace(data_dir=args.data_dir, timeout=args.timeout, keep_logs=False,
-                                        one_at_a_time=False, pg="needed", sizes=sizes)
+        bench_args = argparse.Namespace(data_dir=args.data_dir, timeout=args.timeout,
+                                        keep_logs=False, one_at_a_time=False, pg="needed",
+                                        sizes=sizes)
         bench = Bench(bench_args, blend)
         rows = []
         for side in sides:
             t = time.time()
             rows.append(side_rows(bench, side, args.rounds, count))
-            print(f"  [{side.name}: {time.time() - t:.0f} s; load {os.getloadavg()[0]:.1f}]", flush=True)
+            load = os.getloadavg()[0]
+            print(f"  [{side.name}: {time.time() - t:.0f} s; load {load:.1f}]", flush=True)
         cli = {} if args.no_cli else cli_costs(blend, bench.work, sizes)
         results[str(prefixes)] = {"sides": rows, "cli": cli, "sizes": sizes,
                                   "load": os.getloadavg()}

@@ -22,7 +22,7 @@ from tokenload.format import TokenFile, max_open_files, set_max_open_files
 from tokenload.format.bin import MmapBin, PreadBin
 from tokenload.format.descriptors import DescriptorCache, descriptor_cache, map_readonly
 from tokenload.format.idx import encode_index
-from tokenload.format.storage import read_error
+from tokenload.format.storage import read_error, write_error
 
 DRIVER = Path(__file__).with_name("descriptor_driver.py")
 
@@ -46,7 +46,8 @@ def files(tmp_path):
     out = []
     for i in range(40):
         prefix = str(tmp_path / f"f{i:02d}")
-        write_pair(prefix, [rng.integers(1, 60000, size=int(n)) for n in rng.integers(1, 50, size=8)])
+        sizes = rng.integers(1, 50, size=8)
+        write_pair(prefix, [rng.integers(1, 60000, size=int(n)) for n in sizes])
         out.append(prefix)
     return out
 
@@ -101,7 +102,8 @@ def test_pread_keeps_at_most_the_limit_open_and_reads_right_after_eviction(files
     for _ in range(2):  # the second round reopens every file evicted in the first
         for pread, mmap in zip(sources, mapped):
             starts, lengths = np.array([0, 3, 9]), np.array([2, 4, 1])
-            np.testing.assert_array_equal(pread.read_spans(starts, lengths), mmap.read_spans(starts, lengths))
+            np.testing.assert_array_equal(pread.read_spans(starts, lengths),
+                                          mmap.read_spans(starts, lengths))
             np.testing.assert_array_equal(pread.read(1, 5), mmap.read(1, 5))
             assert open_fds() - before <= small_limit
     for source in sources:
@@ -162,11 +164,12 @@ def test_threads_reading_through_a_small_lru_read_the_right_tokens(files, small_
 
 
 def test_too_many_open_files_names_the_limits_to_raise():
-    for path_error in (read_error, ):
-        error = path_error(OSError(errno.EMFILE, "Too many open files"), "/data/p00505.idx", "the index")
+    for path_error in (read_error, write_error):
+        emfile = OSError(errno.EMFILE, "Too many open files")
+        error = path_error(emfile, "/d/p00505.idx", "the index")
         assert "ulimit -n" in error.hint and "TOKENLOAD_OPEN_FILES" in error.hint
         assert "soft limit is" in error.hint
-        assert "filesystem is healthy" not in error.hint
+        assert "filesystem is healthy" not in error.hint and "output folder" not in error.hint
     with pytest.raises(ValueError, match="at least 1"):
         set_max_open_files(0)
 
@@ -174,7 +177,8 @@ def test_too_many_open_files_names_the_limits_to_raise():
 def test_running_out_of_descriptors_is_a_storage_error_with_that_hint(files):
     code = (
         "import os, resource, sys\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
         "from tokenload.format import TokenFile\n"
         "from tokenload.errors import StorageError\n"
         "held = []\n"
