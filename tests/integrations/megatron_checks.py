@@ -4,10 +4,11 @@ run by the Python that has megatron-core (``TOKENLOAD_MEGATRON_PYTHON``, made by
 
 ``parity WORK``: one process (gloo, world 1). For each configuration, Megatron's own path
 (``parse_and_validate_args``, ``get_train_valid_test_num_samples``,
-``build_train_valid_test_datasets`` with pretrain_gpt.py's provider, ``build_pretraining_data_loader``
-with the single or cyclic sampler) and tokenload's (the same args with ``--dataloader-type
-external`` and tokenload's provider, Megatron's pass-through loader and ``RerunDataIterator``)
-must give the same micro-batches, field by field, and stop at the same batch.
+``build_train_valid_test_datasets`` with pretrain_gpt.py's provider,
+``build_pretraining_data_loader`` with the single or cyclic sampler) and tokenload's (the same
+args with ``--dataloader-type external`` and tokenload's provider, Megatron's pass-through
+loader and ``RerunDataIterator``) must give the same micro-batches, field by field, and stop at
+the same batch. Consumed samples are set as a checkpoint restores them (train 16, valid 8).
 
 ``run WORK NAME ITERS``: one phase of a training run under torchrun (gloo ranks): Megatron's
 loop arithmetic over tokenload's iterators (``get_num_microbatches()`` micro-batches per
@@ -65,7 +66,8 @@ def configs(p: dict[str, str], work: str) -> dict[str, list[str]]:
              "--eval-iters", "2", "--eval-interval", "4", "--num-workers", "1"]
     return {
         "one-prefix": [*batch, "--data-path", p["a"], "--split", "90,8,2"],
-        "weighted-blend": [*batch, "--data-path", "0.3", p["a"], "0.7", p["b"], "--split", "80,15,5",
+        "weighted-blend": [*batch, "--data-path", "0.3", p["a"], "0.7", p["b"],
+                           "--split", "80,15,5",
                            "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask"],
         "per-split": [*batch, "--train-data-path", "0.4", p["a"], "0.6", p["b"],
                       "--valid-data-path", p["c"], "--test-data-path", p["b"],
@@ -165,8 +167,9 @@ def compare(ours, theirs, limit: int) -> tuple[int, list[str]]:
         a, b = _next(ours), _next(theirs)
         if a is None or b is None:
             if (a is None) != (b is None):
-                raise AssertionError(f"micro-batch {n}: tokenload {'ended' if a is None else 'went on'}"
-                                     f", Megatron {'ended' if b is None else 'went on'}")
+                ended = {True: "ended", False: "went on"}
+                raise AssertionError(f"micro-batch {n}: tokenload {ended[a is None]},"
+                                     f" Megatron {ended[b is None]}")
             break
         keys = sorted(k for k, v in b.items() if v is not None)
         if sorted(k for k, v in a.items() if v is not None) != keys:
