@@ -61,6 +61,7 @@ from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_sh
 from ..metrics import Phases
 from ..storage import is_url, local_folder
 from .blended import BlendedDataset
+from .cache_match import gpt_cache_mismatches
 from .config import CACHE_POLICIES, MegatronDataConfig
 from .gpt import GPTDataset, IndexArrays
 from .index_cache import IndexCache, wait_for_cache_writes, write_behind
@@ -367,7 +368,11 @@ class _Builder:
             # a URL's default folder is local, beside its index copy (never a folder named 's3:')
             folder = default_cache_dir(local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix)
         fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last, "token_file": facts}
-        indices, entry = self._cache.indices(folder, uid, describe(uid), build, fields, expected)
+
+        def consistent(arrays):  # a cache without a sidecar (Megatron's) against the lengths
+            return gpt_cache_mismatches(arrays, lengths, beg, end, sequence_length=c.sequence_length, extra=gpt.extra)
+
+        indices, entry = self._cache.indices(folder, uid, describe(uid), build, fields, expected, consistent)
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
         length = expected["sample_index"][0] - 1
         per_epoch = (tokens - gpt.extra) // c.sequence_length

@@ -22,6 +22,7 @@ dataset the arrays belong to; the builder plans the splits and makes the dataset
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -31,7 +32,7 @@ from typing import Any
 
 from ..errors import CacheError
 from ..index import CacheFiles
-from ..index.cache_io import CacheState, check_cache, write_cache
+from ..index.cache_io import CacheCheck, CacheState, check_cache, map_array, write_cache
 from ..storage import is_url
 from .gpt import IndexArrays
 from .manifest import write_manifest
@@ -65,8 +66,11 @@ class IndexCache:
         self.wrote = False
         """A cache file was written by this build: the build manifest must then follow."""
 
-    def indices(self, folder, uid, description, build, fields, expected) -> tuple[IndexArrays, dict | None]:
-        """The dataset's index arrays as the role says, and its manifest entry when cached."""
+    def indices(self, folder, uid, description, build, fields, expected, consistent=None) -> tuple[IndexArrays, dict | None]:
+        """The dataset's index arrays as the role says, and its manifest entry when cached.
+        ``consistent(arrays)``: why a cache without a sidecar (Megatron's) does not fit the
+        current token file (``cache_match``), checked on its first use; a mismatch is a stale
+        cache."""
         if folder is None or self.role is Role.MEMORY:
             with self.phase("index_build"):
                 return IndexArrays(arrays=build()), None
@@ -74,11 +78,14 @@ class IndexCache:
         paths = {name: files.array(name) for name in files.arrays}
         with self.phase("index_load"):
             check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
+            if check.state is CacheState.HIT and not check.has_sidecar and consistent is not None:
+                check = _matched(check, consistent)
         entry = {"arrays": {k: os.path.basename(p) for k, p in paths.items()},
                  "shapes": {k: list(v) for k, v in expected.items()}}
         if check.state is CacheState.HIT:
             if not check.has_sidecar:
-                logger.info("using index cache without a tokenload sidecar (written by Megatron): %s", files.description)
+                logger.info("using index cache without a tokenload sidecar (written by Megatron), checked "
+                            "against the token file's lengths: %s", files.description)
             return IndexArrays(paths=dict(check.arrays)), entry
         if self.role is Role.READ:
             self.missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
@@ -115,6 +122,15 @@ class IndexCache:
             if self.wrote:
                 raise
             logger.info("no build manifest written beside a complete cache: %s", exc)
+
+
+def _matched(check: CacheCheck, consistent: Callable[[dict], list[str]]) -> CacheCheck:
+    """A sidecar-less hit checked against the token file: stale when its arrays do not fit."""
+    reasons = consistent({name: map_array(path) for name, path in check.arrays.items()})
+    if not reasons:
+        return check
+    return dataclasses.replace(check, state=CacheState.STALE, reasons=tuple(
+        f"{r} (cache without a tokenload sidecar, checked against the current token file)" for r in reasons))
 
 
 def write_behind(caches: list[tuple[Any, ...]], manifest: tuple[str, dict, list] | None) -> threading.Thread:

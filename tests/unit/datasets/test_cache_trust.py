@@ -85,6 +85,61 @@ def test_same_size_rewrite_of_a_megatron_file_is_a_stale_cache(tmp_path):
     np.testing.assert_array_equal(_tokens(again), _tokens(fresh))
 
 
+def _without_sidecars(folder) -> None:
+    """The cache as Megatron writes it: no tokenload sidecar, no build manifest."""
+    for name in os.listdir(folder):
+        if name.endswith(("-tokenload.json", "-tokenload-build.json")):
+            os.remove(os.path.join(folder, name))
+
+
+REWRITES = {
+    "train documents reversed": _reordered,
+    "documents rotated across the split boundary": lambda d: d[3:] + d[:3],
+    "every length moved (same multiset)": lambda d: [d[(i * 7) % len(d)] for i in range(len(d))],
+}
+
+
+@pytest.mark.parametrize("rewrite", list(REWRITES))
+def test_a_megatron_cache_over_a_same_size_rewrite_is_stale_or_correct(tmp_path, rewrite):
+    """A cache Megatron wrote (no sidecar: no recorded facts, no hashes) over a token file
+    rewritten to the same sizes: on first use its arrays are checked against the file's current
+    lengths. Every split is refused by ``strict`` or serves the items an in-memory build serves;
+    ``auto`` rebuilds what does not fit and serves the right items for every split."""
+    docs = _documents(4, count=60)
+    prefix = _megatron_file(tmp_path / "data", docs)
+    cache = tmp_path / "cache"
+    sizes = [200, 20, 0]
+    build_datasets(_config(prefix, path_to_cache=str(cache)), sizes)
+    _without_sidecars(cache)
+    before = {n: os.path.getsize(f"{prefix}.{n}") for n in ("bin", "idx")}
+    _megatron_file(prefix, REWRITES[rewrite](docs))
+    assert {n: os.path.getsize(f"{prefix}.{n}") for n in ("bin", "idx")} == before
+    fresh = build_datasets(_config(prefix, cache="off"), sizes)
+
+    try:
+        strict = build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), sizes)
+    except CacheError as exc:
+        assert "stale" in str(exc) and "HINT" in str(exc)  # by shapes, or by the lengths check
+    else:  # every split's cache fits the new lengths: its items are the right ones
+        for got, want in zip(strict[:2], fresh[:2]):
+            np.testing.assert_array_equal(_tokens(got), _tokens(want))
+    auto = build_datasets(_config(prefix, path_to_cache=str(cache)), sizes)
+    for got, want in zip(auto[:2], fresh[:2]):
+        np.testing.assert_array_equal(_tokens(got), _tokens(want))
+
+
+def test_the_megatron_cache_check_names_the_array_and_the_sample(tmp_path):
+    docs = _documents(4, count=60)
+    prefix = _megatron_file(tmp_path / "data", docs)
+    cache = tmp_path / "cache"
+    build_datasets(_config(prefix, path_to_cache=str(cache)), [200, 20, 0])
+    _without_sidecars(cache)
+    _megatron_file(prefix, _reordered(docs))
+    with pytest.raises(CacheError, match=r"stale: sample_index: sample \d+ starts at (stream position|offset) "
+                       r"\d+ .*in the current token file.*checked against the current token file"):
+        build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [200, 20, 0])
+
+
 def test_default_cache_folder_is_checked_too(tmp_path):
     """No path_to_cache: Megatron's folder next to the prefix, the default a user takes."""
     docs = _documents(1)
@@ -122,6 +177,22 @@ def test_every_megatron_case_reloads_its_own_cache_in_strict_mode(case, tmp_path
     stamps = {n: os.path.getmtime(tmp_path / n) for n in os.listdir(tmp_path)}
     build_datasets(megatron_config(cfg, META["tokenizer"], tmp_path, cache="strict"), sizes)
     assert {n: os.path.getmtime(tmp_path / n) for n in os.listdir(tmp_path)} == stamps
+
+
+@pytest.mark.parametrize("case", OK, ids=[c["id"] for c in OK])
+def test_every_megatron_case_reloads_its_cache_without_sidecars_in_strict_mode(case, tmp_path, monkeypatch):
+    """A cache without sidecars (as Megatron writes it; the arrays are Megatron's, bit for bit:
+    test_builder) is checked against the token files on first use and found to fit, in every
+    case: the check has no false alarm."""
+    monkeypatch.chdir(ORDER)
+    cfg, sizes = case["config"], case["config"]["sizes"]
+    build_datasets(megatron_config(cfg, META["tokenizer"], tmp_path), sizes)
+    for name in os.listdir(tmp_path):
+        if name.endswith(("-tokenload.json", "-tokenload-build.json")):
+            os.remove(tmp_path / name)
+    stamps = {n: os.path.getmtime(tmp_path / n) for n in os.listdir(tmp_path) if n.endswith(".npy")}
+    build_datasets(megatron_config(cfg, META["tokenizer"], tmp_path, cache="strict"), sizes)
+    assert {n: os.path.getmtime(tmp_path / n) for n in stamps} == stamps
 
 
 # -- damaged headers -------------------------------------------------------------------------------
@@ -192,6 +263,20 @@ IN_RANGE_DAMAGE = {
     "sample_index, one offset moved by one": ("sample_index", lambda a: a + (np.arange(a.size).reshape(a.shape) == 7)),
 }
 ALL_DAMAGE = {**GPT_DAMAGE, **IN_RANGE_DAMAGE}
+
+
+@pytest.mark.parametrize("damage", list(IN_RANGE_DAMAGE)[:1] + list(GPT_DAMAGE), ids=(list(IN_RANGE_DAMAGE)[:1] + list(GPT_DAMAGE)))
+def test_a_megatron_cache_with_damaged_values_is_stale_on_first_use(tmp_path, damage):
+    """Without a sidecar there is no hash; the check against the lengths still finds a
+    duplicated shuffle entry and every out-of-range value, before any batch."""
+    array, change = {**GPT_DAMAGE, **IN_RANGE_DAMAGE}[damage]
+    prefix = _megatron_file(tmp_path / "data", _documents(5))
+    cache = tmp_path / "cache"
+    build_datasets(_config(prefix, path_to_cache=str(cache)), [300, 10, 0])
+    _without_sidecars(cache)
+    _rewrite(_cache_file(cache, f"{array}.npy"), change)
+    with pytest.raises(CacheError, match=rf"stale: .*{array}: .*checked against the current token file"):
+        build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [300, 10, 0])
 
 
 @pytest.mark.parametrize("damage", list(ALL_DAMAGE), ids=list(ALL_DAMAGE))
