@@ -101,6 +101,7 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
         else:
             report.findings.append(Finding("startup", False, f"the index caches are prepared: a rank loads them"
                                            f" in {seconds:.3f} s (build_policy={policy!r}); no build at startup"))
+        _check_cache_trust(config, report)
     else:
         train, seconds, opens, stats, phases = _timed_build(config, cache="off")
         what = {
@@ -114,6 +115,46 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
     report.timeline = [(name, s) for name, s in phases.items()]
     _check_io(config, opens, stats, report)
     return train
+
+
+def _cache_folders(config: DoctorConfig) -> list[str]:
+    """The local folders the job's caches are in: ``--data-cache-path``, else Megatron's default
+    folder beside each prefix."""
+    from ..index import default_cache_dir
+
+    if config.data_cache_path is not None:
+        folders = [config.data_cache_path]
+    else:
+        folders = [default_cache_dir(p) for p in config.data_path if not p.replace(".", "", 1).isdigit()]
+    return [f for f in dict.fromkeys(folders) if "://" not in f and os.path.isdir(f)]
+
+
+def _check_cache_trust(config: DoctorConfig, report: Report) -> None:
+    """Which caches carry no tokenload sidecar (Megatron wrote them), and what is then checked:
+    a GPT cache against the token files' lengths on first use, a blend's by its sizes only."""
+    gpt, blended = 0, 0
+    for folder in _cache_folders(config):
+        for name in os.listdir(folder):
+            if name.endswith("-description.txt"):
+                stem = name[: -len("description.txt")]
+                if not os.path.exists(os.path.join(folder, stem + "tokenload.json")):
+                    blended += "-BlendedDataset-" in name
+                    gpt += "-BlendedDataset-" not in name
+    if gpt:
+        report.findings.append(Finding(
+            "cache-trust", False,
+            f"{gpt} index cache(s) written by Megatron (no tokenload sidecar, so no content hash): their"
+            " match with the current token files is checked against the sequence lengths on first use"
+            " (document ids, sample starts, the shuffle a permutation); values swapped in place keep"
+            " every invariant and cannot be found",
+            "to have every array's content verified, prepare the caches with tokenload (`tokenload"
+            " prepare-cache` into a new --data-cache-path): its sidecar records an xxh3-64 per array"))
+    if blended:
+        report.findings.append(Finding(
+            "cache-trust", False,
+            f"{blended} blend cache(s) written by Megatron: cache written by Megatron: its match with the"
+            " current token files is checked by sizes only (and each value's range as a batch reads it)",
+            "prepare the caches with `tokenload prepare-cache` into a new --data-cache-path"))
 
 
 def _prepare_command(config: DoctorConfig) -> str:
