@@ -16,7 +16,9 @@ prefix is therefore within one sample per phase begun (errors left at a boundary
 
 A chain may start at an *origin* that is not sample 0: a resume with another schedule or other
 sources starts a new chain at the saved ``consumed``, from the saved cursors; the entry in force
-at the origin applies from it. Equal weights share one interleave (built once, 0.03 s each).
+at the origin applies from it. Phases are built on first use, in order (each needs the cursors
+the one before leaves); equal weights share one interleave (built once per process, 0.03 s on a
+quiet core).
 """
 
 from __future__ import annotations
@@ -105,17 +107,24 @@ class ScheduledMixture:
         starts = [s for s, _ in self.schedule]
         first = int(np.searchsorted(starts, at, side="right")) - 1
         bounds = [at] + starts[first + 1 :]
-        self.phases: list[Mixture] = []
-        state = self.origin
-        for start, (_, weights) in zip(bounds, self.schedule[first:]):
-            if self.phases:
-                state = self.phases[-1].state(start)
-            self.phases.append(Mixture(
-                self.sources, weights, num_windows, seed=seed, start=start, state=state,
-                period=self.period, block_size=block_size,
+        self._entries = [(start, w) for start, (_, w) in zip(bounds, self.schedule[first:])]
+        self._windows = list(num_windows)
+        self._seed, self._block_size = seed, block_size
+        self._phases: list[Mixture] = []  # built in order, on first use (0.03 s each)
+        self.starts = np.array(bounds, dtype=np.int64)
+
+    def phase(self, i: int) -> Mixture:
+        """The ``Mixture`` of the chain's i-th phase, building it (and those before) if needed:
+        a phase starts from the cursors the one before leaves at its start."""
+        while len(self._phases) <= i:
+            start, weights = self._entries[len(self._phases)]
+            state = self._phases[-1].state(start) if self._phases else self.origin
+            self._phases.append(Mixture(
+                self.sources, weights, self._windows, seed=self._seed, start=start, state=state,
+                period=self.period, block_size=self._block_size,
                 interleave=_interleave(weights, self.period),
             ))
-        self.starts = np.array(bounds, dtype=np.int64)
+        return self._phases[i]
 
     @property
     def start(self) -> int:
@@ -134,16 +143,16 @@ class ScheduledMixture:
         k = np.asarray(samples, dtype=np.int64).ravel()
         if k.size and int(k.min()) < self.start:
             raise IndexError(f"global samples of this chain start at {self.start}")
-        if len(self.phases) == 1:
-            return self.phases[0].draw(k)
+        if self.starts.size == 1:
+            return self.phase(0).draw(k)
         which = self._phase(k)
         present = np.unique(which).tolist()
         if len(present) == 1:
-            return self.phases[present[0]].draw(k)
+            return self.phase(present[0]).draw(k)
         out = Draws(np.empty_like(k), np.empty_like(k), np.empty_like(k))
         for p in present:
             rows = which == p
-            part = self.phases[p].draw(k[rows])
+            part = self.phase(p).draw(k[rows])
             for dst, src in zip(out, part):
                 dst[rows] = src
         return out
@@ -152,7 +161,7 @@ class ScheduledMixture:
         """Every source's cursor after ``consumed`` global samples (``>= start``)."""
         if consumed < self.start:
             raise ValueError(f"consumed is {consumed}; this chain starts at {self.start}")
-        return self.phases[int(self._phase(np.int64(consumed)))].state(consumed)
+        return self.phase(int(self._phase(np.int64(consumed)))).state(consumed)
 
     def cursors(self, consumed: int) -> np.ndarray:
         """int64 cursor of each source (in ``sources`` order) after ``consumed`` samples."""
