@@ -124,6 +124,10 @@ def test_valid_starts_at_consumed_valid_samples(prefixes):
     for _ in range(2):
         next(fresh)
     assert np.array_equal(next(valid)["tokens"], next(fresh)["tokens"])
+    # --skip-train (evaluation only): Megatron evaluates from sample 0, whatever was consumed
+    _, skip, _ = _loaders(prefixes, "single", consumed_valid_samples=4, skip_train=True)
+    _, first, _ = _loaders(prefixes, "single")
+    assert np.array_equal(next(skip)["tokens"], next(first)["tokens"])
 
 
 class Writer:

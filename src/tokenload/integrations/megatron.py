@@ -184,7 +184,9 @@ def loaders_from_args(
         **loader_options,
     }
     eval_mbs = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
-    starts = (args.consumed_train_samples, args.consumed_valid_samples, 0)
+    # Megatron's build_train_valid_test_data_loaders: --skip-train evaluates from sample 0
+    valid_start = 0 if getattr(args, "skip_train", False) else args.consumed_valid_samples
+    starts = (args.consumed_train_samples, valid_start, 0)
     out: list[MegatronLoader | None] = []
     for split, (dataset, start) in enumerate(zip(datasets, starts)):
         if dataset is None:
@@ -313,7 +315,7 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: list[int | No
             hint="run with --dataloader-type external (the order is chosen by"
             " --tokenload-dataloader-type, see tokenload.integrations.megatron.add_arguments)",
         )
-    if not _holds_data(mpu, vp_stage):
+    if not _holds_data(args, mpu, vp_stage):
         return None, None, None
     return loaders_from_args(
         args, list(train_val_test_num_samples), tokenizer=get_tokenizer(),
@@ -325,13 +327,25 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: list[int | No
 train_valid_test_datasets_provider.is_distributed = True  # type: ignore[attr-defined]
 
 
-def _holds_data(mpu: Any, vp_stage: int | None) -> bool:
+def _holds_data(args: Any, mpu: Any, vp_stage: int | None) -> bool:
     """pretrain_gpt.py's ``is_dataset_built_on_rank``: tensor-parallel rank 0 of the first or
-    last pipeline stage (or a stage holding multi-token-prediction layers)."""
+    last pipeline stage, or of a stage holding multi-token-prediction layers; also of the middle
+    stages with ``--dataloader-inter-document-masking``, whose ``get_batch`` reads ``cu_seqlens``
+    from the iterator there too."""
     if mpu.get_tensor_model_parallel_rank() != 0:
         return False
-    try:
-        from megatron.training.utils import is_first_or_last_pipeline_stage
-    except ImportError:  # an older megatron.training
-        return mpu.is_pipeline_first_stage() or mpu.is_pipeline_last_stage()
-    return bool(is_first_or_last_pipeline_stage(vp_stage))
+    if getattr(args, "dataloader_inter_document_masking", False):
+        return True
+    from megatron.training.utils import is_first_or_last_pipeline_stage
+
+    if is_first_or_last_pipeline_stage(vp_stage):
+        return True
+    if not getattr(args, "mtp_num_layers", None):
+        return False
+    from megatron.core.transformer.multi_token_prediction import mtp_on_this_rank
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    config = core_transformer_config_from_args(args)
+    return bool(mtp_on_this_rank(layout=config.pipeline_model_parallel_layout,
+                                 mtp_num_layers=config.mtp_num_layers, ignore_virtual=False,
+                                 vp_stage=vp_stage))
