@@ -75,6 +75,10 @@ def configs(p: dict[str, str], work: str) -> dict[str, list[str]]:
         "mock": [*batch, "--mock-data"],
         "cyclic": [*batch, "--data-path", p["a"], "--split", "90,8,2",
                    "--tokenload-dataloader-type", "cyclic"],
+        # cu_seqlens differ in length per sample: Megatron's collate needs micro-batches of 1
+        "inter-document": [*batch, "--micro-batch-size", "1", "--data-path", p["b"],
+                           "--split", "90,8,2", "--dataloader-inter-document-masking",
+                           "--no-create-attention-mask-in-dataloader"],
     }
 
 
@@ -104,7 +108,8 @@ def megatron_args(argv: list[str]):
 
 
 def reference_provider(train_val_test_num_samples, vp_stage=None):
-    """pretrain_gpt.py's provider (0.19.2), for GPT pretraining data (no SFT/FIM)."""
+    """pretrain_gpt.py's provider (Megatron-LM core_r0.19: its core_gpt_dataset_config_from_args
+    and train_valid_test_datasets_provider), for GPT pretraining data (no SFT/FIM)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import (
         BlendedMegatronDatasetBuilder,
     )
@@ -129,6 +134,11 @@ def reference_provider(train_val_test_num_samples, vp_stage=None):
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
         fast_cache_load=args.dataloader_fast_cache_load, sequences_per_dataset=None,
         defer_npy_index_mmap=args.dataloader_defer_npy_index_mmap,
+        context_parallel_size=args.context_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        sequence_parallel_size=args.tensor_model_parallel_size * args.sequence_parallel,
+        hybrid_context_parallel=args.hybrid_context_parallel,
+        inter_document_masking=args.dataloader_inter_document_masking,
     )
     kind = MockGPTDataset if args.mock_data else GPTDataset
     return BlendedMegatronDatasetBuilder(kind, train_val_test_num_samples, lambda: True,

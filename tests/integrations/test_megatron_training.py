@@ -60,12 +60,14 @@ def test_batches_equal_megatrons_gpt_dataset_path(megatron_python, tmp_path):
     pretrain_gpt.py's GPTDataset path for the same args, resumed mid-way (consumed samples as a
     checkpoint restores them), until both end."""
     report = run_checks(megatron_python, 1, "parity", str(tmp_path))
-    assert set(report) == {"one-prefix", "weighted-blend", "per-split", "mock", "cyclic"}
+    assert set(report) == {"one-prefix", "weighted-blend", "per-split", "mock", "cyclic",
+                           "inter-document"}
     base = {"tokens", "labels", "loss_mask", "position_ids"}
     fields = {"one-prefix": base | {"attention_mask"},
               "weighted-blend": base | {"attention_mask", "dataset_id"},
               "per-split": base, "mock": base | {"attention_mask"},
-              "cyclic": base | {"attention_mask"}}
+              "cyclic": base | {"attention_mask"},
+              "inter-document": base | {"cu_seqlens", "max_seqlen"}}
     for name, entry in report.items():
         assert set(entry["fields"]) == fields[name], name
         # Megatron's arithmetic: 12 x 8, (12 // 4 + 1) x 2 x 8, 2 x 8
