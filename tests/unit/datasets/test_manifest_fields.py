@@ -1,0 +1,93 @@
+"""The build manifest's key holds every flag Megatron's hash forgets: a folder prepared with one
+value and loaded with the other (``build_policy="none"``: a load from the manifest, no cache
+check) is refused or serves the items of the other value, never the first value's samples.
+And ``auto``'s one writer is global rank 0, not each node's local rank 0."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from support import write_documents
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.datasets.manifest import manifest_key, manifest_path
+from tokenload.datasets.policy import Role, resolve
+from tokenload.distributed import World
+from tokenload.errors import CacheError
+
+SIZES = [120, 7, 0]
+
+# (field, value built with, value loaded with): each pair both ways
+CASES = [
+    ("add_extra_token", True, False), ("add_extra_token", False, True),
+    ("drop_last_partial_validation_sequence", True, False), ("drop_last_partial_validation_sequence", False, True),
+    ("mid_level_dataset_surplus", 0.005, 0.5), ("mid_level_dataset_surplus", 0.5, 0.005),
+]
+
+
+@pytest.fixture(scope="module")
+def blend(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(8)
+    prefixes = [write_documents(folder / name, [rng.integers(0, 999, 3 + (i * 5) % 17) for i in range(80)])
+                for name in ("a", "b")]
+    return ["40", prefixes[0], "60", prefixes[1]]
+
+
+def _config(blend, **kw) -> MegatronDataConfig:
+    return MegatronDataConfig(sequence_length=8, blend=blend, split="80,20,0", **kw)
+
+
+def _items(datasets) -> list[np.ndarray]:
+    """Every item of train and valid: all fields (``add_extra_token`` moves only the labels)."""
+    out = []
+    for d in datasets[:2]:
+        items = d.__getitems__(list(range(len(d))))
+        out += [np.asarray(items[k]) for k in sorted(items)]
+    return out
+
+
+def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return all(x.shape == y.shape and bool(np.array_equal(x, y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize(("field", "built", "loaded"), CASES, ids=[f"{f}={b}->{v}" for f, b, v in CASES])
+def test_a_folder_prepared_with_another_value_is_never_served_as_this_one(tmp_path, blend, field, built, loaded):
+    cache = str(tmp_path / "cache")
+    build_datasets(_config(blend, path_to_cache=cache, **{field: built}), SIZES)
+    wanted = _items(build_datasets(_config(blend, cache="off", **{field: loaded}), SIZES))
+    other = _items(build_datasets(_config(blend, cache="off", **{field: built}), SIZES))
+    assert not _same(wanted, other)  # the field changes the samples: the case can catch a mix-up
+
+    loading = _config(blend, path_to_cache=cache, build_policy="none", **{field: loaded})
+    key = manifest_key(loading, SIZES)
+    assert manifest_path(cache, key) != manifest_path(cache, manifest_key(_config(blend, **{field: built}), SIZES))
+    try:
+        served = _items(build_datasets(loading, SIZES))
+    except CacheError as exc:
+        assert field in str(exc) or "stale" in str(exc) or "missing" in str(exc), exc
+    else:
+        assert _same(served, wanted)
+
+
+@pytest.mark.parametrize("field", sorted({c[0] for c in CASES}))
+def test_manifest_key_differs_by_each_forgotten_field(blend, field):
+    a = next(c for c in CASES if c[0] == field)
+    base = _config(blend)
+    keys = [manifest_key(dataclasses.replace(base, **{field: v}), SIZES) for v in a[1:]]
+    assert keys[0] != keys[1] and keys[0][field] != keys[1][field]
+
+
+@pytest.mark.parametrize(("rank", "local_rank", "role"), [
+    (0, 0, Role.WRITE), (1, 1, Role.CHECK), (2, 0, Role.CHECK), (3, 1, Role.CHECK), (4, 0, Role.CHECK),
+])
+def test_auto_has_one_writer_in_the_job_not_one_per_node(rank, local_rank, role):
+    """Ranks 2 and 4 are local rank 0 of nodes 1 and 2: a writer per node would make several
+    processes write one shared cache; ``auto`` writes from global rank 0 only."""
+    world = World(rank=rank, world_size=6, local_rank=local_rank, local_world_size=2)
+    assert resolve("auto", world, "auto") == (role, False)
+    writers = [resolve("auto", World(rank=r, world_size=6, local_rank=r % 2, local_world_size=2), "auto")[0]
+               for r in range(6)]
+    assert writers.count(Role.WRITE) == 1
