@@ -19,20 +19,23 @@ from .test_caches_s3 import env, files, reference  # noqa: F401  (fixtures)
 
 def _start(args: list[str], env: dict[str, str], cwd) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tokenload.cli.main", *args], cwd=cwd,
-                            env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("staging", ["shared", "separate"])
-def test_two_prepare_cache_runs_started_together_both_succeed(files, reference, s3, env, tmp_path,  # noqa: F811
-                                                               staging):
+def test_two_prepare_cache_runs_started_together_both_succeed(  # noqa: F811  (fixtures)
+        files, reference, s3, env, tmp_path, staging):
     _, remote = files
-    for round_ in range(3):  # before the fix 21 of 26 such pairs failed with a shared staging folder
+    for round_ in range(3):  # before the fix: 21 of 26 such pairs failed (shared staging)
         folder = _folder()
-        args = ["prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder]
+        args = ["prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS,
+                "--data-cache-path", folder]
         runs = []
         for i in range(2):
-            own = {} if staging == "shared" else {"TOKENLOAD_STAGING_DIR": str(tmp_path / f"staging{i}")}
+            own = {"TOKENLOAD_STAGING_DIR": str(tmp_path / f"staging{i}")}
+            if staging == "shared":
+                own = {}
             runs.append(_start(args, {**env, **own}, tmp_path))
         results = [(*run.communicate(timeout=300), run.returncode) for run in runs]
         for out, err, code in results:
@@ -41,6 +44,7 @@ def test_two_prepare_cache_runs_started_together_both_succeed(files, reference, 
         names = _names(s3, folder)
         assert sum(n.endswith("-description.txt") for n in names) == 9
         assert sum(n.endswith("-tokenload-build.json") for n in names) == 1
-        _same(build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES), reference)
+        job = _config(remote, path_to_cache=folder, build_policy="none")
+        _same(build_datasets(job, SIZES), reference)
     staged = tmp_path / "staging"
     assert not staged.exists() or not list(staged.rglob("*.npy"))

@@ -69,7 +69,8 @@ def test_a_token_file_goes_up_bin_then_sidecar_then_index(monkeypatch, staged):
     store = Store()
     _patch(monkeypatch, upload, store)
     upload.publish_prefix(staged(".bin", ".idx", ".json"), URL)
-    assert _short(store.ops, URL) == [("rm", ".idx"), ("put", ".bin"), ("put", ".json"), ("put", ".idx")]
+    assert _short(store.ops, URL) == [
+        ("rm", ".idx"), ("put", ".bin"), ("put", ".json"), ("put", ".idx")]
 
 
 def test_a_token_file_without_sidecar_removes_the_old_sidecar_before_its_index(monkeypatch, staged):
@@ -77,7 +78,8 @@ def test_a_token_file_without_sidecar_removes_the_old_sidecar_before_its_index(m
     store.objects[URL + ".json"] = b"an old sidecar describing other bytes"
     _patch(monkeypatch, upload, store)
     upload.publish_prefix(staged(".bin", ".idx"), URL)
-    assert _short(store.ops, URL) == [("rm", ".idx"), ("put", ".bin"), ("rm", ".json"), ("put", ".idx")]
+    assert _short(store.ops, URL) == [
+        ("rm", ".idx"), ("put", ".bin"), ("rm", ".json"), ("put", ".idx")]
     assert set(store.objects) == {URL + ".bin", URL + ".idx"}
 
 
@@ -95,8 +97,8 @@ def test_a_failed_token_file_upload_leaves_no_index(monkeypatch, staged, fail_at
 
 # -- index caches ------------------------------------------------------------------------------
 
-REMOTE = CacheFiles(directory="s3://bucket/cache", hash="0123abcd", class_name="GPTDataset", split="train",
-                    arrays=GPT_ARRAYS)
+REMOTE = CacheFiles(directory="s3://bucket/cache", hash="0123abcd", class_name="GPTDataset",
+                    split="train", arrays=GPT_ARRAYS)
 
 
 def _local_cache(tmp_path, name: str = "local", sidecar: bytes = b"{sidecar}") -> CacheFiles:
@@ -132,7 +134,8 @@ def test_a_stale_cache_loses_its_description_before_any_array_changes(monkeypatc
     cache_remote.publish_cache(_local_cache(tmp_path, sidecar=b"{old fields}"), REMOTE)
     store.ops.clear()
     cache_remote.publish_cache(_local_cache(tmp_path, "new", sidecar=b"{new fields}"), REMOTE)
-    assert _names(store.ops) == [("rm", "description.txt"), *[("put", f"{a}.npy") for a in GPT_ARRAYS],
+    assert _names(store.ops) == [("rm", "description.txt"),
+                                 *[("put", f"{a}.npy") for a in GPT_ARRAYS],
                                  ("put", "tokenload.json"), ("put", "description.txt")]
     assert store.objects[REMOTE.sidecar] == b"{new fields}"
 
@@ -158,7 +161,8 @@ def _complete_looking_is_whole(store: Store, want: dict[str, bytes]) -> None:
 
 
 @pytest.mark.parametrize("first_fails_at", [1, 2, 3, 4, 5])
-def test_two_failed_writers_never_leave_a_cache_that_looks_complete(monkeypatch, tmp_path, first_fails_at):
+def test_two_failed_writers_never_leave_a_cache_that_looks_complete(monkeypatch, tmp_path,
+                                                                   first_fails_at):
     """Writer one fails at each of its uploads in turn, then writer two at each of its own (a
     stale cache was there before): no state between or after looks complete unless it is."""
     stale = {REMOTE.description: b"{description}", REMOTE.sidecar: b"{old fields}",

@@ -11,11 +11,14 @@ import select
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
 from tokenload.errors import ConfigError, StorageError
 from tokenload.storage import remote
+from tokenload.storage.chunks import RemoteBin
 from tokenload.storage.options import StorageOptions, read_retry_window, retry_reads_for
 
 URL = "s3://bucket/data/file.idx"
@@ -83,7 +86,8 @@ def _timed(fn):
 
 
 @pytest.mark.parametrize("request_kind", ["head", "ranged_get"])
-def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(silent, monkeypatch, request_kind):
+def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(silent, monkeypatch,
+                                                                   request_kind):
     """One connection per attempt: botocore's own retry (its ``max_attempts`` counts retries, so
     1 doubled every attempt, 2 x 60 s) is off, and the read timeout ends each one."""
     monkeypatch.setenv("TOKENLOAD_RETRIES", "2")
@@ -97,10 +101,11 @@ def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(silent, monkey
     assert "still after 2 retries" in error.message and "Timeout" in error.message
     assert error.path == URL and "TOKENLOAD_READ_TIMEOUT" in error.hint
     assert len(silent.accepted) - before == 3
-    assert 3 * 0.5 <= took < 3 * 0.5 + 5.0  # three timeouts, two short backoffs (and a busy machine)
+    assert 3 * 0.5 <= took < 3 * 0.5 + 5.0  # three timeouts, two backoffs (and a busy machine)
 
 
-def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeout(silent, monkeypatch):
+def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeout(silent,
+                                                                                  monkeypatch):
     """The CLI's mode: 8 retries allowed, but no attempt starts that could end after
     TOKENLOAD_FIRST_CONTACT_TIMEOUT; later requests of the command give up at once."""
     monkeypatch.setenv("TOKENLOAD_READ_TIMEOUT", "1")
@@ -110,7 +115,8 @@ def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeou
     remote.fail_fast_before_first_contact(8)
     error, took = _timed(lambda: remote.info(URL, options))
     assert took <= 4.0 + 1.0 and len(silent.accepted) - before >= 2
-    assert "without an answer" in error.message and "TOKENLOAD_FIRST_CONTACT_TIMEOUT" in error.message
+    assert "without an answer" in error.message
+    assert "TOKENLOAD_FIRST_CONTACT_TIMEOUT" in error.message
     again, took_again = _timed(lambda: remote.info(URL.replace("file", "other"), options))
     assert took_again < 0.1 and "no answer from the endpoint" in again.message
     assert again.path.endswith("other.idx")
@@ -137,8 +143,8 @@ def test_a_read_budget_retries_by_time_and_ends_before_it(silent, monkeypatch, c
     caplog.clear()
     retry_reads_for(5.0)
     assert read_retry_window() == 5.0
-    error, took = _timed(lambda: remote.call(URL, "read bytes [0, 10)", lambda: remote.ranged_get(
-        URL, 0, 10, options), options))
+    error, took = _timed(lambda: remote.call(
+        URL, "read bytes [0, 10)", lambda: remote.ranged_get(URL, 0, 10, options), options))
     assert took <= 5.0 + 1.0  # no attempt starts that could end after the budget
     made = len(silent.accepted) - before
     assert made >= 2  # TOKENLOAD_RETRIES=0, yet retried within the budget
@@ -160,3 +166,63 @@ def test_bad_timeouts_and_budgets_are_config_errors(monkeypatch):
         with pytest.raises(ConfigError):
             retry_reads_for(budget)
     assert read_retry_window() is None
+
+
+class _HeadOnly(BaseHTTPRequestHandler):
+    """Answers HEAD (an object of 4096 bytes) and never answers a GET: a server that hangs
+    under a running job after the files were opened."""
+
+    protocol_version = "HTTP/1.1"
+    released = threading.Event()
+    gets = 0
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.send_response(200)
+        for name, value in (("Content-Length", "4096"), ("ETag", '"e1"'),
+                            ("Last-Modified", "Wed, 02 Dec 2026 04:00:00 GMT")):
+            self.send_header(name, value)
+        self.end_headers()
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).gets += 1
+        self.released.wait(30)
+        self.close_connection = True
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_training_read_of_a_server_gone_silent_ends_within_its_budget(monkeypatch, caplog):
+    """A ``.bin`` opened (its HEAD answered), then every GET hangs: the chunk read through
+    ``chunks.RemoteBin`` retries while the budget allows, warns, and raises before it."""
+    caplog.set_level(logging.WARNING, logger="tokenload")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HeadOnly)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _HeadOnly.released.clear()
+    values = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+              "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+              "AWS_DEFAULT_REGION": "us-east-1",
+              "TOKENLOAD_RETRIES": "0", "TOKENLOAD_CONNECT_TIMEOUT": "0.5",
+              "TOKENLOAD_READ_TIMEOUT": "0.5", "TOKENLOAD_RETRY_BACKOFF": "0.05",
+              "TOKENLOAD_PREFETCH": "0"}
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    try:
+        source = RemoteBin("s3://bucket/data/c.bin", np.uint16)
+        with pytest.raises(StorageError):  # the clients made, as a worker has them after a batch
+            source._read(0, 8)
+        gets = _HeadOnly.gets
+        caplog.clear()
+        retry_reads_for(5.0)
+        error, took = _timed(lambda: source._read(0, 8))
+        assert took <= 5.0 + 1.0 and _HeadOnly.gets - gets >= 2
+        assert error.path == "s3://bucket/data/c.bin"
+        assert "reads are retried for up to 5 s" in error.message
+        assert any("retrying for up to" in r.getMessage() for r in caplog.records)
+    finally:
+        retry_reads_for(None)
+        _HeadOnly.released.set()
+        server.shutdown()
+        server.server_close()
