@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from multiprocessing import util
 from pathlib import Path
@@ -46,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-SEQ, MBS, STEPS = 32, 4, 24
+SEQ, MBS, STEPS = 32, 4, 32
+LATEST = STEPS - 12  # faults strike before: a worker killed later may owe nothing more
 FAULTS = ("kill", "stop", "stop_cont", "exit_start", "raise", "block")
 
 
@@ -181,7 +183,8 @@ def expected_batches(dataset: Any) -> list[np.ndarray]:
 @contextlib.contextmanager
 def watchdog(seconds: float):
     def fire(signum, frame):
-        raise Hang(f"case still running after {seconds:.0f} s")
+        where = " <- ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_stack(frame)[-8:]))
+        raise Hang(f"case still running after {seconds:.0f} s, in {where}")
 
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -327,7 +330,7 @@ def random_cases(total_faults: int, seed: int, methods=("fork", "spawn")) -> lis
     rng = random.Random(seed)
     cases, count = [], 0
     while count < total_faults:
-        steps = rng.sample(range(STEPS - 2), rng.choice((1, 1, 2, 3)))
+        steps = rng.sample(range(LATEST), rng.choice((1, 1, 2, 3)))
         faults = [(f, step or int(f in ("kill", "stop", "stop_cont")))  # signals need workers
                   for f, step in ((rng.choice(FAULTS), step) for step in steps)]
         budget = rng.choice((3, 3, 3, 1, 0))
@@ -372,12 +375,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=None, help="write every outcome and the summary as JSON")
     ap.add_argument("--quick", action="store_true", help="30 faults")
+    ap.add_argument("--methods", default="fork,spawn", help="start methods to draw from")
     args = ap.parse_args()
     total = 30 if args.quick else args.faults
     with tempfile.TemporaryDirectory(prefix="tokenload-chaos-data-") as tmp:
         data = make_data(Path(tmp))
         datasets, wants, outcomes = {}, {}, []
-        cases = random_cases(total, args.seed)
+        cases = random_cases(total, args.seed, tuple(args.methods.split(",")))
         started = time.monotonic()
         for i, case in enumerate(cases):
             key = (case.kind, case.read_mode)

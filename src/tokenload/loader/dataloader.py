@@ -32,9 +32,10 @@ from typing import Any, Iterator
 
 from ..distributed import World
 from ..errors import ConfigError, StateError, require
+from ..storage.options import retry_reads_for
 from .accounting import LoaderMetrics, summary_line
 from .collate import fetch, to_tensors
-from .health import WorkerHealth
+from .health import WorkerHealth, read_budget
 from .ledger import Ledger
 from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
@@ -176,6 +177,7 @@ class TokenloadDataLoader:
         pin = self.config.pin_memory and _cuda_available()
         pool = None
         if self.config.num_workers == 0:
+            retry_reads_for(read_budget(self.config.worker_timeout))  # as workers do (health.py)
             batches = (fetch(self.dataset, indices) for indices in sampler)
         else:
             pool = self._workers()

@@ -117,6 +117,13 @@ class WorkerHealth:
         }
 
 
+def read_budget(worker_timeout: float | None) -> float | None:
+    """How long a worker's object-storage read may retry (``storage.options.retry_reads_for``):
+    most of ``worker_timeout``, so that a server that stopped answering ends as a typed
+    StorageError before the worker counts as stalled (a replacement would find it as dead)."""
+    return None if worker_timeout is None else 0.8 * worker_timeout
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "is still running"

@@ -20,6 +20,7 @@ import signal
 import traceback
 from typing import Any
 
+from ..storage.options import retry_reads_for
 from .collate import fetch
 from .health import WorkerError
 from .ring import WorkerRing, batch_bytes
@@ -35,9 +36,13 @@ def group_size(prefetch: int) -> int:
     return max(1, min(_GROUP, prefetch // 2))
 
 
-def worker_main(w: int, n: int, dataset: Any, commands, results, slots: int) -> None:
+def worker_main(w: int, n: int, dataset: Any, commands, results, slots: int,
+                read_budget: float | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _no_wakeup_preemption()
+    # object-storage reads retry by time, and end as a StorageError before the watchdog
+    # would take this worker for a stalled one
+    retry_reads_for(read_budget)
     parent = os.getppid()  # the training process, or the forkserver that forked this worker
     worker = None
     try:

@@ -45,7 +45,7 @@ import weakref
 from typing import Any, Iterator
 
 from .channel import Channel
-from .health import Fault, WorkerError, WorkerHealth, cpu_time, doing, logger
+from .health import Fault, WorkerError, WorkerHealth, cpu_time, doing, logger, read_budget
 from .ring import ConsumerRing
 from .worker_main import group_size, worker_main
 
@@ -156,7 +156,7 @@ class WorkerPool:
         command_out, command_in = self._ctx.Pipe(duplex=False)
         result_out, result_in = self._ctx.Pipe(duplex=False)
         args = (w, len(self.processes), self._dataset, Channel(command_out), Channel(result_in),
-                self.slots)
+                self.slots, read_budget(self.health.timeout))
         process = self._ctx.Process(target=worker_main, args=args, name=f"tokenload-worker-{w}",
                                     daemon=True)
         process.start()

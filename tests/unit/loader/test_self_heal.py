@@ -341,3 +341,33 @@ def test_the_issue_reproduction_raises_a_worker_error_within_seconds(tmp_path, s
     assert "WorkerError: loader worker" in done.stderr and "while starting" in done.stderr
     assert "__name__ == '__main__'" in done.stderr
     assert time.monotonic() - began < 100
+
+
+class _Budget:
+    """Each sample carries the storage read budget of the process that read it."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitems__(self, indices):
+        from tokenload.storage.options import read_retry_window
+
+        return {"budget": np.full(len(indices), read_retry_window() or -1.0)}
+
+
+@pytest.mark.parametrize("workers,method", [(0, None), (1, "fork"), (1, "spawn")])
+def test_storage_reads_retry_for_most_of_worker_timeout(workers, method):
+    """Issue 24 (4): a training read of a silent server retries by time, ending as a typed
+    StorageError before the worker would count as stalled (storage.options.retry_reads_for)."""
+    from tokenload.storage import options
+
+    before = options.read_retry_window()
+    try:
+        for timeout, budget in ((50.0, 40.0), (None, -1.0)):
+            loader = _loader(_Budget(), num_workers=workers, multiprocessing_context=method,
+                             worker_timeout=timeout)
+            got = next(iter(loader))["budget"]
+            loader.close()
+            assert got.tolist() == [budget] * MBS, timeout
+    finally:
+        options.retry_reads_for(before)
