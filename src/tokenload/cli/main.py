@@ -106,7 +106,8 @@ def did_you_mean(command_parser: argparse.ArgumentParser, words: Sequence[str]) 
     return "; ".join(hints)
 
 
-#: Retries of an endpoint the command has not reached yet (refused, unknown host): 0.5 + 1 + 2 s.
+#: Retries of an endpoint the command has not reached yet (refused, unknown host): 0.5 + 1 + 2 s;
+#: one that accepts and stays silent is given up within TOKENLOAD_FIRST_CONTACT_TIMEOUT (50 s).
 FIRST_CONTACT_RETRIES = 3
 
 

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+from support import run_cli
 
 from tokenload.errors import ConfigError, StorageError
 from tokenload.storage import remote
@@ -120,6 +121,22 @@ def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeou
     again, took_again = _timed(lambda: remote.info(URL.replace("file", "other"), options))
     assert took_again < 0.1 and "no answer from the endpoint" in again.message
     assert again.path.endswith("other.idx")
+
+
+def test_the_cli_gives_up_on_a_silent_endpoint_with_one_line(silent):
+    """``tokenload info`` against the silent endpoint: exit 2, one line naming the object, the
+    time without an answer and the variable, within TOKENLOAD_FIRST_CONTACT_TIMEOUT."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "TOKENLOAD_"))}
+    env.update(TOKENLOAD_READ_TIMEOUT="1", TOKENLOAD_FIRST_CONTACT_TIMEOUT="4")
+    done = run_cli("info", "s3://bucket/data/c", env=env, timeout=120)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert last.startswith("tokenload info: error: s3://bucket/data/c.idx: cannot read")
+    assert "s without an answer" in last and "TOKENLOAD_FIRST_CONTACT_TIMEOUT, 4 s" in last
+    quiet = float(last.split(" s without an answer")[0].rsplit(" ", 1)[1])
+    assert quiet <= 4.0 and len(silent.accepted) >= 2
 
 
 def test_a_library_process_keeps_its_retries_on_a_silent_endpoint(silent, monkeypatch):
