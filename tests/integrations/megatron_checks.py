@@ -247,6 +247,11 @@ def parity(work: str) -> dict:
         for it in ours:
             it.iterable.close()
         report[name] = entry
+    args.dataloader_type = "single"  # Megatron would wrap the loaders in its own sampler
+    try:
+        train_valid_test_datasets_provider([8, 8, 8])
+    except ValueError as exc:  # tokenload's ConfigError
+        report["refused"] = str(exc)
     return report
 
 

@@ -4,6 +4,23 @@ megatron.training needs Python 3.12 and megatron-core, which the main test venv 
 the checks (``megatron_checks.py``) run under the Python named by ``TOKENLOAD_MEGATRON_PYTHON``
 (``bash .ci/megatron-venv.sh`` makes it), as real processes joined by gloo through torchrun.
 Without that variable these tests skip on a developer's machine and fail under ``CI=true``.
+
+What needs CUDA, and is therefore replaced here by the functions beneath it (megatron-core
+0.19.2): ``pretrain()``; ``initialize_megatron`` (asserts CUDA; without devices it skips
+``mpu.initialize_model_parallel``, and rank 0's ``compile_helpers`` runs ``make`` in the wheel's
+datasets folder, which has no Makefile) -> gloo and ``initialize_model_parallel`` here, globals
+from ``parse_and_validate_args``; ``build_train_valid_test_data_loaders`` (broadcasts its
+do-train/valid/test flags as a CUDA tensor) -> ``build_train_valid_test_datasets`` +
+``build_pretraining_data_loader`` + the iterator wrapping of
+``build_train_valid_test_data_iterators``; pretrain_gpt.py's ``get_batch`` /
+``get_batch_on_this_tp_rank`` (``.cuda()``, tensor-parallel broadcast) -> the batch fields are
+compared instead; ``train_step``/``evaluate`` -> their data arithmetic
+(``get_num_microbatches()`` micro-batches, ``consumed_*_samples`` increments);
+``save_checkpoint``/``load_checkpoint`` (need a model and optimizer) -> ``args`` saved with
+``torch.save`` and ``load_checkpoint``'s two lines restoring the consumed samples. A GPU run checks
+them by training a 2-layer GPT with the changed and the unchanged pretrain_gpt.py on the same
+flags (``--deterministic-mode``): the same ``lm loss`` at every iteration; then ``--save`` on 2
+GPUs and ``--load`` on 4 (DP 4, and TP 2 x DP 2), the loss continuing as the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -60,6 +77,7 @@ def test_batches_equal_megatrons_gpt_dataset_path(megatron_python, tmp_path):
     pretrain_gpt.py's GPTDataset path for the same args, resumed mid-way (consumed samples as a
     checkpoint restores them), until both end."""
     report = run_checks(megatron_python, 1, "parity", str(tmp_path))
+    assert "--dataloader-type single" in report.pop("refused")
     assert set(report) == {"one-prefix", "weighted-blend", "per-split", "mock", "cyclic",
                            "inter-document"}
     base = {"tokens", "labels", "loss_mask", "position_ids"}
