@@ -29,8 +29,10 @@ through untouched (read from megatron-core 0.19.2's ``megatron/training``):
   ``get_batch`` reads: ``tokens``, ``labels``, ``loss_mask``, ``position_ids``, plus
   ``attention_mask`` unless ``--no-create-attention-mask-in-dataloader``, ``cu_seqlens`` and
   ``max_seqlen`` with ``--dataloader-inter-document-masking``, and ``dataset_id`` for a blend.
-* Ranks that hold no data in Megatron (tensor-parallel rank > 0, middle pipeline stages: they
-  receive the batch by broadcast) get ``None``, as ``pretrain_gpt.py``'s provider gives them.
+* Ranks that hold no data in Megatron (tensor-parallel rank > 0, middle pipeline stages without
+  multi-token-prediction layers: they receive the batch by broadcast) get ``None``, as
+  ``pretrain_gpt.py``'s provider gives them; with ``--dataloader-inter-document-masking`` the
+  middle stages get loaders too (their ``get_batch`` reads ``cu_seqlens`` from the iterator).
 
 Metrics: the train iterator writes the loader's ``metrics()`` (data wait share and mean, samples
 and tokens per second, per-source samples and tokens, epochs, worker restarts) to Megatron's
