@@ -66,7 +66,7 @@ def saved_dataset_files(folder: str) -> list[str] | None:
             d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d))
         )
         raise ConfigError(
-            f"{folder!r} is a Hugging Face DatasetDict with splits {', '.join(splits)}",
+            f"this is a Hugging Face DatasetDict with splits {', '.join(splits)}",
             path=folder,
             hint=f"pass one split's folder, e.g. --input {os.path.join(folder, splits[0])}"
             if splits
@@ -131,7 +131,7 @@ def snapshot_files(folder: str, found: list[str]) -> list[str]:
         by_split = {s: by_split[s] for s in _SPLIT_WORDS if s in by_split}
         choices = "; ".join(f"{s}: --input {_glob_for(paths)!r}" for s, paths in by_split.items())
         raise ConfigError(
-            f"{folder!r} is a Hugging Face dataset with splits {', '.join(by_split)}",
+            f"this Hugging Face dataset holds the splits {', '.join(by_split)}",
             path=folder,
             hint=f"pass one split's files ({choices})",
         )

@@ -160,7 +160,7 @@ def test_hub_snapshot_with_several_splits_names_each_splits_glob(tmp_path, rows)
                        ("train-00001-of-00002", table.slice(100, 100)),
                        ("test-00000-of-00001", table.slice(200))):
         pq.write_table(part, snap / "data" / f"{name}.parquet")
-    with pytest.raises(ConfigError, match="splits train, test") as info:
+    with pytest.raises(ConfigError, match="holds the splits train, test") as info:
         expand_inputs([str(snap)])
     train_glob = str(snap / "data" / "train-0000*")
     assert repr(train_glob) in info.value.hint
