@@ -27,7 +27,16 @@ logger = logging.getLogger(__name__)
 #: writer on another host of a shared filesystem).
 STALE_AFTER_S = 24 * 3600
 
-_TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?:(?P<host>[A-Za-z0-9_.]+)-)?(?P<pid>\d+)-(?P<token>[0-9a-f]{8})$")
+_TEMP = re.compile(
+    r"^\.(?P<name>.+)\.tmp-(?:(?P<host>[A-Za-z0-9_.]+)-)?(?P<pid>\d+)-(?P<token>[0-9a-f]{8})(?P<ready>\.ready)?$"
+)
+#: A complete, fsynced temporary of a replacement in progress (``ready_path``).
+READY = ".ready"
+#: A replacement whose writer cannot be checked (another host) and whose ready marker has not
+#: changed for this long is finished by the next reader: a publish takes milliseconds.
+PUBLISH_STALL_S = 60.0
+#: How long a reader waits for a live writer to finish its publish before giving up.
+PUBLISH_WAIT_S = 5.0
 #: errnos that can only come from writing, so a write callback's OSError with one is our write's
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
@@ -113,6 +122,63 @@ def require_existing_folder(folder: str | os.PathLike[str], path: str | None = N
             path=path or os.fspath(folder),
             hint="create the folder first (mkdir -p) or choose another output path",
         )
+
+
+def ready_path(tmp: Path, final: str | os.PathLike[str]) -> Path:
+    """The name under which a complete temporary of ``final`` waits for its publish: the
+    temporary ``tmp``'s host, process and token (those of the replacement's ``.bin``), plus
+    ``.ready``. A reader that finds no ``.idx`` finishes a replacement whose files are all ready
+    (``finish_publish``)."""
+    final = Path(final)
+    return final.with_name(f".{final.name}.tmp-{tmp.name.rsplit('.tmp-', 1)[1]}{READY}")
+
+
+def finish_publish(idx_final: str | os.PathLike[str], *, wait_s: float = PUBLISH_WAIT_S) -> bool:
+    """Finish a replacement of ``PREFIX.idx``/``.bin``/``.json`` that a writer began (its old
+    ``.idx`` is gone, its new files are all complete: the ``.idx`` as ``ready_path``) and return
+    True once ``idx_final`` exists; False when no replacement is under way.
+
+    A live writer on this host is waited for (``wait_s``); a writer that is gone (killed), or one
+    on another host whose ready ``.idx`` has not changed for ``PUBLISH_STALL_S``, is rolled
+    forward here: the new ``.bin`` (unless already in place), then the new ``.idx`` (the commit),
+    then the sidecar, each by one rename that another finisher may have done already. So a
+    reader of a replaced output finds the old pair or the new one, never a loss of both."""
+    final = Path(idx_final)
+    markers = sorted(final.parent.glob(f".{glob.escape(final.name)}.tmp-*{READY}"),
+                     key=lambda p: _mtime(p) or 0.0)
+    if not markers:
+        return final.exists()
+    marker = markers[-1]
+    match = _TEMP.match(marker.name)
+    if match is None:
+        return final.exists()
+    deadline = time.monotonic() + wait_s
+    while not owner_gone(match["host"], int(match["pid"])) and time.time() - (_mtime(marker) or 0.0) < PUBLISH_STALL_S:
+        if final.exists() or not marker.exists():
+            return final.exists()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    suffix = marker.name[len(f".{final.name}.tmp-"):-len(READY)]
+    stem = final.with_suffix("")
+    bin_final, json_final = stem.with_name(stem.name + ".bin"), stem.with_name(stem.name + ".json")
+    moves = ((bin_final.with_name(f".{bin_final.name}.tmp-{suffix}"), bin_final), (marker, final),
+             (json_final.with_name(f".{json_final.name}.tmp-{suffix}{READY}"), json_final))
+    for src, dst in moves:
+        try:
+            os.replace(src, dst)
+        except FileNotFoundError:
+            continue  # moved already: by the writer before it was killed, or by another reader
+    fsync_dir(final.parent)
+    logger.warning("finished the replacement of %s that a killed writer left half published", stem)
+    return final.exists()
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
 
 
 def remove_temporaries(prefix: str | os.PathLike[str]) -> None:

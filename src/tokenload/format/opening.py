@@ -20,6 +20,7 @@ the counts give, after the O(1) checks of the ``.idx`` size and the header bytes
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import FormatError, StorageError
+from .atomic import finish_publish
 from .bin import BinSource, ReadMode, open_bin, warmup_file
 from .descriptors import map_readonly
 from .idx import (
@@ -44,6 +46,8 @@ from .storage import read_error
 
 if TYPE_CHECKING:
     from .reader import TokenFile
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,16 +75,24 @@ class Opened:
         return self.header.dtype.itemsize
 
 
-def open_pair(file: TokenFile) -> Opened:
-    """Open ``file``'s index and ``.bin`` with its options, after the O(1) checks."""
+def open_pair(file: TokenFile, *, retry: bool = True) -> Opened:
+    """Open ``file``'s index and ``.bin`` with its options, after the O(1) checks.
+
+    A writer replaces the ``.idx`` last (``TokenFileWriter._publish``), so the ``.bin`` opened
+    after an ``.idx`` belongs to it when that ``.idx`` is still in place afterwards: one
+    ``stat`` checks it, and a pair replaced in between is opened again."""
     if file.warmup and "://" not in file.prefix:
         warmup_file(file.idx_path)
         warmup_file(file.bin_path)
-    header, lengths, pointers, documents, modes = _index(file)
+    opened: list[int] = []
+    header, lengths, pointers, documents, modes = _index(file, opened)
     per_sequence = _per_sequence_documents(header, documents, file.idx_path)
     if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":  # TNTIDX: its element size decides
         header = _float_header(file, header, lengths)
     source = open_bin(file.bin_path, header.dtype, file.mode)
+    if not _same_index(file, opened, retry):
+        source.close()
+        return open_pair(file, retry=False)  # replaced between the two opens: both again
     try:
         _check_bin_size(header, lengths, pointers, source, file.bin_path)
         _check_recorded_dtype(file, header)  # a width the sizes did not refuse: the type
@@ -92,9 +104,31 @@ def open_pair(file: TokenFile) -> Opened:
     return Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
 
 
-def _index(file: TokenFile) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def _same_index(file: TokenFile, opened: list[int], retry: bool) -> bool:
+    """Whether the ``.idx`` opened (device and inode in ``opened``) is still ``PREFIX.idx``; a
+    file in object storage (its local copy) is not checked. False is an error on the retry."""
+    if not opened or "://" in file.prefix:
+        return True
+    try:
+        st = os.stat(file.idx_path)
+        if (st.st_dev, st.st_ino) == tuple(opened):
+            return True
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise read_error(exc, file.idx_path, "the index") from None
+    if retry:
+        return False
+    raise StorageError(
+        "the index was replaced while the token file was opened, twice in a row",
+        path=file.idx_path,
+        hint="a writer or merge is rewriting this prefix right now; open it when it is done",
+    )
+
+
+def _index(file: TokenFile, opened: list[int]) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The header and (lengths, pointers, documents, modes) of either index format."""
-    buffer = _read_index(file)
+    buffer = _read_index(file, opened)
     if is_legacy(buffer[:8]):
         header, lengths, pointers, documents = read_legacy(
             buffer, file.idx_path, dtype_codes=file.dtype_codes, multimodal=file.multimodal
@@ -171,19 +205,34 @@ def _bin_size(bin_path: str) -> int:
         raise read_error(exc, bin_path, "token data") from None
 
 
-def _read_index(file: TokenFile):
+def _read_index(file: TokenFile, opened: list[int], *, finish: bool = True):
+    """The ``.idx`` bytes (a mapping in mmap mode); its device and inode go to ``opened``. No
+    ``.idx`` while a replacement is half published: wait for its writer, or finish it when the
+    writer was killed (``atomic.finish_publish``), and read the result."""
     try:
         from ..storage import local_path  # a URL's .idx: its local copy
 
         with open(local_path(file.idx_path), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if file.mode is ReadMode.MMAP and size > 0:  # a mapping that keeps no descriptor
-                return memoryview(map_readonly(f.fileno(), size))
+            st = os.fstat(f.fileno())
+            opened[:] = [st.st_dev, st.st_ino]
+            if file.mode is ReadMode.MMAP and st.st_size > 0:  # a mapping that keeps no descriptor
+                return memoryview(map_readonly(f.fileno(), st.st_size))
             return memoryview(f.read())
     except FileNotFoundError as exc:
+        if finish and "://" not in file.idx_path and _finished(file.idx_path):
+            return _read_index(file, opened, finish=False)
         raise _missing_index(exc, file.idx_path) from None
     except OSError as exc:
         raise read_error(exc, file.idx_path, "the index") from None
+
+
+def _finished(idx_path: str) -> bool:
+    """Whether a half-published replacement of ``idx_path`` was found and is now complete."""
+    try:
+        return finish_publish(idx_path)
+    except OSError as exc:  # e.g. a read-only folder: the error names the leftovers
+        logger.warning("cannot finish the replacement of %s: %s", idx_path, exc)
+        return False
 
 
 def _per_sequence_documents(header: IndexHeader, documents: np.ndarray, path: str) -> bool:
@@ -221,8 +270,9 @@ def _missing_index(exc: OSError, path: str) -> StorageError:
         f"cannot read the index ({exc.strerror}); its hidden temporary {os.path.basename(leftovers[0])}"
         " remains",
         path=path,
-        hint="a writer or merge of this prefix was killed while replacing its files; rerun it (a"
-        " new merge removes the leftovers)",
+        hint="a writer or merge of this prefix was killed while replacing its files and its new"
+        " files could not be put in place here (a read-only folder?); rerun it (a new merge removes"
+        " the leftovers), or open the prefix once from an account that may write its folder",
     )
 
 

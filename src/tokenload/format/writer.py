@@ -26,6 +26,7 @@ from .atomic import (
     create_temp,
     discard,
     fsync_dir,
+    ready_path,
     replace,
     require_folder,
     sync_file,
@@ -74,6 +75,7 @@ class TokenFileWriter:
         self._tokens = 0
         self._adopted: str | None = None  # the .bin digest of a file adopted whole (see adopt)
         self._closed = False
+        self._unlinked_old = False  # _publish removed the old .idx: the ready files must stay
 
     # -- writing -------------------------------------------------------------------------------
     def _finals(self) -> tuple[str, str, str]:
@@ -294,12 +296,13 @@ class TokenFileWriter:
             bin_path, idx_path, json_path = self._finals()
             temps.append(write_temp(idx_path, lambda f: f.writelines(chunks)))
             temps.append(write_temp(json_path, lambda f: f.write(sidecar.to_json().encode())))
-            self._publish(*temps)
+            self._publish(temps)
             return sidecar
         except BaseException:
             close_quietly(self._bin)
-            for tmp in temps:
-                discard(tmp)
+            if not self._unlinked_old:  # after that the ready files are the output: kept
+                for tmp in temps:
+                    discard(tmp)
             raise
 
     def _index_chunks(self) -> list[bytes]:
@@ -328,19 +331,29 @@ class TokenFileWriter:
             metadata=self.metadata,
         )
 
-    def _publish(self, bin_tmp: Path, idx_tmp: Path, json_tmp: Path) -> None:
+    def _publish(self, temps: list[Path]) -> None:
         """Replace the old output by the complete new one (every temporary is fsynced).
 
-        No order of renames swaps two files at once, so the old ``.idx`` goes before the new
-        ``.bin`` arrives: a reader then finds no ``.idx`` (an error naming the leftovers), never
-        a ``.bin`` and ``.idx`` of different writes. The old sidecar goes first, since it would
-        describe the new pair wrongly; the new one comes last."""
+        No rename swaps two files at once, so the new ``.idx`` is the commit point. First the
+        new ``.idx`` and sidecar are renamed to their ready names (``ready_path``: the ``.bin``
+        temporary's suffix plus ``.ready``), which mark the three as one complete replacement;
+        then the old sidecar and ``.idx`` go, the new ``.bin`` comes, the new ``.idx`` and
+        sidecar last. A reader that finds no ``.idx`` in between waits for a live writer or,
+        when the writer was killed, finishes the renames itself (``finish_publish``): it reads
+        the old pair or the new one, never a ``.bin`` and ``.idx`` of different writes, and
+        never loses both (docs/FORMAT.md, "Writing")."""
+        bin_tmp, idx_tmp, json_tmp = temps
         bin_path, idx_path, json_path = self._finals()
+        for i, (tmp, final) in enumerate(((idx_tmp, idx_path), (json_tmp, json_path)), start=1):
+            temps[i] = ready_path(bin_tmp, final)
+            replace(tmp, temps[i])
+        fsync_dir(Path(self.prefix).parent)
         _unlink(json_path)
+        self._unlinked_old = True  # from here on a reader finishes what a failure leaves
         _unlink(idx_path)
         replace(bin_tmp, bin_path)
-        replace(idx_tmp, idx_path)
-        replace(json_tmp, json_path)
+        replace(temps[1], idx_path)
+        replace(temps[2], json_path)
         fsync_dir(Path(self.prefix).parent)
 
     def abort(self) -> None:
