@@ -41,10 +41,40 @@ def as_sequence_ids(documents: npt.ArrayLike, name: str = "documents") -> npt.ND
     return arr.astype(np.int32)
 
 
+_RUN_CHECK = 1 << 20  # ids compared per pass when testing that documents are one run
+
+
 def tokens_per_epoch(sequence_lengths: npt.ArrayLike, documents: npt.ArrayLike) -> int:
-    """Total tokens of the sequences ``documents`` selects (int64 sum, as Megatron's)."""
+    """Total tokens of the sequences ``documents`` selects (int64 sum, as Megatron's).
+
+    A split's documents are one run of ids (``arange(begin, end)``): their lengths are then
+    summed in place instead of gathered into a copy first. At 100M documents that copy is a
+    400 MB array whose fresh pages cost 1.0-3.5 s of CPU on a 2-core VM (the gather itself is
+    sequential and cheap; ``benchmarks/README.md``, issue 27). Any other ``documents`` (or an
+    id out of range, which raises) takes the gather."""
     lengths = np.asarray(sequence_lengths)
-    return int(np.sum(lengths[np.asarray(documents)], dtype=np.int64))
+    docs = np.asarray(documents)
+    if _one_run(docs, lengths.shape[0]):
+        first = int(docs[0])
+        return int(np.sum(lengths[first : first + docs.shape[0]], dtype=np.int64))
+    return int(np.sum(lengths[docs], dtype=np.int64))
+
+
+def _one_run(docs: np.ndarray, count: int) -> bool:
+    """Whether ``docs`` is ``arange(first, first + n)`` with every id in ``[0, count)``: two
+    ends checked first, then every id, a bounded block at a time (no array of ``n`` made)."""
+    n = docs.shape[0] if docs.ndim == 1 else 0
+    if n < _RUN_CHECK or not np.issubdtype(docs.dtype, np.integer):
+        return False
+    first, last = int(docs[0]), int(docs[-1])
+    if first < 0 or last >= count or last - first != n - 1:
+        return False
+    step = np.arange(_RUN_CHECK, dtype=docs.dtype)
+    for a in range(0, n, _RUN_CHECK):
+        block = docs[a : a + _RUN_CHECK]
+        if not np.array_equal(block, step[: block.shape[0]] + (first + a)):
+            return False
+    return True
 
 
 def build_document_index(
