@@ -35,7 +35,8 @@ TOKENLOAD_READ_TIMEOUT          seconds to wait for the next bytes of an answer 
 TOKENLOAD_FIRST_CONTACT_TIMEOUT a ``tokenload`` command gives up on an endpoint    50
                                 that has never answered (accepts and stays silent,
                                 drops packets, refuses) after at most this long
-TOKENLOAD_CACHE_DIR             local folder of cached ``.idx`` copies             ~/.cache/tokenload
+TOKENLOAD_CACHE_DIR             local folder of cached ``.idx`` copies             ~/.cache/
+                                                                                   tokenload
 ==============================  =================================================  ==============
 
 Bounds. One attempt of a request ends within CONNECT_TIMEOUT + READ_TIMEOUT seconds unless the
@@ -98,14 +99,16 @@ class StorageOptions:
             )
         if self.get_bytes < 8 or self.get_bytes % 8 or self.get_threads < 1:
             raise ConfigError(
-                f"{self.get_bytes} bytes per GET and {self.get_threads} GETs in flight, expected a positive"
-                " multiple of 8 bytes and at least 1 GET",
-                hint="set TOKENLOAD_GET_BYTES to e.g. 67108864 (64 MiB) and TOKENLOAD_GET_THREADS to e.g. 4",
+                f"{self.get_bytes} bytes per GET and {self.get_threads} GETs in flight, expected a"
+                " positive multiple of 8 bytes and at least 1 GET",
+                hint="set TOKENLOAD_GET_BYTES to e.g. 67108864 (64 MiB) and TOKENLOAD_GET_THREADS"
+                " to e.g. 4",
             )
         if self.retries < 0 or self.backoff_s < 0 or self.max_backoff_s < 0 or self.cache_bytes < 0:
             raise ConfigError(
                 "retries, backoff and cache size must be >= 0",
-                hint="check TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF and TOKENLOAD_CHUNK_CACHE_BYTES",
+                hint="check TOKENLOAD_RETRIES, TOKENLOAD_RETRY_BACKOFF and"
+                " TOKENLOAD_CHUNK_CACHE_BYTES",
             )
         times = (self.connect_timeout_s, self.read_timeout_s, self.first_contact_s)
         if not all(math.isfinite(t) and t > 0 for t in times):
@@ -185,4 +188,5 @@ def _number(env, name: str, default, kind):
     try:
         return kind(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number", hint=f"set {name} to a number or unset it") from None
+        raise ConfigError(f"{name}={text!r} is not a number",
+                          hint=f"set {name} to a number or unset it") from None

@@ -41,7 +41,8 @@ T = TypeVar("T")
 _STATS: Counter[str] = Counter()
 _FILESYSTEMS: dict[tuple, Any] = {}
 _STATS_LOCK = threading.Lock()
-_STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "direct_reads", "retries",
+_STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "direct_reads",
+               "retries",
                "index_downloads", "index_hits")
 
 # connections the one client per process keeps: several files' part GETs (TOKENLOAD_GET_THREADS
@@ -51,9 +52,10 @@ _POOL = 64
 _CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network;"
                  " the server did not answer after the retries (TOKENLOAD_RETRIES,"
                  " TOKENLOAD_RETRY_BACKOFF, TOKENLOAD_CONNECT_TIMEOUT, TOKENLOAD_READ_TIMEOUT)")
-_CREDENTIALS_HINT = ("check the bucket's name (some servers deny access to a bucket that does not exist) and"
-                     " the credentials the client library finds (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY,"
-                     " AWS_PROFILE, ~/.aws/credentials): they must be allowed to read it, and to write it for outputs")
+_CREDENTIALS_HINT = ("check the bucket's name (some servers deny access to a bucket that does not"
+                     " exist) and the credentials the client library finds"
+                     " (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials):"
+                     " they must be allowed to read it, and to write it for outputs")
 
 
 def is_url(path: str) -> bool:
@@ -97,7 +99,8 @@ def filesystem(url: str, options: StorageOptions | None = None) -> tuple[Any, st
         raise
     except Exception as exc:
         raise StorageError(f"cannot resolve the URL ({_reason(exc)})", path=url,
-                           hint="check the URL's protocol and that its fsspec package is installed") from None
+                           hint="check the URL's protocol and that its fsspec package is"
+                                " installed") from None
 
 
 def _client_config(options: StorageOptions) -> dict[str, Any]:
@@ -224,7 +227,8 @@ def info(url: str, options: StorageOptions) -> ObjectInfo:
     if found.get("type") == "directory":
         raise StorageError("is a folder, expected an object", path=url,
                            hint="pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)")
-    tag = found.get("ETag") or found.get("etag") or found.get("mtime") or found.get("LastModified") or ""
+    tag = (found.get("ETag") or found.get("etag") or found.get("mtime")
+           or found.get("LastModified") or "")
     return ObjectInfo(int(found["size"]), str(tag).strip('"'))
 
 
@@ -346,25 +350,31 @@ def _stop(attempt: int, wait: float, started: float, silent: bool,
 def transient(exc: BaseException) -> bool:
     """Whether a failure may pass on retry: anything but a missing object, denied access, missing
     credentials or a malformed request (those fail the same way every time)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError,
-                        TypeError, AttributeError)):
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
+                        ValueError, TypeError, AttributeError)):
         return False
     if isinstance(exc, OSError) and exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES):
         return False  # s3fs's InvalidRange (a shorter object), denied or malformed requests
     name = type(exc).__name__
-    return name not in ("NoCredentialsError", "PartialCredentialsError", "ParamValidationError", "NoRegionError")
+    return name not in ("NoCredentialsError", "PartialCredentialsError", "ParamValidationError",
+                        "NoRegionError")
 
 
 def permanent_error(exc: BaseException, url: str, action: str) -> StorageError:
     if isinstance(exc, FileNotFoundError):
-        return StorageError(f"cannot {action}: the object does not exist", path=url,
-                            hint="check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket; a"
-                                 " .bin without its .idx is an interrupted upload: rerun the command that wrote it")
+        if url.endswith((".idx", ".bin")):
+            hint = ("check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket; a"
+                    " .bin without its .idx is an interrupted upload: rerun the command that wrote"
+                    " it")
+        else:
+            hint = "check the URL and the bucket (the object may have been deleted meanwhile)"
+        return StorageError(f"cannot {action}: the object does not exist", path=url, hint=hint)
     if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
         return StorageError(f"cannot {action}: the request was refused ({_reason(exc)})", path=url,
                             hint="the object may have been truncated or replaced; check it")
     if isinstance(exc, PermissionError) or "Credentials" in type(exc).__name__:
-        return StorageError(f"cannot {action}: access denied ({_reason(exc)})", path=url, hint=_CREDENTIALS_HINT)
+        return StorageError(f"cannot {action}: access denied ({_reason(exc)})", path=url,
+                            hint=_CREDENTIALS_HINT)
     return StorageError(f"cannot {action} ({_reason(exc)})", path=url,
                         hint="check the URL, the endpoint and the credentials")
 

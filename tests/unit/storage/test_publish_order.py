@@ -201,3 +201,16 @@ def test_each_cache_writer_stages_in_a_folder_of_its_own(monkeypatch, tmp_path):
         assert f.read() == b"{description}"
     writers[1].__exit__(None, None, None)
     assert not any(itertools.chain((tmp_path / "staging").iterdir()))
+
+
+def test_an_upload_whose_local_file_is_gone_says_so(monkeypatch, tmp_path):
+    """Not "the object does not exist" with a hint about PREFIX.idx (what a staged file removed
+    by another writer used to give): the local file is named, and the staging folder."""
+    for name, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+                        "AWS_SECRET_ACCESS_KEY": "s", "TOKENLOAD_RETRIES": "0"}.items():
+        monkeypatch.setenv(name, value)
+    gone = tmp_path / "staged-description.txt"
+    with pytest.raises(StorageError) as caught:
+        upload.upload_file(str(gone), "s3://bucket/cache/x-description.txt")
+    assert f"the local file {gone} is gone" in caught.value.message
+    assert "TOKENLOAD_STAGING_DIR" in caught.value.hint
