@@ -5,6 +5,11 @@ of samples the whole job has consumed. The fingerprint makes a state saved for o
 another order fail loudly instead of silently reshuffling. A computed blend's state also holds
 its mixture (every source's cursor), which the loader hands to the blend on resume, so its
 weights and sources may change between runs (``TokenloadDataLoader.load_state_dict``).
+
+Beside these fields the loader's state dict carries ``"skips"`` (each ``loader.skip``: where, how
+many samples, and how many of each source) and ``"accounting"`` (the job's per-source drawn,
+skipped and delivered samples, tokens and epochs: ``ledger.py``; informational, recomputed on
+load, printed by ``tokenload state``).
 """
 
 from __future__ import annotations

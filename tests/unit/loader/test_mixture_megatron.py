@@ -17,6 +17,9 @@ from tokenload.errors import StateError
 from tokenload.index import build_blending_indices
 from tokenload.loader import build_dataloader
 
+# several loaders (some with fork workers) per test: ~10 s alone, minutes on a loaded machine
+pytestmark = pytest.mark.timeout(240)
+
 SIZE = 640
 
 

@@ -15,6 +15,9 @@ from tokenload.datasets.computed import build_computed_datasets
 from tokenload.errors import ConfigError
 from tokenload.loader import build_dataloader
 
+# several loaders (some with fork workers) per test: ~10 s alone, minutes on a loaded machine
+pytestmark = pytest.mark.timeout(240)
+
 NAMES = ["a", "b", "c", "d"]
 SCHEDULE = [(0, [5, 3, 0, 0]), (48, [2, 3, 4, 0]), (120, [0, 3, 1, 2]), (200, [1, 0, 0, 1])]
 TOTAL = 312

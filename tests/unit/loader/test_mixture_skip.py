@@ -17,6 +17,9 @@ from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import ConfigError, StateError
 from tokenload.loader import build_dataloader
 
+# several loaders (some with fork workers) per test: ~10 s alone, minutes on a loaded machine
+pytestmark = pytest.mark.timeout(240)
+
 
 @pytest.mark.parametrize("dp, mbs, workers", [(2, 4, 0), (4, 2, 2)])
 def test_the_stream_after_a_skip_is_the_unskipped_stream_from_there(files, dp, mbs, workers):
