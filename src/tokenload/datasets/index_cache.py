@@ -11,7 +11,10 @@ shapes (against those the configuration implies) and, when tokenload wrote it, a
 what Megatron's hash forgets (extra token, validation drop-last, the token files' sizes, their
 sidecar hashes when they have one, and an xxh3 of each ``.idx``'s sequence lengths and document
 indices: what the indices depend on, so a file rewritten to the same sizes is noticed). A stale
-cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently reused.
+cache is rebuilt (``cache="auto"``) or refused (``cache="strict"``), never silently reused. The
+sidecar's xxh3-64 of each array is verified by ``check_cache`` (arrays up to 256 MiB) or where the
+array is first mapped; a cache without a sidecar is checked against the token file's current
+lengths on its first use (``cache_match``).
 
 A writer with ``behind`` set (``auto`` on many ranks) serves its arrays from memory and writes
 them afterwards in a thread (``write_behind``); ``wait_for_cache_writes`` waits for those writes.
