@@ -7,7 +7,8 @@ Input: ``--mb`` MB of generated text (documents of 50-4,000 words from a small v
 accents and CJK), saved with ``save_to_disk`` in 4 shards. Each side runs as its own child process
 (``tokenload preprocess`` in-process there, ByteTokenizer so that reading dominates, ``--chunk-mb
 1``); the figures are wall time and the child's peak RSS (``VmHWM``). The baseline's time
-includes the export to JSONL, its peak is the larger of the export's and the preprocess's. Both
+includes the export to JSONL, its peak is the larger of the export's and the preprocess's (the
+last column: the preprocess alone). Both
 outputs must be byte-identical: the script checks it. Rounds alternate the sides.
 """
 
@@ -74,30 +75,33 @@ def main() -> None:
     print(f"dataset: {size / 2**20:.0f} MiB of text, {len(os.listdir(saved)) - 2} Arrow files")
     common = ["--tokenizer-type", "ByteTokenizer", "--append-eod", "--chunk-mb", "1",
               "--workers", str(args.workers), "--no-progress"]
-    results: dict[str, list[tuple[float, int]]] = {"folder": [], "to_json + jsonl": []}
+    results: dict[str, list[tuple[float, int, int]]] = {"folder": [], "to_json + jsonl": []}
     for r in range(args.rounds):
         for side in results:
             out = os.path.join(args.dir, f"out-{side.split()[0]}-{r}")
             if side == "folder":
-                results[side].append(
-                    child("run", "preprocess", "--input", saved, "--output-prefix", out, *common)
-                )
+                t, p = child("run", "preprocess", "--input", saved, "--output-prefix", out, *common)
+                results[side].append((t, p, p))
             else:
                 jsonl = os.path.join(args.dir, "export.jsonl")
                 t1, p1 = child("export", saved, jsonl)
                 t2, p2 = child("run", "preprocess", "--input", jsonl, "--output-prefix", out,
                                *common)
                 os.remove(jsonl)
-                results[side].append((t1 + t2, max(p1, p2)))
+                results[side].append((t1 + t2, max(p1, p2), p2))
     for ext in (".bin", ".idx"):
         a = open(os.path.join(args.dir, f"out-folder-0_text_document{ext}"), "rb").read()
         b = open(os.path.join(args.dir, f"out-to_json-0_text_document{ext}"), "rb").read()
         assert a == b, f"outputs differ ({ext})"
     print("outputs byte-identical")
-    print("| input | wall s (median) | peak RSS MiB (max) |\n|---|---|---|")
     for side, runs in results.items():
-        times = sorted(t for t, _ in runs)
-        print(f"| {side} | {times[len(times) // 2]:.1f} | {max(p for _, p in runs)} |")
+        print(f"{side}: " + ", ".join(f"{t:.1f} s" for t, _, _ in runs))
+    print("| input | wall s (median) | peak RSS MiB (max) | of which preprocess |")
+    print("|---|---|---|---|")
+    for side, runs in results.items():
+        times = sorted(t for t, _, _ in runs)
+        peak, pre = max(p for _, p, _ in runs), max(q for _, _, q in runs)
+        print(f"| {side} | {times[len(times) // 2]:.1f} | {peak} | {pre} |")
     shutil.rmtree(args.dir, ignore_errors=True)
 
 
