@@ -378,6 +378,8 @@ def main() -> None:
     ap.add_argument("--methods", default="fork,spawn", help="start methods to draw from")
     args = ap.parse_args()
     total = 30 if args.quick else args.faults
+    import torch  # noqa: F401  (the loader needs it: imported before the first case's bound)
+
     with tempfile.TemporaryDirectory(prefix="tokenload-chaos-data-") as tmp:
         data = make_data(Path(tmp))
         datasets, wants, outcomes = {}, {}, []

@@ -166,11 +166,27 @@ def test_an_exception_in_the_dataset_read_is_raised_typed_not_restarted(dataset,
         loader.close()
 
 
+def _exit_if_armed(folder: str) -> None:
+    FaultyDataset.__new__(FaultyDataset).__setstate__({"folder": folder})  # exits when armed
+
+
+class _ExitOnLoad:
+    """Unpickling it runs the armed exit: before the rest of the payload is read."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __reduce__(self):
+        return (_exit_if_armed, (self.folder,))
+
+
 class _Heavy(FaultyDataset):
-    """A pickled dataset far larger than a pipe buffer (64 KiB)."""
+    """A pickled dataset far larger than a pipe buffer (64 KiB); a worker armed to exit at start
+    dies before it has read the 4 MiB that follow its trigger."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.trigger = _ExitOnLoad(self.folder)
         self.ballast = np.ones(4 << 20, dtype=np.uint8)
 
 
@@ -194,24 +210,25 @@ def test_a_large_spawn_dataset_and_a_worker_dying_while_it_starts_does_not_hang(
 
 
 def test_spawn_workers_stopped_while_they_start_are_replaced(dataset, tickets, monkeypatch):
-    """Stopped before or while reading a 4 MiB dataset from their pipe: the loader's writes never
-    block, and the silence is a stall like any other."""
+    """Stopped before reading its 4 MiB dataset from its pipe: the loader's writes never block
+    (a blocking write hung here for ever), and the silence is a stall like any other."""
     want = _want(dataset, 6)
     loader = _loader(_Heavy(dataset, tickets), multiprocessing_context="spawn", worker_timeout=2.0)
-    original = workers_module.WorkerPool._start
+    original = workers_module.WorkerPool._send
     stopped = []
 
-    def start_stopped(pool, w):
-        original(pool, w)
-        if not stopped:
+    def send_to_stopped(pool, w, message):
+        if message[0] == "dataset" and not stopped:
             stopped.append(pool.processes[w].pid)
             os.kill(stopped[0], signal.SIGSTOP)
+        original(pool, w, message)
 
-    monkeypatch.setattr(workers_module.WorkerPool, "_start", start_stopped)
+    monkeypatch.setattr(workers_module.WorkerPool, "_send", send_to_stopped)
     try:
         _check([b for _, b in zip(range(6), loader)], want)
         health = loader.metrics()["workers"]
         assert health["stalls"] == 1 and health["faults"][0]["pid"] == stopped[0]
+        assert not health["faults"][0]["started"]
     finally:
         loader.close()
 
