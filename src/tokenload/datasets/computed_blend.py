@@ -121,6 +121,7 @@ class ComputedBlendedDataset(_Items):
         entry = self.mixture.phase_of(consumed)
         start, weights = self.schedule[entry]
         following = self.schedule[entry + 1][0] if entry + 1 < len(self.schedule) else None
+        start = max(start, self.mixture.start)  # a chain begun at a resume: from there
         return {"entry": entry, "entries": len(self.schedule), "start": start,
                 "weights": list(weights), "next_change": following}
 

@@ -171,7 +171,8 @@ class ContinuableBlendedDataset(BlendedDataset):
         starts = [s for s, _ in self.schedule]
         entry = int(np.searchsorted(starts, consumed, side="right")) - 1
         following = starts[entry + 1] if entry + 1 < len(starts) else None
-        return {"entry": entry, "entries": len(starts), "start": starts[entry],
+        # a chain begun at a resume serves the entry from there (its origin)
+        return {"entry": entry, "entries": len(starts), "start": max(starts[entry], self.origin),
                 "weights": list(self.schedule[entry][1]), "next_change": following}
 
     # -- resume -----------------------------------------------------------------------------------

@@ -82,6 +82,7 @@ def test_removed_sources_keep_their_figures(files):
     b = blend(files).sources[1]
     assert job[b]["active"] is False and job[b]["samples"] == first[b]["samples"] > 0
     assert state2["mixture"]["sources"][b]["cursor"] == first[b]["drawn"]
+    assert state2["accounting"]["schedule"]["start"] == 64  # the new weights hold from the resume
 
 
 def test_megatron_order_blends_and_single_files_are_counted_exactly(files):
