@@ -28,19 +28,31 @@ import numpy as np
 __all__ = ["gpt_cache_mismatches"]
 
 
+_ROWS = 1 << 22
+"""Sample-index rows checked per pass: bounds the int64 temporaries (32 MiB each)."""
+
+
 def gpt_cache_mismatches(
     arrays: Mapping[str, np.ndarray], lengths: np.ndarray, begin: int, end: int, *,
     sequence_length: int, extra: int,
 ) -> list[str]:
     """Why the arrays cannot be the indices of sequences ``[begin, end)`` of a file with these
     ``lengths`` (empty when they can); ``extra`` is 1 with ``add_extra_token`` else 0."""
-    documents = np.asarray(arrays["document_index"]).astype(np.int64)
+    documents = np.asarray(arrays["document_index"])
     reasons = _document_reasons(documents, begin, end)
     if reasons:
         return reasons  # the sample checks index the lengths through the document ids
     reasons += _sample_reasons(np.asarray(arrays["sample_index"]), lengths, documents, sequence_length, extra)
     reasons += _shuffle_reasons(np.asarray(arrays["shuffle_index"]), len(arrays["sample_index"]) - 1)
     return reasons
+
+
+def _all_once(values: np.ndarray, count: int, offset: int = 0) -> bool:
+    """Whether ``values`` (``count`` of them, each in ``[offset, offset + count)``) hold every
+    value once: one scatter into a flag per value (a byte each), cheaper than counting."""
+    seen = np.zeros(count, dtype=bool)
+    seen[values - offset if offset else values] = True
+    return bool(seen.all())
 
 
 def _document_reasons(documents: np.ndarray, begin: int, end: int) -> list[str]:
@@ -50,7 +62,17 @@ def _document_reasons(documents: np.ndarray, begin: int, end: int) -> list[str]:
     if low < begin or high >= end:
         return [f"document_index: ids {low}..{high}, expected ids of the split's sequences "
                 f"{begin}..{end - 1} in the current token file"]
-    counts = np.bincount(documents - begin, minlength=end - begin)
+    count = end - begin
+    epochs, rest = divmod(documents.size, count)
+    if rest:
+        return [f"document_index: {documents.size} entries for {count} documents, expected a "
+                "whole number of epochs"]
+    if epochs == 1:
+        if not _all_once(documents, count, begin):
+            return ["document_index: a document appears twice and another not at all, expected each "
+                    "once per epoch"]
+        return []
+    counts = np.bincount(documents - begin, minlength=count)
     if int(counts.min()) != int(counts.max()):
         return [f"document_index: documents appear {int(counts.min())} to {int(counts.max())} times, "
                 "expected each once per epoch"]
@@ -60,28 +82,43 @@ def _document_reasons(documents: np.ndarray, begin: int, end: int) -> list[str]:
 def _sample_reasons(samples, lengths, documents, sequence_length: int, extra: int) -> list[str]:
     if samples.ndim != 2 or samples.shape[1] != 2 or not samples.shape[0]:
         return [f"sample_index: shape {samples.shape}, expected (samples + 1, 2)"]
-    pos, off = samples[:, 0].astype(np.int64), samples[:, 1].astype(np.int64)
-    if int(pos.min()) < 0 or int(pos.max()) >= max(documents.size, 1) or int(off.min()) < 0:
-        return ["sample_index: positions outside the document index or negative offsets"]
     if not documents.size:
         return []
-    doc_lengths = lengths[documents].astype(np.int64)
-    if bool(np.any(off > doc_lengths[pos])):
-        k = int(np.flatnonzero(off > doc_lengths[pos])[0])
-        return [f"sample_index: sample {k} starts at offset {int(off[k])} of a document of "
-                f"{int(doc_lengths[pos[k]])} tokens in the current token file"]
+    doc_lengths = lengths[documents]
     cum = np.zeros(documents.size + 1, dtype=np.int64)
     np.cumsum(doc_lengths, out=cum[1:])
-    starts = cum[pos] + off
-    expected = np.minimum(np.arange(samples.shape[0], dtype=np.int64) * sequence_length, cum[-1] - extra)
-    expected[0] = 0
+    last = cum[-1] - extra
+    for first in range(0, samples.shape[0], _ROWS):
+        reason = _sample_rows(samples[first:first + _ROWS], first, doc_lengths, cum, last, sequence_length)
+        if reason:
+            return [reason]
+    return []
+
+
+def _sample_rows(rows, first: int, doc_lengths, cum, last: int, sequence_length: int) -> str | None:
+    """The check of sample-index rows ``first..`` (one pass's worth)."""
+    pos, off = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
+    if int(pos.min()) < 0 or int(pos.max()) >= doc_lengths.size or int(off.min()) < 0:
+        return "sample_index: positions outside the document index or negative offsets"
+    beyond = off > doc_lengths[pos]
+    if beyond.any():
+        k = int(np.flatnonzero(beyond)[0])
+        return (f"sample_index: sample {first + k} starts at offset {int(off[k])} of a document of "
+                f"{int(doc_lengths[pos[k]])} tokens in the current token file")
+    starts = cum[pos]
+    starts += off
+    expected = np.arange(first, first + rows.shape[0], dtype=np.int64)
+    expected *= sequence_length
+    np.minimum(expected, last, out=expected)
+    if first == 0:
+        expected[0] = 0
     bad = np.flatnonzero(starts != expected)
     if bad.size:
         k = int(bad[0])
-        return [f"sample_index: sample {k} starts at stream position {int(starts[k])} in the current "
-                f"token file, expected {int(expected[k])} ({k} x {sequence_length} tokens): the "
-                "sequence lengths changed since the cache was built"]
-    return []
+        return (f"sample_index: sample {first + k} starts at stream position {int(starts[k])} in the "
+                f"current token file, expected {int(expected[k])} ({first + k} x {sequence_length} "
+                "tokens): the sequence lengths changed since the cache was built")
+    return None
 
 
 def _shuffle_reasons(shuffle: np.ndarray, samples: int) -> list[str]:
@@ -89,11 +126,8 @@ def _shuffle_reasons(shuffle: np.ndarray, samples: int) -> list[str]:
         return [f"shuffle_index: {shuffle.size} entries, expected {samples}"]
     if not samples:
         return []
-    values = shuffle.astype(np.int64)
-    if int(values.min()) < 0 or int(values.max()) >= samples:
+    if int(shuffle.min()) < 0 or int(shuffle.max()) >= samples:
         return [f"shuffle_index: entries outside 0..{samples - 1}"]
-    counts = np.bincount(values, minlength=samples)
-    if int(counts.max()) > 1:
-        k = int(np.argmax(counts))
-        return [f"shuffle_index: sample {k} appears {int(counts[k])} times, expected a permutation"]
+    if not _all_once(shuffle, samples):
+        return ["shuffle_index: an entry appears twice and another not at all, expected a permutation"]
     return []
