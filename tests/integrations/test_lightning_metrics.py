@@ -70,3 +70,27 @@ def test_worker_restarts_are_logged_with_workers_and_nothing_when_turned_off(tmp
     _fit(quiet, log_metrics=False)
     written = tmp_path / "off" / "version_0" / "metrics.csv"
     assert not written.exists() or "tokenload/" not in written.read_text()
+
+
+def test_a_worker_replaced_mid_fit_shows_in_the_logged_restarts(tmp_path):
+    import os
+    import signal
+
+    import lightning.pytorch as pl
+
+    class KillWorker(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                loader = trainer.datamodule._train.loader
+                os.kill(loader.worker_processes[0].pid, signal.SIGKILL)
+
+    logger = CSVLogger(tmp_path, name="restart")
+    dm = TokenloadDataModule(train=RangeDataset(64, SEQ), micro_batch_size=MBS, num_workers=1,
+                             multiprocessing_context="fork", prefetch_factor=1)
+    trainer(max_steps=STEPS, logger=logger, log_every_n_steps=EVERY,
+            callbacks=[KillWorker()]).fit(Recorder(), dm)
+    with open(f"{logger.log_dir}/metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get(SOURCE)]
+    restarts = [float(r["tokenload/worker_restarts"]) for r in rows]
+    assert restarts[0] == 0 and restarts[-1] == 1, restarts
+    assert restarts == sorted(restarts)
