@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from ..errors import ConfigError
 
@@ -258,12 +258,3 @@ def _iterable_identity(obj: Any) -> str:
     except Exception as exc:  # an unpicklable generator, a changed internal
         log.info("this IterableDataset cannot be hashed (%s): a rerun starts it again", exc)
         return uuid.uuid4().hex
-
-
-def chunk_tables(
-    source: RowRange | Shard, chunk_bytes: Callable[[], int] | int, columns: tuple[str, ...]
-) -> Iterator[tuple[int, Any]]:
-    limit = getattr(chunk_bytes, "limit", None) or (
-        chunk_bytes() if callable(chunk_bytes) else chunk_bytes
-    )
-    return source.tables(limit, columns)

@@ -206,6 +206,17 @@ def test_missing_column_and_null_text_are_bad_records_with_their_row(tmp_path, r
     assert same(str(tmp_path / "ref"), str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("iterable", [False, True])
+def test_objects_missing_the_column_are_bad_records(tmp_path, rows, iterable):
+    ds = datasets.Dataset.from_list(rows)
+    ds = ds.to_iterable_dataset(num_shards=2) if iterable else ds
+    with pytest.raises(RecordError, match="missing_key: no column 'body'") as info:
+        run(ds, tmp_path / "out", json_keys=("body",))
+    assert info.value.path.endswith(":1")
+    skipped = run(ds, tmp_path / "out", json_keys=("body",), on_bad_record="skip")
+    assert skipped.documents == 0 and skipped.skipped == {"missing_key": len(rows)}
+
+
 def test_truncated_arrow_file_is_a_record_error_and_skippable(tmp_path, rows):
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
     arrow = tmp_path / "saved" / "data-00000-of-00001.arrow"
