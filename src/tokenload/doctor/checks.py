@@ -238,8 +238,9 @@ def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
     step_s = config.step_ms / 1e3
     enough = None
     shares = []
+    health: list[dict] = []
     for workers in WORKER_COUNTS:
-        _, waits = loader_rate(data, config, workers=workers, step_s=step_s)
+        _, waits = loader_rate(data, config, workers=workers, step_s=step_s, health=health)
         report.waits[workers] = waits
         steady = waits[1:] or waits
         share = sum(steady) / (sum(steady) + step_s * len(steady)) if steady else 0.0
@@ -256,6 +257,23 @@ def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
         ))
     else:
         report.findings.append(Finding("workers", False, measured + f"; num_workers={enough} hides loading"))
+    _check_worker_faults(health, report)
+
+
+def _check_worker_faults(health: list[dict], report: Report) -> None:
+    """Loader workers replaced while the doctor measured (issue 24): restarts, stalls, time lost."""
+    restarts = sum(h["restarts"] for h in health)
+    stalls = sum(h["stalls"] for h in health)
+    lost = sum(h["time_lost_s"] for h in health)
+    measured = (f"loader workers replaced while measuring: {restarts} ({stalls} stalled past"
+                f" worker_timeout), {lost:.1f} s lost waiting for them")
+    report.findings.append(Finding(
+        "worker-faults", restarts > 0, measured,
+        "see the warnings above: a worker killed by signal 9 is usually the out-of-memory killer"
+        " (check the kernel log, lower num_workers or prefetch_factor); a stalled one points at"
+        " stuck storage (raise worker_timeout only if its reads are legitimately that slow)"
+        if restarts else None,
+    ))
 
 
 # -- files -----------------------------------------------------------------------------------------

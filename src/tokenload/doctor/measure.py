@@ -104,8 +104,10 @@ def read_delay() -> float:
                           hint=f"unset {READ_DELAY_ENV} or give a number") from None
 
 
-def loader_rate(dataset: Any, config: DoctorConfig, workers: int = 0, step_s: float = 0.0) -> tuple[float, list[float]]:
-    """(samples/s of the training loop, the data wait of each step) over ``config.steps`` steps."""
+def loader_rate(dataset: Any, config: DoctorConfig, workers: int = 0, step_s: float = 0.0,
+                health: list | None = None) -> tuple[float, list[float]]:
+    """(samples/s of the training loop, the data wait of each step) over ``config.steps`` steps;
+    ``health`` receives the loader's ``metrics()["workers"]`` (workers replaced, stalls)."""
     from ..loader import build_dataloader
 
     loader = build_dataloader(dataset, micro_batch_size=config.micro_batch_size, num_workers=workers,
@@ -127,6 +129,8 @@ def loader_rate(dataset: Any, config: DoctorConfig, workers: int = 0, step_s: fl
             asked = time.perf_counter()
         elapsed = time.perf_counter() - start
     finally:
+        if health is not None:
+            health.append(loader.metrics()["workers"])
         loader.close()
     served = (len(waits) - 1) * config.micro_batch_size
     return (served / elapsed if elapsed > 0 and served > 0 else 0.0), waits

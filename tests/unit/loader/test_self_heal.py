@@ -388,3 +388,26 @@ def test_storage_reads_retry_for_most_of_worker_timeout(workers, method):
             assert got.tolist() == [budget] * MBS, timeout
     finally:
         options.retry_reads_for(before)
+
+
+def test_doctor_reports_workers_replaced_while_it_measured(dataset, tickets):
+    """Issue 24 (5): ``tokenload doctor``'s loader measurements count restarts and stalls."""
+    from tokenload.doctor.checks import _check_worker_faults
+    from tokenload.doctor.measure import loader_rate
+    from tokenload.doctor.report import DoctorConfig, Report
+
+    faulty = FaultyDataset(dataset, tickets)
+    faulty.arm_exit()  # the first worker exits while starting: replaced
+    config = DoctorConfig(data_path=["unused"], seq_length=16, steps=6)
+    health: list = []
+    loader_rate(faulty, config, workers=1, health=health)
+    loader_rate(dataset, config, workers=1, health=health)
+    assert [h["restarts"] for h in health] == [1, 0]
+    report = Report()
+    _check_worker_faults(health, report)
+    (finding,) = report.findings
+    assert finding.problem and "replaced while measuring: 1 (0 stalled" in finding.measured
+    assert "out-of-memory" in finding.fix
+    clean = Report()
+    _check_worker_faults(health[1:], clean)
+    assert not clean.findings[0].problem and clean.findings[0].fix is None

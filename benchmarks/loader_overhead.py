@@ -1,0 +1,123 @@
+"""What the self-healing machinery (issue 24) costs a fault-free first pass: this checkout's
+loader against another source folder's (the code before the change), side by side.
+
+Usage: python benchmarks/loader_overhead.py --baseline-src /tmp/base/src [--src SRC] [--docs 200000]
+                                             [--rounds 5] [--samples 4096] [--workers 2]
+
+Data as loader.py (lognormal documents, S = 2048, micro-batch 16, one-epoch Megatron-order train
+split, its cache built once). Each side runs in a fresh process (``PYTHONPATH`` = its source
+folder), sides alternate in order from round to round, and each round reads fresh samples (a
+first pass: the page cache holds the file, the process's page tables hold nothing). Per side:
+samples/s over the pass (its first micro-batch, worker start-up, not timed) and CPU per
+micro-batch of the training process and its workers together (the wall rate moves with the
+machine's load, the CPU less). Cells are medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import add_data_arguments, docs_file  # noqa: E402
+
+SIDE = r"""
+import json, os, resource, sys, time
+payload = json.loads(sys.argv[1])
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.loader import build_dataloader
+import torch  # noqa: F401
+
+cfg = MegatronDataConfig(sequence_length=2048, blend=[payload["prefix"]], split="100,0,0",
+                         eod_id=50256, path_to_cache=payload["cache"])
+ds = build_datasets(cfg, [None, None, None])[0]
+mb = payload["micro_batch"]
+loader = build_dataloader(ds, micro_batch_size=mb, num_workers=payload["workers"], dp_rank=0,
+                          dp_size=1, consumed_samples=payload["start"])
+tick = os.sysconf("SC_CLK_TCK")
+
+def worker_cpu():
+    total = 0
+    for p in loader.worker_processes:
+        with open(f"/proc/{p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+def self_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+it = iter(loader)
+next(it)  # start-up: not timed
+steps = payload["samples"] // mb
+c0, w0, t0 = self_cpu(), worker_cpu(), time.perf_counter()
+for _ in range(steps):
+    batch = next(it)
+    del batch
+t1, c1, w1 = time.perf_counter(), self_cpu(), worker_cpu()
+loader.close()
+print(json.dumps({"rate": steps * mb / (t1 - t0), "cpu_us": 1e6 * (c1 - c0 + w1 - w0) / steps,
+                  "consumer_us": 1e6 * (c1 - c0) / steps}))
+"""
+
+
+def run_side(src: str, payload: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": src}
+    out = subprocess.run([sys.executable, "-c", SIDE, json.dumps(payload)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        sys.exit(f"side {src} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_data_arguments(ap, docs=200_000)
+    ap.add_argument("--baseline-src", required=True, help="the source folder before the change")
+    ap.add_argument("--src", default=str(Path(__file__).resolve().parents[1] / "src"),
+                    help="the source folder after the change (default: this checkout's)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=4096, help="samples per pass")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    args = ap.parse_args()
+    prefix = docs_file(args)
+    here = args.src
+    sides = {"after (--src)": here, "before (--baseline-src)": args.baseline_src}
+    payload = {"prefix": prefix, "cache": os.path.join(args.data_dir, "overhead_cache"),
+               "micro_batch": args.micro_batch, "workers": args.workers, "samples": args.samples}
+    run_side(here, {**payload, "samples": args.micro_batch * 2, "start": 0})  # builds the cache
+    got: dict[str, list[dict]] = {name: [] for name in sides}
+    start = args.micro_batch * 4
+    for r in range(args.rounds):
+        order = list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]
+        for name, src in order:
+            res = run_side(src, {**payload, "start": start})
+            start += args.samples + 2 * args.micro_batch  # fresh samples for every pass
+            got[name].append(res)
+            print(f"round {r + 1} {name}: {res['rate']:,.0f} samples/s, {res['cpu_us']:.1f} us CPU"
+                  f" per micro-batch ({res['consumer_us']:.1f} in the training process)",
+                  file=sys.stderr)
+    print(f"\n{args.workers} workers, micro-batch {args.micro_batch}, S = 2048, {args.samples} samples"
+          f" per pass, {args.rounds} rounds (medians), load {os.getloadavg()[0]:.1f}\n")
+    print("| side | samples/s | CPU us / micro-batch | of which training process |")
+    print("|---|---|---|---|")
+    med = {n: {k: statistics.median(r[k] for r in got[n]) for k in ("rate", "cpu_us", "consumer_us")}
+           for n in sides}
+    for name in sides:
+        m = med[name]
+        print(f"| {name} | {m['rate']:,.0f} | {m['cpu_us']:.1f} | {m['consumer_us']:.1f} |")
+    after, before = med["after (--src)"], med["before (--baseline-src)"]
+    print(f"\nafter / before: rate {after['rate'] / before['rate']:.3f},"
+          f" CPU per micro-batch {after['cpu_us'] / before['cpu_us']:.3f},"
+          f" training process CPU {after['consumer_us'] / before['consumer_us']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
