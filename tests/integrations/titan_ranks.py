@@ -56,7 +56,7 @@ def checkpointer(loader, folder: str, step: int) -> tuple[CheckpointManager, Box
 
 
 def train_then_save(rank, world, prefix, folder, local_batch_size, steps, workers):
-    """Input rows of ``steps`` steps, then a checkpoint at ``steps``."""
+    """Input rows of ``steps`` steps and the state saved, then a checkpoint at ``steps``."""
     loader = build(rank, world, prefix, local_batch_size, workers)
     it = iter(loader)
     rows = [next(it)[0]["input"].tolist() for _ in range(steps)]
@@ -64,7 +64,7 @@ def train_then_save(rank, world, prefix, folder, local_batch_size, steps, worker
     manager.save(curr_step=steps)
     manager.close()
     loader.close()
-    return rows
+    return rows, loader.state_dict()
 
 
 def load_then_train(rank, world, prefix, folder, local_batch_size, step, steps):
