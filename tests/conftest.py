@@ -35,6 +35,11 @@ def pytest_unconfigure(config):
     else:
         os.environ["TMPDIR"] = before
     tempfile.tempdir = None
+    # multiprocessing removes its pymp-* folder (inside run_tmp) at exit: run its exit step now
+    # (it runs once; the atexit call is then a no-op), so that folder is gone before run_tmp is
+    import multiprocessing.util
+
+    multiprocessing.util._exit_function()
     shutil.rmtree(run_tmp, ignore_errors=True)
 
 
