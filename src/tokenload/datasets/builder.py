@@ -370,9 +370,11 @@ class _Builder:
         fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last, "token_file": facts}
 
         def consistent(arrays):  # a cache without a sidecar (Megatron's) against the lengths
-            return gpt_cache_mismatches(arrays, lengths, beg, end, sequence_length=c.sequence_length, extra=gpt.extra)
+            return gpt_cache_mismatches(arrays, lengths, beg, end,
+                                        sequence_length=c.sequence_length, extra=gpt.extra)
 
-        indices, entry = self._cache.indices(folder, uid, describe(uid), build, fields, expected, consistent)
+        indices, entry = self._cache.indices(
+            folder, uid, describe(uid), build, fields, expected, consistent)
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
         length = expected["sample_index"][0] - 1
         per_epoch = (tokens - gpt.extra) // c.sequence_length

@@ -42,8 +42,9 @@ def gpt_cache_mismatches(
     reasons = _document_reasons(documents, begin, end)
     if reasons:
         return reasons  # the sample checks index the lengths through the document ids
-    reasons += _sample_reasons(np.asarray(arrays["sample_index"]), lengths, documents, sequence_length, extra)
-    reasons += _shuffle_reasons(np.asarray(arrays["shuffle_index"]), len(arrays["sample_index"]) - 1)
+    samples = np.asarray(arrays["sample_index"])
+    reasons += _sample_reasons(samples, lengths, documents, sequence_length, extra)
+    reasons += _shuffle_reasons(np.asarray(arrays["shuffle_index"]), len(samples) - 1)
     return reasons
 
 
@@ -69,13 +70,14 @@ def _document_reasons(documents: np.ndarray, begin: int, end: int) -> list[str]:
                 "whole number of epochs"]
     if epochs == 1:
         if not _all_once(documents, count, begin):
-            return ["document_index: a document appears twice and another not at all, expected each "
-                    "once per epoch"]
+            return ["document_index: a document appears twice and another not at all, expected "
+                    "each once per epoch"]
         return []
     counts = np.bincount(documents - begin, minlength=count)
     if int(counts.min()) != int(counts.max()):
-        return [f"document_index: documents appear {int(counts.min())} to {int(counts.max())} times, "
-                "expected each once per epoch"]
+        low, high = int(counts.min()), int(counts.max())
+        return [f"document_index: documents appear {low} to {high} times, expected each once "
+                "per epoch"]
     return []
 
 
@@ -89,7 +91,8 @@ def _sample_reasons(samples, lengths, documents, sequence_length: int, extra: in
     np.cumsum(doc_lengths, out=cum[1:])
     last = cum[-1] - extra
     for first in range(0, samples.shape[0], _ROWS):
-        reason = _sample_rows(samples[first:first + _ROWS], first, doc_lengths, cum, last, sequence_length)
+        rows = samples[first:first + _ROWS]
+        reason = _sample_rows(rows, first, doc_lengths, cum, last, sequence_length)
         if reason:
             return [reason]
     return []
@@ -115,9 +118,10 @@ def _sample_rows(rows, first: int, doc_lengths, cum, last: int, sequence_length:
     bad = np.flatnonzero(starts != expected)
     if bad.size:
         k = int(bad[0])
-        return (f"sample_index: sample {first + k} starts at stream position {int(starts[k])} in the "
-                f"current token file, expected {int(expected[k])} ({first + k} x {sequence_length} "
-                "tokens): the sequence lengths changed since the cache was built")
+        return (f"sample_index: sample {first + k} starts at stream position {int(starts[k])} in "
+                f"the current token file, expected {int(expected[k])} ({first + k} x "
+                f"{sequence_length} tokens): the sequence lengths changed since the cache was "
+                "built")
     return None
 
 
@@ -129,5 +133,6 @@ def _shuffle_reasons(shuffle: np.ndarray, samples: int) -> list[str]:
     if int(shuffle.min()) < 0 or int(shuffle.max()) >= samples:
         return [f"shuffle_index: entries outside 0..{samples - 1}"]
     if not _all_once(shuffle, samples):
-        return ["shuffle_index: an entry appears twice and another not at all, expected a permutation"]
+        return ["shuffle_index: an entry appears twice and another not at all, expected a "
+                "permutation"]
     return []

@@ -113,7 +113,8 @@ def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: M
             if header.code in FLOAT_CODES:  # the .bin size decides the float type: open it
                 return _opened_extent(prefix, bookend, config)
             if entry is not None:  # counts without a dtype: the header must hold them
-                check_counts(header, (entry.sequence_count, entry.document_count), idx_path, sequences.path)
+                counts = (entry.sequence_count, entry.document_count)
+                check_counts(header, counts, idx_path, sequences.path)
             n, d, dtype = header.sequence_count, header.document_count, header.dtype
         begin, end = split_range(bookend, n)
         sampled = b""
@@ -129,9 +130,11 @@ def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: M
             tail = _pread(fd, HEADER_SIZE + 4 * (end - tail_n), 4 * tail_n, idx_path)
             first = ends[0][0]
             last = ends[1][0] + dtype.itemsize * int(np.frombuffer(tail, dtype="<i4")[-1])
-            _check_step(begin, ends[0], int(np.frombuffer(lead[:4], dtype="<i4")[0]), dtype, idx_path)
+            first_length = int(np.frombuffer(lead[:4], dtype="<i4")[0])
+            _check_step(begin, ends[0], first_length, dtype, idx_path)
             if end < n:
-                _check_step(end - 1, ends[1], (last - ends[1][0]) // dtype.itemsize, dtype, idx_path)
+                last_length = (last - ends[1][0]) // dtype.itemsize
+                _check_step(end - 1, ends[1], last_length, dtype, idx_path)
             sampled = lead + tail
     finally:
         os.close(fd)

@@ -69,7 +69,9 @@ class IndexCache:
         self.wrote = False
         """A cache file was written by this build: the build manifest must then follow."""
 
-    def indices(self, folder, uid, description, build, fields, expected, consistent=None) -> tuple[IndexArrays, dict | None]:
+    def indices(
+        self, folder, uid, description, build, fields, expected, consistent=None
+    ) -> tuple[IndexArrays, dict | None]:
         """The dataset's index arrays as the role says, and its manifest entry when cached.
         ``consistent(arrays)``: why a cache without a sidecar (Megatron's) does not fit the
         current token file (``cache_match``), checked on its first use; a mismatch is a stale
@@ -87,8 +89,8 @@ class IndexCache:
                  "shapes": {k: list(v) for k, v in expected.items()}}
         if check.state is CacheState.HIT:
             if not check.has_sidecar:
-                logger.info("using index cache without a tokenload sidecar (written by Megatron), checked "
-                            "against the token file's lengths: %s", files.description)
+                logger.info("using index cache without a tokenload sidecar (written by Megatron), "
+                            "checked against the token file's lengths: %s", files.description)
             return IndexArrays(paths=dict(check.arrays)), entry
         if self.role is Role.READ:
             self.missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
@@ -132,8 +134,9 @@ def _matched(check: CacheCheck, consistent: Callable[[dict], list[str]]) -> Cach
     reasons = consistent({name: map_array(path) for name, path in check.arrays.items()})
     if not reasons:
         return check
-    return dataclasses.replace(check, state=CacheState.STALE, reasons=tuple(
-        f"{r} (cache without a tokenload sidecar, checked against the current token file)" for r in reasons))
+    note = " (cache without a tokenload sidecar, checked against the current token file)"
+    stale = tuple(r + note for r in reasons)
+    return dataclasses.replace(check, state=CacheState.STALE, reasons=stale)
 
 
 def write_behind(caches: list[tuple[Any, ...]], manifest: tuple[str, dict, list] | None) -> threading.Thread:

@@ -125,7 +125,8 @@ def _cache_folders(config: DoctorConfig) -> list[str]:
     if config.data_cache_path is not None:
         folders = [config.data_cache_path]
     else:
-        folders = [default_cache_dir(p) for p in config.data_path if not p.replace(".", "", 1).isdigit()]
+        prefixes = [p for p in config.data_path if not p.replace(".", "", 1).isdigit()]
+        folders = [default_cache_dir(p) for p in prefixes]
     return [f for f in dict.fromkeys(folders) if "://" not in f and os.path.isdir(f)]
 
 
@@ -143,17 +144,19 @@ def _check_cache_trust(config: DoctorConfig, report: Report) -> None:
     if gpt:
         report.findings.append(Finding(
             "cache-trust", False,
-            f"{gpt} index cache(s) written by Megatron (no tokenload sidecar, so no content hash): their"
-            " match with the current token files is checked against the sequence lengths on first use"
-            " (document ids, sample starts, the shuffle a permutation); values swapped in place keep"
-            " every invariant and cannot be found",
+            f"{gpt} index cache(s) written by Megatron (no tokenload sidecar, so no content"
+            " hash): their match with the current token files is checked against the sequence"
+            " lengths on first use (document ids, sample starts, the shuffle a permutation);"
+            " values swapped in place keep every invariant and cannot be found",
             "to have every array's content verified, prepare the caches with tokenload (`tokenload"
-            " prepare-cache` into a new --data-cache-path): its sidecar records an xxh3-64 per array"))
+            " prepare-cache` into a new --data-cache-path): its sidecar records an xxh3-64 per"
+            " array"))
     if blended:
         report.findings.append(Finding(
             "cache-trust", False,
-            f"{blended} blend cache(s) written by Megatron: cache written by Megatron: its match with the"
-            " current token files is checked by sizes only (and each value's range as a batch reads it)",
+            f"{blended} blend cache(s) written by Megatron: cache written by Megatron: its match"
+            " with the current token files is checked by sizes only (and each value's range as a"
+            " batch reads it)",
             "prepare the caches with `tokenload prepare-cache` into a new --data-cache-path"))
 
 

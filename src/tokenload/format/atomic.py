@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 STALE_AFTER_S = 24 * 3600
 
 _TEMP = re.compile(
-    r"^\.(?P<name>.+)\.tmp-(?:(?P<host>[A-Za-z0-9_.]+)-)?(?P<pid>\d+)-(?P<token>[0-9a-f]{8})(?P<ready>\.ready)?$"
+    r"^\.(?P<name>.+)\.tmp-(?:(?P<host>[A-Za-z0-9_.]+)-)?(?P<pid>\d+)-(?P<token>[0-9a-f]{8})"
+    r"(?P<ready>\.ready)?$"
 )
 #: A complete, fsynced temporary of a replacement in progress (``ready_path``).
 READY = ".ready"
@@ -153,7 +154,8 @@ def finish_publish(idx_final: str | os.PathLike[str], *, wait_s: float = PUBLISH
     if match is None:
         return final.exists()
     deadline = time.monotonic() + wait_s
-    while not owner_gone(match["host"], int(match["pid"])) and time.time() - (_mtime(marker) or 0.0) < PUBLISH_STALL_S:
+    host, pid = match["host"], int(match["pid"])
+    while not owner_gone(host, pid) and time.time() - (_mtime(marker) or 0.0) < PUBLISH_STALL_S:
         if final.exists() or not marker.exists():
             return final.exists()
         if time.monotonic() > deadline:

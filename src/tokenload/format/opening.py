@@ -126,7 +126,9 @@ def _same_index(file: TokenFile, opened: list[int], retry: bool) -> bool:
     )
 
 
-def _index(file: TokenFile, opened: list[int]) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def _index(
+    file: TokenFile, opened: list[int]
+) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The header and (lengths, pointers, documents, modes) of either index format."""
     buffer = _read_index(file, opened)
     if is_legacy(buffer[:8]):

@@ -207,7 +207,8 @@ class TokenFile:
         bad = _bad_steps(state, begin, end)
         if bad.size:
             raise _pointer_gap(state, begin + bad[:1], self.idx_path)
-        return state.bin.read(int(state.pointers[begin]) // state.itemsize, int(lengths.sum())), lengths
+        start = int(state.pointers[begin]) // state.itemsize
+        return state.bin.read(start, int(lengths.sum())), lengths
 
     def read_pieces(
         self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
@@ -237,7 +238,8 @@ class TokenFile:
         if state is None or state.pid != os.getpid():
             state = self._opened()
         starts = state.pointers[sequences]
-        if state.unverified and (state.verified is None or not _ALL(state.verified[sequences >> CHECK_SHIFT])):
+        verified = state.verified
+        if state.unverified and (verified is None or not _ALL(verified[sequences >> CHECK_SHIFT])):
             _check_chunks(state, np.asarray(sequences), self.idx_path)
         starts //= state.itemsize
         return starts
@@ -291,7 +293,8 @@ def _bad_steps(state, begin: int, end: int) -> np.ndarray:
     bounds = np.empty(end - begin + 1, dtype=np.int64)
     bounds[:-1] = state.pointers[begin:end]
     bounds[-1] = state.pointers[end] if end < state.header.sequence_count else state.bin.num_bytes
-    return np.flatnonzero(np.diff(bounds) != state.lengths[begin:end].astype(np.int64) * state.itemsize)
+    sizes = state.lengths[begin:end].astype(np.int64) * state.itemsize
+    return np.flatnonzero(np.diff(bounds) != sizes)
 
 
 def _pointer_gap(state, sequences: np.ndarray, path: str) -> FormatError:

@@ -201,7 +201,8 @@ def header_from_counts(
     mismatch means the token file changed after ``source`` (the sequences JSON) was written."""
     n, d = counts
     dtype = np.dtype(dtype)
-    fitting = check_index_size(file_size, idx_path, counts, dtype, multimodal=multimodal, source=source)
+    fitting = check_index_size(file_size, idx_path, counts, dtype, multimodal=multimodal,
+                               source=source)
     magic, _version, stored_code, stored_n, stored_d = _HEADER.unpack_from(head)
     stored_dtypes = {MEGATRON_CODES.get(stored_code), NEOX_CODES.get(stored_code)}
     if magic != MAGIC or (stored_n, stored_d) != (n, d) or dtype not in stored_dtypes:

@@ -51,7 +51,8 @@ from tokenload.index.cache import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.storage import is_url
 
 __all__ = [
-    "CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "recorded_digest", "write_cache",
+    "CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "recorded_digest",
+    "write_cache",
 ]
 
 logger = logging.getLogger(__name__)
@@ -318,7 +319,8 @@ def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
         try:
             record = None if recorded is None else recorded.get(name)
             want_digest = record.get("xxh3_64") if isinstance(record, dict) else None
-            shape, dtype, whole, found, key = _npy_header(where[f"{name}.npy"], want_digest is not None)
+            shape, dtype, whole, found, key = _npy_header(
+                where[f"{name}.npy"], want_digest is not None)
         except (OSError, FormatError) as exc:
             reasons.append(f"{name}: unreadable ({exc})")
             continue
