@@ -87,7 +87,8 @@ class TokenloadDataModule(_pl.LightningDataModule):
         ``micro_batch_size * world_size * accumulate_grad_batches`` (None derives it).
         ``consumed_samples``: where a fresh fit starts in the order (a checkpoint overrides it).
         ``log_metrics``: log the loader's metrics through the trainer's loggers while training.
-        ``loader_options``: further ``LoaderConfig`` fields (num_workers, kind, ...)."""
+        ``loader_options``: further ``LoaderConfig`` fields (num_workers, kind, worker_timeout,
+        max_worker_restarts, ...)."""
         super().__init__()
         LoaderConfig(micro_batch_size=micro_batch_size, **loader_options)  # fail at construction
         if global_batch_size is not None and global_batch_size < 1:
