@@ -26,7 +26,8 @@ from tokenload.loader import workers as workers_module
 from tokenload.loader.workers import WorkerError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-from chaos import FaultyDataset  # noqa: E402  (spawned workers find it through sys.path)
+import chaos  # noqa: E402  (spawned workers find it through sys.path)
+from chaos import FaultyDataset  # noqa: E402
 
 MBS = 4
 
@@ -411,3 +412,31 @@ def test_doctor_reports_workers_replaced_while_it_measured(dataset, tickets):
     clean = Report()
     _check_worker_faults(health[1:], clean)
     assert not clean.findings[0].problem and clean.findings[0].fix is None
+
+
+class _ReadsAFifo(FaultyDataset):
+    """Micro-batch 3's read blocks in read(2) of a FIFO that never gets data (once)."""
+
+    def __getitems__(self, indices):
+        if 3 * MBS in indices and chaos._claim(self.folder, "fifo"):
+            fd = os.open(os.path.join(self.folder, "pipe"), os.O_RDONLY)
+            os.read(fd, 1)
+        return super().__getitems__(indices)
+
+
+def test_the_slow_worker_warning_names_the_file_it_is_reading(dataset, tickets, caplog):
+    fifo = os.path.join(tickets, "pipe")
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDWR)  # a writer that never writes: the reader blocks in read(2)
+    want = _want(dataset, 8)
+    loader = _loader(_ReadsAFifo(dataset, tickets), num_workers=1, prefetch_factor=1,
+                     worker_timeout=2.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenload.loader.workers"):
+            _check([b for _, b in zip(range(8), loader)], want)
+        slow = [r.getMessage() for r in caplog.records if "has sent nothing" in r.getMessage()]
+        assert slow and "micro-batch 3" in slow[0] and f"reading {fifo} (read)" in slow[0]
+        assert loader.metrics()["workers"]["stalls"] == 1
+    finally:
+        loader.close()
+        os.close(keep)
