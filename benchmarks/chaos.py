@@ -183,7 +183,8 @@ def expected_batches(dataset: Any) -> list[np.ndarray]:
 @contextlib.contextmanager
 def watchdog(seconds: float):
     def fire(signum, frame):
-        where = " <- ".join(f"{f.name}:{f.lineno}" for f in reversed(traceback.extract_stack(frame)[-8:]))
+        frames = reversed(traceback.extract_stack(frame)[-8:])
+        where = " <- ".join(f"{f.name}:{f.lineno}" for f in frames)
         raise Hang(f"case still running after {seconds:.0f} s, in {where}")
 
     old = signal.signal(signal.SIGALRM, fire)

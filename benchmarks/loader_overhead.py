@@ -149,7 +149,8 @@ def main() -> None:
     unit = "micro-batches/s" if args.tiny else "samples/s"
     print(f"| side | {unit} | CPU us / micro-batch | of which training process |")
     print("|---|---|---|---|")
-    med = {n: {k: statistics.median(r[k] for r in got[n]) for k in ("rate", "cpu_us", "consumer_us")}
+    keys = ("rate", "cpu_us", "consumer_us")
+    med = {n: {k: statistics.median(r[k] for r in got[n]) for k in keys}
            for n in sides}
     for name in sides:
         m = med[name]
