@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import threading
 import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +67,12 @@ rebuilds a damaged cache instead of failing at its first batch); larger ones whe
 
 _VERIFIED: set[tuple[int, int, int, int]] = set()
 """``(device, inode, size, mtime)`` of the array files whose content this process verified."""
+
+_HEADER_LOCK = threading.Lock()
+"""One ``.npy`` header parsed at a time in a process: numpy parses it with ``ast.literal_eval``,
+and CPython 3.11's AST validator counts its recursion depth per interpreter, not per thread, so
+two build threads checking caches at once could fail with "SystemError: AST constructor
+recursion depth mismatch" (seen in test runs of many cache checks, Python 3.11)."""
 
 _NPY_ERRORS = (OSError, ValueError, SyntaxError, EOFError, OverflowError, tokenize.TokenError)
 """What ``numpy.load`` and its header readers raise on a damaged or vanished ``.npy`` file."""
@@ -279,7 +286,8 @@ def _read_npy_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
         if reader is None:
             raise FormatError(f"npy version {version}; expected 1.0 or 2.0", path=path)
-        shape, fortran, dtype = reader(f)
+        with _HEADER_LOCK:  # numpy parses the header with ast.literal_eval; see _HEADER_LOCK
+            shape, fortran, dtype = reader(f)
     except _NPY_ERRORS as exc:
         raise FormatError(f"not a .npy file ({exc})", path=path) from None
     return tuple(shape), bool(fortran), dtype
