@@ -16,18 +16,22 @@ FAST = ("--split", "100,0,0", "--seq-length", "64", "--steps", "3", "--train-sam
 
 def _corpus(prefix, seed):
     rng = np.random.default_rng(seed)
-    return write_documents(prefix, [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(300)])
+    docs = [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(300)]
+    return write_documents(prefix, docs)
 
 
 def test_doctor_names_caches_without_a_sidecar_and_what_is_checked_of_them(tmp_path):
     a, b = _corpus(tmp_path / "a", 0), _corpus(tmp_path / "b", 1)
     cache = tmp_path / "cache"
     blend = [a, b]  # no weights: the doctor sizes only the train split
-    config = MegatronDataConfig(sequence_length=64, blend=blend, split="100,0,0", path_to_cache=str(cache))
+    config = MegatronDataConfig(sequence_length=64, blend=blend, split="100,0,0",
+                                path_to_cache=str(cache))
     build_datasets(config, [200, None, None])
-    args = ("doctor", "--data-path", *blend, "--data-cache-path", cache, "--build-policy", "none", *FAST)
+    args = ("doctor", "--data-path", *blend, "--data-cache-path", cache, "--build-policy", "none",
+            *FAST)
     hashed = run_cli(*args)
-    assert "[startup] ok: the index caches are prepared" in hashed.stdout, hashed.stdout + hashed.stderr
+    prepared = "[startup] ok: the index caches are prepared"
+    assert prepared in hashed.stdout, hashed.stdout + hashed.stderr
     assert "[cache-trust]" not in hashed.stdout  # tokenload's caches: sidecars with hashes
 
     for sidecar in glob.glob(str(cache / "*-tokenload.json")):
@@ -35,7 +39,8 @@ def test_doctor_names_caches_without_a_sidecar_and_what_is_checked_of_them(tmp_p
     out = run_cli(*args)
     assert "[startup] ok: the index caches are prepared" in out.stdout, out.stdout + out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("[cache-trust]")]
-    assert any("2 index cache(s) written by Megatron" in x and "checked against the sequence lengths" in x
-               for x in lines), out.stdout
-    assert any("cache written by Megatron: its match with the current token files is checked by sizes only"
-               in x for x in lines), out.stdout
+    gpt = ("2 index cache(s) written by Megatron", "checked against the sequence lengths")
+    assert any(all(part in x for part in gpt) for x in lines), out.stdout
+    blend_line = ("cache written by Megatron: its match with the current token files is checked by"
+                  " sizes only")
+    assert any(blend_line in x for x in lines), out.stdout

@@ -135,8 +135,9 @@ def test_the_megatron_cache_check_names_the_array_and_the_sample(tmp_path):
     build_datasets(_config(prefix, path_to_cache=str(cache)), [200, 20, 0])
     _without_sidecars(cache)
     _megatron_file(prefix, _reordered(docs))
-    with pytest.raises(CacheError, match=r"stale: sample_index: sample \d+ starts at (stream position|offset) "
-                       r"\d+ .*in the current token file.*checked against the current token file"):
+    named = (r"stale: sample_index: sample \d+ starts at (stream position|offset) \d+ .*in the "
+             r"current token file.*checked against the current token file")
+    with pytest.raises(CacheError, match=named):
         build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [200, 20, 0])
 
 
@@ -180,7 +181,9 @@ def test_every_megatron_case_reloads_its_own_cache_in_strict_mode(case, tmp_path
 
 
 @pytest.mark.parametrize("case", OK, ids=[c["id"] for c in OK])
-def test_every_megatron_case_reloads_its_cache_without_sidecars_in_strict_mode(case, tmp_path, monkeypatch):
+def test_every_megatron_case_reloads_its_cache_without_sidecars_in_strict_mode(
+    case, tmp_path, monkeypatch
+):
     """A cache without sidecars (as Megatron writes it; the arrays are Megatron's, bit for bit:
     test_builder) is checked against the token files on first use and found to fit, in every
     case: the check has no false alarm."""
@@ -260,12 +263,16 @@ GPT_DAMAGE = {
 IN_RANGE_DAMAGE = {
     "shuffle_index, one entry duplicated": ("shuffle_index", lambda a: np.r_[a[:5], a[6], a[6:]]),
     "document_index, two entries swapped": ("document_index", lambda a: np.r_[a[1], a[0], a[2:]]),
-    "sample_index, one offset moved by one": ("sample_index", lambda a: a + (np.arange(a.size).reshape(a.shape) == 7)),
+    "sample_index, one offset moved by one":
+        ("sample_index", lambda a: a + (np.arange(a.size).reshape(a.shape) == 7)),
 }
 ALL_DAMAGE = {**GPT_DAMAGE, **IN_RANGE_DAMAGE}
 
 
-@pytest.mark.parametrize("damage", list(IN_RANGE_DAMAGE)[:1] + list(GPT_DAMAGE), ids=(list(IN_RANGE_DAMAGE)[:1] + list(GPT_DAMAGE)))
+MEGATRON_CACHE_DAMAGE = list(IN_RANGE_DAMAGE)[:1] + list(GPT_DAMAGE)
+
+
+@pytest.mark.parametrize("damage", MEGATRON_CACHE_DAMAGE, ids=MEGATRON_CACHE_DAMAGE)
 def test_a_megatron_cache_with_damaged_values_is_stale_on_first_use(tmp_path, damage):
     """Without a sidecar there is no hash; the check against the lengths still finds a
     duplicated shuffle entry and every out-of-range value, before any batch."""
@@ -275,7 +282,8 @@ def test_a_megatron_cache_with_damaged_values_is_stale_on_first_use(tmp_path, da
     build_datasets(_config(prefix, path_to_cache=str(cache)), [300, 10, 0])
     _without_sidecars(cache)
     _rewrite(_cache_file(cache, f"{array}.npy"), change)
-    with pytest.raises(CacheError, match=rf"stale: .*{array}: .*checked against the current token file"):
+    named = rf"stale: .*{array}: .*checked against the current token file"
+    with pytest.raises(CacheError, match=named):
         build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [300, 10, 0])
 
 
@@ -291,7 +299,8 @@ def test_damaged_values_of_a_hashed_cache_are_rebuilt_or_refused(tmp_path, damag
     for manifest in glob.glob(str(cache / "*-tokenload-build.json")):
         os.remove(manifest)  # each cache checked on its own (the manifest path: next test)
     _rewrite(_cache_file(cache, f"{array}.npy"), change)
-    with pytest.raises(CacheError, match=rf"stale: .*{array}: data's xxh3-64 is \w+, the sidecar recorded"):
+    named = rf"stale: .*{array}: data's xxh3-64 is \w+, the sidecar recorded"
+    with pytest.raises(CacheError, match=named):
         build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [300, 10, 0])
     rebuilt = build_datasets(_config(prefix, path_to_cache=str(cache)), [300, 10, 0])[0]
     fresh = build_datasets(_config(prefix, cache="off"), [300, 10, 0])[0]

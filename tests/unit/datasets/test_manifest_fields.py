@@ -22,7 +22,8 @@ SIZES = [120, 7, 0]
 # (field, value built with, value loaded with): each pair both ways
 CASES = [
     ("add_extra_token", True, False), ("add_extra_token", False, True),
-    ("drop_last_partial_validation_sequence", True, False), ("drop_last_partial_validation_sequence", False, True),
+    ("drop_last_partial_validation_sequence", True, False),
+    ("drop_last_partial_validation_sequence", False, True),
     ("mid_level_dataset_surplus", 0.005, 0.5), ("mid_level_dataset_surplus", 0.5, 0.005),
 ]
 
@@ -31,8 +32,8 @@ CASES = [
 def blend(tmp_path_factory):
     folder = tmp_path_factory.mktemp("data")
     rng = np.random.default_rng(8)
-    prefixes = [write_documents(folder / name, [rng.integers(0, 999, 3 + (i * 5) % 17) for i in range(80)])
-                for name in ("a", "b")]
+    docs = [[rng.integers(0, 999, 3 + (i * 5) % 17) for i in range(80)] for _ in range(2)]
+    prefixes = [write_documents(folder / name, d) for name, d in zip(("a", "b"), docs)]
     return ["40", prefixes[0], "60", prefixes[1]]
 
 
@@ -53,8 +54,11 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(x.shape == y.shape and bool(np.array_equal(x, y)) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize(("field", "built", "loaded"), CASES, ids=[f"{f}={b}->{v}" for f, b, v in CASES])
-def test_a_folder_prepared_with_another_value_is_never_served_as_this_one(tmp_path, blend, field, built, loaded):
+@pytest.mark.parametrize(("field", "built", "loaded"), CASES,
+                         ids=[f"{f}={b}->{v}" for f, b, v in CASES])
+def test_a_folder_prepared_with_another_value_is_never_served_as_this_one(
+    tmp_path, blend, field, built, loaded
+):
     cache = str(tmp_path / "cache")
     build_datasets(_config(blend, path_to_cache=cache, **{field: built}), SIZES)
     wanted = _items(build_datasets(_config(blend, cache="off", **{field: loaded}), SIZES))
@@ -63,7 +67,8 @@ def test_a_folder_prepared_with_another_value_is_never_served_as_this_one(tmp_pa
 
     loading = _config(blend, path_to_cache=cache, build_policy="none", **{field: loaded})
     key = manifest_key(loading, SIZES)
-    assert manifest_path(cache, key) != manifest_path(cache, manifest_key(_config(blend, **{field: built}), SIZES))
+    built_key = manifest_key(_config(blend, **{field: built}), SIZES)
+    assert manifest_path(cache, key) != manifest_path(cache, built_key)
     try:
         served = _items(build_datasets(loading, SIZES))
     except CacheError as exc:
@@ -81,13 +86,14 @@ def test_manifest_key_differs_by_each_forgotten_field(blend, field):
 
 
 @pytest.mark.parametrize(("rank", "local_rank", "role"), [
-    (0, 0, Role.WRITE), (1, 1, Role.CHECK), (2, 0, Role.CHECK), (3, 1, Role.CHECK), (4, 0, Role.CHECK),
+    (0, 0, Role.WRITE), (1, 1, Role.CHECK), (2, 0, Role.CHECK), (3, 1, Role.CHECK),
+    (4, 0, Role.CHECK),
 ])
 def test_auto_has_one_writer_in_the_job_not_one_per_node(rank, local_rank, role):
     """Ranks 2 and 4 are local rank 0 of nodes 1 and 2: a writer per node would make several
     processes write one shared cache; ``auto`` writes from global rank 0 only."""
     world = World(rank=rank, world_size=6, local_rank=local_rank, local_world_size=2)
     assert resolve("auto", world, "auto") == (role, False)
-    writers = [resolve("auto", World(rank=r, world_size=6, local_rank=r % 2, local_world_size=2), "auto")[0]
-               for r in range(6)]
+    worlds = [World(rank=r, world_size=6, local_rank=r % 2, local_world_size=2) for r in range(6)]
+    writers = [resolve("auto", w, "auto")[0] for w in worlds]
     assert writers.count(Role.WRITE) == 1

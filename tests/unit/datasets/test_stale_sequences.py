@@ -26,7 +26,8 @@ def _docs(count: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def _config(prefix, order, **kw) -> MegatronDataConfig:
-    return MegatronDataConfig(sequence_length=16, blend=[prefix], split="90,10,0", order=order, cache="off", **kw)
+    return MegatronDataConfig(sequence_length=16, blend=[prefix], split="90,10,0", order=order,
+                              cache="off", **kw)
 
 
 def _read(cfg) -> None:
@@ -76,5 +77,6 @@ def test_the_computed_order_checks_the_pointers_at_the_ends_of_each_split(tmp_pa
     np.testing.assert_array_equal(inner, sound)
     _patch_pointer(prefix, 40, 10, -4)
     _patch_pointer(prefix, 40, train_end, 4)  # the valid split's first pointer
-    with pytest.raises(FormatError, match=rf"data\.idx: sequence {train_end - 1} has pointer .* sequence {train_end}'s pointer"):
+    named = rf"data\.idx: sequence {train_end - 1} has pointer .* sequence {train_end}'s pointer"
+    with pytest.raises(FormatError, match=named):
         build_datasets(cfg, [50, 5, 0])

@@ -27,6 +27,11 @@ def prefix(tmp_path):
     return write_documents(tmp_path / "d", [rng.integers(30000, 65000, n) for n in LENGTHS])
 
 
+def _config(prefix: str, mode) -> MegatronDataConfig:
+    return MegatronDataConfig(sequence_length=8, blend=[prefix], split="100,0,0", cache="off",
+                              read_mode=mode)
+
+
 def _patch(prefix: str, offset: int, packed: bytes) -> None:
     with open(prefix + ".idx", "r+b") as f:
         f.seek(offset)
@@ -57,12 +62,14 @@ def test_in_range_index_damage_is_a_format_error_on_every_read_path(prefix, dama
     expected = [sound[i].tolist() for i in range(N)]
     first_bad = DAMAGE[damage](prefix)
     tf = TokenFile(prefix, mode=mode)
-    named = rf"d\.idx: sequence {first_bad} has pointer \d+ and length \d+ .* expected pointer\[i \+ 1\]"
+    named = (rf"d\.idx: sequence {first_bad} has pointer \d+ and length \d+ .* "
+             r"expected pointer\[i \+ 1\]")
     reads = {
         "single": lambda: tf[first_bad],
         "slice": lambda: tf[:],
         "document": lambda: tf.document(first_bad),
-        "pieces": lambda: tf.read_pieces(np.array([0, first_bad]), np.zeros(2, np.int64), np.ones(2, np.int64)),
+        "pieces": lambda: tf.read_pieces(np.array([0, first_bad]), np.zeros(2, np.int64),
+                                         np.ones(2, np.int64)),
     }
     for name, read in reads.items():
         with pytest.raises(FormatError, match=named) as info:
@@ -78,7 +85,8 @@ def test_the_last_sequence_is_checked_against_the_end_of_the_bin(prefix, mode):
     a batch touching it reads it (no false alarm), and every sequence reads what was written."""
     tf = TokenFile(prefix, mode=mode)
     every = np.arange(N)
-    flat = tf.read_pieces(every[::-1].copy(), np.zeros(N, np.int64), np.array(LENGTHS[::-1], np.int64))
+    lengths = np.array(LENGTHS[::-1], np.int64)
+    flat = tf.read_pieces(every[::-1].copy(), np.zeros(N, np.int64), lengths)
     assert flat.tolist() == [t for i in every[::-1] for t in tf[int(i)].tolist()]
 
 
@@ -87,7 +95,7 @@ def test_the_last_sequence_is_checked_against_the_end_of_the_bin(prefix, mode):
 def test_a_megatron_order_batch_over_a_damaged_index_is_a_format_error(prefix, damage, mode):
     """The indices built from the damaged lengths; the batch's pieces are checked as it reads."""
     DAMAGE[damage](prefix)
-    cfg = MegatronDataConfig(sequence_length=8, blend=[prefix], split="100,0,0", cache="off", read_mode=mode)
+    cfg = _config(prefix, mode)
     train = build_datasets(cfg, [40, 0, 0])[0]
     with pytest.raises(FormatError, match=r"d\.idx: sequence \d+ has pointer"):
         train.__getitems__(list(range(len(train))))
@@ -96,9 +104,10 @@ def test_a_megatron_order_batch_over_a_damaged_index_is_a_format_error(prefix, d
 @pytest.mark.parametrize("mode", list(ReadMode))
 def test_a_dtype_code_changed_to_the_same_width_disagrees_with_the_sidecar(prefix, mode):
     _patch(prefix, 17, struct.pack("<B", 3))  # uint16 (8) -> int16 (3): every size still fits
-    with pytest.raises(FormatError, match=r"d\.idx: the header's dtype code 3 means int16, but the sidecar d\.json records uint16"):
+    named = r"d\.idx: the header's dtype code 3 means int16, but the sidecar d\.json records uint16"
+    with pytest.raises(FormatError, match=named):
         TokenFile(prefix, mode=mode)[0]
-    cfg = MegatronDataConfig(sequence_length=8, blend=[prefix], split="100,0,0", cache="off", read_mode=mode)
+    cfg = _config(prefix, mode)
     with pytest.raises(FormatError, match="records uint16"):
         train = build_datasets(cfg, [40, 0, 0])[0]
         train.__getitems__([0])
