@@ -84,19 +84,25 @@ def main() -> None:
     made = time.perf_counter()
     arrays, lengths = arrays_for(args.docs, args.seq)
     sizes = {k: v.nbytes for k, v in arrays.items()}
-    print(f"{args.docs:,} documents, {len(arrays['shuffle_index']):,} samples of S={args.seq}; array bytes:"
-          f" {', '.join(f'{k} {v / 2**20:,.0f} MiB' for k, v in sizes.items())}"
+    listed = ", ".join(f"{k} {v / 2**20:,.0f} MiB" for k, v in sizes.items())
+    print(f"{args.docs:,} documents, {len(arrays['shuffle_index']):,} samples of S={args.seq};"
+          f" array bytes: {listed}"
           f" (made in {time.perf_counter() - made:.1f} s); nproc {os.cpu_count()}, load average"
           f" {os.getloadavg()[0]:.1f}")
     files = CacheFiles(directory=str(folder), hash="0" * 32, class_name="GPTDataset", split="train",
                        arrays=GPT_ARRAYS)
     results: dict[str, list[float]] = {}
 
+    def check() -> list[str]:
+        return gpt_cache_mismatches(arrays, lengths, 0, args.docs, sequence_length=args.seq,
+                                    extra=1)
+
     def add(name: str, seconds: float) -> None:
         results.setdefault(name, []).append(seconds)
 
     for _ in range(args.rounds):
-        add("xxh3-64 of the three arrays (in memory)", timed(lambda: [cache_io._digest(a) for a in arrays.values()]))
+        add("xxh3-64 of the three arrays (in memory)",
+            timed(lambda: [cache_io._digest(a) for a in arrays.values()]))
         add("write_cache (np.save + fsync + hashes)", timed(
             lambda: cache_io.write_cache(files, description="{}", arrays=arrays)))
         cache_io._VERIFIED.clear()  # as a process that did not write them
@@ -104,12 +110,12 @@ def main() -> None:
             lambda: cache_io.check_cache(files, description="{}")))
         cache_io._VERIFIED.clear()
         for name in GPT_ARRAYS:  # a fresh mapping each time, verified on first map
-            add(f"map_array {name}, verified on first map", timed(lambda n=name: cache_io.map_array(files.array(n))))
+            add(f"map_array {name}, verified on first map",
+                timed(lambda n=name: cache_io.map_array(files.array(n))))
         add(f"map_array {GPT_ARRAYS[-1]}, already verified in this process",
             timed(lambda: cache_io.map_array(files.array(GPT_ARRAYS[-1]))))
-        add("gpt_cache_mismatches (a sidecar-less cache, first use)", timed(lambda: gpt_cache_mismatches(
-            arrays, lengths, 0, args.docs, sequence_length=args.seq, extra=1)))
-    assert not gpt_cache_mismatches(arrays, lengths, 0, args.docs, sequence_length=args.seq, extra=1)
+        add("gpt_cache_mismatches (a sidecar-less cache, first use)", timed(lambda: check()))
+    assert not check()
     print("\n| step | median s | min-max s |\n|---|---|---|")
     for name, values in results.items():
         print(show(name, values))

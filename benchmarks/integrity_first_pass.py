@@ -29,8 +29,8 @@ import numpy as np
 logging.disable(logging.WARNING)
 from tokenload.datasets import MegatronDataConfig, build_datasets
 p = json.loads(sys.argv[1])
-cfg = MegatronDataConfig(sequence_length=2048, blend=[p["prefix"]], split="100,0,0", random_seed=1234,
-                         path_to_cache=p["cache"])
+cfg = MegatronDataConfig(sequence_length=2048, blend=[p["prefix"]], split="100,0,0",
+                         random_seed=1234, path_to_cache=p["cache"])
 train = build_datasets(cfg, [None, 0, 0])[0]
 rng = np.random.default_rng(p["seed"])
 order = rng.permutation(len(train))
@@ -48,8 +48,8 @@ print(json.dumps({"rate": mb * len(batches) / wall, "cpu_us": cpu / len(batches)
 
 def run(src: str, payload: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": src}
-    out = subprocess.run([sys.executable, "-c", SIDE, json.dumps(payload)], env=env, capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", SIDE, json.dumps(payload)], env=env,
+                         capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,16 +72,19 @@ def main() -> None:
     for r in range(args.rounds):
         names = list(sides) if r % 2 == 0 else list(sides)[::-1]
         for name in names:
-            payload = {"prefix": args.prefix, "cache": args.cache + "-" + str(list(sides).index(name)),
-                       "seed": r, "micro_batch": args.micro_batch, "batches": args.batches}
+            cache = f"{args.cache}-{list(sides).index(name)}"
+            payload = {"prefix": args.prefix, "cache": cache, "seed": r,
+                       "micro_batch": args.micro_batch, "batches": args.batches}
             res = run(sides[name], payload)
             results[name].append(res)
-            print(f"  round {r + 1} {name}: {res['rate']:,.0f} samples/s, {res['cpu_us']:.1f} CPU us/batch",
-                  flush=True)
+            print(f"  round {r + 1} {name}: {res['rate']:,.0f} samples/s,"
+                  f" {res['cpu_us']:.1f} CPU us/batch", flush=True)
     load = os.getloadavg()[0]
-    print(f"\n{args.rounds} rounds, {args.batches} micro-batches of {args.micro_batch} per side and round;"
-          f" nproc {os.cpu_count()}, load average at the end {load:.1f} (a busy machine: medians)\n")
-    print("| side | samples/s median (min-max) | CPU us per micro-batch median (min-max) |\n|---|---|---|")
+    print(f"\n{args.rounds} rounds, {args.batches} micro-batches of {args.micro_batch} per side and"
+          f" round; nproc {os.cpu_count()}, load average at the end {load:.1f} (a busy machine:"
+          " medians)\n")
+    print("| side | samples/s median (min-max) | CPU us per micro-batch median (min-max) |")
+    print("|---|---|---|")
     med = {}
     for name, rows in results.items():
         rates, cpus = [x["rate"] for x in rows], [x["cpu_us"] for x in rows]
@@ -89,7 +92,8 @@ def main() -> None:
         print(f"| {name} | {med[name][0]:,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) |"
               f" {med[name][1]:.1f} ({min(cpus):.1f}-{max(cpus):.1f}) |")
     on, off = med["checks on (this checkout)"], med["baseline"]
-    print(f"\nchecks on / baseline: samples/s {on[0] / off[0]:.3f}x, CPU per micro-batch {on[1] / off[1]:.3f}x")
+    print(f"\nchecks on / baseline: samples/s {on[0] / off[0]:.3f}x,"
+          f" CPU per micro-batch {on[1] / off[1]:.3f}x")
 
 
 if __name__ == "__main__":
