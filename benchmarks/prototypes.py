@@ -2,7 +2,7 @@
 changes the library: page-table population (``madvise``) of a batch's spans, in the reading
 thread or from a loader worker's idle time, and larger read groups per worker.
 
-``apply_variant`` patches ``tokenload.loader.workers`` in this process; loader workers made by
+``apply_variant`` patches ``tokenload.loader.worker_main`` in this process; loader workers made by
 ``fork`` (Linux's default) inherit the patch. Each variant names the ``src`` change it stands for
 in ``VARIANTS``.
 """
@@ -10,6 +10,8 @@ in ``VARIANTS``.
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import functools
 import mmap
 from typing import Any
@@ -56,10 +58,14 @@ def advise(ds: Any, indices, advice: int) -> None:
     if mapping is None:
         return
     starts, lengths = batch_spans(ds, indices)
-    call = mapping.madvise
+    base = mapping.ctypes.data  # the .bin is a NumPy view of its mapping (format.descriptors)
     for start, length in zip(starts.tolist(), lengths.tolist()):
-        if length > 0:
-            call(advice, start, length)
+        if length > 0 and _LIBC.madvise(ctypes.c_void_p(base + start), ctypes.c_size_t(length),
+                                        advice) != 0:
+            raise OSError(ctypes.get_errno(), "madvise failed")
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 class _Peek:
@@ -132,7 +138,7 @@ def apply_variant(variant: str) -> dict:
     ``read_mode`` for the dataset, ``loader`` for ``build_dataloader``, ``before_batch`` for
     in-process reads (called with the dataset and a batch's indices before the batch is read),
     ``read`` (None, or what reads a batch in-process instead of ``ds.__getitems__``)."""
-    from tokenload.loader import workers
+    from tokenload.loader import worker_main as workers  # the workers' side of the loader
 
     out: dict = {"read_mode": "pread" if variant == "pread" else "mmap", "loader": {}, "before_batch": None,
                  "read": None}
