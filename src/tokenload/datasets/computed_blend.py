@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
+from ..index.blends import distinct_sources
 from ..index.interleave import DEFAULT_PERIOD
 from ..index.mixture import MixtureState
 from ..index.schedule import ScheduledMixture, check_schedule
@@ -56,7 +57,7 @@ class ComputedBlendedDataset(_Items):
         self.seed, self.block_size, self.period = int(seed), block_size, int(period)
         self._length = int(length)
         self.startup_phases = startup_phases or {}
-        self.sources = _distinct([d.identity for d in self.datasets])
+        self.sources = distinct_sources([d.identity for d in self.datasets])
         given = [(0, list(weights))] if schedule is None else schedule
         self.schedule = check_schedule(given, len(self.datasets))
         self.weights = list(self.schedule[0][1])
@@ -175,14 +176,3 @@ def _saved_schedule(phase: dict[str, Any]):
         return check_schedule(phase.get("schedule") or [(0, phase.get("weights"))])
     except Exception:  # a malformed record never matches: the run continues as a new chain
         return None
-
-
-def _distinct(identities: list[str]) -> list[str]:
-    """Source identities with a repeat count appended to the second and later copies of one file
-    (a blend may list a prefix twice): each copy keeps its own order and cursor."""
-    seen: dict[str, int] = {}
-    out = []
-    for s in identities:
-        seen[s] = seen.get(s, 0) + 1
-        out.append(s if seen[s] == 1 else f"{s}#{seen[s]}")
-    return out

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import ConfigError, StateError
 from ..index import Blend, build_blending_indices, plan_splits
+from ..index.blends import distinct_sources
 from ..index.schedule import check_schedule
 from .blended import BlendedDataset
 
@@ -279,7 +280,7 @@ def continuable(builder, name: str, plan, split, matrix, blend: BlendedDataset, 
             active, p = entries[e]
             prepared[i] = p.datasets[active.index(i)].num_samples
             members[i] = rebuild(i, prepared[i])
-    keys = _distinct([str(p) for p in prefixes])
+    keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
         f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
     ).hexdigest()[:16]
@@ -314,12 +315,3 @@ def c_blend(config) -> Blend:
                           " needs blend",
                           hint="list the sources in blend (blend_per_split is not supported here)")
     return blend
-
-
-def _distinct(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for s in names:
-        seen[s] = seen.get(s, 0) + 1
-        out.append(s if seen[s] == 1 else f"{s}#{seen[s]}")
-    return out

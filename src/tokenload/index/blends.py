@@ -24,6 +24,7 @@ from tokenload.index.splits import SPLIT_NAMES
 
 __all__ = [
     "Blend",
+    "distinct_sources",
     "parse_blend",
     "read_data_args_file",
     "read_per_split_data_args",
@@ -157,3 +158,14 @@ def read_per_split_data_args(
             )
         out.append(parse_blend(value))
     return out[0], out[1], out[2]
+
+
+def distinct_sources(names: Sequence[str]) -> list[str]:
+    """Source names with a repeat count appended to the second and later copies of one name (a
+    blend may list a prefix twice): each copy keeps its own order, cursor and accounting."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return out

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StateError
+from ..index.blends import distinct_sources
 from .accounting import member_datasets, samples_per_epoch, source_name
 
 __all__ = ["Ledger"]
@@ -42,7 +43,7 @@ class Ledger:
         self.members = member_datasets(dataset)
         names = [source_name(m) for m in self.members]
         keys = getattr(dataset, "sources", None)  # blends whose sources may change: their keys
-        self.keys = list(keys) if keys is not None else _distinct(names)
+        self.keys = list(keys) if keys is not None else distinct_sources(names)
         self.names = dict(zip(self.keys, names))
         self.skips: list[dict[str, Any]] = []
         self.remembered: dict[str, dict[str, Any]] = {}
@@ -150,12 +151,3 @@ def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{value!r} is not a count")
     return int(value)
-
-
-def _distinct(names: list[str]) -> list[str]:
-    seen: dict[str, int] = {}
-    out = []
-    for s in names:
-        seen[s] = seen.get(s, 0) + 1
-        out.append(s if seen[s] == 1 else f"{s}#{seen[s]}")
-    return out

@@ -223,8 +223,8 @@ def _read_error(path: str, exc: BaseException) -> Exception:
             hint="check that the storage endpoint (e.g. AWS_ENDPOINT_URL) is up and reachable, then"
             " rerun the same command: input files already finished are resumed",
         )
-    if damaged or isinstance(exc, OSError):
-        return UnreadableFile(str(exc) or type(exc).__name__)
+    if damaged or isinstance(exc, OSError) or type(exc).__module__.startswith("pyarrow"):
+        return UnreadableFile(str(exc) or type(exc).__name__)  # pyarrow: a damaged parquet/arrow
     return exc
 
 
@@ -290,10 +290,7 @@ def _parquet_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...])
     except (UnreadableFile, TokenloadError):
         raise
     except Exception as exc:
-        error = _read_error(file.path, exc)
-        if error is exc and type(exc).__module__.startswith("pyarrow"):
-            error = UnreadableFile(str(exc))
-        raise error from None
+        raise _read_error(file.path, exc) from None
 
 
 def _arrow_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[Chunk]:
@@ -328,10 +325,7 @@ def _arrow_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -
     except (UnreadableFile, TokenloadError):
         raise
     except Exception as exc:
-        error = _read_error(file.path, exc)
-        if error is exc and type(exc).__module__.startswith("pyarrow"):
-            error = UnreadableFile(str(exc))
-        raise error from None
+        raise _read_error(file.path, exc) from None
 
 
 class _Batches:
