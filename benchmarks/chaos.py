@@ -1,11 +1,12 @@
 """Chaos run of the self-healing loader (issue 24): randomized worker faults, every batch checked.
 
 Usage: python benchmarks/chaos.py [--faults 300] [--seed 1] [--out /tmp/chaos.json] [--quick]
+       [--read-modes mmap,pread,s3] [--s3-endpoint URL]
 
 Each case builds a loader (fork or spawn; 1, 2 or 4 workers; the Megatron order, the computed
-order or a flat file; token files read by mmap or pread), injects one or more faults at random
-micro-batches, runs to the end of its window and compares every batch delivered with the
-fault-free run (``num_workers=0``), bit for bit. Faults:
+order or a flat file; token files read by mmap, pread or from ``s3://``), injects one or more
+faults at random micro-batches, runs to the end of its window and compares every batch delivered
+with the fault-free run (``num_workers=0``), bit for bit. Faults:
 
 * ``kill``: SIGKILL a random worker (the out-of-memory killer);
 * ``stop``: SIGSTOP a worker for ever (a hung NFS/FUSE read, a debugger);
@@ -22,6 +23,12 @@ HINT. Every case runs under a SIGALRM watchdog of its own bound: a case still ru
 hang (the watchdog's ``TimeoutError`` must come out of ``next()`` as itself, not as a worker
 fault). Results: counts per outcome and fault, and the time from detecting a fault to the
 replacement's first batch (from the loaders' ``metrics()["workers"]``).
+
+Read mode ``s3``: the token files are uploaded to a bucket and read as an ``s3://`` prefix (the
+Megatron and computed orders; a flat file has no remote reader), through small chunks so that
+every worker keeps sending ranged GETs. Without ``--s3-endpoint`` a SeaweedFS server is started
+on free ports with tests/storage/conftest.py's ``start_server`` and stopped at the end; endpoint
+and credentials reach the workers through the ``AWS_*`` environment.
 
 ``FaultyDataset`` and ``run_case`` are imported by tests/unit/loader/test_chaos.py (a short run).
 """
@@ -50,6 +57,11 @@ import numpy as np
 SEQ, MBS, STEPS = 32, 4, 32
 LATEST = STEPS - 12  # faults strike before: a worker killed later may owe nothing more
 FAULTS = ("kill", "stop", "stop_cont", "exit_start", "raise", "block")
+S3_BUCKET = "tokenload-test"  # the bucket tests/storage/conftest.py's server makes
+S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+          "AWS_DEFAULT_REGION": "us-east-1",
+          # small chunks, few kept: every worker keeps sending ranged GETs
+          "TOKENLOAD_CHUNK_BYTES": "8192", "TOKENLOAD_CHUNK_CACHE_BYTES": "32768"}
 
 
 class Hang(TimeoutError):
@@ -117,8 +129,9 @@ class FaultyDataset:
 
 
 # -- data ------------------------------------------------------------------------------------------
-def make_data(folder: Path) -> dict[str, str]:
-    """One token file pair (Megatron and computed orders) and one flat file."""
+def make_data(folder: Path, s3: Any = None) -> dict[str, str]:
+    """One token file pair (Megatron and computed orders) and one flat file; with ``s3`` (an
+    fsspec filesystem), the pair is also uploaded to ``S3_BUCKET`` (key ``s3``)."""
     from tokenload.format import TokenFileWriter, write_flat
 
     rng = np.random.default_rng(5)
@@ -127,10 +140,17 @@ def make_data(folder: Path) -> dict[str, str]:
         for n in rng.integers(5, 90, size=600):
             writer.add_document(np.append(rng.integers(1, 999, size=int(n)), 0))
     write_flat(folder / "flat.bin", rng.integers(0, 50_000, size=20_000))
-    return {"prefix": str(prefix), "flat": str(folder / "flat.bin"), "cache": str(folder / "cache")}
+    data = {"prefix": str(prefix), "flat": str(folder / "flat.bin"), "cache": str(folder / "cache")}
+    if s3 is not None:
+        key = f"{S3_BUCKET}/chaos-{os.getpid()}-{time.time_ns()}/corpus"
+        for ext in (".bin", ".idx"):
+            s3.put(str(prefix) + ext, key + ext)
+        data["s3"] = f"s3://{key}"
+    return data
 
 
 def build(kind: str, read_mode: str, data: dict[str, str]) -> Any:
+    """The dataset of ``kind`` over ``data``; read mode ``s3`` reads the uploaded prefix."""
     from tokenload.datasets import (FlatDatasetConfig, FlatTokenDataset, MegatronDataConfig,
                                     build_datasets)
     from tokenload.datasets.computed import build_computed_datasets
@@ -138,8 +158,10 @@ def build(kind: str, read_mode: str, data: dict[str, str]) -> Any:
     if kind == "flat":
         config = FlatDatasetConfig(block_size=SEQ, seed=2, mode=read_mode)
         return FlatTokenDataset(data["flat"], config)
-    config = MegatronDataConfig(blend=[data["prefix"]], split="100,0,0", sequence_length=SEQ,
-                                eod_id=0, path_to_cache=data["cache"], read_mode=read_mode)
+    remote = read_mode == "s3"
+    config = MegatronDataConfig(blend=[data["s3" if remote else "prefix"]], split="100,0,0",
+                                sequence_length=SEQ, eod_id=0, path_to_cache=data["cache"],
+                                read_mode="mmap" if remote else read_mode)
     if kind == "megatron":
         return build_datasets(config, [None, 0, 0])[0]
     return build_computed_datasets(config, [None, 0, 0])[0]
@@ -327,7 +349,41 @@ def _cont(pid: int) -> None:
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def random_cases(total_faults: int, seed: int, methods=("fork", "spawn")) -> list[Case]:
+@contextlib.contextmanager
+def s3_server(folder: Path, wanted: bool, endpoint: str | None):
+    """An fsspec filesystem on ``endpoint`` or on a SeaweedFS server started for the run (None
+    when not ``wanted``); the ``AWS_*``/``TOKENLOAD_*`` variables of ``S3_ENV`` are set for the
+    workers, with a private ``.idx`` cache, and the server stopped at the end."""
+    if not wanted:
+        yield None
+        return
+    import importlib.util
+
+    import s3fs
+
+    server = None
+    if endpoint is None:
+        path = Path(__file__).resolve().parents[1] / "tests" / "storage" / "conftest.py"
+        spec = importlib.util.spec_from_file_location("tokenload_storage_conftest", path)
+        weed = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(weed)
+        (folder / "weed").mkdir()
+        proc, endpoint, log = weed.start_server(folder / "weed")
+        server = (weed, proc, log)
+    os.environ.update(S3_ENV, AWS_ENDPOINT_URL=endpoint,
+                      TOKENLOAD_CACHE_DIR=str(folder / "idxcache"))
+    try:
+        yield s3fs.S3FileSystem(key="test", secret="test", skip_instance_cache=True,
+                                client_kwargs={"endpoint_url": endpoint})
+    finally:
+        if server is not None:
+            weed, proc, log = server
+            weed.stop_server(proc, log)
+
+
+def random_cases(total_faults: int, seed: int, methods=("fork", "spawn"),
+                 read_modes=("mmap", "pread")) -> list[Case]:
+    """Cases drawn until they hold ``total_faults`` faults; ``s3`` goes with the two orders."""
     rng = random.Random(seed)
     cases, count = [], 0
     while count < total_faults:
@@ -335,9 +391,11 @@ def random_cases(total_faults: int, seed: int, methods=("fork", "spawn")) -> lis
         faults = [(f, step or int(f in ("kill", "stop", "stop_cont")))  # signals need workers
                   for f, step in ((rng.choice(FAULTS), step) for step in steps)]
         budget = rng.choice((3, 3, 3, 1, 0))
-        case = Case(method=rng.choice(methods), workers=rng.choice((1, 2, 4)),
-                    kind=rng.choice(("megatron", "computed", "flat")),
-                    read_mode=rng.choice(("mmap", "pread")),
+        method, workers = rng.choice(methods), rng.choice((1, 2, 4))
+        kind, read_mode = rng.choice(("megatron", "computed", "flat")), rng.choice(read_modes)
+        if read_mode == "s3" and kind == "flat":
+            kind = rng.choice(("megatron", "computed"))
+        case = Case(method=method, workers=workers, kind=kind, read_mode=read_mode,
                     faults=sorted(faults, key=lambda f: f[1]), budget=budget,
                     seed=rng.randrange(1 << 30))
         cases.append(case)
@@ -377,14 +435,19 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write every outcome and the summary as JSON")
     ap.add_argument("--quick", action="store_true", help="30 faults")
     ap.add_argument("--methods", default="fork,spawn", help="start methods to draw from")
+    ap.add_argument("--read-modes", default="mmap,pread", help="read modes to draw from (s3 too)")
+    ap.add_argument("--s3-endpoint", default=None,
+                    help=f"an S3 server with bucket {S3_BUCKET} (default: start SeaweedFS)")
     args = ap.parse_args()
     total = 30 if args.quick else args.faults
+    modes = tuple(args.read_modes.split(","))
     import torch  # noqa: F401  (the loader needs it: imported before the first case's bound)
 
-    with tempfile.TemporaryDirectory(prefix="tokenload-chaos-data-") as tmp:
-        data = make_data(Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="tokenload-chaos-data-") as tmp, \
+            s3_server(Path(tmp), "s3" in modes, args.s3_endpoint) as s3:
+        data = make_data(Path(tmp), s3)
         datasets, wants, outcomes = {}, {}, []
-        cases = random_cases(total, args.seed, tuple(args.methods.split(",")))
+        cases = random_cases(total, args.seed, tuple(args.methods.split(",")), modes)
         started = time.monotonic()
         for i, case in enumerate(cases):
             key = (case.kind, case.read_mode)
