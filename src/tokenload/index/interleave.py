@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_PERIOD", "Interleave", "period_counts", "token_weights"]
+__all__ = ["DEFAULT_PERIOD", "Interleave", "consumed", "period_counts", "token_weights"]
 
 DEFAULT_PERIOD = 1 << 16
 
@@ -83,25 +83,49 @@ def period_counts(weights: Sequence[float], period: int) -> np.ndarray:
     return counts
 
 
-def _edf(counts: np.ndarray, period: int) -> np.ndarray:
-    """int32 source of each slot of one period (EDF over release/due slots, see the module)."""
-    out = np.empty(period, dtype=np.int32)
+def _edf(counts: np.ndarray, period: int, slots: int | None = None) -> np.ndarray:
+    """int32 source of each of the first ``slots`` (default: all ``period``) slots of one
+    period: EDF over release/due slots, see the module. EDF is online, so a shorter run is a
+    prefix of the full one. A job released by the next slot goes straight to ``ready`` (the
+    heap holds at most one job per source, keys ``(due, source)`` are distinct, so the choice
+    at every slot is the same as releasing it at that slot)."""
+    n = period if slots is None else int(slots)
+    out = [0] * n
     pending = [(0, d) for d in np.flatnonzero(counts).tolist()]  # (release slot, source)
     heapq.heapify(pending)
     ready: list[tuple[int, int]] = []  # (due slot, source)
     served = [0] * counts.size
     c = counts.tolist()
-    for slot in range(period):
+    push, pop = heapq.heappush, heapq.heappop
+    for slot in range(n):
         while pending and pending[0][0] <= slot:
-            d = heapq.heappop(pending)[1]
-            heapq.heappush(ready, (((served[d] + 1) * period - 1) // c[d], d))
-        due, d = heapq.heappop(ready)
-        assert due >= slot, "EDF missed a deadline: the counts do not sum to the period"
+            d = pop(pending)[1]
+            push(ready, (((served[d] + 1) * period - 1) // c[d], d))
+        due, d = pop(ready)
+        if due < slot:
+            raise AssertionError("EDF missed a deadline: the counts do not sum to the period")
         out[slot] = d
-        served[d] += 1
-        if served[d] < c[d]:
-            heapq.heappush(pending, ((served[d] * period) // c[d], d))
-    return out
+        s = served[d] = served[d] + 1
+        if s < c[d]:
+            release = (s * period) // c[d]
+            if release <= slot + 1:
+                push(ready, (((s + 1) * period - 1) // c[d], d))
+            else:
+                push(pending, (release, d))
+    return np.array(out, dtype=np.int32)
+
+
+def consumed(
+    weights: Sequence[float], samples: int, *, period: int = DEFAULT_PERIOD
+) -> np.ndarray:
+    """``Interleave(weights, period=period).consumed(samples)`` without building the period:
+    whole periods give ``counts`` each, and only the ``samples mod period`` slots of the last
+    one are scheduled (EDF is online, so they are the period's first slots)."""
+    if samples < 0:
+        raise ValueError(f"samples is {samples}; expected >= 0")
+    counts = period_counts(weights, period)
+    periods, slot = divmod(int(samples), int(period))
+    return periods * counts + np.bincount(_edf(counts, int(period), slot), minlength=counts.size)
 
 
 class Interleave:

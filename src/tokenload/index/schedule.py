@@ -16,9 +16,10 @@ prefix is therefore within one sample per phase begun (errors left at a boundary
 
 A chain may start at an *origin* that is not sample 0: a resume with another schedule or other
 sources starts a new chain at the saved ``consumed``, from the saved cursors; the entry in force
-at the origin applies from it. Phases are built on first use, in order (each needs the cursors
-the one before leaves); equal weights share one interleave (built once per process, 0.03 s on a
-quiet core).
+at the origin applies from it. A phase is built on first use (equal weights share one
+interleave, built once per process, 0.03 s on a quiet core); the cursors at its start are the
+sums of what the phases before serve, ``interleave.consumed`` (their counts per period, and only
+their last partial period scheduled), so a resume late in a long schedule builds one interleave.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ConfigError
-from .interleave import DEFAULT_PERIOD, Interleave
+from .interleave import DEFAULT_PERIOD, Interleave, consumed
 from .mixture import Draws, Mixture, MixtureState
 
 __all__ = ["ScheduledMixture", "check_schedule"]
@@ -110,21 +111,42 @@ class ScheduledMixture:
         self._entries = [(start, w) for start, (_, w) in zip(bounds, self.schedule[first:])]
         self._windows = list(num_windows)
         self._seed, self._block_size = seed, block_size
-        self._phases: list[Mixture] = []  # built in order, on first use (0.03 s each)
+        self._phases: dict[int, Mixture] = {}  # built on first use (0.03 s each)
+        self._starts: list[MixtureState] = [self.origin]  # the cursors at each phase's start
         self.starts = np.array(bounds, dtype=np.int64)
 
     def phase(self, i: int) -> Mixture:
-        """The ``Mixture`` of the chain's i-th phase, building it (and those before) if needed:
-        a phase starts from the cursors the one before leaves at its start."""
-        while len(self._phases) <= i:
-            start, weights = self._entries[len(self._phases)]
-            state = self._phases[-1].state(start) if self._phases else self.origin
-            self._phases.append(Mixture(
-                self.sources, weights, self._windows, seed=self._seed, start=start, state=state,
-                period=self.period, block_size=self._block_size,
+        """The ``Mixture`` of the chain's i-th phase, built on first use: it starts from the
+        cursors the phases before leave at its start (``_state_at``), without building them."""
+        if i not in self._phases:
+            start, weights = self._entries[i]
+            self._phases[i] = Mixture(
+                self.sources, weights, self._windows, seed=self._seed, start=start,
+                state=self._state_at(i), period=self.period, block_size=self._block_size,
                 interleave=_interleave(weights, self.period),
-            ))
+            )
         return self._phases[i]
+
+    def _state_at(self, i: int) -> MixtureState:
+        """The cursors at the i-th phase's start. Each phase before adds what its interleave
+        serves over its length (``interleave.consumed``: whole periods are its counts, only the
+        last partial period is scheduled), so resuming late in a long schedule builds one
+        interleave, not one per entry. Windows of sources the origin knows stay the origin's,
+        so the phase's ``Mixture`` still refuses a source whose data changed."""
+        while len(self._starts) <= i:
+            k = len(self._starts) - 1
+            (start, weights), end = self._entries[k], self._entries[k + 1][0]
+            prior = self._starts[k]
+            if k in self._phases:
+                self._starts.append(self._phases[k].state(end))
+                continue
+            served = consumed(weights, end - start, period=self.period).tolist()
+            cursors, windows = dict(prior.cursors), dict(prior.windows)
+            for s, n, add in zip(self.sources, self._windows, served):
+                cursors[s] = int(prior.cursors.get(s, 0)) + add
+                windows.setdefault(s, int(n))
+            self._starts.append(MixtureState(consumed=end, cursors=cursors, windows=windows))
+        return self._starts[i]
 
     @property
     def start(self) -> int:

@@ -1,0 +1,99 @@
+"""The faster EDF and ``interleave.consumed`` against the original heap walk, kept here as the
+reference: the same period, sample for sample, for many random weight vectors (zeros, extreme
+ratios, small and large periods), and the same cursors after any prefix."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+from tokenload.errors import ConfigError
+from tokenload.index.interleave import Interleave, _edf, consumed, period_counts
+
+
+def reference_edf(counts: np.ndarray, period: int) -> np.ndarray:
+    """The EDF of interleave.py before it was sped up (commit 174cec9), unchanged."""
+    out = np.empty(period, dtype=np.int32)
+    pending = [(0, d) for d in np.flatnonzero(counts).tolist()]
+    heapq.heapify(pending)
+    ready: list[tuple[int, int]] = []
+    served = [0] * counts.size
+    c = counts.tolist()
+    for slot in range(period):
+        while pending and pending[0][0] <= slot:
+            d = heapq.heappop(pending)[1]
+            heapq.heappush(ready, (((served[d] + 1) * period - 1) // c[d], d))
+        due, d = heapq.heappop(ready)
+        assert due >= slot
+        out[slot] = d
+        served[d] += 1
+        if served[d] < c[d]:
+            heapq.heappush(pending, ((served[d] * period) // c[d], d))
+    return out
+
+
+def random_weights(rng: np.random.Generator) -> np.ndarray:
+    n = int(rng.integers(1, 9))
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        w = rng.random(n)
+    elif kind == 1:  # extreme ratios
+        w = 10.0 ** rng.uniform(-4, 0, size=n)
+    elif kind == 2:  # small integers, many ties
+        w = rng.integers(0, 5, size=n).astype(float)
+    else:  # one dominant source
+        w = rng.random(n) * 1e-3
+        w[rng.integers(n)] = 1.0
+    w[rng.random(n) < 0.25] = 0.0  # inactive sources
+    if w.sum() <= 0:
+        w[0] = 1.0
+    return w
+
+
+def test_fast_edf_is_the_reference_sample_for_sample():
+    rng = np.random.default_rng(26)
+    checked = 0
+    while checked < 400:
+        w = random_weights(rng)
+        period = int(rng.choice([1, 2, 3, 7, 64, 1000, 4099, 1 << 13]))
+        try:
+            counts = period_counts(w, period)
+        except ConfigError:
+            continue
+        full = _edf(counts, period)
+        assert np.array_equal(full, reference_edf(counts, period)), (w.tolist(), period)
+        cut = int(rng.integers(0, period + 1))
+        assert np.array_equal(_edf(counts, period, cut), full[:cut])
+        checked += 1
+
+
+@pytest.mark.parametrize(
+    "weights", [[5, 3, 2], [1, 0, 1e-4, 2], [0.999, 1e-3], [1, 1, 1, 1, 1, 1, 1], [2, 0]]
+)
+def test_fast_edf_matches_at_the_default_period(weights):
+    counts = period_counts(weights, 1 << 16)
+    assert np.array_equal(_edf(counts, 1 << 16), reference_edf(counts, 1 << 16))
+
+
+def test_consumed_without_the_period_equals_the_interleave():
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        w = random_weights(rng)
+        period = int(rng.choice([5, 333, 4096]))
+        try:
+            inter = Interleave(w, period=period)
+        except ConfigError:
+            continue
+        for n in [0, 1, period - 1, period, period + 1, *rng.integers(0, 10 * period, 5)]:
+            got = consumed(w, int(n), period=period)
+            assert got.dtype == np.int64
+            assert np.array_equal(got, inter.consumed(int(n))), (w.tolist(), period, n)
+
+
+def test_consumed_refuses_what_the_interleave_refuses():
+    with pytest.raises(ConfigError):
+        consumed([1, 1e-9], 10, period=1 << 16)
+    with pytest.raises(ValueError):
+        consumed([1, 1], -1)
