@@ -58,6 +58,10 @@ SEQ, MBS, STEPS = 32, 4, 32
 LATEST = STEPS - 12  # faults strike before: a worker killed later may owe nothing more
 FAULTS = ("kill", "stop", "stop_cont", "exit_start", "raise", "block")
 S3_BUCKET = "tokenload-test"  # the bucket tests/storage/conftest.py's server makes
+# worker_timeout of an s3 case: a fresh worker builds its own S3 clients before its first read
+# (two clients, each parsing botocore's S3 service model: ~1 s of CPU, 2-3 s on a loaded machine),
+# so 2 s would replace healthy workers
+S3_TIMEOUT = 5.0
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
           "AWS_DEFAULT_REGION": "us-east-1",
           # small chunks, few kept: every worker keeps sending ranged GETs
@@ -397,6 +401,7 @@ def random_cases(total_faults: int, seed: int, methods=("fork", "spawn"),
             kind = rng.choice(("megatron", "computed"))
         case = Case(method=method, workers=workers, kind=kind, read_mode=read_mode,
                     faults=sorted(faults, key=lambda f: f[1]), budget=budget,
+                    timeout=S3_TIMEOUT if read_mode == "s3" else 2.0,
                     seed=rng.randrange(1 << 30))
         cases.append(case)
         count += len(faults)
@@ -439,6 +444,7 @@ def main() -> None:
     ap.add_argument("--s3-endpoint", default=None,
                     help=f"an S3 server with bucket {S3_BUCKET} (default: start SeaweedFS)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks stop the server
     total = 30 if args.quick else args.faults
     modes = tuple(args.read_modes.split(","))
     import torch  # noqa: F401  (the loader needs it: imported before the first case's bound)

@@ -57,7 +57,8 @@ def test_short_chaos_run_over_s3(data):
     outcomes = []
     for i, (method, workers, kind, faults, budget, expected) in enumerate(CASES):
         case = chaos.Case(method=method, workers=workers, kind=kind, read_mode="s3",
-                          faults=faults, budget=budget, seed=i)
+                          faults=faults, budget=budget, seed=i,
+                          timeout=chaos.S3_TIMEOUT)
         dataset, want = data[kind]
         outcome = chaos.run_case(case, dataset, want)
         outcomes.append(outcome)
