@@ -19,12 +19,15 @@ def register(sub) -> None:
                        " of a saved loader state")
     p.add_argument("state_file", metavar="STATE_FILE",
                    help="JSON of loader.state_dict(), or a checkpoint that holds it")
+    p.add_argument("--key", default=None, metavar="KEY",
+                   help="the state's key in a checkpoint holding several loader states, e.g."
+                   " train_loader (dots for nested keys)")
     p.add_argument("--json", action="store_true", help="print the accounting as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    state = find_state(read(args.state_file), args.state_file)
+    state = find_state(read(args.state_file), args.state_file, args.key)
     if args.json:
         print(json.dumps(state.get("accounting"), indent=2))
     else:
@@ -56,18 +59,39 @@ def read(path: str) -> Any:
         ) from None
 
 
-def find_state(value: Any, path: str) -> dict[str, Any]:
-    """The first dict holding ``consumed_samples`` and ``fingerprint`` (breadth first)."""
-    level = [value]
-    for _ in range(5):
-        for item in level:
-            if isinstance(item, dict) and "consumed_samples" in item and "fingerprint" in item:
-                return item
-        level = [v for item in level if isinstance(item, dict) for v in item.values()]
+def find_state(value: Any, path: str, key: str | None = None) -> dict[str, Any]:
+    """The loader state (a dict holding ``consumed_samples`` and ``fingerprint``) in ``value``: the
+    one at ``key`` (dot-separated), else the only one in nested dicts; several are an error that
+    lists their keys, so the accounting of one loader is never shown as another's."""
+    found = {k: v for k, v in _states(value, "", 6)}
+    if key is not None:
+        if key not in found:
+            raise ConfigError(f"{path} holds no loader state at key {key!r}",
+                              hint=_choices(found) or "pass the file where loader.state_dict()"
+                              " was saved")
+        return found[key]
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if found:
+        raise ConfigError(f"{path} holds {len(found)} loader states", hint=_choices(found))
     raise ConfigError(
         f"{path} holds no loader state (a dict with consumed_samples and fingerprint)",
         hint="pass the file where loader.state_dict() was saved",
     )
+
+
+def _states(value: Any, key: str, depth: int):
+    if not isinstance(value, dict) or depth == 0:
+        return
+    if "consumed_samples" in value and "fingerprint" in value:
+        yield key, value
+        return
+    for name, item in value.items():
+        yield from _states(item, f"{key}.{name}" if key else str(name), depth - 1)
+
+
+def _choices(found: dict[str, Any]) -> str:
+    return ("pick one with --key: " + ", ".join(repr(k) for k in found)) if found else ""
 
 
 def format_state(state: dict[str, Any]) -> str:

@@ -41,3 +41,17 @@ def test_a_file_without_a_state_is_one_error_line(tmp_path, capsys):
     assert main(["state", str(tmp_path / "junk")]) == 2
     assert "neither JSON nor a torch checkpoint" in capsys.readouterr().err
     assert main(["state", str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_checkpoint_with_several_loader_states_asks_which_one(files, tmp_path, capsys):
+    _, train = serve(blend(files), 192, dp=2, mbs=4, skip=32)
+    _, valid = serve(blend(files), 64, dp=2, mbs=4)
+    path = tmp_path / "ckpt.json"
+    path.write_text(json.dumps({"valid_loader": valid, "train_loader": train}))
+    assert main(["state", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 loader states" in err and "--key: 'valid_loader', 'train_loader'" in err
+    assert main(["state", "--json", "--key", "train_loader", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out) == train["accounting"]
+    assert main(["state", "--key", "model", str(path)]) == 2
+    assert "no loader state at key 'model'" in capsys.readouterr().err
