@@ -21,6 +21,7 @@ from ..errors import RecordError
 from .sources import Chunk
 
 _SKIP_HINT = "fix or remove the record, or pass --on-bad-record skip to skip and count bad records"
+_COLUMN_HINT = "name the column that holds the text with --json-keys (json_keys in Python)"
 _MAX_EXAMPLES = 5
 
 
@@ -43,7 +44,9 @@ class BadRecord(NamedTuple):
     def error(self) -> RecordError:
         """The error strict mode raises; it carries this record (``error.record``)."""
         where = f"{self.path}:{self.line}"
-        exc = RecordError(f"{self.reason}: {self.message}", path=where, hint=_SKIP_HINT)
+        whole_file = self.reason == "missing_key" and self.message.startswith("no column")
+        hint = _COLUMN_HINT if whole_file else _SKIP_HINT  # a column is missing from every row
+        exc = RecordError(f"{self.reason}: {self.message}", path=where, hint=hint)
         exc.record = self  # type: ignore[attr-defined]
         return exc
 
