@@ -1,6 +1,7 @@
-"""The faster EDF and ``interleave.consumed`` against the original heap walk, kept here as the
-reference: the same period, sample for sample, for many random weight vectors (zeros, extreme
-ratios, small and large periods), and the same cursors after any prefix."""
+"""The EDF (which may stop after a prefix) and ``interleave.consumed`` (which mostly schedules
+no prefix at all) against the original heap walk, kept here as the reference: the same period,
+sample for sample, for many random weight vectors (zeros, extreme ratios, small and large
+periods), and the same counts after any prefix."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tokenload.index.interleave import Interleave, _edf, consumed, period_counts
 
 
 def reference_edf(counts: np.ndarray, period: int) -> np.ndarray:
-    """The EDF of interleave.py before it was sped up (commit 174cec9), unchanged."""
+    """The EDF of interleave.py at commit 174cec9 (before issue 26's startup fix), unchanged."""
     out = np.empty(period, dtype=np.int32)
     pending = [(0, d) for d in np.flatnonzero(counts).tolist()]
     heapq.heapify(pending)
@@ -97,3 +98,36 @@ def test_consumed_refuses_what_the_interleave_refuses():
         consumed([1, 1e-9], 10, period=1 << 16)
     with pytest.raises(ValueError):
         consumed([1, 1], -1)
+
+
+def test_prefix_counts_are_the_reference_prefix_and_mostly_skip_it(monkeypatch):
+    """``_prefix_counts`` (a few EDF runs from every state the bound allows, a short span back)
+    against the counts of the reference EDF's prefix; most answers come from a short span."""
+    import tokenload.index.interleave as mod
+
+    runs = []
+    real = mod._served_after
+
+    def counting(counts, period, start, served, stop):
+        runs.append(stop - start)
+        return real(counts, period, start, served, stop)
+
+    monkeypatch.setattr(mod, "_served_after", counting)
+    rng = np.random.default_rng(11)
+    checked = short = 0
+    while checked < 1500:
+        w = random_weights(rng)
+        period = int(rng.choice([7, 100, 1024, 4099, 1 << 14]))
+        try:
+            counts = period_counts(w, period)
+        except ConfigError:
+            continue
+        full = reference_edf(counts, period)
+        for slots in [0, 1, period, *rng.integers(0, period + 1, size=6).tolist()]:
+            runs.clear()
+            got = mod._prefix_counts(counts, period, int(slots))
+            want = np.bincount(full[:slots], minlength=counts.size)
+            assert np.array_equal(got, want), (w.tolist(), period, slots)
+            short += slots >= 1024 and sum(runs) < slots
+            checked += 1
+    assert short > 300
