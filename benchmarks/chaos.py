@@ -59,8 +59,7 @@ LATEST = STEPS - 12  # faults strike before: a worker killed later may owe nothi
 FAULTS = ("kill", "stop", "stop_cont", "exit_start", "raise", "block")
 S3_BUCKET = "tokenload-test"  # the bucket tests/storage/conftest.py's server makes
 # worker_timeout of an s3 case: a fresh worker builds its own S3 clients before its first read
-# (two clients, each parsing botocore's S3 service model: ~1 s of CPU, 2-3 s on a loaded machine),
-# so 2 s would replace healthy workers
+# (fsspec's and botocore's: ~1 s, 2-3 s on a loaded machine), so 2 s would replace healthy workers
 S3_TIMEOUT = 5.0
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
           "AWS_DEFAULT_REGION": "us-east-1",
