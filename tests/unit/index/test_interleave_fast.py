@@ -15,7 +15,7 @@ from tokenload.index.interleave import Interleave, _edf, consumed, period_counts
 
 
 def reference_edf(counts: np.ndarray, period: int) -> np.ndarray:
-    """The EDF of interleave.py at commit 174cec9 (before issue 26's startup fix), unchanged."""
+    """The EDF of interleave.py at commit 174cec9 (before issue 26's startup fix), same logic."""
     out = np.empty(period, dtype=np.int32)
     pending = [(0, d) for d in np.flatnonzero(counts).tolist()]
     heapq.heapify(pending)
