@@ -157,22 +157,48 @@ def _served_after(counts: np.ndarray, period: int, start: int, served: list, sto
     return served
 
 
+def _fewest_states(counts: np.ndarray, period: int, lo: int, hi: int, slots: int, most: int):
+    """``hi`` if it allows at most ``most`` states, else the slot t in ``[lo, hi]`` (at most
+    4,096 nearest ``hi``) where running EDF from every state the bound allows to ``slots`` costs
+    least; with its floor and extras. None where every t allows more than ``most`` states."""
+    exact = hi * counts
+    floor, extra = exact // period, hi - int((exact // period).sum())
+    if math.comb(int(np.count_nonzero(exact % period)), extra) <= most:
+        return hi, floor, extra  # the common case: no search
+    t = np.arange(max(lo, hi - 4095), hi + 1, dtype=np.int64)
+    exact = t[:, None] * counts[None, :]
+    floor = exact // period
+    extra = t - floor.sum(axis=1)
+    fractional = (exact % period != 0).sum(axis=1)
+    pairs, where = np.unique(np.stack([fractional, extra], axis=1), axis=0, return_inverse=True)
+    states = np.array([math.comb(int(n), int(k)) for n, k in pairs], dtype=object)[where.ravel()]
+    cost = [s * (slots - int(x)) if s <= most else None for s, x in zip(states, t.tolist())]
+    ok = [i for i, c in enumerate(cost) if c is not None]
+    if not ok:
+        return None
+    i = min(ok, key=lambda i: (cost[i], -i))
+    return int(t[i]), floor[i], int(extra[i])
+
+
 def _prefix_counts(counts: np.ndarray, period: int, slots: int, *, most: int = 32) -> np.ndarray:
     """int64 samples of each source in the period's first ``slots`` slots, mostly without
     scheduling them. After t slots source d has served ``floor(t*c_d/P)`` or one more (the
     bound), ``t - sum(floor)`` of the sources with a fractional part one more: a handful of
-    possible states. EDF is run from every one of them at ``t = slots - span``; where all that
-    meet their deadlines end in the same counts, those are the counts, since the true state is
-    among them. Otherwise the span grows, up to the whole prefix (more than ``most`` states)."""
-    span = 64
+    possible states. EDF is run from every one of them at a t shortly before ``slots``; where
+    all that meet their deadlines end in the same counts, those are the counts, since the true
+    state is among them. Otherwise t moves back; once the runs would cost more slots than
+    ``slots``, the prefix is scheduled from slot 0."""
+    span, spent = 64, 0
     while span < slots:
-        t0 = slots - span
-        exact = t0 * counts
-        floor = exact // period
-        extra = t0 - int(floor.sum())
-        fractional = np.flatnonzero(exact % period).tolist()
-        if math.comb(len(fractional), extra) > most:
-            break
+        found = _fewest_states(counts, period, max(0, slots - 4 * span), slots - span, slots, most)
+        span *= 4
+        if found is None:
+            continue
+        t0, floor, extra = found
+        fractional = np.flatnonzero((t0 * counts) % period).tolist()
+        spent += math.comb(len(fractional), extra) * (slots - t0)
+        if spent > slots:
+            break  # costlier than the prefix itself
         ends: set[tuple[int, ...]] = set()
         for chosen in itertools.combinations(fractional, extra):
             state = floor.copy()
@@ -184,7 +210,6 @@ def _prefix_counts(counts: np.ndarray, period: int, slots: int, *, most: int = 3
                     break
         if len(ends) == 1:
             return np.array(ends.pop(), dtype=np.int64)
-        span *= 4
     return np.array(_served_after(counts, period, 0, [0] * counts.size, slots), dtype=np.int64)
 
 

@@ -131,3 +131,19 @@ def test_prefix_counts_are_the_reference_prefix_and_mostly_skip_it(monkeypatch):
             short += slots >= 1024 and sum(runs) < slots
             checked += 1
     assert short > 300
+
+
+@pytest.mark.parametrize(
+    "weights", [[1] * 8, [1] * 7, list(range(1, 13)), [3, 3, 3, 3, 2, 2, 1, 1, 1]]
+)
+def test_prefix_counts_with_many_states_search_an_earlier_start(weights):
+    """Many sources: the slot just before allows more states than tried, so an earlier slot
+    with fewer is searched for (or the prefix is scheduled); the counts stay the reference's."""
+    import tokenload.index.interleave as mod
+
+    period = 1 << 14
+    counts = period_counts(weights, period)
+    full = reference_edf(counts, period)
+    for slots in np.random.default_rng(len(weights)).integers(0, period + 1, size=25).tolist():
+        got = mod._prefix_counts(counts, period, int(slots))
+        assert np.array_equal(got, np.bincount(full[:slots], minlength=counts.size)), slots
