@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 from ..distributed import World
 from ..errors import ConfigError, StateError, require
-from ..storage.options import retry_reads_for
+from ..storage.options import read_retry_window, retry_reads_for
 from .accounting import LoaderMetrics, summary_line
 from .collate import fetch, to_tensors
 from .health import WorkerHealth, read_budget
@@ -177,8 +177,8 @@ class TokenloadDataLoader:
         pin = self.config.pin_memory and _cuda_available()
         pool = None
         if self.config.num_workers == 0:
-            retry_reads_for(read_budget(self.config.worker_timeout))  # as workers do (health.py)
-            batches = (fetch(self.dataset, indices) for indices in sampler)
+            budget = read_budget(self.config.worker_timeout)  # as workers do (health.py)
+            batches = (_fetch_within(budget, self.dataset, indices) for indices in sampler)
         else:
             pool = self._workers()
             batches = pool.batches(sampler)
@@ -367,3 +367,14 @@ def _cuda_available() -> bool:
 def build_dataloader(dataset: Any, *, consumed_samples: int = 0, **config: Any) -> TokenloadDataLoader:
     """A resumable DataLoader over ``dataset`` for this rank; ``config`` are ``LoaderConfig`` fields."""
     return TokenloadDataLoader(dataset, LoaderConfig(**config), consumed_samples=consumed_samples)
+
+
+def _fetch_within(budget: float | None, dataset: Any, indices) -> dict:
+    """``fetch`` with object-storage reads retried for ``budget`` seconds, in this process only
+    while the loader reads: the rest of the training process keeps its own retry setting."""
+    before = read_retry_window()
+    retry_reads_for(budget)
+    try:
+        return fetch(dataset, indices)
+    finally:
+        retry_reads_for(before)

@@ -387,6 +387,8 @@ def test_storage_reads_retry_for_most_of_worker_timeout(workers, method):
             got = next(iter(loader))["budget"]
             loader.close()
             assert got.tolist() == [budget] * MBS, timeout
+            # only the loader's reads: the process's own storage requests keep their setting
+            assert options.read_retry_window() == before
     finally:
         options.retry_reads_for(before)
 
