@@ -253,10 +253,11 @@ _NO_ANSWER = {"EndpointConnectionError", "ConnectionRefusedError", "ClientConnec
 
 def fail_fast_before_first_contact(retries: int | None) -> None:
     """Until a first answer, retry an endpoint that does not answer only ``retries`` times, and
-    no longer than TOKENLOAD_FIRST_CONTACT_TIMEOUT in all (None: no such limit)."""
-    global _first_contact_retries, _silent_since, _gave_up
+    no longer than TOKENLOAD_FIRST_CONTACT_TIMEOUT in all (None: no such limit). A first answer
+    is waited for from this call on, even if this process heard from an endpoint before."""
+    global _first_contact_retries, _silent_since, _gave_up, _reached_in
     _first_contact_retries = retries
-    _silent_since = _gave_up = None
+    _silent_since = _gave_up = _reached_in = None
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
