@@ -93,43 +93,41 @@ def period_counts(weights: Sequence[float], period: int) -> np.ndarray:
 def _edf(counts: np.ndarray, period: int, slots: int | None = None) -> np.ndarray:
     """int32 source of each of the first ``slots`` (default: all ``period``) slots of one
     period: EDF over release/due slots, see the module. EDF is online, so a shorter run is a
-    prefix of the full one. A job released by the next slot goes straight to ``ready`` (the
-    heap holds at most one job per source, keys ``(due, source)`` are distinct, so the choice
-    at every slot is the same as releasing it at that slot)."""
+    prefix of the full one."""
     n = period if slots is None else int(slots)
-    out = [0] * n
-    pending = [(0, d) for d in np.flatnonzero(counts).tolist()]  # (release slot, source)
-    heapq.heapify(pending)
-    ready: list[tuple[int, int]] = []  # (due slot, source)
-    served = [0] * counts.size
-    c = counts.tolist()
-    push, pop = heapq.heappush, heapq.heappop
-    for slot in range(n):
-        while pending and pending[0][0] <= slot:
-            d = pop(pending)[1]
-            push(ready, (((served[d] + 1) * period - 1) // c[d], d))
-        due, d = pop(ready)
-        if due < slot:
-            raise AssertionError("EDF missed a deadline: the counts do not sum to the period")
-        out[slot] = d
-        s = served[d] = served[d] + 1
-        if s < c[d]:
-            release = (s * period) // c[d]
-            if release <= slot + 1:
-                push(ready, (((s + 1) * period - 1) // c[d], d))
-            else:
-                push(pending, (release, d))
+    out: list[int] = [0] * n
+    if _walk(counts, period, 0, [0] * counts.size, n, out) is None:
+        raise AssertionError("EDF missed a deadline: the counts do not sum to the period")
     return np.array(out, dtype=np.int32)
 
 
-def _served_after(counts: np.ndarray, period: int, start: int, served: list, stop: int):
+def _served_after(
+    counts: np.ndarray, period: int, start: int, served: list[int], stop: int
+) -> list[int] | None:
     """Samples of each source served after slot ``stop``, running EDF from slot ``start`` where
     ``served`` were served; None if that start misses a deadline (then the schedule never
     passes through it). From slot 0 and nothing served, the counts of ``_edf``'s prefix."""
+    return _walk(counts, period, start, served, stop, None)
+
+
+def _walk(
+    counts: np.ndarray,
+    period: int,
+    start: int,
+    served: list[int],
+    stop: int,
+    out: list[int] | None,
+) -> list[int] | None:
+    """EDF from slot ``start`` (where ``served`` samples of each source were served) to slot
+    ``stop``: the served counts at ``stop``, the source of slot ``start + i`` in ``out[i]``
+    when ``out`` is given; None when a deadline is missed. A job released by the next slot
+    goes straight to ``ready`` (the heap holds at most one job per source, keys
+    ``(due, source)`` are distinct, so the choice at every slot is the same as releasing it
+    at that slot)."""
     c = counts.tolist()
     served = list(served)
-    pending: list[tuple[int, int]] = []
-    ready: list[tuple[int, int]] = []
+    pending: list[tuple[int, int]] = []  # (release slot, source)
+    ready: list[tuple[int, int]] = []  # (due slot, source)
     for d, (s, cd) in enumerate(zip(served, c)):
         if s < cd:
             release, due = (s * period) // cd, ((s + 1) * period - 1) // cd
@@ -147,6 +145,8 @@ def _served_after(counts: np.ndarray, period: int, start: int, served: list, sto
         if not ready or ready[0][0] < slot:
             return None
         d = pop(ready)[1]
+        if out is not None:
+            out[slot - start] = d
         s = served[d] = served[d] + 1
         if s < c[d]:
             release = (s * period) // c[d]
