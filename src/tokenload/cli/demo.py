@@ -111,7 +111,7 @@ def _clean(folder: Path, created: bool) -> None:
 def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
     """Corpus, token files, caches and sequences JSON; the job description the ranks read."""
     from ..datasets import build_datasets
-    from ..demo_rank import order_config
+    from .demo_rank import order_config
     from ..format import TokenFile, read_sidecar
     from ..format.sequences import counts_of, write_sequences
     from ..preprocess import PreprocessConfig, TokenizerSpec, preprocess, write_stdlib_corpus
@@ -155,7 +155,7 @@ def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
     print(title, flush=True)
     log = work / f"torchrun-{phase}.log"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               "-m", "tokenload.demo_rank", "--job", str(work / "job.json"), "--phase", phase]
+               "-m", "tokenload.cli.demo_rank", "--job", str(work / "job.json"), "--phase", phase]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     with open(log, "wb") as err:
         code = subprocess.run(command, stdout=sys.stdout, stderr=err, env=env, stdin=subprocess.DEVNULL).returncode
@@ -187,7 +187,7 @@ def _exact(run: list[dict], resumed: list[dict], job: dict) -> list[bool]:
 
 
 def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
-    from ..demo_rank import ORDERS
+    from .demo_rank import ORDERS
 
     header = (f"{'order':<10}{'rank':>5}{'first batch':>13}{'samples/s':>11}{'data wait':>11}   resume exact"
               f" ({resume} ranks)")

@@ -1,6 +1,6 @@
 """One rank of ``tokenload demo``: what torchrun starts on every process of the demo's job.
 
-``python -m tokenload.demo_rank --job DIR/job.json --phase run|resume``, under
+``python -m tokenload.cli.demo_rank --job DIR/job.json --phase run|resume``, under
 ``torch.distributed.run``, joins a gloo process group (so that every rank starts its data phase
 at the same moment, as a real job's ranks do), then for each order of the job (Megatron's order
 on the prepared cache with ``build_policy="none"``, the computed order, mock data) builds the
@@ -36,7 +36,7 @@ FAIL_HOOK = "TOKENLOAD_DEMO_FAIL_RANK"
 def order_config(job: dict[str, Any], order: str, *, prepare: bool = False):
     """The ``MegatronDataConfig`` of ``order`` for the job; ``prepare`` gives the one-process
     build that writes the Megatron order's caches and manifest (what ``prepare-cache`` runs)."""
-    from .datasets import MegatronDataConfig
+    from ..datasets import MegatronDataConfig
 
     common = dict(
         sequence_length=job["seq_length"], eod_id=job["eod_id"], vocab_size=job["vocab_size"],
@@ -58,9 +58,9 @@ def row_digests(tokens: Any) -> list[str]:
 
 
 def _run_order(job: dict[str, Any], order: str, phase: str, rank: int, world: int) -> dict[str, Any]:
-    from .datasets import build_datasets
-    from .errors import StorageError
-    from .loader import build_dataloader
+    from ..datasets import build_datasets
+    from ..errors import StorageError
+    from ..loader import build_dataloader
 
     if os.environ.get(FAIL_HOOK) == str(rank):
         raise StorageError(f"rehearsed failure of rank {rank} ({FAIL_HOOK})", hint="unset the test hook")
@@ -105,14 +105,14 @@ def _run_order(job: dict[str, Any], order: str, phase: str, rank: int, world: in
 
 
 def _one_line(exc: BaseException) -> str:
-    from .cli.main import one_line
-    from .errors import TokenloadError
+    from .main import one_line
+    from ..errors import TokenloadError
 
     return one_line(exc) if isinstance(exc, TokenloadError) else f"{type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tokenload.demo_rank")
+    parser = argparse.ArgumentParser(prog="python -m tokenload.cli.demo_rank")
     parser.add_argument("--job", required=True, help="the job.json the demo wrote")
     parser.add_argument("--phase", choices=("run", "resume"), required=True)
     args = parser.parse_args(argv)
