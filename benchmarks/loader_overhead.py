@@ -1,8 +1,9 @@
 """What the self-healing machinery (issue 24) costs a fault-free first pass: this checkout's
 loader against another source folder's (the code before the change), side by side.
 
-Usage: python benchmarks/loader_overhead.py --baseline-src /tmp/base/src [--src SRC] [--docs 200000]
-                                             [--rounds 5] [--samples 4096] [--workers 2]
+Usage: python benchmarks/loader_overhead.py --baseline-src /tmp/base/src [--baseline-src ...]
+                                             [--src SRC] [--docs 200000] [--rounds 5]
+                                             [--samples 4096] [--workers 2] [--drop-caches]
 
 Data as loader.py (lognormal documents, S = 2048, micro-batch 16, one-epoch Megatron-order train
 split, its cache built once). Each side runs in a fresh process (``PYTHONPATH`` = its source
@@ -10,7 +11,10 @@ folder), sides alternate in order from round to round, and each round reads fres
 first pass: the page cache holds the file, the process's page tables hold nothing). Per side:
 samples/s over the pass (its first micro-batch, worker start-up, not timed) and CPU per
 micro-batch of the training process and its workers together (the wall rate moves with the
-machine's load, the CPU less). Cells are medians over rounds.
+machine's load, the CPU less). Cells are medians over rounds. Several ``--baseline-src`` run
+as several "before" sides in the same rotation, each compared with "after". ``--drop-caches``
+(root) drops the page cache before every pass, so each reads the token file from disk: the
+regime of a first epoch over data that is not cached.
 
 ``--tiny``: the training process's fixed cost per hand-over instead (a dataset of tiny batches
 made from the indices, 20,000 micro-batches of 4 x 8 after 500 untimed, 2 workers, prefetch 8):
@@ -111,10 +115,18 @@ def run_side(src: str, payload: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def drop_page_cache() -> None:
+    """Write back and drop the page cache (needs root): the next pass reads from disk."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("1\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_data_arguments(ap, docs=200_000)
-    ap.add_argument("--baseline-src", required=True, help="the source folder before the change")
+    ap.add_argument("--baseline-src", required=True, action="append",
+                    help="a source folder before the change (repeat for several)")
     ap.add_argument("--src", default=str(Path(__file__).resolve().parents[1] / "src"),
                     help="the source folder after the change (default: this checkout's)")
     ap.add_argument("--rounds", type=int, default=5)
@@ -122,10 +134,14 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--tiny", action="store_true", help="the per-hand-over cost (module docstring)")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="drop the page cache before every pass (root; module docstring)")
     args = ap.parse_args()
     prefix = docs_file(args)
     here = args.src
-    sides = {"after (--src)": here, "before (--baseline-src)": args.baseline_src}
+    sides = {"after (--src)": here}
+    for i, src in enumerate(args.baseline_src):
+        sides[f"before {i + 1} ({src})" if len(args.baseline_src) > 1 else "before"] = src
     payload = {"prefix": prefix, "cache": os.path.join(args.data_dir, "overhead_cache"),
                "micro_batch": args.micro_batch, "workers": args.workers, "samples": args.samples,
                "tiny": args.tiny}
@@ -134,8 +150,11 @@ def main() -> None:
     got: dict[str, list[dict]] = {name: [] for name in sides}
     start = args.micro_batch * 4
     for r in range(args.rounds):
-        order = list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]
+        order = list(sides.items())
+        order = order[r % len(order):] + order[:r % len(order)]  # each side leads in turn
         for name, src in order:
+            if args.drop_caches:
+                drop_page_cache()
             res = run_side(src, {**payload, "start": start})
             start += args.samples + 2 * args.micro_batch  # fresh samples for every pass
             got[name].append(res)
@@ -155,10 +174,14 @@ def main() -> None:
     for name in sides:
         m = med[name]
         print(f"| {name} | {m['rate']:,.0f} | {m['cpu_us']:.1f} | {m['consumer_us']:.1f} |")
-    after, before = med["after (--src)"], med["before (--baseline-src)"]
-    print(f"\nafter / before: rate {after['rate'] / before['rate']:.3f},"
-          f" CPU per micro-batch {after['cpu_us'] / before['cpu_us']:.3f},"
-          f" training process CPU {after['consumer_us'] / before['consumer_us']:.3f}")
+    after = med["after (--src)"]
+    for name in list(sides)[1:]:
+        before = med[name]
+        print(f"\nafter / {name}: rate {after['rate'] / before['rate']:.3f},"
+              f" CPU per micro-batch {after['cpu_us'] / before['cpu_us']:.3f},"
+              f" training process CPU {after['consumer_us'] / before['consumer_us']:.3f}")
+        spread = [a["rate"] / b["rate"] for a, b in zip(got["after (--src)"], got[name])]
+        print(f"  per-round rate ratios: {', '.join(f'{x:.3f}' for x in spread)}")
 
 
 if __name__ == "__main__":
