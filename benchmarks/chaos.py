@@ -156,7 +156,7 @@ def build(kind: str, read_mode: str, data: dict[str, str]) -> Any:
     """The dataset of ``kind`` over ``data``; read mode ``s3`` reads the uploaded prefix."""
     from tokenload.datasets import (FlatDatasetConfig, FlatTokenDataset, MegatronDataConfig,
                                     build_datasets)
-    from tokenload.datasets.computed import build_computed_datasets
+    from tokenload.datasets.computed.computed_dataset import build_computed_datasets
 
     if kind == "flat":
         config = FlatDatasetConfig(block_size=SEQ, seed=2, mode=read_mode)

@@ -126,7 +126,7 @@ def _index_bytes(ds) -> int:
 def side_startup(a: dict) -> dict:
     """One rank's start: build the train split and read its first micro-batch."""
     from tokenload.datasets import build_datasets
-    from tokenload.datasets.computed import build_computed_datasets
+    from tokenload.datasets.computed.computed_dataset import build_computed_datasets
 
     start = time.perf_counter()
     size = a["size"]
@@ -151,7 +151,7 @@ def peak_rss_mb() -> float:
 def side_read(a: dict) -> dict:
     """Fresh samples per second of one order and one way of reading."""
     from tokenload.datasets import build_datasets
-    from tokenload.datasets.computed import build_computed_datasets
+    from tokenload.datasets.computed.computed_dataset import build_computed_datasets
 
     if a["order"] == "computed":
         ds = build_computed_datasets(_config(a), [None, None, None])[0]

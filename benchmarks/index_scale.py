@@ -53,7 +53,7 @@ import json, os, resource, sys, time
 a = json.loads(sys.argv[1])
 from tokenload.datasets import MegatronDataConfig, build_datasets
 if a.get("threads"):
-    from tokenload.datasets import builder
+    from tokenload.datasets.megatron import builder
     builder.BUILD_THREADS = int(a["threads"])
 w = a["weights"]
 blend = a["prefixes"] if w is None else [x for wt, p in zip(w, a["prefixes"]) for x in (str(wt), p)]

@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tokenload.datasets.cache_match import gpt_cache_mismatches  # noqa: E402
+from tokenload.datasets.megatron.cache_match import gpt_cache_mismatches  # noqa: E402
 from tokenload.index import cache_io  # noqa: E402
 from tokenload.index.cache import GPT_ARRAYS, CacheFiles  # noqa: E402
 

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from tokenload.index.computed import WindowOrder
+from tokenload.index.window_order import WindowOrder
 
 BINS = 10
 

@@ -54,7 +54,7 @@ def measure(data_dir: str, threads: int | None) -> dict:
     from startup_data import make_blend
 
     blend = make_blend(data_dir, 100, 3_000_000)
-    import tokenload.datasets.builder as builder
+    import tokenload.datasets.megatron.builder as builder
     import tokenload.index.gpt as gpt
     from tokenload.datasets import MegatronDataConfig, build_datasets
 

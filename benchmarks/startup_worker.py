@@ -190,10 +190,10 @@ def tokenload_prepare(spec: dict, rec: dict):
     rec["import_lib_s"] = time.time() - t
     rec["torch_imported_by_lib"] = "torch" in sys.modules
     if os.environ.get("TOKENLOAD_BENCH_BUILD_THREADS"):  # measurement knob: the builder's pool size
-        from tokenload.datasets import builder
+        from tokenload.datasets.megatron import builder
 
         builder.BUILD_THREADS = int(os.environ["TOKENLOAD_BENCH_BUILD_THREADS"])
-    rec["build_threads"] = __import__("tokenload.datasets.builder", fromlist=["x"]).BUILD_THREADS
+    rec["build_threads"] = __import__("tokenload.datasets.megatron.builder", fromlist=["x"]).BUILD_THREADS
     rec["tokenizer_s"] = 0.0
     rank = int(os.environ.get("RANK", "0"))
 

@@ -177,7 +177,7 @@ def _prepare_neox(args: argparse.Namespace) -> int:
     import time
 
     from ..datasets import build_datasets
-    from ..datasets.neox_config import neox_config_from_yaml
+    from ..datasets.neox.neox_yaml import neox_config_from_yaml
 
     mixed = [f for f in ("data_path", "train_data_path", "valid_data_path", "test_data_path") if getattr(args, f, None)]
     if mixed:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from .blended import BlendedDataset
-from .builder import MegatronDataConfig, build_datasets
+from .build import build_datasets
+from .config import MegatronDataConfig
 from .flat import FlatDatasetConfig, FlatTokenDataset
-from .gpt import GPTDataset
-from .index_cache import wait_for_cache_writes
 from .items import ItemConfig
+from .megatron import BlendedDataset, GPTDataset, wait_for_cache_writes
 from .sources import MockSource
 
 __all__ = [

@@ -10,10 +10,11 @@ from ..errors import ConfigError
 from ..index import Blend
 from ..storage import is_url
 from .items import ItemConfig
-from .policy import BUILD_POLICIES
 
-__all__ = ["CACHE_POLICIES", "ORDERS", "MegatronDataConfig"]
+__all__ = ["BUILD_POLICIES", "CACHE_POLICIES", "ORDERS", "MegatronDataConfig"]
 
+BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
+"""Values of ``build_policy`` (``datasets.megatron.policy`` gives each its roles)."""
 CACHE_POLICIES = ("auto", "strict", "off")
 ORDERS = ("megatron", "computed", "neox")
 MIXTURE_CHANGES = ("refuse", "continue")
@@ -210,7 +211,7 @@ class MegatronDataConfig:
         ``--seq-length``, ``--data-cache-path``, ``--dataloader-fast-cache-load``, ...), as an
         ``ImportedConfig``: ``.config()`` is the ``MegatronDataConfig``, ``.sizes`` the samples
         per split by Megatron's arithmetic. Unknown flags are a ConfigError naming them."""
-        from .configs import megatron_config_from_args
+        from .megatron_flags import megatron_config_from_args
 
         return megatron_config_from_args(argv, **options)
 
@@ -219,7 +220,7 @@ class MegatronDataConfig:
         """The configuration in a GPT-NeoX YAML file (or a list of files merged as NeoX merges
         them, or a dict), as an ``ImportedConfig`` (see ``from_megatron_args``); ``order`` is
         ``"neox"``. Unsupported data keys are a ConfigError naming them."""
-        from .neox_config import neox_config_from_yaml
+        from .neox.neox_yaml import neox_config_from_yaml
 
         return neox_config_from_yaml(config, **options)
 

@@ -161,7 +161,7 @@ def _check_cache_trust(config: DoctorConfig, report: Report) -> None:
 
 
 def _prepare_command(config: DoctorConfig) -> str:
-    from ..datasets.policy import prepare_command
+    from ..datasets.megatron.policy import prepare_command
 
     return prepare_command(_data_config(config), _sizes(config))
 

@@ -19,7 +19,7 @@ with what the caller expects, and the content of every array up to ``VERIFY_AT_C
 process verified the same file already), so a value damaged in range (a duplicated shuffle
 entry) is a ``CacheError`` before any batch reads through it. xxh3 hashes at tens of GB/s: the
 cost is reading the array once per process (``benchmarks/integrity.py``). The arrays' values are
-also range-checked where they are used (per batch, ``datasets.gpt``), which covers caches
+also range-checked where they are used (per batch, ``datasets.megatron.gpt_dataset``), which covers caches
 without a sidecar (Megatron's) and damage after the first use.
 
 A damaged ``.npy`` header can make NumPy raise almost anything (``ValueError``, ``SyntaxError``,

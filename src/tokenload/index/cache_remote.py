@@ -7,7 +7,7 @@ for a bucket is written by the ordinary atomic writer into a local staging folde
 harmless: the old description is deleted first (a reader sees a miss while the files change), then
 the arrays, the tokenload sidecar, and Megatron's description last. Whatever a killed or failed
 upload leaves lacks its description, which is Megatron's and tokenload's test of completeness, so
-it is never loaded. The build manifest goes up after every cache it names (``datasets.manifest``).
+it is never loaded. The build manifest goes up after every cache it names (``datasets.megatron.manifest``).
 
 Several writers of one cache (two ``prepare-cache`` runs of one job, started together): each
 stages in a folder of its own (``storage.upload.temporary_folder``, named by host and process), so

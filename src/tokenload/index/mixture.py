@@ -1,7 +1,7 @@
 """A blend whose weights and sources may change mid-run, with no sample repeated or skipped.
 
 Every source (keyed by an identity string, e.g. its prefix, split and data fingerprint) has its
-own window order, ``computed.WindowOrder`` keyed by ``source_seed(seed, identity)``, and its
+own window order, ``window_order.WindowOrder`` keyed by ``source_seed(seed, identity)``, and its
 own *cursor*: the number of its samples served so far, over all epochs and all mixtures. The
 source's sample c is window ``order.epoch_windows(c mod n, c // n)``: when a source runs out
 (c reaches a multiple of n) its next epoch starts, with a key of its own, and nothing else
@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, StateError
-from .computed import WindowOrder, _rings, keyed_windows, source_seed
+from .window_order import WindowOrder, _rings, keyed_windows, source_seed
 from .interleave import DEFAULT_PERIOD, Interleave
 
 __all__ = ["Draws", "Mixture", "MixtureState", "resume"]

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from support import write_documents
 
-import tokenload.datasets.builder as builder
+import tokenload.datasets.megatron.builder as builder
 from tokenload.datasets import wait_for_cache_writes, MegatronDataConfig, build_datasets
-from tokenload.datasets.policy import Role, prepare_command, resolve
+from tokenload.datasets.megatron.policy import Role, prepare_command, resolve
 from tokenload.distributed import World
 from tokenload.errors import CacheError, ConfigError
 from tokenload.format import TokenFile, write_sequences
@@ -285,14 +285,14 @@ def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, 
 def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_path, monkeypatch, reference, caplog):
     import errno
 
-    import tokenload.datasets.index_cache as index_cache
+    import tokenload.datasets.megatron.cache_rules as index_cache
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(index_cache, "write_cache", full)
     _world(monkeypatch, rank=0, world_size=4, local_rank=0, local_world_size=2)
-    caplog.set_level("WARNING", logger="tokenload.datasets.index_cache")
+    caplog.set_level("WARNING", logger="tokenload.datasets.megatron.cache_rules")
     got = build_datasets(_config(data, tmp_path / "c"), SIZES)
     assert wait_for_cache_writes(60)
     for ds, want in zip(got, reference):

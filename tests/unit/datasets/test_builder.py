@@ -13,7 +13,7 @@ import pytest
 from support import FIXTURES, megatron_config
 
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.datasets.blended import BlendedDataset
+from tokenload.datasets.megatron.blended import BlendedDataset
 from tokenload.errors import CacheError, ConfigError
 
 MEG = FIXTURES / "megatron"

@@ -11,7 +11,7 @@ import pytest
 from support import write_documents
 
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.datasets.computed import ComputedBlendedDataset, ComputedGPTDataset, build_computed_datasets
+from tokenload.datasets.computed.computed_dataset import ComputedBlendedDataset, ComputedGPTDataset, build_computed_datasets
 from tokenload.datasets.items import build_items
 from tokenload.errors import ConfigError
 from tokenload.format import TokenFile
@@ -136,7 +136,7 @@ def test_an_unweighted_blend_weighs_by_windows_and_holds_one_epoch_of_each(files
 
 
 def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatch):
-    import tokenload.datasets.extents as extents
+    import tokenload.datasets.computed.extents as extents
     from tokenload.format.sequences import counts_of, write_sequences
 
     prefixes = list(files)
@@ -159,7 +159,7 @@ def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatc
 def test_startup_reads_no_index_array_and_keeps_nothing_per_document(files, monkeypatch):
     prefix = next(iter(files))
     reads = []
-    import tokenload.datasets.extents as extents
+    import tokenload.datasets.computed.extents as extents
 
     real = extents.os.pread
     monkeypatch.setattr(extents.os, "pread", lambda fd, n, off: reads.append(n) or real(fd, n, off))

@@ -12,8 +12,8 @@ import pytest
 from support import write_documents
 
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.datasets.manifest import manifest_key, manifest_path
-from tokenload.datasets.policy import Role, resolve
+from tokenload.datasets.megatron.manifest import manifest_key, manifest_path
+from tokenload.datasets.megatron.policy import Role, resolve
 from tokenload.distributed import World
 from tokenload.errors import CacheError
 

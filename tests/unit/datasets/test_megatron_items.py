@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from support import FIXTURES, megatron_config
 
-from tokenload.datasets.blended import BlendedDataset
-from tokenload.datasets.gpt import GPTDataset, IndexArrays
+from tokenload.datasets.megatron.blended import BlendedDataset
+from tokenload.datasets.megatron.gpt_dataset import GPTDataset, IndexArrays
 from tokenload.format import TokenFile
 
 ORDER = FIXTURES / "megatron" / "order"

@@ -19,7 +19,7 @@ import pytest
 from support import FIXTURES, write_documents
 
 from tokenload.datasets import MegatronDataConfig
-from tokenload.datasets.neox import NeoXGPTDataset, build_neox_datasets
+from tokenload.datasets.neox.neox_dataset import NeoXGPTDataset, build_neox_datasets
 from tokenload.errors import ConfigError
 from tokenload.loader import build_dataloader
 

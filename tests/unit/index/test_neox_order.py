@@ -4,7 +4,7 @@ The fixtures (tests/fixtures/neox/, written by make_fixtures.py from NeoX's mega
 per case, NeoX's doc/sample/shuffle indices of every GPT2Dataset, the BlendableDataset indices,
 the weights and per-dataset sample counts it used, the cache file names it wrote, and items it
 served (including indices past a dataset's length, which take NeoX's IndexError fallback).
-Each is rebuilt here from the recorded inputs through tokenload.index.neox and compared exactly,
+Each is rebuilt here from the recorded inputs through tokenload.datasets.neox.neox_indices and compared exactly,
 dtype included; items are rebuilt from the arrays and the token formula of the fixture files.
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from tokenload.errors import ConfigError
 from tokenload.index.gpt import GPTIndexConfig, build_gpt_indices
-from tokenload.index.neox import (
+from tokenload.datasets.neox.neox_indices import (
     NeoXIndices,
     build_neox_blending_indices,
     build_neox_gpt_indices,

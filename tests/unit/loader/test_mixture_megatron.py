@@ -143,7 +143,7 @@ def test_the_default_refuses_a_change_as_megatron(files):
 def test_a_source_whose_prepared_order_runs_out_starts_it_again(files, caplog):
     _, _, state = run(megatron(files, {"a": 20, "b": 1}), 320)
     dataset = megatron(files, {"a": 1, "b": 20})  # b was prepared for a small share
-    with caplog.at_level(logging.WARNING, logger="tokenload.datasets.megatron_mixture"):
+    with caplog.at_level(logging.WARNING, logger="tokenload.datasets.megatron.continuable"):
         run(dataset, 320, state)
     b = dataset.sources[1]
     length = len(dataset.datasets[1])

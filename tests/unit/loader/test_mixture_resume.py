@@ -12,7 +12,7 @@ import pytest
 from support import write_documents
 
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.datasets.computed import build_computed_datasets
+from tokenload.datasets.computed.computed_dataset import build_computed_datasets
 from tokenload.errors import StateError
 from tokenload.loader import build_dataloader
 

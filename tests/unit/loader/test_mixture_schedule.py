@@ -11,7 +11,7 @@ import pytest
 from test_mixture_resume import FILE_BASE, S, files  # noqa: F401  (files is a fixture)
 
 from tokenload.datasets import MegatronDataConfig
-from tokenload.datasets.computed import build_computed_datasets
+from tokenload.datasets.computed.computed_dataset import build_computed_datasets
 from tokenload.errors import ConfigError
 from tokenload.loader import build_dataloader
 

@@ -25,11 +25,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import CacheError
-from ..format.atomic import write_atomic
-from ..index import Blend, parse_blend
-from ..storage.upload import copy_or_none, upload_bytes
-from ..storage import is_url
+from ...errors import CacheError
+from ...format.atomic import write_atomic
+from ...index import Blend, parse_blend
+from ...storage.upload import copy_or_none, upload_bytes
+from ...storage import is_url
 
 __all__ = ["MANIFEST_FORMAT", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
 

@@ -18,9 +18,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..distributed import World
-from ..errors import ConfigError, StorageError
-from .config import ImportedConfig
+from ...distributed import World
+from ...errors import ConfigError, StorageError
+from ..config import ImportedConfig
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 

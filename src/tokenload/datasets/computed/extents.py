@@ -25,16 +25,16 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from ..errors import FormatError
-from ..format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
-from ..format.legacy import is_legacy
-from ..format.sequences import SequencesFile, check_counts, check_index_size
-from ..format.storage import read_error
-from ..index import split_range
-from ..index.windows import WindowGrid
-from ..storage import file_size, local_path
-from .config import MegatronDataConfig
-from .sources import MockSource, open_token_file
+from ...errors import FormatError
+from ...format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
+from ...format.legacy import is_legacy
+from ...format.sequences import SequencesFile, check_counts, check_index_size
+from ...format.storage import read_error
+from ...index import split_range
+from ...index.windows import WindowGrid
+from ...storage import file_size, local_path
+from ..config import MegatronDataConfig
+from ..sources import MockSource, open_token_file
 
 __all__ = ["Extent", "file_extent", "mock_extent"]
 

@@ -1,7 +1,7 @@
 """The index arrays of one ``build_datasets`` call, from and to Megatron's cache files.
 
 For each dataset the builder asks ``IndexCache.indices`` for its arrays; the process's build role
-(``datasets.policy``) decides what that means: build in memory (``MEMORY``, or no cache folder),
+(``datasets.megatron.policy``) decides what that means: build in memory (``MEMORY``, or no cache folder),
 load a cache or record it as missing (``READ``), load or build without writing (``CHECK``), or
 load, build and write (``WRITE``). The cache files are named and written as Megatron's
 (``index.cache``, ``index.cache_io``), so a cache Megatron wrote loads here and the reverse.
@@ -19,7 +19,7 @@ lengths on its first use (``cache_match``).
 A writer with ``behind`` set (``auto`` on many ranks) serves its arrays from memory and writes
 them afterwards in a thread (``write_behind``); ``wait_for_cache_writes`` waits for those writes.
 
-Separate from ``datasets.builder`` because this is the cache's trust and write rules, whatever
+Separate from ``datasets.megatron.builder`` because this is the cache's trust and write rules, whatever
 dataset the arrays belong to; the builder plans the splits and makes the datasets.
 """
 
@@ -33,11 +33,11 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..errors import CacheError
-from ..index import CacheFiles
-from ..index.cache_io import CacheCheck, CacheState, check_cache, map_array, write_cache
-from ..storage import is_url
-from .gpt import IndexArrays
+from ...errors import CacheError
+from ...index import CacheFiles
+from ...index.cache_io import CacheCheck, CacheState, check_cache, map_array, write_cache
+from ...storage import is_url
+from .gpt_dataset import IndexArrays
 from .manifest import write_manifest
 from .policy import Role
 

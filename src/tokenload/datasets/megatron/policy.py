@@ -23,12 +23,11 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from ..distributed import World
-from ..errors import CacheError
+from ...distributed import World
+from ...errors import CacheError
+from ..config import BUILD_POLICIES
 
 __all__ = ["BUILD_POLICIES", "Role", "missing_cache", "prepare_command", "resolve"]
-
-BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
 
 
 class Role(str, enum.Enum):

@@ -29,11 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CacheError
-from ..format.bin import gather_index
-from ..index.cache_io import map_array
-from .items import Allocator, ItemConfig, build_items
-from .sources import stale_facts
+from ...format.bin import gather_index
+from ...errors import CacheError
+from ...index.cache_io import map_array
+from ..items import Allocator, ItemConfig, build_items
+from ..sources import stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()

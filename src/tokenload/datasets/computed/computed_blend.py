@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StateError
-from ..index.blends import distinct_sources
-from ..index.interleave import DEFAULT_PERIOD
-from ..index.mixture import MixtureState
-from ..index.schedule import ScheduledMixture, check_schedule
-from .items import Allocator, build_items
+from ...errors import StateError
+from ...index.blends import distinct_sources
+from ...index.interleave import DEFAULT_PERIOD
+from ...index.mixture import MixtureState
+from ...index.schedule import ScheduledMixture, check_schedule
+from ..items import Allocator, build_items
 
 __all__ = ["ComputedBlendedDataset"]
 

@@ -10,8 +10,7 @@ names it.
 
 Megatron's flags are parsed here with Megatron's own names and rules (``allow_abbrev=False``,
 blends and batch arithmetic shared with ``tokenload prepare-cache``). GPT-NeoX's YAML files are
-read by ``datasets.neox_config``; its names stay importable from this module, where they were
-first documented.
+read by ``datasets.neox.neox_yaml``.
 """
 
 from __future__ import annotations
@@ -24,16 +23,11 @@ from .. import megatron_args
 from ..distributed import World
 from ..errors import ConfigError
 from .config import ImportedConfig
-# GPT-NeoX's importer, importable from here where it was first documented (docs/MIGRATING.md)
-from .neox_config import NEOX_NON_DATA_KEYS, NEOX_UNSUPPORTED_DATA_KEYS, neox_config_from_yaml
 
 __all__ = [
     "MEGATRON_NON_DATA_FLAGS",
     "ImportedConfig",
     "megatron_config_from_args",
-    "NEOX_NON_DATA_KEYS",
-    "NEOX_UNSUPPORTED_DATA_KEYS",
-    "neox_config_from_yaml",
 ]
 
 

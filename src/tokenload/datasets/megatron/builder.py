@@ -6,13 +6,13 @@ and the cache (``index.cache`` for names, ``index.cache_io`` for files). A cache
 wrote loads here and the reverse, under Megatron's own file names.
 
 Unlike Megatron, a cache is checked before use, and a stale one is rebuilt or refused, never
-silently reused (``datasets.index_cache``). The index values are range-checked as batches use
-them (``datasets.gpt``).
+silently reused (``datasets.megatron.cache_rules``). The index values are range-checked as batches use
+them (``datasets.megatron.gpt_dataset``).
 
-Who builds, writes, waits and loads is the build policy (``datasets.policy``): each process
+Who builds, writes, waits and loads is the build policy (``datasets.megatron.policy``): each process
 takes one role from ``build_policy`` and its ``World``; ``rank0`` and ``local-rank0`` call one
 barrier per call, the others none. The writer of a complete build also writes a build manifest
-(``datasets.manifest``) with which a loading rank gets every dataset from one open.
+(``datasets.megatron.manifest``) with which a loading rank gets every dataset from one open.
 
 A dataset's ``fingerprint`` (what a loader's resume state must match) depends on the data's
 content and the configuration, never on where the files are: the same token files copied to
@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from ..distributed import World, barrier, process_group
-from ..errors import ConfigError
-from ..format import read_sequences
-from ..index import (
+from ...distributed import World, barrier, process_group
+from ...errors import ConfigError
+from ...format import read_sequences
+from ...index import (
     MOCK_SPLIT,
     SPLIT_NAMES,
     Blend,
@@ -57,20 +57,20 @@ from ..index import (
     split_matrix,
     split_range,
 )
-from ..index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
-from ..metrics import Phases
-from ..storage import is_url, local_folder
+from ...index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
+from ...metrics import Phases
+from ...storage import is_url, local_folder
 from .blended import BlendedDataset
 from .cache_match import gpt_cache_mismatches
-from .config import CACHE_POLICIES, MegatronDataConfig
-from .gpt import GPTDataset, IndexArrays
-from .index_cache import IndexCache, wait_for_cache_writes, write_behind
+from ..config import MegatronDataConfig
+from .gpt_dataset import GPTDataset, IndexArrays
+from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
 from .manifest import manifest_key, manifest_path, read_manifest
-from .megatron_mixture import continuable, first_entry_blend, mixture_mode
+from .continuable import continuable, first_entry_blend, mixture_mode
 from .policy import Role, missing_cache, prepare_command, resolve
-from .sources import file_facts, open_source
+from ..sources import file_facts, open_source
 
-__all__ = ["CACHE_POLICIES", "MegatronDataConfig", "build_datasets"]
+__all__ = ["BUILD_THREADS", "MegatronBuilder", "build_megatron_datasets"]
 
 BUILD_THREADS = 4
 """Threads that build the missing prefixes of a blend. Measured on 2 cores, 100 prefixes of 3,000
@@ -84,43 +84,13 @@ def _as_blend(value) -> Blend | None:
     return parse_blend(value)
 
 
-def build_datasets(
-    config: MegatronDataConfig, sizes: Sequence[int | None]
-) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) datasets of ``config``, as Megatron's builder makes them.
-
-    ``sizes`` are the numbers of samples wanted from each split, as Megatron computes them
-    (train: ``train_iters * global_batch_size``; valid and test: the evaluation iterations times
-    the global batch size). A number larger than one epoch of the split repeats its data, each
-    epoch shuffled anew. ``None`` asks for one epoch of that split (a weighted blend needs a
-    number, as in Megatron). A split whose fraction in ``config.split`` is zero is ``None`` in
-    the result.
-
-    ``len(train)`` is the number of samples the dataset holds, each ``sequence_length`` tokens
-    (+1 with ``add_extra_token``); a loader draws indices ``0 .. len(train) - 1``. For one prefix
-    it is every whole sample of the epochs the request needs, so it can exceed the request by up
-    to an epoch; for a weighted blend, the request rounded up per prefix; for a blend without
-    weights, the request or all the prefixes' samples if fewer; for ``None``, one epoch.
-
-    Call it on every rank: ``config.build_policy`` decides who builds, writes, waits and loads.
-    Every dataset returned carries ``startup_phases`` (seconds per phase of this call).
-    """
-    if config.order == "computed":
-        from .computed import build_computed_datasets
-
-        return build_computed_datasets(config, sizes, block_size=config.block_size)
-    if config.order == "neox":
-        from .neox import build_neox_datasets
-
-        return build_neox_datasets(
-            config, sizes, weight_by_num_documents=config.weight_by_num_documents,
-            weighted_sampler_alpha=config.weighted_sampler_alpha, num_epochs=config.num_epochs,
-        )
+def build_megatron_datasets(config: MegatronDataConfig, sizes: Sequence[int | None]) -> tuple[Any | None, Any | None, Any | None]:
+    """The (train, valid, test) datasets of ``config`` in the Megatron order (``build_datasets``)."""
     wait_for_cache_writes()
-    return _Builder(config, World.detect()).build(list(sizes))
+    return MegatronBuilder(config, World.detect()).build(list(sizes))
 
 
-class _Builder:
+class MegatronBuilder:
     def __init__(self, config: MegatronDataConfig, world: World) -> None:
         self.config = config
         self.world = world

@@ -1,6 +1,6 @@
 """GPT-NeoX's datasets: its ``GPT2Dataset`` and ``BlendableDataset`` over token files, in its order.
 
-``build_neox_datasets`` wires the index maths of ``tokenload.index.neox`` the way GPT-NeoX's
+``build_neox_datasets`` wires the index maths of ``tokenload.datasets.neox.neox_indices`` the way GPT-NeoX's
 ``build_train_valid_test_data_loaders`` does (``megatron/data/data_utils.py``):
 
 * one ``data_path`` (``config.blend``, a single prefix) is cut by NeoX's split rounding into
@@ -14,7 +14,7 @@
   (1 unless given).
 
 Items are what NeoX's ``__getitem__`` returns as ``text`` (``S + 1`` tokens), read and turned
-into tokenload's fields by the same code as the Megatron datasets (``datasets.gpt``,
+into tokenload's fields by the same code as the Megatron datasets (``datasets.megatron.gpt_dataset``,
 ``datasets.items``): ``tokens = text[:-1]`` and ``labels = text[1:]`` as in NeoX's
 ``_get_batch``, ``loss_mask`` zero on EOD inputs with ``eod_mask_loss`` (NeoX's rule), position
 ids ``arange(S)``. A dataset accepts NeoX's indices past its length: they are mapped as NeoX's
@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..format import read_sequences
-from ..index import SPLIT_NAMES, Blend, parse_blend
-from ..index.neox import (
+from ...errors import ConfigError
+from ...format import read_sequences
+from ...index import SPLIT_NAMES, Blend, parse_blend
+from .neox_indices import (
     NeoXIndices,
     build_neox_blending_indices,
     build_neox_gpt_indices,
@@ -56,11 +56,11 @@ from ..index.neox import (
     neox_split_ranges,
     neox_weights_by_num_docs,
 )
-from .blended import BlendedDataset
-from .config import MegatronDataConfig
-from .gpt import GPTDataset, IndexArrays
-from .items import ItemConfig
-from .sources import file_facts, open_token_file
+from ..megatron.blended import BlendedDataset
+from ..config import MegatronDataConfig
+from ..megatron.gpt_dataset import GPTDataset, IndexArrays
+from ..items import ItemConfig
+from ..sources import file_facts, open_token_file
 
 __all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "build_neox_datasets"]
 

@@ -11,7 +11,7 @@ differs is how sample k is found:
   tokens ``[w*S, w*S + S + x)`` (x = 1 with the extra token): ``(T - x) // S`` windows per epoch,
   read as one span of ``.bin`` each (``index.windows``).
 * **Order.** Epoch e of a source is a keyed permutation of its windows computed on demand from
-  (seed, source identity, e) (``index.computed``): O(1) per sample, vectorized over a batch, no
+  (seed, source identity, e) (``index.window_order``): O(1) per sample, vectorized over a batch, no
   array of size n anywhere. ``block_size=B`` permutes blocks of B consecutive windows, then the
   windows inside each block, so that a micro-batch reads a few contiguous ranges.
 * **Blends.** A periodic earliest-deadline-first schedule (``index.interleave``) says which
@@ -29,7 +29,7 @@ positions), exactly as in the Megatron order, which also reads a sample's docume
 to back. ``documents(indices)`` gives the pieces ``(sequence, offset, length)`` of each sample
 by a binary search over the pointers of the file it touches (no copy of the pointers).
 
-**Startup and memory.** Per source, building reads a few ``.idx`` entries (``datasets.extents``)
+**Startup and memory.** Per source, building reads a few ``.idx`` entries (``datasets.computed.extents``)
 and keeps O(1) numbers, whatever the number of documents. No file stays open: a rank maps only
 the token files its samples touch, on their first read, in the process that reads them.
 
@@ -54,17 +54,17 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..format import read_sequences
-from ..index import MOCK_SPLIT, Blend, parse_blend, plan_splits
-from ..index.computed import WindowOrder, source_seed
-from ..index.interleave import DEFAULT_PERIOD
-from ..index.windows import WindowGrid, window_pieces
+from ...errors import ConfigError
+from ...format import read_sequences
+from ...index import MOCK_SPLIT, Blend, parse_blend, plan_splits
+from ...index.window_order import WindowOrder, source_seed
+from ...index.interleave import DEFAULT_PERIOD
+from ...index.windows import WindowGrid, window_pieces
 from .computed_blend import ComputedBlendedDataset, _Items
-from .config import MegatronDataConfig
+from ..config import MegatronDataConfig
 from .extents import Extent, file_extent, mock_extent
-from .items import Allocator, ItemConfig, build_items
-from .sources import open_source
+from ..items import Allocator, ItemConfig, build_items
+from ..sources import open_source
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
 
@@ -202,7 +202,7 @@ def build_computed_datasets(
         blend=None if c.mock else _as_blend(c.blend), blend_per_split=per_split, split=split, sizes=list(sizes),
         surplus=c.mid_level_dataset_surplus,
     )
-    builder = _Builder(c, block_size)
+    builder = ComputedBuilder(c, block_size)
     out = [
         None if plan is None
         else builder.split(plan, period, c.weights_schedule if k == 0 else None)
@@ -215,7 +215,7 @@ def build_computed_datasets(
     return out[0], out[1], out[2]
 
 
-class _Builder:
+class ComputedBuilder:
     def __init__(self, config: MegatronDataConfig, block_size: int | None) -> None:
         self.config = config
         self.item = config.item_config()

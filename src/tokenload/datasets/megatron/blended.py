@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .gpt import IndexArrays
-from .items import Allocator
+from .gpt_dataset import IndexArrays
+from ..items import Allocator
 
 _MIN = np.minimum.reduce
 

@@ -38,10 +38,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, StateError
-from ..index import Blend, build_blending_indices, plan_splits
-from ..index.blends import distinct_sources
-from ..index.schedule import check_schedule
+from ...errors import ConfigError, StateError
+from ...index import Blend, build_blending_indices, plan_splits
+from ...index.blends import distinct_sources
+from ...index.schedule import check_schedule
 from .blended import BlendedDataset
 
 logger = logging.getLogger(__name__)
