@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..contract import MixtureCursors, SourceInfo, Sources
 from ..errors import ConfigError
 from ..format import FlatTokenFile, ReadMode
-from ..format.flat import content_fingerprint
+from ..format.flat_file import content_fingerprint
 from ..index.permutation import KeyedPermutation
 from .items import Allocator
 
@@ -115,3 +116,29 @@ class FlatTokenDataset:
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
+    reads_in_groups = True
+    """A loader worker may read several micro-batches with one ``read_batch``."""
+
+    @property
+    def startup_phases(self) -> dict[str, float]:
+        """None measured: opening the file is the whole build."""
+        return {}
+
+    def describe_sources(self) -> Sources:
+        """One source named by the file's path (no sequence length: it counts blocks)."""
+        return Sources(members=(SourceInfo(name=self.path, key=self.path),))
+
+    def epoch_sizes(self) -> list[int]:
+        return [self.windows_per_epoch]
+
+    def sample_bytes(self) -> list[int | None]:
+        """``(block_size + 1) x itemsize``: each window reads the labels' extra token."""
+        return [(self.config.block_size + 1) * self.file.dtype.itemsize]
+
+    def blend_index(self) -> np.ndarray | None:
+        return None
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        return None

@@ -9,14 +9,16 @@ re-check where the file opens anyway (``stale_facts``) live here too.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from ..byte_source import gather_index
+from ..errors import ConfigError
 from ..format import TokenFile, read_sidecar
 from ..format.sequences import SequencesFile
-from ..format.bin import gather_index
 from ..storage import file_size, local_path
 
 MOCK_SEQUENCES = 100_000
@@ -113,9 +115,27 @@ def open_token_file(prefix: str, mode: str, sequences: SequencesFile | None, *, 
     )
 
 
-def open_source(prefix: str | None, config: Any, sequences: SequencesFile | None) -> Any:
-    """What ``prefix`` reads from under a ``MegatronDataConfig``: mock data for None, else a lazy
-    ``TokenFile`` in the configured read mode (and warm-up)."""
+@dataclass(frozen=True, kw_only=True)
+class SourceOptions:
+    """What opening a source takes of a ``MegatronDataConfig`` (``config.source_options()``)."""
+
+    read_mode: str = "mmap"
+    """How token files are read: mmap, pread or memory."""
+    warmup: bool = False
+    """Read each token file once, sequentially, when first opened."""
+    vocab_size: int | None = None
+    """Mock data's vocabulary size."""
+    eod_id: int | None = None
+    """Mock data's end-of-document id."""
+
+
+def open_source(
+    prefix: str | None, options: SourceOptions, sequences: SequencesFile | None
+) -> MockSource | TokenFile:
+    """What ``prefix`` reads from: mock data for None, else a lazy ``TokenFile`` in the
+    configured read mode (and warm-up)."""
     if prefix is None:
-        return MockSource(config.vocab_size, config.eod_id)
-    return open_token_file(prefix, config.read_mode, sequences, warmup=config.warmup)
+        if options.vocab_size is None or options.eod_id is None:
+            raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+        return MockSource(options.vocab_size, options.eod_id)
+    return open_token_file(prefix, options.read_mode, sequences, warmup=options.warmup)

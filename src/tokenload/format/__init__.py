@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .bin import ReadMode, warmup_file
 from .descriptors import max_open_files, set_max_open_files
-from .flat import FlatTokenFile, write_flat
+from .flat_file import FlatTokenFile, write_flat
 from .idx import IndexHeader, dtype_code, optimal_dtype
 from .inspect import Verification, check_file, describe, document_token_counts, file_xxh3, verify
 from .merge import convert_token_file, merge_token_files, prefixes_in

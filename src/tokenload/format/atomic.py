@@ -14,12 +14,12 @@ import logging
 import os
 import re
 import secrets
-import socket
 import time
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from .storage import write_error
+from ..storage.os_errors import write_error
+from ..storage.owners import host_name, owner_gone
 
 logger = logging.getLogger(__name__)
 
@@ -42,30 +42,10 @@ PUBLISH_WAIT_S = 5.0
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 
 
-def host_name() -> str:
-    """This host's name as temporaries record it (letters, digits, '_' and '.')."""
-    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
-
-
 def temp_path(final: str | os.PathLike[str]) -> Path:
     """A unique temporary name beside ``final`` that records this host and process."""
     final = Path(final)
     return final.with_name(f".{final.name}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def owner_gone(host: str | None, pid: int) -> bool:
-    """Whether the process that made a temporary has surely exited (only knowable on this host)."""
-    if host is not None and host != host_name():
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, owned by another user
-        return False
-    return False
 
 
 def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None = None) -> list[Path]:

@@ -1,4 +1,5 @@
-"""Three ways to read tokens out of a ``.bin`` file, behind one interface.
+"""Three ways to read tokens out of a local ``.bin`` file, behind one interface
+(``byte_source.ByteSource``; ``open_bin`` hands a URL to ``storage``, which implements it too).
 
 * ``mmap`` (default): the file is mapped once per process and reads are NumPy views or gathers;
   the page cache does the work, nothing is copied until a sample is assembled.
@@ -7,10 +8,11 @@
   (WekaFS refuses new mappings after a few hundred).
 * ``memory``: the whole file read into RAM once (GPT-NeoX ``data_impl=cached``).
 
-Every read is bounds-checked against the file, so a corrupt index yields ``FormatError``, never
-a NumPy error or bytes from outside the file. ``read_spans`` gathers many ``(start, length)``
-token ranges into one array: a join of slices for long ranges, one vectorized index for short
-ones (mmap/memory), or one positional read per range (pread).
+Every read is bounds-checked against the file (``byte_source.CheckedSource``), so a corrupt index
+yields ``FormatError``, never a NumPy error or bytes from outside the file. ``read_spans`` gathers
+many ``(start, length)`` token ranges into one array: a join of slices for long ranges, one
+vectorized index for short ones (mmap/memory, ``byte_source.gather_spans``), or one positional
+read per range (pread).
 """
 
 from __future__ import annotations
@@ -20,13 +22,12 @@ import os
 
 import numpy as np
 
+from ..byte_source import ByteSource, CheckedSource, gather_spans
 from ..errors import FormatError, StorageError
 from .descriptors import descriptor_cache, identity, map_readonly, reopen_same
-from .storage import read_error
+from ..storage.os_errors import read_error
 
 WARMUP_CHUNK = 100 << 20  # GPT-NeoX's mmap warm-up reads in 100 MiB chunks
-_SLICE_MIN_TOKENS = 32  # mean span length above which spans are sliced rather than gathered
-_MIN, _MAX, _SUM = np.minimum.reduce, np.maximum.reduce, np.add.reduce
 
 
 class ReadMode(str, enum.Enum):
@@ -44,8 +45,8 @@ class ReadMode(str, enum.Enum):
             raise ValueError(f"read mode must be one of {[m.value for m in cls]}, got {value!r}") from None
 
 
-class BinSource:
-    """Token reads from one ``.bin`` file; ``num_tokens`` is the file size in tokens."""
+class BinSource(CheckedSource):
+    """Token reads from one local ``.bin`` file; ``num_tokens`` is the file size in tokens."""
 
     def __init__(self, path: str, dtype: np.dtype) -> None:
         self.path = path
@@ -75,59 +76,6 @@ class BinSource:
         fd, self._opened = getattr(self, "_opened", -1), -1
         return fd
 
-    def read(self, start: int, length: int) -> np.ndarray:
-        """Tokens ``[start, start + length)`` of the file."""
-        if start < 0 or length < 0 or start + length > self.num_tokens:
-            self._check(np.array([start], np.int64), np.array([length], np.int64))
-        return self._read(start, length)
-
-    def read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
-        """The concatenation of tokens ``[starts[i], starts[i] + lengths[i])`` for every i, in the
-        file's dtype or cast to ``dtype`` on the way (saving a separate conversion pass)."""
-        starts = np.asarray(starts, dtype=np.int64).ravel()
-        lengths = np.asarray(lengths, dtype=np.int64).ravel()
-        ends = self._check(starts, lengths)
-        out = self._read_spans(starts, lengths, ends, dtype)
-        return out if dtype is None or out.dtype == dtype else out.astype(dtype)
-
-    def _check(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """The spans' ends, once every span is known to lie inside the file."""
-        ends = starts + lengths
-        if starts.size == 0:
-            return ends
-        n = self.num_tokens
-        # Three ufunc reductions on the hot path (ndarray.min/max add a Python-level wrapper).
-        # Viewed as unsigned, a negative start or length is huge, so "both <= n" also rules out
-        # negative values and an overflowing sum. The slow search for the culprit only on failure.
-        if _MAX(starts.view(np.uint64)) <= n and _MAX(lengths.view(np.uint64)) <= n and _MAX(ends) <= n:
-            return ends
-        i = int(np.flatnonzero((starts < 0) | (lengths < 0) | (starts > n) | (lengths > n) | (ends > n))[0])
-        raise FormatError(
-            f"read of tokens [{int(starts[i])}, {int(starts[i]) + int(lengths[i])}) is outside the {n} tokens of the file",
-            path=self.path,
-            hint="the .idx does not match this .bin (corrupt or mismatched pair); run `tokenload verify`",
-        )
-
-    def _read(self, start: int, length: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release the file handle or mapping."""
-
-
-def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Flat positions of every token in the spans: ``concat(arange(s, s + l))``, vectorized."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lengths)
-    # Each span contributes arange(s, s+l); as one arange(total) shifted by (s - span_begin).
-    shift = np.repeat(starts - (ends - lengths), lengths)
-    return np.arange(total, dtype=np.int64) + shift
-
 
 class _ArrayBin(BinSource):
     """Reads from an in-process array (a mapping or a RAM copy)."""
@@ -138,19 +86,7 @@ class _ArrayBin(BinSource):
         return self.tokens[start : start + length]
 
     def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None) -> np.ndarray:
-        if starts.size == 0:
-            return np.zeros(0, dtype=dtype or self.dtype)
-        if starts.size == 1:
-            return self.tokens[int(starts[0]) : int(starts[0] + lengths[0])].astype(dtype or self.dtype)
-        if int(_SUM(lengths)) >= _SLICE_MIN_TOKENS * starts.size:
-            # Long spans (training windows): one bytearray join of memoryview slices copies them
-            # with ~0.2 us of Python per span, where ndarray slices and np.concatenate cost ~0.6
-            # (measured 26 vs 46 us for 70 spans of ~470 tokens) and a per-token gather ~5x more.
-            view = memoryview(self.tokens)
-            joined = bytearray().join(map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
-            out = np.frombuffer(joined, dtype=self.dtype)
-            return out if dtype is None else out.astype(dtype)
-        return self.tokens[gather_index(starts, lengths)]
+        return gather_spans(self.tokens, starts, lengths, ends, dtype)
 
 
 class MmapBin(_ArrayBin):
@@ -290,8 +226,8 @@ class PreadBin(BinSource):
 _SOURCES = {ReadMode.MMAP: MmapBin, ReadMode.PREAD: PreadBin, ReadMode.MEMORY: MemoryBin}
 
 
-def open_bin(path: str, dtype: np.dtype, mode: ReadMode | str) -> BinSource:
-    """A ``BinSource`` for ``path`` in ``mode`` (a URL: chunked ranged GETs, whatever the mode)."""
+def open_bin(path: str, dtype: np.dtype, mode: ReadMode | str) -> ByteSource:
+    """A ``ByteSource`` for ``path`` in ``mode`` (a URL: chunked ranged GETs, whatever the mode)."""
     if "://" in path:
         from ..storage import open_remote_bin
 

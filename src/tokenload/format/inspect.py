@@ -18,7 +18,7 @@ from ..errors import FormatError
 from .idx import check_arrays, code_note
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar
-from .storage import read_error
+from ..storage.os_errors import read_error
 
 
 def file_size(path: str) -> int:

@@ -1,6 +1,7 @@
 """Opening a token file pair (``PREFIX.idx`` + ``PREFIX.bin``): everything ``TokenFile`` does on
 first use, in the process that uses it, kept apart from ``reader.py``'s read API so that the
-checks an open makes are read in one place.
+checks an open makes are read in one place. It reads the file's options through ``PairSpec``,
+which ``TokenFile`` satisfies, so the dependency points one way: ``reader`` imports ``opening``.
 
 Opening costs O(1): the header is parsed, both file sizes are checked against it (the last
 pointer plus the last length must end exactly at the end of ``.bin``), and the document indices
@@ -23,17 +24,19 @@ import glob
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from ..byte_source import ByteSource
 from ..errors import FormatError, StorageError
 from .atomic import finish_publish
-from .bin import BinSource, ReadMode, open_bin, warmup_file
+from .bin import ReadMode, open_bin, warmup_file
 from .descriptors import map_readonly
 from .idx import (
     FLOAT_CODES,
     HEADER_SIZE,
+    DtypeCodes,
     IndexHeader,
     index_arrays,
     parse_header,
@@ -42,12 +45,34 @@ from .idx import (
 from .legacy import is_legacy, read_legacy
 from .sequences import check_counts, header_from_counts
 from .sidecar import read_sidecar, sidecar_path
-from .storage import read_error
-
-if TYPE_CHECKING:
-    from .reader import TokenFile
+from ..storage.os_errors import read_error
 
 logger = logging.getLogger(__name__)
+
+
+class PairSpec(Protocol):
+    """What ``open_pair`` reads of the token file it opens (``reader.TokenFile``'s options)."""
+
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def idx_path(self) -> str: ...
+    @property
+    def bin_path(self) -> str: ...
+    @property
+    def mode(self) -> ReadMode: ...
+    @property
+    def dtype_codes(self) -> DtypeCodes: ...
+    @property
+    def multimodal(self) -> bool | None: ...
+    @property
+    def warmup(self) -> bool: ...
+    @property
+    def sequences(self) -> tuple[int, int] | None: ...
+    @property
+    def given_dtype(self) -> np.dtype | None: ...
+    @property
+    def sequences_path(self) -> str | None: ...
 
 
 @dataclass
@@ -61,7 +86,7 @@ class Opened:
     documents: np.ndarray | None
     """None until first needed when ``per_sequence`` (then it is ``arange(N + 1)``)."""
     modes: np.ndarray | None
-    bin: BinSource
+    bin: ByteSource
     per_sequence: bool
     """The index records no document boundaries: each sequence is one document."""
     verified: np.ndarray | None = None
@@ -75,7 +100,7 @@ class Opened:
         return self.header.dtype.itemsize
 
 
-def open_pair(file: TokenFile, *, retry: bool = True) -> Opened:
+def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
     """Open ``file``'s index and ``.bin`` with its options, after the O(1) checks.
 
     A writer replaces the ``.idx`` last (``TokenFileWriter._publish``), so the ``.bin`` opened
@@ -104,7 +129,7 @@ def open_pair(file: TokenFile, *, retry: bool = True) -> Opened:
     return Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
 
 
-def _same_index(file: TokenFile, opened: list[int], retry: bool) -> bool:
+def _same_index(file: PairSpec, opened: list[int], retry: bool) -> bool:
     """Whether the ``.idx`` opened (device and inode in ``opened``) is still ``PREFIX.idx``; a
     file in object storage (its local copy) is not checked. False is an error on the retry."""
     if not opened or "://" in file.prefix:
@@ -127,7 +152,7 @@ def _same_index(file: TokenFile, opened: list[int], retry: bool) -> bool:
 
 
 def _index(
-    file: TokenFile, opened: list[int]
+    file: PairSpec, opened: list[int]
 ) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """The header and (lengths, pointers, documents, modes) of either index format."""
     buffer = _read_index(file, opened)
@@ -154,7 +179,7 @@ def _index(
     return (header, *index_arrays(buffer, header))
 
 
-def _check_recorded_dtype(file: TokenFile, header: IndexHeader) -> None:
+def _check_recorded_dtype(file: PairSpec, header: IndexHeader) -> None:
     """The dtype the ``PREFIX.json`` sidecar recorded must be the header's: a dtype code changed
     to another type of the same width (uint16 -> int16) passes every size check and would read
     every token >= 32768 as a negative number. One open of a small file (or one failed lookup
@@ -181,7 +206,7 @@ def _check_recorded_dtype(file: TokenFile, header: IndexHeader) -> None:
     )
 
 
-def _float_header(file: TokenFile, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
+def _float_header(file: PairSpec, header: IndexHeader, lengths: np.ndarray) -> IndexHeader:
     """Codes 6/7: "auto" takes the float type the ``.bin`` size fits; a forced table that the
     size contradicts is named, since the cause is the table, not a damaged file."""
     fitting = resolve_float_dtype(header, lengths, _bin_size(file.bin_path))
@@ -207,7 +232,7 @@ def _bin_size(bin_path: str) -> int:
         raise read_error(exc, bin_path, "token data") from None
 
 
-def _read_index(file: TokenFile, opened: list[int], *, finish: bool = True):
+def _read_index(file: PairSpec, opened: list[int], *, finish: bool = True):
     """The ``.idx`` bytes (a mapping in mmap mode); its device and inode go to ``opened``. No
     ``.idx`` while a replacement is half published: wait for its writer, or finish it when the
     writer was killed (``atomic.finish_publish``), and read the result."""
@@ -278,7 +303,7 @@ def _missing_index(exc: OSError, path: str) -> StorageError:
     )
 
 
-def _check_bin_size(header, lengths, pointers, source: BinSource, path: str) -> None:
+def _check_bin_size(header, lengths, pointers, source: ByteSource, path: str) -> None:
     if header.sequence_count == 0:
         expected = 0
     else:

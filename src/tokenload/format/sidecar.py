@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import FormatError
 from .idx import prefix_of
-from .storage import read_error
+from ..storage.os_errors import read_error
 
 logger = logging.getLogger(__name__)
 

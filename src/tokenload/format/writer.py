@@ -35,7 +35,7 @@ from .atomic import (
 )
 from .idx import dtype_code, encode_index, prefix_of
 from .sidecar import Sidecar, sidecar_path
-from .storage import read_error, write_error
+from ..storage.os_errors import read_error, write_error
 
 _COPY_CHUNK = 64 << 20
 

@@ -25,8 +25,8 @@ import logging
 
 import numpy as np
 
+from ..byte_source import gather_index
 from ..errors import ConfigError, MissingExtraError, require
-from ..format.bin import gather_index
 from .backends import HFTokenizer, SentencePieceTokenizer
 from .config import TokenizerSpec
 from .tokenizer import PROBE_TEXTS, TextTokenizer

@@ -37,13 +37,12 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
 
+from ..byte_source import CheckedSource, gather_spans
 from ..errors import FormatError, StorageError
-from ..format.bin import BinSource, _ArrayBin
 from .options import StorageOptions
 from .remote import ObjectInfo, call, count, info, ranged_get, ranged_get_into
 
@@ -76,8 +75,9 @@ class _Chunk:
         return self.tokens
 
 
-class RemoteBin(BinSource):
-    """Token reads from a ``.bin`` object through chunked, cached, prefetched ranged GETs."""
+class RemoteBin(CheckedSource):
+    """Token reads from a ``.bin`` object through chunked, cached, prefetched ranged GETs (a
+    ``byte_source.ByteSource``)."""
 
     def __init__(self, url: str, dtype: np.dtype, options: StorageOptions | None = None) -> None:
         self.path = url
@@ -243,7 +243,7 @@ class RemoteBin(BinSource):
         offset = start - k * self.chunk_tokens
         return self._ready(k, offset, offset + length)[offset : offset + length]
 
-    # -- BinSource -------------------------------------------------------------------------------
+    # -- CheckedSource ---------------------------------------------------------------------------
     def _read(self, start: int, length: int) -> np.ndarray:
         if length == 0:
             return np.zeros(0, dtype=self.dtype)
@@ -263,8 +263,7 @@ class RemoteBin(BinSource):
             k = int(starts.min()) // c
             # every span in one chunk: the in-memory gather of mapped files, on that chunk
             tokens = self._ready(k, int(starts.min()) - k * c, int(ends.max()) - k * c)
-            view = SimpleNamespace(tokens=tokens, dtype=self.dtype)
-            return _ArrayBin._read_spans(view, starts - k * c, lengths, ends - k * c, dtype)
+            return gather_spans(tokens, starts - k * c, lengths, ends - k * c, dtype)
         parts = [self._read(s, n) for s, n in zip(starts.tolist(), lengths.tolist())]
         out = np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
         return out if dtype is None else out.astype(dtype)

@@ -24,9 +24,9 @@ import time
 from typing import Callable, Iterator
 
 from ..errors import StorageError
-from ..format.atomic import host_name, owner_gone
-from ..format.storage import write_error
-from .index_cache import cached_copy
+from .os_errors import write_error
+from .owners import host_name, owner_gone
+from .local_copies import cached_copy
 from .options import StorageOptions
 from .remote import call, filesystem, is_url
 
@@ -140,7 +140,7 @@ def _removal(remove, what) -> Callable[[], None]:
 
 
 def copy_or_none(url: str, options: StorageOptions | None = None) -> str | None:
-    """The node's local copy of ``url`` (``index_cache.cached_copy``), or None when no such object
+    """The node's local copy of ``url`` (``local_copies.cached_copy``), or None when no such object
     exists: one HEAD when it does, a second only to tell a missing object from another failure,
     which is raised. An object that appears between the two looks (another writer publishing
     it) is copied."""

@@ -22,7 +22,7 @@ from tokenload.format import TokenFile, max_open_files, set_max_open_files
 from tokenload.format.bin import MmapBin, PreadBin
 from tokenload.format.descriptors import DescriptorCache, descriptor_cache, map_readonly
 from tokenload.format.idx import encode_index
-from tokenload.format.storage import read_error, write_error
+from tokenload.storage.os_errors import read_error, write_error
 
 DRIVER = Path(__file__).with_name("descriptor_driver.py")
 

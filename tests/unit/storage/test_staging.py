@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tokenload.format.atomic import host_name
+from tokenload.storage.owners import host_name
 from tokenload.storage import upload
 
 

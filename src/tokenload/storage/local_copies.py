@@ -18,7 +18,7 @@ import os
 import tempfile
 
 from ..errors import StorageError
-from ..format.storage import write_error
+from .os_errors import write_error
 from .options import StorageOptions
 from .remote import call, count, filesystem, info, is_url
 
@@ -118,6 +118,6 @@ def file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
     except OSError as exc:
-        from ..format.storage import read_error
+        from .os_errors import read_error
 
         raise read_error(exc, path, "the file") from None

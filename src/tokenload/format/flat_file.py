@@ -16,8 +16,9 @@ import os
 import numpy as np
 import xxhash
 
+from ..byte_source import ByteSource
 from ..errors import StorageError
-from .bin import BinSource, ReadMode, open_bin, warmup_file
+from .bin import ReadMode, open_bin, warmup_file
 
 
 class FlatTokenFile:
@@ -35,10 +36,10 @@ class FlatTokenFile:
         self.dtype = np.dtype(dtype)
         self.mode = ReadMode.parse(mode)
         self.warmup = warmup
-        self._source: BinSource | None = None
+        self._source: ByteSource | None = None
         self._pid = -1
 
-    def _opened(self) -> BinSource:
+    def _opened(self) -> ByteSource:
         if self._source is None or self._pid != os.getpid():
             if self.warmup:
                 warmup_file(self.path)
