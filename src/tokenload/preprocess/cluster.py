@@ -1,4 +1,5 @@
-"""The Ray executor of preprocess: one Ray task per input file and per byte range of a large file.
+"""The Ray executor of preprocess (``RayExecutor``): one Ray task per input file and per byte
+range of a large file.
 
 The driver (the process that called ``preprocess``) plans the parts, submits them as Ray tasks,
 at most ``ray_tasks_in_flight`` at a time, and commits each input file once all its parts are
@@ -26,18 +27,21 @@ import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, RecordError, StorageError, require
 from .config import PreprocessConfig
 from .encode import EncodeTask
-from .parts import PartResult, PartTask
-from .records import BadRecord
-from .progress import Progress
+from .executor import Executor
 from .inputs import InputFile
+from .parts import PartResult, PartTask
+from .progress import Progress
 from .ray_worker import _run_part, _Tally, tokenizer_files
+from .records import BadRecord
 from .sources import byte_ranges
+from .summaries import FileSummary, PartSummary, RangeSummary
 from .workdir import WorkFolder, range_stem
 
 log = logging.getLogger(__name__)
@@ -97,7 +101,8 @@ class _FilePlan:
     index: int
     file: InputFile
     spans: list[tuple[int, int]]
-    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    done: dict[int, PartSummary | None] = field(default_factory=dict)
+    """What each finished range (or the whole file, number 0) wrote; None: a damaged range."""
     damaged: str | None = None
     examples: list = field(default_factory=list)
 
@@ -106,31 +111,48 @@ class _FilePlan:
         return self.spans[0][1] >= 0
 
     def line_offset(self, k: int) -> int:
-        return sum(self.done[j].get("lines", 0) for j in range(k) if j in self.done)
+        return sum(_lines(self.done.get(j)) for j in range(k))
 
 
-def encode_on_ray(
-    config: PreprocessConfig,
-    encode: EncodeTask,
-    work: WorkFolder,
-    todo: list[tuple[int, InputFile]],
-    summaries: dict[int, dict[str, Any]],
-    bar: Progress,
-) -> None:
-    """Encode the files ``todo`` on Ray into the work folder; ``summaries`` gets each file's."""
-    ray = require_ray()
-    started = connect(ray, config)
-    try:
-        _Driver(ray, config, encode, work, todo, summaries, bar).run()
-    finally:
-        if started:
-            ray.shutdown()
+def _lines(done: PartSummary | None) -> int:
+    """Lines of the file up to a finished range's end (0 for a whole file or a damaged range)."""
+    return done.lines if isinstance(done, RangeSummary) else 0
+
+
+class RayExecutor(Executor):
+    """Tasks on a Ray cluster (``config.executor == "ray"``): joins the cluster ``config`` names
+    (or starts a local one, ended after the run) and drives the tasks (see the module docstring)."""
+
+    def __init__(self, config: PreprocessConfig, encode: EncodeTask) -> None:
+        self.config, self.encode = config, encode
+
+    def run(
+        self, work: WorkFolder, todo: Sequence[tuple[int, InputFile]], bar: Progress
+    ) -> dict[int, FileSummary]:
+        ray = require_ray()
+        started = connect(ray, self.config)
+        try:
+            driver = _Driver(ray, self.config, self.encode, work, todo, bar)
+            driver.run()
+            return driver.summaries
+        finally:
+            if started:
+                ray.shutdown()
 
 
 class _Driver:
-    def __init__(self, ray, config, encode, work, todo, summaries, bar) -> None:
+    def __init__(
+        self,
+        ray,
+        config: PreprocessConfig,
+        encode: EncodeTask,
+        work: WorkFolder,
+        todo: Sequence[tuple[int, InputFile]],
+        bar: Progress,
+    ) -> None:
         self.ray, self.config, self.encode, self.work = ray, config, encode, work
-        self.summaries, self.bar = summaries, bar
+        self.bar = bar
+        self.summaries: dict[int, FileSummary] = {}
         self.plans = {i: _FilePlan(i, f, byte_ranges(f, config.range_bytes)) for i, f in todo}
         self.queue: list[tuple[int, int]] = []
         for plan in self.plans.values():
@@ -246,13 +268,13 @@ class _Driver:
             if self.encode.strict:
                 self.errors.append((where, _damaged_error(plan)))
                 return
-            plan.done[where[1]] = {"lines": 0}
+            plan.done[where[1]] = None
         else:
             plan.done[where[1]] = result.summary
             if result.damaged is not None:  # a whole file, skip mode: committed empty
                 skip_log.warning("skipped %s: unreadable: %s", plan.file.path, result.damaged)
         self.bar.add(
-            documents=result.summary["documents"] if result.summary else 0,
+            documents=result.summary.documents if result.summary else 0,
             tokens=result.tokens,
             input_bytes=result.input_bytes,
         )
@@ -274,7 +296,9 @@ class _Driver:
         for k, example in sorted(plan.examples, key=lambda e: (e[0], e[1].line)):
             skip_log.warning("skipped %s", example.shifted(plan.line_offset(k)))
         if not plan.ranged:
-            self.summaries[plan.index] = plan.done[0]
+            whole = plan.done[0]
+            assert isinstance(whole, FileSummary)  # a whole file's task made and marked it
+            self.summaries[plan.index] = whole
         else:
             self.summaries[plan.index] = summary = _file_summary(plan, self.config.json_keys)
             if plan.damaged is not None:
@@ -306,24 +330,28 @@ class _Driver:
         self.bar.live(*live)
 
 
-def _file_summary(plan: _FilePlan, keys: tuple[str, ...]) -> dict[str, Any]:
+def _file_summary(plan: _FilePlan, keys: tuple[str, ...]) -> FileSummary:
     """The ``.done`` summary of a file done in byte ranges: sums, and its parts in order."""
     if plan.damaged is not None:  # skip mode: the file counts as one unreadable file, no part
-        return {"path": plan.file.path, "stamp": plan.file.stamp, "documents": 0,
-                "tokens": {key: 0 for key in keys}, "skipped": {"unreadable_file": 1}, "parts": []}
+        return FileSummary(path=plan.file.path, stamp=plan.file.stamp, documents=0,
+                           tokens={key: 0 for key in keys}, skipped={"unreadable_file": 1}, parts=())
+    ranges = [plan.done[k] for k in range(len(plan.spans))]
     tokens: Counter = Counter({key: 0 for key in keys})
     skipped: Counter = Counter()
-    for k in range(len(plan.spans)):
-        tokens.update(plan.done[k]["tokens"])
-        skipped.update(plan.done[k]["skipped"])
-    return {
-        "path": plan.file.path,
-        "stamp": plan.file.stamp,
-        "documents": sum(plan.done[k]["documents"] for k in range(len(plan.spans))),
-        "tokens": dict(tokens),
-        "skipped": dict(sorted(skipped.items())),
-        "parts": [range_stem(plan.index, k) for k in range(len(plan.spans))],
-    }
+    documents = 0
+    for done in ranges:
+        assert done is not None  # a damaged range marks the file damaged
+        tokens.update(done.tokens)
+        skipped.update(done.skipped)
+        documents += done.documents
+    return FileSummary(
+        path=plan.file.path,
+        stamp=plan.file.stamp,
+        documents=documents,
+        tokens=dict(tokens),
+        skipped=dict(sorted(skipped.items())),
+        parts=tuple(range_stem(plan.index, k) for k in range(len(plan.spans))),
+    )
 
 
 def _damaged_error(plan: _FilePlan) -> RecordError:

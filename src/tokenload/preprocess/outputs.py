@@ -9,20 +9,22 @@ the step a full disk at the end of a run fails in (the parts stay, and a rerun o
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..format import TokenFileWriter
 from .config import PreprocessConfig
+from .summaries import FileSummary
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder
 
 
-def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
+def _totals(summaries: Iterable[FileSummary], keys: tuple[str, ...]) -> dict[str, Any]:
     documents, tokens, skipped = 0, Counter({k: 0 for k in keys}), Counter()
     for s in summaries:
-        documents += s["documents"]
-        tokens.update(s["tokens"])
-        skipped.update(s["skipped"])
+        documents += s.documents
+        tokens.update(s.tokens)
+        skipped.update(s.skipped)
     return {
         "documents": documents,
         "tokens": dict(tokens),
@@ -31,7 +33,11 @@ def _totals(summaries, keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _write_outputs(
-    config: PreprocessConfig, tok: TextTokenizer, work: WorkFolder, summaries: list[dict], totals
+    config: PreprocessConfig,
+    tok: TextTokenizer,
+    work: WorkFolder,
+    summaries: Sequence[FileSummary],
+    totals: dict[str, Any],
 ) -> None:
     metadata = {
         "producer": "tokenload preprocess",

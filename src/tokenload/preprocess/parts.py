@@ -23,7 +23,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -32,9 +31,10 @@ from ..format import TokenFileWriter
 from ..storage.remote import is_url
 from ..storage.upload import publish_prefix, temporary_folder
 from .encode import EncodeTask, encode_chunk
-from .records import BadRecord
 from .inputs import InputFile
+from .records import BadRecord
 from .sources import UnreadableFile, read_range_chunks
+from .summaries import FileSummary, PartSummary, RangeSummary
 from .workdir import write_marker
 
 _MAX_EXAMPLES = 20
@@ -69,8 +69,9 @@ class PartResult:
 
     index: int
     k: int
-    summary: dict[str, Any] | None = None
-    """The marker's content (None when the part failed)."""
+    summary: PartSummary | None = None
+    """The marker's content: a ``FileSummary`` (a whole file) or a ``RangeSummary`` (None when
+    the part failed)."""
     examples: list[BadRecord] = field(default_factory=list)
     """Some skipped records, line numbers counted within the part's range."""
     error: BadRecord | None = None
@@ -154,24 +155,25 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
         if not task.whole or task.encode.strict:
             return result  # the driver decides for the whole file
         writers, documents, counts = [], 0, Counter({"unreadable_file": 1})
-    summary: dict[str, Any] = {
-        "path": task.file.path,
-        "stamp": task.file.stamp,
-        "documents": documents,
-        "tokens": {key: w.num_tokens for key, w in zip(keys, writers)} or {key: 0 for key in keys},
-        "skipped": dict(sorted(counts.items())),
-    }
+    tokens = {key: w.num_tokens for key, w in zip(keys, writers)} or {key: 0 for key in keys}
+    skipped = dict(sorted(counts.items()))
     for writer in writers:
         writer.finalize()
     if folder != task.root:
         for writer in writers:
             publish_prefix(writer.prefix, f"{task.root}/{os.path.basename(writer.prefix)}")
+    summary: PartSummary
     if task.whole:
-        summary["parts"] = [task.stem] if writers else []
+        summary = FileSummary(
+            path=task.file.path, stamp=task.file.stamp, documents=documents, tokens=tokens,
+            skipped=skipped, parts=(task.stem,) if writers else (),
+        )
         write_marker(task.root, f"{task.stem}.done", summary)
     else:
-        summary["range"] = list(task.span)
-        summary["lines"] = lines
+        summary = RangeSummary(
+            path=task.file.path, stamp=task.file.stamp, documents=documents, tokens=tokens,
+            skipped=skipped, span=task.span, lines=lines,
+        )
         write_marker(task.root, f"{task.stem}.range", summary)
     result.summary = summary
     result.seconds = time.perf_counter() - start

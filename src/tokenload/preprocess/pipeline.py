@@ -31,11 +31,13 @@ from ..format.atomic import remove_temporaries, require_folder
 from ..storage.remote import is_url
 from ..storage.upload import check_writable, make_staging_folder, publish_prefix, staging_root
 from .config import PreprocessConfig
+from .executor import Executor
+from .inputs import InputFile, expand_inputs, shard_files
 from .load import load_tokenizer
 from .outputs import _totals, _write_outputs
-from .pool import _encode_files, _encode_task
+from .pool import LocalExecutor, encode_task
 from .progress import Progress
-from .inputs import InputFile, expand_inputs, shard_files
+from .summaries import FileSummary
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder, open_workdir
 
@@ -134,27 +136,39 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     )
 
 
-def _run(config, tok, work: WorkFolder, files: list[InputFile], progress: bool | None):
-    """Encode every input file not finished by an earlier run; returns the summaries by index."""
-    summaries: dict[int, dict[str, Any]] = {}
+def _run(
+    config: PreprocessConfig,
+    tok: TextTokenizer,
+    work: WorkFolder,
+    files: list[InputFile],
+    progress: bool | None,
+) -> tuple[dict[int, FileSummary], Progress]:
+    """Encode every input file not finished by an earlier run; returns the summaries by index.
+    A file an earlier run finished with bad records skipped is redone in error mode."""
+    summaries: dict[int, FileSummary] = {}
     for index, file in enumerate(files):
         done = work.finished(index, file, config.json_keys)
-        if done is not None and not (config.on_bad_record == "error" and _bad_records(done)):
+        if done is not None and not (config.on_bad_record == "error" and done.bad_records):
             summaries[index] = done
     todo = [(i, f) for i, f in enumerate(files) if i not in summaries]
     if summaries:
         log.info("resuming: %d of %d input files already done", len(summaries), len(files))
     bar = Progress(todo=[f for _, f in todo], enabled=progress, resumed=len(summaries))
     try:
-        if todo and config.executor == "ray":
-            from .cluster import encode_on_ray
-
-            encode_on_ray(config, _encode_task(config, tok), work, todo, summaries, bar)
-        elif todo:
-            _encode_files(config, tok, work, todo, summaries, bar)
+        if todo:
+            summaries.update(executor_for(config, tok).run(work, todo, bar))
     finally:
         bar.close()
     return summaries, bar
+
+
+def executor_for(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
+    """The executor ``config.executor`` names (Ray's imported only when asked for)."""
+    if config.executor == "ray":
+        from .cluster import RayExecutor
+
+        return RayExecutor(config, encode_task(config, tok))
+    return LocalExecutor(config, tok)
 
 
 def _staged(config: PreprocessConfig) -> PreprocessConfig:
@@ -242,11 +256,6 @@ def _check_output_folder(config: PreprocessConfig) -> None:
         remove_temporaries(config.output_for(key))
 
 
-def _bad_records(summary: dict[str, Any]) -> int:
-    """Records a part skipped (a part made with --on-bad-record skip is redone in error mode)."""
-    return sum(n for reason, n in summary["skipped"].items() if reason != "blank_line")
-
-
 def _check_eod(config: PreprocessConfig, tok: TextTokenizer) -> None:
     if not config.append_eod:
         return
@@ -284,7 +293,7 @@ def _job_description(
     config: PreprocessConfig, tok: TextTokenizer, files: list[InputFile]
 ) -> dict[str, Any]:
     """Everything that decides the parts' bytes (never the worker count or executor; the
-    bad-record policy only decides whether a part may be reused, see ``_bad_records``)."""
+    bad-record policy only decides whether a part may be reused, see ``_run``)."""
     return {
         "version": 1,
         "tokenizer": tok.identity(),

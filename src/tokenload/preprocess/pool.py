@@ -1,4 +1,5 @@
-"""The local executor of preprocess: input files encoded by a thread or process pool here.
+"""The local executor of preprocess (``LocalExecutor``): input files encoded by a thread or
+process pool here.
 
 Each input file becomes a ``_FileJob`` that owns its part writers; its chunks are submitted to
 the pool (threads when the tokenizer's encoder releases the GIL, as every Rust encoder does;
@@ -13,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter, deque
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from collections.abc import Sequence
+from concurrent import futures
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
@@ -23,10 +24,12 @@ from ..errors import RecordError
 from ..format import TokenFileWriter
 from .config import PreprocessConfig
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
+from .executor import Executor
+from .inputs import InputFile
 from .parts import write_documents
 from .progress import Progress
-from .inputs import InputFile
 from .sources import ChunkSize, UnreadableFile, read_chunks
+from .summaries import FileSummary
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder
 
@@ -60,7 +63,7 @@ class _FileJob:
         for example in result.examples:
             skip_log.warning("skipped %s", example)
 
-    def commit(self) -> dict[str, Any]:
+    def commit(self) -> FileSummary:
         if self.damaged:
             if self.config.on_bad_record == "error":
                 raise RecordError(
@@ -77,13 +80,13 @@ class _FileJob:
             tokens[key] = writer.num_tokens
             writer.finalize()
         self.writers = []  # a finished writer still holds its index arrays
-        summary = {
-            "path": self.file.path,
-            "stamp": self.file.stamp,
-            "documents": self.documents,
-            "tokens": tokens,
-            "skipped": dict(sorted(self.skipped.items())),
-        }
+        summary = FileSummary(
+            path=self.file.path,
+            stamp=self.file.stamp,
+            documents=self.documents,
+            tokens=tokens,
+            skipped=dict(sorted(self.skipped.items())),
+        )
         self.work.commit(self.index, summary)
         return summary
 
@@ -92,16 +95,61 @@ class _FileJob:
             writer.abort()
 
 
-def _executor(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
+class LocalExecutor(Executor):
+    """Threads or processes on this machine (``config.executor`` auto, threads or processes)."""
+
+    def __init__(self, config: PreprocessConfig, tok: TextTokenizer) -> None:
+        self.config, self.tok = config, tok
+
+    def run(
+        self, work: WorkFolder, todo: Sequence[tuple[int, InputFile]], bar: Progress
+    ) -> dict[int, FileSummary]:
+        summaries: dict[int, FileSummary] = {}
+        config, tok = self.config, self.tok
+        depth = 2 * config.workers + 2
+        sizer = ChunkSize(config.chunk_bytes)
+        task = encode_task(config, tok)
+        pending: deque = deque()
+        jobs: list[_FileJob] = []
+        pool = _pool(config, tok)
+        try:
+            for index, file in todo:
+                job = _FileJob(index, file, config, work, tok.dtype)
+                jobs.append(job)
+                try:
+                    for chunk in read_chunks(file, sizer, config.json_keys):
+                        pending.append((job, pool.submit(encode_chunk, task, chunk)))
+                        while len(pending) > depth:
+                            _drain_one(pending, summaries, bar, sizer)
+                except UnreadableFile as exc:
+                    job.damaged = str(exc)
+                pending.append((job, None))
+                if job.damaged and config.on_bad_record == "error":
+                    break  # its error is raised once every earlier result is written, in input order
+            while pending:
+                _drain_one(pending, summaries, bar, sizer)
+        except BaseException:
+            for _, future in pending:
+                if future is not None:
+                    future.cancel()
+            for job in jobs:
+                job.abort()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return summaries
+
+
+def _pool(config: PreprocessConfig, tok: TextTokenizer) -> futures.Executor:
     kind = config.executor
     if kind == "auto":
         kind = "threads" if tok.releases_gil else "processes"
     if kind == "threads":
         register_tokenizer(_resolved_spec(config, tok), tok)
-        return ThreadPoolExecutor(config.workers, thread_name_prefix="tokenload-encode")
+        return futures.ThreadPoolExecutor(config.workers, thread_name_prefix="tokenload-encode")
     import multiprocessing
 
-    return ProcessPoolExecutor(
+    return futures.ProcessPoolExecutor(
         config.workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=init_worker_process,
@@ -116,7 +164,8 @@ def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
     return replace(config.tokenizer, engine="gigatoken" if tok.engine == "gigatoken" else "native")
 
 
-def _encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:
+def encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:
+    """What every chunk (or Ray task) of the job encodes with: the resolved tokenizer and rules."""
     return EncodeTask(
         tokenizer=_resolved_spec(config, tok),
         keys=config.json_keys,
@@ -126,47 +175,15 @@ def _encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:
     )
 
 
-def _encode_files(config, tok, work, todo, summaries, bar) -> None:
-    task = _encode_task(config, tok)
-    depth = 2 * config.workers + 2
-    sizer = ChunkSize(config.chunk_bytes)
-    pending: deque = deque()
-    jobs: list[_FileJob] = []
-    executor = _executor(config, tok)
-    try:
-        for index, file in todo:
-            job = _FileJob(index, file, config, work, tok.dtype)
-            jobs.append(job)
-            try:
-                for chunk in read_chunks(file, sizer, config.json_keys):
-                    pending.append((job, executor.submit(encode_chunk, task, chunk)))
-                    while len(pending) > depth:
-                        _drain_one(pending, summaries, bar, sizer)
-            except UnreadableFile as exc:
-                job.damaged = str(exc)
-            pending.append((job, None))
-            if job.damaged and config.on_bad_record == "error":
-                break  # its error is raised once every earlier result is written, in input order
-        while pending:
-            _drain_one(pending, summaries, bar, sizer)
-    except BaseException:
-        for _, future in pending:
-            if future is not None:
-                future.cancel()
-        for job in jobs:
-            job.abort()
-        raise
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
-
-
-def _drain_one(pending: deque, summaries: dict, bar: Progress, sizer: ChunkSize) -> None:
+def _drain_one(
+    pending: deque, summaries: dict[int, FileSummary], bar: Progress, sizer: ChunkSize
+) -> None:
     job, future = pending.popleft()
     if future is None:
         summaries[job.index] = job.commit()
         bar.file_done()
         return
-    while not wait([future], timeout=_TICK_SECONDS).done:
+    while not futures.wait([future], timeout=_TICK_SECONDS).done:
         bar.tick()
     result = future.result()
     sizer.observe(result.input_bytes, result.seconds)

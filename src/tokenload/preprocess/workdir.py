@@ -39,6 +39,7 @@ from ..storage.upload import (
     fetched_prefix, list_objects, read_object, read_objects, remove_folder, remove_objects, upload_bytes,
 )
 from .inputs import WORK_SUFFIX, InputFile
+from .summaries import FileSummary, PartSummary, RangeSummary
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +128,9 @@ class WorkFolder:
         """Token file prefix of input file ``index``'s part for ``key``."""
         return f"{self.location}/{index:06d}_{key}"
 
-    def parts(self, index: int, summary: dict[str, Any], key: str) -> list[str]:
+    def parts(self, index: int, summary: FileSummary, key: str) -> list[str]:
         """Token file prefixes of finished input file ``index`` for ``key``, in input order."""
-        return [f"{self.location}/{stem}_{key}" for stem in summary.get("parts", [f"{index:06d}"])]
+        return [f"{self.location}/{stem}_{key}" for stem in _stems(index, summary)]
 
     def readable(self, part: str) -> contextlib.AbstractContextManager[str]:
         """A local token file prefix holding ``part``'s bytes while the block runs."""
@@ -144,33 +145,35 @@ class WorkFolder:
 
     def range_finished(
         self, index: int, k: int, file: InputFile, span: tuple[int, int], keys: tuple[str, ...]
-    ) -> dict[str, Any] | None:
+    ) -> RangeSummary | None:
         """The summary of byte range ``k`` of input file ``index`` if a task finished it for the
         file as it is now and for the same cut, else None."""
         stem = range_stem(index, k)
-        summary = self._summary(f"{stem}.range")
-        if summary is None or (summary.get("path"), summary.get("stamp"), summary.get("range")) != (
+        data = self._summary(f"{stem}.range")
+        if data is None or (data.get("path"), data.get("stamp"), data.get("range")) != (
             file.path, file.stamp, list(span)
         ):
             return None
         if not all(self._has_part(f"{stem}_{key}") for key in keys):
             return None
-        return summary
+        return RangeSummary.from_json(data)
 
-    def finished(self, index: int, file: InputFile, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    def finished(self, index: int, file: InputFile, keys: tuple[str, ...]) -> FileSummary | None:
         """The summary of a committed part that is still valid for ``file``, else None."""
-        summary = self._summary(f"{index:06d}.done")
-        if summary is None:
+        data = self._summary(f"{index:06d}.done")
+        if data is None:
             return None
-        if summary.get("path") != file.path or summary.get("stamp") != file.stamp:
+        if data.get("path") != file.path or data.get("stamp") != file.stamp:
             log.info("input %s changed since its part was written; redoing it", file.path)
             return None
-        stems = summary.get("parts", [f"{index:06d}"])
-        if not all(self._has_part(f"{stem}_{key}") for stem in stems for key in keys):
+        summary = FileSummary.from_json(data)
+        if summary is None:
+            return None
+        if not all(self._has_part(f"{stem}_{key}") for stem in _stems(index, summary) for key in keys):
             return None
         return summary
 
-    def commit(self, index: int, summary: dict[str, Any]) -> None:
+    def commit(self, index: int, summary: FileSummary) -> None:
         """Mark input file ``index`` finished (its part files are already published)."""
         write_marker(self.location, f"{index:06d}.done", summary)
 
@@ -305,15 +308,21 @@ def range_stem(index: int, k: int) -> str:
     return f"{index:06d}.{k:05d}"
 
 
-def write_marker(root: str | Path, name: str, summary: dict[str, Any]) -> None:
+def write_marker(root: str | Path, name: str, summary: PartSummary) -> None:
     """Mark a file (``.done``) or byte range (``.range``) finished, atomically, after its parts
     are published; a Ray task writes its own, so a killed driver loses no finished task. Under a
     work prefix in object storage the marker is one PUT (whole or absent)."""
-    data = (json.dumps(summary, sort_keys=True) + "\n").encode()
+    data = (json.dumps(summary.to_json(), sort_keys=True) + "\n").encode()
     if is_url(str(root)):
         upload_bytes(data, f"{root}/{name}")
     else:
         write_bytes_atomic(Path(root) / name, data)
+
+
+def _stems(index: int, summary: FileSummary) -> tuple[str, ...]:
+    """Name stems of finished input file ``index``'s parts (the one named after the file's number
+    when the marker lists none)."""
+    return (f"{index:06d}",) if summary.parts is None else summary.parts
 
 
 def _delete(entry: Path) -> None:

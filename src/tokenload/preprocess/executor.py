@@ -1,0 +1,32 @@
+"""The one interface of preprocess's executors.
+
+An executor (``pool.LocalExecutor``: threads or processes on this machine; ``cluster.RayExecutor``:
+tasks on a Ray cluster) takes the input files a run still has to do and leaves each one
+finished in the work folder: its parts published and its ``.done`` marker written. It returns a
+``FileSummary`` per file (``summaries``), the content of that marker, from which ``pipeline``
+and ``outputs`` write the final token files.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .inputs import InputFile
+    from .progress import Progress
+    from .summaries import FileSummary
+    from .workdir import WorkFolder
+
+
+class Executor(ABC):
+    """Encodes input files into finished parts in the work folder (see the module docstring)."""
+
+    @abstractmethod
+    def run(
+        self, work: WorkFolder, todo: Sequence[tuple[int, InputFile]], bar: Progress
+    ) -> dict[int, FileSummary]:
+        """Encode the files ``todo`` (input number, file) into ``work``, counting on ``bar``;
+        returns each file's summary by its number. On an error, the files finished before it
+        stay finished in ``work`` (a rerun reuses them) and the error is raised."""
