@@ -36,9 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from tokenload.caches import files as cache_io  # noqa: E402
+from tokenload.caches.names import GPT_ARRAYS, CacheFiles  # noqa: E402
 from tokenload.datasets.megatron.cache_match import gpt_cache_mismatches  # noqa: E402
-from tokenload.index import cache_io  # noqa: E402
-from tokenload.index.cache import GPT_ARRAYS, CacheFiles  # noqa: E402
 
 
 def arrays_for(docs: int, seq: int, extra: int = 1) -> tuple[dict[str, np.ndarray], np.ndarray]:

@@ -18,9 +18,9 @@ import pytest
 from support import run_cli
 
 from tokenload import storage
+from tokenload.caches import bucket as cache_remote
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import CacheError, ConfigError, StorageError
-from tokenload.index import cache_remote
 
 from .conftest import BUCKET
 from .test_token_files_s3 import corpus, upload

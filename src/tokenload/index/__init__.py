@@ -2,9 +2,10 @@
 
 Splits and blends (``splits``, ``blends``, ``plan``), the per-dataset document / sample /
 shuffle indices (``epochs``, ``document``, ``sample``, ``shuffle``, tied together in ``gpt``),
-blending indices (``blending``) and the cache identity and files (``cache``). Functions take
-NumPy arrays and small frozen dataclasses and return arrays bit-identical to megatron-core's;
-docs/ORDER.md holds the maths and the proofs of the vectorized equivalences.
+and blending indices (``blending``). Functions take NumPy arrays and small frozen dataclasses and
+return arrays bit-identical to megatron-core's; docs/ORDER.md holds the maths and the proofs of
+the vectorized equivalences. The package imports only NumPy and ``tokenload.errors``; the caches
+of these arrays on disk and in buckets are ``tokenload.caches``.
 """
 
 from __future__ import annotations
@@ -16,17 +17,6 @@ from tokenload.index.blending import (
     check_oversampling,
 )
 from tokenload.index.blends import Blend, parse_blend, read_data_args_file, read_per_split_data_args
-from tokenload.index.cache import (
-    BLENDED_ARRAYS,
-    GPT_ARRAYS,
-    CacheFiles,
-    blended_identifiers,
-    default_cache_dir,
-    describe,
-    description_hash,
-    gpt_identifiers,
-)
-from tokenload.index.cache_io import CacheCheck, CacheState, check_cache, load_cache, map_array, write_cache
 from tokenload.index.document import as_sequence_ids, build_document_index, tokens_per_epoch
 from tokenload.index.epochs import EpochPlan, num_epochs, plan_epochs, separate_final_epoch
 from tokenload.index.gpt import (
@@ -102,19 +92,4 @@ __all__ = [
     "build_blending_indices",
     "build_exhaustive_blending_indices",
     "check_oversampling",
-    # cache identity and files
-    "GPT_ARRAYS",
-    "BLENDED_ARRAYS",
-    "gpt_identifiers",
-    "blended_identifiers",
-    "describe",
-    "description_hash",
-    "default_cache_dir",
-    "CacheFiles",
-    "CacheState",
-    "CacheCheck",
-    "write_cache",
-    "load_cache",
-    "map_array",
-    "check_cache",
 ]

@@ -12,19 +12,21 @@ from typing import Any
 
 import numpy as np
 
+from tokenload.caches import (
+    CacheFiles,
+    blended_identifiers,
+    describe,
+    description_hash,
+    gpt_identifiers,
+)
 from tokenload.index import (
     Blend,
-    CacheFiles,
     GPTIndexConfig,
-    blended_identifiers,
     build_blending_indices,
     build_exhaustive_blending_indices,
     build_gpt_indices,
     check_oversampling,
-    describe,
-    description_hash,
     drop_last_for,
-    gpt_identifiers,
     plan_splits,
     resolve_blend,
     split_matrix,

@@ -10,21 +10,21 @@ import numpy as np
 import pytest
 from index_megatron_driver import NULL_TOKENIZER
 
-from tokenload.errors import CacheError
-from tokenload.index import (
+from tokenload.caches import (
     CacheFiles,
     CacheState,
     blended_identifiers,
-    cache_io,
     check_cache,
     default_cache_dir,
     describe,
     description_hash,
     gpt_identifiers,
     load_cache,
-    split_matrix,
     write_cache,
 )
+from tokenload.caches import files as cache_io
+from tokenload.errors import CacheError
+from tokenload.index import split_matrix
 
 
 def _gold(path="gold/x", num_samples=40, split="train"):

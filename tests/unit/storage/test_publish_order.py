@@ -10,9 +10,9 @@ import itertools
 
 import pytest
 
+from tokenload.caches import bucket as cache_remote
+from tokenload.caches.names import GPT_ARRAYS, CacheFiles
 from tokenload.errors import StorageError
-from tokenload.index import cache_remote
-from tokenload.index.cache import GPT_ARRAYS, CacheFiles
 from tokenload.storage import upload
 
 URL = "s3://bucket/out/part"

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 from ..errors import CacheError, StorageError
 from ..storage.upload import copy_or_none, read_object, remove_object, temporary_folder, upload_file
-from .cache import CacheFiles
+from .names import CacheFiles
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Writing, loading and checking index cache files (names and identity: ``cache``).
+"""Writing, loading and checking index cache files (names and identity: ``names``).
 
 Writes are atomic per file: a temporary name in the cache folder, flush, fsync, ``os.replace``
 over the final name, then an fsync of the folder. The ``.npy`` arrays go first, the tokenload
@@ -8,7 +8,7 @@ Megatron or tokenload would take for complete, and two builders racing for one c
 valid cache (their bytes are identical). Arrays are written with ``numpy.save`` as Megatron
 writes them, so each side loads the other's cache. A cache folder in object storage
 (``s3://bucket/cache``) is written locally and uploaded in the same order, and read and checked
-through the node's local copies of its files (``cache_remote``).
+through the node's local copies of its files (``bucket``).
 
 The sidecar ``{md5}-{Class}-{split}-tokenload.json`` records what Megatron's hash forgets
 (``add_extra_token``, the validation drop-last flag, the surplus, fingerprints of the token
@@ -45,10 +45,10 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from tokenload.caches.names import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.errors import CacheError, FormatError, StorageError
 from tokenload.format.atomic import fsync_dir, write_atomic
 from tokenload.format.descriptors import map_readonly
-from tokenload.index.cache import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.storage import is_url
 
 __all__ = [
@@ -138,7 +138,7 @@ def write_cache(
 
     ``arrays`` must hold exactly ``files.arrays``; ``fields`` are the sidecar's extra facts
     (JSON-serializable). A folder in object storage gets the files written locally first and
-    uploaded in the same order (``cache_remote``). Raises ``CacheError`` when the folder cannot
+    uploaded in the same order (``bucket``). Raises ``CacheError`` when the folder cannot
     be created or written, ``StorageError`` when an upload fails.
     """
     if set(arrays) != set(files.arrays):
@@ -146,7 +146,7 @@ def write_cache(
     if not is_url(files.directory):
         _write_local(files, description, arrays, fields)
         return
-    from .cache_remote import publish_cache, staged_cache
+    from .bucket import publish_cache, staged_cache
 
     with staged_cache(files) as local:
         _write_local(local, description, arrays, fields)
@@ -353,7 +353,7 @@ def _located(files: CacheFiles) -> dict[str, str | None]:
     """``{suffix: local path}`` of the cache's files: the files themselves, or for a folder in
     object storage their local copies (None for a missing object)."""
     if is_url(files.directory):
-        from .cache_remote import local_copies
+        from .bucket import local_copies
 
         return local_copies(files)
     suffixes = ("description.txt", "tokenload.json", *(f"{name}.npy" for name in files.arrays))

@@ -7,7 +7,7 @@ for Megatron is "all four files exist". The identity functions here reproduce th
 byte; the tokenizer identity is taken verbatim from the caller (it is whatever Megatron's
 tokenizer object reports, and recomputing it would tie tokenload to one Megatron release).
 
-Writing, loading and checking the files is ``tokenload.index.cache_io``.
+Writing, loading and checking the files is ``tokenload.caches.files``.
 """
 
 from __future__ import annotations

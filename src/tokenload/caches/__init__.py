@@ -1,0 +1,48 @@
+"""Megatron's index caches: names and identity, files on disk, and caches in a bucket.
+
+A cache holds the arrays of one dataset's order (``index``'s maths) under Megatron's own file
+names, so each side loads the other's: ``names`` reproduces Megatron's description and its md5
+(the cache key) and names the files; ``files`` writes them atomically (arrays, tokenload
+sidecar, description last), loads and checks them; ``bucket`` publishes a cache bound for object
+storage object by object and reads it through the node's local copies. This package sits above
+``index`` (NumPy only), ``format`` (atomic writes, mappings) and ``storage`` (uploads, local
+copies).
+"""
+
+from __future__ import annotations
+
+from tokenload.caches.files import (
+    CacheCheck,
+    CacheState,
+    check_cache,
+    load_cache,
+    map_array,
+    write_cache,
+)
+from tokenload.caches.names import (
+    BLENDED_ARRAYS,
+    GPT_ARRAYS,
+    CacheFiles,
+    blended_identifiers,
+    default_cache_dir,
+    describe,
+    description_hash,
+    gpt_identifiers,
+)
+
+__all__ = [
+    "GPT_ARRAYS",
+    "BLENDED_ARRAYS",
+    "gpt_identifiers",
+    "blended_identifiers",
+    "describe",
+    "description_hash",
+    "default_cache_dir",
+    "CacheFiles",
+    "CacheState",
+    "CacheCheck",
+    "write_cache",
+    "load_cache",
+    "map_array",
+    "check_cache",
+]
