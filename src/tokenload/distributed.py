@@ -55,7 +55,7 @@ class World:
         return self.rank // max(self.local_world_size, 1)
 
     @classmethod
-    def detect(cls) -> "World":
+    def detect(cls) -> World:
         """The world of this process (torch.distributed, then launcher env, then single)."""
         env = os.environ
         local = {
@@ -107,5 +107,7 @@ def _int_env(*names: str, default: int | None) -> Any:
             try:
                 return int(value.split("(")[0])
             except ValueError:
-                raise ConfigError(f"{name}={value!r} is not an integer", hint=f"fix or unset {name}") from None
+                raise ConfigError(
+                    f"{name}={value!r} is not an integer", hint=f"fix or unset {name}"
+                ) from None
     return default

@@ -61,6 +61,7 @@ def diagnose(config: DoctorConfig) -> Report:
     from ..index import parse_blend
 
     blend = parse_blend(config.data_path)
+    assert blend is not None  # data_path is a list
     prefixes = list(dict.fromkeys(blend.prefixes))
     report = Report(step_ms=config.step_ms)
     train = check_startup(config, report)

@@ -12,7 +12,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CacheError, ConfigError
 from .measure import (
@@ -25,6 +25,9 @@ from .measure import (
     window_read_rate,
 )
 from .report import DoctorConfig, Finding, Report
+
+if TYPE_CHECKING:
+    from ..datasets import MegatronDataConfig
 
 #: Opens + stats per rank above which a startup counts as a burst: a manifest load makes 1-2
 #: (one more with a sequences JSON), a per-dataset cache check about 13 per dataset.
@@ -42,13 +45,19 @@ HIDDEN_SHARE = 0.05
 WORKER_COUNTS = (0, 1, 2, 4)
 
 
-def _data_config(config: DoctorConfig, **overrides: Any):
+def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
     from ..datasets import MegatronDataConfig
 
-    values = dict(
-        sequence_length=config.seq_length, random_seed=config.seed, blend=config.data_path, split=config.split,
-        path_to_cache=config.data_cache_path, build_policy=config.build_policy, order=config.order,
-        read_mode=config.read_mode, sequences_path=config.sequences_path,
+    values: dict[str, Any] = dict(
+        sequence_length=config.seq_length,
+        random_seed=config.seed,
+        blend=config.data_path,
+        split=config.split,
+        path_to_cache=config.data_cache_path,
+        build_policy=config.build_policy,
+        order=config.order,
+        read_mode=config.read_mode,
+        sequences_path=config.sequences_path,
     )
     values.update(overrides)
     return MegatronDataConfig(**values)
@@ -58,7 +67,9 @@ def _sizes(config: DoctorConfig) -> list[int | None]:
     return [config.train_samples, None, None]
 
 
-def _timed_build(config: DoctorConfig, **overrides: Any) -> tuple[Any, float, int, int, dict[str, float]]:
+def _timed_build(
+    config: DoctorConfig, **overrides: Any
+) -> tuple[Any, float, int, int, dict[str, float]]:
     """(train, seconds, opens, stats, phases) of one ``build_datasets``."""
     from ..datasets import build_datasets
 
@@ -68,7 +79,9 @@ def _timed_build(config: DoctorConfig, **overrides: Any) -> tuple[Any, float, in
         train, _, _ = build_datasets(data_config, _sizes(config))
         seconds = time.perf_counter() - start
     if train is None:
-        raise ConfigError(f"split {config.split!r} gives no train split", hint="pass the job's --split")
+        raise ConfigError(
+            f"split {config.split!r} gives no train split", hint="pass the job's --split"
+        )
     return train, seconds, io.opens, io.stats, dict(getattr(train, "startup_phases", {}) or {})
 
 
@@ -88,27 +101,53 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
     computed = _timed_build(config, order="computed", build_policy="auto")
     if config.order == "computed":
         train, seconds, opens, stats, phases = computed
-        report.findings.append(Finding("startup", False, f"the computed order starts in {seconds:.3f} s:"
-                                       " no index build, no cache, no barrier"))
+        report.findings.append(
+            Finding(
+                "startup",
+                False,
+                f"the computed order starts in {seconds:.3f} s:"
+                " no index build, no cache, no barrier",
+            )
+        )
     elif _cache_found(config):
         # the readers of rank0/local-rank0 load as 'none' does once the barrier is passed
         load_policy = policy if policy in ("auto", "none") else "none"
         overrides = {"cache": "off"} if policy == "every-rank" else {"build_policy": load_policy}
         train, seconds, opens, stats, phases = _timed_build(config, **overrides)
         if policy == "every-rank":
-            report.findings.append(_stall(policy, seconds, computed[1], "every rank builds every index at every start",
-                                          _prepare_command(config)))
+            report.findings.append(
+                _stall(
+                    policy,
+                    seconds,
+                    computed[1],
+                    "every rank builds every index at every start",
+                    _prepare_command(config),
+                )
+            )
         else:
-            report.findings.append(Finding("startup", False, f"the index caches are prepared: a rank loads them"
-                                           f" in {seconds:.3f} s (build_policy={policy!r}); no build at startup"))
+            report.findings.append(
+                Finding(
+                    "startup",
+                    False,
+                    f"the index caches are prepared: a rank loads them"
+                    f" in {seconds:.3f} s (build_policy={policy!r}); no build at startup",
+                )
+            )
         _check_cache_trust(config, report)
     else:
         train, seconds, opens, stats, phases = _timed_build(config, cache="off")
         what = {
-            "none": "every rank fails at once with a CacheError: build_policy='none' finds no prepared cache",
+            "none": (
+                "every rank fails at once with a CacheError: build_policy='none' finds no"
+                " prepared cache"
+            ),
             "rank0": "global rank 0 builds every index while every other rank waits at the barrier",
-            "local-rank0": "local rank 0 of every node builds every index while the node's other ranks wait",
-            "auto": "rank 0 builds and writes every index while every other rank builds it in memory",
+            "local-rank0": (
+                "local rank 0 of every node builds every index while the node's other ranks wait"
+            ),
+            "auto": (
+                "rank 0 builds and writes every index while every other rank builds it in memory"
+            ),
             "every-rank": "every rank builds every index at every start",
         }[policy]
         report.findings.append(_stall(policy, seconds, computed[1], what, _prepare_command(config)))
@@ -120,7 +159,7 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
 def _cache_folders(config: DoctorConfig) -> list[str]:
     """The local folders the job's caches are in: ``--data-cache-path``, else Megatron's default
     folder beside each prefix."""
-    from ..index import default_cache_dir
+    from ..caches import default_cache_dir
 
     if config.data_cache_path is not None:
         folders = [config.data_cache_path]
@@ -142,22 +181,30 @@ def _check_cache_trust(config: DoctorConfig, report: Report) -> None:
                     blended += "-BlendedDataset-" in name
                     gpt += "-BlendedDataset-" not in name
     if gpt:
-        report.findings.append(Finding(
-            "cache-trust", False,
-            f"{gpt} index cache(s) written by Megatron (no tokenload sidecar, so no content"
-            " hash): their match with the current token files is checked against the sequence"
-            " lengths on first use (document ids, sample starts, the shuffle a permutation);"
-            " values swapped in place keep every invariant and cannot be found",
-            "to have every array's content verified, prepare the caches with tokenload (`tokenload"
-            " prepare-cache` into a new --data-cache-path): its sidecar records an xxh3-64 per"
-            " array"))
+        report.findings.append(
+            Finding(
+                "cache-trust",
+                False,
+                f"{gpt} index cache(s) written by Megatron (no tokenload sidecar, so no content"
+                " hash): their match with the current token files is checked against the sequence"
+                " lengths on first use (document ids, sample starts, the shuffle a permutation);"
+                " values swapped in place keep every invariant and cannot be found",
+                "to have every array's content verified, prepare the caches with tokenload"
+                " (`tokenload prepare-cache` into a new --data-cache-path): its sidecar records an"
+                " xxh3-64 per array",
+            )
+        )
     if blended:
-        report.findings.append(Finding(
-            "cache-trust", False,
-            f"{blended} blend cache(s) written by Megatron: cache written by Megatron: its match"
-            " with the current token files is checked by sizes only (and each value's range as a"
-            " batch reads it)",
-            "prepare the caches with `tokenload prepare-cache` into a new --data-cache-path"))
+        report.findings.append(
+            Finding(
+                "cache-trust",
+                False,
+                f"{blended} blend cache(s) written by Megatron: cache written by Megatron: its"
+                " match with the current token files is checked by sizes only (and each value's"
+                " range as a batch reads it)",
+                "prepare the caches with `tokenload prepare-cache` into a new --data-cache-path",
+            )
+        )
 
 
 def _prepare_command(config: DoctorConfig) -> str:
@@ -168,11 +215,14 @@ def _prepare_command(config: DoctorConfig) -> str:
 
 def _stall(policy: str, seconds: float, computed_s: float, what: str, command: str) -> Finding:
     return Finding(
-        "startup", True,
+        "startup",
+        True,
         f"no prepared index cache for this job: {what}; the build takes {seconds:.3f} s here on one"
         f" rank (build_policy={policy!r}), and grows with the data and the number of prefixes",
-        f"run `{command}` (tokenload prepare-cache with the job's flags) once, offline, then train with"
-        f" build_policy=\"none\" (docs/SCALE.md); or use order=\"computed\" (starts in {computed_s:.3f} s here,"
+        f"run `{command}` (tokenload prepare-cache with the job's flags) once, offline, then train"
+        " with"
+        f' build_policy="none" (docs/SCALE.md); or use order="computed" (starts in {computed_s:.3f}'
+        " s here,"
         " no index at all)",
     )
 
@@ -182,59 +232,94 @@ def _check_io(config: DoctorConfig, opens: int, stats: int, report: Report) -> N
     if opens + stats > IO_BURST_LIMIT:
         missing = []
         if config.build_policy != "none":
-            missing.append("deferred index loading (build_policy=\"none\" on a prepared cache: one manifest"
-                           " read, the arrays mapped on first use)")
+            missing.append(
+                'deferred index loading (build_policy="none" on a prepared cache: one manifest'
+                " read, the arrays mapped on first use)"
+            )
         if config.sequences_path is None:
-            missing.append("a sequences JSON (`tokenload sequences --data-path ... --per-dataset-sequences-path"
-                           " FILE`, then sequences_path=FILE: no .idx header read per file)")
+            missing.append(
+                "a sequences JSON (`tokenload sequences --data-path ..."
+                " --per-dataset-sequences-path FILE`, then sequences_path=FILE: no .idx header read"
+                " per file)"
+            )
         fix = "; ".join(missing) or "merge the prefixes (fewer files to open)"
-        report.findings.append(Finding("io-burst", True, f"{where}, made by every rank at the same moment:"
-                                       " a metadata burst on a shared filesystem at hundreds of nodes", fix))
+        report.findings.append(
+            Finding(
+                "io-burst",
+                True,
+                f"{where}, made by every rank at the same moment:"
+                " a metadata burst on a shared filesystem at hundreds of nodes",
+                fix,
+            )
+        )
     else:
         report.findings.append(Finding("io-burst", False, f"{where}: no burst"))
 
 
-# -- steady state -----------------------------------------------------------------------------------
+# -- steady state ----------------------------------------------------------------------------------
 def _mock_like(config: DoctorConfig, train: Any) -> Any:
     """Mock data of the same shape (sequence length, sample count) as ``train``."""
     from ..datasets import MegatronDataConfig, build_datasets
 
-    mock = MegatronDataConfig(sequence_length=config.seq_length, vocab_size=65536, eod_id=0, order="computed")
+    mock = MegatronDataConfig(
+        sequence_length=config.seq_length, vocab_size=65536, eod_id=0, order="computed"
+    )
     dataset, _, _ = build_datasets(mock, [len(train), None, None])
     return dataset
 
 
-def check_steady_state(config: DoctorConfig, train: Any, prefixes: list[str], report: Report) -> None:
+def check_steady_state(
+    config: DoctorConfig, train: Any, prefixes: list[str], report: Report
+) -> None:
     delay = read_delay()
     data = SlowReads(train, delay) if delay else train
     rate, waits = loader_rate(data, config)
     report.timeline.append(("first batch", waits[0] if waits else 0.0))
     mock_rate, _ = loader_rate(_mock_like(config, train), config)
     slow = rate < SLOW_RATIO * mock_rate
-    measured = (f"the loader serves {rate:,.0f} samples/s of this data against {mock_rate:,.0f} of mock data of"
-                f" the same shape (one process, no workers)")
-    report.findings.append(Finding(
-        "steady-state", slow, measured + (": reading the data is the bottleneck" if slow else ""),
-        "reads are slow on this storage: use loader workers (below), the faster read mode (below), a"
-        " larger prefetch_factor, or a faster filesystem (stage the data on local disk)" if slow else None,
-    ))
+    measured = (
+        f"the loader serves {rate:,.0f} samples/s of this data against {mock_rate:,.0f} of mock"
+        " data of the same shape (one process, no workers)"
+    )
+    report.findings.append(
+        Finding(
+            "steady-state",
+            slow,
+            measured + (": reading the data is the bottleneck" if slow else ""),
+            "reads are slow on this storage: use loader workers (below), the faster read mode"
+            " (below), a larger prefetch_factor, or a faster filesystem (stage the data on local"
+            " disk)"
+            if slow
+            else None,
+        )
+    )
     _check_read_modes(config, prefixes, report)
     _check_workers(config, data, report)
 
 
 def _check_read_modes(config: DoctorConfig, prefixes: list[str], report: Report) -> None:
     largest = max(prefixes, key=lambda p: file_size(p + ".bin"))
-    rates = {mode: window_read_rate(largest, mode, config.seq_length + 1) for mode in ("mmap", "pread")}
+    rates = {
+        mode: window_read_rate(largest, mode, config.seq_length + 1) for mode in ("mmap", "pread")
+    }
     other = "pread" if config.read_mode == "mmap" else "mmap"
     mine = rates.get(config.read_mode, rates["mmap"])
     slow = rates[other] > READ_MODE_RATIO * mine
-    measured = (f"random training windows of {largest}: mmap {rates['mmap']:,.0f}/s, pread"
-                f" {rates['pread']:,.0f}/s on this filesystem (read_mode={config.read_mode!r})")
-    report.findings.append(Finding(
-        "read-mode", slow, measured,
-        f"use read_mode={other!r} (Megatron: {'--no-mmap-bin-files' if other == 'pread' else 'drop --no-mmap-bin-files'})"
-        if slow else None,
-    ))
+    measured = (
+        f"random training windows of {largest}: mmap {rates['mmap']:,.0f}/s, pread"
+        f" {rates['pread']:,.0f}/s on this filesystem (read_mode={config.read_mode!r})"
+    )
+    report.findings.append(
+        Finding(
+            "read-mode",
+            slow,
+            measured,
+            f"use read_mode={other!r} (Megatron:"
+            f" {'--no-mmap-bin-files' if other == 'pread' else 'drop --no-mmap-bin-files'})"
+            if slow
+            else None,
+        )
+    )
 
 
 def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
@@ -251,15 +336,25 @@ def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
         if share < HIDDEN_SHARE:
             enough = workers
             break
-    measured = f"data wait as a share of a {config.step_ms:g} ms step, per worker count: {', '.join(shares)}"
+    measured = (
+        f"data wait as a share of a {config.step_ms:g} ms step, per worker count:"
+        f" {', '.join(shares)}"
+    )
     if enough is None:
-        report.findings.append(Finding(
-            "workers", True, measured + f"; no count up to {WORKER_COUNTS[-1]} hides loading",
-            "loading cannot keep up with this step: speed up the reads (read mode, local staging, fewer"
-            " and larger files) or raise prefetch_factor; more workers than cores do not help",
-        ))
+        report.findings.append(
+            Finding(
+                "workers",
+                True,
+                measured + f"; no count up to {WORKER_COUNTS[-1]} hides loading",
+                "loading cannot keep up with this step: speed up the reads (read mode, local"
+                " staging, fewer and larger files) or raise prefetch_factor; more workers than"
+                " cores do not help",
+            )
+        )
     else:
-        report.findings.append(Finding("workers", False, measured + f"; num_workers={enough} hides loading"))
+        report.findings.append(
+            Finding("workers", False, measured + f"; num_workers={enough} hides loading")
+        )
     _check_worker_faults(health, report)
 
 
@@ -268,15 +363,23 @@ def _check_worker_faults(health: list[dict], report: Report) -> None:
     restarts = sum(h["restarts"] for h in health)
     stalls = sum(h["stalls"] for h in health)
     lost = sum(h["time_lost_s"] for h in health)
-    measured = (f"loader workers replaced while measuring: {restarts} ({stalls} stalled past"
-                f" worker_timeout), {lost:.1f} s lost waiting for them")
-    report.findings.append(Finding(
-        "worker-faults", restarts > 0, measured,
-        "see the warnings above: a worker killed by signal 9 is usually the out-of-memory killer"
-        " (check the kernel log, lower num_workers or prefetch_factor); a stalled one points at"
-        " stuck storage (raise worker_timeout only if its reads are legitimately that slow)"
-        if restarts else None,
-    ))
+    measured = (
+        f"loader workers replaced while measuring: {restarts} ({stalls} stalled past"
+        f" worker_timeout), {lost:.1f} s lost waiting for them"
+    )
+    report.findings.append(
+        Finding(
+            "worker-faults",
+            restarts > 0,
+            measured,
+            "see the warnings above: a worker killed by signal 9 is usually the out-of-memory"
+            " killer (check the kernel log, lower num_workers or prefetch_factor); a stalled one"
+            " points at stuck storage (raise worker_timeout only if its reads are legitimately that"
+            " slow)"
+            if restarts
+            else None,
+        )
+    )
 
 
 # -- files -----------------------------------------------------------------------------------------
@@ -284,13 +387,19 @@ def check_prefixes(prefixes: list[str], report: Report) -> None:
     sizes = [file_size(p + ".bin") for p in prefixes]
     median = statistics.median(sizes)
     small = sum(s < MERGE_TARGET_BYTES for s in sizes)
-    measured = f"{len(prefixes)} prefix(es), median {median / 1e6:,.1f} MB per .bin, {small} under 10 GB"
+    measured = (
+        f"{len(prefixes)} prefix(es), median {median / 1e6:,.1f} MB per .bin, {small} under 10 GB"
+    )
     if len(prefixes) >= MANY_PREFIXES and small >= MANY_PREFIXES:
-        report.findings.append(Finding(
-            "prefixes", True, measured + ": every one costs opens and an index build at startup",
-            "merge them (`tokenload merge --input DIR --output-prefix merged`, Megatron's merge_datasets),"
-            " aiming for at least 10 GB per file",
-        ))
+        report.findings.append(
+            Finding(
+                "prefixes",
+                True,
+                measured + ": every one costs opens and an index build at startup",
+                "merge them (`tokenload merge --input DIR --output-prefix merged`, Megatron's"
+                " merge_datasets), aiming for at least 10 GB per file",
+            )
+        )
     else:
         report.findings.append(Finding("prefixes", False, measured))
 
@@ -309,23 +418,34 @@ def _copies(prefixes: list[str], compare: list[str]) -> dict[str, list[str]]:
 def check_copies(prefixes: list[str], compare: list[str], report: Report) -> None:
     groups = _copies(prefixes, compare)
     if not groups:
-        report.findings.append(Finding("copies", False, "no prefix given twice and no --compare folder:"
-                                       " nothing to compare"))
+        report.findings.append(
+            Finding(
+                "copies", False, "no prefix given twice and no --compare folder: nothing to compare"
+            )
+        )
         return
     differ = []
     for name, members in groups.items():
         digests = {}
         for p in members:
-            digests[p] = content_digest(p) if Path(p + ".bin").exists() and Path(p + ".idx").exists() else "missing"
+            digests[p] = (
+                content_digest(p)
+                if Path(p + ".bin").exists() and Path(p + ".idx").exists()
+                else "missing"
+            )
         if len(set(digests.values())) > 1:
             differ.append(f"{name}: " + ", ".join(f"{p} {d[:12]}" for p, d in digests.items()))
     checked = f"{len(groups)} file name(s) present in {max(len(m) for m in groups.values())} copies"
     if differ:
-        report.findings.append(Finding(
-            "copies", True, f"{checked}; copies that differ: " + "; ".join(differ),
-            "copy the data again from one source (e.g. `rsync -c`) and check with `tokenload verify --hashes`:"
-            " ranks reading different copies train on different samples, and a resume's fingerprint check"
-            " refuses them",
-        ))
+        report.findings.append(
+            Finding(
+                "copies",
+                True,
+                f"{checked}; copies that differ: " + "; ".join(differ),
+                "copy the data again from one source (e.g. `rsync -c`) and check with `tokenload"
+                " verify --hashes`: ranks reading different copies train on different samples, and"
+                " a resume's fingerprint check refuses them",
+            )
+        )
     else:
         report.findings.append(Finding("copies", False, f"{checked}: identical content"))

@@ -32,7 +32,7 @@ FULL_DIGEST_BYTES = 1 << 30
 _CHUNK = 1 << 20
 
 
-# -- measuring opens and stats ----------------------------------------------------------------------
+# -- measuring opens and stats ---------------------------------------------------------------------
 class _IOCount:
     opens = 0
     stats = 0
@@ -46,14 +46,14 @@ def _audit(event: str, args: tuple) -> None:
 
 
 @contextmanager
-def count_io() -> Iterator[_IOCount]:
+def count_io() -> Iterator[type[_IOCount]]:
     """Count opens (audit hook) and ``os.stat`` calls made inside the block, in this process."""
     if not _IOCount.hooked:
         sys.addaudithook(_audit)  # permanent by design; counts only while active
         _IOCount.hooked = True
     real_stat = os.stat
 
-    def stat(*args: Any, **kwargs: Any):
+    def stat(*args: Any, **kwargs: Any) -> os.stat_result:
         _IOCount.stats += 1
         return real_stat(*args, **kwargs)
 
@@ -65,7 +65,7 @@ def count_io() -> Iterator[_IOCount]:
         _IOCount.active, os.stat = False, real_stat
 
 
-# -- the slow-storage rehearsal ---------------------------------------------------------------------
+# -- the slow-storage rehearsal --------------------------------------------------------------------
 class SlowReads:
     """A dataset whose batch reads sleep ``delay_s`` first (``READ_DELAY_ENV``)."""
 
@@ -75,15 +75,15 @@ class SlowReads:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: Any) -> Any:
         time.sleep(self.delay_s)
         return self.dataset.__getitems__(indices)
 
-    def read_batch(self, indices):
+    def read_batch(self, indices: Any) -> Any:
         time.sleep(self.delay_s)
         return self.dataset.read_batch(indices)
 
-    def finish_batch(self, raw, alloc):
+    def finish_batch(self, raw: Any, alloc: Any) -> Any:
         return self.dataset.finish_batch(raw, alloc)
 
     def __getattr__(self, name: str) -> Any:
@@ -100,18 +100,26 @@ def read_delay() -> float:
     try:
         return max(float(text), 0.0) / 1e3
     except ValueError:
-        raise ConfigError(f"{READ_DELAY_ENV} is {text!r}, expected milliseconds",
-                          hint=f"unset {READ_DELAY_ENV} or give a number") from None
+        raise ConfigError(
+            f"{READ_DELAY_ENV} is {text!r}, expected milliseconds",
+            hint=f"unset {READ_DELAY_ENV} or give a number",
+        ) from None
 
 
-def loader_rate(dataset: Any, config: DoctorConfig, workers: int = 0, step_s: float = 0.0,
-                health: list | None = None) -> tuple[float, list[float]]:
+def loader_rate(
+    dataset: Any,
+    config: DoctorConfig,
+    workers: int = 0,
+    step_s: float = 0.0,
+    health: list | None = None,
+) -> tuple[float, list[float]]:
     """(samples/s of the training loop, the data wait of each step) over ``config.steps`` steps;
     ``health`` receives the loader's ``metrics()["workers"]`` (workers replaced, stalls)."""
     from ..loader import build_dataloader
 
-    loader = build_dataloader(dataset, micro_batch_size=config.micro_batch_size, num_workers=workers,
-                              dp_rank=0, dp_size=1)
+    loader = build_dataloader(
+        dataset, micro_batch_size=config.micro_batch_size, num_workers=workers, dp_rank=0, dp_size=1
+    )
     waits: list[float] = []
     try:
         iterator = iter(loader)
@@ -150,7 +158,7 @@ def window_read_rate(prefix: str, mode: str, window: int, reads: int = 64, batch
     source.read_spans(starts[:1], lengths[:1])  # open (and map) outside the timing
     start = time.perf_counter()
     for i in range(0, reads, batch):
-        source.read_spans(starts[i:i + batch], lengths[: len(starts[i:i + batch])])
+        source.read_spans(starts[i : i + batch], lengths[: len(starts[i : i + batch])])
     seconds = time.perf_counter() - start
     source.close()
     return reads / seconds if seconds > 0 else math.inf

@@ -65,7 +65,9 @@ def format_report(report: Report) -> str:
     return "\n".join(lines)
 
 
-def plot(report: Report, path: str, *, width_in: float = 10.0, height_in: float = 6.0, dpi: int = 100) -> None:
+def plot(
+    report: Report, path: str, *, width_in: float = 10.0, height_in: float = 6.0, dpi: int = 100
+) -> None:
     """A PNG of the startup timeline and of the per-step data wait per worker count."""
     from ..errors import require
 
@@ -76,15 +78,24 @@ def plot(report: Report, path: str, *, width_in: float = 10.0, height_in: float 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(width_in, height_in), dpi=dpi)
     left = 0.0
     for i, (name, seconds) in enumerate(report.timeline or [("startup", 0.0)]):
-        top.barh(0, seconds * 1e3, left=left * 1e3, color=f"C{i}", label=f"{name} {seconds * 1e3:.1f} ms")
+        top.barh(
+            0, seconds * 1e3, left=left * 1e3, color=f"C{i}", label=f"{name} {seconds * 1e3:.1f} ms"
+        )
         left += seconds
     top.set_yticks([])
     top.set_xlabel("ms from the start of build_datasets (one rank)")
     top.set_title("startup timeline")
     top.legend(loc="upper right", fontsize=8)
     for workers, waits in sorted(report.waits.items()):
-        bottom.plot(range(1, len(waits) + 1), [w * 1e3 for w in waits], marker="o", label=f"{workers} workers")
-    bottom.axhline(report.step_ms, color="grey", linestyle="--", label=f"training step {report.step_ms:g} ms")
+        bottom.plot(
+            range(1, len(waits) + 1),
+            [w * 1e3 for w in waits],
+            marker="o",
+            label=f"{workers} workers",
+        )
+    bottom.axhline(
+        report.step_ms, color="grey", linestyle="--", label=f"training step {report.step_ms:g} ms"
+    )
     bottom.set_yscale("symlog", linthresh=0.1)
     bottom.set_ylim(bottom=0)
     bottom.set_xlabel("step")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -58,6 +59,11 @@ _CHAIN_MAX_D = 8  # up to here a max chain over rows beats argmax(axis=1) (measu
 _FLUSH = 64  # steps recorded before a flush to the lane-major output
 _BINCOUNT_CHUNK = 1 << 16
 
+_F64 = npt.NDArray[np.float64]
+_I64 = npt.NDArray[np.int64]
+_I16 = npt.NDArray[np.int16]
+_Simulated = tuple[_I16, _I64, list[_I64]]
+
 
 def _check_weights(weights: Sequence[float] | npt.ArrayLike) -> npt.NDArray[np.float64]:
     w = np.asarray(weights, dtype=np.float64)
@@ -80,7 +86,7 @@ def _burn_in(weights: npt.NDArray[np.float64]) -> int:
     return int(min(_MAX_BURN_IN, max(_MIN_BURN_IN, math.ceil(1.0 / float(weights.min())))))
 
 
-def _guess_counts(w, caps, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def _guess_counts(w: _F64, caps: _I64 | None, starts: _I64) -> _I64:
     """Largest-remainder rounding of ``w * start`` per lane, summing to ``start``."""
     quota = w[:, None] * starts[None, :].astype(np.float64)
     base = np.floor(quota)
@@ -102,7 +108,9 @@ class _Lanes:
     burn-in. More datasets: ``_simulate_wide``.
     """
 
-    def __init__(self, w, caps, k_start, counts, frozen: int = 0):
+    def __init__(
+        self, w: _F64, caps: _I64 | None, k_start: _I64, counts: _I64, frozen: int = 0
+    ) -> None:
         d, nl = counts.shape
         self.w = w[:, None]
         self.caps = None if caps is None else caps[:, None]
@@ -128,7 +136,7 @@ class _Lanes:
         """Counts as ``(D, nl)`` int64."""
         return self.counts.astype(np.int64)
 
-    def _errors(self):
+    def _errors(self) -> _F64:
         err = self.err
         kd = np.maximum(self.k, 1.0, out=self.kd) if self.clip else self.k
         np.multiply(self.w, kd, out=err)
@@ -138,7 +146,7 @@ class _Lanes:
             np.copyto(err, -np.inf, where=self.mask)
         return err
 
-    def step(self, best, samples_row) -> None:
+    def step(self, best: _I16, samples_row: _I64) -> None:
         """One greedy step in every lane; writes the picks and the picked datasets' counts."""
         err = self._errors()
         if err.shape[0] == 1:
@@ -163,7 +171,7 @@ class _Lanes:
         if self.clip and self.k.min() >= 1.0:
             self.clip = False
 
-    def _count(self, best) -> None:
+    def _count(self, best: _I16) -> None:
         np.equal(self.ids, best, out=self.mask)
         if self.frozen > 0:
             self.frozen -= 1
@@ -171,7 +179,16 @@ class _Lanes:
         np.add(self.counts, self.mask, out=self.counts, casting="unsafe")
 
 
-def _simulate(w, caps, k_start, counts, steps: int, snaps=(), keep_from: int = 0, frozen: int = 0):
+def _simulate(
+    w: _F64,
+    caps: _I64 | None,
+    k_start: _I64,
+    counts: _I64,
+    steps: int,
+    snaps: Sequence[int] = (),
+    keep_from: int = 0,
+    frozen: int = 0,
+) -> _Simulated:
     """Run lanes for ``steps`` steps from ``counts`` at steps ``k_start``.
 
     Returns picks and picked counts as ``(nl, steps - keep_from)`` arrays (steps before
@@ -203,7 +220,9 @@ def _simulate(w, caps, k_start, counts, steps: int, snaps=(), keep_from: int = 0
     return picks, samples, [taken[s] for s in snaps]
 
 
-def _flush(picks, samples, rows_p, rows_s, lo: int) -> None:
+def _flush(
+    picks: _I16, samples: _I64, rows_p: npt.NDArray[Any], rows_s: npt.NDArray[Any], lo: int
+) -> None:
     """Copy recorded step rows (step-major) into the lane-major outputs from column ``lo``."""
     skip = max(0, -lo)
     if lo + rows_p.shape[0] > 0:
@@ -211,7 +230,16 @@ def _flush(picks, samples, rows_p, rows_s, lo: int) -> None:
         samples[:, lo + skip : lo + rows_s.shape[0]] = rows_s[skip:].T
 
 
-def _simulate_wide(w, caps, k_start, counts, steps, snaps, keep_from, frozen):
+def _simulate_wide(
+    w: _F64,
+    caps: _I64 | None,
+    k_start: _I64,
+    counts: _I64,
+    steps: int,
+    snaps: Sequence[int],
+    keep_from: int,
+    frozen: int,
+) -> _Simulated:
     """``_simulate`` for more than 8 datasets: counts ``(nl, D)``, six NumPy calls per step.
 
     Per step: the products ``w * max(k, 1)`` (einsum), minus the counts, a per-lane argmax
@@ -260,7 +288,7 @@ def _simulate_wide(w, caps, k_start, counts, steps, snaps, keep_from, frozen):
     return picks, samples, [taken[s] for s in snaps]
 
 
-def _greedy(w, size: int, caps) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int64]]:
+def _greedy(w: _F64, size: int, caps: _I64 | None) -> tuple[_I16, _I64]:
     d = w.shape[0]
     # Burn-in and guesses only steer speed; Megatron passes normalized weights, but any positive
     # weights give the loop's exact result, so these use a normalized copy.
@@ -285,7 +313,16 @@ def _greedy(w, size: int, caps) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.i
     return picks.reshape(-1)[:size], samples.reshape(-1)[:size]
 
 
-def _repair(w, caps, k0, block, picks, samples, first, last) -> None:
+def _repair(
+    w: _F64,
+    caps: _I64 | None,
+    k0: _I64,
+    block: int,
+    picks: _I16,
+    samples: _I64,
+    first: _I64,
+    last: _I64,
+) -> None:
     """Rerun blocks whose first state differs from their predecessor's last, until none does.
 
     Every round makes at least the first failing block exact (it restarts from a verified

@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
+from typing import cast
 
 from tokenload.errors import ConfigError, StorageError
 from tokenload.index.splits import SPLIT_NAMES
@@ -112,7 +113,9 @@ def parse_blend(items: Sequence[str] | str | None) -> Blend | None:
                 hint="write 'W1 PREFIX1 W2 PREFIX2 ...' or 'PREFIX1 PREFIX2 ...'",
             )
         return Blend(prefixes=tuple(p.strip() for p in items))
-    return Blend(prefixes=tuple(p.strip() for p in items[1::2]), weights=tuple(weights))
+    return Blend(
+        prefixes=tuple(p.strip() for p in items[1::2]), weights=tuple(cast("list[float]", weights))
+    )
 
 
 def _read_text(path: str | os.PathLike[str]) -> str:

@@ -28,8 +28,10 @@ def as_sequence_ids(documents: npt.ArrayLike, name: str = "documents") -> npt.ND
     """
     arr = np.asarray(documents)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ConfigError(f"{name} has shape {arr.shape} and dtype {arr.dtype}; "
-                          "expected a 1-D integer array of sequence ids")
+        raise ConfigError(
+            f"{name} has shape {arr.shape} and dtype {arr.dtype}; "
+            "expected a 1-D integer array of sequence ids"
+        )
     if arr.dtype == np.int32:
         return arr
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _INT32_MAX):

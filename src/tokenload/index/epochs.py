@@ -29,7 +29,6 @@ SEPARATE_THRESHOLD = 0.80
 """Fraction of an epoch below which Megatron shuffles the final epoch separately."""
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class EpochPlan:
     """The epoch-level facts of one GPT dataset (everything before the arrays are drawn)."""

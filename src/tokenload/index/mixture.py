@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, StateError
-from .window_order import WindowOrder, _rings, keyed_windows, source_seed
 from .interleave import DEFAULT_PERIOD, Interleave
+from .window_order import WindowOrder, _rings, keyed_windows, source_seed
 
 __all__ = ["Draws", "Mixture", "MixtureState", "resume"]
 
@@ -47,7 +47,8 @@ class MixtureState:
     cursors: Mapping[str, int] = field(default_factory=dict)
     """Samples served from each source identity, all epochs and phases included."""
     windows: Mapping[str, int] = field(default_factory=dict)
-    """Windows per epoch of each source when its cursor was recorded (a changed source is an error)."""
+    """Windows per epoch of each source when its cursor was recorded (a changed source is an
+    error)."""
 
     def to_dict(self) -> dict[str, Any]:
         sources = {s: {"cursor": c, "windows": self.windows[s]} for s, c in self.cursors.items()}
@@ -58,16 +59,23 @@ class MixtureState:
         """The state ``to_dict`` wrote; a ``StateError`` for anything else."""
         try:
             consumed = int(data["consumed"])
-            sources = {str(s): (int(v["cursor"]), int(v["windows"])) for s, v in data["sources"].items()}
+            sources = {
+                str(s): (int(v["cursor"]), int(v["windows"])) for s, v in data["sources"].items()
+            }
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(
-                f"mixture state is malformed ({type(exc).__name__}: {exc}); expected consumed and sources",
+                f"mixture state is malformed ({type(exc).__name__}: {exc}); expected consumed and"
+                " sources",
                 hint="pass the dictionary MixtureState.to_dict() wrote",
             ) from None
         if consumed < 0 or any(c < 0 or w < 1 for c, w in sources.values()):
-            raise StateError(f"mixture state has a negative count or a source without windows: {dict(data)}")
+            raise StateError(
+                f"mixture state has a negative count or a source without windows: {dict(data)}"
+            )
         cursors = {s: c for s, (c, _) in sources.items()}
-        return cls(consumed=consumed, cursors=cursors, windows={s: w for s, (_, w) in sources.items()})
+        return cls(
+            consumed=consumed, cursors=cursors, windows={s: w for s, (_, w) in sources.items()}
+        )
 
 
 class Draws(NamedTuple):
@@ -96,10 +104,13 @@ class Mixture:
         interleave: Interleave | None = None,
     ) -> None:
         self.sources = tuple(str(s) for s in sources)
-        if len(set(self.sources)) != len(self.sources) or not (len(self.sources) == len(weights) == len(num_windows)):
+        if len(set(self.sources)) != len(self.sources) or not (
+            len(self.sources) == len(weights) == len(num_windows)
+        ):
             raise ConfigError(
-                f"{len(self.sources)} source identities ({len(set(self.sources))} distinct), {len(weights)} weights and"
-                f" {len(num_windows)} window counts; expected one distinct identity, weight and count per source"
+                f"{len(self.sources)} source identities ({len(set(self.sources))} distinct),"
+                f" {len(weights)} weights and {len(num_windows)} window counts; expected one"
+                " distinct identity, weight and count per source"
             )
         self.start = int(start)
         if interleave is None:
@@ -111,20 +122,28 @@ class Mixture:
         ]
         prior = state or MixtureState(consumed=self.start)
         if prior.consumed != self.start:
-            raise StateError(f"the state was saved after {prior.consumed} samples; this phase starts at {self.start}")
+            raise StateError(
+                f"the state was saved after {prior.consumed} samples; this phase starts at"
+                f" {self.start}"
+            )
         for s, order in zip(self.sources, self.orders):
             if s in prior.windows and prior.windows[s] != order.num_windows:
                 raise StateError(
-                    f"source {s!r} had {prior.windows[s]} windows per epoch when the state was saved,"
-                    f" now {order.num_windows}",
-                    hint="a source's data or sequence length changed; give it a new identity to restart it at cursor 0",
+                    f"source {s!r} had {prior.windows[s]} windows per epoch when the state was"
+                    f" saved, now {order.num_windows}",
+                    hint=(
+                        "a source's data or sequence length changed; give it a new identity to"
+                        " restart it at cursor 0"
+                    ),
                 )
         self.base = np.array([int(prior.cursors.get(s, 0)) for s in self.sources], dtype=np.int64)
         self._windows = np.array([o.num_windows for o in self.orders], dtype=np.int64)
         self._seeds = np.array([o.seed for o in self.orders], dtype=np.uint64)
         self.block_size = block_size
         self._rings = _rings(self._windows.astype(np.uint64))
-        self.carried = {s: (c, prior.windows[s]) for s, c in prior.cursors.items() if s not in self.sources}
+        self.carried = {
+            s: (c, prior.windows[s]) for s, c in prior.cursors.items() if s not in self.sources
+        }
 
     def draw(self, samples: np.ndarray) -> Draws:
         """Source, cursor and window of every global sample (each ``>= start``), vectorized:
@@ -168,6 +187,12 @@ def resume(
 ) -> Mixture:
     """A new phase from ``state.consumed`` on: every source continues at its recorded cursor."""
     return Mixture(
-        sources, weights, num_windows,
-        seed=seed, start=state.consumed, state=state, period=period, block_size=block_size,
+        sources,
+        weights,
+        num_windows,
+        seed=seed,
+        start=state.consumed,
+        state=state,
+        period=period,
+        block_size=block_size,
     )

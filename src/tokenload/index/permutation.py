@@ -35,7 +35,8 @@ def round_keys(seed: int, epoch: int = 0) -> np.ndarray:
 
 
 class KeyedPermutation:
-    """A bijection of ``[0, n)`` selected by ``(seed, epoch)``; ``self(k)`` maps positions to elements."""
+    """A bijection of ``[0, n)`` selected by ``(seed, epoch)``; ``self(k)`` maps positions to
+    elements."""
 
     def __init__(self, n: int, seed: int, epoch: int = 0) -> None:
         if n < 0:

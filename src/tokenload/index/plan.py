@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from tokenload.index.blends import Blend
 from tokenload.index.splits import (
     SPLIT_NAMES,
     Bookend,
+    SplitMatrix,
     normalize,
     split_matrix,
     spoofed_split_matrix,
@@ -103,7 +105,9 @@ def samples_per_dataset(
     if not np.isclose(sum(weights), 1.0):
         raise ConfigError(f"weights {list(weights)} sum to {sum(weights)}; expected normalized")
     return [
-        [int(math.ceil(math.ceil(size * w) * (1 + surplus))) for size in sizes] for w in weights
+        # int(): surplus may be a NumPy scalar, whose __ceil__ need not return an int
+        [int(math.ceil(math.ceil(size * w) * (1 + surplus))) for size in sizes]  # noqa: RUF046
+        for w in weights
     ]
 
 
@@ -164,31 +168,39 @@ def plan_splits(
     return _plan_blend(blend, split_matrix(split), sizes, surplus)
 
 
-def _single(prefix: str | None, name: str, bookend: Bookend | None, size: int | None):
+def _single(
+    prefix: str | None, name: str, bookend: Bookend | None, size: int | None
+) -> SplitPlan | None:
     if bookend is None:
         return None
     mid = MidLevelPlan(prefix=prefix, split=name, bookend=bookend, num_samples=size)
     return SplitPlan(split=name, datasets=(mid,), blended=False, weights=None, size=None)
 
 
-def _plan_blend(blend: Blend, matrix, sizes, surplus) -> list[SplitPlan | None]:
+def _plan_blend(
+    blend: Blend, matrix: SplitMatrix, sizes: Sequence[int | None], surplus: float
+) -> list[SplitPlan | None]:
     if len(blend.prefixes) == 1 and blend.weights is None:
         return [_single(blend.prefixes[0], SPLIT_NAMES[k], matrix[k], sizes[k]) for k in range(3)]
+    buffer: Sequence[Sequence[int | None]]
     if blend.weights is None:
         final = None
         buffer = [[None] * len(SPLIT_NAMES) for _ in blend.prefixes]
     else:
         weights = normalize(blend.weights)
         final = tuple(normalize(weights))  # Megatron normalizes twice; the result enters the hash
-        target = samples_per_dataset(weights, sizes)
-        buffer = samples_per_dataset(weights, sizes, surplus)
+        # a weighted blend has every size (_check_weighted_sizes)
+        counts = cast("Sequence[int]", sizes)
+        target = samples_per_dataset(weights, counts)
+        buffer = samples_per_dataset(weights, counts, surplus)
     plans: list[SplitPlan | None] = []
     for k, name in enumerate(SPLIT_NAMES):
-        if matrix[k] is None:
+        bookend = matrix[k]
+        if bookend is None:
             plans.append(None)
             continue
         mids = tuple(
-            MidLevelPlan(prefix=p, split=name, bookend=matrix[k], num_samples=b[k])
+            MidLevelPlan(prefix=p, split=name, bookend=bookend, num_samples=b[k])
             for p, b in zip(blend.prefixes, buffer)
         )
         size = sizes[k] if final is None else sum(t[k] for t in target)
@@ -203,7 +215,9 @@ def _plan_per_split(blend: Blend, k: int, sizes: Sequence[int | None], surplus: 
     if len(blend.prefixes) == 1:  # used directly, even when weighted
         plan = _single(blend.prefixes[0], SPLIT_NAMES[k], matrix[k], sizes[k])
     else:
-        plan = _plan_blend(blend, matrix, [sizes[k] if i == k else 0 for i in range(len(SPLIT_NAMES))], surplus)[k]
+        plan = _plan_blend(
+            blend, matrix, [sizes[k] if i == k else 0 for i in range(len(SPLIT_NAMES))], surplus
+        )[k]
     assert plan is not None
     return plan
 

@@ -25,6 +25,7 @@ documents, so memory stays bounded and no Python code runs per document or per s
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -66,13 +67,20 @@ def sample_index_dtype(document_index_length: int, max_sequence_length: int) -> 
     return np.dtype(np.int64)
 
 
-def _check_inputs(sequence_lengths, document_index, sequence_length, num_epochs, extra):
+def _check_inputs(
+    sequence_lengths: npt.ArrayLike,
+    document_index: npt.ArrayLike,
+    sequence_length: int,
+    num_epochs: int,
+    extra: int,
+) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]:
     lengths = np.asarray(sequence_lengths)
     doc_index = np.asarray(document_index)
     for name, arr in (("sequence_lengths", lengths), ("document_index", doc_index)):
         if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise ConfigError(f"{name} has shape {arr.shape}, dtype {arr.dtype}; "
-                              "expected a 1-D integer array")
+            raise ConfigError(
+                f"{name} has shape {arr.shape}, dtype {arr.dtype}; expected a 1-D integer array"
+            )
     if not 1 <= sequence_length <= _INT32_MAX:
         raise ConfigError(f"sequence_length is {sequence_length}; expected 1..{_INT32_MAX}")
     if not 1 <= num_epochs <= _INT32_MAX:
@@ -95,7 +103,7 @@ class _Scratch(threading.local):
     samples (short sequences over long documents) gets fresh ones.
     """
 
-    def get(self, name: str, n: int, dtype) -> np.ndarray:
+    def get(self, name: str, n: int, dtype: npt.DTypeLike) -> npt.NDArray[Any]:
         """``n`` entries of the buffer ``name``; one longer than ``_KEEP`` is not kept."""
         buf = getattr(self, name, None)
         if buf is None or buf.shape[0] < n or buf.dtype != dtype:
@@ -108,7 +116,14 @@ class _Scratch(threading.local):
 _SCRATCH = _Scratch()
 
 
-def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
+def _fill_rows(
+    out: npt.NDArray[Any],
+    lengths: npt.NDArray[Any],
+    doc_index: npt.NDArray[Any],
+    s: int,
+    extra: int,
+    n: int,
+) -> int:
     """Fill rows 1..n of samples whose last token is in the stream; return the first unfilled.
 
     Per chunk of documents: gathered lengths -> ``cum`` = stream position of each document's
@@ -143,7 +158,17 @@ def _fill_rows(out, lengths, doc_index, s: int, extra: int, n: int) -> int:
     return k_next
 
 
-def _rows(out, k_lo: int, k_hi: int, a: int, c: int, cum, ends, s: int, extra: int) -> None:
+def _rows(
+    out: npt.NDArray[Any],
+    k_lo: int,
+    k_hi: int,
+    a: int,
+    c: int,
+    cum: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    s: int,
+    extra: int,
+) -> None:
     """Rows ``k_lo..k_hi`` from one chunk: the documents where ``ends`` steps, each repeated by
     its step, in sample order; the offset is the sample's stream start minus the document's.
     Written through reused buffers and straight into ``out``'s columns (no per-call arrays)."""
@@ -174,7 +199,7 @@ def _iota(n: int) -> npt.NDArray[np.int64]:
     return iota[:n]
 
 
-def _clamp_sorted(ends, n: int) -> None:
+def _clamp_sorted(ends: npt.NDArray[np.int64], n: int) -> None:
     """Clip the nondecreasing ``ends`` to ``[0, n]`` in place, touching only the clipped ends
     (a full ``np.clip`` pass ran on every first chunk, whose first entry is ``-1 // S``)."""
     if ends[0] < 0:
@@ -183,7 +208,9 @@ def _clamp_sorted(ends, n: int) -> None:
         ends[np.searchsorted(ends, n, side="right") :] = n
 
 
-def sample_count(num_epochs: int, tokens_per_epoch: int, sequence_length: int, drop_last: bool, extra: int) -> int:
+def sample_count(
+    num_epochs: int, tokens_per_epoch: int, sequence_length: int, drop_last: bool, extra: int
+) -> int:
     """Samples in the sample index of ``num_epochs`` epochs of ``tokens_per_epoch`` tokens (the
     C++ count: ``num_samples_in_index(E*T - extra, S, drop_last)``, never negative)."""
     total = int(num_epochs) * int(tokens_per_epoch) - extra

@@ -25,10 +25,12 @@ their last partial period scheduled), so a resume late in a long schedule builds
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import ConfigError
 from .interleave import DEFAULT_PERIOD, Interleave, consumed
@@ -40,7 +42,10 @@ Schedule = tuple[tuple[int, tuple[float, ...]], ...]
 
 
 def check_schedule(
-    schedule, num_sources: int | None = None, *, what: str = "weights_schedule"
+    schedule: Any,  # anything: checked here
+    num_sources: int | None = None,
+    *,
+    what: str = "weights_schedule",
 ) -> Schedule:
     """``schedule`` as a tuple of ``(start, weights)``; a ``ConfigError`` naming ``what`` unless
     the starts are ints from 0, strictly increasing, and each entry has one finite weight >= 0
@@ -92,7 +97,7 @@ class ScheduledMixture:
     def __init__(
         self,
         sources: Sequence[str],
-        schedule,
+        schedule: Iterable[tuple[int, Iterable[float]]],
         num_windows: Sequence[int],
         *,
         seed: int,
@@ -107,7 +112,7 @@ class ScheduledMixture:
         at = self.origin.consumed
         starts = [s for s, _ in self.schedule]
         first = int(np.searchsorted(starts, at, side="right")) - 1
-        bounds = [at] + starts[first + 1 :]
+        bounds = [at, *starts[first + 1 :]]
         self._entries = [(start, w) for start, (_, w) in zip(bounds, self.schedule[first:])]
         self._windows = list(num_windows)
         self._seed, self._block_size = seed, block_size
@@ -121,8 +126,14 @@ class ScheduledMixture:
         if i not in self._phases:
             start, weights = self._entries[i]
             self._phases[i] = Mixture(
-                self.sources, weights, self._windows, seed=self._seed, start=start,
-                state=self._state_at(i), period=self.period, block_size=self._block_size,
+                self.sources,
+                weights,
+                self._windows,
+                seed=self._seed,
+                start=start,
+                state=self._state_at(i),
+                period=self.period,
+                block_size=self._block_size,
                 interleave=_interleave(weights, self.period),
             )
         return self._phases[i]
@@ -160,7 +171,7 @@ class ScheduledMixture:
     def _phase(self, samples: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, samples, side="right") - 1
 
-    def draw(self, samples) -> Draws:
+    def draw(self, samples: npt.ArrayLike) -> Draws:
         """``Mixture.draw`` of each sample's phase (one call per phase present)."""
         k = np.asarray(samples, dtype=np.int64).ravel()
         if k.size and int(k.min()) < self.start:

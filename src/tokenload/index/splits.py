@@ -11,6 +11,7 @@ deliberately naive.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -100,7 +101,7 @@ def split_matrix(split: str) -> SplitMatrix:
     for v in vector:
         expansion.append(expansion[-1] + v)
     matrix: SplitMatrix = []
-    for begin, end in zip(expansion[:-1], expansion[1:]):
+    for begin, end in itertools.pairwise(expansion):
         matrix.append(None if end <= begin else (begin, end))
     return matrix
 

@@ -51,25 +51,38 @@ class WindowGrid:
         if self.extra not in (0, 1):
             raise ConfigError(f"extra is {self.extra}; expected 0 or 1")
         if self.num_tokens < 0 or self.first_token < 0:
-            raise ConfigError(f"a split of {self.num_tokens} tokens at {self.first_token}; expected both >= 0")
+            raise ConfigError(
+                f"a split of {self.num_tokens} tokens at {self.first_token}; expected both >= 0"
+            )
 
     @classmethod
     def from_pointers(
-        cls, pointers: np.ndarray, lengths: np.ndarray, itemsize: int, begin: int, end: int,
-        sequence_length: int, extra: int = 1,
+        cls,
+        pointers: np.ndarray,
+        lengths: np.ndarray,
+        itemsize: int,
+        begin: int,
+        end: int,
+        sequence_length: int,
+        extra: int = 1,
     ) -> WindowGrid:
-        """The grid of the sequences ``[begin, end)``; reads three entries, whatever the file's size.
+        """The grid of the sequences ``[begin, end)``; reads three entries, whatever the file's
+        size.
 
         ``pointers`` are byte offsets (``TokenFile.sequence_pointers``; a mock source passes the
         exclusive cumulative sum of its lengths with ``itemsize=1``).
         """
         if not 0 <= begin <= end <= len(lengths):
-            raise ConfigError(f"sequence range [{begin}, {end}) outside a file of {len(lengths)} sequences")
+            raise ConfigError(
+                f"sequence range [{begin}, {end}) outside a file of {len(lengths)} sequences"
+            )
         if begin == end:
             return cls(first_token=0, num_tokens=0, sequence_length=sequence_length, extra=extra)
         first = int(pointers[begin]) // itemsize
         stop = int(pointers[end - 1]) // itemsize + int(lengths[end - 1])
-        return cls(first_token=first, num_tokens=stop - first, sequence_length=sequence_length, extra=extra)
+        return cls(
+            first_token=first, num_tokens=stop - first, sequence_length=sequence_length, extra=extra
+        )
 
     @property
     def window(self) -> int:
@@ -110,8 +123,13 @@ def search_right(sorted_values: np.ndarray, targets: np.ndarray, lo: int, hi: in
 
 
 def window_pieces(
-    grid: WindowGrid, windows: np.ndarray, pointers: np.ndarray, lengths: np.ndarray, itemsize: int,
-    begin: int, end: int,
+    grid: WindowGrid,
+    windows: np.ndarray,
+    pointers: np.ndarray,
+    lengths: np.ndarray,
+    itemsize: int,
+    begin: int,
+    end: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The sequences each window touches, as ``GPTDataset._pieces`` returns them.
 
@@ -125,11 +143,13 @@ def window_pieces(
     # The sequence holding a token: the last one starting at or before it (empty ones start at
     # the same pointer as their successor, so "right" skips them).
     found = search_right(pointers, np.concatenate([first_tok, last_tok]) * itemsize, begin, end) - 1
-    b, e = found[: first_tok.size], found[first_tok.size:]
+    b, e = found[: first_tok.size], found[first_tok.size :]
     n_pieces = e - b + 1
     ends = n_pieces.cumsum()
     first = ends - n_pieces
-    seqs = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64) + (b - first).repeat(n_pieces)
+    seqs = np.arange(int(ends[-1]) if ends.size else 0, dtype=np.int64) + (b - first).repeat(
+        n_pieces
+    )
     piece_lengths = lengths[seqs].astype(np.int64)
     last = ends - 1
     piece_lengths[last] = last_tok + 1 - pointers[e] // itemsize

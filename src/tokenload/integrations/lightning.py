@@ -47,13 +47,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, StateError, require
 from ..loader import LoaderConfig, TokenloadDataLoader, build_dataloader
 from .scalars import loader_scalars
 
-_pl = require("lightning.pytorch", "lightning", "TokenloadDataModule")
+if TYPE_CHECKING:
+    import lightning.pytorch as _pl
+else:
+    _pl = require("lightning.pytorch", "lightning", "TokenloadDataModule")
 
 __all__ = ["DatasetSource", "TokenloadDataModule"]
 
@@ -210,7 +213,8 @@ class TokenloadDataModule(_pl.LightningDataModule):
         if trainer is None or not trainer.loggers:
             return
         step = trainer.global_step
-        if step % max(1, trainer.log_every_n_steps) or step == self._logged_step:
+        every = trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by its logger connector
+        if step % max(1, every) or step == self._logged_step:
             return
         self._logged_step = step
         values = loader_scalars(loader.metrics())
@@ -264,7 +268,11 @@ class TokenloadDataModule(_pl.LightningDataModule):
     def _check_trainer(self, stage: str) -> None:
         trainer = self.trainer
         connector = getattr(trainer, "_accelerator_connector", None)
-        if getattr(connector, "use_distributed_sampler", False) and trainer.world_size > 1:
+        if (
+            getattr(connector, "use_distributed_sampler", False)
+            and trainer is not None
+            and trainer.world_size > 1
+        ):
             raise ConfigError(
                 f"the Trainer runs {trainer.world_size} processes with use_distributed_sampler="
                 "True, so it would shard data that tokenload already shards by rank",

@@ -51,7 +51,8 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..datasets import MegatronDataConfig, build_datasets
 from ..errors import ConfigError
@@ -83,15 +84,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Megatron's ``extra_args_provider``: adds ``--tokenload-dataloader-type single|cyclic``."""
     group = parser.add_argument_group("tokenload")
     group.add_argument(
-        "--tokenload-dataloader-type", choices=("single", "cyclic"), default="single",
+        "--tokenload-dataloader-type",
+        choices=("single", "cyclic"),
+        default="single",
         help="the order of tokenload's loader under --dataloader-type external: Megatron's"
         " single (default) or cyclic sampler",
     )
     return parser
 
 
-def data_config_from_args(args: argparse.Namespace, tokenizer: Any = None,
-                          **overrides: Any) -> MegatronDataConfig:
+def data_config_from_args(
+    args: argparse.Namespace, tokenizer: Any = None, **overrides: Any
+) -> MegatronDataConfig:
     """The ``MegatronDataConfig`` of Megatron's parsed ``args`` (what ``pretrain_gpt.py``'s
     ``core_gpt_dataset_config_from_args`` builds). ``tokenizer``: Megatron's tokenizer object
     (its ``unique_identifiers``, ``eod``, ``pad``, ``vocab_size``); ``overrides``: further
@@ -123,7 +127,8 @@ def data_config_from_args(args: argparse.Namespace, tokenizer: Any = None,
     if not getattr(args, "mmap_bin_files", True):
         fields["read_mode"] = "pread"
     if getattr(args, "dataloader_fast_cache_load", False) or getattr(
-            args, "dataloader_defer_npy_index_mmap", False):
+        args, "dataloader_defer_npy_index_mmap", False
+    ):
         fields["build_policy"] = "none"
     if getattr(args, "per_dataset_sequences_path", None) is not None:
         fields["sequences_path"] = args.per_dataset_sequences_path
@@ -196,11 +201,15 @@ def loaders_from_args(
             continue
         mbs = args.micro_batch_size if split == 0 else eval_mbs
         loader = build_dataloader(dataset, consumed_samples=start, micro_batch_size=mbs, **options)
-        out.append(MegatronLoader(
-            loader, cyclic=kind == "cyclic", writers=writers if split == 0 else None,
-            global_batch_size=args.global_batch_size,
-            log_interval=getattr(args, "tensorboard_log_interval", None) or 1,
-        ))
+        out.append(
+            MegatronLoader(
+                loader,
+                cyclic=kind == "cyclic",
+                writers=writers if split == 0 else None,
+                global_batch_size=args.global_batch_size,
+                log_interval=getattr(args, "tensorboard_log_interval", None) or 1,
+            )
+        )
     return out[0], out[1], out[2]
 
 
@@ -211,9 +220,15 @@ class MegatronLoader:
     loader); the cyclic order continues with its next epoch, for ever (Megatron's
     ``cyclic_iter``). ``loader`` is the tokenload loader (``state_dict()``, ``metrics()``)."""
 
-    def __init__(self, loader: TokenloadDataLoader, *, cyclic: bool = False,
-                 writers: Callable[[], tuple[Any, Any]] | None = None,
-                 global_batch_size: int | None = None, log_interval: int = 1) -> None:
+    def __init__(
+        self,
+        loader: TokenloadDataLoader,
+        *,
+        cyclic: bool = False,
+        writers: Callable[[], tuple[Any, Any]] | None = None,
+        global_batch_size: int | None = None,
+        log_interval: int = 1,
+    ) -> None:
         self.loader = loader
         self.cyclic = cyclic
         self._writers = writers
@@ -291,8 +306,11 @@ def metric_scalars(m: dict[str, Any], prefix: str = "tokenload/") -> dict[str, f
         name = str(source.get("name", source.get("dataset_id")))
         for key in ("samples", "tokens", "epoch"):
             out[f"source/{name}/{key}"] = source.get(key)
-    return {prefix + k: float(v) for k, v in out.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        prefix + k: float(v)
+        for k, v in out.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def _ms(seconds: Any) -> float | None:
@@ -301,8 +319,10 @@ def _ms(seconds: Any) -> float | None:
 
 # -- Megatron's side: its globals, its ranks ------------------------------------------------------
 
-def train_valid_test_datasets_provider(train_val_test_num_samples: list[int | None],
-                                       vp_stage: int | None = None):
+
+def train_valid_test_datasets_provider(
+    train_val_test_num_samples: list[int | None], vp_stage: int | None = None
+) -> tuple[MegatronLoader | None, MegatronLoader | None, MegatronLoader | None]:
     """``pretrain()``'s provider: tokenload's train, valid and test iterators from Megatron's
     ``args``, tokenizer and parallel state (run with ``--dataloader-type external``)."""
     from megatron.core import parallel_state as mpu
@@ -320,8 +340,11 @@ def train_valid_test_datasets_provider(train_val_test_num_samples: list[int | No
     if not _holds_data(args, mpu, vp_stage):
         return None, None, None
     return loaders_from_args(
-        args, list(train_val_test_num_samples), tokenizer=get_tokenizer(),
-        dp_rank=mpu.get_data_parallel_rank(), dp_size=mpu.get_data_parallel_world_size(),
+        args,
+        list(train_val_test_num_samples),
+        tokenizer=get_tokenizer(),
+        dp_rank=mpu.get_data_parallel_rank(),
+        dp_size=mpu.get_data_parallel_world_size(),
         writers=lambda: (get_tensorboard_writer(), get_wandb_writer()),
     )
 
@@ -348,6 +371,11 @@ def _holds_data(args: Any, mpu: Any, vp_stage: int | None) -> bool:
     from megatron.training.arguments import core_transformer_config_from_args
 
     config = core_transformer_config_from_args(args)
-    return bool(mtp_on_this_rank(layout=config.pipeline_model_parallel_layout,
-                                 mtp_num_layers=config.mtp_num_layers, ignore_virtual=False,
-                                 vp_stage=vp_stage))
+    return bool(
+        mtp_on_this_rank(
+            layout=config.pipeline_model_parallel_layout,
+            mtp_num_layers=config.mtp_num_layers,
+            ignore_virtual=False,
+            vp_stage=vp_stage,
+        )
+    )

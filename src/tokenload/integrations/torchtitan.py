@@ -34,8 +34,9 @@ torchtitan's ``CheckpointManager``, without the trainer object.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ConfigError, StateError, require
 
