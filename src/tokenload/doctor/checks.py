@@ -80,7 +80,7 @@ def _timed_build(
         seconds = time.perf_counter() - start
     if train is None:
         raise ConfigError(
-            f"split {config.split!r} gives no train split", hint="pass the job's --split"
+            f"split {config.split!r} gives no train split", hint="pass the job's `split=`"
         )
     return train, seconds, io.opens, io.stats, dict(getattr(train, "startup_phases", {}) or {})
 
@@ -420,7 +420,7 @@ def check_copies(prefixes: list[str], compare: list[str], report: Report) -> Non
     if not groups:
         report.findings.append(
             Finding(
-                "copies", False, "no prefix given twice and no --compare folder: nothing to compare"
+                "copies", False, "no prefix given twice and no `compare=` folder: nothing to compare"
             )
         )
         return

@@ -71,7 +71,7 @@ def plot(
     """A PNG of the startup timeline and of the per-step data wait per worker count."""
     from ..errors import require
 
-    matplotlib = require("matplotlib", "plot", "tokenload doctor --plot")
+    matplotlib = require("matplotlib", "plot", "the doctor's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
