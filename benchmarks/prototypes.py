@@ -118,9 +118,11 @@ def _ahead_worker(base: type, advice: int) -> type:
     the worker would wait for credits), advises the spans of its next group."""
 
     class AheadWorker(base):
-        def handle(self, message: tuple) -> None:
+        def handle(self, message: Any) -> None:
+            from tokenload.loader.messages import Start
+
             super().handle(message)
-            if message[0] == "start" and self.work is not None:
+            if isinstance(message, Start) and self.work is not None:
                 self.work = _Peek(self.work)
 
         def make(self, count: int) -> None:

@@ -7,8 +7,9 @@ crosses the process boundary. A source is a blend member (rows grouped by the ba
 small arrays and one histogram bin; memory is fixed whatever the run's length.
 
 Tokens are the elements of the ``tokens`` field; bytes are what the samples read from their
-token files: ``window x itemsize`` per sample, from the dataset's item configuration and its
-file's dtype, or from the batch's own shapes when the dataset does not say.
+token files: ``window x itemsize`` per sample as the dataset tells it (``sample_bytes``), or from
+the batch's own shapes when it does not say. The sources, their names and their sizes come from
+the dataset's side of ``contract.LoaderDataset``.
 
 A source repeats once the job has drawn more samples of it than one pass over its data holds
 (Megatron's samples per epoch: the tokens of its split, less the extra token, over the sequence
@@ -22,87 +23,33 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..contract import LoaderDataset
 from ..errors import StateError
 from ..metrics import DurationHistogram
 from ..storage import stats as storage_stats
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
 
 logger = logging.getLogger(__name__)
 
 METRICS_VERSION = 1
 
 
-def member_datasets(dataset: Any) -> list[Any]:
-    """The sources of ``dataset``: a blend's members (what ``dataset_id`` numbers), else itself."""
-    members = getattr(dataset, "datasets", None)
-    if members is not None and (hasattr(dataset, "dataset_index") or getattr(dataset, "blended", False)):
-        return list(members)
-    return [dataset]
-
-
-def source_name(dataset: Any) -> str:
-    """A readable name: the token file's prefix, the flat file's path, else the type's name."""
-    source = getattr(dataset, "source", None)
-    for value in (getattr(source, "prefix", None), getattr(dataset, "path", None)):
-        if isinstance(value, str):
-            return value
-    return type(source if source is not None else dataset).__name__
-
-
-def samples_per_epoch(dataset: Any) -> int:
-    """Samples in one pass over a source's data (see the module docstring); the dataset's own
-    ``samples_per_epoch`` or ``windows_per_epoch`` when it has one."""
-    for name in ("samples_per_epoch", "windows_per_epoch"):
-        value = getattr(dataset, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return _gpt_samples_per_epoch(dataset) or len(dataset)
-
-
-def _gpt_samples_per_epoch(dataset: Any) -> int | None:
-    """Megatron's ``num_samples_per_epoch`` of a GPT dataset, from its document index (every
-    epoch holds each document of the split once, and the split is a contiguous range) and its
-    file's sequence lengths. Reads the whole document index once: O(documents x epochs)."""
-    try:
-        documents = dataset.document_index
-        lengths = dataset.source.sequence_lengths
-        item = dataset.item
-    except AttributeError:
-        return None
-    if not len(documents):
-        return None
-    low, high = int(documents.min()), int(documents.max())
-    tokens = int(np.sum(lengths[low : high + 1], dtype=np.int64))
-    return max((tokens - item.extra) // item.sequence_length, 1)
-
-
-def bytes_per_sample(dataset: Any) -> int | None:
-    """Token-file bytes one sample reads (None when the dataset does not say)."""
-    item, config = getattr(dataset, "item", None), getattr(dataset, "config", None)
-    window = getattr(item, "window", None)
-    if window is None and isinstance(getattr(config, "block_size", None), int):
-        window = config.block_size + 1  # a flat dataset reads the labels' extra token
-    store = getattr(dataset, "source", None) or getattr(dataset, "file", None)
-    try:
-        itemsize = np.dtype(store.dtype).itemsize
-    except (AttributeError, TypeError):
-        return None
-    return None if window is None else int(window) * itemsize
-
-
 class LoaderMetrics:
     """Counters of one loader (see the module docstring); ``as_dict`` is ``loader.metrics()``."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: LoaderDataset) -> None:
         self.created = time.perf_counter()
         self.dataset = dataset
-        self.members = member_datasets(dataset)
-        self.names = [source_name(m) for m in self.members]
-        n = len(self.members)
-        self.blend = n > 1 or self.members[0] is not dataset
+        sources = dataset.describe_sources()
+        self.names = [s.name for s in sources.members]
+        n = len(self.names)
+        self.blend = sources.blended  # batches carry dataset_id
         self.samples = np.zeros(n, dtype=np.int64)
         self.tokens = np.zeros(n, dtype=np.int64)
         self.warned = np.zeros(n, dtype=bool)
@@ -116,8 +63,8 @@ class LoaderMetrics:
         self._limits: np.ndarray | None = None  # samples per epoch, resolved at the first batch
         self._limit_one = 0  # _limits[0] as an int (the one-source check)
         self._bytes: list[int] | None = None
-        self.ledger: Any = None
-        """The job's exact per-source figures (``ledger.Ledger``), set by the loader."""
+        self.ledger: Ledger | None = None
+        """The job's exact per-source figures, set by the loader."""
 
     # -- per batch ---------------------------------------------------------------------------------
     def record(self, batch: Any, wait_s: float, interval_s: float, consumed: int) -> None:
@@ -149,10 +96,10 @@ class LoaderMetrics:
 
     def _resolve(self, batch: Any, width: int) -> None:
         """Per-source epoch sizes and bytes per sample (once: may read index arrays)."""
-        self._limits = np.array([samples_per_epoch(m) for m in self.members], dtype=np.int64)
+        self._limits = np.array(self.dataset.epoch_sizes(), dtype=np.int64)
         self._limit_one = int(self._limits[0])
         fallback = width * _itemsize(batch)
-        told = map(bytes_per_sample, self.members)
+        told = self.dataset.sample_bytes()
         self._bytes = [b if b is not None else fallback for b in told]
 
     def _drawn(self, consumed: int) -> np.ndarray:
@@ -179,8 +126,8 @@ class LoaderMetrics:
         """The metrics as a plain dict of numbers, strings, lists and dicts."""
         limits = self._limits
         if limits is None:  # nothing served in this process yet: resolve without a batch
-            limits = np.array([samples_per_epoch(m) for m in self.members], dtype=np.int64)
-        per_sample = self._bytes or [bytes_per_sample(m) or 0 for m in self.members]
+            limits = np.array(self.dataset.epoch_sizes(), dtype=np.int64)
+        per_sample = self._bytes or [b or 0 for b in self.dataset.sample_bytes()]
         drawn = self._drawn(consumed)
         sources = []
         for s, name in enumerate(self.names):
@@ -197,7 +144,6 @@ class LoaderMetrics:
             })
         wait = self.wait.summary()
         wait["share"] = self.wait.total / self.active_s if self.active_s > 0 else None
-        phases = getattr(self.dataset, "startup_phases", None)
         return {
             "version": METRICS_VERSION,
             "steps": self.steps,
@@ -208,7 +154,7 @@ class LoaderMetrics:
             "epoch": epoch,
             # from each iteration's start to its latest batch: samples / active_s is the rate
             "active_s": self.active_s,
-            "startup": {**self.startup, "phases": dict(phases) if isinstance(phases, dict) else {}},
+            "startup": {**self.startup, "phases": dict(self.dataset.startup_phases)},
             "data_wait": wait,
             "sources": sources,
             "repeating": [s["name"] for s in sources if s["repeating"]],
@@ -304,7 +250,7 @@ def _rows_and_width(batch: Any) -> tuple[int, int]:
 
 
 def _itemsize(batch: Any) -> int:
-    field = batch.get("tokens") if isinstance(batch, dict) else batch
+    field: Any = batch.get("tokens") if isinstance(batch, dict) else batch
     try:
         return int(field.element_size())  # a tensor
     except AttributeError:

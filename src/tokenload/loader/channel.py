@@ -1,4 +1,5 @@
-"""One direction of a pipe between a loader and its worker processes."""
+"""One direction of a pipe between a loader and its worker processes, carrying the records of
+``messages.py``."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import pickle
 import select
 import struct
 import time
+from multiprocessing.connection import Connection
+from typing import Any, Generic
+
+from .messages import M, decode, encode
 
 _HEADER = struct.Struct("<Q")
 
 
-class Channel:
-    """One direction of a pipe, speaking length-prefixed pickles with as few system calls as
+class Channel(Generic[M]):
+    """One direction of a pipe, speaking length-prefixed pickles of messages (``messages.encode``) with as few system calls as
     possible: a send is one ``write``; a receive reads whatever has arrived (often several
     messages) in one ``read``; waiting uses one ``poll`` object made once. ``multiprocessing``'s
     Connection costs two reads per message and builds a selector per ``poll`` (measured on the
@@ -23,18 +28,21 @@ class Channel:
     now waits in ``pending`` bytes, written by ``drain`` when the loader waits anyway, so a worker
     that stops reading (stopped, stuck in a read) cannot hang a send."""
 
-    def __init__(self, connection) -> None:
+    def __init__(self, connection: Connection) -> None:
+        self._setup(connection)
+
+    def _setup(self, connection: Connection) -> None:
         self.connection = connection
         self._fd: int | None = None
         self._out = bytearray()
         self._blocking = True
         self.heard = 0.0  # time.monotonic() of the last bytes received
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {"connection": self.connection}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["connection"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["connection"])
 
     def fileno(self) -> int:
         return self._open()
@@ -57,8 +65,8 @@ class Channel:
         """Bytes sent but not yet written into the pipe (only after ``unblock``)."""
         return len(self._out)
 
-    def send(self, message: tuple) -> None:
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    def send(self, message: M) -> None:
+        payload = pickle.dumps(encode(message), protocol=pickle.HIGHEST_PROTOCOL)
         if not self._blocking:
             self._out += _HEADER.pack(len(payload))
             self._out += payload
@@ -111,15 +119,15 @@ class Channel:
         self._buffer += chunk
         self.heard = time.monotonic()
 
-    def recv(self) -> tuple:
+    def recv(self) -> M:
         fd = self._open()
         while not self._complete():
             self._fill(fd)
         size = _HEADER.unpack_from(self._buffer)[0]
         end = _HEADER.size + size
-        message = pickle.loads(memoryview(self._buffer)[_HEADER.size : end])
+        message = decode(pickle.loads(memoryview(self._buffer)[_HEADER.size : end]))
         del self._buffer[:end]
-        return message
+        return message  # type: ignore[return-value]  # the other end sends this channel's kind
 
     def close(self) -> None:
         self.connection.close()

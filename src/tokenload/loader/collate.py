@@ -3,21 +3,21 @@ no per-sample Python work. Datasets with ``__getitems__`` already return the sta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..contract import Allocator, LoaderDataset
 
-def fetch(dataset: Any, indices: list[int], alloc: Any = None) -> Any:
-    """One micro-batch of ``dataset``: its vectorized ``__getitems__`` when it has one (as torch's
-    DataLoader calls it), else a list of its items. With ``alloc``, a two-stage dataset
-    (``read_batch``/``finish_batch``, like tokenload's) builds its fields in arrays from it."""
-    if alloc is not None and hasattr(dataset, "read_batch") and hasattr(dataset, "finish_batch"):
+
+def fetch(dataset: LoaderDataset, indices: Sequence[int], alloc: Allocator | None = None) -> Any:
+    """One micro-batch of ``dataset``: its ``__getitems__`` (as torch's DataLoader calls it).
+    With ``alloc``, a dataset that reads in two stages (``reads_in_groups``, like tokenload's)
+    builds its fields in arrays from it."""
+    if alloc is not None and dataset.reads_in_groups:
         return dataset.finish_batch(dataset.read_batch(indices), alloc)
-    getitems = getattr(dataset, "__getitems__", None)
-    if getitems is not None:
-        return getitems(indices)
-    return [dataset[i] for i in indices]
+    return dataset.__getitems__(indices)
 
 
 def to_tensors(batch: Any) -> Any:

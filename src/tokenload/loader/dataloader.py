@@ -1,6 +1,8 @@
 """One entry point that serves the global order to this rank: ``build_dataloader``.
 
-It wires a batch sampler (``sampler.py``) to the dataset's vectorized ``__getitems__``, read in
+It takes a dataset that implements ``contract.LoaderDataset`` (every tokenload dataset), or a
+plain map-style one, wrapped once here (``mapstyle.py``), and wires a batch sampler
+(``sampler.py``) to the dataset's vectorized ``__getitems__``, read in
 the training process (``num_workers=0``) or by worker processes (``workers.py``) that make
 micro-batches ahead and hand them over through shared slots (``ring.py``); batches are dicts of
 tensors either way, in the same order. The returned ``TokenloadDataLoader`` counts the
@@ -28,8 +30,10 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+from ..contract import LoaderDataset
 from ..distributed import World
 from ..errors import ConfigError, StateError, require
 from ..storage.options import read_retry_window, retry_reads_for
@@ -37,7 +41,8 @@ from .accounting import LoaderMetrics, summary_line
 from .collate import fetch, to_tensors
 from .health import WorkerHealth, read_budget
 from .ledger import Ledger
-from .sampler import CyclicSampler, MicroBatchPlan, PretrainingSampler
+from .mapstyle import AnyDataset, loader_dataset
+from .sampler import BatchSampler, CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState
 from .workers import WorkerPool
 
@@ -119,12 +124,15 @@ class LoaderConfig:
 class TokenloadDataLoader:
     """Iterates this rank's micro-batches from ``consumed_samples`` on; resumable."""
 
-    def __init__(self, dataset: Any, config: LoaderConfig, consumed_samples: int = 0) -> None:
+    def __init__(self, dataset: AnyDataset, config: LoaderConfig, consumed_samples: int = 0) -> None:
         require("torch", "torch", "tokenload's DataLoader")  # now, not at the first batch
-        self._metrics = LoaderMetrics(dataset)
+        self.dataset = dataset
+        """The dataset as given."""
+        self._data: LoaderDataset = loader_dataset(dataset)  # what the loader reads through
+        self._mixture = self._data.mixture_cursors()
+        self._metrics = LoaderMetrics(self._data)
         world = World.detect()
         self.rank = world.rank
-        self.dataset = dataset
         self.config = config
         self.dp_rank = world.rank if config.dp_rank is None else config.dp_rank
         self.dp_size = world.world_size if config.dp_size is None else config.dp_size
@@ -138,7 +146,7 @@ class TokenloadDataLoader:
         self.consumed_samples = consumed_samples
         self._pool: WorkerPool | None = None
         # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
-        self.ledger = self._metrics.ledger = Ledger(dataset)
+        self.ledger = self._metrics.ledger = Ledger(self._data)
         self._skip_count = 0
         self._health = WorkerHealth(  # restarts are counted per loader, across its pools
             worker_timeout=config.worker_timeout,
@@ -147,7 +155,7 @@ class TokenloadDataLoader:
         )
         self._metrics.startup["loader_init_s"] = time.perf_counter() - self._metrics.created
 
-    def make_sampler(self):
+    def make_sampler(self) -> BatchSampler:
         """The batch sampler for the current ``consumed_samples``."""
         if self.config.kind == "cyclic":
             return CyclicSampler(self.plan, self.consumed_samples, data_sharding=self.config.data_sharding)
@@ -156,29 +164,28 @@ class TokenloadDataLoader:
     @property
     def fingerprint(self) -> str:
         """Identity of the dataset and the sampler kind (not of the topology: resume may change it)."""
-        data = getattr(self.dataset, "fingerprint", None)
-        if data is None:
-            data = f"{type(self.dataset).__qualname__}:{len(self.dataset)}"
+        data = self._data.fingerprint
         kind = f"{self.config.kind}:{self.config.data_sharding}" if self.config.kind == "cyclic" else "single"
-        if self.config.kind == "cyclic" and hasattr(self.dataset, "mixture_state"):
+        if self.config.kind == "cyclic" and self._mixture is not None:
             # a computed blend's fingerprint leaves out its weights so that the single sampler
             # can change them mid-run; the cyclic order draws samples out of order: it cannot
-            kind += f":{getattr(self.dataset, 'weights', None)!r}"
+            kind += f":{self._mixture.cyclic_key()}"
         return hashlib.sha256(f"{data}|{kind}".encode()).hexdigest()[:16]
 
     def __len__(self) -> int:
         return len(self.make_sampler())
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[Any]:
         started = time.perf_counter()  # the first step's wait includes starting the workers
         total, step = self.plan.total_samples, self.plan.group
         cyclic = self.config.kind == "cyclic"  # counts on through epochs
         sampler = self.make_sampler()
         pin = self.config.pin_memory and _cuda_available()
         pool = None
+        batches: Iterator[Any]
         if self.config.num_workers == 0:
             budget = read_budget(self.config.worker_timeout)  # as workers do (health.py)
-            batches = (_fetch_within(budget, self.dataset, indices) for indices in sampler)
+            batches = (_fetch_within(budget, self._data, indices) for indices in sampler)
         else:
             pool = self._workers()
             batches = pool.batches(sampler)
@@ -220,7 +227,7 @@ class TokenloadDataLoader:
             self.close()
             c = self.config
             self._pool = WorkerPool(
-                self.dataset,
+                self._data,
                 num_workers=c.num_workers,
                 prefetch=4 if c.prefetch_factor is None else c.prefetch_factor,
                 context=c.multiprocessing_context,
@@ -230,7 +237,7 @@ class TokenloadDataLoader:
         return self._pool
 
     @property
-    def worker_processes(self) -> list:
+    def worker_processes(self) -> list[Any]:
         """The worker processes of the open pool (empty when there is none)."""
         return list(self._pool.processes) if self._pool is not None and not self._pool.closed else []
 
@@ -270,13 +277,13 @@ class TokenloadDataLoader:
             self._pool = None
 
     @property
-    def _iterator(self):
+    def _iterator(self) -> WorkerPool | None:
         """What torch's DataLoader calls its iterator: frameworks that tear a loader down by
         setting ``loader._iterator = None`` (Lightning does) stop our workers that way too."""
         return self._pool
 
     @_iterator.setter
-    def _iterator(self, value) -> None:
+    def _iterator(self, value: Any) -> None:
         if value is None:
             self.close()
 
@@ -307,15 +314,15 @@ class TokenloadDataLoader:
         state["metrics"] = self._metrics.state_dict()
         state["skips"] = self.ledger.state_dict()
         state["accounting"] = self.ledger.as_dict(self.consumed_samples)
-        if self._mixture_resumable:
-            state["mixture"] = self.dataset.mixture_state(self.consumed_samples)
+        if self._mixture is not None and self._mixture_resumable:
+            state["mixture"] = self._mixture.mixture_state(self.consumed_samples)
         return state
 
     @property
     def _mixture_resumable(self) -> bool:
         """A computed blend under the single sampler: its state holds every source's cursor, and
         a state resumes into a blend of other weights or sources (``resume_mixture``)."""
-        return self.config.kind == "single" and hasattr(self.dataset, "resume_mixture")
+        return self.config.kind == "single" and self._mixture is not None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved ``consumed_samples``, with the saved metrics counters (a state
@@ -340,14 +347,14 @@ class TokenloadDataLoader:
                 hint="resume at a global-batch boundary, or choose sizes whose product divides the global batch",
             )
         changed = "same"
-        if mixture is not None:
+        if mixture is not None and self._mixture is not None:
             if isinstance(mixture, dict) and mixture.get("consumed") != loaded.consumed_samples:
                 raise StateError(
                     f"the loader state's mixture was saved after {mixture.get('consumed')!r} samples,"
                     f" its consumed_samples is {loaded.consumed_samples}",
                     hint="pass the dict saved from loader.state_dict(), unchanged",
                 )
-            changed = self.dataset.resume_mixture(mixture)
+            changed = self._mixture.resume_mixture(mixture)
             self.close()  # workers hold the dataset as it was: the next iteration starts new ones
         if "metrics" in state and changed != "sources":
             self._metrics.load_state_dict(state["metrics"])
@@ -364,12 +371,16 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def build_dataloader(dataset: Any, *, consumed_samples: int = 0, **config: Any) -> TokenloadDataLoader:
-    """A resumable DataLoader over ``dataset`` for this rank; ``config`` are ``LoaderConfig`` fields."""
+def build_dataloader(
+    dataset: AnyDataset, *, consumed_samples: int = 0, **config: Any
+) -> TokenloadDataLoader:
+    """A resumable DataLoader over ``dataset`` for this rank; ``config`` are ``LoaderConfig``
+    fields. ``dataset``: a tokenload dataset (any ``contract.LoaderDataset``), or a map-style
+    one (``__len__`` with ``__getitems__`` or ``__getitem__``)."""
     return TokenloadDataLoader(dataset, LoaderConfig(**config), consumed_samples=consumed_samples)
 
 
-def _fetch_within(budget: float | None, dataset: Any, indices) -> dict:
+def _fetch_within(budget: float | None, dataset: LoaderDataset, indices: Sequence[int]) -> Any:
     """``fetch`` with object-storage reads retried for ``budget`` seconds, in this process only
     while the loader reads: the rest of the training process keeps its own retry setting."""
     before = read_retry_window()

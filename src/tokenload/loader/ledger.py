@@ -2,8 +2,9 @@
 
 Global sample k of the loader's order is a pure function of k, so what the *job* has drawn from
 each source after ``consumed_samples`` is a function of the order and that number alone: the
-cursors of a computed blend (``source_cursors``/``mixture``), a count of ``dataset_index`` for a
-Megatron-order blend (incremental, O(new samples)), ``consumed`` for one source. The figures are
+cursors of a computed blend (``mixture_cursors().source_cursors``), a count of the blend index
+for a Megatron-order blend (``blend_index``: incremental, O(new samples)), ``consumed`` for one
+source. The figures are
 therefore the same on every rank and whatever the data-parallel size, micro-batch size or
 worker count, unlike the per-process counters of ``accounting.LoaderMetrics``.
 
@@ -26,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ..contract import LoaderDataset
 from ..errors import StateError
-from ..index.blends import distinct_sources
-from .accounting import member_datasets, samples_per_epoch, source_name
 
 __all__ = ["Ledger"]
 
@@ -38,38 +38,35 @@ _CHUNK = 1 << 22
 class Ledger:
     """The job's per-source draws and skips for one loader's dataset."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: LoaderDataset) -> None:
         self.dataset = dataset
-        self.members = member_datasets(dataset)
-        names = [source_name(m) for m in self.members]
-        keys = getattr(dataset, "sources", None)  # blends whose sources may change: their keys
-        self.keys = list(keys) if keys is not None else distinct_sources(names)
-        self.names = dict(zip(self.keys, names))
+        sources = dataset.describe_sources().members
+        self.keys = [s.key for s in sources]
+        self.names = {s.key: s.name for s in sources}
+        self.mixture = dataset.mixture_cursors()
         self.skips: list[dict[str, Any]] = []
         self.remembered: dict[str, dict[str, Any]] = {}
         """Sources of an earlier run that this dataset lacks (removed at a resume)."""
         self._counted = 0  # Megatron blend: dataset_index counted up to here
-        self._counts = np.zeros(len(self.members), dtype=np.int64)
+        self._counts = np.zeros(len(self.keys), dtype=np.int64)
         self._epochs: dict[str, int] | None = None
-        item = getattr(dataset, "item", None) or getattr(self.members[0], "item", None)
-        self.sequence_length = getattr(item, "sequence_length", None)
+        self.sequence_length = sources[0].sequence_length  # the members share one item layout
 
     # -- draws -----------------------------------------------------------------------------------
     def drawn(self, consumed: int) -> dict[str, int]:
         """Samples the job drew from each source (delivered or skipped) by global ``consumed``."""
-        ds = self.dataset
-        if hasattr(ds, "source_cursors"):
-            counts = ds.source_cursors(consumed)
-        elif hasattr(ds, "dataset_index"):
-            counts = self._blend_counts(consumed)
+        index = None if self.mixture is not None else self.dataset.blend_index()
+        if self.mixture is not None:
+            counts = self.mixture.source_cursors(consumed)
+        elif index is not None:
+            counts = self._blend_counts(index, consumed)
         else:
-            counts = [consumed]
+            counts = np.array([consumed])
         return {k: int(c) for k, c in zip(self.keys, counts)}
 
-    def _blend_counts(self, consumed: int) -> np.ndarray:
+    def _blend_counts(self, index: np.ndarray, consumed: int) -> np.ndarray:
         if consumed < self._counted:  # a resume or restart went back: count again
             self._counted, self._counts[:] = 0, 0
-        index = self.dataset.dataset_index
         for at in range(self._counted, consumed, _CHUNK):  # bounded memory after a long resume
             part = np.asarray(index[at : min(at + _CHUNK, consumed)], dtype=np.int64)
             self._counts += np.bincount(part, minlength=self._counts.size)
@@ -78,7 +75,7 @@ class Ledger:
 
     def epoch_sizes(self) -> dict[str, int]:
         if self._epochs is None:
-            self._epochs = {k: samples_per_epoch(m) for k, m in zip(self.keys, self.members)}
+            self._epochs = dict(zip(self.keys, self.dataset.epoch_sizes()))
         return self._epochs
 
     # -- skips -----------------------------------------------------------------------------------
@@ -105,16 +102,16 @@ class Ledger:
         for k, old in self.remembered.items():
             if k not in drawn:
                 sources.append({**old, "active": False})
-        position = getattr(self.dataset, "schedule_position", None)
         return {
             "consumed_samples": int(consumed),
             "skipped_samples": sum(int(e["samples"]) for e in self.skips),
             "skips": [{"at": e["at"], "samples": e["samples"]} for e in self.skips],
             "sources": sources,
-            "schedule": position(consumed) if position is not None else None,
+            "schedule": None if self.mixture is None else self.mixture.schedule_position(consumed),
         }
 
-    def _source(self, key, name, drawn, skipped, per_epoch) -> dict[str, Any]:
+    def _source(self, key: str, name: str, drawn: int, skipped: int, per_epoch: int
+                ) -> dict[str, Any]:
         samples = drawn - skipped
         tokens = None if self.sequence_length is None else samples * int(self.sequence_length)
         return {"source": key, "name": name, "active": True, "drawn": drawn, "skipped": skipped,

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from ..contract import Allocator
+
 _ALIGN = 64  # every field starts on a cache line
 _SHM = "/dev/shm"
 
@@ -94,7 +96,7 @@ class WorkerRing:
         self._address = self._memory.ctypes.data
         self._used = [0] * slots  # bytes handed out by each slot's allocator
 
-    def allocator(self, slot: int):
+    def allocator(self, slot: int) -> Allocator:
         """An allocator (``items.Allocator``) that places arrays in ``slot`` while they fit (then
         in ordinary memory), so a batch built with it needs no copy into the slot."""
         self._used[slot] = 0

@@ -17,7 +17,7 @@ Samplers yield lists of dataset indices, one micro-batch per step, with O(1) wor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Union
 
 from ..errors import ConfigError
 
@@ -126,3 +126,7 @@ class CyclicSampler:
         mbs = p.micro_batch_size
         for i in range(0, len(indices) - mbs + 1, mbs):  # lists per step, not one for the epoch
             yield indices[i : i + mbs].tolist()
+
+
+BatchSampler = Union[PretrainingSampler, CyclicSampler]
+"""A loader's batch sampler: lists of dataset indices, one micro-batch per step."""

@@ -18,11 +18,19 @@ import os
 import pickle
 import signal
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
+from ..contract import Allocator, Batch, LoaderDataset
 from ..storage.options import retry_reads_for
+from .channel import Channel
 from .collate import fetch
 from .health import WorkerError
+from .messages import (
+    Batches, Command, Credit, Entry, Failed, LoadDataset, Ready, Result, RingMapped, Start, Stop,
+)
 from .ring import WorkerRing, batch_bytes
 
 _LIVENESS_S = 1.0  # how often a waiting worker checks that its parent is still there
@@ -36,8 +44,8 @@ def group_size(prefetch: int) -> int:
     return max(1, min(_GROUP, prefetch // 2))
 
 
-def worker_main(w: int, n: int, dataset: Any, commands, results, slots: int,
-                read_budget: float | None = None) -> None:
+def worker_main(w: int, n: int, dataset: LoaderDataset | None, commands: Channel[Command],
+                results: Channel[Result], slots: int, read_budget: float | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _no_wakeup_preemption()
     # object-storage reads retry by time, and end as a StorageError before the watchdog
@@ -49,23 +57,24 @@ def worker_main(w: int, n: int, dataset: Any, commands, results, slots: int,
         failed = None
         if dataset is None:  # spawn, forkserver: the dataset is the first message
             message = _wait(commands, parent)
-            if message is None or message[0] != "dataset":
+            if not isinstance(message, LoadDataset):
                 return
             try:
-                dataset = pickle.loads(message[1])
+                dataset = pickle.loads(message.payload)
             except Exception as exc:  # the data's fault: raised in the training process
                 failed = (_picklable(exc), traceback.format_exc())
         worker = _Worker(w, n, dataset, results, slots, failed)
-        results.send(("ready", os.getpid()))
+        results.send(Ready(os.getpid()))
         while True:
             count = worker.ready()
             if count:
                 worker.make(count)
                 continue
             message = _wait(commands, parent)
-            if message is None or message[0] == "stop":
+            if message is None or isinstance(message, Stop):
                 return
-            worker.handle(message)
+            if isinstance(message, (Start, Credit)):
+                worker.handle(message)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return
     finally:
@@ -87,26 +96,29 @@ def _no_wakeup_preemption() -> None:
 class _Worker:
     """A worker's state: its iteration, credits and free slots, and how it makes batches."""
 
-    def __init__(self, w: int, n: int, dataset: Any, results, slots: int, failed) -> None:
-        self.w, self.n, self.dataset, self.results, self.slots = w, n, dataset, results, slots
+    def __init__(self, w: int, n: int, dataset: LoaderDataset | None, results: Channel[Result],
+                 slots: int, failed: tuple[BaseException | None, str] | None) -> None:
+        self.w, self.n, self.results, self.slots = w, n, results, slots
+        self.dataset: LoaderDataset = dataset  # type: ignore[assignment]  # None only if failed
         self.failed = failed  # (exception, traceback) of a dataset that could not be loaded
         self.ring: WorkerRing | None = None
         self.free = list(range(slots))
-        self.generation, self.credits, self.target, self.work = -1, 0, 1, None
-        self.two_stage = hasattr(dataset, "read_batch") and hasattr(dataset, "finish_batch")
+        self.generation, self.credits, self.target = -1, 0, 1
+        self.work: Iterator[tuple[int, list[int]]] | None = None
+        self.two_stage = dataset is not None and dataset.reads_in_groups
 
-    def handle(self, message: tuple) -> None:
-        self.free.extend(message[-1])
-        if message[0] == "start":  # from micro-batch ``first`` (w, or the one a lost worker owed)
-            _, self.generation, sampler, first, self.credits, _ = message
+    def handle(self, message: Start | Credit) -> None:
+        self.free.extend(message.freed)
+        if isinstance(message, Start):  # from micro-batch ``first`` (w, or one a lost worker owed)
+            self.generation, self.credits = message.generation, message.credits
             self.target = group_size(self.credits)  # the prefetch, at the start
             if self.failed is not None:
                 exc, text = self.failed
-                self.results.send(("error", self.generation, None, exc, text))
+                self.results.send(Failed(self.generation, None, exc, text))
                 return
-            self.work = itertools.islice(enumerate(sampler), first, None, self.n)
-        elif message[1] == self.generation:
-            self.credits += message[2]
+            self.work = itertools.islice(enumerate(message.sampler), message.first, None, self.n)
+        elif message.generation == self.generation:
+            self.credits += message.credits
 
     def ready(self) -> int:
         """How many micro-batches to make now (0: wait for credits or a new iteration). Waiting
@@ -121,6 +133,7 @@ class _Worker:
     def make(self, count: int) -> None:
         """Make up to ``count`` of this worker's next micro-batches and send them in one message."""
         first = -1
+        assert self.work is not None
         try:
             steps = list(itertools.islice(self.work, count))
             if len(steps) < count:
@@ -133,38 +146,39 @@ class _Worker:
             batches = self._read([indices for _, indices in steps], slots)
         except Exception as exc:  # delivered to the consumer, which raises it
             text = traceback.format_exc()
-            self.results.send(("error", self.generation, first, _picklable(exc), text))
+            self.results.send(Failed(self.generation, first, _picklable(exc), text))
             self.work = None
             return
         if self.ring is None and self.slots:
             size = batch_bytes(batches[0])
             if size is not None:
                 self.ring = WorkerRing(size, self.slots)
-                self.results.send(("ring", self.ring.path, self.ring.slot_bytes, self.slots))
-        entries = []
+                self.results.send(RingMapped(self.ring.path, self.ring.slot_bytes, self.slots))
+        entries: list[Entry] = []
         for i, ((k, _), batch) in enumerate(zip(steps, batches)):
             slot = slots[i] if i < len(slots) else None
             layout = None if slot is None or self.ring is None else self.ring.write(slot, batch)
-            if layout is None:
+            if slot is None or layout is None:
                 entries.append((k, None, batch))
             else:
                 self.free.remove(slot)
                 entries.append((k, slot, layout))
         try:
-            self.results.send(("batches", self.generation, entries))
+            self.results.send(Batches(self.generation, entries))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:  # cannot travel
             # The builtin type varies with the Python version (AttributeError up to 3.13).
             error = WorkerError(
                 f"a batch cannot be sent to the training process: {exc}",
                 hint="make __getitems__ return arrays, numbers or strings (nothing unpicklable)",
             )
-            self.results.send(("error", self.generation, first, error, traceback.format_exc()))
+            self.results.send(Failed(self.generation, first, error, traceback.format_exc()))
             self.work = None
 
-    def _read(self, index_lists: list, slots: list[int]) -> list:
+    def _read(self, index_lists: list[list[int]], slots: list[int]) -> list[Any]:
         """The batches of ``index_lists``; with several, one ``read_batch`` reads them all and
         each is finished into its own slot."""
-        allocs = [self.ring.allocator(s) for s in slots] if self.ring is not None else []
+        ring = self.ring
+        allocs: list[Allocator | None] = [ring.allocator(s) for s in slots] if ring is not None else []
         allocs += [None] * (len(index_lists) - len(allocs))
         if len(index_lists) == 1 or not self.two_stage:
             return [fetch(self.dataset, idx, alloc) for idx, alloc in zip(index_lists, allocs)]
@@ -174,7 +188,7 @@ class _Worker:
         return [self.dataset.finish_batch(part, alloc) for part, alloc in zip(parts, allocs)]
 
 
-def _split_rows(raw: dict, sizes: list[int]) -> list[dict]:
+def _split_rows(raw: Batch, sizes: list[int]) -> list[Batch]:
     """``read_batch`` output of several micro-batches, cut back into one per micro-batch (arrays
     with a row per sample are sliced, other values shared)."""
     total = sum(sizes)
@@ -183,14 +197,14 @@ def _split_rows(raw: dict, sizes: list[int]) -> list[dict]:
     for size in sizes:
         end = begin + size
         parts.append({
-            k: v[begin:end] if getattr(v, "ndim", 0) >= 1 and len(v) == total else v
+            k: v[begin:end] if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total else v
             for k, v in raw.items()
         })
         begin = end
     return parts
 
 
-def _wait(commands, parent: int):
+def _wait(commands: Channel[Command], parent: int) -> Command | None:
     """The next command, or None once the consumer is gone."""
     try:
         while not commands.poll(_LIVENESS_S):

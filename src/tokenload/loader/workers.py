@@ -42,11 +42,18 @@ import pickle
 import select
 import time
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from multiprocessing.process import BaseProcess
+from typing import Any
 
+from ..contract import LoaderDataset
 from .channel import Channel
 from .health import Fault, WorkerError, WorkerHealth, cpu_time, doing, logger, read_budget
+from .messages import (
+    Batches, Command, Credit, Entry, Failed, LoadDataset, Ready, Result, RingMapped, Start, Stop,
+)
 from .ring import ConsumerRing
+from .sampler import BatchSampler
 from .worker_main import group_size, worker_main
 
 __all__ = ["WorkerError", "WorkerPool"]
@@ -59,7 +66,7 @@ class WorkerPool:
     """``num_workers`` processes making micro-batches of ``dataset`` for one consumer."""
 
     def __init__(
-        self, dataset: Any, *, num_workers: int, prefetch: int, context: str | None,
+        self, dataset: LoaderDataset, *, num_workers: int, prefetch: int, context: str | None,
         shared_memory: bool = True, health: WorkerHealth | None = None,
     ) -> None:
         self._ctx = multiprocessing.get_context(context)
@@ -72,14 +79,14 @@ class WorkerPool:
         self._dataset = dataset if fork else None  # inherited by a forked worker
         self._payload = None if fork else pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
         n = num_workers
-        self.processes: list = [None] * n
-        self._commands: list[Channel] = [None] * n  # type: ignore[list-item]
-        self._results: list[Channel] = [None] * n  # type: ignore[list-item]
-        self._abandoned: list = []  # killed workers that did not end in time (a stuck kernel read)
+        self.processes: list[BaseProcess] = [None] * n  # type: ignore[list-item]
+        self._commands: list[Channel[Command]] = [None] * n  # type: ignore[list-item]
+        self._results: list[Channel[Result]] = [None] * n  # type: ignore[list-item]
+        self._abandoned: list[BaseProcess] = []  # killed, not ended in time (a stuck kernel read)
         self._rings: list[ConsumerRing | None] = [None] * n
         self._lent: list[list[int]] = [[] for _ in range(n)]
         self._freed: list[list[int]] = [[] for _ in range(n)]
-        self._pending: list[collections.deque] = [collections.deque() for _ in range(n)]
+        self._pending: list[collections.deque[Entry]] = [collections.deque() for _ in range(n)]
         self._credits = [0] * n  # batches taken from each worker since its last credit
         self._started = [False] * n  # said "ready": its dataset is loaded
         self._heard = [0.0] * n  # when bytes last went to the worker (its dataset, a command)
@@ -90,7 +97,7 @@ class WorkerPool:
         self._lost: list[tuple[Fault, float] | None] = [None] * n  # fault replaced, wait began
         self._backlog = False  # some worker's pipe has bytes waiting to be written
         self._generation = 0
-        self._sampler: Any = None
+        self._sampler: BatchSampler | None = None
         self._finalizer = weakref.finalize(
             self, _stop, self.processes, self._commands, self._results, self._abandoned
         )
@@ -111,14 +118,14 @@ class WorkerPool:
         """Number of the latest iteration started."""
         return self._generation
 
-    def batches(self, sampler: Any) -> Iterator[Any]:
+    def batches(self, sampler: BatchSampler) -> Iterator[Any]:
         """Start an iteration (it ends the one before): the sampler's micro-batches, made by the
         workers, in order (dicts of tensors over slots, or whatever the dataset returned when a
         batch travelled through the pipe)."""
         self._generation += 1
         return self._batches(sampler, self._generation)
 
-    def _batches(self, sampler: Any, generation: int) -> Iterator[Any]:
+    def _batches(self, sampler: BatchSampler, generation: int) -> Iterator[Any]:
         n = len(self.processes)
         self._sampler = sampler
         self._reclaim()
@@ -128,7 +135,7 @@ class WorkerPool:
             self._pending[w].clear()
             self._credits[w] = 0
             self._delivered[w] = None
-            self._send(w, ("start", generation, sampler, w, self.prefetch, self._take_freed(w)))
+            self._send(w, Start(generation, sampler, w, self.prefetch, self._take_freed(w)))
         for k in range(len(sampler)):
             if generation != self._generation:
                 raise RuntimeError("a newer iteration of this loader has started; this one is over")
@@ -155,10 +162,13 @@ class WorkerPool:
         """Start worker w (its dataset, under spawn and forkserver, follows through its pipe)."""
         command_out, command_in = self._ctx.Pipe(duplex=False)
         result_out, result_in = self._ctx.Pipe(duplex=False)
-        args = (w, len(self.processes), self._dataset, Channel(command_out), Channel(result_in),
-                self.slots, read_budget(self.health.timeout))
-        process = self._ctx.Process(target=worker_main, args=args, name=f"tokenload-worker-{w}",
-                                    daemon=True)
+        commands: Channel[Command] = Channel(command_out)
+        results: Channel[Result] = Channel(result_in)
+        args = (w, len(self.processes), self._dataset, commands, results, self.slots,
+                read_budget(self.health.timeout))
+        process = self._ctx.Process(  # type: ignore[attr-defined]  # every context has it
+            target=worker_main, args=args, name=f"tokenload-worker-{w}", daemon=True
+        )
         process.start()
         command_out.close()
         result_in.close()
@@ -170,7 +180,7 @@ class WorkerPool:
         self._credits[w], self._started[w], self._heard[w] = 0, False, time.monotonic()
         self._cpu[w] = None
         if self._payload is not None:
-            self._send(w, ("dataset", self._payload))
+            self._send(w, LoadDataset(self._payload))
 
     def _replace(self, w: int, k: int, cause: str, waited_since: float) -> None:
         """Worker w is lost while micro-batch k is awaited: count it (WorkerError past the budget),
@@ -190,28 +200,27 @@ class WorkerPool:
         lost = self._lost[w]
         self._lost[w] = (fault, lost[1] if lost is not None else waited_since)
         self._start(w)
-        self._send(w, ("start", self._generation, self._sampler, k, self.prefetch, []))
+        self._send(w, Start(self._generation, self._sampler, k, self.prefetch, []))
 
     # -- consumer side of the protocol -----------------------------------------------------------
-    def _next(self, w: int, generation: int, k: int) -> tuple:
+    def _next(self, w: int, generation: int, k: int) -> tuple[int | None, Any]:
         """(slot, layout) or (None, batch) of micro-batch k, from worker w."""
         while not self._pending[w]:
             self._reclaim()
             if self._credits[w] or self._freed[w]:  # the worker may be waiting for these
                 self._flush(w, generation)
             message = self._recv(w, k)
-            kind = message[0]
-            if kind == "ready":
+            if isinstance(message, Ready):
                 self._started[w] = self._ever_started = True
-            elif kind == "ring":
+            elif isinstance(message, RingMapped):
                 self._map_ring(w, k, message)
-            elif message[1] != generation:  # left over from an abandoned iteration
-                if kind == "batches":
-                    self._freed[w].extend(slot for _, slot, _ in message[2] if slot is not None)
-            elif kind == "error":
-                _raise_from_worker(w, message[2], message[3], message[4])
+            elif message.generation != generation:  # left over from an abandoned iteration
+                if isinstance(message, Batches):
+                    self._freed[w].extend(slot for _, slot, _ in message.entries if slot is not None)
+            elif isinstance(message, Failed):
+                _raise_from_worker(w, message.step, message.error, message.traceback)
             else:
-                self._pending[w].extend(message[2])
+                self._pending[w].extend(message.entries)
                 lost = self._lost[w]
                 if lost is not None:  # a replacement's first batches
                     self.health.recovered(lost[0], time.monotonic() - lost[1])
@@ -221,7 +230,7 @@ class WorkerPool:
         self._delivered[w] = k
         return slot, batch
 
-    def _recv(self, w: int, k: int) -> tuple:
+    def _recv(self, w: int, k: int) -> Result:
         """The next message of worker w, replacing the worker while it is lost (exited, or silent
         for ``worker_timeout`` seconds while micro-batch k is awaited)."""
         began = time.monotonic()
@@ -276,19 +285,19 @@ class WorkerPool:
         self._backlog = any(c.pending for c in self._commands)
         return results.poll(0)
 
-    def _map_ring(self, w: int, k: int, message: tuple) -> None:
+    def _map_ring(self, w: int, k: int, message: RingMapped) -> None:
         try:
-            self._rings[w] = ConsumerRing(*message[1:])
+            self._rings[w] = ConsumerRing(message.path, message.slot_bytes, message.slots)
         except FileNotFoundError:  # its memory went with it: the worker died after naming it
             self.processes[w].join(_LIVENESS_S)
             if self.processes[w].is_alive():
                 raise WorkerError(
-                    f"cannot open loader worker {w}'s batch memory {message[1]}",
+                    f"cannot open loader worker {w}'s batch memory {message.path}",
                     hint="pass shared_memory=False to send batches through pipes instead",
                 ) from None
             self._replace(w, k, "exited", time.monotonic())
 
-    def _send(self, w: int, message: tuple) -> None:
+    def _send(self, w: int, message: Command) -> None:
         commands = self._commands[w]
         try:
             commands.send(message)  # never blocks (Channel.unblock)
@@ -309,7 +318,7 @@ class WorkerPool:
 
     def _flush(self, w: int, generation: int) -> None:
         """Send worker w its credits and freed slots."""
-        self._send(w, ("credit", generation, self._credits[w], self._take_freed(w)))
+        self._send(w, Credit(generation, self._credits[w], self._take_freed(w)))
         self._credits[w] = 0
 
     def _take_freed(self, w: int) -> list[int]:
@@ -327,14 +336,15 @@ def _raise_from_worker(w: int, k: int | None, exc: BaseException | None, text: s
     raise exc
 
 
-def _stop(processes: list, commands: list, results: list, abandoned: list) -> None:
+def _stop(processes: list[BaseProcess], commands: list[Channel[Command]],
+          results: list[Channel[Result]], abandoned: list[BaseProcess]) -> None:
     """Ask every worker to stop; kill those still running after ``_STOP_S`` (a stopped or stuck
     worker cannot answer); close the pipes. Bounded whatever the workers do."""
     for p, c in zip(processes, commands):
         if p is None:  # its start failed
             continue
         try:
-            c.send(("stop",))
+            c.send(Stop())
         except OSError:
             pass
         if c.pending:  # still reading its dataset (or stuck): nothing to stop gracefully
@@ -347,6 +357,7 @@ def _stop(processes: list, commands: list, results: list, abandoned: list) -> No
         if p.is_alive():
             p.kill()
             p.join(_LIVENESS_S)
-    for c in (*commands, *results):
-        if c is not None:
-            c.close()
+    for channels in (commands, results):
+        for channel in channels:
+            if channel is not None:
+                channel.close()

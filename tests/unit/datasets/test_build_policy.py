@@ -20,7 +20,6 @@ from tokenload.distributed import World
 from tokenload.errors import CacheError, ConfigError
 from tokenload.format import TokenFile, write_sequences
 from tokenload.format.sequences import counts_of
-from tokenload.loader.accounting import _gpt_samples_per_epoch
 
 SIZES = [200, 20, 0]
 
@@ -254,7 +253,7 @@ def test_samples_per_epoch_and_startup_phases(data, tmp_path, policy):
     build_datasets(_config(data, tmp_path), SIZES)
     train, valid, _ = build_datasets(_config(data, tmp_path, build_policy=policy), SIZES)
     for member in train.datasets:
-        assert member.samples_per_epoch == _gpt_samples_per_epoch(member)
+        assert member.samples_per_epoch == member.samples_per_epoch_from_index()
     assert set(train.startup_phases) <= {"header_reads", "index_build", "index_load", "cache_write", "barrier"}
     assert "index_load" in train.startup_phases and train.startup_phases is valid.startup_phases
     json.dumps(train.startup_phases)

@@ -23,6 +23,7 @@ from tokenload.errors import ConfigError, FormatError
 from tokenload.format import write_flat
 from tokenload.loader import build_dataloader
 from tokenload.loader import workers as workers_module
+from tokenload.loader.messages import LoadDataset
 from tokenload.loader.workers import WorkerError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
@@ -219,7 +220,7 @@ def test_spawn_workers_stopped_while_they_start_are_replaced(dataset, tickets, m
     stopped = []
 
     def send_to_stopped(pool, w, message):
-        if message[0] == "dataset" and not stopped:
+        if isinstance(message, LoadDataset) and not stopped:
             stopped.append(pool.processes[w].pid)
             os.kill(stopped[0], signal.SIGSTOP)
         original(pool, w, message)

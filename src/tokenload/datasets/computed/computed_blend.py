@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from ...contract import MixtureCursors, Sources
 from ...errors import StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
@@ -42,9 +44,6 @@ class _Items:
 
 class ComputedBlendedDataset(_Items):
     """A blend of computed datasets: item k comes from the source the interleave names."""
-
-    blended = True
-    """A blend (the loader's metrics count ``dataset_id`` per member)."""
 
     def __init__(
         self, datasets: Sequence[Any], weights: Sequence[float], *, seed: int, length: int,
@@ -125,6 +124,33 @@ class ComputedBlendedDataset(_Items):
         start = max(start, self.mixture.start)  # a chain begun at a resume: from there
         return {"entry": entry, "entries": len(self.schedule), "start": start,
                 "weights": list(weights), "next_change": following}
+
+    # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
+    reads_in_groups = True
+    """A loader worker may read several micro-batches with one ``read_batch``."""
+
+    def describe_sources(self) -> Sources:
+        """The members (what ``dataset_id`` numbers), keyed by their content identities."""
+        infos = [info for d in self.datasets for info in d.describe_sources().members]
+        members = tuple(replace(info, key=key) for info, key in zip(infos, self.sources))
+        return Sources(members=members, blended=True)
+
+    def epoch_sizes(self) -> list[int]:
+        return [size for d in self.datasets for size in d.epoch_sizes()]
+
+    def sample_bytes(self) -> list[int | None]:
+        return [size for d in self.datasets for size in d.sample_bytes()]
+
+    def blend_index(self) -> np.ndarray | None:
+        return None
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        """This blend: its cursors, schedule position and resumable mixture state."""
+        return self
+
+    def cyclic_key(self) -> str:
+        """The first weights: the cyclic sampler's fingerprint covers them."""
+        return repr(self.weights)
 
     # -- mixture changes -------------------------------------------------------------------------
     def mixture_state(self, consumed: int) -> dict[str, Any]:

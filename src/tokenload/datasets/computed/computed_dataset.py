@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import ConfigError
 from ...format import read_sequences
 from ...index import MOCK_SPLIT, Blend, parse_blend, plan_splits
@@ -64,7 +65,7 @@ from .computed_blend import ComputedBlendedDataset, _Items
 from ..config import MegatronDataConfig
 from .extents import Extent, file_extent, mock_extent
 from ..items import Allocator, ItemConfig, build_items
-from ..sources import open_source
+from ..sources import MockSource, open_source
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
 
@@ -164,6 +165,34 @@ class ComputedGPTDataset(_Items):
         """Each sample's document pieces ``(sequences, first, lengths, first_offsets)``, as
         ``GPTDataset._pieces`` gives them: which sequences the sample spans, where."""
         return self.documents_of(self.windows_of(indices))
+
+    # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
+    reads_in_groups = True
+    """A loader worker may read several micro-batches with one ``read_batch``."""
+
+    def describe_sources(self) -> Sources:
+        """One source: the token file's prefix (``MockSource`` for the mock data)."""
+        source = self.source
+        name = type(source).__name__ if isinstance(source, MockSource) else str(source.prefix)
+        info = SourceInfo(name=name, key=name, sequence_length=self.item.sequence_length)
+        return Sources(members=(info,))
+
+    def epoch_sizes(self) -> list[int]:
+        """Windows per epoch (the length for a split without a whole window)."""
+        windows = self.samples_per_epoch
+        return [windows if isinstance(windows, int) and windows > 0 else len(self)]
+
+    def sample_bytes(self) -> list[int | None]:
+        """``window x itemsize`` of the token file (None for the mock data, which reads none)."""
+        if isinstance(self.source, MockSource):
+            return [None]
+        return [self.item.window * np.dtype(self.source.dtype).itemsize]
+
+    def blend_index(self) -> np.ndarray | None:
+        return None
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        return None
 
 
 def _as_blend(value) -> Blend | None:

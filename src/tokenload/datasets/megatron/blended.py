@@ -8,10 +8,13 @@ grouping needs anyway, plus one reduction."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 
+from ...contract import MixtureCursors, Sources
+from ...index.blends import distinct_sources
 from .gpt_dataset import IndexArrays
 from ..items import Allocator
 
@@ -110,3 +113,27 @@ class BlendedDataset:
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
+    reads_in_groups = True
+    """A loader worker may read several micro-batches with one ``read_batch``."""
+
+    def describe_sources(self) -> Sources:
+        """The members (what ``dataset_id`` numbers), keyed by prefix (``#2`` for a repeat)."""
+        infos = [info for d in self.datasets for info in d.describe_sources().members]
+        keys = distinct_sources([info.name for info in infos])
+        members = tuple(replace(info, key=key) for info, key in zip(infos, keys))
+        return Sources(members=members, blended=True)
+
+    def epoch_sizes(self) -> list[int]:
+        return [size for d in self.datasets for size in d.epoch_sizes()]
+
+    def sample_bytes(self) -> list[int | None]:
+        return [size for d in self.datasets for size in d.sample_bytes()]
+
+    def blend_index(self) -> np.ndarray | None:
+        """``dataset_index``: the job's draws per member are counts of its prefix."""
+        return self.dataset_index
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        return None

@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ...contract import MixtureCursors, Sources
 from ...errors import ConfigError, StateError
 from ...index import Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
@@ -175,6 +176,22 @@ class ContinuableBlendedDataset(BlendedDataset):
         # a chain begun at a resume serves the entry from there (its origin)
         return {"entry": entry, "entries": len(starts), "start": max(starts[entry], self.origin),
                 "weights": list(self.schedule[entry][1]), "next_change": following}
+
+    # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
+    def describe_sources(self) -> Sources:
+        """The members, keyed by ``sources`` (so a source removed at a resume keeps its key)."""
+        infos = [info for d in self.datasets for info in d.describe_sources().members]
+        members = tuple(replace(info, key=key) for info, key in zip(infos, self.sources))
+        return Sources(members=members, blended=True)
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        """This blend: its cursors, schedule position and resumable mixture state."""
+        return self
+
+    def cyclic_key(self) -> str:
+        """``"None"``: under the cyclic sampler this blend's fingerprint has never covered its
+        weights, and saved states must keep matching."""
+        return "None"
 
     # -- resume -----------------------------------------------------------------------------------
     @property

@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 
 from ...format.bin import gather_index
+from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import CacheError
 from ...index.cache_io import map_array
 from ..items import Allocator, ItemConfig, build_items
-from ..sources import stale_facts
+from ..sources import MockSource, stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
@@ -290,6 +291,47 @@ class GPTDataset:
             item["loss_mask"] = np.zeros_like(item["loss_mask"])
             return item
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
+
+    # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
+    reads_in_groups = True
+    """A loader worker may read several micro-batches with one ``read_batch``."""
+
+    def describe_sources(self) -> Sources:
+        """One source: the token file's prefix (``MockSource`` for the mock data)."""
+        source = self.source
+        name = type(source).__name__ if isinstance(source, MockSource) else str(source.prefix)
+        info = SourceInfo(name=name, key=name, sequence_length=self.item.sequence_length)
+        return Sources(members=(info,))
+
+    def epoch_sizes(self) -> list[int]:
+        """Megatron's samples per epoch, as the build recorded it, else from the index."""
+        told = self.samples_per_epoch
+        if isinstance(told, int) and told > 0:
+            return [told]
+        return [self.samples_per_epoch_from_index() or len(self)]
+
+    def samples_per_epoch_from_index(self) -> int | None:
+        """Megatron's ``num_samples_per_epoch`` from the document index (every epoch holds each
+        document of the split once, and the split is a contiguous range) and the file's sequence
+        lengths. Reads the whole document index once: O(documents x epochs)."""
+        documents = self.document_index
+        if not len(documents):
+            return None
+        low, high = int(documents.min()), int(documents.max())
+        tokens = int(np.sum(self.source.sequence_lengths[low : high + 1], dtype=np.int64))
+        return max((tokens - self.item.extra) // self.item.sequence_length, 1)
+
+    def sample_bytes(self) -> list[int | None]:
+        """``window x itemsize`` of the token file (None for the mock data, which reads none)."""
+        if isinstance(self.source, MockSource):
+            return [None]
+        return [self.item.window * np.dtype(self.source.dtype).itemsize]
+
+    def blend_index(self) -> np.ndarray | None:
+        return None
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        return None
 
 
 def _unwrapped(ids: np.ndarray) -> np.ndarray:

@@ -1,0 +1,160 @@
+"""What the loader needs from a dataset: the one contract between ``datasets`` and ``loader``.
+
+``LoaderDataset`` is everything ``loader`` calls on a dataset: its length, a micro-batch read in
+two stages (``read_batch``: index lookups and token reads, in the file's compact dtype;
+``finish_batch``: the item fields, into arrays from an allocator, so a worker builds them straight
+in shared memory) or in one (``__getitems__``), the fingerprint a resume state must match, the
+seconds its build took per phase, a description of its sources for the loader's accounting, and,
+for blends, how the job's draws per source are found. Every dataset kind of ``tokenload.datasets``
+implements it; a plain map-style dataset (``__len__`` with ``__getitems__`` or ``__getitem__``)
+is wrapped once, where ``build_dataloader`` takes it (``loader.mapstyle``), so nothing inside the
+loader asks a dataset what it can do.
+
+The contract is structural (``typing.Protocol``): datasets do not inherit from it, a type checker
+checks them where they are passed as one. ``BatchSource`` holds its methods only, so that
+``isinstance`` can tell a contract dataset from a map-style one at run time without evaluating a
+property (``fingerprint`` reads a file's content; Python 3.11's check calls every member).
+
+Standard library and NumPy only: it sits below ``datasets`` and ``loader``, which both import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Allocator",
+    "Batch",
+    "BatchSource",
+    "LoaderDataset",
+    "MixtureCursors",
+    "SourceInfo",
+    "Sources",
+]
+
+Batch = dict[str, Any]
+"""One micro-batch: field name to array (a row per sample) or to a value the rows share."""
+
+Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""Returns an uninitialized array of the given shape and dtype (``np.empty`` by default; a loader
+worker passes one that places the fields straight into shared memory)."""
+
+
+@dataclass(frozen=True)
+class SourceInfo:
+    """One source of a dataset as the loader's accounting names it (cheap: no file is opened)."""
+
+    name: str
+    """Readable name: the token file's prefix, the flat file's path, else a type's name."""
+    key: str
+    """Stable identity the job's ledger keys the source by, unique within the dataset (a computed
+    source's content identity; a prefix, with ``#2`` appended to its second copy)."""
+    sequence_length: int | None = None
+    """Tokens per sample that the job's ledger counts (None: the dataset does not say)."""
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The sources of a dataset: a blend's members (what a batch's ``dataset_id`` numbers), else
+    the dataset itself as one source."""
+
+    members: tuple[SourceInfo, ...]
+    blended: bool = False
+    """Batches carry ``dataset_id``: the member of each row."""
+
+
+class MixtureCursors(Protocol):
+    """A blend that knows every source's cursor as a function of the global sample count: the job's
+    draws per source, its weights schedule, and a state that resumes into other weights."""
+
+    def source_cursors(self, consumed: int) -> np.ndarray:
+        """int64 samples drawn from each member by the first ``consumed`` global samples."""
+        ...
+
+    def schedule_position(self, consumed: int) -> dict[str, Any]:
+        """The weights schedule's entry in force after ``consumed`` samples, and the next change."""
+        ...
+
+    def mixture_state(self, consumed: int) -> dict[str, Any]:
+        """Every source's cursor after ``consumed`` global samples (JSON-able; the loader's state
+        keeps it as ``"mixture"``)."""
+        ...
+
+    def resume_mixture(self, state: dict[str, Any]) -> str:
+        """Continue the run that saved ``state``: ``"same"`` (the same chain), ``"weights"`` (other
+        weights) or ``"sources"`` (sources added or removed)."""
+        ...
+
+    def cyclic_key(self) -> str:
+        """What the cyclic sampler's fingerprint adds for this blend (the cyclic order draws
+        samples out of order, so its weights cannot change mid-run)."""
+        ...
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """The methods of ``LoaderDataset`` (checkable with ``isinstance``)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        """One micro-batch in one call (``finish_batch(read_batch(indices))``)."""
+        ...
+
+    def read_batch(self, indices: Sequence[int]) -> Batch:
+        """The raw part of a micro-batch (index lookups and reads). Arrays with a row per sample
+        may be cut by rows: a worker reads several micro-batches in one call when
+        ``reads_in_groups``."""
+        ...
+
+    def finish_batch(self, batch: Batch, alloc: Allocator | None = None) -> Batch:
+        """The item fields of a ``read_batch`` result, in arrays made by ``alloc``."""
+        ...
+
+    def describe_sources(self) -> Sources:
+        """The sources, for the loader's accounting (no file opened, no index read)."""
+        ...
+
+    def epoch_sizes(self) -> list[int]:
+        """Samples in one pass over each source's data (Megatron's samples per epoch); may read
+        index arrays, so the loader asks once, at its first batch."""
+        ...
+
+    def sample_bytes(self) -> list[int | None]:
+        """Token-file bytes one sample of each source reads (None: the loader measures the batch);
+        may open the token files."""
+        ...
+
+    def blend_index(self) -> np.ndarray | None:
+        """The member of each global sample, for a blend that stores it (Megatron's
+        ``dataset_index``: the job's draws are counts of its prefix); else None."""
+        ...
+
+    def mixture_cursors(self) -> MixtureCursors | None:
+        """The blend's cursors when its mixture is computed or may change (then the loader's state
+        records them and resumes into other weights); else None."""
+        ...
+
+
+class LoaderDataset(BatchSource, Protocol):
+    """Everything the loader needs from a dataset (module docstring)."""
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of data, order and item layout: what a resume state must match."""
+        ...
+
+    @property
+    def startup_phases(self) -> Mapping[str, float]:
+        """Seconds per phase of the build that made the dataset (empty when not measured)."""
+        ...
+
+    @property
+    def reads_in_groups(self) -> bool:
+        """Whether a worker may read several micro-batches with one ``read_batch`` (every array of
+        its result with a row per sample) and finish each into its own slot."""
+        ...
