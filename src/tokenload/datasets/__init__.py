@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+# the config importers register themselves with MegatronDataConfig (from_megatron_args, ...)
+from . import megatron_flags as _megatron_flags  # noqa: F401
 from .build import build_datasets
 from .config import MegatronDataConfig
 from .flat import FlatDatasetConfig, FlatTokenDataset
 from .items import ItemConfig
 from .megatron import BlendedDataset, GPTDataset, wait_for_cache_writes
+from .neox import neox_yaml as _neox_yaml  # noqa: F401
 from .sources import MockSource
 
 __all__ = [

@@ -2,7 +2,9 @@
 
 The order (``MegatronDataConfig.order``) picks the package that builds: ``datasets.megatron``
 (Megatron-LM's indices and caches), ``datasets.computed`` (windows in a keyed permutation, no
-index build) or ``datasets.neox`` (GPT-NeoX's order).
+index build) or ``datasets.neox`` (GPT-NeoX's order). ``MegatronDataConfig`` holds every field
+flat; the fields of one order only are read here, once, into that order's options record
+(``MegatronOptions``, ``ComputedOptions``, ``NeoxOptions``), which its package takes.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .config import MegatronDataConfig
-from .megatron.builder import build_megatron_datasets
+from .megatron.builder import MegatronOptions, build_megatron_datasets
 
 __all__ = ["build_datasets"]
 
@@ -38,14 +40,11 @@ def build_datasets(
     Every dataset returned carries ``startup_phases`` (seconds per phase of this call).
     """
     if config.order == "computed":
-        from .computed.computed_dataset import build_computed_datasets
+        from .computed.computed_dataset import ComputedOptions, build_computed_datasets
 
-        return build_computed_datasets(config, sizes, block_size=config.block_size)
+        return build_computed_datasets(config, sizes, ComputedOptions.from_config(config))
     if config.order == "neox":
-        from .neox.neox_dataset import build_neox_datasets
+        from .neox.neox_dataset import NeoxOptions, build_neox_datasets
 
-        return build_neox_datasets(
-            config, sizes, weight_by_num_documents=config.weight_by_num_documents,
-            weighted_sampler_alpha=config.weighted_sampler_alpha, num_epochs=config.num_epochs,
-        )
-    return build_megatron_datasets(config, sizes)
+        return build_neox_datasets(config, sizes, NeoxOptions.from_config(config))
+    return build_megatron_datasets(config, sizes, MegatronOptions.from_config(config))

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
-from ..index import Blend
+from ..index import Blend, parse_blend
 from ..storage import is_url
 from .items import ItemConfig
+from .sources import SourceOptions
 
-__all__ = ["BUILD_POLICIES", "CACHE_POLICIES", "ORDERS", "MegatronDataConfig"]
+__all__ = ["BUILD_POLICIES", "CACHE_POLICIES", "ORDERS", "ImportedConfig", "MegatronDataConfig", "as_blend"]
 
 BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
 """Values of ``build_policy`` (``datasets.megatron.policy`` gives each its roles)."""
@@ -206,23 +208,21 @@ class MegatronDataConfig:
                               hint="pass blend or blend_per_split")
 
     @classmethod
-    def from_megatron_args(cls, argv: Sequence[str], **options: Any):
+    def from_megatron_args(cls, argv: Sequence[str], **options: Any) -> ImportedConfig:
         """The configuration in Megatron-LM's training flags (``--data-path``, ``--split``,
         ``--seq-length``, ``--data-cache-path``, ``--dataloader-fast-cache-load``, ...), as an
         ``ImportedConfig``: ``.config()`` is the ``MegatronDataConfig``, ``.sizes`` the samples
-        per split by Megatron's arithmetic. Unknown flags are a ConfigError naming them."""
-        from .megatron_flags import megatron_config_from_args
-
-        return megatron_config_from_args(argv, **options)
+        per split by Megatron's arithmetic. Unknown flags are a ConfigError naming them
+        (``datasets.megatron_flags``)."""
+        return _importer("megatron_args")(argv, **options)
 
     @classmethod
-    def from_neox_config(cls, config: Any, **options: Any):
+    def from_neox_config(cls, config: Any, **options: Any) -> ImportedConfig:
         """The configuration in a GPT-NeoX YAML file (or a list of files merged as NeoX merges
         them, or a dict), as an ``ImportedConfig`` (see ``from_megatron_args``); ``order`` is
-        ``"neox"``. Unsupported data keys are a ConfigError naming them."""
-        from .neox.neox_yaml import neox_config_from_yaml
-
-        return neox_config_from_yaml(config, **options)
+        ``"neox"``. Unsupported data keys are a ConfigError naming them
+        (``datasets.neox.neox_yaml``)."""
+        return _importer("neox_config")(config, **options)
 
     @property
     def mock(self) -> bool:
@@ -242,6 +242,12 @@ class MegatronDataConfig:
             inter_document_masking=self.inter_document_masking,
         )
 
+    def source_options(self) -> SourceOptions:
+        """What opening a token file (or the mock source) takes of this config."""
+        return SourceOptions(
+            read_mode=self.read_mode, warmup=self.warmup, vocab_size=self.vocab_size, eod_id=self.eod_id
+        )
+
 
 class ImportedConfig(NamedTuple):
     """What an importer found: dataset fields, the samples per split, and the rest."""
@@ -257,3 +263,30 @@ class ImportedConfig(NamedTuple):
     def config(self) -> MegatronDataConfig:
         """``MegatronDataConfig(**fields)``, every field passed as found."""
         return MegatronDataConfig(**self.fields)
+
+
+def as_blend(value: Sequence[str] | str | Blend | None) -> Blend | None:
+    """A ``blend`` (or one entry of ``blend_per_split``) as a ``Blend``, as given or parsed."""
+    if value is None or isinstance(value, Blend):
+        return value
+    return parse_blend(value)
+
+
+Importer = Callable[..., ImportedConfig]
+"""A config importer: a config as another system writes it -> ``ImportedConfig``."""
+
+_IMPORTERS: dict[str, Importer] = {}
+
+
+def register_importer(name: str, importer: Importer) -> None:
+    """Make ``importer`` what ``MegatronDataConfig.from_<name>`` calls. The importers depend on
+    this module and register themselves as ``tokenload.datasets`` is imported; this module imports
+    none of them (no import circle)."""
+    _IMPORTERS[name] = importer
+
+
+def _importer(name: str) -> Importer:
+    try:
+        return _IMPORTERS[name]
+    except KeyError:  # only when tokenload.datasets' own __init__ did not run to the end
+        raise RuntimeError(f"the {name} importer is not registered; import tokenload.datasets") from None

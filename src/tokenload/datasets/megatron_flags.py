@@ -22,7 +22,7 @@ from typing import Any
 from .. import megatron_args
 from ..distributed import World
 from ..errors import ConfigError
-from .config import ImportedConfig
+from .config import ImportedConfig, register_importer
 
 __all__ = [
     "MEGATRON_NON_DATA_FLAGS",
@@ -233,3 +233,6 @@ def _megatron_loading(args: argparse.Namespace, fields: dict[str, Any]) -> None:
         fields["sequences_path"] = args.per_dataset_sequences_path
     if not args.mmap_bin_files:
         fields["read_mode"] = "pread"
+
+
+register_importer("megatron_args", megatron_config_from_args)

@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -57,12 +58,13 @@ import numpy as np
 from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import ConfigError
 from ...format import read_sequences
-from ...index import MOCK_SPLIT, Blend, parse_blend, plan_splits
+from ...index import MOCK_SPLIT, plan_splits
 from ...index.window_order import WindowOrder, source_seed
 from ...index.interleave import DEFAULT_PERIOD
+from ...index.plan import MidLevelPlan
 from ...index.windows import WindowGrid, window_pieces
 from .computed_blend import ComputedBlendedDataset, _Items
-from ..config import MegatronDataConfig
+from ..config import MegatronDataConfig, as_blend
 from .extents import Extent, file_extent, mock_extent
 from ..items import Allocator, ItemConfig, build_items
 from ..sources import MockSource, open_source
@@ -195,10 +197,6 @@ class ComputedGPTDataset(_Items):
         return None
 
 
-def _as_blend(value) -> Blend | None:
-    return value if value is None or isinstance(value, Blend) else parse_blend(value)
-
-
 def _whole_epochs(asked: int | None, per_epoch: int) -> int:
     """Every sample of the epochs a request needs (one epoch for None), as Megatron's length."""
     if per_epoch <= 0:
@@ -207,9 +205,28 @@ def _whole_epochs(asked: int | None, per_epoch: int) -> int:
     return epochs * per_epoch
 
 
+@dataclass(frozen=True, kw_only=True)
+class ComputedOptions:
+    """The computed order's own options: ``block_size`` (``MegatronDataConfig.block_size``: B
+    windows per block, None for the flat order) and ``period`` (the blend schedule's period;
+    weights resolve to 1/period)."""
+
+    block_size: int | None = None
+    period: int = DEFAULT_PERIOD
+
+    def __post_init__(self) -> None:
+        b = self.block_size
+        if b is not None and (isinstance(b, bool) or int(b) < 1):
+            raise ConfigError(f"block_size is {b!r}; expected a positive int or None (flat order)")
+
+    @classmethod
+    def from_config(cls, config: MegatronDataConfig) -> ComputedOptions:
+        return cls(block_size=config.block_size)
+
+
 def build_computed_datasets(
-    config: MegatronDataConfig, sizes: Sequence[int | None], *, block_size: int | None = None,
-    period: int = DEFAULT_PERIOD,
+    config: MegatronDataConfig, sizes: Sequence[int | None], options: ComputedOptions | None = None,
+    **fields: Any,
 ) -> tuple[Any | None, Any | None, Any | None]:
     """The (train, valid, test) datasets of ``config`` in the computed order (module docstring).
 
@@ -217,24 +234,23 @@ def build_computed_datasets(
     single file's split holds every sample of the epochs the request needs; a weighted blend
     holds the requested size (Megatron's sum of per-prefix targets), an unweighted blend weighs
     its sources by their windows and holds the request (one epoch of every source for None).
-    ``block_size``: B windows per block (block mode), None for the flat order. ``period``: the
-    blend schedule's period (weights resolve to 1/period). No file is written or kept open; the
-    call needs no other rank.
+    ``options``: the order's own options (``build_datasets`` passes ``ComputedOptions.from_config``;
+    default ``ComputedOptions()``); keywords replace single ones (``block_size=4``). No file is
+    written or kept open; the call needs no other rank.
     """
-    if block_size is not None and (isinstance(block_size, bool) or int(block_size) < 1):
-        raise ConfigError(f"block_size is {block_size!r}; expected a positive int or None (flat order)")
+    options = replace(options or ComputedOptions(), **fields)
     started = time.perf_counter()
     c = config
     split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
-    per_split = None if c.blend_per_split is None else [_as_blend(b) for b in c.blend_per_split]
+    per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
     plans = plan_splits(
-        blend=None if c.mock else _as_blend(c.blend), blend_per_split=per_split, split=split, sizes=list(sizes),
+        blend=None if c.mock else as_blend(c.blend), blend_per_split=per_split, split=split, sizes=list(sizes),
         surplus=c.mid_level_dataset_surplus,
     )
-    builder = ComputedBuilder(c, block_size)
+    builder = ComputedBuilder(c, options.block_size)
     out = [
         None if plan is None
-        else builder.split(plan, period, c.weights_schedule if k == 0 else None)
+        else builder.split(plan, options.period, c.weights_schedule if k == 0 else None)
         for k, plan in enumerate(plans)
     ]
     phases = {"header_reads": time.perf_counter() - started}
@@ -245,9 +261,12 @@ def build_computed_datasets(
 
 
 class ComputedBuilder:
+    """One ``build_computed_datasets`` call: each source opened once, its splits' extents, the blends."""
+
     def __init__(self, config: MegatronDataConfig, block_size: int | None) -> None:
         self.config = config
         self.item = config.item_config()
+        self.layout = {"sequence_length": config.sequence_length, "extra": int(config.add_extra_token)}
         self.block_size = None if block_size is None else int(block_size)
         self.sequences = None if config.sequences_path is None else read_sequences(config.sequences_path)
         self._sources: dict[str | None, Any] = {}
@@ -255,15 +274,15 @@ class ComputedBuilder:
     def source(self, prefix: str | None):
         """A lazy source per prefix (a ``TokenFile`` opens on its first read)."""
         if prefix not in self._sources:
-            self._sources[prefix] = open_source(prefix, self.config, self.sequences)
+            self._sources[prefix] = open_source(prefix, self.config.source_options(), self.sequences)
         return self._sources[prefix]
 
-    def member(self, mid) -> ComputedGPTDataset:
+    def member(self, mid: MidLevelPlan) -> ComputedGPTDataset:
         source = self.source(mid.prefix)
         if mid.prefix is None:
-            extent = mock_extent(source, mid.bookend, self.config)
+            extent = mock_extent(source, mid.bookend, **self.layout)
         else:
-            extent = file_extent(mid.prefix, mid.bookend, self.sequences, self.config)
+            extent = file_extent(mid.prefix, mid.bookend, self.sequences, read_mode=self.config.read_mode, **self.layout)
         n = extent.grid.num_windows
         if n == 0 and mid.num_samples:
             raise ConfigError(

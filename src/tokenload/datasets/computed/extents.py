@@ -29,11 +29,10 @@ from ...errors import FormatError
 from ...format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
 from ...format.legacy import is_legacy
 from ...format.sequences import SequencesFile, check_counts, check_index_size
-from ...format.storage import read_error
+from ...storage.os_errors import read_error
 from ...index import split_range
 from ...index.windows import WindowGrid
 from ...storage import file_size, local_path
-from ..config import MegatronDataConfig
 from ..sources import MockSource, open_token_file
 
 __all__ = ["Extent", "file_extent", "mock_extent"]
@@ -87,10 +86,15 @@ def _check_step(i: int, pointers: tuple[int, ...], length: int, dtype: np.dtype,
         )
 
 
-def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: MegatronDataConfig) -> Extent:
-    """The split ``bookend`` of ``prefix``: a few ``pread`` s of the ``.idx`` (no header with a
-    sequences JSON that gives the dtype), the ``.bin`` size from one ``stat`` (a URL: its
-    node-local ``.idx`` copy and one HEAD)."""
+def file_extent(
+    prefix: str, bookend, sequences: SequencesFile | None, *, sequence_length: int, extra: int,
+    read_mode: str,
+) -> Extent:
+    """The split ``bookend`` of ``prefix`` in windows of ``sequence_length + extra`` tokens: a
+    few ``pread`` s of the ``.idx`` (no header with a sequences JSON that gives the dtype), the
+    ``.bin`` size from one ``stat`` (a URL: its node-local ``.idx`` copy and one HEAD).
+    ``read_mode``: how a legacy or float file, which its reader must open, is read."""
+    layout = (sequence_length, extra)
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     try:
         fd = os.open(local_path(idx_path), os.O_RDONLY)  # a URL's .idx: its local copy
@@ -108,10 +112,10 @@ def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: M
             size = os.fstat(fd).st_size
             head = _pread(fd, 0, min(HEADER_SIZE, size), idx_path)
             if is_legacy(head[:8]):
-                return _opened_extent(prefix, bookend, config)
+                return _opened_extent(prefix, bookend, layout, read_mode)
             header = parse_header(head, size, idx_path, dtype_codes="megatron")
             if header.code in FLOAT_CODES:  # the .bin size decides the float type: open it
-                return _opened_extent(prefix, bookend, config)
+                return _opened_extent(prefix, bookend, layout, read_mode)
             if entry is not None:  # counts without a dtype: the header must hold them
                 counts = (entry.sequence_count, entry.document_count)
                 check_counts(header, counts, idx_path, sequences.path)
@@ -146,34 +150,34 @@ def file_extent(prefix: str, bookend, sequences: SequencesFile | None, config: M
             path=bin_path, hint="the .bin and .idx do not belong together or one was truncated",
         )
     facts = f"{n}|{d}|{dtype.str}|{bin_bytes}|{begin}|{end}|{first}|{last}|{xxhash.xxh3_64_hexdigest(sampled)}"
-    return _extent(begin, end, first // dtype.itemsize, (last - first) // dtype.itemsize, dtype, facts, config)
+    return _extent(begin, end, first // dtype.itemsize, (last - first) // dtype.itemsize, dtype, facts, layout)
 
 
-def _opened_extent(prefix: str, bookend, config: MegatronDataConfig) -> Extent:
+def _opened_extent(prefix: str, bookend, layout: tuple[int, int], read_mode: str) -> Extent:
     """Legacy and float indices: their reader decides (it opens the file; rare formats)."""
-    tf = open_token_file(prefix, config.read_mode, None)
+    tf = open_token_file(prefix, read_mode, None)
     begin, end = split_range(bookend, tf.num_sequences)
     pointers, lengths, size = tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize
-    grid = WindowGrid.from_pointers(pointers, lengths, size, begin, end, config.sequence_length, int(config.add_extra_token))
+    grid = WindowGrid.from_pointers(pointers, lengths, size, begin, end, *layout)
     sampled = np.concatenate([lengths[begin:begin + _SAMPLED_LENGTHS], lengths[max(begin, end - _SAMPLED_LENGTHS):end]])
     facts = f"{tf.num_sequences}|{tf.dtype.str}|{tf.num_tokens}|{begin}|{end}|{xxhash.xxh3_64_hexdigest(sampled.tobytes())}"
     tf.close()
-    return _extent(begin, end, grid.first_token, grid.num_tokens, tf.dtype, facts, config)
+    return _extent(begin, end, grid.first_token, grid.num_tokens, tf.dtype, facts, layout)
 
 
-def _extent(begin, end, first_token, num_tokens, dtype, facts, config: MegatronDataConfig) -> Extent:
+def _extent(begin, end, first_token, num_tokens, dtype, facts, layout: tuple[int, int]) -> Extent:
+    """``layout``: (sequence length, extra token)."""
     grid = WindowGrid(
-        first_token=first_token, num_tokens=num_tokens, sequence_length=config.sequence_length,
-        extra=int(config.add_extra_token),
+        first_token=first_token, num_tokens=num_tokens, sequence_length=layout[0], extra=layout[1],
     )
     identity = hashlib.sha256(f"{facts}|S={grid.sequence_length}|x={grid.extra}".encode()).hexdigest()[:16]
     return Extent(begin=begin, end=end, grid=grid, dtype=np.dtype(dtype), identity=identity)
 
 
-def mock_extent(source: MockSource, bookend, config: MegatronDataConfig) -> Extent:
+def mock_extent(source: MockSource, bookend, *, sequence_length: int, extra: int) -> Extent:
     lengths = source.sequence_lengths
     begin, end = split_range(bookend, len(lengths))
     first = int(np.sum(lengths[:begin], dtype=np.int64))
     tokens = int(np.sum(lengths[begin:end], dtype=np.int64))
     facts = f"mock|{source.vocab_size}|{source.eod_id}|{begin}|{end}"
-    return _extent(begin, end, first, tokens, np.dtype(np.int64), facts, config)
+    return _extent(begin, end, first, tokens, np.dtype(np.int64), facts, (sequence_length, extra))

@@ -2,17 +2,17 @@
 
 This plays the part of Megatron's ``BlendedMegatronDatasetBuilder``: split and blend planning
 (``index.plan``), the per-prefix GPT indices (``index.gpt``), blending (``index.blending``),
-and the cache (``index.cache`` for names, ``index.cache_io`` for files). A cache that Megatron
+and the cache (``caches.names`` for names, ``caches.files`` for files). A cache that Megatron
 wrote loads here and the reverse, under Megatron's own file names.
 
 Unlike Megatron, a cache is checked before use, and a stale one is rebuilt or refused, never
-silently reused (``datasets.megatron.cache_rules``). The index values are range-checked as batches use
-them (``datasets.megatron.gpt_dataset``).
+silently reused (``cache_rules``). The index values are range-checked as batches use
+them (``gpt_dataset``).
 
-Who builds, writes, waits and loads is the build policy (``datasets.megatron.policy``): each process
+Who builds, writes, waits and loads is the build policy (``policy``): each process
 takes one role from ``build_policy`` and its ``World``; ``rank0`` and ``local-rank0`` call one
 barrier per call, the others none. The writer of a complete build also writes a build manifest
-(``datasets.megatron.manifest``) with which a loading rank gets every dataset from one open.
+(``manifest``) with which a loading rank gets every dataset from one open.
 
 A dataset's ``fingerprint`` (what a loader's resume state must match) depends on the data's
 content and the configuration, never on where the files are: the same token files copied to
@@ -32,45 +32,47 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...caches import (
+    blended_identifiers,
+    default_cache_dir,
+    describe,
+    description_hash,
+    gpt_identifiers,
+)
 from ...distributed import World, barrier, process_group
 from ...errors import ConfigError
 from ...format import read_sequences
 from ...index import (
     MOCK_SPLIT,
     SPLIT_NAMES,
-    Blend,
-    blended_identifiers,
     build_blending_indices,
     build_exhaustive_blending_indices,
     check_oversampling,
-    default_cache_dir,
-    describe,
-    description_hash,
-    gpt_identifiers,
-    parse_blend,
     plan_splits,
     resolve_blend,
     split_matrix,
     split_range,
 )
 from ...index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
+from ...index.plan import MidLevelPlan, SplitPlan
 from ...metrics import Phases
 from ...storage import is_url, local_folder
 from .blended import BlendedDataset
 from .cache_match import gpt_cache_mismatches
-from ..config import MegatronDataConfig
+from ..config import MegatronDataConfig, as_blend
 from .gpt_dataset import GPTDataset, IndexArrays
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
-from .manifest import manifest_key, manifest_path, read_manifest
+from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
 from .continuable import continuable, first_entry_blend, mixture_mode
 from .policy import Role, missing_cache, prepare_command, resolve
 from ..sources import file_facts, open_source
 
-__all__ = ["BUILD_THREADS", "MegatronBuilder", "build_megatron_datasets"]
+__all__ = ["BUILD_THREADS", "BuiltDataset", "MegatronBuilder", "MegatronOptions", "build_megatron_datasets"]
 
 BUILD_THREADS = 4
 """Threads that build the missing prefixes of a blend. Measured on 2 cores, 100 prefixes of 3,000
@@ -78,24 +80,56 @@ documents: in memory 0.35 s with 1 thread, 0.16-0.24 s with 2, 0.15 s with 4; bu
 writing the caches (fsync-bound) 5.5-5.8 s, 1.5-1.7 s, 0.95 s (8 threads: no better)."""
 
 
-def _as_blend(value) -> Blend | None:
-    if value is None or isinstance(value, Blend):
-        return value
-    return parse_blend(value)
+@dataclass(frozen=True, kw_only=True)
+class MegatronOptions:
+    """The Megatron order's own fields of a ``MegatronDataConfig`` (see there): its index caches,
+    who builds them, and what a blend does when its weights change at a resume."""
+
+    path_to_cache: str | None = None
+    cache: str = "auto"
+    build_policy: str = "auto"
+    tokenizer: Mapping[str, Any] | None = None
+    mixture_change: str = "refuse"
+
+    @classmethod
+    def from_config(cls, config: MegatronDataConfig) -> MegatronOptions:
+        return cls(
+            path_to_cache=config.path_to_cache, cache=config.cache, build_policy=config.build_policy,
+            tokenizer=config.tokenizer, mixture_change=config.mixture_change,
+        )
 
 
-def build_megatron_datasets(config: MegatronDataConfig, sizes: Sequence[int | None]) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) datasets of ``config`` in the Megatron order (``build_datasets``)."""
+@dataclass(frozen=True)
+class BuiltDataset:
+    """A dataset the build made, with its build-manifest entry (None when no cache backs it)
+    and, for a per-prefix dataset, Megatron's unique identifiers (its cache's description)."""
+
+    dataset: Any
+    entry: dict[str, Any] | None
+    identifiers: OrderedDict[str, Any] | None = None
+
+
+def build_megatron_datasets(
+    config: MegatronDataConfig, sizes: Sequence[int | None], options: MegatronOptions | None = None
+) -> tuple[Any | None, Any | None, Any | None]:
+    """The (train, valid, test) datasets of ``config`` in the Megatron order (``build_datasets``);
+    ``options`` defaults to ``MegatronOptions.from_config(config)``."""
     wait_for_cache_writes()
-    return MegatronBuilder(config, World.detect()).build(list(sizes))
+    options = MegatronOptions.from_config(config) if options is None else options
+    return MegatronBuilder(config, options, World.detect()).build(list(sizes))
 
 
 class MegatronBuilder:
-    def __init__(self, config: MegatronDataConfig, world: World) -> None:
+    """One ``build_megatron_datasets`` call: the splits' plans, the per-prefix GPT datasets, the
+    blends, and the caches and manifest as this process's role says."""
+
+    def __init__(self, config: MegatronDataConfig, options: MegatronOptions, world: World) -> None:
         self.config = config
+        self.options = options
         self.world = world
         self.item = config.item_config()
-        self.role, self.sync = resolve(config.build_policy, world, config.cache)
+        self.sizes: list[int | None] = []
+        self.role, self.sync = resolve(options.build_policy, world, options.cache)
         self._sources: dict[str | None, Any] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
         self._facts: dict[str | None, dict[str, Any] | None] = {}
@@ -106,7 +140,7 @@ class MegatronBuilder:
         # first batches, so its start is no longer than any other rank's (the barrier-free
         # policies' critical path); one process, prepare-cache and the barrier policies write first.
         behind = self.role is Role.WRITE and not self.sync and world.world_size > 1
-        self._cache = IndexCache(self.role, config.cache, behind=behind, phase=self._phase)
+        self._cache = IndexCache(self.role, options.cache, behind=behind, phase=self._phase)
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -122,13 +156,13 @@ class MegatronBuilder:
             c = self.config
             if prefix is not None and c.sequences_path is not None and self._sequences is None:
                 self._sequences = read_sequences(c.sequences_path)
-            self._sources[prefix] = open_source(prefix, c, self._sequences)
+            self._sources[prefix] = open_source(prefix, c.source_options(), self._sequences)
         return self._sources[prefix]
 
     # -- the policy around one build ------------------------------------------------------------
     def build(self, sizes: list[int | None]):
         self.sizes = list(sizes)  # a Megatron-order schedule plans each entry (megatron_mixture)
-        why = f"build_policy={self.config.build_policy!r}"
+        why = f"build_policy={self.options.build_policy!r}"
         if self.sync and process_group() is None:
             barrier(self.world, why)  # the ConfigError, on every rank, before any work
         if self.sync and self.role is Role.READ:
@@ -146,27 +180,30 @@ class MegatronBuilder:
                 ds.startup_phases = phases
         return splits
 
-    def _manifest_path(self, sizes) -> tuple[str, dict[str, Any]] | None:
-        c = self.config
-        if c.path_to_cache is None or self.role is Role.MEMORY:
+    def _manifest_file(self, sizes: list[int | None]) -> ManifestFile | None:
+        folder = self.options.path_to_cache
+        if folder is None or self.role is Role.MEMORY:
             return None
-        key = manifest_key(c, sizes)
-        return manifest_path(c.path_to_cache, key), key
+        key = manifest_key(self.config, sizes)
+        return ManifestFile(manifest_path(folder, key), key)
+
+    def _mixture_mode(self) -> bool:
+        return mixture_mode(self.options.mixture_change, self.config.weights_schedule)
 
     def _build(self, sizes: list[int | None]):
         c = self.config
-        # a blend whose mixture changes wraps its datasets (megatron_mixture): no manifest
-        manifest = None if mixture_mode(c) else self._manifest_path(sizes)
+        # a blend whose mixture changes wraps its datasets (continuable): no manifest
+        manifest = None if self._mixture_mode() else self._manifest_file(sizes)
         if manifest is not None and self.role is Role.READ:
             with self._phase("index_load"):
-                found = read_manifest(*manifest)
+                found = read_manifest(manifest.path, manifest.key)
             if found is not None:
                 return tuple(None if e is None else self._from_entry(e) for e in found["splits"])
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
-        per_split = None if c.blend_per_split is None else [_as_blend(b) for b in c.blend_per_split]
+        per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
         plans = plan_splits(
-            blend=None if c.mock else first_entry_blend(c, _as_blend(c.blend)),
+            blend=None if c.mock else first_entry_blend(c.weights_schedule, as_blend(c.blend)),
             blend_per_split=per_split,
             split=split,
             sizes=sizes,
@@ -178,20 +215,23 @@ class MegatronBuilder:
                 self._check_not_empty(name, mid, split)
         built = [None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)]
         if self._cache.missing:
-            raise missing_cache(c.build_policy, self._cache.missing, self._cache.folders, prepare_command(c, sizes))
-        entries = [None if b is None else b[1] for b in built]
+            raise missing_cache(
+                self.options.build_policy, self._cache.missing, self._cache.folders, prepare_command(c, sizes)
+            )
+        entries = [None if b is None else b.entry for b in built]
         if not (manifest is not None and self.role is Role.WRITE and all(e is not None for b, e in zip(built, entries) if b)):
             manifest = None
         if self._cache.deferred:
-            write_behind(self._cache.deferred, None if manifest is None else (*manifest, entries))
+            write_behind(self._cache.deferred, manifest, entries)
         elif manifest is not None:
             with self._phase("cache_write"):
-                self._cache.write_manifest(*manifest, entries)
-        return tuple(None if b is None else b[0] for b in built)
+                self._cache.write_manifest(manifest, entries)
+        return tuple(None if b is None else b.dataset for b in built)
 
     # -- datasets from a manifest ---------------------------------------------------------------
     def _from_entry(self, entry: Mapping[str, Any]):
-        folder = self.config.path_to_cache
+        folder = self.options.path_to_cache
+        assert folder is not None  # a manifest is read only from path_to_cache
         indices = IndexArrays(
             paths={k: os.path.join(folder, v) for k, v in entry["arrays"].items()},
             shapes={k: tuple(v) for k, v in entry["shapes"].items()},
@@ -206,15 +246,15 @@ class MegatronBuilder:
         )
 
     # -- datasets from the plan -----------------------------------------------------------------
-    def _split(self, name, plan, split, matrix):
+    def _split(self, name: str, plan: SplitPlan, split: str | None, matrix) -> BuiltDataset:
         with self._phase("header_reads"):
             self._check_dtypes(name, [mid.prefix for mid in plan.datasets])
         mids = self._mids(name, plan, split, matrix)
         if not plan.blended:
-            return mids[0][0], mids[0][2]
-        lengths = [len(ds) for ds, _, _ in mids]
+            return BuiltDataset(mids[0].dataset, mids[0].entry)
+        lengths = [len(m.dataset) for m in mids]
         weights, size = resolve_blend(plan, lengths)
-        uid = blended_identifiers(datasets=[u for _, u, _ in mids], split=name, weights=weights, size=size)
+        uid = blended_identifiers(datasets=[m.identifiers for m in mids], split=name, weights=weights, size=size)
         description = describe(uid)
 
         def build():
@@ -226,26 +266,35 @@ class MegatronBuilder:
             return {"dataset_index": di, "dataset_sample_index": dsi}
 
         # Megatron caches a blend only under an explicit path_to_cache.
-        folder = self.config.path_to_cache
-        fields = {"members": [ds.fingerprint for ds, _, _ in mids]}
+        folder = self.options.path_to_cache
+        fields = {"members": [m.dataset.fingerprint for m in mids]}
         n = sum(lengths) if size is None else size  # the exhaustive blend takes every sample once
         expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
-        indices, entry = self._cache.indices(folder, uid, description, build, fields, expected)
+        cached = self._cache.indices(folder, uid, description, build, fields, expected)
         placeless = blended_identifiers(
-            datasets=[_placeless(u) for _, u, _ in mids], split=name, weights=weights, size=size
+            datasets=[_placeless(m.identifiers) for m in mids], split=name, weights=weights, size=size
         )
         identity = description_hash(describe(placeless))
-        dataset = BlendedDataset([ds for ds, _, _ in mids], indices, identity=identity, length=n)
-        if mixture_mode(self.config) and plan.weights is not None:
-            dataset = continuable(self, name, plan, split, matrix, dataset, mids)
-        members = [e for _, _, e in mids]
+        dataset = BlendedDataset([m.dataset for m in mids], cached.indices, identity=identity, length=n)
+        if self._mixture_mode() and plan.weights is not None:
+
+            def member(mid: MidLevelPlan) -> Any:  # a source built anew for another phase
+                return self._mid(name, mid, split, matrix).dataset
+
+            dataset = continuable(
+                config=self.config, sizes=self.sizes, name=name, plan=plan, blend=dataset,
+                members=[m.dataset for m in mids], build_member=member,
+                allow_change=self.options.mixture_change == "continue",
+            )
+        members = [m.entry for m in mids]
+        entry = cached.entry
         if entry is not None and all(e is not None for e in members):
             entry.update(kind="blended", length=n, identity=identity, members=members)
         else:
             entry = None
-        return dataset, entry
+        return BuiltDataset(dataset, entry)
 
-    def _mids(self, name, plan, split, matrix) -> list:
+    def _mids(self, name: str, plan: SplitPlan, split: str | None, matrix) -> list[BuiltDataset]:
         """The split's mid-level datasets, the missing ones built in threads when there are many."""
         threads = self._threads()
         if len(plan.datasets) == 1 or threads < 2 or self.role is Role.READ:
@@ -287,7 +336,7 @@ class MegatronBuilder:
                 hint="blend only token files made with the same tokenizer (re-tokenize the odd ones out)",
             )
 
-    def _check_not_empty(self, name: str, mid, split: str | None) -> None:
+    def _check_not_empty(self, name: str, mid: MidLevelPlan, split: str | None) -> None:
         """ConfigError when the split of ``mid`` holds no tokens but samples are asked of it."""
         if not mid.num_samples:
             return
@@ -297,8 +346,8 @@ class MegatronBuilder:
         if int(np.sum(lengths[beg:end], dtype=np.int64)) == 0:
             raise _empty_split(name, mid, beg, end, len(lengths), split)
 
-    def _mid(self, name, mid, split, matrix):
-        c = self.config
+    def _mid(self, name: str, mid: MidLevelPlan, split: str | None, matrix) -> BuiltDataset:
+        c, options = self.config, self.options
         source = self.source(mid.prefix)
         with self._phase("header_reads"):
             lengths = self._lengths(mid.prefix)
@@ -319,7 +368,7 @@ class MegatronBuilder:
             sequence_length=c.sequence_length,
             split=split,
             split_matrix=matrix,
-            tokenizer=c.tokenizer,
+            tokenizer=options.tokenizer,
         )
         documents = np.arange(beg, end, dtype=np.int32)
         tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
@@ -333,7 +382,7 @@ class MegatronBuilder:
             num_documents=end - beg, tokens_per_epoch=tokens, num_samples=mid.num_samples,
             config=gpt,
         )
-        folder = c.path_to_cache
+        folder = options.path_to_cache
         if folder is None and mid.prefix is not None:
             # a URL's default folder is local, beside its index copy (never a folder named 's3:')
             folder = default_cache_dir(local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix)
@@ -343,16 +392,16 @@ class MegatronBuilder:
             return gpt_cache_mismatches(arrays, lengths, beg, end,
                                         sequence_length=c.sequence_length, extra=gpt.extra)
 
-        indices, entry = self._cache.indices(
-            folder, uid, describe(uid), build, fields, expected, consistent)
+        cached = self._cache.indices(folder, uid, describe(uid), build, fields, expected, consistent)
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
         length = expected["sample_index"][0] - 1
         per_epoch = (tokens - gpt.extra) // c.sequence_length
-        dataset = GPTDataset(source, indices, self.item, identity=identity, length=length, samples_per_epoch=per_epoch)
+        dataset = GPTDataset(source, cached.indices, self.item, identity=identity, length=length, samples_per_epoch=per_epoch)
+        entry = cached.entry
         if entry is not None:
             entry.update(kind="gpt", prefix=mid.prefix, length=length, samples_per_epoch=per_epoch,
                          identity=identity, token_file=facts)
-        return dataset, uid, entry
+        return BuiltDataset(dataset, entry, uid)
 
 
 def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
@@ -364,7 +413,7 @@ def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
     return out
 
 
-def _empty_split(name: str, mid, beg: int, end: int, count: int, split: str | None) -> ConfigError:
+def _empty_split(name: str, mid: MidLevelPlan, beg: int, end: int, count: int, split: str | None) -> ConfigError:
     """A split without tokens asked for samples (Megatron loops forever there)."""
     share = "the whole file" if split is None else f"its share of split {split!r}"
     return ConfigError(

@@ -4,7 +4,7 @@ For each dataset the builder asks ``IndexCache.indices`` for its arrays; the pro
 (``datasets.megatron.policy``) decides what that means: build in memory (``MEMORY``, or no cache folder),
 load a cache or record it as missing (``READ``), load or build without writing (``CHECK``), or
 load, build and write (``WRITE``). The cache files are named and written as Megatron's
-(``index.cache``, ``index.cache_io``), so a cache Megatron wrote loads here and the reverse.
+(``caches.names``, ``caches.files``), so a cache Megatron wrote loads here and the reverse.
 
 Unlike Megatron, a cache is checked before use: the description text, the arrays' dtypes and
 shapes (against those the configuration implies) and, when tokenload wrote it, a sidecar with
@@ -31,19 +31,37 @@ import os
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
+from ...caches import CacheCheck, CacheFiles, CacheState, check_cache, map_array, write_cache
 from ...errors import CacheError
-from ...index import CacheFiles
-from ...index.cache_io import CacheCheck, CacheState, check_cache, map_array, write_cache
 from ...storage import is_url
 from .gpt_dataset import IndexArrays
-from .manifest import write_manifest
+from .manifest import ManifestFile, write_manifest
 from .policy import Role
 
 __all__ = ["IndexCache", "wait_for_cache_writes", "write_behind"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CachedIndices:
+    """A dataset's index arrays, and its build-manifest entry when a cache file backs them."""
+
+    indices: IndexArrays
+    entry: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """A cache the writer serves from memory and writes behind its first batches."""
+
+    files: CacheFiles
+    description: str
+    arrays: dict[str, Any]
+    fields: dict[str, Any]
 
 
 class IndexCache:
@@ -64,21 +82,21 @@ class IndexCache:
         """A loading rank's caches not found (``name: reasons``), for ``policy.missing_cache``."""
         self.folders: list[str] = []
         """The folders of ``missing``."""
-        self.deferred: list[tuple[Any, ...]] = []
-        """``(files, description, arrays, fields)`` of each cache left to ``write_behind``."""
+        self.deferred: list[PendingWrite] = []
+        """The caches left to ``write_behind``."""
         self.wrote = False
         """A cache file was written by this build: the build manifest must then follow."""
 
     def indices(
         self, folder, uid, description, build, fields, expected, consistent=None
-    ) -> tuple[IndexArrays, dict | None]:
+    ) -> CachedIndices:
         """The dataset's index arrays as the role says, and its manifest entry when cached.
         ``consistent(arrays)``: why a cache without a sidecar (Megatron's) does not fit the
         current token file (``cache_match``), checked on its first use; a mismatch is a stale
         cache."""
         if folder is None or self.role is Role.MEMORY:
             with self.phase("index_build"):
-                return IndexArrays(arrays=build()), None
+                return CachedIndices(IndexArrays(arrays=build()), None)
         files = CacheFiles.of(folder, uid)
         paths = {name: files.array(name) for name in files.arrays}
         with self.phase("index_load"):
@@ -91,11 +109,11 @@ class IndexCache:
             if not check.has_sidecar:
                 logger.info("using index cache without a tokenload sidecar (written by Megatron), "
                             "checked against the token file's lengths: %s", files.description)
-            return IndexArrays(paths=dict(check.arrays)), entry
+            return CachedIndices(IndexArrays(paths=dict(check.arrays)), entry)
         if self.role is Role.READ:
             self.missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
             self.folders.append(folder)
-            return IndexArrays(paths=paths), None
+            return CachedIndices(IndexArrays(paths=paths), None)
         if check.state is CacheState.STALE:
             if self.cache == "strict":
                 raise CacheError(
@@ -107,22 +125,22 @@ class IndexCache:
         with self.phase("index_build"):
             arrays = build()
         if self.role is not Role.WRITE:  # CHECK: the writer writes it
-            return IndexArrays(arrays=arrays), None
+            return CachedIndices(IndexArrays(arrays=arrays), None)
         if self.behind:
-            self.deferred.append((files, description, arrays, fields))
-            return IndexArrays(arrays=arrays), entry
+            self.deferred.append(PendingWrite(files, description, arrays, fields))
+            return CachedIndices(IndexArrays(arrays=arrays), entry)
         with self.phase("cache_write"):
             write_cache(files, description=description, arrays=arrays, fields=fields)
         self.wrote = True
         if is_url(folder):  # just uploaded: serve from memory rather than download it again
-            return IndexArrays(arrays=arrays), entry
-        return IndexArrays(paths=paths), entry
+            return CachedIndices(IndexArrays(arrays=arrays), entry)
+        return CachedIndices(IndexArrays(paths=paths), entry)
 
-    def write_manifest(self, path: str, key: dict[str, Any], entries: list) -> None:
+    def write_manifest(self, manifest: ManifestFile, entries: list[Any]) -> None:
         """After a build that wrote caches the manifest must follow (else a failure); after a
         pure hit (maybe a read-only folder of Megatron's caches) it is an extra, best effort."""
         try:
-            write_manifest(path, key, entries)
+            write_manifest(manifest.path, manifest.key, entries)
         except CacheError as exc:
             if self.wrote:
                 raise
@@ -139,18 +157,21 @@ def _matched(check: CacheCheck, consistent: Callable[[dict], list[str]]) -> Cach
     return dataclasses.replace(check, state=CacheState.STALE, reasons=stale)
 
 
-def write_behind(caches: list[tuple[Any, ...]], manifest: tuple[str, dict, list] | None) -> threading.Thread:
-    """Write ``caches`` (each atomically) and then the manifest in a thread of this process. The
+def write_behind(
+    caches: list[PendingWrite], manifest: ManifestFile | None, entries: list[Any]
+) -> threading.Thread:
+    """Write ``caches`` (each atomically) and then the manifest (with the splits' ``entries``)
+    in a thread of this process. The
     thread is not a daemon: the interpreter waits for it at exit, so a short job still leaves a
     whole cache; a kill leaves only files that were complete (and temporaries the next writer
     removes). A failure (disk full, read-only folder) is logged: the job runs on from memory."""
 
     def run() -> None:
         try:
-            for files, description, arrays, fields in caches:
-                write_cache(files, description=description, arrays=arrays, fields=fields)
+            for c in caches:
+                write_cache(c.files, description=c.description, arrays=c.arrays, fields=c.fields)
             if manifest is not None:
-                write_manifest(*manifest)
+                write_manifest(manifest.path, manifest.key, entries)
         except (OSError, CacheError) as exc:
             logger.warning("index cache not written (the job runs from memory; the next run builds it): %s", exc)
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -42,7 +42,9 @@ from ...contract import MixtureCursors, Sources
 from ...errors import ConfigError, StateError
 from ...index import Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
+from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.schedule import check_schedule
+from ..config import MegatronDataConfig, as_blend
 from .blended import BlendedDataset
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,18 @@ logger = logging.getLogger(__name__)
 __all__ = ["ContinuableBlendedDataset", "entry_plans"]
 
 
-def entry_plans(config, sizes, prefixes: Sequence[str], schedule) -> list[Any]:
+class EntryPlan(NamedTuple):
+    """A schedule entry's blend: its sources of positive weight and Megatron's plan for them."""
+
+    active: list[int]
+    """Indices of the entry's sources (weight > 0) among the blend's."""
+    plan: SplitPlan
+    """The train-split plan Megatron makes for that blend."""
+
+
+def entry_plans(
+    split: str | None, surplus: float, sizes: Sequence[int | None], prefixes: Sequence[str], schedule
+) -> list[EntryPlan]:
     """The train-split plan Megatron makes for each schedule entry's blend (its sources of
     positive weight, with those weights): the weights (normalized twice) and buffers a phase run
     with that entry's blend would use."""
@@ -59,9 +72,9 @@ def entry_plans(config, sizes, prefixes: Sequence[str], schedule) -> list[Any]:
         active = [i for i, w in enumerate(weights) if w > 0]
         blend = Blend(prefixes=tuple(prefixes[i] for i in active),
                       weights=tuple(weights[i] for i in active))
-        plan = plan_splits(blend=blend, blend_per_split=None, split=config.split, sizes=list(sizes),
-                           surplus=config.mid_level_dataset_surplus)[0]
-        plans.append((active, plan))
+        plan = plan_splits(blend=blend, blend_per_split=None, split=split, sizes=list(sizes),
+                           surplus=surplus)[0]
+        plans.append(EntryPlan(active, plan))
     return plans
 
 
@@ -269,64 +282,69 @@ def _schedule(phase: dict[str, Any]):
         return None
 
 
-def continuable(builder, name: str, plan, split, matrix, blend: BlendedDataset, mids):
+def continuable(
+    *, config: MegatronDataConfig, sizes: Sequence[int | None], name: str, plan: SplitPlan,
+    blend: BlendedDataset, members: Sequence[Any], build_member: Callable[[MidLevelPlan], Any],
+    allow_change: bool,
+) -> ContinuableBlendedDataset:
     """``blend`` wrapped for schedules and mixture changes (called by the builder, train split
-    with a schedule or any blend with ``mixture_change="continue"``)."""
-    c = builder.config
-    prefixes = list(c_blend(c).prefixes)
+    with a schedule or any blend with ``mixture_change="continue"``). ``members``: the blend's
+    datasets, one per ``plan.datasets``; ``build_member(mid)``: a source's dataset built for
+    another number of samples (a source that joins later, or a later phase)."""
+    c = config
+    prefixes = list(_blend_of(c).prefixes)
     schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
     if schedule is None:
         schedule = [(0, list(plan.weights))]
-        entries = [(list(range(len(prefixes))), plan)]
+        entries = [EntryPlan(list(range(len(prefixes))), plan)]
     else:
-        entries = entry_plans(c, builder.sizes, prefixes, check_schedule(schedule, len(prefixes)))
-    members: list[Any] = [None] * len(prefixes)
+        entries = entry_plans(
+            c.split, c.mid_level_dataset_surplus, sizes, prefixes, check_schedule(schedule, len(prefixes))
+        )
+    datasets: list[Any] = [None] * len(prefixes)
     prepared = [0] * len(prefixes)
-    for j, (ds, _, _) in enumerate(mids):
-        i = entries[0][0][j]
-        members[i], prepared[i] = ds, plan.datasets[j].num_samples
+    for j, ds in enumerate(members):
+        i = entries[0].active[j]
+        datasets[i], prepared[i] = ds, plan.datasets[j].num_samples
     template = plan.datasets[0]
 
-    def rebuild(i: int, n: int):
-        mid = replace(template, prefix=prefixes[i], num_samples=n)
-        return builder._mid(name, mid, split, matrix)[0]
+    def rebuild(i: int, n: int) -> Any:
+        return build_member(replace(template, prefix=prefixes[i], num_samples=n))
 
     for i in range(len(prefixes)):
-        if members[i] is None:  # weight 0 in the first entry: prepared by its first positive one
+        if datasets[i] is None:  # weight 0 in the first entry: prepared by its first positive one
             e = next(e for e, (active, _) in enumerate(entries) if i in active)
             active, p = entries[e]
             prepared[i] = p.datasets[active.index(i)].num_samples
-            members[i] = rebuild(i, prepared[i])
+            datasets[i] = rebuild(i, prepared[i])
     keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
         f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
     ).hexdigest()[:16]
     return ContinuableBlendedDataset(
-        blend, members, keys=keys, schedule=schedule, plans=entries, prepared=prepared,
-        rebuild=rebuild, allow_change=c.mixture_change == "continue", order=order,
+        blend, datasets, keys=keys, schedule=schedule, plans=entries, prepared=prepared,
+        rebuild=rebuild, allow_change=allow_change, order=order,
     )
 
 
-def mixture_mode(config) -> bool:
+def mixture_mode(mixture_change: str, schedule: object | None) -> bool:
     """Whether the builder wraps blends in ``ContinuableBlendedDataset``."""
-    return config.mixture_change == "continue" or config.weights_schedule is not None
+    return mixture_change == "continue" or schedule is not None
 
 
-def first_entry_blend(config, blend: Blend | None) -> Blend | None:
+def first_entry_blend(schedule: Sequence[Any] | None, blend: Blend | None) -> Blend | None:
     """With a schedule, the blend Megatron builds first: the first entry's sources of positive
     weight with those weights (the others join at their first positive entry)."""
-    if config.weights_schedule is None or blend is None:
+    if schedule is None or blend is None:
         return blend
-    weights = check_schedule(config.weights_schedule, len(blend.prefixes))[0][1]
+    weights = check_schedule(schedule, len(blend.prefixes))[0][1]
     active = [i for i, w in enumerate(weights) if w > 0]
     return Blend(prefixes=tuple(blend.prefixes[i] for i in active),
                  weights=tuple(weights[i] for i in active))
 
 
-def c_blend(config) -> Blend:
-    from .builder import _as_blend
-
-    blend = _as_blend(config.blend)
+def _blend_of(config: MegatronDataConfig) -> Blend:
+    blend = as_blend(config.blend)
     if blend is None:
         raise ConfigError("a Megatron-order weights_schedule or mixture_change='continue'"
                           " needs blend",

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from ...format.bin import gather_index
+from ...byte_source import gather_index
+from ...caches import map_array
 from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import CacheError
-from ...index.cache_io import map_array
 from ..items import Allocator, ItemConfig, build_items
 from ..sources import MockSource, stale_facts
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import CacheError
@@ -30,8 +31,9 @@ from ...format.atomic import write_atomic
 from ...index import Blend, parse_blend
 from ...storage.upload import copy_or_none, upload_bytes
 from ...storage import is_url
+from ..config import MegatronDataConfig
 
-__all__ = ["MANIFEST_FORMAT", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
+__all__ = ["MANIFEST_FORMAT", "ManifestFile", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,15 @@ MANIFEST_FORMAT = "tokenload-build-manifest"
 MANIFEST_VERSION = 1
 
 
-def manifest_key(config: Any, sizes: Sequence[int | None]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ManifestFile:
+    """One build's manifest: its path (``manifest_path``) and the key it is written for."""
+
+    path: str
+    key: dict[str, Any]
+
+
+def manifest_key(config: MegatronDataConfig, sizes: Sequence[int | None]) -> dict[str, Any]:
     """Everything that decides which datasets a build makes and their indices (not the item
     layout, the read mode or the policies), in JSON form."""
     mock = config.mock

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...distributed import World
 from ...errors import CacheError
-from ..config import BUILD_POLICIES
+from ..config import BUILD_POLICIES, MegatronDataConfig
 
 __all__ = ["BUILD_POLICIES", "Role", "missing_cache", "prepare_command", "resolve"]
 
@@ -68,7 +68,7 @@ def missing_cache(policy: str, missing: Sequence[str], folders: Sequence[str], c
     )
 
 
-def prepare_command(config: Any, sizes: Sequence[int | None]) -> str:
+def prepare_command(config: MegatronDataConfig, sizes: Sequence[int | None]) -> str:
     """The ``tokenload prepare-cache`` command line that writes exactly the caches of ``config``
     for these sample counts: in Megatron's flag names where its arithmetic reaches them (a global
     batch of 1, so that iterations are samples: train = T, valid = (T // interval + 1) x

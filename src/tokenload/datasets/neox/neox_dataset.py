@@ -40,13 +40,14 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...errors import ConfigError
-from ...format import read_sequences
-from ...index import SPLIT_NAMES, Blend, parse_blend
+from ...format import TokenFile, read_sequences
+from ...index import SPLIT_NAMES, Blend
 from .neox_indices import (
     NeoXIndices,
     build_neox_blending_indices,
@@ -57,17 +58,46 @@ from .neox_indices import (
     neox_weights_by_num_docs,
 )
 from ..megatron.blended import BlendedDataset
-from ..config import MegatronDataConfig
+from ..config import MegatronDataConfig, as_blend
 from ..megatron.gpt_dataset import GPTDataset, IndexArrays
 from ..items import ItemConfig
 from ..sources import file_facts, open_token_file
 
-__all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "build_neox_datasets"]
+__all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "NeoxOptions", "build_neox_datasets"]
 
 NEOX_DEFAULT_ALPHA = 1.0
 """GPT-NeoX's default ``weighted_sampler_alpha``."""
 
 Epochs = int | None | Sequence[int | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeoxOptions:
+    """GPT-NeoX's own options (``MegatronDataConfig`` fields of the same names): the epoch mode
+    and the per-split blends' weights."""
+
+    weight_by_num_documents: bool = False
+    """Blend weights from the files' document counts, raised to ``weighted_sampler_alpha``."""
+    weighted_sampler_alpha: float = NEOX_DEFAULT_ALPHA
+    num_epochs: Epochs = None
+    """NeoX's ``train_val_test_epochs``: one int for all splits, or one per split; a falsy entry
+    means "from the sample count", and 1 where the size is ``None``."""
+
+    @classmethod
+    def from_config(cls, config: MegatronDataConfig) -> NeoxOptions:
+        return cls(
+            weight_by_num_documents=config.weight_by_num_documents,
+            weighted_sampler_alpha=config.weighted_sampler_alpha, num_epochs=config.num_epochs,
+        )
+
+
+class OpenedFile(NamedTuple):
+    """A token file opened once for the build: the file, its sequence lengths in memory, and its
+    content facts (``sources.file_facts``)."""
+
+    source: TokenFile
+    lengths: np.ndarray
+    facts: dict[str, Any]
 
 
 class NeoXGPTDataset(GPTDataset):
@@ -89,10 +119,8 @@ class NeoXGPTDataset(GPTDataset):
 def build_neox_datasets(
     config: MegatronDataConfig,
     sizes: Sequence[int | None],
-    *,
-    weight_by_num_documents: bool = False,
-    weighted_sampler_alpha: float = NEOX_DEFAULT_ALPHA,
-    num_epochs: Epochs = None,
+    options: NeoxOptions | None = None,
+    **fields: Any,
 ) -> tuple[Any | None, Any | None, Any | None]:
     """The (train, valid, test) datasets of ``config`` in GPT-NeoX's order.
 
@@ -101,18 +129,20 @@ def build_neox_datasets(
     ``eval_iters * train_batch_size``); ``None`` for NeoX's epoch mode. ``num_epochs``: NeoX's
     ``train_val_test_epochs`` (one int for all splits, or one per split; a falsy entry means
     "from the sample count", and 1 where the size is ``None``). ``weight_by_num_documents`` and
-    ``weighted_sampler_alpha``: NeoX's options of the same names for per-split paths.
+    ``weighted_sampler_alpha``: NeoX's options of the same names for per-split paths. These are
+    ``options`` (``build_datasets`` passes ``NeoxOptions.from_config``; default ``NeoxOptions()``);
+    keywords replace single ones (``num_epochs=2``).
     """
+    options = replace(options or NeoxOptions(), **fields)
     start = time.perf_counter()
     _check_config(config)
     sizes = _three("sizes", sizes)
-    epochs = _epochs(num_epochs, sizes)
+    epochs = _epochs(options.num_epochs, sizes)
     opener = _Opener(config)
     item = config.item_config()
     if config.blend_per_split is not None:
         built = [
-            _weighted(opener, item, config, name, blend, sizes[k], epochs[k],
-                      weight_by_num_documents, weighted_sampler_alpha)
+            _weighted(opener, item, config, name, blend, sizes[k], epochs[k], options)
             for k, (name, blend) in enumerate(zip(SPLIT_NAMES, _per_split(config)))
         ]
     else:
@@ -132,13 +162,12 @@ class _Opener:
         self._sequences = None if config.sequences_path is None else read_sequences(
             config.sequences_path
         )
-        self._open: dict[str, tuple[Any, np.ndarray, dict[str, Any]]] = {}
+        self._open: dict[str, OpenedFile] = {}
 
-    def __call__(self, prefix: str) -> tuple[Any, np.ndarray, dict[str, Any]]:
-        """(token file, its sequence lengths in memory, its content facts)."""
+    def __call__(self, prefix: str) -> OpenedFile:
         if prefix not in self._open:
             source = open_token_file(prefix, self.config.read_mode, self._sequences, warmup=self.config.warmup)
-            self._open[prefix] = (source, np.array(source.sequence_lengths), file_facts(source))
+            self._open[prefix] = OpenedFile(source, np.array(source.sequence_lengths), file_facts(source))
         return self._open[prefix]
 
 
@@ -185,7 +214,8 @@ def _gpt(
     opener: _Opener, item: ItemConfig, config: MegatronDataConfig, prefix: str,
     documents: np.ndarray, num_samples: int | None, num_epochs: int | None,
 ) -> NeoXGPTDataset:
-    source, lengths, facts = opener(prefix)
+    opened = opener(prefix)
+    source, lengths, facts = opened.source, opened.lengths, opened.facts
     ix: NeoXIndices = build_neox_gpt_indices(
         lengths, documents, num_samples=num_samples, sequence_length=config.sequence_length,
         seed=config.random_seed, num_epochs=num_epochs,
@@ -208,7 +238,8 @@ def _gpt(
 
 
 def _single_prefix(config: MegatronDataConfig) -> str:
-    blend = config.blend if isinstance(config.blend, Blend) else parse_blend(config.blend)
+    blend = as_blend(config.blend)
+    assert blend is not None  # _check_config: no mock data, and no per-split blends here
     if len(blend.prefixes) != 1:
         raise ConfigError(
             f"order='neox' splits one data path; found {len(blend.prefixes)} prefixes "
@@ -224,8 +255,7 @@ def _split(
     sizes: list[int | None], epochs: list[int | None],
 ) -> list[NeoXGPTDataset | None]:
     prefix = _single_prefix(config)
-    _, lengths, _ = opener(prefix)
-    ranges = neox_split_ranges(config.split, int(lengths.shape[0]))
+    ranges = neox_split_ranges(config.split, int(opener(prefix).lengths.shape[0]))
     return [
         None if r is None else _gpt(
             opener, item, config, prefix, np.arange(*r, dtype=np.int32), sizes[k], epochs[k]
@@ -241,25 +271,25 @@ def _per_split(config: MegatronDataConfig) -> list[Blend | None]:
             "(train, valid, test; None for a split without data)"
         )
     return [
-        b if b is None or isinstance(b, Blend) else parse_blend(b) for b in config.blend_per_split
+        as_blend(b) for b in config.blend_per_split
     ]
 
 
 def _weighted(
     opener: _Opener, item: ItemConfig, config: MegatronDataConfig, name: str,
-    blend: Blend | None, size: int | None, epochs: int | None, by_docs: bool, alpha: float,
+    blend: Blend | None, size: int | None, epochs: int | None, options: NeoxOptions,
 ) -> BlendedDataset | None:
     if blend is None:
         return None
     prefixes = list(blend.prefixes)
     weights = [1.0] * len(prefixes) if blend.weights is None else list(blend.weights)
-    if by_docs:
+    if options.weight_by_num_documents:
         weights = neox_weights_by_num_docs(
-            [int(opener(p)[1].shape[0]) for p in prefixes], alpha=alpha
+            [int(opener(p).lengths.shape[0]) for p in prefixes], alpha=options.weighted_sampler_alpha
         )
     weights, counts = neox_blend_num_samples(weights, size)
     members = [
-        _gpt(opener, item, config, p, np.arange(opener(p)[1].shape[0], dtype=np.int32), n, epochs)
+        _gpt(opener, item, config, p, np.arange(opener(p).lengths.shape[0], dtype=np.int32), n, epochs)
         for p, n in zip(prefixes, counts)
     ]
     dataset_index, sample_index = build_neox_blending_indices(weights, [len(m) for m in members])

@@ -20,7 +20,7 @@ from typing import Any
 
 from ...distributed import World
 from ...errors import ConfigError, StorageError
-from ..config import ImportedConfig
+from ..config import ImportedConfig, register_importer
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 
@@ -284,3 +284,6 @@ def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
             hint="pass data_parallel_size=... (the job's number of data-parallel replicas)",
         )
     return world // model
+
+
+register_importer("neox_config", neox_config_from_yaml)
