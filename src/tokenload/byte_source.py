@@ -1,4 +1,4 @@
-"""Where a token file's tokens are read from, as one interface below both ``storage`` and ``format``.
+"""Where a token file's tokens are read from: one interface below both ``storage`` and ``format``.
 
 A ``ByteSource`` holds the tokens of one ``.bin``: a local file (``format.bin``: mmap, pread or
 memory) or an object behind a URL (``storage.chunks``). ``format`` reads every ``.bin`` through

@@ -149,7 +149,10 @@ def _describe(graph: grimp.ImportGraph, circles: list[list[str]]) -> str:
     for circle in circles:
         first = circle[0]
         back = min(
-            (graph.find_shortest_chain(importer=m, imported=first) or (m, first) for m in circle[1:]),
+            (
+                graph.find_shortest_chain(importer=m, imported=first) or (m, first)
+                for m in circle[1:]
+            ),
             key=len,
         )
         ahead = graph.find_shortest_chain(importer=first, imported=back[0]) or (first, back[0])

@@ -7,7 +7,8 @@ for a bucket is written by the ordinary atomic writer into a local staging folde
 harmless: the old description is deleted first (a reader sees a miss while the files change), then
 the arrays, the tokenload sidecar, and Megatron's description last. Whatever a killed or failed
 upload leaves lacks its description, which is Megatron's and tokenload's test of completeness, so
-it is never loaded. The build manifest goes up after every cache it names (``datasets.megatron.manifest``).
+it is never loaded. The build manifest goes up after every cache it names
+(``datasets.megatron.manifest``).
 
 Several writers of one cache (two ``prepare-cache`` runs of one job, started together): each
 stages in a folder of its own (``storage.upload.temporary_folder``, named by host and process), so
@@ -58,16 +59,26 @@ def local_copies(files: CacheFiles) -> dict[str, str | None]:
 def staged_cache(files: CacheFiles) -> Iterator[CacheFiles]:
     """Local files to write the cache ``files`` (in a bucket) to, in a staging folder of this
     writer's own, removed when the block ends, published or not."""
-    hint = ("a cache bound for a bucket is made in a local staging folder first (under"
-            " TOKENLOAD_STAGING_DIR, by default the temporary folder): set TOKENLOAD_STAGING_DIR"
-            " to a writable local folder")
+    hint = (
+        "a cache bound for a bucket is made in a local staging folder first (under"
+        " TOKENLOAD_STAGING_DIR, by default the temporary folder): set TOKENLOAD_STAGING_DIR"
+        " to a writable local folder"
+    )
     try:
         folder = temporary_folder(".cache-")
     except StorageError as exc:
-        raise CacheError(f"cannot make the staging folder of the cache ({exc.message})",
-                         path=files.directory, hint=hint) from None
-    local = CacheFiles(directory=folder, hash=files.hash, class_name=files.class_name,
-                       split=files.split, arrays=files.arrays)
+        raise CacheError(
+            f"cannot make the staging folder of the cache ({exc.message})",
+            path=files.directory,
+            hint=hint,
+        ) from None
+    local = CacheFiles(
+        directory=folder,
+        hash=files.hash,
+        class_name=files.class_name,
+        split=files.split,
+        arrays=files.arrays,
+    )
     try:
         yield local
     except CacheError as exc:
@@ -93,9 +104,11 @@ def publish_cache(local: CacheFiles, remote: CacheFiles) -> bool:
     for name in remote.arrays:
         upload_file(local.array(name), remote.array(name))
     if same:
-        logger.info("index cache %s was already published with the same description and sidecar"
-                    " (by another writer, or damaged): kept them, uploaded its arrays again",
-                    remote.description)
+        logger.info(
+            "index cache %s was already published with the same description and sidecar"
+            " (by another writer, or damaged): kept them, uploaded its arrays again",
+            remote.description,
+        )
         return False
     upload_file(local.sidecar, remote.sidecar)
     upload_file(local.description, remote.description)

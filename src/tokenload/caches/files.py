@@ -19,8 +19,8 @@ with what the caller expects, and the content of every array up to ``VERIFY_AT_C
 process verified the same file already), so a value damaged in range (a duplicated shuffle
 entry) is a ``CacheError`` before any batch reads through it. xxh3 hashes at tens of GB/s: the
 cost is reading the array once per process (``benchmarks/integrity.py``). The arrays' values are
-also range-checked where they are used (per batch, ``datasets.megatron.gpt_dataset``), which covers caches
-without a sidecar (Megatron's) and damage after the first use.
+also range-checked where they are used (per batch, ``datasets.megatron.gpt_dataset``), which
+covers caches without a sidecar (Megatron's) and damage after the first use.
 
 A damaged ``.npy`` header can make NumPy raise almost anything (``ValueError``, ``SyntaxError``,
 ``tokenize.TokenError``, ``EOFError``); ``check_cache`` reports it as a stale cache and
@@ -52,7 +52,12 @@ from tokenload.format.descriptors import map_readonly
 from tokenload.storage import is_url
 
 __all__ = [
-    "CacheCheck", "CacheState", "check_cache", "load_cache", "map_array", "recorded_digest",
+    "CacheCheck",
+    "CacheState",
+    "check_cache",
+    "load_cache",
+    "map_array",
+    "recorded_digest",
     "write_cache",
 ]
 
@@ -154,26 +159,41 @@ def write_cache(
     logger.debug("published index cache %s", files.description)
 
 
-def _write_local(files: CacheFiles, description: str, arrays: Mapping[str, npt.NDArray[Any]],
-                 fields: Mapping[str, Any] | None) -> None:
+def _write_local(
+    files: CacheFiles,
+    description: str,
+    arrays: Mapping[str, npt.NDArray[Any]],
+    fields: Mapping[str, Any] | None,
+) -> None:
     sidecar = {
         "format": SIDECAR_FORMAT,
         "version": SIDECAR_VERSION,
         "description_md5": files.hash,
         "class": files.class_name,
         "split": files.split,
-        "arrays": {name: {**_array_facts(np.asarray(arrays[name]).dtype, np.shape(arrays[name])),
-                          "xxh3_64": _digest(arrays[name])} for name in files.arrays},
+        "arrays": {
+            name: {
+                **_array_facts(np.asarray(arrays[name]).dtype, np.shape(arrays[name])),
+                "xxh3_64": _digest(arrays[name]),
+            }
+            for name in files.arrays
+        },
         "fields": _canonical_fields(fields),
     }
     try:
         os.makedirs(files.directory, exist_ok=True)
         for name in files.arrays:
             arr = np.ascontiguousarray(arrays[name])
-            write_atomic(files.array(name), lambda f, a=arr: np.save(f, a, allow_pickle=False), fsync_folder=False)
+            write_atomic(
+                files.array(name),
+                lambda f, a=arr: np.save(f, a, allow_pickle=False),
+                fsync_folder=False,
+            )
         text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
         write_atomic(files.sidecar, lambda f: f.write(text), fsync_folder=False)
-        write_atomic(files.description, lambda f: f.write(description.encode("utf-8")), fsync_folder=False)
+        write_atomic(
+            files.description, lambda f: f.write(description.encode("utf-8")), fsync_folder=False
+        )
         fsync_dir(files.directory)
         for name in files.arrays:  # written from these very arrays: verified in this process
             _VERIFIED.add(_file_key(os.stat(files.array(name))))
@@ -201,15 +221,21 @@ def map_array(path: str) -> npt.NDArray[Any]:
             offset, size = f.tell(), os.fstat(f.fileno()).st_size
             nbytes = math.prod(shape) * dtype.itemsize
             if dtype.hasobject or size < offset + nbytes:
-                what = "Python objects" if dtype.hasobject else f"{size} bytes, {offset + nbytes} expected"
+                what = (
+                    "Python objects"
+                    if dtype.hasobject
+                    else f"{size} bytes, {offset + nbytes} expected"
+                )
                 raise FormatError(f"{what} in a cached index array", path=path)
             key = _file_key(os.fstat(f.fileno()))
             if nbytes == 0:
                 return np.empty(shape, dtype=dtype)
             buffer = map_readonly(f.fileno(), size)  # keeps no descriptor open
         if key not in _VERIFIED:
-            _verify(shown, memoryview(buffer)[offset:offset + nbytes], key)
-        return np.ndarray(shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C")
+            _verify(shown, memoryview(buffer)[offset : offset + nbytes], key)
+        return np.ndarray(
+            shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C"
+        )
     except (StorageError, CacheError):
         raise
     except (*_NPY_ERRORS, FormatError) as exc:
@@ -282,8 +308,10 @@ def _read_npy_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Shape, Fortran order and dtype of the ``.npy`` open in ``f``, left at its data."""
     try:
         version = np.lib.format.read_magic(f)
-        reader = {(1, 0): np.lib.format.read_array_header_1_0,
-                  (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        reader = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
         if reader is None:
             raise FormatError(f"npy version {version}; expected 1.0 or 2.0", path=path)
         with _HEADER_LOCK:  # numpy parses the header with ast.literal_eval; see _HEADER_LOCK
@@ -328,7 +356,8 @@ def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
             record = None if recorded is None else recorded.get(name)
             want_digest = record.get("xxh3_64") if isinstance(record, dict) else None
             shape, dtype, whole, found, key = _npy_header(
-                where[f"{name}.npy"], want_digest is not None)
+                where[f"{name}.npy"], want_digest is not None
+            )
         except (OSError, FormatError) as exc:
             reasons.append(f"{name}: unreadable ({exc})")
             continue
@@ -340,8 +369,10 @@ def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
         if recorded is not None and _recorded_header(record) != facts:
             reasons.append(f"{name}: cached {facts}, sidecar recorded {_recorded_header(record)}")
         elif found is not None and found != want_digest:
-            reasons.append(f"{name}: data's xxh3-64 is {found}, the sidecar recorded {want_digest} "
-                           "(values damaged)")
+            reasons.append(
+                f"{name}: data's xxh3-64 is {found}, the sidecar recorded {want_digest} "
+                "(values damaged)"
+            )
         elif found is not None:
             _VERIFIED.add(key)
         want = None if expected_shapes is None else expected_shapes.get(name)
@@ -377,14 +408,23 @@ def check_cache(
     """
     where = _located(files)
     arrays = {name: where.get(f"{name}.npy") or files.array(name) for name in files.arrays}
-    missing = [s for s in ("description.txt", *(f"{n}.npy" for n in files.arrays))
-               if where.get(s) is None or not os.path.isfile(where[s])]
-    sidecar = None if where.get("tokenload.json") is None else _read_sidecar(where["tokenload.json"])
+    missing = [
+        s
+        for s in ("description.txt", *(f"{n}.npy" for n in files.arrays))
+        if where.get(s) is None or not os.path.isfile(where[s])
+    ]
+    sidecar = (
+        None if where.get("tokenload.json") is None else _read_sidecar(where["tokenload.json"])
+    )
     has_sidecar = sidecar is not None
     if missing:
         names = ", ".join(os.path.basename(files.path(s)) for s in missing)
-        return CacheCheck(state=CacheState.MISS, reasons=(f"missing {names}",),
-                          has_sidecar=has_sidecar, arrays=arrays)
+        return CacheCheck(
+            state=CacheState.MISS,
+            reasons=(f"missing {names}",),
+            has_sidecar=has_sidecar,
+            arrays=arrays,
+        )
     reasons: list[str] = []
     try:
         with open(where["description.txt"], "rb") as f:

@@ -65,9 +65,9 @@ def gpt_identifiers(
     uid["random_seed"] = random_seed
     uid["sequence_length"] = sequence_length
     uid["split"] = split
-    uid["split_matrix"] = None if split_matrix is None else [
-        None if b is None else list(b) for b in split_matrix
-    ]
+    uid["split_matrix"] = (
+        None if split_matrix is None else [None if b is None else list(b) for b in split_matrix]
+    )
     uid["tokenizer"] = None if tokenizer is None else OrderedDict(tokenizer)
     return uid
 

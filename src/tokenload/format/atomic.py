@@ -15,8 +15,9 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from ..storage.os_errors import write_error
 from ..storage.owners import host_name, owner_gone
@@ -48,7 +49,9 @@ def temp_path(final: str | os.PathLike[str]) -> Path:
     return final.with_name(f".{final.name}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None = None) -> list[Path]:
+def remove_stale_temporaries(
+    final: str | os.PathLike[str], *, now: float | None = None
+) -> list[Path]:
     """Delete the temporaries of ``final`` that killed writers left; returns what was removed.
 
     A temporary is stale when its writer process is gone (same host) or it has not been modified
@@ -73,7 +76,9 @@ def remove_stale_temporaries(final: str | os.PathLike[str], *, now: float | None
                 continue
             removed.append(path)
     if removed:
-        logger.info("removed %d temporary file(s) of %s left by killed writers", len(removed), final)
+        logger.info(
+            "removed %d temporary file(s) of %s left by killed writers", len(removed), final
+        )
     return removed
 
 
@@ -125,8 +130,10 @@ def finish_publish(idx_final: str | os.PathLike[str], *, wait_s: float = PUBLISH
     then the sidecar, each by one rename that another finisher may have done already. So a
     reader of a replaced output finds the old pair or the new one, never a loss of both."""
     final = Path(idx_final)
-    markers = sorted(final.parent.glob(f".{glob.escape(final.name)}.tmp-*{READY}"),
-                     key=lambda p: _mtime(p) or 0.0)
+    markers = sorted(
+        final.parent.glob(f".{glob.escape(final.name)}.tmp-*{READY}"),
+        key=lambda p: _mtime(p) or 0.0,
+    )
     if not markers:
         return final.exists()
     marker = markers[-1]
@@ -141,11 +148,14 @@ def finish_publish(idx_final: str | os.PathLike[str], *, wait_s: float = PUBLISH
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
-    suffix = marker.name[len(f".{final.name}.tmp-"):-len(READY)]
+    suffix = marker.name[len(f".{final.name}.tmp-") : -len(READY)]
     stem = final.with_suffix("")
     bin_final, json_final = stem.with_name(stem.name + ".bin"), stem.with_name(stem.name + ".json")
-    moves = ((bin_final.with_name(f".{bin_final.name}.tmp-{suffix}"), bin_final), (marker, final),
-             (json_final.with_name(f".{json_final.name}.tmp-{suffix}{READY}"), json_final))
+    moves = (
+        (bin_final.with_name(f".{bin_final.name}.tmp-{suffix}"), bin_final),
+        (marker, final),
+        (json_final.with_name(f".{json_final.name}.tmp-{suffix}{READY}"), json_final),
+    )
     for src, dst in moves:
         try:
             os.replace(src, dst)
@@ -212,7 +222,9 @@ def write_temp(final: str | os.PathLike[str], write: Callable[[BinaryIO], object
     return tmp
 
 
-def write_atomic(final: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, fsync_folder: bool = True) -> None:
+def write_atomic(
+    final: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, fsync_folder: bool = True
+) -> None:
     """Write ``final`` atomically: ``write(f)`` into a temporary file beside it, fsync, rename.
 
     Failures are StorageErrors that leave no temporary behind (see ``write_temp``).

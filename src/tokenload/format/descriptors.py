@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,8 +46,14 @@ def _libc_mmap():
     except (OSError, AttributeError):
         return None
     do_map.restype = ctypes.c_void_p
-    do_map.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int64]
+    do_map.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int64,
+    ]
     do_unmap.restype = ctypes.c_int
     do_unmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return do_map, do_unmap
@@ -123,7 +129,7 @@ def set_max_open_files(count: int) -> None:
 
 
 class _Entry:
-    __slots__ = ("fd", "pins", "dropped")
+    __slots__ = ("dropped", "fd", "pins")
 
     def __init__(self, fd: int) -> None:
         self.fd, self.pins, self.dropped = fd, 0, False

@@ -96,8 +96,11 @@ def content_fingerprint(path: str | os.PathLike[str]) -> str:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise StorageError(f"cannot read the flat token file ({exc.strerror or exc})", path=path,
-                           hint="check that the file exists and is readable") from exc
+        raise StorageError(
+            f"cannot read the flat token file ({exc.strerror or exc})",
+            path=path,
+            hint="check that the file exists and is readable",
+        ) from exc
     return digest.hexdigest()
 
 
@@ -110,7 +113,9 @@ def _sampled_blocks(size: int) -> list[tuple[int, int]]:
     return [(i * last // (_SAMPLED_BLOCKS - 1), _BLOCK_BYTES) for i in range(_SAMPLED_BLOCKS)]
 
 
-def write_flat(path: str | os.PathLike[str], tokens: np.ndarray, dtype: np.dtype | type | str = np.uint16) -> None:
+def write_flat(
+    path: str | os.PathLike[str], tokens: np.ndarray, dtype: np.dtype | type | str = np.uint16
+) -> None:
     """Write ``tokens`` as a flat file atomically (the nanoGPT ``prepare.py`` output format)."""
     from .atomic import write_bytes_atomic
 

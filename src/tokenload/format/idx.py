@@ -42,7 +42,11 @@ MEGATRON_CODES: dict[int, np.dtype] = {
     7: np.dtype(np.float32),
     8: np.dtype(np.uint16),
 }
-NEOX_CODES: dict[int, np.dtype] = {**MEGATRON_CODES, 6: np.dtype(np.float32), 7: np.dtype(np.float64)}
+NEOX_CODES: dict[int, np.dtype] = {
+    **MEGATRON_CODES,
+    6: np.dtype(np.float32),
+    7: np.dtype(np.float64),
+}
 _TABLES = {"auto": MEGATRON_CODES, "megatron": MEGATRON_CODES, "neox": NEOX_CODES}
 FLOAT_CODES = (6, 7)
 
@@ -62,7 +66,9 @@ def code_table(dtype_codes: DtypeCodes) -> dict[int, np.dtype]:
     try:
         return _TABLES[dtype_codes]
     except KeyError:
-        raise ValueError(f"dtype_codes must be 'auto', 'megatron' or 'neox', got {dtype_codes!r}") from None
+        raise ValueError(
+            f"dtype_codes must be 'auto', 'megatron' or 'neox', got {dtype_codes!r}"
+        ) from None
 
 
 def dtype_code(dtype: np.dtype | type | str) -> int:
@@ -122,7 +128,8 @@ def parse_header(
         raise FormatError(
             f"index is {file_size} bytes, shorter than the {HEADER_SIZE}-byte MMIDIDX header",
             path=path,
-            hint="the file is truncated or not a Megatron .idx; rewrite it (tokenload preprocess or merge)",
+            hint="the file is truncated or not a Megatron .idx; rewrite it (tokenload preprocess "
+            "or merge)",
         )
     magic, version, code, n, d = _HEADER.unpack_from(head)
     if magic != MAGIC:
@@ -197,11 +204,14 @@ def code_note(header: IndexHeader) -> str | None:
     table = "megatron-core's" if MEGATRON_CODES[header.code] == header.dtype else "GPT-NeoX's"
     return (
         f"dtype code {header.code} read as {header.dtype} ({table} table; code {header.code} is"
-        f" {MEGATRON_CODES[header.code]} in megatron-core's and {NEOX_CODES[header.code]} in GPT-NeoX's)"
+        f" {MEGATRON_CODES[header.code]} in megatron-core's and {NEOX_CODES[header.code]} in "
+        "GPT-NeoX's)"
     )
 
 
-def index_arrays(buffer, header: IndexHeader) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+def index_arrays(
+    buffer, header: IndexHeader
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Zero-copy (lengths, pointers, document_indices, modes) views over the whole file buffer."""
     n, d = header.sequence_count, header.document_count
     off = HEADER_SIZE
@@ -256,7 +266,9 @@ def check_arrays(
     problems: list[str] = []
     n, itemsize = header.sequence_count, header.dtype.itemsize
     if n and int(lengths.min()) < 0:
-        problems.append(f"sequence {int(np.argmin(lengths))} has negative length {int(lengths.min())}")
+        problems.append(
+            f"sequence {int(np.argmin(lengths))} has negative length {int(lengths.min())}"
+        )
     if n:
         expected = sequence_pointers(lengths, itemsize)
         bad = np.flatnonzero(pointers != expected)
@@ -272,7 +284,9 @@ def check_arrays(
     if int(documents[0]) != 0:
         problems.append(f"document_indices[0] is {int(documents[0])}, expected 0")
     if int(documents[-1]) != n:
-        problems.append(f"document_indices[-1] is {int(documents[-1])}, expected the sequence count {n}")
+        problems.append(
+            f"document_indices[-1] is {int(documents[-1])}, expected the sequence count {n}"
+        )
     if documents.size > 1 and bool(np.any(np.diff(documents) < 0)):
         i = int(np.flatnonzero(np.diff(documents) < 0)[0])
         problems.append(f"document_indices decrease at document {i}")

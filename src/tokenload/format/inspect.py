@@ -15,10 +15,10 @@ import numpy as np
 import xxhash
 
 from ..errors import FormatError
+from ..storage.os_errors import read_error
 from .idx import check_arrays, code_note
 from .reader import TokenFile
 from .sidecar import Sidecar, read_sidecar
-from ..storage.os_errors import read_error
 
 
 def file_size(path: str) -> int:
@@ -26,6 +26,7 @@ def file_size(path: str) -> int:
     from ..storage import file_size as size
 
     return size(path)
+
 
 _SCAN_TOKENS = 16 << 20
 
@@ -52,7 +53,8 @@ def describe(prefix: str) -> dict[str, Any]:
         "bin_bytes": file_size(tf.bin_path),
         "idx_bytes": file_size(tf.idx_path),
         "document_tokens": {
-            f"p{p}": int(v) for p, v in zip(pct, np.percentile(doc_tokens, pct) if doc_tokens.size else [0] * 5)
+            f"p{p}": int(v)
+            for p, v in zip(pct, np.percentile(doc_tokens, pct) if doc_tokens.size else [0] * 5)
         },
         "mean_document_tokens": float(doc_tokens.mean()) if doc_tokens.size else 0.0,
         "empty_documents": int(np.count_nonzero(doc_tokens == 0)),
@@ -79,7 +81,7 @@ class Verification:
 
 
 def verify(prefix: str, *, vocab_size: int | None = None, hashes: bool = False) -> list[str]:
-    """Every problem found in one token file; an empty list means it is sound (see ``check_file``)."""
+    """Every problem found in one token file; an empty list means it is sound (``check_file``)."""
     return check_file(prefix, vocab_size=vocab_size, hashes=hashes).problems
 
 
@@ -88,7 +90,9 @@ def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = Fal
     the sidecar's tokenizer vocab_size, when there is one), and the sidecar's hashes if
     ``hashes``."""
     tf = TokenFile(prefix, mode="pread")
-    result = Verification(tf.prefix, checked=["structure (header, sizes, pointers, document indices)"])
+    result = Verification(
+        tf.prefix, checked=["structure (header, sizes, pointers, document indices)"]
+    )
     try:
         header = tf.header
     except FormatError as exc:  # a file that cannot be read at all (StorageError) is not judged
@@ -96,7 +100,11 @@ def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = Fal
         return result
     result.checked[0] = _structure_label(header.index_format, tf.documents_from_sequences)
     result.problems += check_arrays(
-        header, tf.sequence_lengths, tf.sequence_pointers, tf.document_indices, file_size(tf.bin_path)
+        header,
+        tf.sequence_lengths,
+        tf.sequence_pointers,
+        tf.document_indices,
+        file_size(tf.bin_path),
     )
     sidecar = read_sidecar(tf.prefix)
     vocab_size, source = _vocab_size(vocab_size, sidecar)
@@ -111,7 +119,11 @@ def check_file(prefix: str, *, vocab_size: int | None = None, hashes: bool = Fal
 
 def _structure_label(index_format: str, per_sequence: bool) -> str:
     """What the structure check covered, in the words of the format that was read."""
-    fields = "legacy TNTIDX header, offsets, sizes" if index_format == "TNTIDX" else "header, sizes, pointers"
+    fields = (
+        "legacy TNTIDX header, offsets, sizes"
+        if index_format == "TNTIDX"
+        else "header, sizes, pointers"
+    )
     if per_sequence:
         return f"structure ({fields}; no document indices: each sequence is a document)"
     return f"structure ({fields}, document indices)"
@@ -129,13 +141,16 @@ def _vocab_size(given: int | None, sidecar: Sidecar | None) -> tuple[int | None,
 
 def _check_vocab(tf: TokenFile, vocab_size: int) -> list[str]:
     for start in range(0, tf.num_tokens, _SCAN_TOKENS):
-        chunk = tf.read_spans(np.array([start]), np.array([min(_SCAN_TOKENS, tf.num_tokens - start)]))
+        chunk = tf.read_spans(
+            np.array([start]), np.array([min(_SCAN_TOKENS, tf.num_tokens - start)])
+        )
         bad = (chunk < 0) | (chunk >= vocab_size)
         if bool(bad.any()):
             i = int(np.flatnonzero(bad)[0])
             count = int(np.count_nonzero(bad))
             return [
-                f"token {int(chunk[i])} at position {start + i} is outside the vocabulary [0, {vocab_size})"
+                f"token {int(chunk[i])} at position {start + i} is outside the vocabulary [0, "
+                f"{vocab_size})"
                 f" ({count} such tokens in that {chunk.size}-token chunk)"
             ]
     return []
@@ -143,7 +158,10 @@ def _check_vocab(tf: TokenFile, vocab_size: int) -> list[str]:
 
 def _check_hashes(tf: TokenFile, sidecar: Sidecar | None) -> list[str]:
     if sidecar is None:
-        return [f"{tf.prefix}.json: no sidecar, so no hashes to check (files written by Megatron have none)"]
+        return [
+            f"{tf.prefix}.json: no sidecar, so no hashes to check (files written by Megatron have "
+            "none)"
+        ]
     problems = []
     for ext, path in (("bin", tf.bin_path), ("idx", tf.idx_path)):
         expected = sidecar.hashes.get(ext, {}).get("xxh3_64")
@@ -177,5 +195,5 @@ def _object_xxh3(url: str, chunk: int) -> str:
     h = xxhash.xxh3_64()
     for start in range(0, size, chunk):
         end = min(size, start + chunk)
-        h.update(call(url, "read it", lambda: ranged_get(url, start, end)[0], options))
+        h.update(call(url, "read it", lambda s=start, e=end: ranged_get(url, s, e)[0], options))
     return h.hexdigest()

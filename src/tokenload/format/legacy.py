@@ -65,7 +65,9 @@ def read_legacy(
     if expected != size:
         state = "truncated" if size < expected else "longer than its header says"
         raise _error(
-            f"is {size} bytes, expected {expected} for {n} items, {s} sizes and {d - 1} documents ({state})", path
+            f"is {size} bytes, expected {expected} for {n} items, {s} sizes and {d - 1} documents "
+            f"({state})",
+            path,
         )
     dims, offsets, sizes, documents = _arrays(buffer, n, s, d)
     _check_flat_items(dims, n, s, path)
@@ -123,7 +125,9 @@ def _lengths(sizes: np.ndarray, path: str) -> np.ndarray:
         raise _error(f"sequence {i} has length {int(sizes[i])}, expected a length >= 0", path)
     if sizes.size and int(sizes.max()) > _MAX_LENGTH:
         i = int(np.argmax(sizes))
-        raise _error(f"sequence {i} has length {int(sizes[i])}, expected at most {_MAX_LENGTH} (int32)", path)
+        raise _error(
+            f"sequence {i} has length {int(sizes[i])}, expected at most {_MAX_LENGTH} (int32)", path
+        )
     return sizes.astype(np.int32)
 
 
@@ -147,7 +151,8 @@ def _check_documents(documents: np.ndarray, path: str) -> None:
     if steps.size and bool(np.any(steps < 0)):
         i = int(np.flatnonzero(steps < 0)[0])
         raise _error(
-            f"doc_idx decreases at document {i} ({int(documents[i])} then {int(documents[i + 1])})", path
+            f"doc_idx decreases at document {i} ({int(documents[i])} then {int(documents[i + 1])})",
+            path,
         )
 
 

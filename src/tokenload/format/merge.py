@@ -15,8 +15,8 @@ MMIDIDX bytes for the same documents.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from ..errors import ConfigError
 from .atomic import remove_stale_temporaries, require_folder
@@ -38,7 +38,8 @@ def prefixes_in(folder: str | os.PathLike[str]) -> list[str]:
     unpaired = sorted(s + next(iter(exts)) for s, exts in stems.items() if len(exts) != 2)
     if unpaired:
         raise ConfigError(
-            f"{len(unpaired)} file(s) without their pair in {str(folder)!r}: {', '.join(unpaired[:5])}",
+            f"{len(unpaired)} file(s) without their pair in {str(folder)!r}: "
+            f"{', '.join(unpaired[:5])}",
             hint="every PREFIX.bin needs its PREFIX.idx and the reverse; remove or complete them",
         )
     if not stems:
@@ -57,19 +58,25 @@ def _listing(folder: str) -> tuple[list[str], Callable[[str], str]]:
         base = folder.rstrip("/")
         names = [url.rsplit("/", 1)[1] for url in list_objects(base)]
         if not names:
-            raise ConfigError(f"--input {folder!r} holds no objects",
-                              hint="check the URL of the folder holding PREFIX.bin/PREFIX.idx pairs")
+            raise ConfigError(
+                f"--input {folder!r} holds no objects",
+                hint="check the URL of the folder holding PREFIX.bin/PREFIX.idx pairs",
+            )
         return names, lambda stem: f"{base}/{stem}"
     if not os.path.isdir(folder):
         raise ConfigError(
             f"--input {folder!r} is not a folder",
-            hint="pass a folder holding PREFIX.bin/PREFIX.idx pairs, or list the prefixes explicitly",
+            hint="pass a folder holding PREFIX.bin/PREFIX.idx pairs, or list the prefixes "
+            "explicitly",
         )
     return os.listdir(folder), lambda stem: str(Path(folder) / stem)
 
 
 def merge_token_files(
-    prefixes: Sequence[str], output_prefix: str | os.PathLike[str], *, dtype_codes: DtypeCodes = "auto"
+    prefixes: Sequence[str],
+    output_prefix: str | os.PathLike[str],
+    *,
+    dtype_codes: DtypeCodes = "auto",
 ) -> Sidecar:
     """Concatenate ``prefixes`` into ``output_prefix``; returns the new sidecar."""
     if not prefixes:
@@ -79,7 +86,10 @@ def merge_token_files(
 
 
 def convert_token_file(
-    prefix: str | os.PathLike[str], output_prefix: str | os.PathLike[str], *, dtype_codes: DtypeCodes = "auto"
+    prefix: str | os.PathLike[str],
+    output_prefix: str | os.PathLike[str],
+    *,
+    dtype_codes: DtypeCodes = "auto",
 ) -> Sidecar:
     """Rewrite one token file as megatron-core's MMIDIDX: the bytes megatron-core's
     ``IndexedDatasetBuilder`` writes for the same documents, in the same dtype (for a float file,
@@ -97,7 +107,12 @@ def convert_token_file(
     return _write([source], output_prefix, {"converted_from": origin}, dtype_codes)
 
 
-def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None, dtype_codes: DtypeCodes = "auto") -> Sidecar:
+def _write(
+    files: list[TokenFile],
+    output_prefix,
+    metadata: dict | None = None,
+    dtype_codes: DtypeCodes = "auto",
+) -> Sidecar:
     dtypes = {}
     for f in files:  # opened one at a time (thousands of shards must not exhaust file handles)
         dtypes[f.prefix] = f.dtype
@@ -122,7 +137,9 @@ def _write(files: list[TokenFile], output_prefix, metadata: dict | None = None, 
     with staged_prefix(out) as local:  # an object-storage output: made locally, then published
         for final in (local + ".bin", local + ".idx", sidecar_path(local)):
             remove_stale_temporaries(final)
-        with TokenFileWriter(local, files[0].dtype, tokenizer=tokenizer, metadata=metadata) as writer:
+        with TokenFileWriter(
+            local, files[0].dtype, tokenizer=tokenizer, metadata=metadata
+        ) as writer:
             for f in files:
                 if is_url(f.prefix):  # the writer copies .bin from a local file
                     with fetched_prefix(f.prefix) as copy:

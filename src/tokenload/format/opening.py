@@ -30,6 +30,7 @@ import numpy as np
 
 from ..byte_source import ByteSource
 from ..errors import FormatError, StorageError
+from ..storage.os_errors import read_error
 from .atomic import finish_publish
 from .bin import ReadMode, open_bin, warmup_file
 from .descriptors import map_readonly
@@ -45,7 +46,6 @@ from .idx import (
 from .legacy import is_legacy, read_legacy
 from .sequences import check_counts, header_from_counts
 from .sidecar import read_sidecar, sidecar_path
-from ..storage.os_errors import read_error
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,8 @@ def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
     opened: list[int] = []
     header, lengths, pointers, documents, modes = _index(file, opened)
     per_sequence = _per_sequence_documents(header, documents, file.idx_path)
-    if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":  # TNTIDX: its element size decides
+    # a float code in an MMIDIDX header (in a TNTIDX index its element size decides)
+    if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":
         header = _float_header(file, header, lengths)
     source = open_bin(file.bin_path, header.dtype, file.mode)
     if not _same_index(file, opened, retry):
@@ -163,8 +164,13 @@ def _index(
         return header, lengths, pointers, documents, None
     if file.sequences is not None and file.given_dtype is not None:
         header = header_from_counts(
-            bytes(buffer[:HEADER_SIZE]), len(buffer), file.idx_path, file.sequences, file.given_dtype,
-            multimodal=file.multimodal, source=file.sequences_path,
+            bytes(buffer[:HEADER_SIZE]),
+            len(buffer),
+            file.idx_path,
+            file.sequences,
+            file.given_dtype,
+            multimodal=file.multimodal,
+            source=file.sequences_path,
         )
         return (header, *index_arrays(buffer, header))
     header = parse_header(
@@ -213,8 +219,9 @@ def _float_header(file: PairSpec, header: IndexHeader, lengths: np.ndarray) -> I
     if file.dtype_codes == "auto" or fitting.dtype == header.dtype:
         return fitting
     raise FormatError(
-        f"dtype code {header.code} is {header.dtype} in the {file.dtype_codes!r} table, but the .bin"
-        f" size fits {fitting.dtype} (codes 6 and 7 are swapped between megatron-core and GPT-NeoX)",
+        f"dtype code {header.code} is {header.dtype} in the {file.dtype_codes!r} table, but the"
+        f" .bin size fits {fitting.dtype} (codes 6 and 7 are swapped between megatron-core and"
+        " GPT-NeoX)",
         path=file.idx_path,
         hint="open it with dtype_codes='auto' (the default), which takes the table the .bin size"
         " fits (tokenload convert: --dtype-codes auto)",
@@ -274,7 +281,9 @@ def _per_sequence_documents(header: IndexHeader, documents: np.ndarray, path: st
     if first != 0:
         raise _bad_documents(f"document_indices[0] is {first}, expected 0", path)
     if last != n:
-        raise _bad_documents(f"document_indices[-1] is {last}, expected the sequence count {n}", path)
+        raise _bad_documents(
+            f"document_indices[-1] is {last}, expected the sequence count {n}", path
+        )
     return False
 
 
@@ -294,7 +303,8 @@ def _missing_index(exc: OSError, path: str) -> StorageError:
     if not leftovers:
         return read_error(exc, path, "the index")
     return StorageError(
-        f"cannot read the index ({exc.strerror}); its hidden temporary {os.path.basename(leftovers[0])}"
+        f"cannot read the index ({exc.strerror}); its hidden temporary "
+        f"{os.path.basename(leftovers[0])}"
         " remains",
         path=path,
         hint="a writer or merge of this prefix was killed while replacing its files and its new"
@@ -311,7 +321,8 @@ def _check_bin_size(header, lengths, pointers, source: ByteSource, path: str) ->
     if expected != source.num_bytes:
         state = "shorter" if source.num_bytes < expected else "longer"
         raise FormatError(
-            f".bin is {source.num_bytes} bytes, {state} than the {expected} bytes its index describes",
+            f".bin is {source.num_bytes} bytes, {state} than the {expected} bytes its index "
+            "describes",
             path=path,
             hint="the .bin and .idx do not belong together or one was truncated; rewrite the pair",
         )

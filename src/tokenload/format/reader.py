@@ -116,7 +116,8 @@ class TokenFile:
     def document_indices(self) -> np.ndarray:
         """int64 ``[0, end_0, end_1, ...]``: document d is sequences ``[di[d], di[d+1])``.
 
-        ``arange(N + 1)`` for an index without document boundaries (``documents_from_sequences``)."""
+        ``arange(N + 1)`` for an index without document boundaries
+        (``documents_from_sequences``)."""
         state = self._opened()
         if state.documents is None:
             state.documents = np.arange(state.header.sequence_count + 1, dtype=np.int64)
@@ -142,7 +143,9 @@ class TokenFile:
     @property
     def num_documents(self) -> int:
         state = self._opened()
-        return state.header.sequence_count if state.per_sequence else state.header.document_count - 1
+        return (
+            state.header.sequence_count if state.per_sequence else state.header.document_count - 1
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -162,7 +165,9 @@ class TokenFile:
         if index < 0:
             index += count
         if not 0 <= index < count:
-            raise IndexError(f"sequence {index} out of range for {count} sequences in {self.idx_path}")
+            raise IndexError(
+                f"sequence {index} out of range for {count} sequences in {self.idx_path}"
+            )
         seq_len = int(state.lengths[index])
         if seq_len < 0:
             raise _negative_length(index, seq_len, self.idx_path)
@@ -170,7 +175,8 @@ class TokenFile:
             length = seq_len - offset
         if offset < 0 or length < 0 or offset + length > seq_len:
             raise IndexError(
-                f"tokens [{offset}, {offset + length}) are outside sequence {index} of length {seq_len}"
+                f"tokens [{offset}, {offset + length}) are outside sequence {index} of length "
+                f"{seq_len}"
             )
         pointer = int(state.pointers[index])
         following = int(state.pointers[index + 1]) if index + 1 < count else state.bin.num_bytes
@@ -211,7 +217,11 @@ class TokenFile:
         return state.bin.read(start, int(lengths.sum())), lengths
 
     def read_pieces(
-        self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
+        self,
+        sequences: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dtype: np.dtype | None = None,
     ) -> np.ndarray:
         """Concatenated tokens of pieces ``(sequence, offset, length)``, in one vectorized read,
         optionally cast to ``dtype`` on the way."""
@@ -219,7 +229,9 @@ class TokenFile:
         starts += offsets
         return self.read_spans(starts, lengths, dtype)
 
-    def read_spans(self, starts: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
+    def read_spans(
+        self, starts: np.ndarray, lengths: np.ndarray, dtype: np.dtype | None = None
+    ) -> np.ndarray:
         """Concatenated tokens of ``.bin`` token ranges ``[starts[i], starts[i] + lengths[i])``,
         optionally cast to ``dtype`` on the way."""
         return self._opened().bin.read_spans(starts, lengths, dtype)
@@ -252,7 +264,8 @@ class TokenFile:
         first, last = int(docs[index]), int(docs[index + 1])
         if not 0 <= first <= last <= self.num_sequences:
             raise FormatError(
-                f"document {index} spans sequences [{first}, {last}), outside [0, {self.num_sequences}]",
+                f"document {index} spans sequences [{first}, {last}), outside [0, "
+                f"{self.num_sequences}]",
                 path=self.idx_path,
                 hint="the index is corrupt; run `tokenload verify` and rewrite the file",
             )
@@ -321,4 +334,3 @@ def _negative_length(index: int, length: int, path: str) -> FormatError:
         path=path,
         hint="the index is corrupt; run `tokenload verify` and rewrite the file",
     )
-

@@ -130,7 +130,9 @@ def read_sequences(path: str | os.PathLike[str]) -> SequencesFile:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _malformed(path, f"not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise _malformed(path, f"holds a {type(data).__name__}, expected an object {{prefix: [N, D]}}")
+        raise _malformed(
+            path, f"holds a {type(data).__name__}, expected an object {{prefix: [N, D]}}"
+        )
     dtypes = _dtypes(path, data.pop(DTYPES_KEY, {}))
     entries = {}
     for prefix, value in data.items():
@@ -163,7 +165,8 @@ def _counts(path: str, prefix: str, value) -> tuple[int, int]:
     )
     if not ok:
         raise _malformed(
-            path, f"{prefix!r} is {value!r}, expected [sequence_count, document_count] (counts >= 0,"
+            path,
+            f"{prefix!r} is {value!r}, expected [sequence_count, document_count] (counts >= 0,"
             " document_count >= 1)",
         )
     return value[0], value[1]
@@ -171,8 +174,11 @@ def _counts(path: str, prefix: str, value) -> tuple[int, int]:
 
 def _dtypes(path: str, value) -> dict[str, np.dtype]:
     if not isinstance(value, dict) or not all(v in _TOKEN_DTYPES for v in value.values()):
-        raise _malformed(path, f"{DTYPES_KEY} is {value!r}, expected {{prefix: dtype}} with dtypes"
-                         f" among {sorted(_TOKEN_DTYPES)}")
+        raise _malformed(
+            path,
+            f"{DTYPES_KEY} is {value!r}, expected {{prefix: dtype}} with dtypes"
+            f" among {sorted(_TOKEN_DTYPES)}",
+        )
     return {p: np.dtype(v) for p, v in value.items()}
 
 
@@ -180,7 +186,8 @@ def _malformed(path: str, message: str) -> ConfigError:
     return ConfigError(
         message,
         path=path,
-        hint="rewrite it with tokenload sequences (Megatron's format: {\"PREFIX\": [N, D + 1], ...})",
+        hint='rewrite it with tokenload sequences (Megatron\'s format: {"PREFIX": [N, D + 1], '
+        "...})",
     )
 
 
@@ -201,44 +208,59 @@ def header_from_counts(
     mismatch means the token file changed after ``source`` (the sequences JSON) was written."""
     n, d = counts
     dtype = np.dtype(dtype)
-    fitting = check_index_size(file_size, idx_path, counts, dtype, multimodal=multimodal,
-                               source=source)
+    fitting = check_index_size(
+        file_size, idx_path, counts, dtype, multimodal=multimodal, source=source
+    )
     magic, _version, stored_code, stored_n, stored_d = _HEADER.unpack_from(head)
     stored_dtypes = {MEGATRON_CODES.get(stored_code), NEOX_CODES.get(stored_code)}
     if magic != MAGIC or (stored_n, stored_d) != (n, d) or dtype not in stored_dtypes:
         raise _stale(
-            idx_path, source,
-            f"header holds {stored_n} sequences, document count {stored_d}, dtype code {stored_code}"
+            idx_path,
+            source,
+            f"header holds {stored_n} sequences, document count {stored_d}, dtype code "
+            f"{stored_code}"
             f" (magic {magic!r}), expected {n}, {d} and a code of {dtype}",
         )
     return fitting[0]
 
 
 def check_index_size(
-    file_size: int, idx_path: str, counts: tuple[int, int], dtype: np.dtype, *,
-    multimodal: bool | None, source: str | None,
+    file_size: int,
+    idx_path: str,
+    counts: tuple[int, int],
+    dtype: np.dtype,
+    *,
+    multimodal: bool | None,
+    source: str | None,
 ) -> list[IndexHeader]:
     """The headers the counts imply that fit an ``.idx`` of ``file_size`` bytes (one ``stat`` of
     the file, no read); a ``FormatError`` naming the ``.idx`` and ``source`` when none does."""
     n, d = counts
     code = dtype_code(dtype)
-    candidates = [IndexHeader(dtype, code, n, d, m) for m in ([False, True] if multimodal is None else [multimodal])]
+    candidates = [
+        IndexHeader(dtype, code, n, d, m)
+        for m in ([False, True] if multimodal is None else [multimodal])
+    ]
     fitting = [h for h in candidates if h.size == file_size]
     if not fitting:
         expected = " or ".join(str(h.size) for h in candidates)
         raise _stale(
-            idx_path, source,
+            idx_path,
+            source,
             f"index is {file_size} bytes, expected {expected} for the {n} sequences and {d - 1}"
             " documents",
         )
     return fitting
 
 
-def check_counts(header: IndexHeader, counts: tuple[int, int], idx_path: str, source: str | None) -> None:
+def check_counts(
+    header: IndexHeader, counts: tuple[int, int], idx_path: str, source: str | None
+) -> None:
     """A header read from the file must hold the counts given for it (no dtype recorded)."""
     if (header.sequence_count, header.document_count) != tuple(counts):
         raise _stale(
-            idx_path, source,
+            idx_path,
+            source,
             f"header holds {header.sequence_count} sequences and document count"
             f" {header.document_count}, expected {counts[0]} and {counts[1]}",
         )

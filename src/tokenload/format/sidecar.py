@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import FormatError
-from .idx import prefix_of
 from ..storage.os_errors import read_error
+from .idx import prefix_of
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class Sidecar:
         idx_xxh3: str,
         tokenizer: dict[str, Any] | None,
         metadata: dict[str, Any],
-    ) -> "Sidecar":
+    ) -> Sidecar:
         return cls(
             dtype=np.dtype(dtype).name,
             sequences=sequences,
@@ -88,7 +88,7 @@ class Sidecar:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, path: str = "<sidecar>") -> "Sidecar":
+    def from_json(cls, text: str, path: str = "<sidecar>") -> Sidecar:
         """Parse a sidecar; FormatError when it claims to be one but is malformed."""
         try:
             data = json.loads(text)

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import xxhash
 
 from ..errors import ConfigError, FormatError
+from ..storage.os_errors import read_error, write_error
 from .atomic import (
     close_quietly,
     create_temp,
@@ -35,7 +37,6 @@ from .atomic import (
 )
 from .idx import dtype_code, encode_index, prefix_of
 from .sidecar import Sidecar, sidecar_path
-from ..storage.os_errors import read_error, write_error
 
 _COPY_CHUNK = 64 << 20
 
@@ -87,8 +88,11 @@ class TokenFileWriter:
 
     def _write_bytes(self, data) -> None:
         if self._adopted is not None:
-            raise FormatError("cannot add tokens after adopt(): the .bin is another file's", path=self.prefix,
-                              hint="adopt a file only when the output is exactly that file")
+            raise FormatError(
+                "cannot add tokens after adopt(): the .bin is another file's",
+                path=self.prefix,
+                hint="adopt a file only when the output is exactly that file",
+            )
         try:
             self._bin.write(data)
         except OSError as exc:
@@ -124,8 +128,8 @@ class TokenFileWriter:
         first = int(arr.ravel()[int(np.argmax(bad.ravel()))])
         raise FormatError(
             f"token {first} does not fit this file's {self.dtype} tokens [{info.min}, {info.max}]"
-            f" ({int(np.count_nonzero(bad))} of {arr.size} tokens in this call are outside; nothing of"
-            " it was written)",
+            f" ({int(np.count_nonzero(bad))} of {arr.size} tokens in this call are outside;"
+            " nothing of it was written)",
             path=self.prefix,
             hint=self._range_hint(low),
         )
@@ -190,7 +194,9 @@ class TokenFileWriter:
         self._write(tokens)
         start = len(self._lengths)
         self._lengths.frombytes(lens.astype(np.int32).tobytes())
-        self._documents.frombytes(np.arange(start + 1, start + 1 + lens.size, dtype=np.int64).tobytes())
+        self._documents.frombytes(
+            np.arange(start + 1, start + 1 + lens.size, dtype=np.int64).tobytes()
+        )
         self._tokens += tokens.size
         if self.multimodal:
             self._modes.extend([0] * lens.size)
@@ -203,7 +209,8 @@ class TokenFileWriter:
         other = source if isinstance(source, TokenFile) else TokenFile(source, mode="pread")
         if other.dtype != self.dtype:
             raise ConfigError(
-                f"cannot append {other.prefix!r}: its dtype is {other.dtype}, this file's is {self.dtype}",
+                f"cannot append {other.prefix!r}: its dtype is {other.dtype}, this file's is "
+                f"{self.dtype}",
                 path=self.prefix,
                 hint="merge only token files made with the same tokenizer (same vocabulary size)",
             )
@@ -213,7 +220,9 @@ class TokenFileWriter:
         self._documents.frombytes(docs.tobytes())
         if self.multimodal:
             modes = other.sequence_modes
-            self._modes.frombytes((np.zeros(other.num_sequences, np.int8) if modes is None else modes).tobytes())
+            self._modes.frombytes(
+                (np.zeros(other.num_sequences, np.int8) if modes is None else modes).tobytes()
+            )
         self._copy_bin(other.bin_path)
         self._tokens += other.num_tokens
 
@@ -243,7 +252,7 @@ class TokenFileWriter:
         try:
             os.unlink(self._bin_tmp)
             os.link(other.bin_path, self._bin_tmp)
-            self._bin = open(self._bin_tmp, "rb")
+            self._bin = open(self._bin_tmp, "rb")  # noqa: SIM115 (held until finalize)
         except OSError:  # another filesystem, no hard links: copy instead
             self._bin = create_temp(self._bin_tmp, self.prefix + ".bin")
             return False
@@ -255,7 +264,7 @@ class TokenFileWriter:
 
     def _copy_bin(self, path: str) -> None:
         try:
-            src = open(path, "rb")
+            src = open(path, "rb")  # noqa: SIM115 (an open error is named apart from a read's)
         except OSError as exc:
             self.abort()
             raise read_error(exc, path, "token data") from None
@@ -293,7 +302,7 @@ class TokenFileWriter:
             self._bin.close()
             chunks = self._index_chunks()
             sidecar = self._sidecar(chunks)
-            bin_path, idx_path, json_path = self._finals()
+            _, idx_path, json_path = self._finals()
             temps.append(write_temp(idx_path, lambda f: f.writelines(chunks)))
             temps.append(write_temp(json_path, lambda f: f.write(sidecar.to_json().encode())))
             self._publish(temps)
@@ -371,7 +380,7 @@ class TokenFileWriter:
                 hint="create a new TokenFileWriter for another file",
             )
 
-    def __enter__(self) -> "TokenFileWriter":
+    def __enter__(self) -> TokenFileWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

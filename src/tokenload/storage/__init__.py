@@ -14,8 +14,17 @@ from .local_copies import cached_copy, fetch_copy, file_size, local_folder, loca
 from .options import StorageOptions
 from .remote import is_url, stats
 
-__all__ = ["StorageOptions", "cached_copy", "fetch_copy", "file_size", "is_url", "local_folder",
-           "local_path", "open_remote_bin", "stats"]
+__all__ = [
+    "StorageOptions",
+    "cached_copy",
+    "fetch_copy",
+    "file_size",
+    "is_url",
+    "local_folder",
+    "local_path",
+    "open_remote_bin",
+    "stats",
+]
 
 
 def open_remote_bin(url: str, dtype):

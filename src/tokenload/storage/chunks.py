@@ -35,9 +35,9 @@ from __future__ import annotations
 import mmap
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable
 
 import numpy as np
 
@@ -60,10 +60,11 @@ class _Chunk:
     """One chunk's tokens and the GETs that fill them (futures). A chunk of several parts has its
     buffer from the start; a chunk of one GET (``tokens`` None) is that GET's result."""
 
-    __slots__ = ("tokens", "parts", "part_tokens", "nbytes")
+    __slots__ = ("nbytes", "part_tokens", "parts", "tokens")
 
-    def __init__(self, tokens: np.ndarray | None, parts: list[Future], part_tokens: int,
-                 nbytes: int) -> None:
+    def __init__(
+        self, tokens: np.ndarray | None, parts: list[Future], part_tokens: int, nbytes: int
+    ) -> None:
         self.tokens, self.parts, self.part_tokens, self.nbytes = tokens, parts, part_tokens, nbytes
 
     def wait(self, lo: int, hi: int) -> np.ndarray:
@@ -88,7 +89,8 @@ class RemoteBin(CheckedSource):
         if size % self.dtype.itemsize:
             raise FormatError(
                 f".bin is {size} bytes, not a multiple of the {self.dtype} item size"
-                f" {self.dtype.itemsize}", path=url,
+                f" {self.dtype.itemsize}",
+                path=url,
                 hint="the object is truncated or was written with another dtype; rewrite it",
             )
         self.num_bytes = size
@@ -143,11 +145,14 @@ class RemoteBin(CheckedSource):
             if k in self._chunks:  # started by another thread meanwhile
                 return self._chunks[k]
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.options.get_threads,
-                                                    thread_name_prefix="tokenload-get")
+                self._executor = ThreadPoolExecutor(
+                    self.options.get_threads, thread_name_prefix="tokenload-get"
+                )
             if tokens is not None:
-                parts = [self._executor.submit(self._part, view[a : a + step], first + a)
-                         for a in range(0, size, step)]
+                parts = [
+                    self._executor.submit(self._part, view[a : a + step], first + a)
+                    for a in range(0, size, step)
+                ]
             elif ahead:
                 parts = [self._executor.submit(self._get, first, first + size)]
             else:
@@ -183,13 +188,15 @@ class RemoteBin(CheckedSource):
         """One part of a chunk: bytes ``[start, start + len(out))`` into ``out``, checked."""
         end = start + len(out)
         got, tag = self._request(
-            start, end, lambda: ranged_get_into(self.path, start, out, self.options))
+            start, end, lambda: ranged_get_into(self.path, start, out, self.options)
+        )
         self._verify(start, end, got, tag)
 
     def _get(self, start: int, end: int) -> np.ndarray:
         """Bytes ``[start, end)`` as tokens, one ranged GET (a read outside the chunks)."""
         data, tag = self._request(
-            start, end, lambda: ranged_get(self.path, start, end, self.options))
+            start, end, lambda: ranged_get(self.path, start, end, self.options)
+        )
         self._verify(start, end, len(data), tag)
         return np.frombuffer(data, dtype=self.dtype)
 
@@ -251,12 +258,15 @@ class RemoteBin(CheckedSource):
         first, last = start // c, (start + length - 1) // c
         if first == last:
             return self._tokens(first, start, length)
-        parts = [self._read(max(start, k * c), min(start + length, (k + 1) * c) - max(start, k * c))
-                 for k in range(first, last + 1)]
+        parts = [
+            self._read(max(start, k * c), min(start + length, (k + 1) * c) - max(start, k * c))
+            for k in range(first, last + 1)
+        ]
         return np.concatenate(parts)
 
-    def _read_spans(self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray,
-                    dtype=None) -> np.ndarray:
+    def _read_spans(
+        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None
+    ) -> np.ndarray:
         c = self.chunk_tokens
         one_chunk = int(starts.min()) // c == (int(ends.max()) - 1) // c if starts.size else False
         if starts.size > 1 and one_chunk and int(lengths.min()) > 0:

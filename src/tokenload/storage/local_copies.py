@@ -18,8 +18,8 @@ import os
 import tempfile
 
 from ..errors import StorageError
-from .os_errors import write_error
 from .options import StorageOptions
+from .os_errors import write_error
 from .remote import call, count, filesystem, info, is_url
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,8 @@ def _download(url: str, local: str, size: int, options: StorageOptions) -> None:
         if got != size:
             raise StorageError(
                 f"downloaded {got} bytes, expected the {size} bytes the server reported",
-                path=url, hint="the object changed during the download; retry",
+                path=url,
+                hint="the object changed during the download; retry",
             )
         os.replace(tmp, local)
     except OSError as exc:
@@ -92,8 +93,11 @@ def _cache_error(exc: OSError, folder: str) -> StorageError:
     if isinstance(exc, StorageError):
         return exc
     error = write_error(exc, folder, "the local index cache")
-    return StorageError(error.message, path=error.path,
-                        hint=f"{error.hint}; set TOKENLOAD_CACHE_DIR to a writable local folder")
+    return StorageError(
+        error.message,
+        path=error.path,
+        hint=f"{error.hint}; set TOKENLOAD_CACHE_DIR to a writable local folder",
+    )
 
 
 def local_folder(url: str, options: StorageOptions | None = None) -> str:

@@ -128,7 +128,7 @@ class StorageOptions:
         return self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "tokenload")
 
     @classmethod
-    def from_env(cls) -> "StorageOptions":
+    def from_env(cls) -> StorageOptions:
         """The options the ``TOKENLOAD_*`` variables of this process set."""
         env = os.environ
         return cls(
@@ -167,8 +167,10 @@ def retry_reads_for(seconds: float | None) -> None:
     server ends as a typed error before the watchdog takes the worker for a stalled one."""
     global _read_window_s
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"a read retry budget of {seconds} s, expected a number > 0 or None",
-                          hint="pass worker_timeout as seconds > 0, or None to disable it")
+        raise ConfigError(
+            f"a read retry budget of {seconds} s, expected a number > 0 or None",
+            hint="pass worker_timeout as seconds > 0, or None to disable it",
+        )
     _read_window_s = None if seconds is None else float(seconds)
 
 
@@ -188,5 +190,6 @@ def _number(env, name: str, default, kind):
     try:
         return kind(text)
     except ValueError:
-        raise ConfigError(f"{name}={text!r} is not a number",
-                          hint=f"set {name} to a number or unset it") from None
+        raise ConfigError(
+            f"{name}={text!r} is not a number", hint=f"set {name} to a number or unset it"
+        ) from None

@@ -11,32 +11,49 @@ import os
 
 from ..errors import StorageError
 
+_NO_READ = "this user may not read the file: check its permissions (ls -l) or run as a user who can"
+_NO_WRITE = "this user may not write in the output folder: check its permissions or choose another"
+_KEPT_CLEAN = "; nothing half-written was left behind"
+
 _READ_HINTS = {
     errno.ENOENT: "check the path prefix: PREFIX.idx and PREFIX.bin must both exist",
-    errno.EACCES: "this user may not read the file: check its permissions (ls -l) or run as a user who can",
-    errno.EPERM: "this user may not read the file: check its permissions (ls -l) or run as a user who can",
-    errno.EISDIR: "the path is a folder; pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)",
+    errno.EACCES: _NO_READ,
+    errno.EPERM: _NO_READ,
+    errno.EISDIR: (
+        "the path is a folder; pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)"
+    ),
     errno.ENOTDIR: "a part of the path is a file, not a folder; check the path",
-    errno.EIO: "the storage failed to read (I/O error); check the disk or network filesystem and retry",
+    errno.EIO: (
+        "the storage failed to read (I/O error); check the disk or network filesystem and retry"
+    ),
 }
 
 _WRITE_HINTS = {
-    errno.ENOSPC: "the filesystem is full: free space or choose an output folder on another filesystem;"
-    " nothing half-written was left behind",
-    errno.EDQUOT: "the disk quota is exhausted: free space or choose another output folder;"
-    " nothing half-written was left behind",
-    errno.EROFS: "the filesystem is mounted read-only: choose an output folder on a writable filesystem",
-    errno.EACCES: "this user may not write in the output folder: check its permissions or choose another",
-    errno.EPERM: "this user may not write in the output folder: check its permissions or choose another",
-    errno.EIO: "the storage failed to write (I/O error); check the disk or network filesystem and retry",
+    errno.ENOSPC: (
+        "the filesystem is full: free space or choose an output folder on another filesystem"
+        + _KEPT_CLEAN
+    ),
+    errno.EDQUOT: (
+        "the disk quota is exhausted: free space or choose another output folder" + _KEPT_CLEAN
+    ),
+    errno.EROFS: (
+        "the filesystem is mounted read-only: choose an output folder on a writable filesystem"
+    ),
+    errno.EACCES: _NO_WRITE,
+    errno.EPERM: _NO_WRITE,
+    errno.EIO: (
+        "the storage failed to write (I/O error); check the disk or network filesystem and retry"
+    ),
 }
 
 
 def too_many_open_files_hint(code: int | None) -> str | None:
     """The hint for EMFILE/ENFILE: which limit was reached and how to raise it (None otherwise)."""
     if code == errno.ENFILE:
-        return ("the system-wide table of open files is full (fs.file-max): close other programs'"
-                " files or raise the kernel limit, then rerun")
+        return (
+            "the system-wide table of open files is full (fs.file-max): close other programs'"
+            " files or raise the kernel limit, then rerun"
+        )
     if code != errno.EMFILE:
         return None
     try:
@@ -46,10 +63,12 @@ def too_many_open_files_hint(code: int | None) -> str | None:
         limit = f"the soft limit is {soft}, the hard limit {hard}"
     except (ImportError, OSError, ValueError):
         limit = "see `ulimit -n`"
-    return (f"this process has as many files open as it may ({limit}): raise it before the job"
-            " (`ulimit -n 65536`, or resource.setrlimit(RLIMIT_NOFILE) in the launcher), or keep"
-            " fewer .bin files open in pread mode (TOKENLOAD_OPEN_FILES or"
-            " tokenload.format.set_max_open_files, default 128)")
+    return (
+        f"this process has as many files open as it may ({limit}): raise it before the job"
+        " (`ulimit -n 65536`, or resource.setrlimit(RLIMIT_NOFILE) in the launcher), or keep"
+        " fewer .bin files open in pread mode (TOKENLOAD_OPEN_FILES or"
+        " tokenload.format.set_max_open_files, default 128)"
+    )
 
 
 def read_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
@@ -59,7 +78,9 @@ def read_error(exc: OSError, path: str | os.PathLike[str], what: str) -> Storage
     hint = too_many_open_files_hint(exc.errno) or _READ_HINTS.get(
         exc.errno, "check that the file is readable and its filesystem is healthy"
     )
-    return _keep_cause(StorageError(f"cannot read {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc)
+    return _keep_cause(
+        StorageError(f"cannot read {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc
+    )
 
 
 def write_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
@@ -69,7 +90,9 @@ def write_error(exc: OSError, path: str | os.PathLike[str], what: str) -> Storag
     hint = too_many_open_files_hint(exc.errno) or _WRITE_HINTS.get(
         exc.errno, "check the output folder and its filesystem, then rerun"
     )
-    return _keep_cause(StorageError(f"cannot write {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc)
+    return _keep_cause(
+        StorageError(f"cannot write {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc
+    )
 
 
 def _reason(exc: OSError) -> str:

@@ -29,8 +29,9 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import StorageError, TokenloadError, require
 from .options import StorageOptions, read_retry_window
@@ -41,21 +42,33 @@ T = TypeVar("T")
 _STATS: Counter[str] = Counter()
 _FILESYSTEMS: dict[tuple, Any] = {}
 _STATS_LOCK = threading.Lock()
-_STAT_NAMES = ("gets", "bytes", "chunk_hits", "chunk_misses", "prefetched", "direct_reads",
-               "retries",
-               "index_downloads", "index_hits")
+_STAT_NAMES = (
+    "gets",
+    "bytes",
+    "chunk_hits",
+    "chunk_misses",
+    "prefetched",
+    "direct_reads",
+    "retries",
+    "index_downloads",
+    "index_hits",
+)
 
 # connections the one client per process keeps: several files' part GETs (TOKENLOAD_GET_THREADS
 # each) share it, and a full pool closes the connections it cannot keep (botocore's default is 10)
 _POOL = 64
 
-_CONNECT_HINT = ("check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network;"
-                 " the server did not answer after the retries (TOKENLOAD_RETRIES,"
-                 " TOKENLOAD_RETRY_BACKOFF, TOKENLOAD_CONNECT_TIMEOUT, TOKENLOAD_READ_TIMEOUT)")
-_CREDENTIALS_HINT = ("check the bucket's name (some servers deny access to a bucket that does not"
-                     " exist) and the credentials the client library finds"
-                     " (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials):"
-                     " they must be allowed to read it, and to write it for outputs")
+_CONNECT_HINT = (
+    "check the endpoint (AWS_ENDPOINT_URL for S3-compatible servers) and the network;"
+    " the server did not answer after the retries (TOKENLOAD_RETRIES,"
+    " TOKENLOAD_RETRY_BACKOFF, TOKENLOAD_CONNECT_TIMEOUT, TOKENLOAD_READ_TIMEOUT)"
+)
+_CREDENTIALS_HINT = (
+    "check the bucket's name (some servers deny access to a bucket that does not"
+    " exist) and the credentials the client library finds"
+    " (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws/credentials):"
+    " they must be allowed to read it, and to write it for outputs"
+)
 
 
 def is_url(path: str) -> bool:
@@ -98,20 +111,26 @@ def filesystem(url: str, options: StorageOptions | None = None) -> tuple[Any, st
     except TokenloadError:
         raise
     except Exception as exc:
-        raise StorageError(f"cannot resolve the URL ({_reason(exc)})", path=url,
-                           hint="check the URL's protocol and that its fsspec package is"
-                                " installed") from None
+        raise StorageError(
+            f"cannot resolve the URL ({_reason(exc)})",
+            path=url,
+            hint="check the URL's protocol and that its fsspec package is installed",
+        ) from None
 
 
 def _client_config(options: StorageOptions) -> dict[str, Any]:
     """botocore's settings: one attempt (``total_max_attempts``; its ``max_attempts`` counts
     retries, and 1 made every attempt two, 2 x 60 s against a silent server) and our timeouts."""
-    return {"retries": {"total_max_attempts": 1, "mode": "standard"},
-            "connect_timeout": options.connect_timeout_s, "read_timeout": options.read_timeout_s}
+    return {
+        "retries": {"total_max_attempts": 1, "mode": "standard"},
+        "connect_timeout": options.connect_timeout_s,
+        "read_timeout": options.read_timeout_s,
+    }
 
 
-def ranged_get(url: str, start: int, end: int,
-               options: StorageOptions | None = None) -> tuple[bytes, str | None]:
+def ranged_get(
+    url: str, start: int, end: int, options: StorageOptions | None = None
+) -> tuple[bytes, str | None]:
     """Bytes ``[start, end)`` of ``url`` and the ETag the answer carried (None if unknown).
 
     ``s3://`` goes straight to botocore (the client boto3 wraps): measured on SeaweedFS, s3fs's
@@ -121,8 +140,9 @@ def ranged_get(url: str, start: int, end: int,
     if protocol in ("s3", "s3a"):
         bucket, _, key = rest.partition("/")
         try:
-            answer = _botocore(options).get_object(Bucket=bucket, Key=key,
-                                                   Range=f"bytes={start}-{end - 1}")
+            answer = _botocore(options).get_object(
+                Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
+            )
             return answer["Body"].read(), str(answer.get("ETag", "")).strip('"') or None
         except Exception as exc:
             raise _translated(exc) from None
@@ -130,8 +150,9 @@ def ranged_get(url: str, start: int, end: int,
     return fs.cat_file(path, start=start, end=end), None
 
 
-def ranged_get_into(url: str, start: int, out: memoryview,
-                    options: StorageOptions | None = None) -> tuple[int, str | None]:
+def ranged_get_into(
+    url: str, start: int, out: memoryview, options: StorageOptions | None = None
+) -> tuple[int, str | None]:
     """Bytes ``[start, start + len(out))`` of ``url`` written into ``out``: how many the server
     sent (fewer when the object is now shorter) and the answer's ETag (None if unknown).
 
@@ -148,8 +169,9 @@ def ranged_get_into(url: str, start: int, out: memoryview,
         return len(data), tag
     bucket, _, key = rest.partition("/")
     try:
-        answer = _botocore(options).get_object(Bucket=bucket, Key=key,
-                                               Range=f"bytes={start}-{end - 1}")
+        answer = _botocore(options).get_object(
+            Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
+        )
     except Exception as exc:
         raise _translated(exc) from None
     tag = str(answer.get("ETag", "")).strip('"') or None
@@ -184,14 +206,20 @@ def _fill(source: Any, out: memoryview) -> None:
 
 def _botocore(options: StorageOptions | None = None):
     options = options or StorageOptions.from_env()
-    key = ("botocore", os.getpid(), _environment(), options.connect_timeout_s,
-           options.read_timeout_s)
+    key = (
+        "botocore",
+        os.getpid(),
+        _environment(),
+        options.connect_timeout_s,
+        options.read_timeout_s,
+    )
     client = _FILESYSTEMS.get(key)
     if client is None:
         session = require("botocore.session", "s3", "reading s3:// token files")
         config = require("botocore.config", "s3", "reading s3:// token files")
-        client = _FILESYSTEMS[key] = session.get_session().create_client("s3", config=config.Config(
-            **_client_config(options), max_pool_connections=_POOL))
+        client = _FILESYSTEMS[key] = session.get_session().create_client(
+            "s3", config=config.Config(**_client_config(options), max_pool_connections=_POOL)
+        )
     return client
 
 
@@ -225,10 +253,18 @@ def info(url: str, options: StorageOptions) -> ObjectInfo:
     fs, path = filesystem(url, options)
     found = call(url, "read the object's size", lambda: fs.info(path, refresh=True), options)
     if found.get("type") == "directory":
-        raise StorageError("is a folder, expected an object", path=url,
-                           hint="pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)")
-    tag = (found.get("ETag") or found.get("etag") or found.get("mtime")
-           or found.get("LastModified") or "")
+        raise StorageError(
+            "is a folder, expected an object",
+            path=url,
+            hint="pass the token file's prefix (PREFIX for PREFIX.bin + PREFIX.idx)",
+        )
+    tag = (
+        found.get("ETag")
+        or found.get("etag")
+        or found.get("mtime")
+        or found.get("LastModified")
+        or ""
+    )
     return ObjectInfo(int(found["size"]), str(tag).strip('"'))
 
 
@@ -244,11 +280,25 @@ _silent_since: tuple[int, float] | None = None  # (pid, start of its first attem
 _gave_up: tuple[int, str] | None = None  # (pid, why): this command gave up on the endpoint
 
 #: Names of the exceptions (or their causes) of a request that got no answer at all.
-_NO_ANSWER = {"EndpointConnectionError", "ConnectionRefusedError", "ClientConnectorError",
-              "ClientConnectorDNSError", "gaierror", "NameResolutionError", "ConnectTimeoutError",
-              "ReadTimeoutError", "ConnectTimeout", "ReadTimeout", "TimeoutError", "timeout",
-              "ServerTimeoutError", "ConnectionClosedError", "ServerDisconnectedError",
-              "RemoteDisconnected", "ConnectionResetError"}
+_NO_ANSWER = {
+    "EndpointConnectionError",
+    "ConnectionRefusedError",
+    "ClientConnectorError",
+    "ClientConnectorDNSError",
+    "gaierror",
+    "NameResolutionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "TimeoutError",
+    "timeout",
+    "ServerTimeoutError",
+    "ConnectionClosedError",
+    "ServerDisconnectedError",
+    "RemoteDisconnected",
+    "ConnectionResetError",
+}
 
 
 def fail_fast_before_first_contact(retries: int | None) -> None:
@@ -311,17 +361,26 @@ def call(url: str, action: str, fn: Callable[[], T], options: StorageOptions) ->
                 if silent and _failing_fast():
                     why = f"no answer from the endpoint ({_reason(exc)}), {stop}"
                     _gave_up = (os.getpid(), why)
-                raise StorageError(f"cannot {action}: {_reason(exc)}, {stop}", path=url,
-                                   hint=_CONNECT_HINT) from None
+                raise StorageError(
+                    f"cannot {action}: {_reason(exc)}, {stop}", path=url, hint=_CONNECT_HINT
+                ) from None
             count("retries")
-            logger.warning("%s: cannot %s (%s); retry %d %s in %.1f s", url, action, _reason(exc),
-                           attempt + 1, limit, wait)
+            logger.warning(
+                "%s: cannot %s (%s); retry %d %s in %.1f s",
+                url,
+                action,
+                _reason(exc),
+                attempt + 1,
+                limit,
+                wait,
+            )
             time.sleep(wait)
     raise AssertionError("unreachable")
 
 
-def _stop(attempt: int, wait: float, started: float, silent: bool,
-          options: StorageOptions) -> tuple[str | None, str]:
+def _stop(
+    attempt: int, wait: float, started: float, silent: bool, options: StorageOptions
+) -> tuple[str | None, str]:
     """Why a request that failed ``attempt + 1`` times is given up (None: retried), and how the
     retry warning states the limit."""
     now = time.monotonic()
@@ -332,16 +391,20 @@ def _stop(attempt: int, wait: float, started: float, silent: bool,
         if attempt >= most:
             return f"still after {attempt} retries", ""
         if quiet + wait + options.attempt_s > options.first_contact_s:
-            return (f"still after {attempt} retries and {quiet:.1f} s without an answer (a command"
-                    " gives up on an endpoint that never answered within"
-                    f" TOKENLOAD_FIRST_CONTACT_TIMEOUT, {options.first_contact_s:g} s)"), ""
+            return (
+                f"still after {attempt} retries and {quiet:.1f} s without an answer (a command"
+                " gives up on an endpoint that never answered within"
+                f" TOKENLOAD_FIRST_CONTACT_TIMEOUT, {options.first_contact_s:g} s)"
+            ), ""
         return None, f"of {most}"
     window = read_retry_window()
     if window is not None:
         spent = now - started
         if spent + wait + options.attempt_s > window:
-            return (f"still after {attempt} retries in {spent:.1f} s (reads are retried for up to"
-                    f" {window:g} s, the loader's worker_timeout)"), ""
+            return (
+                f"still after {attempt} retries in {spent:.1f} s (reads are retried for up to"
+                f" {window:g} s, the loader's worker_timeout)"
+            ), ""
         return None, f"(retrying for up to {window - spent:.0f} s more)"
     if attempt >= options.retries:
         return f"still after {attempt} retries", ""
@@ -351,33 +414,56 @@ def _stop(attempt: int, wait: float, started: float, silent: bool,
 def transient(exc: BaseException) -> bool:
     """Whether a failure may pass on retry: anything but a missing object, denied access, missing
     credentials or a malformed request (those fail the same way every time)."""
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError,
-                        ValueError, TypeError, AttributeError)):
+    if isinstance(
+        exc,
+        (
+            FileNotFoundError,
+            PermissionError,
+            IsADirectoryError,
+            NotADirectoryError,
+            ValueError,
+            TypeError,
+            AttributeError,
+        ),
+    ):
         return False
     if isinstance(exc, OSError) and exc.errno in (errno.EINVAL, errno.EPERM, errno.EACCES):
         return False  # s3fs's InvalidRange (a shorter object), denied or malformed requests
     name = type(exc).__name__
-    return name not in ("NoCredentialsError", "PartialCredentialsError", "ParamValidationError",
-                        "NoRegionError")
+    return name not in (
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "ParamValidationError",
+        "NoRegionError",
+    )
 
 
 def permanent_error(exc: BaseException, url: str, action: str) -> StorageError:
     if isinstance(exc, FileNotFoundError):
         if url.endswith((".idx", ".bin")):
-            hint = ("check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket; a"
-                    " .bin without its .idx is an interrupted upload: rerun the command that wrote"
-                    " it")
+            hint = (
+                "check the URL (PREFIX.idx and PREFIX.bin must both exist) and the bucket; a"
+                " .bin without its .idx is an interrupted upload: rerun the command that wrote"
+                " it"
+            )
         else:
             hint = "check the URL and the bucket (the object may have been deleted meanwhile)"
         return StorageError(f"cannot {action}: the object does not exist", path=url, hint=hint)
     if isinstance(exc, OSError) and exc.errno == errno.EINVAL:
-        return StorageError(f"cannot {action}: the request was refused ({_reason(exc)})", path=url,
-                            hint="the object may have been truncated or replaced; check it")
+        return StorageError(
+            f"cannot {action}: the request was refused ({_reason(exc)})",
+            path=url,
+            hint="the object may have been truncated or replaced; check it",
+        )
     if isinstance(exc, PermissionError) or "Credentials" in type(exc).__name__:
-        return StorageError(f"cannot {action}: access denied ({_reason(exc)})", path=url,
-                            hint=_CREDENTIALS_HINT)
-    return StorageError(f"cannot {action} ({_reason(exc)})", path=url,
-                        hint="check the URL, the endpoint and the credentials")
+        return StorageError(
+            f"cannot {action}: access denied ({_reason(exc)})", path=url, hint=_CREDENTIALS_HINT
+        )
+    return StorageError(
+        f"cannot {action} ({_reason(exc)})",
+        path=url,
+        hint="check the URL, the endpoint and the credentials",
+    )
 
 
 def _reason(exc: BaseException) -> str:

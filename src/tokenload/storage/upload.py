@@ -21,13 +21,13 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import StorageError
-from .os_errors import write_error
-from .owners import host_name, owner_gone
 from .local_copies import cached_copy
 from .options import StorageOptions
+from .os_errors import write_error
+from .owners import host_name, owner_gone
 from .remote import call, filesystem, is_url
 
 logger = logging.getLogger(__name__)
@@ -42,9 +42,12 @@ def upload_file(local: str, url: str, options: StorageOptions | None = None) -> 
     options = options or StorageOptions.from_env()
     fs, path = filesystem(url, options)
     if not os.path.isfile(local):  # the put would say "the object does not exist": misleading
-        raise StorageError(f"cannot upload it: the local file {local} is gone", path=url,
-                           hint="another process removed it from the staging folder"
-                           " (TOKENLOAD_STAGING_DIR) during the upload; rerun the command")
+        raise StorageError(
+            f"cannot upload it: the local file {local} is gone",
+            path=url,
+            hint="another process removed it from the staging folder"
+            " (TOKENLOAD_STAGING_DIR) during the upload; rerun the command",
+        )
     call(url, "upload it", lambda: fs.put_file(local, path), options)
     logger.debug("uploaded %s (%d bytes) to %s", local, os.path.getsize(local), url)
 
@@ -90,14 +93,18 @@ def list_objects(url: str, options: StorageOptions | None = None) -> list[str]:
             found = fs.ls(path, detail=True, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(f"{protocol}://{entry['name']}" for entry in found
-                      if entry.get("type") != "directory" and not entry["name"].endswith("/"))
+        return sorted(
+            f"{protocol}://{entry['name']}"
+            for entry in found
+            if entry.get("type") != "directory" and not entry["name"].endswith("/")
+        )
 
     return call(url, "list the folder", listing, options)
 
 
-def publish_prefix(local_prefix: str, url_prefix: str,
-                   options: StorageOptions | None = None) -> None:
+def publish_prefix(
+    local_prefix: str, url_prefix: str, options: StorageOptions | None = None
+) -> None:
     """Upload the token file ``local_prefix`` (``.bin``, ``.idx``, and its sidecar if any) to
     ``url_prefix`` so that no reader ever pairs a new ``.bin`` with an old ``.idx``."""
     options = options or StorageOptions.from_env()
@@ -193,15 +200,20 @@ def check_writable(url_prefix: str, options: StorageOptions | None = None) -> No
     options = options or StorageOptions.from_env()
     fs, path = filesystem(url_prefix, options)
     probe = path + ".tokenload-probe"
-    call(url_prefix, "write beside it (an empty test object)", lambda: fs.pipe_file(probe, b""),
-         options)
+    call(
+        url_prefix,
+        "write beside it (an empty test object)",
+        lambda: fs.pipe_file(probe, b""),
+        options,
+    )
     call(url_prefix, "delete the test object beside it", lambda: fs.rm_file(probe), options)
 
 
 def staging_root() -> str:
     """Where local staging folders go: ``TOKENLOAD_STAGING_DIR``, else the temporary folder."""
-    return (os.environ.get("TOKENLOAD_STAGING_DIR")
-            or os.path.join(tempfile.gettempdir(), "tokenload-staging"))
+    return os.environ.get("TOKENLOAD_STAGING_DIR") or os.path.join(
+        tempfile.gettempdir(), "tokenload-staging"
+    )
 
 
 def make_staging_root() -> str:
@@ -319,6 +331,9 @@ def staged_prefix(url_prefix: str, options: StorageOptions | None = None) -> Ite
 
 def _staging_error(exc: OSError, folder: str) -> StorageError:
     error = write_error(exc, folder, "the local staging folder of an object-storage output")
-    return StorageError(error.message, path=error.path,
-                        hint=f"{error.hint}; set TOKENLOAD_STAGING_DIR to a writable local folder"
-                        " with room for the output")
+    return StorageError(
+        error.message,
+        path=error.path,
+        hint=f"{error.hint}; set TOKENLOAD_STAGING_DIR to a writable local folder"
+        " with room for the output",
+    )
