@@ -33,8 +33,14 @@ PIDFILE="$VENV.pid"
 if [ "$MODE" = start ]; then
   mkdir -p "$(dirname "$VENV")"
   rm -f "$STATUS" "$STATUS.tmp"
+  # lowest CPU and disk priority: the build (mostly a download) takes what the steps and tests
+  # running meanwhile leave, so their timings are not disturbed
+  LOW=(nice -n 19)
+  if command -v ionice >/dev/null 2>&1 && ionice -c 3 true 2>/dev/null; then
+    LOW+=(ionice -c 3)
+  fi
   # the status file appears only once the build has ended, with its exit code
-  ( rc=0; bash "$SELF" "$VENV" >"$LOG" 2>&1 </dev/null || rc=$?
+  ( rc=0; "${LOW[@]}" bash "$SELF" "$VENV" >"$LOG" 2>&1 </dev/null || rc=$?
     echo "$rc" >"$STATUS.tmp" && mv "$STATUS.tmp" "$STATUS" ) >/dev/null 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   exit 0
@@ -45,7 +51,7 @@ if [ "$MODE" = wait ] && [ -f "$PIDFILE" ]; then
   while [ ! -f "$STATUS" ]; do
     if ! kill -0 "$pid" 2>/dev/null && [ ! -f "$STATUS" ]; then
       echo "megatron-venv: the background build (pid $pid) ended without a status; its log:" >&2
-      tail -50 "$LOG" >&2 || true
+      grep -v '^WARNING: Location' "$LOG" | tail -50 >&2 || true
       rm -f "$PIDFILE"
       exit 1
     fi
@@ -55,7 +61,7 @@ if [ "$MODE" = wait ] && [ -f "$PIDFILE" ]; then
   rm -f "$PIDFILE" "$STATUS"
   if [ "$rc" != 0 ]; then
     echo "megatron-venv: the background build failed (exit $rc); its log ($LOG):" >&2
-    tail -50 "$LOG" >&2 || true
+    grep -v '^WARNING: Location' "$LOG" | tail -50 >&2 || true
     exit "$rc"
   fi
   tail -1 "$LOG"
