@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
@@ -13,7 +12,14 @@ from ..storage import is_url
 from .items import ItemConfig
 from .sources import SourceOptions
 
-__all__ = ["BUILD_POLICIES", "CACHE_POLICIES", "ORDERS", "ImportedConfig", "MegatronDataConfig", "as_blend"]
+__all__ = [
+    "BUILD_POLICIES",
+    "CACHE_POLICIES",
+    "ORDERS",
+    "ImportedConfig",
+    "MegatronDataConfig",
+    "as_blend",
+]
 
 BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
 """Values of ``build_policy`` (``datasets.megatron.policy`` gives each its roles)."""
@@ -154,7 +160,10 @@ class MegatronDataConfig:
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_POLICIES:
-            raise ConfigError(f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}", hint="use cache='auto'")
+            raise ConfigError(
+                f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}",
+                hint="use cache='auto'",
+            )
         if self.build_policy not in BUILD_POLICIES:
             raise ConfigError(
                 f"build_policy is {self.build_policy!r}, expected one of {BUILD_POLICIES}",
@@ -163,29 +172,46 @@ class MegatronDataConfig:
         if self.build_policy == "none" and self.cache == "off":
             raise ConfigError(
                 "build_policy='none' loads caches only, but cache='off' reads none",
-                hint="use cache='auto' or 'strict' with build_policy='none', or build_policy='every-rank'",
+                hint="use cache='auto' or 'strict' with build_policy='none', or"
+                " build_policy='every-rank'",
             )
-        if self.build_policy == "local-rank0" and self.path_to_cache is not None and is_url(self.path_to_cache):
+        if (
+            self.build_policy == "local-rank0"
+            and self.path_to_cache is not None
+            and is_url(self.path_to_cache)
+        ):
             raise ConfigError(
-                f"build_policy='local-rank0' builds into a node-local cache folder, but path_to_cache is"
-                f" {self.path_to_cache!r}, a bucket every node shares (each node's writer would upload"
+                "build_policy='local-rank0' builds into a node-local cache folder, but"
+                f" path_to_cache is {self.path_to_cache!r}, a bucket every node shares (each node's"
+                " writer would upload"
                 " the same files)",
-                hint="use build_policy='rank0' or 'auto' with a cache in object storage (one writer, global"
-                " rank 0), or 'none' after tokenload prepare-cache; or give local-rank0 a local folder",
+                hint="use build_policy='rank0' or 'auto' with a cache in object storage (one"
+                " writer, global rank 0), or 'none' after tokenload prepare-cache; or give"
+                " local-rank0 a local folder",
             )
         if self.order not in ORDERS:
-            raise ConfigError(f"order is {self.order!r}, expected one of {ORDERS}",
-                              hint="use order='megatron' (the default), 'computed' or 'neox'")
+            raise ConfigError(
+                f"order is {self.order!r}, expected one of {ORDERS}",
+                hint="use order='megatron' (the default), 'computed' or 'neox'",
+            )
         if self.block_size is not None and self.order != "computed":
-            raise ConfigError(f"block_size applies to order='computed' only, not {self.order!r}",
-                              hint="drop block_size or set order='computed'")
+            raise ConfigError(
+                f"block_size applies to order='computed' only, not {self.order!r}",
+                hint="drop block_size or set order='computed'",
+            )
         self._check_mixture_fields()
         if self.blend is not None and self.blend_per_split is not None:
-            raise ConfigError("blend and blend_per_split are exclusive", hint="give one of them (as Megatron)")
+            raise ConfigError(
+                "blend and blend_per_split are exclusive", hint="give one of them (as Megatron)"
+            )
         if self.blend is not None and self.split is None:
-            raise ConfigError("a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"')
+            raise ConfigError(
+                "a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"'
+            )
         if self.mock and (self.vocab_size is None or self.eod_id is None):
-            raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+            raise ConfigError(
+                "mock data needs vocab_size and eod_id", hint="pass the tokenizer's values"
+            )
 
     def _check_mixture_fields(self) -> None:
         if self.mixture_change not in MIXTURE_CHANGES:
@@ -204,8 +230,9 @@ class MegatronDataConfig:
                 hint="set order='computed' or 'megatron', or change the weights at a resume",
             )
         if self.mock:
-            raise ConfigError("weights_schedule needs a blend",
-                              hint="pass blend or blend_per_split")
+            raise ConfigError(
+                "weights_schedule needs a blend", hint="pass blend or blend_per_split"
+            )
 
     @classmethod
     def from_megatron_args(cls, argv: Sequence[str], **options: Any) -> ImportedConfig:
@@ -245,7 +272,10 @@ class MegatronDataConfig:
     def source_options(self) -> SourceOptions:
         """What opening a token file (or the mock source) takes of this config."""
         return SourceOptions(
-            read_mode=self.read_mode, warmup=self.warmup, vocab_size=self.vocab_size, eod_id=self.eod_id
+            read_mode=self.read_mode,
+            warmup=self.warmup,
+            vocab_size=self.vocab_size,
+            eod_id=self.eod_id,
         )
 
 
@@ -289,4 +319,6 @@ def _importer(name: str) -> Importer:
     try:
         return _IMPORTERS[name]
     except KeyError:  # only when tokenload.datasets' own __init__ did not run to the end
-        raise RuntimeError(f"the {name} importer is not registered; import tokenload.datasets") from None
+        raise RuntimeError(
+            f"the {name} importer is not registered; import tokenload.datasets"
+        ) from None

@@ -29,7 +29,8 @@ class FlatDatasetConfig:
     """How windows are cut from a flat token file and ordered."""
 
     block_size: int
-    """Tokens per training input; each window reads ``block_size + 1`` (inputs plus the next-token labels)."""
+    """Tokens per training input; each window reads ``block_size + 1`` (inputs plus the
+    next-token labels)."""
     seed: int = 1234
     """Key of the window order; the same seed gives the same order on every rank and run."""
     shuffle: bool = True
@@ -43,9 +44,13 @@ class FlatDatasetConfig:
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
-            raise ConfigError(f"block_size is {self.block_size}, expected >= 1", hint="use e.g. block_size=1024")
+            raise ConfigError(
+                f"block_size is {self.block_size}, expected >= 1", hint="use e.g. block_size=1024"
+            )
         if self.num_epochs < 1:
-            raise ConfigError(f"num_epochs is {self.num_epochs}, expected >= 1", hint="use num_epochs=1 or more")
+            raise ConfigError(
+                f"num_epochs is {self.num_epochs}, expected >= 1", hint="use num_epochs=1 or more"
+            )
         ReadMode.parse(self.mode)
 
 
@@ -61,7 +66,8 @@ class FlatTokenDataset:
         self.windows_per_epoch = max(num_tokens - 1, 0) // config.block_size
         if self.windows_per_epoch == 0:
             raise ConfigError(
-                f"the file holds {num_tokens} tokens, fewer than one window of {config.block_size + 1}",
+                f"the file holds {num_tokens} tokens, fewer than one window of"
+                f" {config.block_size + 1}",
                 path=self.path,
                 hint="use a smaller block_size or a larger file",
             )
@@ -99,9 +105,13 @@ class FlatTokenDataset:
         """The raw windows (file dtype)."""
         starts = self.window_starts(np.asarray(indices))
         span = self.config.block_size + 1
-        return {"windows": self.file.read_spans(starts, np.full(starts.size, span)).reshape(-1, span)}
+        return {
+            "windows": self.file.read_spans(starts, np.full(starts.size, span)).reshape(-1, span)
+        }
 
-    def finish_batch(self, batch: dict[str, np.ndarray], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
+    def finish_batch(
+        self, batch: dict[str, np.ndarray], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
         """tokens and labels (int64) of ``read_batch`` windows, in arrays made by ``alloc``."""
         rows = batch["windows"]
         shape, int64 = (rows.shape[0], rows.shape[1] - 1), np.dtype(np.int64)

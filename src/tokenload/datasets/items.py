@@ -12,8 +12,8 @@ from the input tokens, then padded labels lose their loss and pad ids become 0.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -45,8 +45,15 @@ class ItemConfig:
 
     def __post_init__(self) -> None:
         if self.sequence_length < 1:
-            raise ConfigError(f"sequence_length is {self.sequence_length}", hint="use a positive sequence length")
-        needs_eod = self.eod_mask_loss or self.reset_position_ids or self.reset_attention_mask or self.inter_document_masking
+            raise ConfigError(
+                f"sequence_length is {self.sequence_length}", hint="use a positive sequence length"
+            )
+        needs_eod = (
+            self.eod_mask_loss
+            or self.reset_position_ids
+            or self.reset_attention_mask
+            or self.inter_document_masking
+        )
         if needs_eod and self.eod_id is None:
             raise ConfigError(
                 "EOD masking, position/attention resets and cu_seqlens need eod_id",
@@ -92,8 +99,11 @@ def build_items(
         np.copyto(tokens, text)
         labels[:, :-1] = tokens[:, 1:]
         labels[:, -1] = pad
-    needs_eod = cfg.eod_mask_loss or cfg.reset_position_ids or cfg.inter_document_masking or (
-        cfg.create_attention_mask and cfg.reset_attention_mask
+    needs_eod = (
+        cfg.eod_mask_loss
+        or cfg.reset_position_ids
+        or cfg.inter_document_masking
+        or (cfg.create_attention_mask and cfg.reset_attention_mask)
     )
     is_eod = tokens == cfg.eod_id if needs_eod else None
     loss_mask = new((batch, seq), _FLOAT32)
@@ -107,7 +117,9 @@ def build_items(
         np.copyto(position_ids, _positions(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
-        out["attention_mask"] = _attention_mask(batch, seq, is_eod if cfg.reset_attention_mask else None)
+        out["attention_mask"] = _attention_mask(
+            batch, seq, is_eod if cfg.reset_attention_mask else None
+        )
     if cfg.inter_document_masking:
         out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
     if padded or pad >= 0 or not extra:
@@ -152,7 +164,8 @@ def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def _segment_starts(is_eod: np.ndarray) -> np.ndarray:
-    """For each position, the index where its document segment starts (after the last EOD before it)."""
+    """For each position, the index where its document segment starts (after the last EOD
+    before it)."""
     batch, seq = is_eod.shape
     begins = np.zeros((batch, seq), dtype=np.int64)
     begins[:, 1:] = np.where(is_eod[:, :-1], np.arange(1, seq, dtype=np.int64), 0)

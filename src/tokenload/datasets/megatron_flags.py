@@ -33,7 +33,8 @@ __all__ = [
 
 # -- Megatron-LM ----------------------------------------------------------------------------------
 
-MEGATRON_NON_DATA_FLAGS = frozenset("""
+MEGATRON_NON_DATA_FLAGS = frozenset(
+    """
 --adam-beta1 --adam-beta2 --adam-eps --apply-layernorm-1p --apply-query-key-layer-scaling
 --attention-backend --attention-dropout --attention-softmax-in-fp32 --bf16
 --calculate-per-token-loss --ckpt-format --clip-grad --cross-entropy-loss-fusion
@@ -57,14 +58,21 @@ MEGATRON_NON_DATA_FLAGS = frozenset("""
 --untie-embeddings-and-output-weights --use-distributed-optimizer --use-flash-attn
 --use-mcore-models --use-rotary-position-embeddings --wandb-exp-name --wandb-project
 --wandb-save-dir --weight-decay
-""".split())
+""".split()  # noqa: SIM905 (a word list reads as text)
+)
 """Megatron flags that decide no sample, token or item (model, optimizer, parallelism,
 checkpoints, logging): those of its example training scripts (``examples/gpt3``, ``llama``,
 ``mixtral``) and their close relatives. Any other flag that is not a data flag is refused."""
 
 _TOKENIZER_VALUE_FLAGS = (
-    "--tokenizer-model", "--vocab-file", "--merge-file", "--tiktoken-pattern",
-    "--tokenizer-metadata", "--vocab-extra-ids", "--tiktoken-num-special-tokens", "--chat-template",
+    "--tokenizer-model",
+    "--vocab-file",
+    "--merge-file",
+    "--tiktoken-pattern",
+    "--tokenizer-metadata",
+    "--vocab-extra-ids",
+    "--tiktoken-num-special-tokens",
+    "--chat-template",
 )
 """Tokenizer files and options: recorded in ``extras["tokenizer"]`` (tokenload reads token ids,
 it loads no tokenizer)."""
@@ -142,11 +150,15 @@ def megatron_config_from_args(
     if args.seq_length is None:
         raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
     if args.train_iters is None and args.train_samples is None:
-        raise ConfigError("no training length: expected --train-iters or --train-samples",
-                          hint="pass the training job's flag")
+        raise ConfigError(
+            "no training length: expected --train-iters or --train-samples",
+            hint="pass the training job's flag",
+        )
     if args.dataloader_type == "external":
-        raise ConfigError("--dataloader-type external: the job brings its own loader",
-                          hint="use single (Megatron's default) or cyclic")
+        raise ConfigError(
+            "--dataloader-type external: the job brings its own loader",
+            hint="use single (Megatron's default) or cyclic",
+        )
     args.prepare_cache_world_size = world_size or World.detect().world_size
     fields: dict[str, Any] = {"sequence_length": args.seq_length, "random_seed": args.seed}
     if args.mock_data:
@@ -197,16 +209,22 @@ def _megatron_tokenizer(args: argparse.Namespace, eod_id: int | None) -> dict[st
     if args.tokenizer_identity is not None or null:
         out["tokenizer"] = megatron_args.tokenizer_identity(args)
     if null:
-        out["eod_id"] = (args.null_tokenizer_eod_id if args.null_tokenizer_eod_id is not None
-                         else args.vocab_size - 1)  # megatron-core's NullTokenizer
+        out["eod_id"] = (
+            args.null_tokenizer_eod_id
+            if args.null_tokenizer_eod_id is not None
+            else args.vocab_size - 1
+        )  # megatron-core's NullTokenizer
         out["pad_id"] = args.null_tokenizer_pad_id
     if eod_id is not None:
         out["eod_id"] = eod_id
     if args.vocab_size is not None:
         out["vocab_size"] = args.vocab_size
-    flags = {"--mock-data": args.mock_data, "--eod-mask-loss": args.eod_mask_loss,
-             "--reset-position-ids": args.reset_position_ids,
-             "--reset-attention-mask": args.reset_attention_mask}
+    flags = {
+        "--mock-data": args.mock_data,
+        "--eod-mask-loss": args.eod_mask_loss,
+        "--reset-position-ids": args.reset_position_ids,
+        "--reset-attention-mask": args.reset_attention_mask,
+    }
     needs = [flag for flag, on in flags.items() if on]
     if needs and "eod_id" not in out:
         raise ConfigError(
@@ -222,12 +240,20 @@ def _megatron_tokenizer(args: argparse.Namespace, eod_id: int | None) -> dict[st
 def _megatron_loading(args: argparse.Namespace, fields: dict[str, Any]) -> None:
     """Cache folder, fast load (build_policy 'none'), sequences JSON and the .bin read mode."""
     fields["path_to_cache"] = args.data_cache_path
-    fast = [f for f, on in (("--dataloader-fast-cache-load", args.dataloader_fast_cache_load),
-            ("--dataloader-defer-npy-index-mmap", args.dataloader_defer_npy_index_mmap)) if on]
+    fast = [
+        f
+        for f, on in (
+            ("--dataloader-fast-cache-load", args.dataloader_fast_cache_load),
+            ("--dataloader-defer-npy-index-mmap", args.dataloader_defer_npy_index_mmap),
+        )
+        if on
+    ]
     if fast:
         if args.data_cache_path is None:
-            raise ConfigError(f"{fast[0]} needs --data-cache-path (Megatron asserts it too)",
-                              hint="pass the folder that tokenload prepare-cache filled")
+            raise ConfigError(
+                f"{fast[0]} needs --data-cache-path (Megatron asserts it too)",
+                hint="pass the folder that tokenload prepare-cache filled",
+            )
         fields["build_policy"] = "none"
     if args.per_dataset_sequences_path is not None:
         fields["sequences_path"] = args.per_dataset_sequences_path

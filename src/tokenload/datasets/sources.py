@@ -40,7 +40,9 @@ class MockSource:
             low=1, high=MOCK_MAX_LENGTH, size=MOCK_SEQUENCES, dtype=np.int32
         )
 
-    def read_pieces(self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype=None) -> np.ndarray:
+    def read_pieces(
+        self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype=None
+    ) -> np.ndarray:
         sequences = np.asarray(sequences, dtype=np.int64)
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -100,18 +102,28 @@ def stale_facts(source: TokenFile, recorded: dict[str, Any]) -> list[str]:
         "bin_bytes": int(source.num_tokens) * source.dtype.itemsize,
         "index_xxh3_64": index_digest(source, cached=False),
     }
-    return [f"{k}: recorded {recorded.get(k)!r}, found {v!r}" for k, v in found.items() if recorded.get(k) != v]
+    return [
+        f"{k}: recorded {recorded.get(k)!r}, found {v!r}"
+        for k, v in found.items()
+        if recorded.get(k) != v
+    ]
 
 
-def open_token_file(prefix: str, mode: str, sequences: SequencesFile | None, *, warmup: bool = False) -> TokenFile:
+def open_token_file(
+    prefix: str, mode: str, sequences: SequencesFile | None, *, warmup: bool = False
+) -> TokenFile:
     """A lazy ``TokenFile``; with a sequences JSON, opened with its counts and dtype (no header
     parsed; a prefix the file lacks is a ConfigError naming it)."""
     if sequences is None:
         return TokenFile(prefix, mode=mode, warmup=warmup)
     entry = sequences.entry(prefix)
     return TokenFile(
-        prefix, mode=mode, sequences=(entry.sequence_count, entry.document_count), dtype=entry.dtype,
-        sequences_path=sequences.path, warmup=warmup,
+        prefix,
+        mode=mode,
+        sequences=(entry.sequence_count, entry.document_count),
+        dtype=entry.dtype,
+        sequences_path=sequences.path,
+        warmup=warmup,
     )
 
 
@@ -136,6 +148,8 @@ def open_source(
     configured read mode (and warm-up)."""
     if prefix is None:
         if options.vocab_size is None or options.eod_id is None:
-            raise ConfigError("mock data needs vocab_size and eod_id", hint="pass the tokenizer's values")
+            raise ConfigError(
+                "mock data needs vocab_size and eod_id", hint="pass the tokenizer's values"
+            )
         return MockSource(options.vocab_size, options.eod_id)
     return open_token_file(prefix, options.read_mode, sequences, warmup=options.warmup)

@@ -15,13 +15,23 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenload.errors import ConfigError
-from tokenload.index.document import _INT32_MAX, as_sequence_ids, build_document_index, tokens_per_epoch
+from tokenload.index.document import (
+    _INT32_MAX,
+    as_sequence_ids,
+    build_document_index,
+    tokens_per_epoch,
+)
 from tokenload.index.epochs import EpochPlan, plan_epochs
 from tokenload.index.sample import build_sample_index, sample_count
 from tokenload.index.shuffle import build_shuffle_index
 
 __all__ = [
-    "GPTIndexConfig", "GPTIndices", "build_gpt_indices", "drop_last_for", "gpt_length", "gpt_shapes"
+    "GPTIndexConfig",
+    "GPTIndices",
+    "build_gpt_indices",
+    "drop_last_for",
+    "gpt_length",
+    "gpt_shapes",
 ]
 
 
@@ -47,7 +57,9 @@ class GPTIndexConfig:
         if isinstance(self.sequence_length, bool) or not isinstance(self.sequence_length, int):
             raise ConfigError(f"sequence_length is {self.sequence_length!r}; expected an int")
         if not 1 <= self.sequence_length <= _INT32_MAX:
-            raise ConfigError(f"sequence_length is {self.sequence_length}; expected 1..{_INT32_MAX}")
+            raise ConfigError(
+                f"sequence_length is {self.sequence_length}; expected 1..{_INT32_MAX}"
+            )
         if isinstance(self.random_seed, bool) or not isinstance(self.random_seed, int):
             raise ConfigError(f"random_seed is {self.random_seed!r}; expected an int")
         if not 0 <= self.random_seed <= 2**32 - 1:
@@ -119,9 +131,7 @@ def build_gpt_indices(
         extra=extra,
     )
     rng = seeded_random_state(config.random_seed)
-    document_index = build_document_index(
-        docs, epochs.num_epochs, rng, epochs.separate_final_epoch
-    )
+    document_index = build_document_index(docs, epochs.num_epochs, rng, epochs.separate_final_epoch)
     sample_index = build_sample_index(
         lengths,
         document_index,
@@ -189,6 +199,10 @@ def _len_and_epochs(
         extra=config.extra,
     )
     n = sample_count(
-        epochs.num_epochs, epochs.tokens_per_epoch, config.sequence_length, config.drop_last, config.extra
+        epochs.num_epochs,
+        epochs.tokens_per_epoch,
+        config.sequence_length,
+        config.drop_last,
+        config.extra,
     )
     return n, epochs.num_epochs

@@ -63,7 +63,9 @@ def _rings(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = np.asarray(n, dtype=np.uint64)
     a = np.ceil(np.sqrt(n.astype(np.float64))).astype(np.uint64)
     a = np.where(a * a < n, a + np.uint64(1), a)  # the float square root may be one off
-    a = np.maximum(np.where((a - np.uint64(1)) * (a - np.uint64(1)) >= n, a - np.uint64(1), a), np.uint64(1))
+    a = np.maximum(
+        np.where((a - np.uint64(1)) * (a - np.uint64(1)) >= n, a - np.uint64(1), a), np.uint64(1)
+    )
     return a, (n + a - np.uint64(1)) // a
 
 
@@ -98,7 +100,10 @@ def _network(x: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> n
 
 
 def keyed_bijection(
-    x: np.ndarray, n: np.ndarray, keys: np.ndarray, rings: tuple[np.ndarray, np.ndarray] | None = None
+    x: np.ndarray,
+    n: np.ndarray,
+    keys: np.ndarray,
+    rings: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """uint64 images of positions ``x < n`` under the keyed bijection of ``[0, n)``.
 
@@ -114,8 +119,13 @@ def keyed_bijection(
 
 
 def keyed_windows(
-    positions: np.ndarray, epochs: np.ndarray, num_windows: np.ndarray, seeds: np.ndarray,
-    block_size: int | None, *, keys: np.ndarray | None = None,
+    positions: np.ndarray,
+    epochs: np.ndarray,
+    num_windows: np.ndarray,
+    seeds: np.ndarray,
+    block_size: int | None,
+    *,
+    keys: np.ndarray | None = None,
     rings: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
     """int64 window at each position (``< num_windows``) of each epoch's order, vectorized.
@@ -128,7 +138,9 @@ def keyed_windows(
     k = np.asarray(positions, dtype=np.int64).astype(np.uint64)
     n = np.atleast_1d(np.asarray(num_windows, dtype=np.uint64))
     if keys is None:
-        keys = _keys(np.atleast_1d(np.asarray(seeds, dtype=np.uint64)), np.atleast_1d(np.asarray(epochs)))
+        keys = _keys(
+            np.atleast_1d(np.asarray(seeds, dtype=np.uint64)), np.atleast_1d(np.asarray(epochs))
+        )
     if block_size is None:
         return keyed_bijection(k, n, keys, rings).astype(np.int64)
     return _blocked(k, n, keys, np.uint64(block_size)).astype(np.int64)
@@ -145,7 +157,9 @@ def _blocked(k: np.ndarray, n: np.ndarray, base: np.ndarray, size: np.uint64) ->
     inner = np.where(in_partial, k - gap, shifted % size)
     fulls = np.flatnonzero(~in_partial)
     if fulls.size:
-        block[fulls] = keyed_bijection(shifted[fulls] // size, _pick(full, fulls), _pick(base, fulls))
+        block[fulls] = keyed_bijection(
+            shifted[fulls] // size, _pick(full, fulls), _pick(base, fulls)
+        )
     with np.errstate(over="ignore"):
         salt = _mix((block + np.uint64(1)) * _GOLDEN)
     domain = np.where(in_partial, rest, size)
@@ -193,11 +207,19 @@ class WindowOrder:
         if k.size and (int(k.min()) < 0 or int(k.max()) >= self.num_windows):
             raise IndexError(f"positions must lie in [0, {self.num_windows})")
         out = keyed_windows(
-            k.ravel(), None, self._n, self._seed, self.block_size, keys=self.keys(int(epoch)), rings=self._rings
+            k.ravel(),
+            None,
+            self._n,
+            self._seed,
+            self.block_size,
+            keys=self.keys(int(epoch)),
+            rings=self._rings,
         )
         return out.reshape(k.shape)
 
-    def global_windows(self, samples: np.ndarray, bounds: tuple[int, int] | None = None) -> np.ndarray:
+    def global_windows(
+        self, samples: np.ndarray, bounds: tuple[int, int] | None = None
+    ) -> np.ndarray:
         """int64 windows of global samples k >= 0 (epoch ``k // n``, position ``k % n``);
         ``bounds``: their minimum and maximum when the caller has them."""
         k = np.asarray(samples, dtype=np.int64).ravel()
@@ -209,9 +231,18 @@ class WindowOrder:
         n = self.num_windows
         if low // n == high // n:  # one epoch (nearly every batch): its keys are kept
             epoch = low // n
-            out = keyed_windows(k - epoch * n, None, self._n, self._seed, self.block_size,
-                                keys=self.keys(epoch), rings=self._rings)
+            out = keyed_windows(
+                k - epoch * n,
+                None,
+                self._n,
+                self._seed,
+                self.block_size,
+                keys=self.keys(epoch),
+                rings=self._rings,
+            )
         else:
             epochs, within = np.divmod(k, n)
-            out = keyed_windows(within, epochs, self._n, self._seed, self.block_size, rings=self._rings)
+            out = keyed_windows(
+                within, epochs, self._n, self._seed, self.block_size, rings=self._rings
+            )
         return out.reshape(np.shape(samples))

@@ -46,9 +46,16 @@ class ComputedBlendedDataset(_Items):
     """A blend of computed datasets: item k comes from the source the interleave names."""
 
     def __init__(
-        self, datasets: Sequence[Any], weights: Sequence[float], *, seed: int, length: int,
-        block_size: int | None = None, period: int = DEFAULT_PERIOD,
-        startup_phases: dict[str, float] | None = None, schedule=None,
+        self,
+        datasets: Sequence[Any],
+        weights: Sequence[float],
+        *,
+        seed: int,
+        length: int,
+        block_size: int | None = None,
+        period: int = DEFAULT_PERIOD,
+        startup_phases: dict[str, float] | None = None,
+        schedule=None,
     ) -> None:
         self.datasets = list(datasets)
         if len({d.item for d in self.datasets}) > 1:
@@ -65,8 +72,13 @@ class ComputedBlendedDataset(_Items):
 
     def _chain(self, origin: MixtureState | None) -> ScheduledMixture:
         return ScheduledMixture(
-            self.sources, self.schedule, [d.grid.num_windows for d in self.datasets],
-            seed=self.seed, origin=origin, period=self.period, block_size=self.block_size,
+            self.sources,
+            self.schedule,
+            [d.grid.num_windows for d in self.datasets],
+            seed=self.seed,
+            origin=origin,
+            period=self.period,
+            block_size=self.block_size,
         )
 
     def __len__(self) -> int:
@@ -122,8 +134,13 @@ class ComputedBlendedDataset(_Items):
         start, weights = self.schedule[entry]
         following = self.schedule[entry + 1][0] if entry + 1 < len(self.schedule) else None
         start = max(start, self.mixture.start)  # a chain begun at a resume: from there
-        return {"entry": entry, "entries": len(self.schedule), "start": start,
-                "weights": list(weights), "next_change": following}
+        return {
+            "entry": entry,
+            "entries": len(self.schedule),
+            "start": start,
+            "weights": list(weights),
+            "next_change": following,
+        }
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
     reads_in_groups = True
@@ -158,8 +175,11 @@ class ComputedBlendedDataset(_Items):
         (its sources, schedule, period and origin), JSON-able: the loader keeps it in its state."""
         current = self.schedule[self.mixture.phase_of(consumed)][1]
         phase = {
-            "identities": list(self.sources), "weights": list(current), "period": self.period,
-            "schedule": [[s, list(w)] for s, w in self.schedule], **self.mixture.origin.to_dict(),
+            "identities": list(self.sources),
+            "weights": list(current),
+            "period": self.period,
+            "schedule": [[s, list(w)] for s, w in self.schedule],
+            **self.mixture.origin.to_dict(),
         }
         cursors = self.mixture.state(consumed).to_dict()
         return {"order": self.order_fingerprint, **cursors, "phase": phase}

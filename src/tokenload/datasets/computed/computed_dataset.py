@@ -29,7 +29,7 @@ positions), exactly as in the Megatron order, which also reads a sample's docume
 to back. ``documents(indices)`` gives the pieces ``(sequence, offset, length)`` of each sample
 by a binary search over the pointers of the file it touches (no copy of the pointers).
 
-**Startup and memory.** Per source, building reads a few ``.idx`` entries (``datasets.computed.extents``)
+**Startup and memory.** Per source, building reads a few ``.idx`` entries (``extents``)
 and keeps O(1) numbers, whatever the number of documents. No file stays open: a rank maps only
 the token files its samples touch, on their first read, in the process that reads them.
 
@@ -59,15 +59,15 @@ from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import ConfigError
 from ...format import read_sequences
 from ...index import MOCK_SPLIT, plan_splits
-from ...index.window_order import WindowOrder, source_seed
 from ...index.interleave import DEFAULT_PERIOD
 from ...index.plan import MidLevelPlan
+from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import WindowGrid, window_pieces
-from .computed_blend import ComputedBlendedDataset, _Items
 from ..config import MegatronDataConfig, as_blend
-from .extents import Extent, file_extent, mock_extent
 from ..items import Allocator, ItemConfig, build_items
 from ..sources import MockSource, open_source
+from .computed_blend import ComputedBlendedDataset, _Items
+from .extents import Extent, file_extent, mock_extent
 
 __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
 
@@ -78,8 +78,15 @@ class ComputedGPTDataset(_Items):
     """Items of one split of one token file (or of the mock source) in the computed order."""
 
     def __init__(
-        self, source: Any, extent: Extent, item: ItemConfig, *, seed: int, length: int,
-        block_size: int | None = None, startup_phases: dict[str, float] | None = None,
+        self,
+        source: Any,
+        extent: Extent,
+        item: ItemConfig,
+        *,
+        seed: int,
+        length: int,
+        block_size: int | None = None,
+        startup_phases: dict[str, float] | None = None,
     ) -> None:
         self.source = source
         self.extent = extent
@@ -109,7 +116,9 @@ class ComputedGPTDataset(_Items):
         """The window order (a ConfigError for a split without a whole window)."""
         if self._order is None:
             self._order = WindowOrder(
-                self.grid.num_windows, source_seed(self.seed, self.identity), block_size=self.block_size
+                self.grid.num_windows,
+                source_seed(self.seed, self.identity),
+                block_size=self.block_size,
             )
         return self._order
 
@@ -141,12 +150,16 @@ class ComputedGPTDataset(_Items):
             starts[first] = offsets
             return self.source.read_pieces(seqs, starts, lengths).reshape(len(windows), width)
         starts = self.grid.starts(windows)
-        return self.source.read_spans(starts, np.full(starts.size, width, dtype=np.int64)).reshape(starts.size, width)
+        return self.source.read_spans(starts, np.full(starts.size, width, dtype=np.int64)).reshape(
+            starts.size, width
+        )
 
     def read_batch(self, indices) -> dict[str, Any]:
         return {"windows": self.read_windows(self.windows_of(indices)), "padded": False}
 
-    def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
     def _pointer_array(self) -> tuple[np.ndarray, np.ndarray, int]:
@@ -161,7 +174,9 @@ class ComputedGPTDataset(_Items):
         """The document pieces of windows (``index.windows.window_pieces``)."""
         pointers, lengths, itemsize = self._pointer_array()
         e = self.extent
-        return window_pieces(self.grid, np.asarray(windows), pointers, lengths, itemsize, e.begin, e.end)
+        return window_pieces(
+            self.grid, np.asarray(windows), pointers, lengths, itemsize, e.begin, e.end
+        )
 
     def documents(self, indices):
         """Each sample's document pieces ``(sequences, first, lengths, first_offsets)``, as
@@ -225,7 +240,9 @@ class ComputedOptions:
 
 
 def build_computed_datasets(
-    config: MegatronDataConfig, sizes: Sequence[int | None], options: ComputedOptions | None = None,
+    config: MegatronDataConfig,
+    sizes: Sequence[int | None],
+    options: ComputedOptions | None = None,
     **fields: Any,
 ) -> tuple[Any | None, Any | None, Any | None]:
     """The (train, valid, test) datasets of ``config`` in the computed order (module docstring).
@@ -244,12 +261,16 @@ def build_computed_datasets(
     split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
     per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
     plans = plan_splits(
-        blend=None if c.mock else as_blend(c.blend), blend_per_split=per_split, split=split, sizes=list(sizes),
+        blend=None if c.mock else as_blend(c.blend),
+        blend_per_split=per_split,
+        split=split,
+        sizes=list(sizes),
         surplus=c.mid_level_dataset_surplus,
     )
     builder = ComputedBuilder(c, options.block_size)
     out = [
-        None if plan is None
+        None
+        if plan is None
         else builder.split(plan, options.period, c.weights_schedule if k == 0 else None)
         for k, plan in enumerate(plans)
     ]
@@ -261,20 +282,28 @@ def build_computed_datasets(
 
 
 class ComputedBuilder:
-    """One ``build_computed_datasets`` call: each source opened once, its splits' extents, the blends."""
+    """One ``build_computed_datasets`` call: each source opened once, its splits' extents and
+    blends."""
 
     def __init__(self, config: MegatronDataConfig, block_size: int | None) -> None:
         self.config = config
         self.item = config.item_config()
-        self.layout = {"sequence_length": config.sequence_length, "extra": int(config.add_extra_token)}
+        self.layout = {
+            "sequence_length": config.sequence_length,
+            "extra": int(config.add_extra_token),
+        }
         self.block_size = None if block_size is None else int(block_size)
-        self.sequences = None if config.sequences_path is None else read_sequences(config.sequences_path)
+        self.sequences = (
+            None if config.sequences_path is None else read_sequences(config.sequences_path)
+        )
         self._sources: dict[str | None, Any] = {}
 
     def source(self, prefix: str | None):
         """A lazy source per prefix (a ``TokenFile`` opens on its first read)."""
         if prefix not in self._sources:
-            self._sources[prefix] = open_source(prefix, self.config.source_options(), self.sequences)
+            self._sources[prefix] = open_source(
+                prefix, self.config.source_options(), self.sequences
+            )
         return self._sources[prefix]
 
     def member(self, mid: MidLevelPlan) -> ComputedGPTDataset:
@@ -282,18 +311,30 @@ class ComputedBuilder:
         if mid.prefix is None:
             extent = mock_extent(source, mid.bookend, **self.layout)
         else:
-            extent = file_extent(mid.prefix, mid.bookend, self.sequences, read_mode=self.config.read_mode, **self.layout)
+            extent = file_extent(
+                mid.prefix,
+                mid.bookend,
+                self.sequences,
+                read_mode=self.config.read_mode,
+                **self.layout,
+            )
         n = extent.grid.num_windows
         if n == 0 and mid.num_samples:
             raise ConfigError(
-                f"the {mid.split} split of {mid.prefix or 'the mock data'} holds {extent.grid.num_tokens} tokens"
+                f"the {mid.split} split of {mid.prefix or 'the mock data'} holds"
+                f" {extent.grid.num_tokens} tokens"
                 f" (sequences {extent.begin}..{extent.end}), less than one sample of"
                 f" {extent.grid.window} tokens, but {mid.num_samples} samples were requested",
-                hint=f"change the split string, ask for no {mid.split} samples, or use a shorter sequence length",
+                hint=f"change the split string, ask for no {mid.split} samples, or use a shorter"
+                " sequence length",
             )
         return ComputedGPTDataset(
-            source, extent, self.item, seed=self.config.random_seed,
-            length=_whole_epochs(mid.num_samples, n), block_size=self.block_size,
+            source,
+            extent,
+            self.item,
+            seed=self.config.random_seed,
+            length=_whole_epochs(mid.num_samples, n),
+            block_size=self.block_size,
         )
 
     def split(self, plan, period: int, schedule=None):
@@ -307,17 +348,22 @@ class ComputedBuilder:
             return members[0]
         dtypes = {m.extent.dtype for m in members}
         if len(dtypes) > 1:
-            listing = ", ".join(f"{mid.prefix} ({m.extent.dtype})" for mid, m in zip(plan.datasets, members))
+            listing = ", ".join(
+                f"{mid.prefix} ({m.extent.dtype})" for mid, m in zip(plan.datasets, members)
+            )
             raise ConfigError(
                 f"the {plan.split} blend mixes token dtypes: {listing}",
-                hint="blend only token files made with the same tokenizer (re-tokenize the odd ones out)",
+                hint="blend only token files made with the same tokenizer"
+                " (re-tokenize the odd ones out)",
             )
         windows = [m.grid.num_windows for m in members]
         empty = [mid.prefix for mid, n in zip(plan.datasets, windows) if n == 0]
         if empty:
             raise ConfigError(
-                f"the {plan.split} split of {empty[0]} holds less than one sample of {members[0].grid.window} tokens",
-                hint="drop the prefix from the blend, change the split string or use a shorter sequence length",
+                f"the {plan.split} split of {empty[0]} holds less than one sample of"
+                f" {members[0].grid.window} tokens",
+                hint="drop the prefix from the blend, change the split string or use a shorter"
+                " sequence length",
             )
         if plan.weights is not None:
             weights, length = list(plan.weights), int(plan.size)
@@ -325,7 +371,11 @@ class ComputedBuilder:
             weights = windows
             length = sum(windows) if plan.size is None else int(plan.size)
         return ComputedBlendedDataset(
-            members, weights, seed=self.config.random_seed, length=length,
-            block_size=self.block_size, period=period, schedule=schedule,
+            members,
+            weights,
+            seed=self.config.random_seed,
+            length=length,
+            block_size=self.block_size,
+            period=period,
+            schedule=schedule,
         )
-

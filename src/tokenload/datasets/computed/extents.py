@@ -29,10 +29,10 @@ from ...errors import FormatError
 from ...format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
 from ...format.legacy import is_legacy
 from ...format.sequences import SequencesFile, check_counts, check_index_size
-from ...storage.os_errors import read_error
 from ...index import split_range
 from ...index.windows import WindowGrid
 from ...storage import file_size, local_path
+from ...storage.os_errors import read_error
 from ..sources import MockSource, open_token_file
 
 __all__ = ["Extent", "file_extent", "mock_extent"]
@@ -61,7 +61,8 @@ def _pread(fd: int, offset: int, size: int, path: str) -> bytes:
     if len(data) != size:
         raise FormatError(
             f"index holds {len(data)} bytes at offset {offset}, expected {size}",
-            path=path, hint="the .idx is truncated; rewrite the token file",
+            path=path,
+            hint="the .idx is truncated; rewrite the token file",
         )
     return data
 
@@ -87,7 +88,12 @@ def _check_step(i: int, pointers: tuple[int, ...], length: int, dtype: np.dtype,
 
 
 def file_extent(
-    prefix: str, bookend, sequences: SequencesFile | None, *, sequence_length: int, extra: int,
+    prefix: str,
+    bookend,
+    sequences: SequencesFile | None,
+    *,
+    sequence_length: int,
+    extra: int,
     read_mode: str,
 ) -> Extent:
     """The split ``bookend`` of ``prefix`` in windows of ``sequence_length + extra`` tokens: a
@@ -106,8 +112,14 @@ def file_extent(
             n, d, dtype = entry.sequence_count, entry.document_count, np.dtype(entry.dtype)
             # the counts are the JSON's: a file changed since is named with both files, as the
             # Megatron order names it (one fstat; the header is not read)
-            check_index_size(os.fstat(fd).st_size, idx_path, (n, d), dtype, multimodal=None,
-                             source=sequences.path)
+            check_index_size(
+                os.fstat(fd).st_size,
+                idx_path,
+                (n, d),
+                dtype,
+                multimodal=None,
+                source=sequences.path,
+            )
         else:
             size = os.fstat(fd).st_size
             head = _pread(fd, 0, min(HEADER_SIZE, size), idx_path)
@@ -147,10 +159,14 @@ def file_extent(
         state = "shorter" if bin_bytes < last else "longer"
         raise FormatError(
             f".bin is {bin_bytes} bytes, {state} than the {last} bytes its index describes",
-            path=bin_path, hint="the .bin and .idx do not belong together or one was truncated",
+            path=bin_path,
+            hint="the .bin and .idx do not belong together or one was truncated",
         )
-    facts = f"{n}|{d}|{dtype.str}|{bin_bytes}|{begin}|{end}|{first}|{last}|{xxhash.xxh3_64_hexdigest(sampled)}"
-    return _extent(begin, end, first // dtype.itemsize, (last - first) // dtype.itemsize, dtype, facts, layout)
+    digest = xxhash.xxh3_64_hexdigest(sampled)
+    facts = f"{n}|{d}|{dtype.str}|{bin_bytes}|{begin}|{end}|{first}|{last}|{digest}"
+    return _extent(
+        begin, end, first // dtype.itemsize, (last - first) // dtype.itemsize, dtype, facts, layout
+    )
 
 
 def _opened_extent(prefix: str, bookend, layout: tuple[int, int], read_mode: str) -> Extent:
@@ -159,8 +175,14 @@ def _opened_extent(prefix: str, bookend, layout: tuple[int, int], read_mode: str
     begin, end = split_range(bookend, tf.num_sequences)
     pointers, lengths, size = tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize
     grid = WindowGrid.from_pointers(pointers, lengths, size, begin, end, *layout)
-    sampled = np.concatenate([lengths[begin:begin + _SAMPLED_LENGTHS], lengths[max(begin, end - _SAMPLED_LENGTHS):end]])
-    facts = f"{tf.num_sequences}|{tf.dtype.str}|{tf.num_tokens}|{begin}|{end}|{xxhash.xxh3_64_hexdigest(sampled.tobytes())}"
+    sampled = np.concatenate(
+        [
+            lengths[begin : begin + _SAMPLED_LENGTHS],
+            lengths[max(begin, end - _SAMPLED_LENGTHS) : end],
+        ]
+    )
+    digest = xxhash.xxh3_64_hexdigest(sampled.tobytes())
+    facts = f"{tf.num_sequences}|{tf.dtype.str}|{tf.num_tokens}|{begin}|{end}|{digest}"
     tf.close()
     return _extent(begin, end, grid.first_token, grid.num_tokens, tf.dtype, facts, layout)
 
@@ -168,9 +190,14 @@ def _opened_extent(prefix: str, bookend, layout: tuple[int, int], read_mode: str
 def _extent(begin, end, first_token, num_tokens, dtype, facts, layout: tuple[int, int]) -> Extent:
     """``layout``: (sequence length, extra token)."""
     grid = WindowGrid(
-        first_token=first_token, num_tokens=num_tokens, sequence_length=layout[0], extra=layout[1],
+        first_token=first_token,
+        num_tokens=num_tokens,
+        sequence_length=layout[0],
+        extra=layout[1],
     )
-    identity = hashlib.sha256(f"{facts}|S={grid.sequence_length}|x={grid.extra}".encode()).hexdigest()[:16]
+    identity = hashlib.sha256(
+        f"{facts}|S={grid.sequence_length}|x={grid.extra}".encode()
+    ).hexdigest()[:16]
     return Extent(begin=begin, end=end, grid=grid, dtype=np.dtype(dtype), identity=identity)
 
 

@@ -8,15 +8,16 @@ grouping needs anyway, plus one reduction."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from ...contract import MixtureCursors, Sources
 from ...index.blends import distinct_sources
-from .gpt_dataset import IndexArrays
 from ..items import Allocator
+from .gpt_dataset import IndexArrays
 
 _MIN = np.minimum.reduce
 
@@ -70,7 +71,8 @@ class BlendedDataset:
         present = np.unique(which).tolist()
         if present and (present[0] < 0 or present[-1] >= len(self.datasets)):
             raise self.indices.corrupt(
-                "dataset_index", f"dataset {present[0] if present[0] < 0 else present[-1]}",
+                "dataset_index",
+                f"dataset {present[0] if present[0] < 0 else present[-1]}",
                 f"0..{len(self.datasets) - 1} (the blend's datasets)",
             )
         if within.size and _MIN(within) < 0:
@@ -99,11 +101,14 @@ class BlendedDataset:
             return self.datasets[d].read_batch(samples)
         except IndexError:  # a member refuses only sample numbers past its length
             raise self.indices.corrupt(
-                "dataset_sample_index", f"sample numbers past dataset {d}'s length",
+                "dataset_sample_index",
+                f"sample numbers past dataset {d}'s length",
                 f"numbers below {len(self.datasets[d])}",
             ) from None
 
-    def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
         out = self.datasets[0].finish_batch(batch, alloc)
         out["dataset_id"] = batch["dataset_id"]
         return out

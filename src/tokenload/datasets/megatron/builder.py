@@ -62,17 +62,23 @@ from ...index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_s
 from ...index.plan import MidLevelPlan, SplitPlan
 from ...metrics import Phases
 from ...storage import is_url, local_folder
+from ..config import MegatronDataConfig, as_blend
+from ..sources import file_facts, open_source
 from .blended import BlendedDataset
 from .cache_match import gpt_cache_mismatches
-from ..config import MegatronDataConfig, as_blend
-from .gpt_dataset import GPTDataset, IndexArrays
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
-from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
 from .continuable import continuable, first_entry_blend, mixture_mode
+from .gpt_dataset import GPTDataset, IndexArrays
+from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
 from .policy import Role, missing_cache, prepare_command, resolve
-from ..sources import file_facts, open_source
 
-__all__ = ["BUILD_THREADS", "BuiltDataset", "MegatronBuilder", "MegatronOptions", "build_megatron_datasets"]
+__all__ = [
+    "BUILD_THREADS",
+    "BuiltDataset",
+    "MegatronBuilder",
+    "MegatronOptions",
+    "build_megatron_datasets",
+]
 
 BUILD_THREADS = 4
 """Threads that build the missing prefixes of a blend. Measured on 2 cores, 100 prefixes of 3,000
@@ -94,8 +100,11 @@ class MegatronOptions:
     @classmethod
     def from_config(cls, config: MegatronDataConfig) -> MegatronOptions:
         return cls(
-            path_to_cache=config.path_to_cache, cache=config.cache, build_policy=config.build_policy,
-            tokenizer=config.tokenizer, mixture_change=config.mixture_change,
+            path_to_cache=config.path_to_cache,
+            cache=config.cache,
+            build_policy=config.build_policy,
+            tokenizer=config.tokenizer,
+            mixture_change=config.mixture_change,
         )
 
 
@@ -210,16 +219,28 @@ class MegatronBuilder:
             surplus=c.mid_level_dataset_surplus,
         )
         matrix = None if split is None else split_matrix(split)
-        for name, plan in zip(SPLIT_NAMES, plans):  # every split checked before any is built or written
+        for name, plan in zip(
+            SPLIT_NAMES, plans
+        ):  # every split checked before any is built or written
             for mid in [] if plan is None else plan.datasets:
                 self._check_not_empty(name, mid, split)
-        built = [None if plan is None else self._split(name, plan, split, matrix) for name, plan in zip(SPLIT_NAMES, plans)]
+        built = [
+            None if plan is None else self._split(name, plan, split, matrix)
+            for name, plan in zip(SPLIT_NAMES, plans)
+        ]
         if self._cache.missing:
             raise missing_cache(
-                self.options.build_policy, self._cache.missing, self._cache.folders, prepare_command(c, sizes)
+                self.options.build_policy,
+                self._cache.missing,
+                self._cache.folders,
+                prepare_command(c, sizes),
             )
         entries = [None if b is None else b.entry for b in built]
-        if not (manifest is not None and self.role is Role.WRITE and all(e is not None for b, e in zip(built, entries) if b)):
+        if not (
+            manifest is not None
+            and self.role is Role.WRITE
+            and all(e is not None for b, e in zip(built, entries) if b)
+        ):
             manifest = None
         if self._cache.deferred:
             write_behind(self._cache.deferred, manifest, entries)
@@ -238,10 +259,16 @@ class MegatronBuilder:
         )
         if entry["kind"] == "blended":
             members = [self._from_entry(m) for m in entry["members"]]
-            return BlendedDataset(members, indices, identity=entry["identity"], length=entry["length"])
+            return BlendedDataset(
+                members, indices, identity=entry["identity"], length=entry["length"]
+            )
         return GPTDataset(
-            self.source(entry["prefix"]), indices, self.item, identity=entry["identity"],
-            length=entry["length"], samples_per_epoch=entry["samples_per_epoch"],
+            self.source(entry["prefix"]),
+            indices,
+            self.item,
+            identity=entry["identity"],
+            length=entry["length"],
+            samples_per_epoch=entry["samples_per_epoch"],
             file_facts=entry["token_file"] or None,
         )
 
@@ -254,7 +281,9 @@ class MegatronBuilder:
             return BuiltDataset(mids[0].dataset, mids[0].entry)
         lengths = [len(m.dataset) for m in mids]
         weights, size = resolve_blend(plan, lengths)
-        uid = blended_identifiers(datasets=[m.identifiers for m in mids], split=name, weights=weights, size=size)
+        uid = blended_identifiers(
+            datasets=[m.identifiers for m in mids], split=name, weights=weights, size=size
+        )
         description = describe(uid)
 
         def build():
@@ -272,18 +301,28 @@ class MegatronBuilder:
         expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
         cached = self._cache.indices(folder, uid, description, build, fields, expected)
         placeless = blended_identifiers(
-            datasets=[_placeless(m.identifiers) for m in mids], split=name, weights=weights, size=size
+            datasets=[_placeless(m.identifiers) for m in mids],
+            split=name,
+            weights=weights,
+            size=size,
         )
         identity = description_hash(describe(placeless))
-        dataset = BlendedDataset([m.dataset for m in mids], cached.indices, identity=identity, length=n)
+        dataset = BlendedDataset(
+            [m.dataset for m in mids], cached.indices, identity=identity, length=n
+        )
         if self._mixture_mode() and plan.weights is not None:
 
             def member(mid: MidLevelPlan) -> Any:  # a source built anew for another phase
                 return self._mid(name, mid, split, matrix).dataset
 
             dataset = continuable(
-                config=self.config, sizes=self.sizes, name=name, plan=plan, blend=dataset,
-                members=[m.dataset for m in mids], build_member=member,
+                config=self.config,
+                sizes=self.sizes,
+                name=name,
+                plan=plan,
+                blend=dataset,
+                members=[m.dataset for m in mids],
+                build_member=member,
                 allow_change=self.options.mixture_change == "continue",
             )
         members = [m.entry for m in mids]
@@ -310,7 +349,11 @@ class MegatronBuilder:
         and 0.69-1.2 s (benchmarks/startup.py, 3 runs each)."""
         if self.role is Role.WRITE and not self._cache.behind:
             return BUILD_THREADS
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
         return max(1, min(BUILD_THREADS, cores // max(self.world.local_world_size, 1)))
 
     def _lengths(self, prefix: str | None) -> np.ndarray:
@@ -333,7 +376,8 @@ class MegatronBuilder:
             listing = ", ".join(f"{p} ({d})" for p, d in dtypes.items())
             raise ConfigError(
                 f"the {name} blend mixes token dtypes: {listing}",
-                hint="blend only token files made with the same tokenizer (re-tokenize the odd ones out)",
+                hint="blend only token files made with the same tokenizer"
+                " (re-tokenize the odd ones out)",
             )
 
     def _check_not_empty(self, name: str, mid: MidLevelPlan, split: str | None) -> None:
@@ -375,32 +419,59 @@ class MegatronBuilder:
 
         def build():
             idx = build_gpt_indices(lengths, documents, num_samples=mid.num_samples, config=gpt)
-            return {"document_index": idx.document_index, "sample_index": idx.sample_index,
-                    "shuffle_index": idx.shuffle_index}
+            return {
+                "document_index": idx.document_index,
+                "sample_index": idx.sample_index,
+                "shuffle_index": idx.shuffle_index,
+            }
 
         expected = gpt_shapes(
-            num_documents=end - beg, tokens_per_epoch=tokens, num_samples=mid.num_samples,
+            num_documents=end - beg,
+            tokens_per_epoch=tokens,
+            num_samples=mid.num_samples,
             config=gpt,
         )
         folder = options.path_to_cache
         if folder is None and mid.prefix is not None:
             # a URL's default folder is local, beside its index copy (never a folder named 's3:')
-            folder = default_cache_dir(local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix)
-        fields = {"add_extra_token": c.add_extra_token, "drop_last": gpt.drop_last, "token_file": facts}
+            folder = default_cache_dir(
+                local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix
+            )
+        fields = {
+            "add_extra_token": c.add_extra_token,
+            "drop_last": gpt.drop_last,
+            "token_file": facts,
+        }
 
         def consistent(arrays):  # a cache without a sidecar (Megatron's) against the lengths
-            return gpt_cache_mismatches(arrays, lengths, beg, end,
-                                        sequence_length=c.sequence_length, extra=gpt.extra)
+            return gpt_cache_mismatches(
+                arrays, lengths, beg, end, sequence_length=c.sequence_length, extra=gpt.extra
+            )
 
-        cached = self._cache.indices(folder, uid, describe(uid), build, fields, expected, consistent)
+        cached = self._cache.indices(
+            folder, uid, describe(uid), build, fields, expected, consistent
+        )
         identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
         length = expected["sample_index"][0] - 1
         per_epoch = (tokens - gpt.extra) // c.sequence_length
-        dataset = GPTDataset(source, cached.indices, self.item, identity=identity, length=length, samples_per_epoch=per_epoch)
+        dataset = GPTDataset(
+            source,
+            cached.indices,
+            self.item,
+            identity=identity,
+            length=length,
+            samples_per_epoch=per_epoch,
+        )
         entry = cached.entry
         if entry is not None:
-            entry.update(kind="gpt", prefix=mid.prefix, length=length, samples_per_epoch=per_epoch,
-                         identity=identity, token_file=facts)
+            entry.update(
+                kind="gpt",
+                prefix=mid.prefix,
+                length=length,
+                samples_per_epoch=per_epoch,
+                identity=identity,
+                token_file=facts,
+            )
         return BuiltDataset(dataset, entry, uid)
 
 
@@ -413,7 +484,9 @@ def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
     return out
 
 
-def _empty_split(name: str, mid: MidLevelPlan, beg: int, end: int, count: int, split: str | None) -> ConfigError:
+def _empty_split(
+    name: str, mid: MidLevelPlan, beg: int, end: int, count: int, split: str | None
+) -> ConfigError:
     """A split without tokens asked for samples (Megatron loops forever there)."""
     share = "the whole file" if split is None else f"its share of split {split!r}"
     return ConfigError(

@@ -33,8 +33,13 @@ _ROWS = 1 << 22
 
 
 def gpt_cache_mismatches(
-    arrays: Mapping[str, np.ndarray], lengths: np.ndarray, begin: int, end: int, *,
-    sequence_length: int, extra: int,
+    arrays: Mapping[str, np.ndarray],
+    lengths: np.ndarray,
+    begin: int,
+    end: int,
+    *,
+    sequence_length: int,
+    extra: int,
 ) -> list[str]:
     """Why the arrays cannot be the indices of sequences ``[begin, end)`` of a file with these
     ``lengths`` (empty when they can); ``extra`` is 1 with ``add_extra_token`` else 0."""
@@ -61,23 +66,30 @@ def _document_reasons(documents: np.ndarray, begin: int, end: int) -> list[str]:
         return []
     low, high = int(documents.min()), int(documents.max())
     if low < begin or high >= end:
-        return [f"document_index: ids {low}..{high}, expected ids of the split's sequences "
-                f"{begin}..{end - 1} in the current token file"]
+        return [
+            f"document_index: ids {low}..{high}, expected ids of the split's sequences "
+            f"{begin}..{end - 1} in the current token file"
+        ]
     count = end - begin
     epochs, rest = divmod(documents.size, count)
     if rest:
-        return [f"document_index: {documents.size} entries for {count} documents, expected a "
-                "whole number of epochs"]
+        return [
+            f"document_index: {documents.size} entries for {count} documents, expected a "
+            "whole number of epochs"
+        ]
     if epochs == 1:
         if not _all_once(documents, count, begin):
-            return ["document_index: a document appears twice and another not at all, expected "
-                    "each once per epoch"]
+            return [
+                "document_index: a document appears twice and another not at all, expected "
+                "each once per epoch"
+            ]
         return []
     counts = np.bincount(documents - begin, minlength=count)
     if int(counts.min()) != int(counts.max()):
         low, high = int(counts.min()), int(counts.max())
-        return [f"document_index: documents appear {low} to {high} times, expected each once "
-                "per epoch"]
+        return [
+            f"document_index: documents appear {low} to {high} times, expected each once per epoch"
+        ]
     return []
 
 
@@ -91,7 +103,7 @@ def _sample_reasons(samples, lengths, documents, sequence_length: int, extra: in
     np.cumsum(doc_lengths, out=cum[1:])
     last = cum[-1] - extra
     for first in range(0, samples.shape[0], _ROWS):
-        rows = samples[first:first + _ROWS]
+        rows = samples[first : first + _ROWS]
         reason = _sample_rows(rows, first, doc_lengths, cum, last, sequence_length)
         if reason:
             return [reason]
@@ -106,8 +118,10 @@ def _sample_rows(rows, first: int, doc_lengths, cum, last: int, sequence_length:
     beyond = off > doc_lengths[pos]
     if beyond.any():
         k = int(np.flatnonzero(beyond)[0])
-        return (f"sample_index: sample {first + k} starts at offset {int(off[k])} of a document of "
-                f"{int(doc_lengths[pos[k]])} tokens in the current token file")
+        return (
+            f"sample_index: sample {first + k} starts at offset {int(off[k])} of a document of "
+            f"{int(doc_lengths[pos[k]])} tokens in the current token file"
+        )
     starts = cum[pos]
     starts += off
     expected = np.arange(first, first + rows.shape[0], dtype=np.int64)
@@ -118,10 +132,12 @@ def _sample_rows(rows, first: int, doc_lengths, cum, last: int, sequence_length:
     bad = np.flatnonzero(starts != expected)
     if bad.size:
         k = int(bad[0])
-        return (f"sample_index: sample {first + k} starts at stream position {int(starts[k])} in "
-                f"the current token file, expected {int(expected[k])} ({first + k} x "
-                f"{sequence_length} tokens): the sequence lengths changed since the cache was "
-                "built")
+        return (
+            f"sample_index: sample {first + k} starts at stream position {int(starts[k])} in "
+            f"the current token file, expected {int(expected[k])} ({first + k} x "
+            f"{sequence_length} tokens): the sequence lengths changed since the cache was "
+            "built"
+        )
     return None
 
 
@@ -133,6 +149,7 @@ def _shuffle_reasons(shuffle: np.ndarray, samples: int) -> list[str]:
     if int(shuffle.min()) < 0 or int(shuffle.max()) >= samples:
         return [f"shuffle_index: entries outside 0..{samples - 1}"]
     if not _all_once(shuffle, samples):
-        return ["shuffle_index: an entry appears twice and another not at all, expected a "
-                "permutation"]
+        return [
+            "shuffle_index: an entry appears twice and another not at all, expected a permutation"
+        ]
     return []

@@ -1,7 +1,7 @@
 """The index arrays of one ``build_datasets`` call, from and to Megatron's cache files.
 
 For each dataset the builder asks ``IndexCache.indices`` for its arrays; the process's build role
-(``datasets.megatron.policy``) decides what that means: build in memory (``MEMORY``, or no cache folder),
+(``policy``) decides what that means: build in memory (``MEMORY``, or no cache folder),
 load a cache or record it as missing (``READ``), load or build without writing (``CHECK``), or
 load, build and write (``WRITE``). The cache files are named and written as Megatron's
 (``caches.names``, ``caches.files``), so a cache Megatron wrote loads here and the reverse.
@@ -19,7 +19,7 @@ lengths on its first use (``cache_match``).
 A writer with ``behind`` set (``auto`` on many ranks) serves its arrays from memory and writes
 them afterwards in a thread (``write_behind``); ``wait_for_cache_writes`` waits for those writes.
 
-Separate from ``datasets.megatron.builder`` because this is the cache's trust and write rules, whatever
+Separate from ``builder`` because this is the cache's trust and write rules, whatever
 dataset the arrays belong to; the builder plans the splits and makes the datasets.
 """
 
@@ -69,15 +69,23 @@ class IndexCache:
     caches a loading rank found missing, the caches left to write behind, whether it wrote one."""
 
     def __init__(
-        self, role: Role, cache: str, *, behind: bool, phase: Callable[[str], AbstractContextManager[None]]
+        self,
+        role: Role,
+        cache: str,
+        *,
+        behind: bool,
+        phase: Callable[[str], AbstractContextManager[None]],
     ) -> None:
         self.role = role
         self.cache = cache
-        """``MegatronDataConfig.cache``: a stale cache is rebuilt (``auto``) or refused (``strict``)."""
+        """``MegatronDataConfig.cache``: a stale cache is rebuilt (``auto``) or refused
+        (``strict``)."""
         self.behind = behind
-        """A writer that serves from memory and leaves its writes in ``deferred`` for ``write_behind``."""
+        """A writer that serves from memory and leaves its writes in ``deferred`` for
+        ``write_behind``."""
         self.phase = phase
-        """The builder's timer of startup phases (``index_build``, ``index_load``, ``cache_write``)."""
+        """The builder's timer of startup phases (``index_build``, ``index_load``,
+        ``cache_write``)."""
         self.missing: list[str] = []
         """A loading rank's caches not found (``name: reasons``), for ``policy.missing_cache``."""
         self.folders: list[str] = []
@@ -100,18 +108,27 @@ class IndexCache:
         files = CacheFiles.of(folder, uid)
         paths = {name: files.array(name) for name in files.arrays}
         with self.phase("index_load"):
-            check = check_cache(files, description=description, fields=fields, expected_shapes=expected)
+            check = check_cache(
+                files, description=description, fields=fields, expected_shapes=expected
+            )
             if check.state is CacheState.HIT and not check.has_sidecar and consistent is not None:
                 check = _matched(check, consistent)
-        entry = {"arrays": {k: os.path.basename(p) for k, p in paths.items()},
-                 "shapes": {k: list(v) for k, v in expected.items()}}
+        entry = {
+            "arrays": {k: os.path.basename(p) for k, p in paths.items()},
+            "shapes": {k: list(v) for k, v in expected.items()},
+        }
         if check.state is CacheState.HIT:
             if not check.has_sidecar:
-                logger.info("using index cache without a tokenload sidecar (written by Megatron), "
-                            "checked against the token file's lengths: %s", files.description)
+                logger.info(
+                    "using index cache without a tokenload sidecar (written by Megatron), "
+                    "checked against the token file's lengths: %s",
+                    files.description,
+                )
             return CachedIndices(IndexArrays(paths=dict(check.arrays)), entry)
         if self.role is Role.READ:
-            self.missing.append(f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}")
+            self.missing.append(
+                f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}"
+            )
             self.folders.append(folder)
             return CachedIndices(IndexArrays(paths=paths), None)
         if check.state is CacheState.STALE:
@@ -121,7 +138,9 @@ class IndexCache:
                     path=files.description,
                     hint="delete these cache files or use cache='auto' to rebuild them",
                 )
-            logger.warning("rebuilding stale index cache %s: %s", files.description, "; ".join(check.reasons))
+            logger.warning(
+                "rebuilding stale index cache %s: %s", files.description, "; ".join(check.reasons)
+            )
         with self.phase("index_build"):
             arrays = build()
         if self.role is not Role.WRITE:  # CHECK: the writer writes it
@@ -173,7 +192,10 @@ def write_behind(
             if manifest is not None:
                 write_manifest(manifest.path, manifest.key, entries)
         except (OSError, CacheError) as exc:
-            logger.warning("index cache not written (the job runs from memory; the next run builds it): %s", exc)
+            logger.warning(
+                "index cache not written (the job runs from memory; the next run builds it): %s",
+                exc,
+            )
 
     thread = threading.Thread(target=run, name="tokenload-cache-writer")
     thread.start()

@@ -32,9 +32,11 @@ each source's prepared order being the one its first entry of positive weight pl
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -62,7 +64,11 @@ class EntryPlan(NamedTuple):
 
 
 def entry_plans(
-    split: str | None, surplus: float, sizes: Sequence[int | None], prefixes: Sequence[str], schedule
+    split: str | None,
+    surplus: float,
+    sizes: Sequence[int | None],
+    prefixes: Sequence[str],
+    schedule,
 ) -> list[EntryPlan]:
     """The train-split plan Megatron makes for each schedule entry's blend (its sources of
     positive weight, with those weights): the weights (normalized twice) and buffers a phase run
@@ -70,10 +76,12 @@ def entry_plans(
     plans = []
     for _, weights in schedule:
         active = [i for i, w in enumerate(weights) if w > 0]
-        blend = Blend(prefixes=tuple(prefixes[i] for i in active),
-                      weights=tuple(weights[i] for i in active))
-        plan = plan_splits(blend=blend, blend_per_split=None, split=split, sizes=list(sizes),
-                           surplus=surplus)[0]
+        blend = Blend(
+            prefixes=tuple(prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
+        )
+        plan = plan_splits(
+            blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
+        )[0]
         plans.append(EntryPlan(active, plan))
     return plans
 
@@ -81,8 +89,9 @@ def entry_plans(
 class _Segment:
     """Global samples ``[start, ...)`` served by one greedy blend from ``base`` cursors."""
 
-    def __init__(self, start: int, sources: np.ndarray, di: np.ndarray, dsi: np.ndarray,
-                 base: np.ndarray) -> None:
+    def __init__(
+        self, start: int, sources: np.ndarray, di: np.ndarray, dsi: np.ndarray, base: np.ndarray
+    ) -> None:
         self.start, self.sources, self.di, self.dsi, self.base = start, sources, di, dsi, base
         self._counted, self._counts = 0, np.zeros(base.size, dtype=np.int64)
 
@@ -102,12 +111,25 @@ class ContinuableBlendedDataset(BlendedDataset):
     """A Megatron blend served as a chain of segments (module docstring)."""
 
     def __init__(
-        self, blend: BlendedDataset, members: list[Any], *, keys: list[str], schedule,
-        plans: list[Any], prepared: list[int], rebuild: Callable[[int, int], Any],
-        allow_change: bool, order: str,
+        self,
+        blend: BlendedDataset,
+        members: list[Any],
+        *,
+        keys: list[str],
+        schedule,
+        plans: list[Any],
+        prepared: list[int],
+        rebuild: Callable[[int, int], Any],
+        allow_change: bool,
+        order: str,
     ) -> None:
-        super().__init__(members, blend.indices, identity=blend.identity, length=len(blend),
-                         startup_phases=blend.startup_phases)
+        super().__init__(
+            members,
+            blend.indices,
+            identity=blend.identity,
+            length=len(blend),
+            startup_phases=blend.startup_phases,
+        )
         self.megatron = blend  # segment 0 of a run from sample 0: Megatron's arrays
         self.sources = list(keys)
         self.schedule = check_schedule(schedule, len(members))
@@ -130,10 +152,10 @@ class ContinuableBlendedDataset(BlendedDataset):
         self.origin, self.origin_cursors = int(origin), cursors.copy()
         starts = [s for s, _ in self.schedule]
         first = int(np.searchsorted(starts, origin, side="right")) - 1
-        bounds = [origin] + starts[first + 1 :] + [len(self)]
+        bounds = [origin, *starts[first + 1 :], len(self)]
         self.segments: list[_Segment] = []
         base = cursors
-        for e, (start, end) in enumerate(zip(bounds[:-1], bounds[1:]), start=first):
+        for e, (start, end) in enumerate(itertools.pairwise(bounds), start=first):
             if start >= len(self):
                 break
             if self.segments:
@@ -168,7 +190,10 @@ class ContinuableBlendedDataset(BlendedDataset):
                     self._warned.add(d)
                     logger.warning(
                         "source %s has served all %d samples of its prepared order; it starts"
-                        " it again from its first sample (a new pass)", self.sources[d], lengths[d])
+                        " it again from its first sample (a new pass)",
+                        self.sources[d],
+                        lengths[d],
+                    )
             within[over] %= lengths[which[over]]
         return which, within
 
@@ -187,8 +212,13 @@ class ContinuableBlendedDataset(BlendedDataset):
         entry = int(np.searchsorted(starts, consumed, side="right")) - 1
         following = starts[entry + 1] if entry + 1 < len(starts) else None
         # a chain begun at a resume serves the entry from there (its origin)
-        return {"entry": entry, "entries": len(starts), "start": max(starts[entry], self.origin),
-                "weights": list(self.schedule[entry][1]), "next_change": following}
+        return {
+            "entry": entry,
+            "entries": len(starts),
+            "start": max(starts[entry], self.origin),
+            "weights": list(self.schedule[entry][1]),
+            "next_change": following,
+        }
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
     def describe_sources(self) -> Sources:
@@ -216,8 +246,12 @@ class ContinuableBlendedDataset(BlendedDataset):
         sources = {k: dict(v) for k, v in self.carried.items()}
         for k, c, n in zip(self.sources, now.tolist(), self.prepared):
             sources[k] = {"cursor": int(c), "num_samples": int(n)}
-        phase = {"keys": self.sources, "schedule": [[s, list(w)] for s, w in self.schedule],
-                 "origin": self.origin, "origin_cursors": self.origin_cursors.tolist()}
+        phase = {
+            "keys": self.sources,
+            "schedule": [[s, list(w)] for s, w in self.schedule],
+            "origin": self.origin,
+            "origin_cursors": self.origin_cursors.tolist(),
+        }
         return {"order": self.order, "consumed": int(consumed), "sources": sources, "phase": phase}
 
     def resume_mixture(self, state: dict[str, Any]) -> str:
@@ -226,9 +260,11 @@ class ContinuableBlendedDataset(BlendedDataset):
         ``consumed`` in which every source continues its prepared order at its cursor."""
         consumed, sources, phase = _parse(state, self.order)
         if consumed > len(self):
-            raise StateError(f"the mixture state was saved after {consumed} samples; this blend"
-                             f" holds {len(self)}",
-                             hint="build the blend with at least as many samples")
+            raise StateError(
+                f"the mixture state was saved after {consumed} samples; this blend"
+                f" holds {len(self)}",
+                hint="build the blend with at least as many samples",
+            )
         for i, key in enumerate(self.sources):
             n = sources.get(key, {}).get("num_samples")
             if n is not None and n != self.prepared[i]:
@@ -248,8 +284,9 @@ class ContinuableBlendedDataset(BlendedDataset):
                 " it stopped",
             )
         self.carried = {k: v for k, v in sources.items() if k not in self.sources}
-        cursors = np.array([sources.get(k, {}).get("cursor", 0) for k in self.sources],
-                           dtype=np.int64)
+        cursors = np.array(
+            [sources.get(k, {}).get("cursor", 0) for k in self.sources], dtype=np.int64
+        )
         self._chain(consumed, cursors)
         return "weights" if set(sources) == set(self.sources) else "sources"
 
@@ -263,15 +300,21 @@ def _parse(state: Any, order: str):
         )
     try:
         consumed = int(state["consumed"])
-        sources = {str(k): {"cursor": int(v["cursor"]), "num_samples": int(v["num_samples"])}
-                   for k, v in state["sources"].items()}
+        sources = {
+            str(k): {"cursor": int(v["cursor"]), "num_samples": int(v["num_samples"])}
+            for k, v in state["sources"].items()
+        }
         phase = dict(state["phase"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StateError(f"mixture state is malformed ({type(exc).__name__}: {exc})",
-                         hint="pass the dict loader.state_dict() saved, unchanged") from None
+        raise StateError(
+            f"mixture state is malformed ({type(exc).__name__}: {exc})",
+            hint="pass the dict loader.state_dict() saved, unchanged",
+        ) from None
     if consumed < 0 or any(v["cursor"] < 0 or v["num_samples"] < 0 for v in sources.values()):
-        raise StateError(f"mixture state has a negative count: {state!r}",
-                         hint="pass the dict loader.state_dict() saved, unchanged")
+        raise StateError(
+            f"mixture state has a negative count: {state!r}",
+            hint="pass the dict loader.state_dict() saved, unchanged",
+        )
     return consumed, sources, phase
 
 
@@ -283,8 +326,14 @@ def _schedule(phase: dict[str, Any]):
 
 
 def continuable(
-    *, config: MegatronDataConfig, sizes: Sequence[int | None], name: str, plan: SplitPlan,
-    blend: BlendedDataset, members: Sequence[Any], build_member: Callable[[MidLevelPlan], Any],
+    *,
+    config: MegatronDataConfig,
+    sizes: Sequence[int | None],
+    name: str,
+    plan: SplitPlan,
+    blend: BlendedDataset,
+    members: Sequence[Any],
+    build_member: Callable[[MidLevelPlan], Any],
     allow_change: bool,
 ) -> ContinuableBlendedDataset:
     """``blend`` wrapped for schedules and mixture changes (called by the builder, train split
@@ -299,7 +348,11 @@ def continuable(
         entries = [EntryPlan(list(range(len(prefixes))), plan)]
     else:
         entries = entry_plans(
-            c.split, c.mid_level_dataset_surplus, sizes, prefixes, check_schedule(schedule, len(prefixes))
+            c.split,
+            c.mid_level_dataset_surplus,
+            sizes,
+            prefixes,
+            check_schedule(schedule, len(prefixes)),
         )
     datasets: list[Any] = [None] * len(prefixes)
     prepared = [0] * len(prefixes)
@@ -322,8 +375,15 @@ def continuable(
         f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
     ).hexdigest()[:16]
     return ContinuableBlendedDataset(
-        blend, datasets, keys=keys, schedule=schedule, plans=entries, prepared=prepared,
-        rebuild=rebuild, allow_change=allow_change, order=order,
+        blend,
+        datasets,
+        keys=keys,
+        schedule=schedule,
+        plans=entries,
+        prepared=prepared,
+        rebuild=rebuild,
+        allow_change=allow_change,
+        order=order,
     )
 
 
@@ -339,14 +399,16 @@ def first_entry_blend(schedule: Sequence[Any] | None, blend: Blend | None) -> Bl
         return blend
     weights = check_schedule(schedule, len(blend.prefixes))[0][1]
     active = [i for i, w in enumerate(weights) if w > 0]
-    return Blend(prefixes=tuple(blend.prefixes[i] for i in active),
-                 weights=tuple(weights[i] for i in active))
+    return Blend(
+        prefixes=tuple(blend.prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
+    )
 
 
 def _blend_of(config: MegatronDataConfig) -> Blend:
     blend = as_blend(config.blend)
     if blend is None:
-        raise ConfigError("a Megatron-order weights_schedule or mixture_change='continue'"
-                          " needs blend",
-                          hint="list the sources in blend (blend_per_split is not supported here)")
+        raise ConfigError(
+            "a Megatron-order weights_schedule or mixture_change='continue' needs blend",
+            hint="list the sources in blend (blend_per_split is not supported here)",
+        )
     return blend

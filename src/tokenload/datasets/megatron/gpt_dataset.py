@@ -69,7 +69,11 @@ class IndexArrays:
             arrays = {k: map_array(p) for k, p in self.paths.items()}
             for name, shape in (self.shapes or {}).items():
                 if arrays[name].shape != tuple(shape):
-                    raise self.corrupt(name, f"shape {arrays[name].shape}", f"shape {tuple(shape)} (the build manifest's)")
+                    raise self.corrupt(
+                        name,
+                        f"shape {arrays[name].shape}",
+                        f"shape {tuple(shape)} (the build manifest's)",
+                    )
             self._arrays = arrays
             self._pid = os.getpid()
         return self._arrays
@@ -139,8 +143,8 @@ class GPTDataset:
                 raise CacheError(
                     f"the token file changed since its index cache was built ({'; '.join(stale)})",
                     path=self.source.idx_path,
-                    hint="the cache is stale: rebuild it with `tokenload prepare-cache` and the job's "
-                    "arguments, or load with build_policy='auto' (rebuilds it)",
+                    hint="the cache is stale: rebuild it with `tokenload prepare-cache` and the"
+                    " job's arguments, or load with build_policy='auto' (rebuilds it)",
                 )
             self._checked_pid = pid
         return self.indices.arrays()
@@ -182,7 +186,8 @@ class GPTDataset:
         full = not np.count_nonzero(per_sample - width)  # no padding: keep the file dtype
         if not full and (_MIN(index_rows, axis=None) < 0 or _MAX(per_sample) > width):
             raise self.indices.corrupt(
-                "sample_index", "a negative entry or a sample longer than its window",
+                "sample_index",
+                "a negative entry or a sample longer than its window",
                 f"non-negative rows spanning at most {width} tokens",
             )
         token_starts = getattr(self.source, "token_starts", None)
@@ -202,8 +207,11 @@ class GPTDataset:
         out[rows, cols] = flat
         return {"windows": out, "padded": True}
 
-    def finish_batch(self, batch: dict[str, Any], alloc: Allocator | None = None) -> dict[str, np.ndarray]:
-        """The item fields of a ``read_batch`` result, in arrays made by ``alloc`` (``np.empty``)."""
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
+        """The item fields of a ``read_batch`` result, in arrays made by ``alloc``
+        (``np.empty``)."""
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
     def _pieces(self, arrays: dict[str, np.ndarray], samples: np.ndarray):
@@ -220,7 +228,8 @@ class GPTDataset:
             rows = sample_index[samples.astype(np.int64, copy=False)[:, None] + _ROW_AND_NEXT]
         except IndexError:
             raise indices.corrupt(
-                "shuffle_index", "sample numbers past the sample index",
+                "shuffle_index",
+                "sample numbers past the sample index",
                 f"numbers below {len(self)}",
             ) from None
         # int32 rows viewed as uint32: a negative start position or offset becomes huge and fails
@@ -255,7 +264,8 @@ class GPTDataset:
             lengths = sequence_lengths[_unwrapped(seqs)].astype(np.int64)
         except IndexError:
             raise indices.corrupt(
-                "document_index", "sequence ids outside the token file",
+                "document_index",
+                "sequence ids outside the token file",
                 f"ids 0..{len(sequence_lengths) - 1} (the file's sequences)",
             ) from None
         # Last pieces end at eo (+ the overlap token), clipped to their sequence (the last sample
@@ -265,20 +275,23 @@ class GPTDataset:
         lengths[first] -= begin[:, 1]
         if lengths.size and _MIN(lengths) < 0:  # never for a valid index
             raise indices.corrupt(
-                "sample_index", "a token offset past the end of its sequence",
+                "sample_index",
+                "a token offset past the end of its sequence",
                 "offsets within the sequence",
             )
         return seqs, first, lengths, begin[:, 1], rows
 
     def _bad_rows(self) -> CacheError:
         return self.indices.corrupt(
-            "sample_index", "a negative entry or a sample that ends before it starts",
+            "sample_index",
+            "a negative entry or a sample that ends before it starts",
             "non-negative rows, each sample ending at or after its start",
         )
 
     def _past_document_index(self, document_index: np.ndarray) -> CacheError:
         return self.indices.corrupt(
-            "sample_index", "positions past the document index",
+            "sample_index",
+            "positions past the document index",
             f"positions below {len(document_index)} (the document index's length)",
         )
 

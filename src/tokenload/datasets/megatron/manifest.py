@@ -29,11 +29,18 @@ from typing import Any
 from ...errors import CacheError
 from ...format.atomic import write_atomic
 from ...index import Blend, parse_blend
-from ...storage.upload import copy_or_none, upload_bytes
 from ...storage import is_url
+from ...storage.upload import copy_or_none, upload_bytes
 from ..config import MegatronDataConfig
 
-__all__ = ["MANIFEST_FORMAT", "ManifestFile", "manifest_key", "manifest_path", "read_manifest", "write_manifest"]
+__all__ = [
+    "MANIFEST_FORMAT",
+    "ManifestFile",
+    "manifest_key",
+    "manifest_path",
+    "read_manifest",
+    "write_manifest",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +62,9 @@ def manifest_key(config: MegatronDataConfig, sizes: Sequence[int | None]) -> dic
     mock = config.mock
     return {
         "blend": _items(config.blend),
-        "blend_per_split": None if config.blend_per_split is None else [_items(b) for b in config.blend_per_split],
+        "blend_per_split": None
+        if config.blend_per_split is None
+        else [_items(b) for b in config.blend_per_split],
         "split": config.split,
         "sizes": list(sizes),
         "sequence_length": config.sequence_length,
@@ -75,7 +84,10 @@ def _items(blend: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(blend, Blend):
         blend = parse_blend(blend)
-    return {"prefixes": list(blend.prefixes), "weights": None if blend.weights is None else [float(w) for w in blend.weights]}
+    return {
+        "prefixes": list(blend.prefixes),
+        "weights": None if blend.weights is None else [float(w) for w in blend.weights],
+    }
 
 
 def manifest_path(folder: str, key: dict[str, Any]) -> str:
@@ -100,7 +112,11 @@ def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         logger.warning("ignoring unreadable build manifest %s: %s", path, exc)
         return None
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or data.get("version") != MANIFEST_VERSION:
+    if (
+        not isinstance(data, dict)
+        or data.get("format") != MANIFEST_FORMAT
+        or data.get("version") != MANIFEST_VERSION
+    ):
         logger.warning("ignoring build manifest %s of another format or version", path)
         return None
     if data.get("key") != json.loads(json.dumps(key)):

@@ -56,14 +56,21 @@ def resolve(policy: str, world: World, cache: str) -> tuple[Role, bool]:
     return (Role.WRITE if writer else Role.READ), True
 
 
-def missing_cache(policy: str, missing: Sequence[str], folders: Sequence[str], command: str) -> CacheError:
+def missing_cache(
+    policy: str, missing: Sequence[str], folders: Sequence[str], command: str
+) -> CacheError:
     """The error of a ``READ`` role that found caches missing or stale: every file (or reason),
     and the command that makes them."""
     shown = list(missing[:8]) + ([f"... {len(missing) - 8} more"] if len(missing) > 8 else [])
-    after = "" if policy == "none" else " after the writer's build (is the cache folder shared by every rank that reads it?)"
+    after = (
+        ""
+        if policy == "none"
+        else " after the writer's build (is the cache folder shared by every rank that reads it?)"
+    )
     return CacheError(
         f"build_policy={policy!r} loads index caches only, and {len(missing)} are missing or stale"
-        f"{after}: {'; '.join(shown)}; expected complete caches in {', '.join(sorted(set(folders)))}",
+        f"{after}: {'; '.join(shown)}; expected complete caches in"
+        f" {', '.join(sorted(set(folders)))}",
         hint=f"build them first, in one process, with: {command}  (or use build_policy='auto')",
     )
 
@@ -78,7 +85,9 @@ def prepare_command(config: MegatronDataConfig, sizes: Sequence[int | None]) -> 
     if config.blend is not None:
         args += ["--data-path", *_blend_items(config.blend)]
     elif config.blend_per_split is not None:
-        for flag, blend in zip(("--train-data-path", "--valid-data-path", "--test-data-path"), config.blend_per_split):
+        for flag, blend in zip(
+            ("--train-data-path", "--valid-data-path", "--test-data-path"), config.blend_per_split
+        ):
             if blend is not None:
                 args += [flag, *_blend_items(blend)]
     if config.split is not None and config.blend is not None:
@@ -115,23 +124,28 @@ def _length_flags(sizes: Sequence[int | None]) -> list[str]:
     """Flags that give exactly these sample counts: Megatron's length flags with a global batch
     of 1 when its arithmetic reaches them, else tokenload's ``--train-valid-test-num-samples``
     (``epoch`` for a split of one epoch, which no Megatron flag but ``--full-validation`` says)."""
-    train, valid, test = (list(sizes) + [None, None, None])[:3]
+    train, valid, test = ([*list(sizes), None, None, None])[:3]
     flags = _megatron_length_flags(train, valid, test)
     if flags is not None:
         return flags
-    return ["--train-valid-test-num-samples", *("epoch" if n is None else str(n) for n in (train, valid, test))]
+    return [
+        "--train-valid-test-num-samples",
+        *("epoch" if n is None else str(n) for n in (train, valid, test)),
+    ]
 
 
-def _megatron_length_flags(train: int | None, valid: int | None, test: int | None) -> list[str] | None:
+def _megatron_length_flags(
+    train: int | None, valid: int | None, test: int | None
+) -> list[str] | None:
     if train is None or test is None:
         return None
     flags = ["--global-batch-size", "1", "--train-samples", str(train), "--eval-iters", str(test)]
     if valid is None:
-        return flags + ["--full-validation"]
+        return [*flags, "--full-validation"]
     if not valid and not test:
-        return flags + ["--eval-interval", "1"]
+        return [*flags, "--eval-interval", "1"]
     interval = _eval_interval(train, valid, test)
-    return None if interval is None else flags + ["--eval-interval", str(interval)]
+    return None if interval is None else [*flags, "--eval-interval", str(interval)]
 
 
 def _eval_interval(train: int, valid: int, test: int) -> int | None:

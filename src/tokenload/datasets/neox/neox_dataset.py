@@ -1,6 +1,6 @@
 """GPT-NeoX's datasets: its ``GPT2Dataset`` and ``BlendableDataset`` over token files, in its order.
 
-``build_neox_datasets`` wires the index maths of ``tokenload.datasets.neox.neox_indices`` the way GPT-NeoX's
+``build_neox_datasets`` wires the index maths of ``neox_indices`` the way GPT-NeoX's
 ``build_train_valid_test_data_loaders`` does (``megatron/data/data_utils.py``):
 
 * one ``data_path`` (``config.blend``, a single prefix) is cut by NeoX's split rounding into
@@ -14,7 +14,7 @@
   (1 unless given).
 
 Items are what NeoX's ``__getitem__`` returns as ``text`` (``S + 1`` tokens), read and turned
-into tokenload's fields by the same code as the Megatron datasets (``datasets.megatron.gpt_dataset``,
+into tokenload's fields by the same code as the Megatron datasets (``megatron.gpt_dataset``,
 ``datasets.items``): ``tokens = text[:-1]`` and ``labels = text[1:]`` as in NeoX's
 ``_get_batch``, ``loss_mask`` zero on EOD inputs with ``eod_mask_loss`` (NeoX's rule), position
 ids ``arange(S)``. A dataset accepts NeoX's indices past its length: they are mapped as NeoX's
@@ -48,6 +48,11 @@ import numpy as np
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import SPLIT_NAMES, Blend
+from ..config import MegatronDataConfig, as_blend
+from ..items import ItemConfig
+from ..megatron.blended import BlendedDataset
+from ..megatron.gpt_dataset import GPTDataset, IndexArrays
+from ..sources import file_facts, open_token_file
 from .neox_indices import (
     NeoXIndices,
     build_neox_blending_indices,
@@ -57,11 +62,6 @@ from .neox_indices import (
     neox_split_ranges,
     neox_weights_by_num_docs,
 )
-from ..megatron.blended import BlendedDataset
-from ..config import MegatronDataConfig, as_blend
-from ..megatron.gpt_dataset import GPTDataset, IndexArrays
-from ..items import ItemConfig
-from ..sources import file_facts, open_token_file
 
 __all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "NeoxOptions", "build_neox_datasets"]
 
@@ -87,7 +87,8 @@ class NeoxOptions:
     def from_config(cls, config: MegatronDataConfig) -> NeoxOptions:
         return cls(
             weight_by_num_documents=config.weight_by_num_documents,
-            weighted_sampler_alpha=config.weighted_sampler_alpha, num_epochs=config.num_epochs,
+            weighted_sampler_alpha=config.weighted_sampler_alpha,
+            num_epochs=config.num_epochs,
         )
 
 
@@ -159,15 +160,19 @@ class _Opener:
 
     def __init__(self, config: MegatronDataConfig) -> None:
         self.config = config
-        self._sequences = None if config.sequences_path is None else read_sequences(
-            config.sequences_path
+        self._sequences = (
+            None if config.sequences_path is None else read_sequences(config.sequences_path)
         )
         self._open: dict[str, OpenedFile] = {}
 
     def __call__(self, prefix: str) -> OpenedFile:
         if prefix not in self._open:
-            source = open_token_file(prefix, self.config.read_mode, self._sequences, warmup=self.config.warmup)
-            self._open[prefix] = OpenedFile(source, np.array(source.sequence_lengths), file_facts(source))
+            source = open_token_file(
+                prefix, self.config.read_mode, self._sequences, warmup=self.config.warmup
+            )
+            self._open[prefix] = OpenedFile(
+                source, np.array(source.sequence_lengths), file_facts(source)
+            )
         return self._open[prefix]
 
 
@@ -181,7 +186,8 @@ def _check_config(config: MegatronDataConfig) -> None:
     fixed = {
         "add_extra_token": (config.add_extra_token, True),
         "drop_last_partial_validation_sequence": (
-            config.drop_last_partial_validation_sequence, True
+            config.drop_last_partial_validation_sequence,
+            True,
         ),
         "mid_level_dataset_surplus": (config.mid_level_dataset_surplus, 0.005),
     }
@@ -211,27 +217,48 @@ def _epochs(num_epochs: Epochs, sizes: list[int | None]) -> list[int | None]:
 
 
 def _gpt(
-    opener: _Opener, item: ItemConfig, config: MegatronDataConfig, prefix: str,
-    documents: np.ndarray, num_samples: int | None, num_epochs: int | None,
+    opener: _Opener,
+    item: ItemConfig,
+    config: MegatronDataConfig,
+    prefix: str,
+    documents: np.ndarray,
+    num_samples: int | None,
+    num_epochs: int | None,
 ) -> NeoXGPTDataset:
     opened = opener(prefix)
     source, lengths, facts = opened.source, opened.lengths, opened.facts
     ix: NeoXIndices = build_neox_gpt_indices(
-        lengths, documents, num_samples=num_samples, sequence_length=config.sequence_length,
-        seed=config.random_seed, num_epochs=num_epochs,
+        lengths,
+        documents,
+        num_samples=num_samples,
+        sequence_length=config.sequence_length,
+        seed=config.random_seed,
+        num_epochs=num_epochs,
     )
     # Content, not place: the same files elsewhere resume, other data under the same names not.
-    identity = json.dumps({
-        "order": "neox", "token_file": facts,
-        "documents": [int(documents[0]), int(documents[-1]) + 1],
-        "num_samples": num_samples, "num_epochs": ix.num_epochs,
-        "seq_length": config.sequence_length,
-        "seed": config.random_seed,
-    }, sort_keys=True)
-    arrays = {"document_index": ix.document_index, "sample_index": ix.sample_index,
-              "shuffle_index": ix.shuffle_index}
+    identity = json.dumps(
+        {
+            "order": "neox",
+            "token_file": facts,
+            "documents": [int(documents[0]), int(documents[-1]) + 1],
+            "num_samples": num_samples,
+            "num_epochs": ix.num_epochs,
+            "seq_length": config.sequence_length,
+            "seed": config.random_seed,
+        },
+        sort_keys=True,
+    )
+    arrays = {
+        "document_index": ix.document_index,
+        "sample_index": ix.sample_index,
+        "shuffle_index": ix.shuffle_index,
+    }
     return NeoXGPTDataset(
-        source, IndexArrays(arrays=arrays), item, identity=identity, length=len(ix),
+        source,
+        IndexArrays(arrays=arrays),
+        item,
+        identity=identity,
+        length=len(ix),
         samples_per_epoch=(ix.tokens_per_epoch - 1) // config.sequence_length,
         num_built=ix.num_built,
     )
@@ -251,15 +278,18 @@ def _single_prefix(config: MegatronDataConfig) -> str:
 
 
 def _split(
-    opener: _Opener, item: ItemConfig, config: MegatronDataConfig,
-    sizes: list[int | None], epochs: list[int | None],
+    opener: _Opener,
+    item: ItemConfig,
+    config: MegatronDataConfig,
+    sizes: list[int | None],
+    epochs: list[int | None],
 ) -> list[NeoXGPTDataset | None]:
     prefix = _single_prefix(config)
     ranges = neox_split_ranges(config.split, int(opener(prefix).lengths.shape[0]))
     return [
-        None if r is None else _gpt(
-            opener, item, config, prefix, np.arange(*r, dtype=np.int32), sizes[k], epochs[k]
-        )
+        None
+        if r is None
+        else _gpt(opener, item, config, prefix, np.arange(*r, dtype=np.int32), sizes[k], epochs[k])
         for k, r in enumerate(ranges)
     ]
 
@@ -270,14 +300,18 @@ def _per_split(config: MegatronDataConfig) -> list[Blend | None]:
             f"blend_per_split has {len(config.blend_per_split)} entries; expected 3 "
             "(train, valid, test; None for a split without data)"
         )
-    return [
-        as_blend(b) for b in config.blend_per_split
-    ]
+    return [as_blend(b) for b in config.blend_per_split]
 
 
 def _weighted(
-    opener: _Opener, item: ItemConfig, config: MegatronDataConfig, name: str,
-    blend: Blend | None, size: int | None, epochs: int | None, options: NeoxOptions,
+    opener: _Opener,
+    item: ItemConfig,
+    config: MegatronDataConfig,
+    name: str,
+    blend: Blend | None,
+    size: int | None,
+    epochs: int | None,
+    options: NeoxOptions,
 ) -> BlendedDataset | None:
     if blend is None:
         return None
@@ -285,11 +319,20 @@ def _weighted(
     weights = [1.0] * len(prefixes) if blend.weights is None else list(blend.weights)
     if options.weight_by_num_documents:
         weights = neox_weights_by_num_docs(
-            [int(opener(p).lengths.shape[0]) for p in prefixes], alpha=options.weighted_sampler_alpha
+            [int(opener(p).lengths.shape[0]) for p in prefixes],
+            alpha=options.weighted_sampler_alpha,
         )
     weights, counts = neox_blend_num_samples(weights, size)
     members = [
-        _gpt(opener, item, config, p, np.arange(opener(p).lengths.shape[0], dtype=np.int32), n, epochs)
+        _gpt(
+            opener,
+            item,
+            config,
+            p,
+            np.arange(opener(p).lengths.shape[0], dtype=np.int32),
+            n,
+            epochs,
+        )
         for p, n in zip(prefixes, counts)
     ]
     dataset_index, sample_index = build_neox_blending_indices(weights, [len(m) for m in members])
@@ -299,5 +342,6 @@ def _weighted(
     return BlendedDataset(
         members,
         IndexArrays(arrays={"dataset_index": dataset_index, "dataset_sample_index": sample_index}),
-        identity=identity, length=int(dataset_index.shape[0]),
+        identity=identity,
+        length=int(dataset_index.shape[0]),
     )

@@ -242,7 +242,7 @@ def neox_split_boundaries(split: str, num_sequences: int) -> list[int]:
     total = sum(weights)
     bounds = [0]
     for w in [w / total for w in weights]:
-        bounds.append(bounds[-1] + int(round(w * float(num_sequences))))
+        bounds.append(bounds[-1] + int(round(w * float(num_sequences))))  # noqa: RUF046 (NumPy floats)
     diff = bounds[-1] - num_sequences
     return [bounds[0]] + [b - diff for b in bounds[1:]]
 
@@ -298,7 +298,7 @@ def neox_blend_num_samples(
     w = [x / total for x in w]
     if num_samples is None:
         return w, [None for _ in w]
-    return w, [int(math.ceil(num_samples * x * NEOX_SURPLUS)) for x in w]
+    return w, [int(math.ceil(num_samples * x * NEOX_SURPLUS)) for x in w]  # noqa: RUF046
 
 
 def neox_weights_by_num_docs(num_docs: Sequence[int], alpha: float = 0.3) -> list[float]:
@@ -364,8 +364,7 @@ def neox_index_file_names(
     ``name`` is ``train``/``valid``/``test`` for a split ``data_path`` and ``train_0``,
     ``valid_1``, ... for weighted paths; ``num_samples`` prints as ``None`` in epoch mode.
     """
-    stem = (
-        f"{prefix}_{name}_indexmap_{num_samples}ns_{sequence_length}sl_{seed}s_{pack_impl}pi"
-        + ("_ac" if allow_chopped else "")
+    stem = f"{prefix}_{name}_indexmap_{num_samples}ns_{sequence_length}sl_{seed}s_{pack_impl}pi" + (
+        "_ac" if allow_chopped else ""
     )
     return {kind: f"{stem}_{kind}.npy" for kind in ("doc_idx", "sample_idx", "shuffle_idx")}

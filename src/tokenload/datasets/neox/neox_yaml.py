@@ -24,7 +24,8 @@ from ..config import ImportedConfig, register_importer
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 
-NEOX_NON_DATA_KEYS = frozenset("""
+NEOX_NON_DATA_KEYS = frozenset(
+    """
 account activation activation_checkpointing adlr_autoresume adlr_autoresume_interval amp
 apply_query_key_layer_scaling attention_config attention_dropout attention_softmax_in_fp32
 autotuning autotuning_run base_shapes_file batch_size bf16 bias_dropout_fusion
@@ -75,16 +76,24 @@ wandb wandb_group wandb_host wandb_init_all_ranks wandb_project wandb_run_name w
 warmup weight_decay weight_server_port world_size z_loss zero_allgather_bucket_size
 zero_contiguous_gradients zero_optimization zero_reduce_bucket_size zero_reduce_scatter
 zero_stage
-""".split())
+""".split()  # noqa: SIM905 (a word list reads as text)
+)
 """Keys of GPT-NeoX's config schema (``megatron/neox_arguments``, commit ea7aefd) that decide no
 sample, token or item: model, optimizer, DeepSpeed, parallelism, logging, checkpoints,
 generation. Keys outside the schema, and data keys tokenload does not map, are refused."""
 
 NEOX_UNSUPPORTED_DATA_KEYS: dict[str, Any] = {
-    **{f"{s}_{kind}_data_paths": None for s in ("train", "valid", "test")
-       for kind in ("label", "reward")},
-    **{f"{side}_{s}_{kind}data_paths": None for side in ("pos", "neg")
-       for s in ("train", "valid", "test") for kind in ("", "label_")},
+    **{
+        f"{s}_{kind}_data_paths": None
+        for s in ("train", "valid", "test")
+        for kind in ("label", "reward")
+    },
+    **{
+        f"{side}_{s}_{kind}data_paths": None
+        for side in ("pos", "neg")
+        for s in ("train", "valid", "test")
+        for kind in ("", "label_")
+    },
     "precompute_model_name": None,
     "curriculum_learning": None,
     "curriculum_seqlen": 0,
@@ -98,15 +107,36 @@ _NEOX_FIXED = {"pack_impl": "packed", "dataset_impl": "gpt2", "train_impl": "nor
 """NeoX's data modes tokenload reproduces only at these values (NeoX's defaults)."""
 
 _NEOX_DATA_DEFAULTS: dict[str, Any] = {
-    "data_path": None, "train_data_paths": None, "valid_data_paths": None,
-    "test_data_paths": None, "train_data_weights": None, "valid_data_weights": None,
-    "test_data_weights": None, "weight_by_num_documents": False, "weighted_sampler_alpha": 1.0,
-    "split": "969, 30, 1", "seq_length": None, "seed": 1234, "data_impl": "infer",
-    "mmap_warmup": False, "use_shared_fs": True, "allow_chopped": True, "eod_mask_loss": False,
-    "train_iters": None, "train_epochs": None, "eval_iters": 100, "eval_interval": 1000,
-    "train_batch_size": None, "train_micro_batch_size_per_gpu": None,
-    "gradient_accumulation_steps": 1, "pipe_parallel_size": 0, "model_parallel_size": 1,
-    "num_workers": 2, "vocab_file": None, "merge_file": None, "tokenizer_type": "GPT2BPETokenizer",
+    "data_path": None,
+    "train_data_paths": None,
+    "valid_data_paths": None,
+    "test_data_paths": None,
+    "train_data_weights": None,
+    "valid_data_weights": None,
+    "test_data_weights": None,
+    "weight_by_num_documents": False,
+    "weighted_sampler_alpha": 1.0,
+    "split": "969, 30, 1",
+    "seq_length": None,
+    "seed": 1234,
+    "data_impl": "infer",
+    "mmap_warmup": False,
+    "use_shared_fs": True,
+    "allow_chopped": True,
+    "eod_mask_loss": False,
+    "train_iters": None,
+    "train_epochs": None,
+    "eval_iters": 100,
+    "eval_interval": 1000,
+    "train_batch_size": None,
+    "train_micro_batch_size_per_gpu": None,
+    "gradient_accumulation_steps": 1,
+    "pipe_parallel_size": 0,
+    "model_parallel_size": 1,
+    "num_workers": 2,
+    "vocab_file": None,
+    "merge_file": None,
+    "tokenizer_type": "GPT2BPETokenizer",
     **_NEOX_FIXED,
 }
 """The keys the importer reads, with GPT-NeoX's defaults (``neox_args.py``)."""
@@ -122,14 +152,21 @@ def _load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             value = yaml.load(f, Loader=yaml.FullLoader)  # NeoX's loader: True/False, 1.0e-8
     except OSError as exc:
-        raise StorageError(f"cannot read the NeoX config {path}: {exc.strerror}", path=str(path),
-                           hint="check the path") from None
+        raise StorageError(
+            f"cannot read the NeoX config {path}: {exc.strerror}",
+            path=str(path),
+            hint="check the path",
+        ) from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}".splitlines()[0], path=str(path),
-                          hint="check the file's syntax") from None
+        raise ConfigError(
+            f"{path} is not valid YAML: {exc}".splitlines()[0],
+            path=str(path),
+            hint="check the file's syntax",
+        ) from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{path} holds a {type(value).__name__}; expected a mapping of keys",
-                          path=str(path))
+        raise ConfigError(
+            f"{path} holds a {type(value).__name__}; expected a mapping of keys", path=str(path)
+        )
     return value
 
 
@@ -146,7 +183,8 @@ def _merge_neox(sources: Sequence[Any]) -> dict[str, Any]:
             if key in merged:
                 raise ConfigError(
                     f"key {key!r} is in both {origin[key]} and {name}; expected each key once "
-                    "(GPT-NeoX refuses it too)", hint="keep the key in one file",
+                    "(GPT-NeoX refuses it too)",
+                    hint="keep the key in one file",
                 )
             norm = str(key).replace("-", "_")
             merged[norm], origin[norm] = value, name
@@ -170,13 +208,16 @@ def _check_neox_keys(conf: Mapping[str, Any]) -> None:
         elif key not in _NEOX_DATA_DEFAULTS and key not in NEOX_NON_DATA_KEYS:
             raise ConfigError(
                 f"unknown NeoX key {key}: neither a data key tokenload maps nor a known key of "
-                "GPT-NeoX's config schema", hint="check its spelling, or remove it",
+                "GPT-NeoX's config schema",
+                hint="check its spelling, or remove it",
             )
 
 
 def neox_config_from_yaml(
     path_or_dict: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any],
-    *, data_parallel_size: int | None = None, eod_id: int | None = None,
+    *,
+    data_parallel_size: int | None = None,
+    eod_id: int | None = None,
 ) -> ImportedConfig:
     """A GPT-NeoX config (a YAML path, a dict, or a list of them merged as ``deepy.py`` does) as
     ``MegatronDataConfig`` fields with ``order="neox"`` and NeoX's sample counts.
@@ -199,8 +240,11 @@ def neox_config_from_yaml(
     fields.update(_neox_data(conf))
     read_mode = _DATA_IMPL_READ_MODES.get(conf["data_impl"], "?")
     if read_mode == "?":
-        raise ConfigError(f"NeoX key data_impl is {conf['data_impl']!r}; expected one of "
-                          f"{sorted(_DATA_IMPL_READ_MODES)}", hint="use mmap (NeoX's usual)")
+        raise ConfigError(
+            f"NeoX key data_impl is {conf['data_impl']!r}; expected one of "
+            f"{sorted(_DATA_IMPL_READ_MODES)}",
+            hint="use mmap (NeoX's usual)",
+        )
     if read_mode is not None:
         fields["read_mode"] = read_mode
     if conf["mmap_warmup"]:
@@ -209,14 +253,19 @@ def neox_config_from_yaml(
         fields["build_policy"] = "local-rank0"
     if conf["eod_mask_loss"]:
         if eod_id is None:
-            raise ConfigError("eod_mask_loss needs the tokenizer's end-of-document id",
-                              hint="pass eod_id=... (50256 for GPT2BPETokenizer)")
+            raise ConfigError(
+                "eod_mask_loss needs the tokenizer's end-of-document id",
+                hint="pass eod_id=... (50256 for GPT2BPETokenizer)",
+            )
         fields.update(eod_mask_loss=True, eod_id=eod_id)
     sizes, batch = _neox_sizes(conf, data_parallel_size)
     if sizes == [None, None, None]:
         fields["num_epochs"] = 1
-    extras = {"train_batch_size": batch, "num_workers": conf["num_workers"],
-              "tokenizer": {k: conf[k] for k in ("tokenizer_type", "vocab_file", "merge_file")}}
+    extras = {
+        "train_batch_size": batch,
+        "num_workers": conf["num_workers"],
+        "tokenizer": {k: conf[k] for k in ("tokenizer_type", "vocab_file", "merge_file")},
+    }
     return ImportedConfig(fields, sizes, extras)
 
 
@@ -240,8 +289,10 @@ def _neox_data(conf: Mapping[str, Any]) -> dict[str, Any]:
             paths = _neox_paths(f"{s}_data_paths", paths)
             weights = conf[f"{s}_data_weights"] or [1.0] * len(paths)  # NeoX's default
             if len(weights) != len(paths):
-                raise ConfigError(f"NeoX has {len(weights)} {s}_data_weights for {len(paths)} "
-                                  f"{s}_data_paths; expected one weight per path")
+                raise ConfigError(
+                    f"NeoX has {len(weights)} {s}_data_weights for {len(paths)} "
+                    f"{s}_data_paths; expected one weight per path"
+                )
             blends.append([x for w, p in zip(weights, paths) for x in (repr(float(w)), p)])
         out: dict[str, Any] = {"blend_per_split": blends}
         if conf["weight_by_num_documents"]:
@@ -249,8 +300,10 @@ def _neox_data(conf: Mapping[str, Any]) -> dict[str, Any]:
             out["weighted_sampler_alpha"] = float(conf["weighted_sampler_alpha"])
         return out
     if not conf["data_path"]:
-        raise ConfigError("the NeoX config has no data: expected data_path or train_data_paths",
-                          hint="add data_path (split by split) or train/valid/test_data_paths")
+        raise ConfigError(
+            "the NeoX config has no data: expected data_path or train_data_paths",
+            hint="add data_path (split by split) or train/valid/test_data_paths",
+        )
     return {"blend": _neox_paths("data_path", conf["data_path"]), "split": str(conf["split"])}
 
 
@@ -258,15 +311,19 @@ def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | Non
     """NeoX's ``train_val_test_num_samples`` and its ``train_batch_size``."""
     if conf["train_iters"] is None:
         if conf["train_epochs"] is None:
-            raise ConfigError("the NeoX config has neither train_iters nor train_epochs",
-                              hint="add train_iters (GPT-NeoX requires one of them too)")
+            raise ConfigError(
+                "the NeoX config has neither train_iters nor train_epochs",
+                hint="add train_iters (GPT-NeoX requires one of them too)",
+            )
         return [None, None, None], None
     batch = conf["train_batch_size"]
     if batch is None:
         micro = conf["train_micro_batch_size_per_gpu"]
         if micro is None:
-            raise ConfigError("the NeoX config has neither train_batch_size nor "
-                              "train_micro_batch_size_per_gpu", hint="add one of them")
+            raise ConfigError(
+                "the NeoX config has neither train_batch_size nor train_micro_batch_size_per_gpu",
+                hint="add one of them",
+            )
         batch = int(micro) * int(conf["gradient_accumulation_steps"]) * _neox_dp(conf, dp)
     iters, evals = int(conf["train_iters"]), int(conf["eval_iters"])
     valid = (iters // int(conf["eval_interval"]) + 1) * evals
