@@ -54,7 +54,7 @@ def test_server_restarted_mid_epoch_loses_and_repeats_nothing(restartable_s3, tm
     server = restartable_s3
     _env(monkeypatch, server.endpoint, tmp_path, TOKENLOAD_RETRY_BACKOFF="0.25", TOKENLOAD_RETRY_MAX_BACKOFF="2",
          TOKENLOAD_RETRIES="60", **({"TOKENLOAD_GET_BYTES": get_bytes} if get_bytes else {}))
-    local = corpus(tmp_path, seed=21, count=1500)
+    local = corpus(tmp_path, seed=21, count=400)
     remote = upload(_fs(server.endpoint), local, "restart/c")
     expected = _dataset(local, tmp_path / "lc")
     want = list(build_dataloader(expected, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0))
