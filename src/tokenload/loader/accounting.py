@@ -58,7 +58,9 @@ class LoaderMetrics:
         self.wait = DurationHistogram()
         self.storage_base = storage_stats()  # this process's object-storage counters so far
         self.startup: dict[str, float | None] = {
-            "loader_init_s": None, "first_batch_s": None, "first_batch_wait_s": None,
+            "loader_init_s": None,
+            "first_batch_s": None,
+            "first_batch_wait_s": None,
         }
         self._limits: np.ndarray | None = None  # samples per epoch, resolved at the first batch
         self._limit_one = 0  # _limits[0] as an int (the one-source check)
@@ -118,7 +120,9 @@ class LoaderMetrics:
                 "data source %s is repeating: the job has drawn about %d samples of it, more than"
                 " the %d its data holds in one pass; its samples now repeat (raise its data or"
                 " lower its weight if that is not intended)",
-                self.names[s], int(self._drawn(consumed)[s]), int(self._limits[s]),
+                self.names[s],
+                int(self._drawn(consumed)[s]),
+                int(self._limits[s]),
             )
 
     # -- export ------------------------------------------------------------------------------------
@@ -131,17 +135,19 @@ class LoaderMetrics:
         drawn = self._drawn(consumed)
         sources = []
         for s, name in enumerate(self.names):
-            sources.append({
-                "dataset_id": s,
-                "name": name,
-                "samples": int(self.samples[s]),
-                "tokens": int(self.tokens[s]),
-                "bytes_read": int(self.samples[s]) * per_sample[s],
-                "drawn": int(drawn[s]),
-                "samples_per_epoch": int(limits[s]),
-                "epoch": int(drawn[s] // limits[s]),
-                "repeating": bool(self.warned[s]),
-            })
+            sources.append(
+                {
+                    "dataset_id": s,
+                    "name": name,
+                    "samples": int(self.samples[s]),
+                    "tokens": int(self.tokens[s]),
+                    "bytes_read": int(self.samples[s]) * per_sample[s],
+                    "drawn": int(drawn[s]),
+                    "samples_per_epoch": int(limits[s]),
+                    "epoch": int(drawn[s] // limits[s]),
+                    "repeating": bool(self.warned[s]),
+                }
+            )
         wait = self.wait.summary()
         wait["share"] = self.wait.total / self.active_s if self.active_s > 0 else None
         return {
@@ -184,8 +190,11 @@ class LoaderMetrics:
         raises StateError."""
         if not isinstance(state, dict) or state.get("version") != METRICS_VERSION:
             version = state.get("version") if isinstance(state, dict) else type(state).__name__
-            logger.warning("loader state holds metrics of version %r, expected %d: metrics start"
-                           " from zero", version, METRICS_VERSION)
+            logger.warning(
+                "loader state holds metrics of version %r, expected %d: metrics start from zero",
+                version,
+                METRICS_VERSION,
+            )
             return
         n = len(self.names)
         try:

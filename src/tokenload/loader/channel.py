@@ -17,9 +17,10 @@ _HEADER = struct.Struct("<Q")
 
 
 class Channel(Generic[M]):
-    """One direction of a pipe, speaking length-prefixed pickles of messages (``messages.encode``) with as few system calls as
-    possible: a send is one ``write``; a receive reads whatever has arrived (often several
-    messages) in one ``read``; waiting uses one ``poll`` object made once. ``multiprocessing``'s
+    """One direction of a pipe, speaking length-prefixed pickles of messages
+    (``messages.encode``) with as few system calls as possible: a send is one ``write``; a
+    receive reads whatever has arrived (often several messages) in one ``read``; waiting uses
+    one ``poll`` object made once. ``multiprocessing``'s
     Connection costs two reads per message and builds a selector per ``poll`` (measured on the
     2-core development VM: about a third of a worker's time per batch). The Connection it wraps is
     what crosses the process boundary (it pickles for spawn and forkserver).

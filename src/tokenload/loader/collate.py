@@ -21,11 +21,15 @@ def fetch(dataset: LoaderDataset, indices: Sequence[int], alloc: Allocator | Non
 
 
 def to_tensors(batch: Any) -> Any:
-    """Convert a ``__getitems__`` result (dict of arrays) or a list of per-sample dicts to tensors."""
+    """Convert a ``__getitems__`` result (dict of arrays) or a list of per-sample dicts to
+    tensors."""
     import torch
 
     if isinstance(batch, dict):
-        return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+        return {
+            k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            for k, v in batch.items()
+        }
     if isinstance(batch, list) and batch and isinstance(batch[0], dict):
         return to_tensors({k: np.stack([np.asarray(s[k]) for s in batch]) for k in batch[0]})
     from torch.utils.data import default_collate

@@ -29,8 +29,8 @@ import hashlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..contract import LoaderDataset
@@ -95,11 +95,15 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         if self.kind not in ("single", "cyclic"):
-            raise ConfigError(f"kind is {self.kind!r}, expected 'single' or 'cyclic'", hint="use kind='single'")
+            raise ConfigError(
+                f"kind is {self.kind!r}, expected 'single' or 'cyclic'", hint="use kind='single'"
+            )
         if self.num_workers < 0:
             raise ConfigError(f"num_workers is {self.num_workers}", hint="use 0 or more workers")
         if self.prefetch_factor is not None and self.prefetch_factor < 1:
-            raise ConfigError(f"prefetch_factor is {self.prefetch_factor}", hint="use 1 or more (or None for 4)")
+            raise ConfigError(
+                f"prefetch_factor is {self.prefetch_factor}", hint="use 1 or more (or None for 4)"
+            )
         if self.multiprocessing_context not in (None, "fork", "spawn", "forkserver"):
             raise ConfigError(
                 f"multiprocessing_context is {self.multiprocessing_context!r}",
@@ -108,12 +112,15 @@ class LoaderConfig:
         timeout = self.worker_timeout
         number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
         if timeout is not None and not (number and 0 < timeout < math.inf):
-            raise ConfigError(f"worker_timeout is {timeout!r}",
-                              hint="use a positive number of seconds, or None to disable it")
+            raise ConfigError(
+                f"worker_timeout is {timeout!r}",
+                hint="use a positive number of seconds, or None to disable it",
+            )
         restarts = self.max_worker_restarts
         if type(restarts) is not int or restarts < 0:
-            raise ConfigError(f"max_worker_restarts is {restarts!r}",
-                              hint="use 0 or a positive count")
+            raise ConfigError(
+                f"max_worker_restarts is {restarts!r}", hint="use 0 or a positive count"
+            )
         every = self.log_metrics_every
         if every is not None and (type(every) is not int or every < 1):
             raise ConfigError(
@@ -124,7 +131,9 @@ class LoaderConfig:
 class TokenloadDataLoader:
     """Iterates this rank's micro-batches from ``consumed_samples`` on; resumable."""
 
-    def __init__(self, dataset: AnyDataset, config: LoaderConfig, consumed_samples: int = 0) -> None:
+    def __init__(
+        self, dataset: AnyDataset, config: LoaderConfig, consumed_samples: int = 0
+    ) -> None:
         require("torch", "torch", "tokenload's DataLoader")  # now, not at the first batch
         self.dataset = dataset
         """The dataset as given."""
@@ -158,14 +167,21 @@ class TokenloadDataLoader:
     def make_sampler(self) -> BatchSampler:
         """The batch sampler for the current ``consumed_samples``."""
         if self.config.kind == "cyclic":
-            return CyclicSampler(self.plan, self.consumed_samples, data_sharding=self.config.data_sharding)
+            return CyclicSampler(
+                self.plan, self.consumed_samples, data_sharding=self.config.data_sharding
+            )
         return PretrainingSampler(self.plan, self.consumed_samples)
 
     @property
     def fingerprint(self) -> str:
-        """Identity of the dataset and the sampler kind (not of the topology: resume may change it)."""
+        """Identity of the dataset and the sampler kind (not of the topology: resume may change
+        it)."""
         data = self._data.fingerprint
-        kind = f"{self.config.kind}:{self.config.data_sharding}" if self.config.kind == "cyclic" else "single"
+        kind = (
+            f"{self.config.kind}:{self.config.data_sharding}"
+            if self.config.kind == "cyclic"
+            else "single"
+        )
         if self.config.kind == "cyclic" and self._mixture is not None:
             # a computed blend's fingerprint leaves out its weights so that the single sampler
             # can change them mid-run; the cyclic order draws samples out of order: it cannot
@@ -197,10 +213,15 @@ class TokenloadDataLoader:
             for batch in batches:
                 batch = to_tensors(batch)
                 if pin:
-                    batch = {k: v.pin_memory() if hasattr(v, "pin_memory") else v for k, v in batch.items()}
+                    batch = {
+                        k: v.pin_memory() if hasattr(v, "pin_memory") else v
+                        for k, v in batch.items()
+                    }
                 # Counted when handed over: batches made ahead are not consumed. A last short group
                 # (drop_last=False) consumes only what is left.
-                self.consumed_samples += step if cyclic else min(step, total - self.consumed_samples)
+                self.consumed_samples += (
+                    step if cyclic else min(step, total - self.consumed_samples)
+                )
                 now = time.perf_counter()
                 metrics.record(batch, now - asked, now - handed, self.consumed_samples)
                 handed = now
@@ -218,9 +239,13 @@ class TokenloadDataLoader:
         finally:
             # Non-persistent workers stop with their iteration, unless a newer one uses them (an
             # abandoned iterator may be collected after the next iteration started).
-            if pool is not None and not self.config.persistent_workers:
-                if self._pool is pool and pool.generation == generation:
-                    self.close()
+            if (
+                pool is not None
+                and not self.config.persistent_workers
+                and self._pool is pool
+                and pool.generation == generation
+            ):
+                self.close()
 
     def _workers(self) -> WorkerPool:
         if self._pool is None or self._pool.closed:  # a worker that died is replaced by the pool
@@ -239,7 +264,9 @@ class TokenloadDataLoader:
     @property
     def worker_processes(self) -> list[Any]:
         """The worker processes of the open pool (empty when there is none)."""
-        return list(self._pool.processes) if self._pool is not None and not self._pool.closed else []
+        return (
+            list(self._pool.processes) if self._pool is not None and not self._pool.closed else []
+        )
 
     def skip(self, samples: int) -> None:
         """Drop the next ``samples`` global samples (e.g. the window of a loss spike): the order
@@ -332,26 +359,31 @@ class TokenloadDataLoader:
         if mixture is None:
             loaded.check(self.fingerprint)
         if self.config.kind == "cyclic":
-            loaded.check_topology(micro_batch_size=self.config.micro_batch_size, dp_size=self.dp_size)
-        elif loaded.consumed_samples > self.plan.total_samples:  # the cyclic order counts on through epochs
+            loaded.check_topology(
+                micro_batch_size=self.config.micro_batch_size, dp_size=self.dp_size
+            )
+        elif loaded.consumed_samples > self.plan.total_samples:  # cyclic: counts on through epochs
             raise StateError(
-                f"loader state consumed_samples {loaded.consumed_samples} is past the end of this loader's"
-                f" order of {self.plan.total_samples} samples",
-                hint="pass the state saved for this dataset, unchanged (a state from another dataset size"
-                " has another fingerprint)",
+                f"loader state consumed_samples {loaded.consumed_samples} is past the end of this"
+                f" loader's order of {self.plan.total_samples} samples",
+                hint="pass the state saved for this dataset, unchanged (a state from another"
+                " dataset size has another fingerprint)",
             )
         if loaded.consumed_samples % self.plan.group:
             raise StateError(
-                f"consumed_samples {loaded.consumed_samples} is not a multiple of micro_batch_size * dp_size ="
-                f" {self.plan.group}, so this topology cannot continue exactly where the run stopped",
-                hint="resume at a global-batch boundary, or choose sizes whose product divides the global batch",
+                f"consumed_samples {loaded.consumed_samples} is not a multiple of micro_batch_size"
+                f" * dp_size = {self.plan.group}, so this topology cannot continue exactly where"
+                " the run stopped",
+                hint="resume at a global-batch boundary, or choose sizes whose product divides the"
+                " global batch",
             )
         changed = "same"
         if mixture is not None and self._mixture is not None:
             if isinstance(mixture, dict) and mixture.get("consumed") != loaded.consumed_samples:
                 raise StateError(
-                    f"the loader state's mixture was saved after {mixture.get('consumed')!r} samples,"
-                    f" its consumed_samples is {loaded.consumed_samples}",
+                    "the loader state's mixture was saved after"
+                    f" {mixture.get('consumed')!r} samples, its consumed_samples is"
+                    f" {loaded.consumed_samples}",
                     hint="pass the dict saved from loader.state_dict(), unchanged",
                 )
             changed = self._mixture.resume_mixture(mixture)
@@ -359,7 +391,9 @@ class TokenloadDataLoader:
         if "metrics" in state and changed != "sources":
             self._metrics.load_state_dict(state["metrics"])
         elif "metrics" in state:
-            logger.info("the blend's sources changed: the loader's per-source metrics start from zero")
+            logger.info(
+                "the blend's sources changed: the loader's per-source metrics start from zero"
+            )
         self.ledger.load_state_dict(state.get("skips") or [], state.get("accounting"))
         self.consumed_samples = loaded.consumed_samples
 

@@ -55,8 +55,13 @@ class Fault:
 class WorkerHealth:
     """Restart budget and fault counters of one loader (all its worker pools)."""
 
-    def __init__(self, *, worker_timeout: float | None = 120.0, max_worker_restarts: int = 3,
-                 context: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        worker_timeout: float | None = 120.0,
+        max_worker_restarts: int = 3,
+        context: str | None = None,
+    ) -> None:
         self.timeout = worker_timeout
         self.budget = max_worker_restarts
         self.context = context
@@ -69,16 +74,22 @@ class WorkerHealth:
         """Count a lost worker; WorkerError once the budget is spent, or at once when its start
         failed again before any worker ever started (not transient: a main module that spawn
         cannot import fails every start the same way)."""
-        self.faults = [*self.faults[-(_KEEP - 1):], fault]
+        self.faults = [*self.faults[-(_KEEP - 1) :], fault]
         self.stalls += fault.cause == "stalled"
         if repeated_start:
             raise self.error(fault, "its start failed twice and no worker has started yet")
         if self.restarts >= self.budget:
             raise self.error(fault)
         self.restarts += 1
-        logger.warning("loader worker %d (pid %s) %s; replaced (restart %d of max_worker_restarts"
-                       "=%d), it makes the micro-batches the lost one owed", fault.worker,
-                       fault.pid, fault.how(), self.restarts, self.budget)
+        logger.warning(
+            "loader worker %d (pid %s) %s; replaced (restart %d of max_worker_restarts"
+            "=%d), it makes the micro-batches the lost one owed",
+            fault.worker,
+            fault.pid,
+            fault.how(),
+            self.restarts,
+            self.budget,
+        )
 
     def recovered(self, fault: Fault, waited_s: float) -> None:
         """The replacement of ``fault``'s worker delivered; the loop waited ``waited_s`` for it."""
@@ -87,17 +98,23 @@ class WorkerHealth:
 
     def error(self, fault: Fault, why: str = "") -> WorkerError:
         last = "none yet" if fault.delivered is None else f"micro-batch {fault.delivered}"
-        hint = ("a negative exit code is the signal that ended it (-9: often the out-of-memory"
-                " killer, see the kernel log); see the worker's log above; raise"
-                " max_worker_restarts to replace more workers")
+        hint = (
+            "a negative exit code is the signal that ended it (-9: often the out-of-memory"
+            " killer, see the kernel log); see the worker's log above; raise"
+            " max_worker_restarts to replace more workers"
+        )
         if fault.cause == "stalled":
-            hint = ("the worker was stopped or stuck (a hung read, a debugger, a frozen file"
-                    " system); raise worker_timeout if its reads are legitimately that slow")
+            hint = (
+                "the worker was stopped or stuck (a hung read, a debugger, a frozen file"
+                " system); raise worker_timeout if its reads are legitimately that slow"
+            )
         elif not fault.started and self.context in ("spawn", "forkserver"):
-            hint = (f"under multiprocessing_context={self.context!r} each worker imports the main"
-                    " module: run the script from a file (not standard input or a notebook) with"
-                    " its code under `if __name__ == '__main__':`, or use 'fork'; see the worker's"
-                    " log above")
+            hint = (
+                f"under multiprocessing_context={self.context!r} each worker imports the main"
+                " module: run the script from a file (not standard input or a notebook) with"
+                " its code under `if __name__ == '__main__':`, or use 'fork'; see the worker's"
+                " log above"
+            )
         return WorkerError(
             f"loader worker {fault.worker} (pid {fault.pid}) {fault.how()}"
             f" (exit code {fault.exitcode}); last micro-batch it delivered in this iteration:"
@@ -137,17 +154,33 @@ def describe_exit(code: int | None) -> str:
 
 # -- what a slow worker is doing (Linux /proc, best effort) ----------------------------------------
 _STATES = {
-    "R": "running", "S": "sleeping",
+    "R": "running",
+    "S": "sleeping",
     "D": "in an uninterruptible wait (usually disk or network I/O)",
-    "T": "stopped (SIGSTOP, a debugger or the scheduler)", "t": "stopped by a debugger",
+    "T": "stopped (SIGSTOP, a debugger or the scheduler)",
+    "t": "stopped by a debugger",
     "Z": "dead",
 }
 # syscall numbers that read from a descriptor: name, and which argument is the file offset
 _READS = {
-    "x86_64": {0: ("read", None), 17: ("pread64", 3), 19: ("readv", None), 295: ("preadv", 3),
-               327: ("preadv2", 3), 45: ("recvfrom", None), 47: ("recvmsg", None)},
-    "aarch64": {63: ("read", None), 67: ("pread64", 3), 65: ("readv", None), 69: ("preadv", 3),
-                286: ("preadv2", 3), 207: ("recvfrom", None), 212: ("recvmsg", None)},
+    "x86_64": {
+        0: ("read", None),
+        17: ("pread64", 3),
+        19: ("readv", None),
+        295: ("preadv", 3),
+        327: ("preadv2", 3),
+        45: ("recvfrom", None),
+        47: ("recvmsg", None),
+    },
+    "aarch64": {
+        63: ("read", None),
+        67: ("pread64", 3),
+        65: ("readv", None),
+        69: ("preadv", 3),
+        286: ("preadv2", 3),
+        207: ("recvfrom", None),
+        212: ("recvmsg", None),
+    },
 }
 
 

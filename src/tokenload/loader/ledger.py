@@ -110,13 +110,22 @@ class Ledger:
             "schedule": None if self.mixture is None else self.mixture.schedule_position(consumed),
         }
 
-    def _source(self, key: str, name: str, drawn: int, skipped: int, per_epoch: int
-                ) -> dict[str, Any]:
+    def _source(
+        self, key: str, name: str, drawn: int, skipped: int, per_epoch: int
+    ) -> dict[str, Any]:
         samples = drawn - skipped
         tokens = None if self.sequence_length is None else samples * int(self.sequence_length)
-        return {"source": key, "name": name, "active": True, "drawn": drawn, "skipped": skipped,
-                "samples": samples, "tokens": tokens, "samples_per_epoch": per_epoch,
-                "epoch": drawn // per_epoch if per_epoch else 0}
+        return {
+            "source": key,
+            "name": name,
+            "active": True,
+            "drawn": drawn,
+            "skipped": skipped,
+            "samples": samples,
+            "tokens": tokens,
+            "samples_per_epoch": per_epoch,
+            "epoch": drawn // per_epoch if per_epoch else 0,
+        }
 
     # -- resume ----------------------------------------------------------------------------------
     def state_dict(self) -> list[dict[str, Any]]:
@@ -127,8 +136,11 @@ class Ledger:
         figures of sources this dataset lacks (kept, so that they are not forgotten)."""
         try:
             loaded = [
-                {"at": _int(e["at"]), "samples": _int(e["samples"]),
-                 "sources": {str(k): _int(v) for k, v in e["sources"].items()}}
+                {
+                    "at": _int(e["at"]),
+                    "samples": _int(e["samples"]),
+                    "sources": {str(k): _int(v) for k, v in e["sources"].items()},
+                }
                 for e in skips
             ]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -13,11 +13,19 @@ of a tokenload dataset, say) keeps its two-stage reads.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..contract import Allocator, Batch, BatchSource, LoaderDataset, MixtureCursors, SourceInfo, Sources
+from ..contract import (
+    Allocator,
+    Batch,
+    BatchSource,
+    LoaderDataset,
+    MixtureCursors,
+    SourceInfo,
+    Sources,
+)
 
 __all__ = ["MapDataset", "MapStyleDataset", "loader_dataset"]
 
@@ -31,12 +39,13 @@ class MapDataset(Protocol):
     def __getitem__(self, index: int) -> Any: ...
 
 
-AnyDataset = Union[LoaderDataset, MapDataset]
+AnyDataset = LoaderDataset | MapDataset
 """What ``build_dataloader`` takes."""
 
 
 def loader_dataset(dataset: AnyDataset) -> LoaderDataset:
-    """``dataset`` itself when it implements the contract, else it wrapped in ``MapStyleDataset``."""
+    """``dataset`` itself when it implements the contract, else it wrapped in
+    ``MapStyleDataset``."""
     if isinstance(dataset, BatchSource):  # methods only: no property is evaluated
         return dataset  # its properties: checked by type checkers
     return MapStyleDataset(dataset)

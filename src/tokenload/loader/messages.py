@@ -10,7 +10,7 @@ Commands go from the training process to a worker, results from a worker back.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, TypeVar, Union, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 __all__ = [
     "Batches",
@@ -78,7 +78,7 @@ class RingMapped(NamedTuple):
     slots: int
 
 
-Entry = tuple[int, Union[int, None], Any]
+Entry = tuple[int, int | None, Any]
 """One micro-batch of a ``Batches`` message: its number k, its slot (None: the batch itself
 travels in the message) and the slot's layout, or the batch."""
 
@@ -100,14 +100,21 @@ class Failed(NamedTuple):
     traceback: str
 
 
-Command = Union[LoadDataset, Start, Credit, Stop]
-Result = Union[Ready, RingMapped, Batches, Failed]
-Message = Union[Command, Result]
+Command = LoadDataset | Start | Credit | Stop
+Result = Ready | RingMapped | Batches | Failed
+Message = Command | Result
 M = TypeVar("M", bound=Message)
 """The messages a channel carries: ``Command`` or ``Result``."""
 
 _KINDS: tuple[type[tuple[Any, ...]], ...] = (
-    LoadDataset, Start, Credit, Stop, Ready, RingMapped, Batches, Failed,
+    LoadDataset,
+    Start,
+    Credit,
+    Stop,
+    Ready,
+    RingMapped,
+    Batches,
+    Failed,
 )
 _NUMBERS = {kind: number for number, kind in enumerate(_KINDS)}
 

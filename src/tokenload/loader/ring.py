@@ -33,11 +33,11 @@ of this is local to one loader on one host: nothing in it grows with the number 
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
 import sys
-import functools
 import tempfile
 from typing import Any
 
@@ -109,7 +109,9 @@ class WorkerRing:
             if at + count * dt.itemsize > self.slot_bytes:
                 return np.empty(shape, dtype=dt)
             self._used[slot] = at + _aligned(count * dt.itemsize)
-            return self._memory[begin + at : begin + at + count * dt.itemsize].view(dt).reshape(shape)
+            return (
+                self._memory[begin + at : begin + at + count * dt.itemsize].view(dt).reshape(shape)
+            )
 
         return alloc
 
@@ -128,18 +130,21 @@ class WorkerRing:
                     return None
                 self._used[slot] = offset + _aligned(value.nbytes)
                 if value.size:
-                    target = self._memory[begin + offset : begin + offset + value.nbytes].view(value.dtype)
+                    target = self._memory[begin + offset : begin + offset + value.nbytes].view(
+                        value.dtype
+                    )
                     np.copyto(target.reshape(value.shape), value, casting="no")
             layout.append((name, value.dtype.str, value.shape, offset))
         self._used[slot] = 0
         return tuple(layout)
 
     def _offset(self, slot: int, value: np.ndarray) -> int | None:
-        """Where ``value`` lies in ``slot`` when its allocator made it (contiguous, inside), else None."""
+        """Where ``value`` lies in ``slot`` when its allocator made it (contiguous, inside), else
+        None."""
         if not value.size or not value.flags.c_contiguous:
             return None
         at = value.ctypes.data - self._address - slot * self.slot_bytes
-        return at if 0 <= at and at + value.nbytes <= self.slot_bytes else None
+        return at if at >= 0 and at + value.nbytes <= self.slot_bytes else None
 
     def unlink(self) -> None:
         """Remove the file's name, if it has one (the consumer does this once it has mapped it;
@@ -161,7 +166,8 @@ class ConsumerRing:
             os.unlink(path)
         self._slot_bytes = slot_bytes
         self._slots = [
-            np.frombuffer(self._map, dtype=np.uint8, count=slot_bytes, offset=i * slot_bytes) for i in range(slots)
+            np.frombuffer(self._map, dtype=np.uint8, count=slot_bytes, offset=i * slot_bytes)
+            for i in range(slots)
         ]
         # references held by this object alone (the list entry and getrefcount's argument)
         self._idle = sys.getrefcount(self._slots[0])
@@ -231,12 +237,13 @@ class _SlotTensors:
         return cls(layout, fields, whole.untyped_storage(), use_count)
 
     def in_use(self) -> bool:
-        """Whether a tensor, view, array or storage object besides these views refers to the slot."""
+        """Whether a tensor, view, array or storage object besides these views refers to the
+        slot."""
         uses = self._use_count(self._address)
         return uses > self._idle_uses or sys.getrefcount(self.storage) > self._idle_refs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _torch_dtype(dtype: str) -> Any:
     """The torch dtype of a NumPy dtype string, or None when torch has none (as ``from_numpy``)."""
     import torch

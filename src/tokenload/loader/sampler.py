@@ -16,8 +16,8 @@ Samplers yield lists of dataset indices, one micro-batch per step, with O(1) wor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union
 
 from ..errors import ConfigError
 
@@ -40,14 +40,19 @@ class MicroBatchPlan:
 
     def __post_init__(self) -> None:
         if self.total_samples <= 0:
-            raise ConfigError(f"the dataset has {self.total_samples} samples", hint="check the data and split")
+            raise ConfigError(
+                f"the dataset has {self.total_samples} samples", hint="check the data and split"
+            )
         if self.micro_batch_size < 1 or self.dp_size < 1:
             raise ConfigError(
-                f"micro_batch_size={self.micro_batch_size}, dp_size={self.dp_size}; both must be >= 1",
+                f"micro_batch_size={self.micro_batch_size}, dp_size={self.dp_size}; both must be"
+                " >= 1",
                 hint="pass positive sizes",
             )
         if not 0 <= self.dp_rank < self.dp_size:
-            raise ConfigError(f"dp_rank {self.dp_rank} outside [0, {self.dp_size})", hint="check the rank")
+            raise ConfigError(
+                f"dp_rank {self.dp_rank} outside [0, {self.dp_size})", hint="check the rank"
+            )
 
     @property
     def group(self) -> int:
@@ -61,8 +66,10 @@ class PretrainingSampler:
     def __init__(self, plan: MicroBatchPlan, consumed_samples: int = 0) -> None:
         if not 0 <= consumed_samples <= plan.total_samples:
             raise ConfigError(
-                f"consumed_samples is {consumed_samples}, expected within [0, {plan.total_samples}]",
-                hint="the run needs more samples than the dataset holds; build it with more samples",
+                f"consumed_samples is {consumed_samples}, expected within"
+                f" [0, {plan.total_samples}]",
+                hint="the run needs more samples than the dataset holds; build it with more"
+                " samples",
             )
         self.plan = plan
         self.consumed_samples = consumed_samples
@@ -89,7 +96,9 @@ class PretrainingSampler:
 class CyclicSampler:
     """Megatron's random (cyclic) sampler: one ``torch.randperm`` per epoch, seeded by the epoch."""
 
-    def __init__(self, plan: MicroBatchPlan, consumed_samples: int = 0, *, data_sharding: bool = True) -> None:
+    def __init__(
+        self, plan: MicroBatchPlan, consumed_samples: int = 0, *, data_sharding: bool = True
+    ) -> None:
         self.plan = plan
         self.consumed_samples = consumed_samples
         self.data_sharding = data_sharding
@@ -101,8 +110,8 @@ class CyclicSampler:
             )
         if (consumed_samples % self.active) % plan.group:
             raise ConfigError(
-                f"consumed_samples {consumed_samples} is not a multiple of micro_batch_size * dp_size = {plan.group}"
-                " within the epoch",
+                f"consumed_samples {consumed_samples} is not a multiple of micro_batch_size"
+                f" * dp_size = {plan.group} within the epoch",
                 hint="resume at a step boundary of the new topology",
             )
 
@@ -128,5 +137,5 @@ class CyclicSampler:
             yield indices[i : i + mbs].tolist()
 
 
-BatchSampler = Union[PretrainingSampler, CyclicSampler]
+BatchSampler = PretrainingSampler | CyclicSampler
 """A loader's batch sampler: lists of dataset indices, one micro-batch per step."""

@@ -43,19 +43,28 @@ class LoaderState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LoaderState":
+    def from_dict(cls, data: dict[str, Any]) -> LoaderState:
         if not isinstance(data, dict):
-            raise StateError(f"loader state is a {type(data).__name__}, expected a dict", hint="pass loader.state_dict()")
+            raise StateError(
+                f"loader state is a {type(data).__name__}, expected a dict",
+                hint="pass loader.state_dict()",
+            )
         version = data.get("version")
         if version != STATE_VERSION:
             raise StateError(
                 f"loader state version is {version!r}, expected {STATE_VERSION}",
-                hint="the checkpoint was written by an incompatible tokenload; resume with the version that wrote it",
+                hint="the checkpoint was written by an incompatible tokenload; resume with the"
+                " version that wrote it",
             )
         try:
-            fields = {k: data[k] for k in ("consumed_samples", "fingerprint", "micro_batch_size", "dp_size")}
+            fields = {
+                k: data[k]
+                for k in ("consumed_samples", "fingerprint", "micro_batch_size", "dp_size")
+            }
         except KeyError as exc:
-            raise StateError(f"loader state lacks {exc}", hint="pass the dict saved from loader.state_dict()") from None
+            raise StateError(
+                f"loader state lacks {exc}", hint="pass the dict saved from loader.state_dict()"
+            ) from None
         if not isinstance(fields["fingerprint"], str):
             raise StateError(
                 f"loader state fingerprint is {fields['fingerprint']!r}, expected a string",
@@ -74,17 +83,20 @@ class LoaderState:
                 f"loader state was saved by the cyclic sampler at dp_size={self.dp_size},"
                 f" micro_batch_size={self.micro_batch_size}; this loader has dp_size={dp_size},"
                 f" micro_batch_size={micro_batch_size}, and the cyclic order depends on both",
-                hint=f"resume on {self.dp_size} data-parallel ranks with micro_batch_size={self.micro_batch_size},"
-                " or train with kind='single' (Megatron's default sampler), which resumes on any topology",
+                hint=f"resume on {self.dp_size} data-parallel ranks with"
+                f" micro_batch_size={self.micro_batch_size}, or train with kind='single'"
+                " (Megatron's default sampler), which resumes on any topology",
             )
 
     def check(self, fingerprint: str) -> None:
         """Raise StateError unless this state belongs to data and config with ``fingerprint``."""
         if self.fingerprint != fingerprint:
             raise StateError(
-                f"loader state was saved for data/config fingerprint {self.fingerprint}, this loader's is {fingerprint}",
-                hint="resume with the same token files, sequence length, seed, split and blend as the saved run,"
-                " or start the data order from scratch deliberately (consumed_samples=0)",
+                f"loader state was saved for data/config fingerprint {self.fingerprint}, this"
+                f" loader's is {fingerprint}",
+                hint="resume with the same token files, sequence length, seed, split and blend as"
+                " the saved run, or start the data order from scratch deliberately"
+                " (consumed_samples=0)",
             )
 
 

@@ -29,7 +29,17 @@ from .channel import Channel
 from .collate import fetch
 from .health import WorkerError
 from .messages import (
-    Batches, Command, Credit, Entry, Failed, LoadDataset, Ready, Result, RingMapped, Start, Stop,
+    Batches,
+    Command,
+    Credit,
+    Entry,
+    Failed,
+    LoadDataset,
+    Ready,
+    Result,
+    RingMapped,
+    Start,
+    Stop,
 )
 from .ring import WorkerRing, batch_bytes
 
@@ -44,8 +54,15 @@ def group_size(prefetch: int) -> int:
     return max(1, min(_GROUP, prefetch // 2))
 
 
-def worker_main(w: int, n: int, dataset: LoaderDataset | None, commands: Channel[Command],
-                results: Channel[Result], slots: int, read_budget: float | None = None) -> None:
+def worker_main(
+    w: int,
+    n: int,
+    dataset: LoaderDataset | None,
+    commands: Channel[Command],
+    results: Channel[Result],
+    slots: int,
+    read_budget: float | None = None,
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _no_wakeup_preemption()
     # object-storage reads retry by time, and end as a StorageError before the watchdog
@@ -96,8 +113,15 @@ def _no_wakeup_preemption() -> None:
 class _Worker:
     """A worker's state: its iteration, credits and free slots, and how it makes batches."""
 
-    def __init__(self, w: int, n: int, dataset: LoaderDataset | None, results: Channel[Result],
-                 slots: int, failed: tuple[BaseException | None, str] | None) -> None:
+    def __init__(
+        self,
+        w: int,
+        n: int,
+        dataset: LoaderDataset | None,
+        results: Channel[Result],
+        slots: int,
+        failed: tuple[BaseException | None, str] | None,
+    ) -> None:
         self.w, self.n, self.results, self.slots = w, n, results, slots
         self.dataset: LoaderDataset = dataset  # type: ignore[assignment]  # None only if failed
         self.failed = failed  # (exception, traceback) of a dataset that could not be loaded
@@ -178,7 +202,9 @@ class _Worker:
         """The batches of ``index_lists``; with several, one ``read_batch`` reads them all and
         each is finished into its own slot."""
         ring = self.ring
-        allocs: list[Allocator | None] = [ring.allocator(s) for s in slots] if ring is not None else []
+        allocs: list[Allocator | None] = (
+            [ring.allocator(s) for s in slots] if ring is not None else []
+        )
         allocs += [None] * (len(index_lists) - len(allocs))
         if len(index_lists) == 1 or not self.two_stage:
             return [fetch(self.dataset, idx, alloc) for idx, alloc in zip(index_lists, allocs)]
@@ -196,10 +222,14 @@ def _split_rows(raw: Batch, sizes: list[int]) -> list[Batch]:
     begin = 0
     for size in sizes:
         end = begin + size
-        parts.append({
-            k: v[begin:end] if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total else v
-            for k, v in raw.items()
-        })
+        parts.append(
+            {
+                k: v[begin:end]
+                if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total
+                else v
+                for k, v in raw.items()
+            }
+        )
         begin = end
     return parts
 

@@ -50,7 +50,17 @@ from ..contract import LoaderDataset
 from .channel import Channel
 from .health import Fault, WorkerError, WorkerHealth, cpu_time, doing, logger, read_budget
 from .messages import (
-    Batches, Command, Credit, Entry, Failed, LoadDataset, Ready, Result, RingMapped, Start, Stop,
+    Batches,
+    Command,
+    Credit,
+    Entry,
+    Failed,
+    LoadDataset,
+    Ready,
+    Result,
+    RingMapped,
+    Start,
+    Stop,
 )
 from .ring import ConsumerRing
 from .sampler import BatchSampler
@@ -66,8 +76,14 @@ class WorkerPool:
     """``num_workers`` processes making micro-batches of ``dataset`` for one consumer."""
 
     def __init__(
-        self, dataset: LoaderDataset, *, num_workers: int, prefetch: int, context: str | None,
-        shared_memory: bool = True, health: WorkerHealth | None = None,
+        self,
+        dataset: LoaderDataset,
+        *,
+        num_workers: int,
+        prefetch: int,
+        context: str | None,
+        shared_memory: bool = True,
+        health: WorkerHealth | None = None,
     ) -> None:
         self._ctx = multiprocessing.get_context(context)
         self.health = health if health is not None else WorkerHealth(context=context)
@@ -164,8 +180,15 @@ class WorkerPool:
         result_out, result_in = self._ctx.Pipe(duplex=False)
         commands: Channel[Command] = Channel(command_out)
         results: Channel[Result] = Channel(result_in)
-        args = (w, len(self.processes), self._dataset, commands, results, self.slots,
-                read_budget(self.health.timeout))
+        args = (
+            w,
+            len(self.processes),
+            self._dataset,
+            commands,
+            results,
+            self.slots,
+            read_budget(self.health.timeout),
+        )
         process = self._ctx.Process(  # type: ignore[attr-defined]  # every context has it
             target=worker_main, args=args, name=f"tokenload-worker-{w}", daemon=True
         )
@@ -216,7 +239,9 @@ class WorkerPool:
                 self._map_ring(w, k, message)
             elif message.generation != generation:  # left over from an abandoned iteration
                 if isinstance(message, Batches):
-                    self._freed[w].extend(slot for _, slot, _ in message.entries if slot is not None)
+                    self._freed[w].extend(
+                        slot for _, slot, _ in message.entries if slot is not None
+                    )
             elif isinstance(message, Failed):
                 _raise_from_worker(w, message.step, message.error, message.traceback)
             else:
@@ -261,7 +286,12 @@ class WorkerPool:
                 logger.warning(
                     "loader worker %d (pid %s) has sent nothing for %.0f s while the training loop"
                     " waits for its micro-batch %d (%s); it is replaced at worker_timeout=%g s",
-                    w, process.pid, quiet, k, doing(process.pid) or "state unknown", timeout,
+                    w,
+                    process.pid,
+                    quiet,
+                    k,
+                    doing(process.pid) or "state unknown",
+                    timeout,
                 )
 
     def _wait(self, w: int, timeout: float) -> bool:
@@ -336,8 +366,12 @@ def _raise_from_worker(w: int, k: int | None, exc: BaseException | None, text: s
     raise exc
 
 
-def _stop(processes: list[BaseProcess], commands: list[Channel[Command]],
-          results: list[Channel[Result]], abandoned: list[BaseProcess]) -> None:
+def _stop(
+    processes: list[BaseProcess],
+    commands: list[Channel[Command]],
+    results: list[Channel[Result]],
+    abandoned: list[BaseProcess],
+) -> None:
     """Ask every worker to stop; kill those still running after ``_STOP_S`` (a stopped or stuck
     worker cannot answer); close the pipes. Bounded whatever the workers do."""
     for p, c in zip(processes, commands):

@@ -13,10 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.contract import BatchSource, Sources
-from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset, MegatronDataConfig, build_datasets
+from tokenload.datasets import (
+    FlatDatasetConfig,
+    FlatTokenDataset,
+    MegatronDataConfig,
+    build_datasets,
+)
 from tokenload.format import write_flat
 from tokenload.loader import build_dataloader
 from tokenload.loader.mapstyle import MapStyleDataset, loader_dataset
@@ -31,7 +36,10 @@ def data(tmp_path_factory):
     rng = np.random.default_rng(7)
     files = []
     for name, count in (("a", 120), ("b", 90)):
-        docs = [np.append(rng.integers(0, 999, size=int(n)), 999) for n in rng.integers(3, 40, size=count)]
+        docs = [
+            np.append(rng.integers(0, 999, size=int(n)), 999)
+            for n in rng.integers(3, 40, size=count)
+        ]
         files.append(write_documents(folder / name, docs))
     write_flat(folder / "flat.bin", rng.integers(0, 50_000, size=5_000))
     return folder, files
@@ -43,15 +51,18 @@ def _kinds(folder, a: str, b: str) -> dict[str, object]:
     configs = {
         "gpt": MegatronDataConfig(blend=[a], split="90,10,0", **common),
         "blended": MegatronDataConfig(blend=blend, split="98,2,0", **common),
-        "continuable": MegatronDataConfig(blend=blend, split="98,2,0", mixture_change="continue",
-                                          **common),
+        "continuable": MegatronDataConfig(
+            blend=blend, split="98,2,0", mixture_change="continue", **common
+        ),
         "mock": MegatronDataConfig(vocab_size=1000, **common),
         "computed": MegatronDataConfig(blend=[a], split="90,10,0", order="computed", **common),
-        "computed_blend": MegatronDataConfig(blend=blend, split="98,2,0", order="computed",
-                                             **common),
+        "computed_blend": MegatronDataConfig(
+            blend=blend, split="98,2,0", order="computed", **common
+        ),
         "neox": MegatronDataConfig(blend=[a], split="90,10,0", order="neox", **common),
-        "neox_blend": MegatronDataConfig(blend_per_split=[blend, [b], None], order="neox",
-                                         **common),
+        "neox_blend": MegatronDataConfig(
+            blend_per_split=[blend, [b], None], order="neox", **common
+        ),
     }
     sizes = {"gpt": [None, None, 0], "computed": [None, None, 0], "neox": [200, 10, 0]}
     out = {kind: build_datasets(c, sizes.get(kind, [200, 10, 0]))[0] for kind, c in configs.items()}
@@ -72,15 +83,32 @@ MIXTURES = {"continuable", "computed_blend"}
 def test_every_kind_is_built(kinds):
     names = {kind: type(ds).__name__ for kind, ds in kinds.items()}
     assert names == {
-        "gpt": "GPTDataset", "blended": "BlendedDataset", "continuable": "ContinuableBlendedDataset",
-        "mock": "GPTDataset", "computed": "ComputedGPTDataset",
-        "computed_blend": "ComputedBlendedDataset", "neox": "NeoXGPTDataset",
-        "neox_blend": "BlendedDataset", "flat": "FlatTokenDataset",
+        "gpt": "GPTDataset",
+        "blended": "BlendedDataset",
+        "continuable": "ContinuableBlendedDataset",
+        "mock": "GPTDataset",
+        "computed": "ComputedGPTDataset",
+        "computed_blend": "ComputedBlendedDataset",
+        "neox": "NeoXGPTDataset",
+        "neox_blend": "BlendedDataset",
+        "flat": "FlatTokenDataset",
     }
 
 
-@pytest.mark.parametrize("kind", ["gpt", "blended", "continuable", "mock", "computed",
-                                  "computed_blend", "neox", "neox_blend", "flat"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "gpt",
+        "blended",
+        "continuable",
+        "mock",
+        "computed",
+        "computed_blend",
+        "neox",
+        "neox_blend",
+        "flat",
+    ],
+)
 def test_each_kind_behaves_as_the_contract_says(kinds, kind):
     ds = kinds[kind]
     assert isinstance(ds, BatchSource) and loader_dataset(ds) is ds  # no adapter
@@ -132,7 +160,11 @@ def test_a_plain_map_style_dataset_is_wrapped_at_the_edge():
     assert wrapped.describe_sources().members[0].name == "Items"
     loader = build_dataloader(plain, micro_batch_size=MBS, num_workers=0, dp_rank=0, dp_size=1)
     assert loader.dataset is plain  # the loader keeps what it was given
-    assert [b["tokens"][:, 0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [b["tokens"][:, 0].tolist() for b in loader] == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+    ]
 
 
 _SNIPPET = """
@@ -175,8 +207,13 @@ def test_each_kind_satisfies_the_protocol_for_mypy(tmp_path):
     # only the snippet's own errors count (the library's are the static checks' business); the
     # cache outside the repository: about 40 s without it, a few with it
     cache = Path(tempfile.gettempdir()) / "tokenload-test-mypy-cache"
-    out, err, status = api.run([
-        "--follow-imports=silent", "--ignore-missing-imports", "--python-version=3.10",
-        f"--cache-dir={cache}", str(snippet),
-    ])
+    out, err, status = api.run(
+        [
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--python-version=3.10",
+            f"--cache-dir={cache}",
+            str(snippet),
+        ]
+    )
     assert status == 0, out + err
