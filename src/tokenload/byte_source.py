@@ -108,7 +108,11 @@ class CheckedSource:
         raise NotImplementedError
 
     def _read_spans(
-        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None
+        self,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        ends: np.ndarray,
+        dtype: np.dtype | None = None,
     ) -> np.ndarray:
         raise NotImplementedError
 
@@ -128,7 +132,11 @@ def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def gather_spans(
-    tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    ends: np.ndarray,
+    dtype: np.dtype | None = None,
 ) -> np.ndarray:
     """The concatenation of ``tokens[starts[i]:ends[i]]`` (``ends = starts + lengths``, already
     checked to lie inside ``tokens``), in ``tokens``' dtype or cast to ``dtype``."""
@@ -140,7 +148,7 @@ def gather_spans(
         # Long spans (training windows): one bytearray join of memoryview slices copies them
         # with ~0.2 us of Python per span, where ndarray slices and np.concatenate cost ~0.6
         # (measured 26 vs 46 us for 70 spans of ~470 tokens) and a per-token gather ~5x more.
-        view = memoryview(tokens)
+        view = tokens.data
         pieces = map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
         out = np.frombuffer(bytearray().join(pieces), dtype=tokens.dtype)
         return out if dtype is None else out.astype(dtype)

@@ -37,9 +37,9 @@ import math
 import os
 import threading
 import tokenize
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -124,7 +124,7 @@ def _recorded_header(facts: Any) -> Any:
 
 def _digest(data: Any) -> str:
     """xxh3-64 (hex) of an array's data bytes as ``numpy.save`` writes them (C order)."""
-    return xxhash.xxh3_64_hexdigest(memoryview(np.ascontiguousarray(data)).cast("B"))
+    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(data).data.cast("B"))
 
 
 def _canonical_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -159,6 +159,11 @@ def write_cache(
     logger.debug("published index cache %s", files.description)
 
 
+def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:
+    """Writes ``array`` as ``numpy.save`` does (Megatron's cache files), no pickled objects."""
+    return lambda f: np.save(f, array, allow_pickle=False)
+
+
 def _write_local(
     files: CacheFiles,
     description: str,
@@ -186,7 +191,7 @@ def _write_local(
             arr = np.ascontiguousarray(arrays[name])
             write_atomic(
                 files.array(name),
-                lambda f, a=arr: np.save(f, a, allow_pickle=False),
+                _npy_writer(arr),
                 fsync_folder=False,
             )
         text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
@@ -232,7 +237,7 @@ def map_array(path: str) -> npt.NDArray[Any]:
                 return np.empty(shape, dtype=dtype)
             buffer = map_readonly(f.fileno(), size)  # keeps no descriptor open
         if key not in _VERIFIED:
-            _verify(shown, memoryview(buffer)[offset : offset + nbytes], key)
+            _verify(shown, buffer.data[offset : offset + nbytes], key)
         return np.ndarray(
             shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C"
         )
@@ -278,12 +283,13 @@ def recorded_digest(path: str) -> str | None:
     name = next((n for n in (*GPT_ARRAYS, *BLENDED_ARRAYS) if base.endswith(f"-{n}.npy")), None)
     if name is None:
         return None
-    sidecar: str | None = path[: -len(f"-{name}.npy")] + "-tokenload.json"
+    sidecar = path[: -len(f"-{name}.npy")] + "-tokenload.json"
+    local: str | None = sidecar
     if is_url(sidecar):
         from ..storage.upload import copy_or_none
 
-        sidecar = copy_or_none(sidecar)
-    data = None if sidecar is None else _read_sidecar(sidecar)
+        local = copy_or_none(sidecar)
+    data = None if local is None else _read_sidecar(local)
     facts = ((data or {}).get("arrays") or {}).get(name)
     digest = facts.get("xxh3_64") if isinstance(facts, dict) else None
     return digest if isinstance(digest, str) else None
@@ -304,7 +310,7 @@ def load_cache(files: CacheFiles) -> dict[str, npt.NDArray[Any]]:
     return {name: map_array(files.array(name)) for name in files.arrays}
 
 
-def _read_npy_header(f, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+def _read_npy_header(f: BinaryIO, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Shape, Fortran order and dtype of the ``.npy`` open in ``f``, left at its data."""
     try:
         version = np.lib.format.read_magic(f)
@@ -350,7 +356,13 @@ def _read_sidecar(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {}
 
 
-def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
+def _check_arrays(
+    files: CacheFiles,
+    where: Mapping[str, str],
+    recorded: Mapping[str, Any] | None,
+    expected_shapes: Mapping[str, tuple[int, ...]] | None,
+    reasons: list[str],
+) -> None:
     for name in files.arrays:
         try:
             record = None if recorded is None else recorded.get(name)
@@ -378,6 +390,10 @@ def _check_arrays(files, where, recorded, expected_shapes, reasons) -> None:
         want = None if expected_shapes is None else expected_shapes.get(name)
         if want is not None and tuple(want) != shape:
             reasons.append(f"{name}: cached shape {shape}, expected {tuple(want)}")
+
+
+def _is_file(path: str | None) -> bool:
+    return path is not None and os.path.isfile(path)
 
 
 def _located(files: CacheFiles) -> dict[str, str | None]:
@@ -411,11 +427,10 @@ def check_cache(
     missing = [
         s
         for s in ("description.txt", *(f"{n}.npy" for n in files.arrays))
-        if where.get(s) is None or not os.path.isfile(where[s])
+        if not _is_file(where.get(s))
     ]
-    sidecar = (
-        None if where.get("tokenload.json") is None else _read_sidecar(where["tokenload.json"])
-    )
+    sidecar_copy = where.get("tokenload.json")
+    sidecar = None if sidecar_copy is None else _read_sidecar(sidecar_copy)
     has_sidecar = sidecar is not None
     if missing:
         names = ", ".join(os.path.basename(files.path(s)) for s in missing)
@@ -425,9 +440,10 @@ def check_cache(
             has_sidecar=has_sidecar,
             arrays=arrays,
         )
+    found = {suffix: path for suffix, path in where.items() if path is not None}
     reasons: list[str] = []
     try:
-        with open(where["description.txt"], "rb") as f:
+        with open(found["description.txt"], "rb") as f:
             if f.read() != description.encode("utf-8"):
                 reasons.append("description text differs from the expected one")
     except OSError as exc:
@@ -442,6 +458,6 @@ def check_cache(
             for key in sorted(set(want) | set(have)):
                 if want.get(key) != have.get(key):
                     reasons.append(f"{key}: cached {have.get(key)!r}, expected {want.get(key)!r}")
-    _check_arrays(files, where, recorded, expected_shapes, reasons)
+    _check_arrays(files, found, recorded, expected_shapes, reasons)
     state = CacheState.STALE if reasons else CacheState.HIT
     return CacheCheck(state=state, reasons=tuple(reasons), has_sidecar=has_sidecar, arrays=arrays)

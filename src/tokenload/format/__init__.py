@@ -4,6 +4,8 @@ JSON, merge, describe and verify."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .bin import ReadMode, warmup_file
 from .descriptors import max_open_files, set_max_open_files
 from .flat_file import FlatTokenFile, write_flat
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 
-def open_token_file(prefix: str, **options) -> TokenFile:
+def open_token_file(prefix: str, **options: Any) -> TokenFile:
     """Open ``prefix`` (lazily) with ``TokenFile`` options: mode, dtype_codes, multimodal, warmup,
     sequences, dtype, sequences_path."""
     return TokenFile(prefix, **options)

@@ -27,6 +27,7 @@ import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ DEFAULT_OPEN_FILES = 128
 ENV_OPEN_FILES = "TOKENLOAD_OPEN_FILES"
 
 
-def _libc_mmap():
+def _libc_mmap() -> tuple[Any, Any] | None:
     """(mmap, munmap) of the C library, or None where it cannot be called (then ``mmap.mmap``)."""
     if os.name != "posix" or sys.version_info >= (3, 13):
         return None
@@ -93,8 +94,9 @@ def map_readonly(fd: int, size: int) -> np.ndarray:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
     raw = (ctypes.c_ubyte * size).from_address(address)
-    raw._owner = _Mapping(address, size)  # lives as long as any view of ``raw``
-    array = np.frombuffer(raw, dtype=np.uint8)
+    # the mapping lives as long as any view of ``raw`` (a ctypes array takes attributes)
+    raw._owner = _Mapping(address, size)  # type: ignore[attr-defined]
+    array = np.frombuffer(raw, dtype=np.uint8)  # type: ignore[call-overload]  # a C buffer
     array.flags.writeable = False  # the pages are mapped PROT_READ: a write would be a SIGSEGV
     return array
 

@@ -154,7 +154,15 @@ def parse_header(
     return _sized_header(table[code], code, n, d, file_size, path, multimodal)
 
 
-def _sized_header(dtype, code, n, d, file_size, path, multimodal) -> IndexHeader:
+def _sized_header(
+    dtype: np.dtype,
+    code: int,
+    n: int,
+    d: int,
+    file_size: int,
+    path: str,
+    multimodal: bool | None,
+) -> IndexHeader:
     if d < 1:
         raise FormatError(
             "document count is 0, expected at least 1 (the leading 0 of document_indices)",
@@ -210,7 +218,7 @@ def code_note(header: IndexHeader) -> str | None:
 
 
 def index_arrays(
-    buffer, header: IndexHeader
+    buffer: bytes | memoryview, header: IndexHeader
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     """Zero-copy (lengths, pointers, document_indices, modes) views over the whole file buffer."""
     n, d = header.sequence_count, header.document_count

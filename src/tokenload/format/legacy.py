@@ -29,7 +29,7 @@ _NAME = "legacy fairseq index (TNTIDX)"
 _REWRITE = "the legacy index is corrupt; rewrite it from the source data, or from a sound copy"
 
 
-def is_legacy(head: bytes) -> bool:
+def is_legacy(head: bytes | memoryview) -> bool:
     """Whether an index starts with the legacy magic (GPT-NeoX's ``data_impl="infer"`` sniff)."""
     return bytes(head[: len(LEGACY_MAGIC)]) == LEGACY_MAGIC
 
@@ -40,7 +40,11 @@ def legacy_size(items: int, sizes: int, documents: int) -> int:
 
 
 def read_legacy(
-    buffer, path: str, *, dtype_codes: DtypeCodes | str = "auto", multimodal: bool | None = None
+    buffer: bytes | memoryview,
+    path: str,
+    *,
+    dtype_codes: DtypeCodes | str = "auto",
+    multimodal: bool | None = None,
 ) -> tuple[IndexHeader, np.ndarray, np.ndarray, np.ndarray]:
     """The header and the MMIDIDX-shaped arrays (int32 lengths, int64 byte pointers, int64
     document indices) of a legacy index held in ``buffer``; every array is a fresh copy.
@@ -94,7 +98,7 @@ def _legacy_dtype(code: int, element_size: int, dtype_codes: str, path: str) -> 
     raise _error(f"element size is {element_size} bytes, but dtype code {code} is {names}", path)
 
 
-def _arrays(buffer, n: int, s: int, d: int) -> tuple[np.ndarray, ...]:
+def _arrays(buffer: bytes | memoryview, n: int, s: int, d: int) -> tuple[np.ndarray, ...]:
     out, offset = [], LEGACY_HEADER_SIZE
     for count in (n + 1, n + 1, s, d):
         out.append(np.frombuffer(buffer, dtype="<i8", count=count, offset=offset))

@@ -109,7 +109,7 @@ def convert_token_file(
 
 def _write(
     files: list[TokenFile],
-    output_prefix,
+    output_prefix: str | os.PathLike[str],
     metadata: dict | None = None,
     dtype_codes: DtypeCodes = "auto",
 ) -> Sidecar:

@@ -125,9 +125,8 @@ def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
     except FormatError:
         source.close()
         raise
-    if per_sequence:
-        documents = None
-    return Opened(os.getpid(), header, lengths, pointers, documents, modes, source, per_sequence)
+    kept = None if per_sequence else documents
+    return Opened(os.getpid(), header, lengths, pointers, kept, modes, source, per_sequence)
 
 
 def _same_index(file: PairSpec, opened: list[int], retry: bool) -> bool:
@@ -239,7 +238,7 @@ def _bin_size(bin_path: str) -> int:
         raise read_error(exc, bin_path, "token data") from None
 
 
-def _read_index(file: PairSpec, opened: list[int], *, finish: bool = True):
+def _read_index(file: PairSpec, opened: list[int], *, finish: bool = True) -> memoryview:
     """The ``.idx`` bytes (a mapping in mmap mode); its device and inode go to ``opened``. No
     ``.idx`` while a replacement is half published: wait for its writer, or finish it when the
     writer was killed (``atomic.finish_publish``), and read the result."""
@@ -250,7 +249,7 @@ def _read_index(file: PairSpec, opened: list[int], *, finish: bool = True):
             st = os.fstat(f.fileno())
             opened[:] = [st.st_dev, st.st_ino]
             if file.mode is ReadMode.MMAP and st.st_size > 0:  # a mapping that keeps no descriptor
-                return memoryview(map_readonly(f.fileno(), st.st_size))
+                return map_readonly(f.fileno(), st.st_size).data
             return memoryview(f.read())
     except FileNotFoundError as exc:
         if finish and "://" not in file.idx_path and _finished(file.idx_path):
@@ -313,7 +312,13 @@ def _missing_index(exc: OSError, path: str) -> StorageError:
     )
 
 
-def _check_bin_size(header, lengths, pointers, source: ByteSource, path: str) -> None:
+def _check_bin_size(
+    header: IndexHeader,
+    lengths: np.ndarray,
+    pointers: np.ndarray,
+    source: ByteSource,
+    path: str,
+) -> None:
     if header.sequence_count == 0:
         expected = 0
     else:

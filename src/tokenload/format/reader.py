@@ -280,7 +280,7 @@ CHECK_CHUNK = 1 << CHECK_SHIFT
 _ALL = np.logical_and.reduce
 
 
-def _check_chunks(state, sequences: np.ndarray, path: str) -> None:
+def _check_chunks(state: Opened, sequences: np.ndarray, path: str) -> None:
     """Check the pointers of every chunk of sequences that ``sequences`` touch and that was not
     checked yet, and mark them; ``FormatError`` naming the first bad sequence of a chunk."""
     n = state.header.sequence_count
@@ -300,7 +300,7 @@ def _check_chunks(state, sequences: np.ndarray, path: str) -> None:
         state.unverified -= 1
 
 
-def _bad_steps(state, begin: int, end: int) -> np.ndarray:
+def _bad_steps(state: Opened, begin: int, end: int) -> np.ndarray:
     """Offsets in ``[begin, end)`` of the sequences whose next pointer (or the end of ``.bin``)
     is not their pointer plus their length."""
     bounds = np.empty(end - begin + 1, dtype=np.int64)
@@ -310,7 +310,7 @@ def _bad_steps(state, begin: int, end: int) -> np.ndarray:
     return np.flatnonzero(np.diff(bounds) != sizes)
 
 
-def _pointer_gap(state, sequences: np.ndarray, path: str) -> FormatError:
+def _pointer_gap(state: Opened, sequences: np.ndarray, path: str) -> FormatError:
     """The error for a sequence whose next pointer (or the end of ``.bin``) is not its own pointer
     plus its length: the index is damaged, and reading it would return other tokens."""
     i = int(sequences[0])

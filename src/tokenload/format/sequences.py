@@ -22,6 +22,7 @@ import os
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -96,7 +97,14 @@ def write_sequences(path: str | os.PathLike[str], entries: Mapping[str, Sequence
         write_bytes_atomic(path, data)
 
 
-def counts_of(token_file) -> SequenceCounts:
+class _Headed(Protocol):
+    """A token file whose header is known (``reader.TokenFile``)."""
+
+    @property
+    def header(self) -> IndexHeader: ...
+
+
+def counts_of(token_file: _Headed) -> SequenceCounts:
     """The entry of an opened ``TokenFile``: its header's counts verbatim, and its dtype."""
     header = token_file.header
     return SequenceCounts(header.sequence_count, header.document_count, header.dtype)
@@ -156,7 +164,7 @@ def _local_copy(path: str) -> str:
     return copy
 
 
-def _counts(path: str, prefix: str, value) -> tuple[int, int]:
+def _counts(path: str, prefix: str, value: Any) -> tuple[int, int]:
     ok = (
         isinstance(value, list)
         and len(value) == 2
@@ -172,7 +180,7 @@ def _counts(path: str, prefix: str, value) -> tuple[int, int]:
     return value[0], value[1]
 
 
-def _dtypes(path: str, value) -> dict[str, np.dtype]:
+def _dtypes(path: str, value: Any) -> dict[str, np.dtype]:
     if not isinstance(value, dict) or not all(v in _TOKEN_DTYPES for v in value.values()):
         raise _malformed(
             path,

@@ -16,7 +16,8 @@ import os
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
@@ -37,6 +38,9 @@ from .atomic import (
 )
 from .idx import dtype_code, encode_index, prefix_of
 from .sidecar import Sidecar, sidecar_path
+
+if TYPE_CHECKING:
+    from .reader import TokenFile
 
 _COPY_CHUNK = 64 << 20
 
@@ -86,7 +90,7 @@ class TokenFileWriter:
     def _write(self, tokens: np.ndarray) -> None:
         self._write_bytes(self._file_tokens(tokens).data)
 
-    def _write_bytes(self, data) -> None:
+    def _write_bytes(self, data: bytes | memoryview) -> None:
         if self._adopted is not None:
             raise FormatError(
                 "cannot add tokens after adopt(): the .bin is another file's",
@@ -201,7 +205,7 @@ class TokenFileWriter:
         if self.multimodal:
             self._modes.extend([0] * lens.size)
 
-    def append(self, source) -> None:
+    def append(self, source: str | os.PathLike[str] | TokenFile) -> None:
         """Append every document of another token file (Megatron ``add_index``); same dtype only."""
         from .reader import TokenFile
 
@@ -243,7 +247,7 @@ class TokenFileWriter:
 
         sidecar = read_sidecar(source)
         digest = None if sidecar is None else sidecar.hashes.get("bin", {}).get("xxh3_64")
-        if digest is None or self.multimodal:
+        if sidecar is None or digest is None or self.multimodal:
             return False
         other = TokenFile(source, mode="pread")
         if other.dtype != self.dtype or other.num_tokens * self.dtype.itemsize != sidecar.bin_bytes:
@@ -383,7 +387,12 @@ class TokenFileWriter:
     def __enter__(self) -> TokenFileWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if exc_type is None:
             if not self._closed:
                 self.finalize()

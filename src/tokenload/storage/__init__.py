@@ -10,9 +10,16 @@ client library's usual sources.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .local_copies import cached_copy, fetch_copy, file_size, local_folder, local_path
 from .options import StorageOptions
 from .remote import is_url, stats
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..byte_source import ByteSource
 
 __all__ = [
     "StorageOptions",
@@ -27,7 +34,7 @@ __all__ = [
 ]
 
 
-def open_remote_bin(url: str, dtype):
+def open_remote_bin(url: str, dtype: np.dtype) -> ByteSource:
     """A ``byte_source.ByteSource`` reading the ``.bin`` object at ``url`` in chunks."""
     from .chunks import RemoteBin
 

@@ -38,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -140,7 +141,7 @@ class RemoteBin(CheckedSource):
             tokens = np.frombuffer(buffer, dtype=self.dtype)
             tokens.flags.writeable = False
             view = memoryview(buffer)
-        mine: Future | None = None
+        mine: Future[np.ndarray] | None = None
         with self._lock:
             if k in self._chunks:  # started by another thread meanwhile
                 return self._chunks[k]
@@ -148,6 +149,7 @@ class RemoteBin(CheckedSource):
                 self._executor = ThreadPoolExecutor(
                     self.options.get_threads, thread_name_prefix="tokenload-get"
                 )
+            parts: list[Future[Any]]
             if tokens is not None:
                 parts = [
                     self._executor.submit(self._part, view[a : a + step], first + a)
@@ -265,7 +267,11 @@ class RemoteBin(CheckedSource):
         return np.concatenate(parts)
 
     def _read_spans(
-        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype=None
+        self,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        ends: np.ndarray,
+        dtype: np.dtype | None = None,
     ) -> np.ndarray:
         c = self.chunk_tokens
         one_chunk = int(starts.min()) // c == (int(ends.max()) - 1) // c if starts.size else False

@@ -53,9 +53,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import ConfigError
+
+T = TypeVar("T")
 
 MIB = 1 << 20
 
@@ -179,11 +183,11 @@ def read_retry_window() -> float | None:
     return _read_window_s
 
 
-def _flag(env, name: str) -> bool:
+def _flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _number(env, name: str, default, kind):
+def _number(env: Mapping[str, str], name: str, default: T, kind: Callable[[str], T]) -> T:
     text = env.get(name)
     if text is None or not text.strip():
         return default

@@ -15,7 +15,7 @@ _NO_READ = "this user may not read the file: check its permissions (ls -l) or ru
 _NO_WRITE = "this user may not write in the output folder: check its permissions or choose another"
 _KEPT_CLEAN = "; nothing half-written was left behind"
 
-_READ_HINTS = {
+_READ_HINTS: dict[int | None, str] = {
     errno.ENOENT: "check the path prefix: PREFIX.idx and PREFIX.bin must both exist",
     errno.EACCES: _NO_READ,
     errno.EPERM: _NO_READ,
@@ -28,7 +28,7 @@ _READ_HINTS = {
     ),
 }
 
-_WRITE_HINTS = {
+_WRITE_HINTS: dict[int | None, str] = {
     errno.ENOSPC: (
         "the filesystem is full: free space or choose an output folder on another filesystem"
         + _KEPT_CLEAN

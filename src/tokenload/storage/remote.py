@@ -177,8 +177,8 @@ def ranged_get_into(
     tag = str(answer.get("ETag", "")).strip('"') or None
     sent = min(int(answer.get("ContentLength", len(out))), len(out))
     body = answer["Body"]
-    stream = getattr(body, "_raw_stream", None)
-    source = getattr(stream, "_fp", None)
+    stream: Any = getattr(body, "_raw_stream", None)
+    source: Any = getattr(stream, "_fp", None)
     if not hasattr(source, "readinto") or not hasattr(stream, "release_conn"):
         data = body.read()
         out[: len(data)] = data
@@ -204,7 +204,7 @@ def _fill(source: Any, out: memoryview) -> None:
         got += n
 
 
-def _botocore(options: StorageOptions | None = None):
+def _botocore(options: StorageOptions | None = None) -> Any:
     options = options or StorageOptions.from_env()
     key = (
         "botocore",
@@ -384,10 +384,10 @@ def _stop(
     """Why a request that failed ``attempt + 1`` times is given up (None: retried), and how the
     retry warning states the limit."""
     now = time.monotonic()
-    fail_fast = _first_contact_retries is not None and _silent_since is not None
-    if silent and _failing_fast() and fail_fast:
-        quiet = now - _silent_since[1]
-        most = min(options.retries, _first_contact_retries)
+    since, first_retries = _silent_since, _first_contact_retries
+    if silent and _failing_fast() and first_retries is not None and since is not None:
+        quiet = now - since[1]
+        most = min(options.retries, first_retries)
         if attempt >= most:
             return f"still after {attempt} retries", ""
         if quiet + wait + options.attempt_s > options.first_contact_s:

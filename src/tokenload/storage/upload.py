@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..errors import StorageError
 from .local_copies import cached_copy
@@ -136,7 +137,7 @@ def remove_folder(url: str, options: StorageOptions | None = None) -> None:
     call(url, "delete the emptied folder", _removal(fs.rm_file, path + "/"), options)
 
 
-def _removal(remove, what) -> Callable[[], None]:
+def _removal(remove: Callable[[Any], object], what: Any) -> Callable[[], None]:
     """``remove(what)`` as a call that finds nothing to remove fine."""
 
     def run() -> None:
