@@ -12,11 +12,11 @@ from the input tokens, then padded labels lose their loss and pad ids become 0.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..contract import Allocator  # items take it from the loader's contract
 from ..errors import ConfigError
 
 
@@ -71,10 +71,6 @@ class ItemConfig:
 
 
 _INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
-
-Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
-"""Returns an uninitialized array of the given shape and dtype (``np.empty`` by default; a loader
-worker passes one that places the fields straight into shared memory)."""
 
 
 def build_items(
