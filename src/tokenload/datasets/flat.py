@@ -15,6 +15,7 @@ import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ..contract import MixtureCursors, SourceInfo, Sources
 from ..errors import ConfigError
@@ -101,7 +102,7 @@ class FlatTokenDataset:
             windows[sel] = KeyedPermutation(n, self.config.seed, epoch)(within[sel])
         return windows * self.config.block_size
 
-    def read_batch(self, indices) -> dict[str, np.ndarray]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, np.ndarray]:
         """The raw windows (file dtype)."""
         starts = self.window_starts(np.asarray(indices))
         span = self.config.block_size + 1
@@ -121,7 +122,7 @@ class FlatTokenDataset:
         np.copyto(labels, rows[:, 1:])
         return {"tokens": tokens, "labels": labels}
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+    def __getitems__(self, indices: npt.ArrayLike) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:

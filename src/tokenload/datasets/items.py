@@ -108,6 +108,7 @@ def build_items(
         loss_mask[is_eod] = 0.0
     position_ids = new((batch, seq), _INT64)
     if cfg.reset_position_ids or cfg.inter_document_masking:
+        assert is_eod is not None  # needs_eod
         np.subtract(_positions(seq)[None, :], _segment_starts(is_eod), out=position_ids)
     else:
         np.copyto(position_ids, _positions(seq))
@@ -117,6 +118,7 @@ def build_items(
             batch, seq, is_eod if cfg.reset_attention_mask else None
         )
     if cfg.inter_document_masking:
+        assert is_eod is not None  # needs_eod
         out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
     if padded or pad >= 0 or not extra:
         _clear_padding(text, tokens, labels, loss_mask, pad, extra)

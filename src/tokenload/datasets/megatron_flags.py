@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import megatron_args
 from ..distributed import World
@@ -83,7 +83,7 @@ _BATCH_SCHEDULES = ("--rampup-batch-size", "--step-batch-size-schedule")
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are ConfigErrors, not a usage message and ``SystemExit``."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise ConfigError(f"Megatron flags: {message}", hint="check the flag against Megatron's")
 
 

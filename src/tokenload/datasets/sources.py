@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from ..byte_source import gather_index
@@ -41,7 +42,11 @@ class MockSource:
         )
 
     def read_pieces(
-        self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype=None
+        self,
+        sequences: np.ndarray,
+        offsets: np.ndarray,
+        lengths: np.ndarray,
+        dtype: npt.DTypeLike | None = None,
     ) -> np.ndarray:
         sequences = np.asarray(sequences, dtype=np.int64)
         offsets = np.asarray(offsets, dtype=np.int64)
@@ -50,7 +55,7 @@ class MockSource:
         last = np.repeat(self.sequence_lengths[sequences].astype(np.int64) - 1, lengths)
         return np.where(within == last, self.eod_id, (within + 1) % self.vocab_size)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[MockSource], tuple[int, int]]:
         return (MockSource, (self.vocab_size, self.eod_id))
 
 
@@ -69,11 +74,11 @@ def index_digest(source: TokenFile, *, cached: bool = True) -> str:
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         if key in _INDEX_DIGESTS:
             return _INDEX_DIGESTS[key]
-    h = xxhash.xxh3_64(source.sequence_lengths)
+    h = xxhash.xxh3_64(source.sequence_lengths)  # type: ignore[arg-type]  # a buffer
     if getattr(source, "documents_from_sequences", False):
         h.update(b"each sequence is a document")  # no boundaries recorded: nothing to read
     else:
-        h.update(source.document_indices)
+        h.update(source.document_indices)  # type: ignore[arg-type]
     digest = h.hexdigest()
     if key is not None:
         _INDEX_DIGESTS[key] = digest

@@ -120,7 +120,7 @@ def keyed_bijection(
 
 def keyed_windows(
     positions: np.ndarray,
-    epochs: np.ndarray,
+    epochs: np.ndarray | None,
     num_windows: np.ndarray,
     seeds: np.ndarray,
     block_size: int | None,

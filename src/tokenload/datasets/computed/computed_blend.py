@@ -20,14 +20,15 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...contract import MixtureCursors, Sources
 from ...errors import StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
 from ...index.mixture import MixtureState
-from ...index.schedule import ScheduledMixture, check_schedule
-from ..items import Allocator, build_items
+from ...index.schedule import Schedule, ScheduledMixture, check_schedule
+from ..items import Allocator, ItemConfig, build_items
 
 __all__ = ["ComputedBlendedDataset"]
 
@@ -35,7 +36,15 @@ __all__ = ["ComputedBlendedDataset"]
 class _Items:
     """``__getitems__``/``__getitem__`` over ``read_batch`` and ``finish_batch``."""
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def __getitems__(self, indices: npt.ArrayLike) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
@@ -55,7 +64,7 @@ class ComputedBlendedDataset(_Items):
         block_size: int | None = None,
         period: int = DEFAULT_PERIOD,
         startup_phases: dict[str, float] | None = None,
-        schedule=None,
+        schedule: Sequence[tuple[int, Sequence[float]]] | None = None,
     ) -> None:
         self.datasets = list(datasets)
         if len({d.item for d in self.datasets}) > 1:
@@ -85,7 +94,7 @@ class ComputedBlendedDataset(_Items):
         return self._length
 
     @property
-    def item(self):
+    def item(self) -> ItemConfig:
         return self.datasets[0].item
 
     @property
@@ -101,7 +110,7 @@ class ComputedBlendedDataset(_Items):
         text = f"{self.order_fingerprint}|{'|'.join(sorted(self.sources))}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def read_batch(self, indices) -> dict[str, Any]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size and int(idx.max()) >= len(self):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
@@ -200,7 +209,7 @@ class ComputedBlendedDataset(_Items):
                 " saved run",
             )
         saved = MixtureState.from_dict(state)
-        phase = state.get("phase")
+        phase: Any = state.get("phase")
         if saved.consumed > len(self):
             raise StateError(
                 f"the mixture state was saved after {saved.consumed} samples; this blend holds"
@@ -216,7 +225,7 @@ class ComputedBlendedDataset(_Items):
         return "weights" if same_sources else "sources"
 
 
-def _saved_schedule(phase: dict[str, Any]):
+def _saved_schedule(phase: Any) -> Schedule | None:
     """The schedule a state's chain served (a state of a blend without one: its weights)."""
     try:
         return check_schedule(phase.get("schedule") or [(0, phase.get("weights"))])

@@ -54,13 +54,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import ConfigError
-from ...format import read_sequences
+from ...format import TokenFile, read_sequences
 from ...index import MOCK_SPLIT, plan_splits
 from ...index.interleave import DEFAULT_PERIOD
-from ...index.plan import MidLevelPlan
+from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import WindowGrid, window_pieces
 from ..config import MegatronDataConfig, as_blend
@@ -131,7 +132,7 @@ class ComputedGPTDataset(_Items):
         text = f"computed|{self.identity}|{self.seed}|{self.block_size}|{self.item!r}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def windows_of(self, indices) -> np.ndarray:
+    def windows_of(self, indices: npt.ArrayLike) -> np.ndarray:
         """int64 window number of each dataset index (the order, no read)."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if not idx.size:
@@ -154,7 +155,7 @@ class ComputedGPTDataset(_Items):
             starts.size, width
         )
 
-    def read_batch(self, indices) -> dict[str, Any]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         return {"windows": self.read_windows(self.windows_of(indices)), "padded": False}
 
     def finish_batch(
@@ -170,7 +171,9 @@ class ComputedGPTDataset(_Items):
             self._pointers = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)])
         return self._pointers, lengths, 1
 
-    def documents_of(self, windows: np.ndarray):
+    def documents_of(
+        self, windows: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The document pieces of windows (``index.windows.window_pieces``)."""
         pointers, lengths, itemsize = self._pointer_array()
         e = self.extent
@@ -178,7 +181,9 @@ class ComputedGPTDataset(_Items):
             self.grid, np.asarray(windows), pointers, lengths, itemsize, e.begin, e.end
         )
 
-    def documents(self, indices):
+    def documents(
+        self, indices: npt.ArrayLike
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Each sample's document pieces ``(sequences, first, lengths, first_offsets)``, as
         ``GPTDataset._pieces`` gives them: which sequences the sample spans, where."""
         return self.documents_of(self.windows_of(indices))
@@ -298,7 +303,7 @@ class ComputedBuilder:
         )
         self._sources: dict[str | None, Any] = {}
 
-    def source(self, prefix: str | None):
+    def source(self, prefix: str | None) -> MockSource | TokenFile:
         """A lazy source per prefix (a ``TokenFile`` opens on its first read)."""
         if prefix not in self._sources:
             self._sources[prefix] = open_source(
@@ -309,6 +314,7 @@ class ComputedBuilder:
     def member(self, mid: MidLevelPlan) -> ComputedGPTDataset:
         source = self.source(mid.prefix)
         if mid.prefix is None:
+            assert isinstance(source, MockSource)
             extent = mock_extent(source, mid.bookend, **self.layout)
         else:
             extent = file_extent(
@@ -337,7 +343,12 @@ class ComputedBuilder:
             block_size=self.block_size,
         )
 
-    def split(self, plan, period: int, schedule=None):
+    def split(
+        self,
+        plan: SplitPlan,
+        period: int,
+        schedule: Sequence[tuple[int, Sequence[float]]] | None = None,
+    ) -> ComputedGPTDataset | ComputedBlendedDataset:
         members = [self.member(mid) for mid in plan.datasets]
         if not plan.blended:
             if schedule is not None:
@@ -365,7 +376,9 @@ class ComputedBuilder:
                 hint="drop the prefix from the blend, change the split string or use a shorter"
                 " sequence length",
             )
+        weights: Sequence[float]
         if plan.weights is not None:
+            assert plan.size is not None  # a weighted blend's size is given
             weights, length = list(plan.weights), int(plan.size)
         else:
             weights = windows

@@ -23,6 +23,7 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from ...errors import FormatError
@@ -30,6 +31,7 @@ from ...format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
 from ...format.legacy import is_legacy
 from ...format.sequences import SequencesFile, check_counts, check_index_size
 from ...index import split_range
+from ...index.splits import Bookend
 from ...index.windows import WindowGrid
 from ...storage import file_size, local_path
 from ...storage.os_errors import read_error
@@ -89,7 +91,7 @@ def _check_step(i: int, pointers: tuple[int, ...], length: int, dtype: np.dtype,
 
 def file_extent(
     prefix: str,
-    bookend,
+    bookend: Bookend,
     sequences: SequencesFile | None,
     *,
     sequence_length: int,
@@ -108,6 +110,7 @@ def file_extent(
         raise read_error(exc, idx_path, "the index") from None
     try:
         entry = None if sequences is None else sequences.entry(prefix)
+        source = None if sequences is None else sequences.path  # where the counts come from
         if entry is not None and entry.dtype is not None:
             n, d, dtype = entry.sequence_count, entry.document_count, np.dtype(entry.dtype)
             # the counts are the JSON's: a file changed since is named with both files, as the
@@ -118,7 +121,7 @@ def file_extent(
                 (n, d),
                 dtype,
                 multimodal=None,
-                source=sequences.path,
+                source=source,
             )
         else:
             size = os.fstat(fd).st_size
@@ -130,7 +133,7 @@ def file_extent(
                 return _opened_extent(prefix, bookend, layout, read_mode)
             if entry is not None:  # counts without a dtype: the header must hold them
                 counts = (entry.sequence_count, entry.document_count)
-                check_counts(header, counts, idx_path, sequences.path)
+                check_counts(header, counts, idx_path, source)
             n, d, dtype = header.sequence_count, header.document_count, header.dtype
         begin, end = split_range(bookend, n)
         sampled = b""
@@ -169,7 +172,9 @@ def file_extent(
     )
 
 
-def _opened_extent(prefix: str, bookend, layout: tuple[int, int], read_mode: str) -> Extent:
+def _opened_extent(
+    prefix: str, bookend: Bookend, layout: tuple[int, int], read_mode: str
+) -> Extent:
     """Legacy and float indices: their reader decides (it opens the file; rare formats)."""
     tf = open_token_file(prefix, read_mode, None)
     begin, end = split_range(bookend, tf.num_sequences)
@@ -187,7 +192,15 @@ def _opened_extent(prefix: str, bookend, layout: tuple[int, int], read_mode: str
     return _extent(begin, end, grid.first_token, grid.num_tokens, tf.dtype, facts, layout)
 
 
-def _extent(begin, end, first_token, num_tokens, dtype, facts, layout: tuple[int, int]) -> Extent:
+def _extent(
+    begin: int,
+    end: int,
+    first_token: int,
+    num_tokens: int,
+    dtype: npt.DTypeLike,
+    facts: str,
+    layout: tuple[int, int],
+) -> Extent:
     """``layout``: (sequence length, extra token)."""
     grid = WindowGrid(
         first_token=first_token,
@@ -201,7 +214,9 @@ def _extent(begin, end, first_token, num_tokens, dtype, facts, layout: tuple[int
     return Extent(begin=begin, end=end, grid=grid, dtype=np.dtype(dtype), identity=identity)
 
 
-def mock_extent(source: MockSource, bookend, *, sequence_length: int, extra: int) -> Extent:
+def mock_extent(
+    source: MockSource, bookend: Bookend, *, sequence_length: int, extra: int
+) -> Extent:
     lengths = source.sequence_lengths
     begin, end = split_range(bookend, len(lengths))
     first = int(np.sum(lengths[:begin], dtype=np.int64))

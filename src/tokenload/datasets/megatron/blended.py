@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...contract import MixtureCursors, Sources
 from ...index.blends import distinct_sources
@@ -62,7 +63,7 @@ class BlendedDataset:
         members = "|".join(d.fingerprint for d in self.datasets)
         return hashlib.sha256(f"{self.identity}|{members}".encode()).hexdigest()[:16]
 
-    def read_batch(self, indices) -> dict[str, Any]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """Windows of every member present in the batch, scattered back into batch order."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
@@ -113,7 +114,7 @@ class BlendedDataset:
         out["dataset_id"] = batch["dataset_id"]
         return out
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+    def __getitems__(self, indices: npt.ArrayLike) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:

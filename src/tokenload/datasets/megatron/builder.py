@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,7 +46,8 @@ from ...caches import (
 )
 from ...distributed import World, barrier, process_group
 from ...errors import ConfigError
-from ...format import read_sequences
+from ...format import TokenFile, read_sequences
+from ...format.sequences import SequencesFile
 from ...index import (
     MOCK_SPLIT,
     SPLIT_NAMES,
@@ -60,10 +61,11 @@ from ...index import (
 )
 from ...index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
 from ...index.plan import MidLevelPlan, SplitPlan
+from ...index.splits import SplitMatrix
 from ...metrics import Phases
 from ...storage import is_url, local_folder
 from ..config import MegatronDataConfig, as_blend
-from ..sources import file_facts, open_source
+from ..sources import MockSource, file_facts, open_source
 from .blended import BlendedDataset
 from .cache_match import gpt_cache_mismatches
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
@@ -75,6 +77,7 @@ from .policy import Role, missing_cache, prepare_command, resolve
 __all__ = [
     "BUILD_THREADS",
     "BuiltDataset",
+    "BuiltMember",
     "MegatronBuilder",
     "MegatronOptions",
     "build_megatron_datasets",
@@ -110,12 +113,18 @@ class MegatronOptions:
 
 @dataclass(frozen=True)
 class BuiltDataset:
-    """A dataset the build made, with its build-manifest entry (None when no cache backs it)
-    and, for a per-prefix dataset, Megatron's unique identifiers (its cache's description)."""
+    """A dataset the build made, with its build-manifest entry (None when no cache backs it)."""
 
     dataset: Any
     entry: dict[str, Any] | None
-    identifiers: OrderedDict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class BuiltMember(BuiltDataset):
+    """A per-prefix (mid-level) dataset, with Megatron's unique identifiers (its cache's
+    description), of which a blend's identifiers are made."""
+
+    identifiers: OrderedDict[str, Any]
 
 
 def build_megatron_datasets(
@@ -142,7 +151,7 @@ class MegatronBuilder:
         self._sources: dict[str | None, Any] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
         self._facts: dict[str | None, dict[str, Any] | None] = {}
-        self._sequences: dict[str, Any] | None = None
+        self._sequences: SequencesFile | None = None
         self._phases = Phases()
         self._lock = threading.Lock()
         # auto on many ranks: the writer serves from memory and writes the caches behind its
@@ -160,7 +169,7 @@ class MegatronBuilder:
             with self._lock:  # builder threads add up into one dict
                 self._phases.add(name, time.perf_counter() - start)
 
-    def source(self, prefix: str | None):
+    def source(self, prefix: str | None) -> MockSource | TokenFile:
         if prefix not in self._sources:
             c = self.config
             if prefix is not None and c.sequences_path is not None and self._sequences is None:
@@ -169,7 +178,7 @@ class MegatronBuilder:
         return self._sources[prefix]
 
     # -- the policy around one build ------------------------------------------------------------
-    def build(self, sizes: list[int | None]):
+    def build(self, sizes: list[int | None]) -> tuple[Any | None, Any | None, Any | None]:
         self.sizes = list(sizes)  # a Megatron-order schedule plans each entry (megatron_mixture)
         why = f"build_policy={self.options.build_policy!r}"
         if self.sync and process_group() is None:
@@ -199,7 +208,7 @@ class MegatronBuilder:
     def _mixture_mode(self) -> bool:
         return mixture_mode(self.options.mixture_change, self.config.weights_schedule)
 
-    def _build(self, sizes: list[int | None]):
+    def _build(self, sizes: list[int | None]) -> tuple[Any | None, Any | None, Any | None]:
         c = self.config
         # a blend whose mixture changes wraps its datasets (continuable): no manifest
         manifest = None if self._mixture_mode() else self._manifest_file(sizes)
@@ -207,7 +216,7 @@ class MegatronBuilder:
             with self._phase("index_load"):
                 found = read_manifest(manifest.path, manifest.key)
             if found is not None:
-                return tuple(None if e is None else self._from_entry(e) for e in found["splits"])
+                return _three([None if e is None else self._from_entry(e) for e in found["splits"]])
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
         per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
@@ -247,10 +256,10 @@ class MegatronBuilder:
         elif manifest is not None:
             with self._phase("cache_write"):
                 self._cache.write_manifest(manifest, entries)
-        return tuple(None if b is None else b.dataset for b in built)
+        return _three([None if b is None else b.dataset for b in built])
 
     # -- datasets from a manifest ---------------------------------------------------------------
-    def _from_entry(self, entry: Mapping[str, Any]):
+    def _from_entry(self, entry: Mapping[str, Any]) -> GPTDataset | BlendedDataset:
         folder = self.options.path_to_cache
         assert folder is not None  # a manifest is read only from path_to_cache
         indices = IndexArrays(
@@ -273,7 +282,9 @@ class MegatronBuilder:
         )
 
     # -- datasets from the plan -----------------------------------------------------------------
-    def _split(self, name: str, plan: SplitPlan, split: str | None, matrix) -> BuiltDataset:
+    def _split(
+        self, name: str, plan: SplitPlan, split: str | None, matrix: SplitMatrix | None
+    ) -> BuiltDataset:
         with self._phase("header_reads"):
             self._check_dtypes(name, [mid.prefix for mid in plan.datasets])
         mids = self._mids(name, plan, split, matrix)
@@ -286,7 +297,7 @@ class MegatronBuilder:
         )
         description = describe(uid)
 
-        def build():
+        def build() -> dict[str, np.ndarray]:
             if size is None:
                 di, dsi = build_exhaustive_blending_indices(weights)
             else:
@@ -333,7 +344,9 @@ class MegatronBuilder:
             entry = None
         return BuiltDataset(dataset, entry)
 
-    def _mids(self, name: str, plan: SplitPlan, split: str | None, matrix) -> list[BuiltDataset]:
+    def _mids(
+        self, name: str, plan: SplitPlan, split: str | None, matrix: SplitMatrix | None
+    ) -> list[BuiltMember]:
         """The split's mid-level datasets, the missing ones built in threads when there are many."""
         threads = self._threads()
         if len(plan.datasets) == 1 or threads < 2 or self.role is Role.READ:
@@ -356,6 +369,10 @@ class MegatronBuilder:
         )
         return max(1, min(BUILD_THREADS, cores // max(self.world.local_world_size, 1)))
 
+    def _token_file(self, prefix: str) -> TokenFile:
+        """The source of a prefix (not the mock data's None): a token file."""
+        return cast(TokenFile, self.source(prefix))
+
     def _lengths(self, prefix: str | None) -> np.ndarray:
         """Sequence lengths in RAM: the index build gathers from them at random, which is about
         twice as fast from an anonymous copy as from the mapped .idx (Megatron copies too)."""
@@ -366,12 +383,12 @@ class MegatronBuilder:
     def _file_facts(self, prefix: str | None) -> dict[str, Any] | None:
         """``file_facts`` once per prefix (a prefix serves up to three splits)."""
         if prefix not in self._facts:
-            self._facts[prefix] = None if prefix is None else file_facts(self.source(prefix))
+            self._facts[prefix] = None if prefix is None else file_facts(self._token_file(prefix))
         return self._facts[prefix]
 
     def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
         """A blend mixes token files of one dtype only: another dtype means another tokenizer."""
-        dtypes = {p: self.source(p).dtype for p in prefixes if p is not None}
+        dtypes = {p: self._token_file(p).dtype for p in prefixes if p is not None}
         if len(set(dtypes.values())) > 1:
             listing = ", ".join(f"{p} ({d})" for p, d in dtypes.items())
             raise ConfigError(
@@ -390,7 +407,9 @@ class MegatronBuilder:
         if int(np.sum(lengths[beg:end], dtype=np.int64)) == 0:
             raise _empty_split(name, mid, beg, end, len(lengths), split)
 
-    def _mid(self, name: str, mid: MidLevelPlan, split: str | None, matrix) -> BuiltDataset:
+    def _mid(
+        self, name: str, mid: MidLevelPlan, split: str | None, matrix: SplitMatrix | None
+    ) -> BuiltMember:
         c, options = self.config, self.options
         source = self.source(mid.prefix)
         with self._phase("header_reads"):
@@ -417,7 +436,7 @@ class MegatronBuilder:
         documents = np.arange(beg, end, dtype=np.int32)
         tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
 
-        def build():
+        def build() -> dict[str, np.ndarray]:
             idx = build_gpt_indices(lengths, documents, num_samples=mid.num_samples, config=gpt)
             return {
                 "document_index": idx.document_index,
@@ -443,7 +462,7 @@ class MegatronBuilder:
             "token_file": facts,
         }
 
-        def consistent(arrays):  # a cache without a sidecar (Megatron's) against the lengths
+        def consistent(arrays: dict[str, np.ndarray]) -> list[str]:  # a sidecar-less cache
             return gpt_cache_mismatches(
                 arrays, lengths, beg, end, sequence_length=c.sequence_length, extra=gpt.extra
             )
@@ -472,7 +491,12 @@ class MegatronBuilder:
                 identity=identity,
                 token_file=facts,
             )
-        return BuiltDataset(dataset, entry, uid)
+        return BuiltMember(dataset, entry, uid)
+
+
+def _three(splits: list[Any]) -> tuple[Any | None, Any | None, Any | None]:
+    """The (train, valid, test) tuple of a list of the three splits."""
+    return cast("tuple[Any | None, Any | None, Any | None]", tuple(splits))
 
 
 def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
@@ -493,7 +517,7 @@ def _empty_split(
         f"the {name} split of {mid.prefix} holds no tokens ({share}: sequences {beg}..{end} of "
         f"{count}) but {mid.num_samples} samples were requested; expected a split with at least "
         "one non-empty sequence",
-        path=mid.prefix + ".bin",
+        path=None if mid.prefix is None else mid.prefix + ".bin",
         hint="change the split string (e.g. '98,2,0' on a small file leaves the valid split "
         f"empty), ask for no {name} samples, or give the {name} split more data",
     )

@@ -93,7 +93,13 @@ def _document_reasons(documents: np.ndarray, begin: int, end: int) -> list[str]:
     return []
 
 
-def _sample_reasons(samples, lengths, documents, sequence_length: int, extra: int) -> list[str]:
+def _sample_reasons(
+    samples: np.ndarray,
+    lengths: np.ndarray,
+    documents: np.ndarray,
+    sequence_length: int,
+    extra: int,
+) -> list[str]:
     if samples.ndim != 2 or samples.shape[1] != 2 or not samples.shape[0]:
         return [f"sample_index: shape {samples.shape}, expected (samples + 1, 2)"]
     if not documents.size:
@@ -110,7 +116,14 @@ def _sample_reasons(samples, lengths, documents, sequence_length: int, extra: in
     return []
 
 
-def _sample_rows(rows, first: int, doc_lengths, cum, last: int, sequence_length: int) -> str | None:
+def _sample_rows(
+    rows: np.ndarray,
+    first: int,
+    doc_lengths: np.ndarray,
+    cum: np.ndarray,
+    last: int,
+    sequence_length: int,
+) -> str | None:
     """The check of sample-index rows ``first..`` (one pass's worth)."""
     pos, off = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
     if int(pos.min()) < 0 or int(pos.max()) >= doc_lengths.size or int(off.min()) < 0:

@@ -29,10 +29,12 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ...caches import CacheCheck, CacheFiles, CacheState, check_cache, map_array, write_cache
 from ...errors import CacheError
@@ -96,7 +98,14 @@ class IndexCache:
         """A cache file was written by this build: the build manifest must then follow."""
 
     def indices(
-        self, folder, uid, description, build, fields, expected, consistent=None
+        self,
+        folder: str | None,
+        uid: Mapping[str, Any],
+        description: str,
+        build: Callable[[], dict[str, np.ndarray]],
+        fields: dict[str, Any],
+        expected: Mapping[str, tuple[int, ...]],
+        consistent: Callable[[dict[str, np.ndarray]], list[str]] | None = None,
     ) -> CachedIndices:
         """The dataset's index arrays as the role says, and its manifest entry when cached.
         ``consistent(arrays)``: why a cache without a sidecar (Megatron's) does not fit the

@@ -45,7 +45,7 @@ from ...errors import ConfigError, StateError
 from ...index import Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
 from ...index.plan import MidLevelPlan, SplitPlan
-from ...index.schedule import check_schedule
+from ...index.schedule import Schedule, check_schedule
 from ..config import MegatronDataConfig, as_blend
 from .blended import BlendedDataset
 
@@ -68,7 +68,7 @@ def entry_plans(
     surplus: float,
     sizes: Sequence[int | None],
     prefixes: Sequence[str],
-    schedule,
+    schedule: Sequence[tuple[int, Sequence[float]]],
 ) -> list[EntryPlan]:
     """The train-split plan Megatron makes for each schedule entry's blend (its sources of
     positive weight, with those weights): the weights (normalized twice) and buffers a phase run
@@ -82,6 +82,7 @@ def entry_plans(
         plan = plan_splits(
             blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
         )[0]
+        assert plan is not None  # a train split with samples
         plans.append(EntryPlan(active, plan))
     return plans
 
@@ -116,8 +117,8 @@ class ContinuableBlendedDataset(BlendedDataset):
         members: list[Any],
         *,
         keys: list[str],
-        schedule,
-        plans: list[Any],
+        schedule: Sequence[tuple[int, Sequence[float]]],
+        plans: list[EntryPlan],
         prepared: list[int],
         rebuild: Callable[[int, int], Any],
         allow_change: bool,
@@ -165,6 +166,7 @@ class ContinuableBlendedDataset(BlendedDataset):
             if start == 0 and e == 0:  # Megatron's own blend of the first entry
                 di, dsi = self.megatron.dataset_index, self.megatron.dataset_sample_index
             else:
+                assert plan.weights is not None  # an entry's blend is weighted
                 di, dsi = build_blending_indices(list(plan.weights), end - start)
             self.segments.append(_Segment(start, sources, di, dsi, base))
         self._starts = np.array([s.start for s in self.segments], dtype=np.int64)
@@ -274,7 +276,8 @@ class ContinuableBlendedDataset(BlendedDataset):
         if same:
             cursors = np.array(phase.get("origin_cursors"), dtype=np.int64)
             self.carried = {k: v for k, v in sources.items() if k not in self.sources}
-            self._chain(int(phase.get("origin")), cursors)
+            origin: Any = phase.get("origin")
+            self._chain(int(origin), cursors)
             return "same"
         if not self.allow_change:
             raise StateError(
@@ -291,7 +294,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         return "weights" if set(sources) == set(self.sources) else "sources"
 
 
-def _parse(state: Any, order: str):
+def _parse(state: Any, order: str) -> tuple[int, dict[str, dict[str, int]], dict[str, Any]]:
     if not isinstance(state, dict) or state.get("order") != order:
         found = state.get("order") if isinstance(state, dict) else type(state).__name__
         raise StateError(
@@ -318,7 +321,7 @@ def _parse(state: Any, order: str):
     return consumed, sources, phase
 
 
-def _schedule(phase: dict[str, Any]):
+def _schedule(phase: dict[str, Any]) -> Schedule | None:
     try:
         return check_schedule(phase.get("schedule"))
     except Exception:  # a malformed record never matches: a change, refused or continued
@@ -344,6 +347,7 @@ def continuable(
     prefixes = list(_blend_of(c).prefixes)
     schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
     if schedule is None:
+        assert plan.weights is not None  # the builder wraps weighted blends only
         schedule = [(0, list(plan.weights))]
         entries = [EntryPlan(list(range(len(prefixes))), plan)]
     else:
@@ -358,7 +362,7 @@ def continuable(
     prepared = [0] * len(prefixes)
     for j, ds in enumerate(members):
         i = entries[0].active[j]
-        datasets[i], prepared[i] = ds, plan.datasets[j].num_samples
+        datasets[i], prepared[i] = ds, _prepared(plan.datasets[j])
     template = plan.datasets[0]
 
     def rebuild(i: int, n: int) -> Any:
@@ -368,7 +372,7 @@ def continuable(
         if datasets[i] is None:  # weight 0 in the first entry: prepared by its first positive one
             e = next(e for e, (active, _) in enumerate(entries) if i in active)
             active, p = entries[e]
-            prepared[i] = p.datasets[active.index(i)].num_samples
+            prepared[i] = _prepared(p.datasets[active.index(i)])
             datasets[i] = rebuild(i, prepared[i])
     keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
@@ -385,6 +389,12 @@ def continuable(
         allow_change=allow_change,
         order=order,
     )
+
+
+def _prepared(mid: MidLevelPlan) -> int:
+    """The samples a weighted blend's member is built for (always a number there)."""
+    assert mid.num_samples is not None
+    return mid.num_samples
 
 
 def mixture_mode(mixture_change: str, schedule: object | None) -> bool:

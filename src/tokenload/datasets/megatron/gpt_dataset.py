@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...byte_source import gather_index
 from ...caches import map_array
@@ -76,6 +77,7 @@ class IndexArrays:
                     )
             self._arrays = arrays
             self._pid = os.getpid()
+        assert self._arrays is not None  # given, or mapped just above
         return self._arrays
 
     def corrupt(self, name: str, found: str, expected: str) -> CacheError:
@@ -166,12 +168,12 @@ class GPTDataset:
     def shuffle_index(self) -> np.ndarray:
         return self._arrays()["shuffle_index"]
 
-    def windows(self, indices) -> np.ndarray:
+    def windows(self, indices: npt.ArrayLike) -> np.ndarray:
         """int64 ``(B, S + extra)`` token windows of dataset indices, padded with ``pad_id``."""
         batch = self.read_batch(indices)
         return batch["windows"].astype(np.int64, copy=False)
 
-    def read_batch(self, indices) -> dict[str, Any]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
         short, else int64 padded with ``pad_id``."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
@@ -214,7 +216,9 @@ class GPTDataset:
         (``np.empty``)."""
         return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
 
-    def _pieces(self, arrays: dict[str, np.ndarray], samples: np.ndarray):
+    def _pieces(
+        self, arrays: dict[str, np.ndarray], samples: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Every sample's pieces (Megatron's last micro-batch of a rank may have no sample): their
         sequences, the flat index of each sample's first piece, the pieces' lengths, the offset of
         each first piece in its sequence (other pieces start at 0), and the sample-index rows.
@@ -295,7 +299,7 @@ class GPTDataset:
             f"positions below {len(document_index)} (the document index's length)",
         )
 
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
+    def __getitems__(self, indices: npt.ArrayLike) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))
 
     def __getitem__(self, index: int | None) -> dict[str, np.ndarray]:

@@ -41,9 +41,10 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
@@ -110,7 +111,7 @@ class NeoXGPTDataset(GPTDataset):
         self.num_built = num_built
         """Samples in the sample index (``len(self) + 1``)."""
 
-    def read_batch(self, indices) -> dict[str, Any]:
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size and int(idx.min()) < 0:
             raise IndexError(f"sample indices must be >= 0 (found {int(idx.min())})")
@@ -141,10 +142,11 @@ def build_neox_datasets(
     epochs = _epochs(options.num_epochs, sizes)
     opener = _Opener(config)
     item = config.item_config()
+    built: Sequence[NeoXGPTDataset | BlendedDataset | None]
     if config.blend_per_split is not None:
         built = [
             _weighted(opener, item, config, name, blend, sizes[k], epochs[k], options)
-            for k, (name, blend) in enumerate(zip(SPLIT_NAMES, _per_split(config)))
+            for k, (name, blend) in enumerate(zip(SPLIT_NAMES, _per_split(config.blend_per_split)))
         ]
     else:
         built = _split(opener, item, config, sizes, epochs)
@@ -152,7 +154,7 @@ def build_neox_datasets(
     for ds in built:
         if ds is not None:
             ds.startup_phases = phases
-    return tuple(built)
+    return cast("tuple[Any | None, Any | None, Any | None]", tuple(built))
 
 
 class _Opener:
@@ -285,6 +287,7 @@ def _split(
     epochs: list[int | None],
 ) -> list[NeoXGPTDataset | None]:
     prefix = _single_prefix(config)
+    assert config.split is not None  # MegatronDataConfig: a blend needs a split string
     ranges = neox_split_ranges(config.split, int(opener(prefix).lengths.shape[0]))
     return [
         None
@@ -294,13 +297,13 @@ def _split(
     ]
 
 
-def _per_split(config: MegatronDataConfig) -> list[Blend | None]:
-    if len(config.blend_per_split) != len(SPLIT_NAMES):
+def _per_split(blends: Sequence[Sequence[str] | str | Blend | None]) -> list[Blend | None]:
+    if len(blends) != len(SPLIT_NAMES):
         raise ConfigError(
-            f"blend_per_split has {len(config.blend_per_split)} entries; expected 3 "
+            f"blend_per_split has {len(blends)} entries; expected 3 "
             "(train, valid, test; None for a split without data)"
         )
-    return [as_blend(b) for b in config.blend_per_split]
+    return [as_blend(b) for b in blends]
 
 
 def _weighted(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...distributed import World
 from ...errors import ConfigError, StorageError
@@ -227,7 +227,7 @@ def neox_config_from_yaml(
     ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``.
     """
     many = isinstance(path_or_dict, Sequence) and not isinstance(path_or_dict, (str, bytes))
-    raw = _merge_neox(list(path_or_dict) if many else [path_or_dict])
+    raw = _merge_neox(list(cast(Sequence[Any], path_or_dict)) if many else [path_or_dict])
     _check_neox_keys(raw)
     conf = {**_NEOX_DATA_DEFAULTS, **{k: v for k, v in raw.items() if k in _NEOX_DATA_DEFAULTS}}
     if conf["seq_length"] is None:
