@@ -3,11 +3,23 @@
 Every error a user can cause is a ``TokenloadError`` that also subclasses the builtin a caller
 would catch (``FormatError`` is a ``ValueError``, ``StorageError`` an ``OSError``, ...). Messages
 follow one shape: what was found, what was expected, and a ``HINT:`` line saying what to do.
+
+Messages speak the library's vocabulary: a setting is named by the keyword argument that sets it,
+written between backticks with an ``=`` (``FIELD``): `` `inputs=` ``, or with the value to give,
+as Python writes it or a placeholder, `` `on_bad_record='skip'` ``, `` `eod_id=N` ``. A message
+that states a field's bad value begins with the field, ``workers is 0, expected at least 1``, and
+the error names it (``field="workers"``). The command line shows the same errors with each such
+field rewritten as its flag (one table, ``tokenload.cli.vocabulary``: ``--on-bad-record skip``,
+``--workers is 0``). A hint that asks to run a command quotes the command as typed
+(`` `tokenload verify --hashes` ``): it names no field.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from types import ModuleType
+from typing import Any
 
 __all__ = [
     "TokenloadError",
@@ -18,7 +30,19 @@ __all__ = [
     "CacheError",
     "StateError",
     "MissingExtraError",
+    "FIELD",
+    "fields_named",
 ]
+
+#: A configuration field in a message or hint: its keyword and ``=`` between backticks, then the
+#: value to give (Python's spelling or a placeholder such as ``N``) or nothing. Group 1 is the
+#: keyword, group 2 the value ('' when none). (A reST literal in double backticks is none.)
+FIELD = re.compile(r"(?<!`)`([A-Za-z_][A-Za-z0-9_]*)=([^`]*)`(?!`)")
+
+
+def fields_named(text: str) -> list[str]:
+    """The configuration fields ``text`` names (see ``FIELD``), in order of appearance."""
+    return [match.group(1) for match in FIELD.finditer(text)]
 
 
 class TokenloadError(Exception):
@@ -30,21 +54,32 @@ class TokenloadError(Exception):
         *,
         path: str | os.PathLike[str] | None = None,
         hint: str | None = None,
+        field: str | None = None,
     ) -> None:
+        """``field``: the configuration field whose value ``message`` states, as its first word."""
         self.message = message
         self.path = None if path is None else os.fspath(path)
         self.hint = hint
+        self.field = field
         text = message if self.path is None else f"{self.path}: {message}"
         if hint:
             text = f"{text}\nHINT: {hint}"
         super().__init__(text)
 
-    def __reduce__(self):  # keep the keyword arguments through pickling (DataLoader workers)
-        return (_rebuild, (type(self), self.message, self.path, self.hint))
+    @property
+    def fields(self) -> list[str]:
+        """The configuration fields the message and hint name (each one's keyword)."""
+        stated = [self.field] if self.field else []
+        return stated + fields_named(self.message) + fields_named(self.hint or "")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the keyword arguments through pickling
+        return (_rebuild, (type(self), self.message, self.path, self.hint, self.field))
 
 
-def _rebuild(cls, message, path, hint):
-    return cls(message, path=path, hint=hint)
+def _rebuild(
+    cls: type[TokenloadError], message: str, path: str | None, hint: str | None, field: str | None = None
+) -> TokenloadError:
+    return cls(message, path=path, hint=hint, field=field)
 
 
 class FormatError(TokenloadError, ValueError):
@@ -76,7 +111,7 @@ class MissingExtraError(TokenloadError, ImportError):
     """An optional dependency is needed for the requested feature and is not installed."""
 
 
-def require(module: str, extra: str, feature: str):
+def require(module: str, extra: str, feature: str) -> ModuleType:
     """Import ``module`` or raise ``MissingExtraError`` naming the extra that provides it."""
     import importlib
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .args import positive
+from .vocabulary import to_flags
 
 
 def register(sub) -> None:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch_size, step_ms=args.step_ms, steps=args.steps, compare=args.compare,
     )
     report = diagnose(config)
-    print(format_report(report))
+    print(to_flags(format_report(report)))  # the report names doctor's fields: its flags here
     if args.plot:
         plot(report, args.plot)
         print(f"plot written to {args.plot}")

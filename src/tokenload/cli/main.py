@@ -20,6 +20,7 @@ from typing import Sequence
 
 from .. import __version__
 from ..errors import TokenloadError
+from .vocabulary import error_in_flags
 
 #: Modules under tokenload.cli that register subcommands, in the order ``--help`` lists them.
 COMMANDS = ("demo", "preprocess", "tokenfiles", "cache", "doctor", "state")
@@ -168,9 +169,11 @@ def _stdout_closed() -> bool:
 
 
 def one_line(exc: TokenloadError) -> str:
-    """The error as a single line: message, then the hint in brackets."""
-    text = exc.message if exc.path is None else f"{exc.path}: {exc.message}"
-    return f"{text} [HINT: {exc.hint}]" if exc.hint else text
+    """The error as a single line: message, then the hint in brackets; the configuration fields
+    they name written as the flags that set them (``vocabulary``)."""
+    message, hint = error_in_flags(exc)
+    text = message if exc.path is None else f"{exc.path}: {message}"
+    return f"{text} [HINT: {hint}]" if hint else text
 
 
 def os_error_line(exc: OSError) -> str:

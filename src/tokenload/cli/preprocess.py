@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from .args import positive
@@ -78,14 +79,26 @@ def config_from_args(args: argparse.Namespace):
         on_bad_record=args.on_bad_record,
         num_shards=num_shards,
         shard_index=shard_index,
-        chunk_bytes=int(args.chunk_mb * (1 << 20)),
+        chunk_bytes=_bytes("--chunk-mb", args.chunk_mb, 4),
         resume=not args.restart,
         ray_address=args.ray_address,
         ray_cpus_per_task=args.ray_cpus_per_task,
         ray_tasks_in_flight=args.ray_tasks_in_flight,
-        range_bytes=int(args.range_mb * (1 << 20)),
+        range_bytes=_bytes("--range-mb", args.range_mb, 256),
         **extra,
     )
+
+
+def _bytes(flag: str, mb: float, default: int) -> int:
+    """A size in MB (MiB) as bytes; a value that is no size at all (inf, nan) is refused here, the
+    range of a size by ``PreprocessConfig`` (its errors name the field; ``main`` prints the flag)."""
+    from ..errors import ConfigError
+
+    if not math.isfinite(mb):
+        raise ConfigError(
+            f"{flag} is {mb:g}, expected a finite size", hint=f"omit {flag} for the default of {default} MB"
+        )
+    return int(mb * (1 << 20))
 
 
 def run_preprocess(args: argparse.Namespace) -> int:

@@ -14,7 +14,6 @@ with the reason.
 from __future__ import annotations
 
 import argparse
-import math
 
 
 def add_preprocess_flags(p: argparse.ArgumentParser) -> None:
@@ -30,7 +29,8 @@ def add_preprocess_flags(p: argparse.ArgumentParser) -> None:
 
 
 def check_preprocess_flags(args: argparse.Namespace) -> None:
-    """ConfigError for refused peer flags, a missing tokenizer type and out-of-range sizes."""
+    """ConfigError for refused peer flags and a missing tokenizer type (the values' ranges are
+    ``PreprocessConfig``'s to check: its errors name the fields, which ``main`` prints as flags)."""
     _check_peer_flags(args)
     _check_runtime_flags(args)
 
@@ -262,9 +262,9 @@ def _check_peer_flags(args: argparse.Namespace) -> None:
 
 
 def _check_runtime_flags(args: argparse.Namespace) -> None:
-    """ConfigError for a missing tokenizer type and out-of-range sizes, named by their flags."""
+    """ConfigError for a missing tokenizer type (required here, as in Megatron; a library caller
+    must give a ``TokenizerSpec``, which has no default kind either)."""
     from ..errors import ConfigError
-    from ..preprocess.config import _default_workers
 
     if args.tokenizer_type is None:
         raise ConfigError(
@@ -272,20 +272,4 @@ def _check_runtime_flags(args: argparse.Namespace) -> None:
             hint="pass e.g. --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json,"
             " GPT2BPETokenizer --vocab-file --merge-file, TikTokenizer or GPTSentencePieceTokenizer"
             " --tokenizer-model FILE, or ByteTokenizer (UTF-8 bytes, EOD 256, no files)",
-        )
-    if not (math.isfinite(args.chunk_mb) and args.chunk_mb * (1 << 20) >= 1024):
-        raise ConfigError(
-            f"--chunk-mb is {args.chunk_mb:g}, expected a size of at least 0.001 MB (1 KiB)",
-            hint="omit --chunk-mb for the default of 4 MB per work item",
-        )
-    if not (math.isfinite(args.range_mb) and args.range_mb > 0):
-        raise ConfigError(
-            f"--range-mb is {args.range_mb:g}, expected a positive size",
-            hint="omit --range-mb for the default of 256 MB per byte range",
-        )
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError(
-            f"--workers is {args.workers}, expected at least 1",
-            hint=f"omit --workers to use every usable CPU ({_default_workers()} here), or pass a"
-            " positive count",
         )

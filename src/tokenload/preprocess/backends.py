@@ -132,7 +132,7 @@ def _hf_eod(tok, spec: TokenizerSpec, config_eos: str | None) -> int | None:
     if spec.eod_token:
         raise ConfigError(
             f"EOD token {spec.eod_token!r} is not in the tokenizer's vocabulary",
-            hint="pass an existing token with --eod-token, or an id with --eod-id",
+            hint="pass an existing token as `eod_token=`, or an id as `eod_id=`",
         )
     return None
 
@@ -217,7 +217,7 @@ def _load_gpt2(spec: TokenizerSpec):
         raise ConfigError(
             f"cannot load GPT-2 vocab/merges ({exc})",
             path=spec.vocab_file,
-            hint="pass GPT-2's vocab.json with --vocab-file and merges.txt with --merge-file",
+            hint="pass GPT-2's vocab.json as `vocab_file=` and merges.txt as `merge_file=`",
         ) from None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -265,7 +265,7 @@ def _load_tiktoken(spec: TokenizerSpec):
         raise ConfigError(
             f"cannot tell the split pattern of {Path(spec.model).name!r} from its name",
             path=spec.model,
-            hint="pass --tiktoken-pattern gpt2|cl100k|o200k",
+            hint="pass `tiktoken_pattern=` (gpt2, r50k, p50k, cl100k or o200k)",
         )
     eod_token = spec.eod_token or "<|endoftext|>"
     eod_id = (
@@ -276,7 +276,7 @@ def _load_tiktoken(spec: TokenizerSpec):
     if eod_id in ranks.values():
         raise ConfigError(
             f"EOD id {eod_id} is already a mergeable token of {spec.model}",
-            hint="pass an --eod-id beyond the file's ranks",
+            hint="pass an `eod_id=` beyond the file's ranks",
         )
     enc = tiktoken.Encoding(
         name=stem,
@@ -326,7 +326,7 @@ class SentencePieceTokenizer(TextTokenizer):
             if self.eod_id == sp.unk_id() and spec.eod_token != sp.id_to_piece(sp.unk_id()):
                 raise ConfigError(
                     f"EOD token {spec.eod_token!r} is not in {spec.model}",
-                    hint="pass an existing piece with --eod-token, or --eod-id",
+                    hint="pass an existing piece as `eod_token=`, or an id as `eod_id=`",
                 )
         else:
             self.eod_id = sp.eos_id() if sp.eos_id() >= 0 else None

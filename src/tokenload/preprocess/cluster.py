@@ -53,7 +53,7 @@ MAX_RETRIES = 3
 
 def require_ray():
     """The ray module, or MissingExtraError naming tokenload[ray]."""
-    return require("ray", "ray", "preprocess --executor ray")
+    return require("ray", "ray", "preprocess with `executor='ray'`")
 
 
 def connect(ray, config: PreprocessConfig) -> bool:
@@ -76,7 +76,7 @@ def connect(ray, config: PreprocessConfig) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(
             f"cannot join the Ray cluster at {address!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
-            hint="check --ray-address / RAY_ADDRESS (e.g. HEAD_IP:6379, as `ray start --head` prints)"
+            hint="check `ray_address=` / RAY_ADDRESS (e.g. HEAD_IP:6379, as `ray start --head` prints)"
             " and that `ray status` works from this machine; leave both unset for a local cluster",
         ) from None
     return True
@@ -358,5 +358,5 @@ def _damaged_error(plan: _FilePlan) -> RecordError:
     return RecordError(
         f"cannot read the file to its end: {plan.damaged}",
         path=plan.file.path,
-        hint="replace the damaged file, or pass --on-bad-record skip to skip it",
+        hint="replace the damaged file, or pass `on_bad_record='skip'` to skip it",
     )

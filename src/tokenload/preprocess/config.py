@@ -88,7 +88,7 @@ class TokenizerSpec:
             if not (self.vocab_file and self.merge_file):
                 raise ConfigError(
                     "the gpt2 tokenizer needs both a vocab file and a merge file",
-                    hint="pass --vocab-file vocab.json --merge-file merges.txt",
+                    hint="pass `vocab_file='vocab.json'` and `merge_file='merges.txt'`",
                 )
         elif self.kind in ("huggingface", "tiktoken", "sentencepiece") and not self.model:
             what = {
@@ -98,12 +98,14 @@ class TokenizerSpec:
             }
             raise ConfigError(
                 f"the {self.kind} tokenizer needs {what[self.kind]}",
-                hint="pass it with --tokenizer-model PATH",
+                hint="pass it as `model=PATH`",
             )
         if self.tiktoken_pattern is not None:
             _check_choice("tiktoken pattern", self.tiktoken_pattern, TIKTOKEN_PATTERNS)
         if self.eod_id is not None and self.eod_id < 0:
-            raise ConfigError(f"eod id is {self.eod_id}, expected a non-negative token id")
+            raise ConfigError(
+                f"eod_id is {self.eod_id}, expected a non-negative token id", field="eod_id"
+            )
 
 
 def _default_workers() -> int:
@@ -175,11 +177,13 @@ class PreprocessConfig:
         object.__setattr__(self, "json_keys", tuple(self.json_keys))
         object.__setattr__(self, "output_prefix", os.fspath(self.output_prefix))
         if not self.inputs:
-            raise ConfigError("no input given", hint="pass --input FILE_OR_GLOB (repeatable)")
+            raise ConfigError(
+                "no input given", hint="pass files, folders, globs or URLs as `inputs=` (one or more)"
+            )
         if not self.output_prefix or self.output_prefix.endswith(("/", os.sep)):
             raise ConfigError(
                 f"output prefix {self.output_prefix!r} names a folder, not a file prefix",
-                hint="use e.g. --output-prefix data/corpus (writes data/corpus_text_document.bin)",
+                hint="use e.g. `output_prefix='data/corpus'` (writes data/corpus_text_document.bin)",
             )
         if not isinstance(self.tokenizer, TokenizerSpec):
             raise ConfigError(
@@ -194,33 +198,26 @@ class PreprocessConfig:
         if self.workers < 1:
             raise ConfigError(
                 f"workers is {self.workers}, expected at least 1",
-                hint=f"leave it out to use every usable CPU ({_default_workers()} here)",
+                field="workers",
+                hint=f"leave out `workers=` to use every usable CPU ({_default_workers()} here),"
+                " or give a positive count",
             )
         if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
             raise ConfigError(
                 f"shard index {self.shard_index} of {self.num_shards} shards is out of range",
-                hint="--shard-index must be in [0, --num-shards)",
-            )
-        if not (math.isfinite(self.ray_cpus_per_task) and self.ray_cpus_per_task > 0):
-            raise ConfigError(
-                f"ray_cpus_per_task is {self.ray_cpus_per_task}, expected a positive number",
-                hint="leave it out for one CPU per task",
-            )
-        if self.ray_tasks_in_flight is not None and self.ray_tasks_in_flight < 1:
-            raise ConfigError(
-                f"ray_tasks_in_flight is {self.ray_tasks_in_flight}, expected at least 1",
-                hint="leave it out for twice the tasks the cluster's CPUs run at once",
+                hint="`shard_index=` must be in [0, `num_shards=`)",
             )
         if self.chunk_bytes < 1024:
             raise ConfigError(
-                f"chunk_bytes is {self.chunk_bytes}, expected at least 1024",
-                hint="leave it out for the default of 4 MiB per work item",
+                f"chunk_bytes is {self.chunk_bytes}, expected at least 1 KiB (1024 bytes)",
+                field="chunk_bytes",
+                hint="leave out `chunk_bytes=` for the default of 4 MB (2**22 bytes) per work item",
             )
         _check_ray(self)
         if self.input_format in ("text", "lines") and len(self.json_keys) != 1:
             raise ConfigError(
                 "plain text inputs have a single text field, but several keys were given",
-                hint="give one --json-keys name (it names the output file) for text inputs",
+                hint="give one key in `json_keys=` (it names the output file) for text inputs",
             )
 
     @property
@@ -248,31 +245,33 @@ def output_name(prefix: str, key: str) -> str:
 
 
 def _check_ray(config: PreprocessConfig) -> None:
-    if not config.ray_cpus_per_task > 0:
+    if not (math.isfinite(config.ray_cpus_per_task) and config.ray_cpus_per_task > 0):
         raise ConfigError(
             f"ray_cpus_per_task is {config.ray_cpus_per_task}, expected a positive number",
-            hint="leave it out for one CPU per task",
+            field="ray_cpus_per_task",
+            hint="leave out `ray_cpus_per_task=` for one CPU per task",
         )
     if config.ray_tasks_in_flight is not None and config.ray_tasks_in_flight < 1:
         raise ConfigError(
             f"ray_tasks_in_flight is {config.ray_tasks_in_flight}, expected at least 1",
-            hint="leave it out for twice the tasks the cluster runs at once",
+            field="ray_tasks_in_flight",
+            hint="leave out `ray_tasks_in_flight=` for twice the tasks the cluster's CPUs run at once",
         )
     if config.range_bytes < config.chunk_bytes:
         raise ConfigError(
             f"range_bytes ({config.range_bytes}) is smaller than chunk_bytes ({config.chunk_bytes})",
-            hint="a byte range holds whole chunks: raise --range-mb or lower --chunk-mb",
+            hint="a byte range holds whole chunks: raise `range_bytes=` or lower `chunk_bytes=`",
         )
     if config.ray_address is not None and config.executor != "ray":
         raise ConfigError(
             f"a Ray address ({config.ray_address!r}) was given, but the executor is {config.executor!r}",
-            hint="add --executor ray, or drop --ray-address",
+            hint="add `executor='ray'`, or drop `ray_address=`",
         )
 
 
 def _check_keys(keys: tuple[str, ...]) -> None:
     if not keys:
-        raise ConfigError("no JSON key given", hint="pass --json-keys text")
+        raise ConfigError("no JSON key given", hint="name at least one key in `json_keys=`, e.g. text")
     if len(set(keys)) != len(keys):
         raise ConfigError(f"JSON keys {list(keys)} repeat a key", hint="list each key once")
     for key in keys:
@@ -298,7 +297,7 @@ def shard_from_environment(environ: dict[str, str] | None = None) -> tuple[int, 
             except ValueError:
                 raise ConfigError(
                     f"{rank_var}={env[rank_var]!r} / {size_var}={env[size_var]!r} are not integers",
-                    hint="pass --num-shards and --shard-index explicitly",
+                    hint="pass `num_shards=` and `shard_index=` explicitly",
                 ) from None
             return index, count
     return None

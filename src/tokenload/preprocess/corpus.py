@@ -60,7 +60,7 @@ def write_stdlib_corpus(
     if max_bytes is not None and min_bytes is not None and min_bytes > max_bytes:
         raise ConfigError(
             f"min size {min_bytes} exceeds max size {max_bytes}",
-            hint="lower --min-mb or raise --max-mb",
+            hint="lower `min_bytes=` or raise `max_bytes=`",
         )
     output = os.fspath(output)
     require_folder(output)

@@ -196,7 +196,7 @@ def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokeni
     if spec.engine == "gigatoken":
         raise ConfigError(
             f"gigatoken cannot be used for this {spec.kind} tokenizer: {reason}",
-            hint="drop --engine gigatoken (the native encoder gives the reference ids)",
+            hint="drop `engine='gigatoken'` (the native encoder gives the reference ids)",
         )
     log.info(
         "gigatoken not used for this %s tokenizer (%s); using %s", spec.kind, reason, native.engine

@@ -68,7 +68,7 @@ def saved_dataset_files(folder: str) -> list[str] | None:
         raise ConfigError(
             f"this is a Hugging Face DatasetDict with splits {', '.join(splits)}",
             path=folder,
-            hint=f"pass one split's folder, e.g. --input {os.path.join(folder, splits[0])}"
+            hint=f"pass one split's folder, e.g. `inputs={os.path.join(folder, splits[0])!r}`"
             if splits
             else "pass one split's folder",
         )
@@ -129,7 +129,7 @@ def snapshot_files(folder: str, found: list[str]) -> list[str]:
         by_split.setdefault(split_of(os.path.relpath(path, folder)), []).append(path)
     if len(by_split) > 1:
         by_split = {s: by_split[s] for s in _SPLIT_WORDS if s in by_split}
-        choices = "; ".join(f"{s}: --input {_glob_for(paths)!r}" for s, paths in by_split.items())
+        choices = "; ".join(f"{s}: `inputs={_glob_for(paths)!r}`" for s, paths in by_split.items())
         raise ConfigError(
             f"this Hugging Face dataset holds the splits {', '.join(by_split)}",
             path=folder,

@@ -171,7 +171,7 @@ def _describe(path: str, input_format: str) -> InputFile:
         raise ConfigError(
             f"cannot tell the format of {path!r} from its extension",
             path=path,
-            hint="pass --input-format jsonl|parquet|arrow|text|lines",
+            hint="pass `input_format=` (jsonl, parquet, arrow, text or lines)",
         )
     ext = os.path.splitext(path.lower())[1]
     compression = _COMPRESSION_BY_EXT.get(ext)

@@ -25,11 +25,11 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
         if spec.model or spec.vocab_file or spec.merge_file:
             raise ConfigError(
                 "the byte tokenizer takes no files",
-                hint="drop --tokenizer-model/--vocab-file/--merge-file, or pick --tokenizer-type",
+                hint="drop `model=`, `vocab_file=` and `merge_file=`, or pick another `kind=`",
             )
         if spec.engine == "gigatoken":
             raise ConfigError(
-                "gigatoken does not encode the byte tokenizer", hint="drop --engine gigatoken"
+                "gigatoken does not encode the byte tokenizer", hint="drop `engine='gigatoken'`"
             )
         return ByteTokenizer(spec.eod_id)
     for path in (spec.model, spec.vocab_file, spec.merge_file):
@@ -46,7 +46,7 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
         if spec.engine == "gigatoken":
             raise ConfigError(
                 f"gigatoken cannot encode this {spec.kind} tokenizer",
-                hint="drop --engine gigatoken",
+                hint="drop `engine='gigatoken'`",
             )
         return native
     return fast.accelerate(native, giga_source, spec)

@@ -217,7 +217,7 @@ def _write_error(exc: OSError, config: PreprocessConfig, work: WorkFolder | None
         if work is not None and _exists(work)
         else ""
     )
-    other, writable = "choose another --output-prefix", "choose a writable --output-prefix"
+    other, writable = "choose another `output_prefix=`", "choose a writable `output_prefix=`"
     if _is_staging(config):
         folder = os.path.dirname(folder)
         other = "set TOKENLOAD_STAGING_DIR to a local folder with room for the output (staged there before the upload)"
@@ -261,20 +261,20 @@ def _check_eod(config: PreprocessConfig, tok: TextTokenizer) -> None:
         return
     if tok.eod_id is None:
         raise ConfigError(
-            f"--append-eod needs an EOD token, and this {tok.kind} tokenizer has none",
-            hint="name one with --eod-token TEXT or --eod-id N",
+            f"`append_eod=True` needs an EOD token, and this {tok.kind} tokenizer has none",
+            hint="name one with `eod_token=TEXT` or `eod_id=N`",
         )
     if tok.eod_id > np.iinfo(tok.dtype).max:
         raise ConfigError(
             f"EOD id {tok.eod_id} does not fit the output dtype {tok.dtype}",
-            hint="pass an --eod-id inside the tokenizer's vocabulary",
+            hint="pass an `eod_id=` inside the tokenizer's vocabulary",
         )
 
 
 def _check_keys_for_text(config: PreprocessConfig, files: list[InputFile]) -> None:
     if len(config.json_keys) > 1 and any(f.format in ("text", "lines") for f in files):
         raise ConfigError(
-            "plain text inputs have a single text field, but several --json-keys were given",
+            "plain text inputs have a single text field, but several `json_keys=` were given",
             hint="give one key (it names the output) or pass only JSONL/parquet inputs",
         )
 

@@ -69,7 +69,7 @@ class _FileJob:
                 raise RecordError(
                     f"cannot read the file to its end: {self.damaged}",
                     path=self.file.path,
-                    hint="replace the damaged file, or pass --on-bad-record skip to skip it",
+                    hint="replace the damaged file, or pass `on_bad_record='skip'` to skip it",
                 )
             skip_log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
             self.abort()

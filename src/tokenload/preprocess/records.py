@@ -20,8 +20,8 @@ from typing import NamedTuple
 from ..errors import RecordError
 from .sources import Chunk
 
-_SKIP_HINT = "fix or remove the record, or pass --on-bad-record skip to skip and count bad records"
-_COLUMN_HINT = "name the column that holds the text with --json-keys (json_keys in Python)"
+_SKIP_HINT = "fix or remove the record, or pass `on_bad_record='skip'` to skip and count bad records"
+_COLUMN_HINT = "name the column that holds the text in `json_keys=`"
 _MAX_EXAMPLES = 5
 
 

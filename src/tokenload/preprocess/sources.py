@@ -212,7 +212,7 @@ def _read_error(path: str, exc: BaseException) -> Exception:
             f"cannot read the input file ({exc.strerror or exc})",
             path=path,
             hint="this user may not read it: fix its permissions (e.g. chmod a+r, or the owner),"
-            " or leave it out of --input",
+            " or leave it out of `inputs=`",
         )
     damaged = isinstance(exc, (EOFError, zlib.error)) or _is_zstd_error(exc)
     if is_url(path) and not damaged and not type(exc).__module__.startswith("pyarrow"):

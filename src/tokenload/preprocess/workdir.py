@@ -120,7 +120,7 @@ class WorkFolder:
             f"an earlier run on this output prefix stopped before it finished (an error or a kill)"
             f" and left {done} finished input file(s) in {self.location!r} for a resume, but its"
             f" settings differ from this run's (differs in: {', '.join(changed)}){earlier}",
-            hint="pass --restart (resume=False) to discard that work and start over, or rerun the earlier"
+            hint="pass `resume=False` to discard that work and start over, or rerun the earlier"
             " command to resume it",
         )
 

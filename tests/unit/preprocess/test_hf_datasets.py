@@ -194,7 +194,7 @@ def test_missing_column_and_null_text_are_bad_records_with_their_row(tmp_path, r
     with pytest.raises(RecordError, match="missing_key: no column 'body'") as info:
         run(str(tmp_path / "saved"), tmp_path / "out", json_keys=("body",))
     assert info.value.path.endswith("data-00000-of-00001.arrow:1")
-    assert "--json-keys" in info.value.hint  # the column is missing from the file, not a record
+    assert "`json_keys=`" in info.value.hint  # the column is missing from the file, not a record
 
     with_null = [{"text": "a"}, {"text": None}, {"text": "b"}]
     datasets.Dataset.from_list(with_null).save_to_disk(str(tmp_path / "nulls"))

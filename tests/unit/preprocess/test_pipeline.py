@@ -250,7 +250,7 @@ def test_more_shards_than_files_gives_empty_valid_outputs(tmp_path):
 def test_append_eod_needs_an_eod_token(tmp_path, tokenizer_files):
     path = write_jsonl(tmp_path / "a.jsonl", ["x"])
     spec = TokenizerSpec(kind="hf", model=tokenizer_files["wordpiece"])
-    with pytest.raises(ConfigError, match="--append-eod needs an EOD token"):
+    with pytest.raises(ConfigError, match="`append_eod=True` needs an EOD token"):
         run([path], tmp_path / "out", tokenizer=spec, append_eod=True)
     ok = run(
         [path],

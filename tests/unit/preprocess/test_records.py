@@ -52,7 +52,7 @@ def test_each_bad_record_class_stops_with_file_line_and_reason(line, reason, det
     text = str(info.value)
     assert text.startswith(f"in.jsonl:42: {reason}: ")
     assert detail in text
-    assert "--on-bad-record skip" in text
+    assert "`on_bad_record='skip'`" in text
 
 
 @pytest.mark.parametrize("line,reason,detail", BAD)

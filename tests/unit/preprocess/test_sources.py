@@ -50,7 +50,7 @@ def test_expansion_errors_name_the_problem(tmp_path):
     with pytest.raises(ConfigError, match="no file matches"):
         expand_inputs([str(tmp_path / "*.jsonl")])
     touch(tmp_path / "data.csv")
-    with pytest.raises(ConfigError, match="--input-format"):
+    with pytest.raises(ConfigError, match="`input_format=`"):
         expand_inputs([str(tmp_path / "data.csv")])
     with pytest.raises(ConfigError, match="holds no input files"):
         expand_inputs([str(tmp_path)])

@@ -258,7 +258,7 @@ def test_bad_tokenizer_settings_are_config_errors(tmp_path, tokenizer_files):
         load_tokenizer(TokenizerSpec(kind="hf", model=str(tmp_path / "bad.json")))
     renamed = tmp_path / "mystery.tiktoken"
     renamed.write_bytes(open(tokenizer_files["tiktoken"], "rb").read())
-    with pytest.raises(ConfigError, match="--tiktoken-pattern"):
+    with pytest.raises(ConfigError, match="`tiktoken_pattern=`"):
         load_tokenizer(TokenizerSpec(kind="tiktoken", model=str(renamed)))
 
 
