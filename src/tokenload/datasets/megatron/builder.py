@@ -147,7 +147,8 @@ class MegatronBuilder:
         self.world = world
         self.item = config.item_config()
         self.sizes: list[int | None] = []
-        self.role, self.sync = resolve(options.build_policy, world, options.cache)
+        policy = resolve(options.build_policy, world, options.cache)
+        self.role, self.sync = policy.role, policy.barrier
         self._sources: dict[str | None, Any] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
         self._facts: dict[str | None, dict[str, Any] | None] = {}

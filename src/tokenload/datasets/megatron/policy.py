@@ -21,13 +21,13 @@ import json
 import os
 import shlex
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...distributed import World
 from ...errors import CacheError
 from ..config import BUILD_POLICIES, MegatronDataConfig
 
-__all__ = ["BUILD_POLICIES", "Role", "missing_cache", "prepare_command", "resolve"]
+__all__ = ["BUILD_POLICIES", "PolicyRole", "Role", "missing_cache", "prepare_command", "resolve"]
 
 
 class Role(str, enum.Enum):
@@ -39,21 +39,29 @@ class Role(str, enum.Enum):
     MEMORY = "memory"
 
 
-def resolve(policy: str, world: World, cache: str) -> tuple[Role, bool]:
+class PolicyRole(NamedTuple):
+    """This process's part in a build policy."""
+
+    role: Role
+    barrier: bool
+    """Whether the policy calls its one barrier (``rank0``, ``local-rank0``)."""
+
+
+def resolve(policy: str, world: World, cache: str) -> PolicyRole:
     """This process's role and whether the policy needs the one barrier.
 
     ``cache="off"`` (no cache I/O at all) makes every policy a build in memory, with no barrier:
     there is nothing to wait for."""
     if cache == "off" or policy == "every-rank":
-        return Role.MEMORY, False
+        return PolicyRole(Role.MEMORY, False)
     if policy == "none":
-        return Role.READ, False
+        return PolicyRole(Role.READ, False)
     if policy == "auto":
-        return (Role.WRITE if world.rank == 0 else Role.CHECK), False
+        return PolicyRole((Role.WRITE if world.rank == 0 else Role.CHECK), False)
     if world.world_size == 1:
-        return Role.WRITE, False
+        return PolicyRole(Role.WRITE, False)
     writer = world.rank == 0 if policy == "rank0" else world.local_rank == 0
-    return (Role.WRITE if writer else Role.READ), True
+    return PolicyRole((Role.WRITE if writer else Role.READ), True)
 
 
 def missing_cache(

@@ -325,7 +325,8 @@ def _weighted(
             [int(opener(p).lengths.shape[0]) for p in prefixes],
             alpha=options.weighted_sampler_alpha,
         )
-    weights, counts = neox_blend_num_samples(weights, size)
+    planned = neox_blend_num_samples(weights, size)
+    weights, counts = planned.weights, planned.num_samples
     members = [
         _gpt(
             opener,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +39,7 @@ from tokenload.index.shuffle import build_shuffle_index
 from tokenload.index.splits import SPLIT_NAMES, normalize
 
 __all__ = [
+    "BlendSamples",
     "NEOX_MAX_DATASETS",
     "NEOX_SURPLUS",
     "NeoXIndices",
@@ -288,17 +290,23 @@ def _check_blend_weights(weights: Sequence[float]) -> list[float]:
     return w
 
 
-def neox_blend_num_samples(
-    weights: Sequence[float], num_samples: int | None
-) -> tuple[list[float], list[int | None]]:
+class BlendSamples(NamedTuple):
+    """A NeoX blend's normalized weights and the samples built per member."""
+
+    weights: list[float]
+    num_samples: list[int | None]
+    """``ceil(N x w x 1.005)`` per member; None for NeoX's epoch mode."""
+
+
+def neox_blend_num_samples(weights: Sequence[float], num_samples: int | None) -> BlendSamples:
     """NeoX's ``get_normalized_weights_and_num_samples``: weights over their Python sum, and
     ``int(ceil(num_samples * w * 1.005))`` samples asked of each dataset (``None`` if no count)."""
     w = _check_blend_weights(weights)
     total = sum(w)
     w = [x / total for x in w]
     if num_samples is None:
-        return w, [None for _ in w]
-    return w, [int(math.ceil(num_samples * x * NEOX_SURPLUS)) for x in w]  # noqa: RUF046
+        return BlendSamples(w, [None for _ in w])
+    return BlendSamples(w, [int(math.ceil(num_samples * x * NEOX_SURPLUS)) for x in w])  # noqa: RUF046
 
 
 def neox_weights_by_num_docs(num_docs: Sequence[int], alpha: float = 0.3) -> list[float]:
