@@ -4,6 +4,11 @@ flags with Megatron's sample counts (``validate_args`` + ``update_train_iters`` 
 ``get_train_valid_test_num_samples``), the item flags, and the tokenizer identity that enters
 every cache name. Shared by ``tokenload prepare-cache`` and ``MegatronDataConfig.from_megatron_args``
 (a leaf of the package: it imports only ``errors`` and ``index``).
+
+Its messages name Megatron's flags (``--seq-length``): they are the vocabulary of its input, a
+training job's command line, for a Python caller as for ``prepare-cache``. The one setting that
+is tokenload's own, the job's world size, is named as the field `` `world_size=` `` (the command
+line prints its flag, ``--prepare-cache-world-size``).
 """
 
 from __future__ import annotations
@@ -171,7 +176,7 @@ def batches(args: argparse.Namespace) -> Batches:
     if world % model:
         raise ConfigError(
             f"world size {world} is not divisible by the model-parallel size {model} (tensor x"
-            " pipeline x context)", hint="pass the job's --prepare-cache-world-size and parallel sizes",
+            " pipeline x context)", hint="pass the job's `world_size=` and parallel sizes",
         )
     dp = world // model
     gbs = args.global_batch_size
@@ -179,7 +184,7 @@ def batches(args: argparse.Namespace) -> Batches:
         if args.micro_batch_size is None:
             raise ConfigError("no batch size: expected --global-batch-size or --micro-batch-size",
                               hint="pass the job's --global-batch-size (or --micro-batch-size and"
-                              " --prepare-cache-world-size)")
+                              " `world_size=`)")
         gbs = args.micro_batch_size * dp
     elif args.micro_batch_size is not None and gbs % (args.micro_batch_size * dp):
         raise ConfigError(f"global batch size {gbs} is not a multiple of micro batch size"
