@@ -420,7 +420,9 @@ def check_copies(prefixes: list[str], compare: list[str], report: Report) -> Non
     if not groups:
         report.findings.append(
             Finding(
-                "copies", False, "no prefix given twice and no `compare=` folder: nothing to compare"
+                "copies",
+                False,
+                "no prefix given twice and no `compare=` folder: nothing to compare",
             )
         )
         return
