@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -30,7 +31,14 @@ MIXTURE_CHANGES = ("refuse", "continue")
 
 @dataclass(frozen=True, kw_only=True)
 class MegatronDataConfig:
-    """Everything that decides Megatron's datasets, their order and their items."""
+    """Everything that decides Megatron's datasets, their order and their items.
+
+    The fields are flat, as users and importers give them. Most are shared by every order; a
+    few belong to one order only and are read once, by ``build_datasets``, into that order's
+    options record: ``path_to_cache``, ``cache``, ``build_policy``, ``tokenizer`` and
+    ``mixture_change`` (``datasets.megatron.MegatronOptions``), ``block_size``
+    (``datasets.computed.ComputedOptions``), ``weight_by_num_documents``,
+    ``weighted_sampler_alpha`` and ``num_epochs`` (``datasets.neox.NeoxOptions``)."""
 
     sequence_length: int
     """Tokens per sample (``--seq-length``)."""
@@ -244,7 +252,11 @@ class MegatronDataConfig:
         return _importer("megatron_args")(argv, **options)
 
     @classmethod
-    def from_neox_config(cls, config: Any, **options: Any) -> ImportedConfig:
+    def from_neox_config(
+        cls,
+        config: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any],
+        **options: Any,
+    ) -> ImportedConfig:
         """The configuration in a GPT-NeoX YAML file (or a list of files merged as NeoX merges
         them, or a dict), as an ``ImportedConfig`` (see ``from_megatron_args``); ``order`` is
         ``"neox"``. Unsupported data keys are a ConfigError naming them

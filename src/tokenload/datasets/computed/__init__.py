@@ -9,6 +9,11 @@ and the mixture maths are ``tokenload.index.window_order`` and ``tokenload.index
 from __future__ import annotations
 
 from .computed_blend import ComputedBlendedDataset
-from .computed_dataset import ComputedGPTDataset, build_computed_datasets
+from .computed_dataset import ComputedGPTDataset, ComputedOptions, build_computed_datasets
 
-__all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
+__all__ = [
+    "ComputedBlendedDataset",
+    "ComputedGPTDataset",
+    "ComputedOptions",
+    "build_computed_datasets",
+]

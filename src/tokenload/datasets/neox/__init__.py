@@ -7,13 +7,14 @@ NeoX's index maths (NumPy), and ``neox_yaml`` reads NeoX's YAML files into
 
 from __future__ import annotations
 
-from .neox_dataset import NeoXGPTDataset, build_neox_datasets
+from .neox_dataset import NeoXGPTDataset, NeoxOptions, build_neox_datasets
 from .neox_yaml import NEOX_NON_DATA_KEYS, NEOX_UNSUPPORTED_DATA_KEYS, neox_config_from_yaml
 
 __all__ = [
     "NEOX_NON_DATA_KEYS",
     "NEOX_UNSUPPORTED_DATA_KEYS",
     "NeoXGPTDataset",
+    "NeoxOptions",
     "build_neox_datasets",
     "neox_config_from_yaml",
 ]

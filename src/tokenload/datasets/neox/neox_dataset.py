@@ -53,7 +53,7 @@ from ..config import MegatronDataConfig, as_blend
 from ..items import ItemConfig
 from ..megatron.blended import BlendedDataset
 from ..megatron.gpt_dataset import GPTDataset, IndexArrays
-from ..sources import file_facts, open_token_file
+from ..sources import SourceOptions, file_facts, open_token_file
 from .neox_indices import (
     NeoXIndices,
     build_neox_blending_indices,
@@ -140,7 +140,7 @@ def build_neox_datasets(
     _check_config(config)
     sizes = _three("sizes", sizes)
     epochs = _epochs(options.num_epochs, sizes)
-    opener = _Opener(config)
+    opener = _Opener(config.source_options(), config.sequences_path)
     item = config.item_config()
     built: Sequence[NeoXGPTDataset | BlendedDataset | None]
     if config.blend_per_split is not None:
@@ -160,17 +160,15 @@ def build_neox_datasets(
 class _Opener:
     """Each prefix opened once (a file may serve several splits or blend members)."""
 
-    def __init__(self, config: MegatronDataConfig) -> None:
-        self.config = config
-        self._sequences = (
-            None if config.sequences_path is None else read_sequences(config.sequences_path)
-        )
+    def __init__(self, options: SourceOptions, sequences_path: str | None) -> None:
+        self.options = options
+        self._sequences = None if sequences_path is None else read_sequences(sequences_path)
         self._open: dict[str, OpenedFile] = {}
 
     def __call__(self, prefix: str) -> OpenedFile:
         if prefix not in self._open:
             source = open_token_file(
-                prefix, self.config.read_mode, self._sequences, warmup=self.config.warmup
+                prefix, self.options.read_mode, self._sequences, warmup=self.options.warmup
             )
             self._open[prefix] = OpenedFile(
                 source, np.array(source.sequence_lengths), file_facts(source)
