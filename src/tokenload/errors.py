@@ -77,7 +77,11 @@ class TokenloadError(Exception):
 
 
 def _rebuild(
-    cls: type[TokenloadError], message: str, path: str | None, hint: str | None, field: str | None = None
+    cls: type[TokenloadError],
+    message: str,
+    path: str | None,
+    hint: str | None,
+    field: str | None = None,
 ) -> TokenloadError:
     return cls(message, path=path, hint=hint, field=field)
 

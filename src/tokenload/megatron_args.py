@@ -2,8 +2,9 @@
 arithmetic: the blend flags (``--data-path``, per-split paths, args files), the batch and length
 flags with Megatron's sample counts (``validate_args`` + ``update_train_iters`` +
 ``get_train_valid_test_num_samples``), the item flags, and the tokenizer identity that enters
-every cache name. Shared by ``tokenload prepare-cache`` and ``MegatronDataConfig.from_megatron_args``
-(a leaf of the package: it imports only ``errors`` and ``index``).
+every cache name. Shared by ``tokenload prepare-cache`` and
+``MegatronDataConfig.from_megatron_args`` (a leaf of the package: it imports only ``errors`` and
+``index``).
 
 Its messages name Megatron's flags (``--seq-length``): they are the vocabulary of its input, a
 training job's command line, for a Python caller as for ``prepare-cache``. The one setting that
@@ -61,16 +62,29 @@ def _bounded(kind, low, *, inclusive: bool, label: str) -> Callable[[str], int |
 LEGACY_SPLIT = "969, 30, 1"
 #: The class of megatron-core's NullTokenizer, as its ``unique_identifiers`` name it.
 NULL_TOKENIZER_CLASS = "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText"
+
+
 def blend_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data (Megatron's flags)")
-    g.add_argument("--data-path", nargs="*", metavar="W_OR_PREFIX",
-                   help="one prefix, prefixes, or weight/prefix pairs 'W1 P1 W2 P2 ...', split by --split")
+    g.add_argument(
+        "--data-path",
+        nargs="*",
+        metavar="W_OR_PREFIX",
+        help="one prefix, prefixes, or weight/prefix pairs 'W1 P1 W2 P2 ...', split by --split",
+    )
     g.add_argument("--data-args-path", metavar="FILE", help="a file holding the --data-path list")
     for split in ("train", "valid", "test"):
-        g.add_argument(f"--{split}-data-path", nargs="*", metavar="W_OR_PREFIX",
-                       help=f"the {split} split's own blend (instead of --data-path)")
-    g.add_argument("--per-split-data-args-path", metavar="JSON",
-                   help='a JSON {"train": ..., "valid": ..., "test": ...} of per-split blends')
+        g.add_argument(
+            f"--{split}-data-path",
+            nargs="*",
+            metavar="W_OR_PREFIX",
+            help=f"the {split} split's own blend (instead of --data-path)",
+        )
+    g.add_argument(
+        "--per-split-data-args-path",
+        metavar="JSON",
+        help='a JSON {"train": ..., "valid": ..., "test": ...} of per-split blends',
+    )
 
 
 def blends_of(args: argparse.Namespace) -> tuple[Blend | None, list[Blend | None] | None]:
@@ -78,7 +92,9 @@ def blends_of(args: argparse.Namespace) -> tuple[Blend | None, list[Blend | None
     ``get_blend_and_blend_per_split`` reads them; exactly one of the two is not None."""
     single = [f for f in ("data_path", "data_args_path") if getattr(args, f) is not None]
     split_flags = [f"{s}_data_path" for s in ("train", "valid", "test")]
-    per_split = [f for f in (*split_flags, "per_split_data_args_path") if getattr(args, f) is not None]
+    per_split = [
+        f for f in (*split_flags, "per_split_data_args_path") if getattr(args, f) is not None
+    ]
     given = single + per_split
     if not given:
         raise ConfigError(
@@ -86,10 +102,16 @@ def blends_of(args: argparse.Namespace) -> tuple[Blend | None, list[Blend | None
             " --per-split-data-args-path",
             hint="pass the training job's data flags (Megatron's --mock-data has no token files)",
         )
-    if len(single) > 1 or (single and per_split) or ("per_split_data_args_path" in per_split and len(per_split) > 1):
+    if (
+        len(single) > 1
+        or (single and per_split)
+        or ("per_split_data_args_path" in per_split and len(per_split) > 1)
+    ):
         names = ", ".join("--" + f.replace("_", "-") for f in given)
-        raise ConfigError(f"{names} are given together; expected one way of naming the data",
-                          hint="use --data-path (with --split) or the per-split flags, as Megatron")
+        raise ConfigError(
+            f"{names} are given together; expected one way of naming the data",
+            hint="use --data-path (with --split) or the per-split flags, as Megatron",
+        )
     if args.data_args_path is not None:
         from .index import read_data_args_file
 
@@ -100,14 +122,18 @@ def blends_of(args: argparse.Namespace) -> tuple[Blend | None, list[Blend | None
         from .index import read_per_split_data_args
 
         return None, list(read_per_split_data_args(args.per_split_data_args_path))
-    return None, [None if getattr(args, f) is None else _blend(f"--{f.replace('_', '-')}", getattr(args, f))
-                  for f in split_flags]
+    return None, [
+        None if getattr(args, f) is None else _blend(f"--{f.replace('_', '-')}", getattr(args, f))
+        for f in split_flags
+    ]
 
 
 def _blend(flag: str, items: list[str]) -> Blend:
     if not items:
-        raise ConfigError(f"{flag} is given without prefixes",
-                          hint=f"write {flag} PREFIX or {flag} W1 PREFIX1 W2 PREFIX2 ...")
+        raise ConfigError(
+            f"{flag} is given without prefixes",
+            hint=f"write {flag} PREFIX or {flag} W1 PREFIX1 W2 PREFIX2 ...",
+        )
     from .index import parse_blend  # the index package (and NumPy) only when a blend is parsed
 
     blend = parse_blend(items)
@@ -117,43 +143,89 @@ def _blend(flag: str, items: list[str]) -> Blend:
 
 def batch_flags(g) -> None:
     g.add_argument("--global-batch-size", type=positive(int), help="samples per iteration")
-    g.add_argument("--micro-batch-size", type=positive(int),
-                   help="without --global-batch-size: global = micro x data-parallel size")
-    g.add_argument("--prepare-cache-world-size", type=positive(int), default=1,
-                   help="the job's number of processes, for the data-parallel size")
+    g.add_argument(
+        "--micro-batch-size",
+        type=positive(int),
+        help="without --global-batch-size: global = micro x data-parallel size",
+    )
+    g.add_argument(
+        "--prepare-cache-world-size",
+        type=positive(int),
+        default=1,
+        help="the job's number of processes, for the data-parallel size",
+    )
     g.add_argument("--tensor-model-parallel-size", type=positive(int), default=1)
     g.add_argument("--pipeline-model-parallel-size", type=positive(int), default=1)
     g.add_argument("--context-parallel-size", type=positive(int), default=1)
     length = g.add_mutually_exclusive_group()
     length.add_argument("--train-iters", type=at_least(int, 0), help="training iterations")
-    length.add_argument("--train-samples", type=at_least(int, 0), help="training samples (iterations = samples // global batch)")
-    g.add_argument("--eval-iters", type=at_least(int, 0), default=100, help="iterations per evaluation")
+    length.add_argument(
+        "--train-samples",
+        type=at_least(int, 0),
+        help="training samples (iterations = samples // global batch)",
+    )
+    g.add_argument(
+        "--eval-iters", type=at_least(int, 0), default=100, help="iterations per evaluation"
+    )
     g.add_argument("--eval-interval", type=positive(int), help="iterations between evaluations")
-    g.add_argument("--start-eval-at-iter", type=at_least(int, 0), help="no evaluation before this iteration")
-    g.add_argument("--eval-global-batch-size", type=positive(int), help="evaluation batch (default: global)")
-    g.add_argument("--skip-train", action="store_true", help="evaluation only: valid = eval_iters x batch")
-    g.add_argument("--full-validation", action="store_true", help="one full epoch of the valid split")
+    g.add_argument(
+        "--start-eval-at-iter", type=at_least(int, 0), help="no evaluation before this iteration"
+    )
+    g.add_argument(
+        "--eval-global-batch-size", type=positive(int), help="evaluation batch (default: global)"
+    )
+    g.add_argument(
+        "--skip-train", action="store_true", help="evaluation only: valid = eval_iters x batch"
+    )
+    g.add_argument(
+        "--full-validation", action="store_true", help="one full epoch of the valid split"
+    )
 
 
 def item_flags(g) -> None:
-    g.add_argument("--mid-level-dataset-surplus", type=at_least(float, 0), default=0.005,
-                   help="extra samples built per blended dataset (enters the sizes)")
-    g.add_argument("--no-add-extra-token", dest="add_extra_token", action="store_false",
-                   help="samples of S tokens, not S + 1 (tokenload's option)")
-    g.add_argument("--no-drop-last-partial-validation-sequence", dest="drop_last_partial_validation_sequence",
-                   action="store_false", help="keep the valid split's last partial sample")
-    for flag in ("--eod-mask-loss", "--no-create-attention-mask-in-dataloader", "--reset-position-ids",
-                 "--reset-attention-mask"):
-        g.add_argument(flag, action="store_true", help="accepted; changes no cache (not in Megatron's hash)")
+    g.add_argument(
+        "--mid-level-dataset-surplus",
+        type=at_least(float, 0),
+        default=0.005,
+        help="extra samples built per blended dataset (enters the sizes)",
+    )
+    g.add_argument(
+        "--no-add-extra-token",
+        dest="add_extra_token",
+        action="store_false",
+        help="samples of S tokens, not S + 1 (tokenload's option)",
+    )
+    g.add_argument(
+        "--no-drop-last-partial-validation-sequence",
+        dest="drop_last_partial_validation_sequence",
+        action="store_false",
+        help="keep the valid split's last partial sample",
+    )
+    for flag in (
+        "--eod-mask-loss",
+        "--no-create-attention-mask-in-dataloader",
+        "--reset-position-ids",
+        "--reset-attention-mask",
+    ):
+        g.add_argument(
+            flag, action="store_true", help="accepted; changes no cache (not in Megatron's hash)"
+        )
 
 
 def tokenizer_flags(g) -> None:
-    g.add_argument("--tokenizer-identity", metavar="JSON_OR_FILE",
-                   help="the 'tokenizer' object of one of Megatron's ...-description.txt files, or"
-                   " a file holding it or a whole description")
-    g.add_argument("--tokenizer-type", help="NullTokenizer: its identity is derived (with --vocab-size)")
+    g.add_argument(
+        "--tokenizer-identity",
+        metavar="JSON_OR_FILE",
+        help="the 'tokenizer' object of one of Megatron's ...-description.txt files, or"
+        " a file holding it or a whole description",
+    )
+    g.add_argument(
+        "--tokenizer-type", help="NullTokenizer: its identity is derived (with --vocab-size)"
+    )
     g.add_argument("--vocab-size", type=positive(int), help="NullTokenizer's vocabulary size")
-    g.add_argument("--null-tokenizer-eod-id", type=int, help="NullTokenizer's eod id, when the job sets it")
+    g.add_argument(
+        "--null-tokenizer-eod-id", type=int, help="NullTokenizer's eod id, when the job sets it"
+    )
     g.add_argument("--null-tokenizer-pad-id", type=int, default=-1, help="NullTokenizer's pad id")
 
 
@@ -170,29 +242,45 @@ class Batches:
 
 
 def batches(args: argparse.Namespace) -> Batches:
-    """Megatron's ``validate_args`` + ``update_train_iters`` + ``get_train_valid_test_num_samples``."""
-    model = args.tensor_model_parallel_size * args.pipeline_model_parallel_size * args.context_parallel_size
+    """Megatron's ``validate_args`` + ``update_train_iters`` +
+    ``get_train_valid_test_num_samples``."""
+    model = (
+        args.tensor_model_parallel_size
+        * args.pipeline_model_parallel_size
+        * args.context_parallel_size
+    )
     world = args.prepare_cache_world_size
     if world % model:
         raise ConfigError(
             f"world size {world} is not divisible by the model-parallel size {model} (tensor x"
-            " pipeline x context)", hint="pass the job's `world_size=` and parallel sizes",
+            " pipeline x context)",
+            hint="pass the job's `world_size=` and parallel sizes",
         )
     dp = world // model
     gbs = args.global_batch_size
     if gbs is None:
         if args.micro_batch_size is None:
-            raise ConfigError("no batch size: expected --global-batch-size or --micro-batch-size",
-                              hint="pass the job's --global-batch-size (or --micro-batch-size and"
-                              " `world_size=`)")
+            raise ConfigError(
+                "no batch size: expected --global-batch-size or --micro-batch-size",
+                hint="pass the job's --global-batch-size (or --micro-batch-size and `world_size=`)",
+            )
         gbs = args.micro_batch_size * dp
     elif args.micro_batch_size is not None and gbs % (args.micro_batch_size * dp):
-        raise ConfigError(f"global batch size {gbs} is not a multiple of micro batch size"
-                          f" {args.micro_batch_size} x data-parallel size {dp}", hint="check the job's batch flags")
+        raise ConfigError(
+            f"global batch size {gbs} is not a multiple of micro batch size"
+            f" {args.micro_batch_size} x data-parallel size {dp}",
+            hint="check the job's batch flags",
+        )
     iters = args.train_iters if args.train_iters is not None else args.train_samples // gbs
     train = args.train_samples if args.train_samples is not None else iters * gbs
     eval_gbs = args.eval_global_batch_size or gbs
-    return Batches(world, dp, gbs, iters, (train, _valid_samples(args, iters, eval_gbs), args.eval_iters * eval_gbs))
+    return Batches(
+        world,
+        dp,
+        gbs,
+        iters,
+        (train, _valid_samples(args, iters, eval_gbs), args.eval_iters * eval_gbs),
+    )
 
 
 def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int | None:
@@ -202,8 +290,10 @@ def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int |
         return args.eval_iters * eval_gbs
     if args.eval_interval is None:
         raise ConfigError(
-            "no --eval-interval: Megatron sizes the valid split as (train_iters // eval_interval + 1)"
-            " x eval_iters x global batch", hint="pass the job's --eval-interval (or --eval-iters 0"
+            "no --eval-interval: Megatron sizes the valid split as"
+            " (train_iters // eval_interval + 1)"
+            " x eval_iters x global batch",
+            hint="pass the job's --eval-interval (or --eval-iters 0"
             " --skip-train when it evaluates never)",
         )
     points = iters // args.eval_interval + 1
@@ -216,21 +306,30 @@ def tokenizer_identity(args: argparse.Namespace) -> dict | None:
     """The tokenizer's ``unique_identifiers`` as Megatron writes them into every description."""
     if args.tokenizer_identity is not None:
         if args.tokenizer_type is not None:
-            raise ConfigError("--tokenizer-identity and --tokenizer-type are given together",
-                              hint="give one: the identity copied from Megatron, or NullTokenizer's flags")
+            raise ConfigError(
+                "--tokenizer-identity and --tokenizer-type are given together",
+                hint="give one: the identity copied from Megatron, or NullTokenizer's flags",
+            )
         return _identity_from(args.tokenizer_identity)
     if args.tokenizer_type is None:
         return None
     if args.tokenizer_type != "NullTokenizer":
         raise ConfigError(
-            f"--tokenizer-type {args.tokenizer_type}: tokenload derives only NullTokenizer's identity",
-            hint="copy the \"tokenizer\" object of one of Megatron's ...-description.txt files into"
+            f"--tokenizer-type {args.tokenizer_type}: tokenload derives only NullTokenizer's"
+            " identity",
+            hint='copy the "tokenizer" object of one of Megatron\'s ...-description.txt files into'
             " --tokenizer-identity",
         )
     if args.vocab_size is None:
-        raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size", hint="pass the job's --vocab-size")
+        raise ConfigError(
+            "--tokenizer-type NullTokenizer needs --vocab-size", hint="pass the job's --vocab-size"
+        )
     # megatron-core's build_tokenizer passes these keyword arguments, in this order, as strings.
-    identity = {"class": NULL_TOKENIZER_CLASS, "tokenizer_path": None, "vocab_size": str(args.vocab_size)}
+    identity = {
+        "class": NULL_TOKENIZER_CLASS,
+        "tokenizer_path": None,
+        "vocab_size": str(args.vocab_size),
+    }
     if args.null_tokenizer_eod_id is not None:
         identity["eod_id"] = str(args.null_tokenizer_eod_id)
     identity["pad_id"] = str(args.null_tokenizer_pad_id)
@@ -247,11 +346,16 @@ def _identity_from(text: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source} is not JSON ({exc})",
-                          hint="pass the \"tokenizer\" object of a Megatron description, or its file") from None
+        raise ConfigError(
+            f"{source} is not JSON ({exc})",
+            hint='pass the "tokenizer" object of a Megatron description, or its file',
+        ) from None
     if isinstance(value, dict) and isinstance(value.get("tokenizer"), dict):
         value = value["tokenizer"]
     if not isinstance(value, dict) or "class" not in value:
-        raise ConfigError(f"{source} holds {str(value)[:80]!r}, expected a tokenizer identity object with a \"class\"",
-                          hint="copy the \"tokenizer\" object of one of Megatron's ...-description.txt files")
+        raise ConfigError(
+            f"{source} holds {str(value)[:80]!r}, expected a tokenizer identity object with a"
+            ' "class"',
+            hint='copy the "tokenizer" object of one of Megatron\'s ...-description.txt files',
+        )
     return value

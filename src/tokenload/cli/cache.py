@@ -29,8 +29,6 @@ from ..format import TokenFile
 from ..format.atomic import require_existing_folder
 from ..format.sequences import counts_of, unique_prefixes, write_sequences
 from ..index import Blend
-from ..storage import is_url
-from ..storage.upload import list_objects
 from ..megatron_args import (
     LEGACY_SPLIT,
     Batches,
@@ -43,10 +41,22 @@ from ..megatron_args import (
     tokenizer_flags,
     tokenizer_identity,
 )
+from ..storage import is_url
+from ..storage.upload import list_objects
 
 #: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_PROCID",
-                  "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID")
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_NODEID",
+)
 
 
 def register(sub) -> None:
@@ -73,7 +83,7 @@ def _open_all(prefixes: list[str], what: str) -> Iterator[tuple[str, TokenFile]]
     """Each prefix's token file, opened (header read, sizes checked), under a progress bar."""
     for prefix in _progress(prefixes, what):
         token_file = TokenFile(prefix)
-        token_file.header  # opens now: a missing or damaged file fails here, named
+        _ = token_file.header  # opens now: a missing or damaged file fails here, named
         yield prefix, token_file
 
 
@@ -91,8 +101,12 @@ def register_sequences(sub) -> None:
         " vocabulary size (Megatron's guess misreads vocabularies of 65,500-65,536).",
     )
     blend_flags(p)
-    p.add_argument("--per-dataset-sequences-path", required=True, metavar="OUT.json",
-                   help="the JSON file to write (atomically)")
+    p.add_argument(
+        "--per-dataset-sequences-path",
+        required=True,
+        metavar="OUT.json",
+        help="the JSON file to write (atomically)",
+    )
     p.set_defaults(func=run_sequences)
 
 
@@ -119,24 +133,45 @@ def register_prepare_cache(sub) -> None:
     )
     blend_flags(p)
     g = p.add_argument_group("caches and order")
-    g.add_argument("--data-cache-path", help="the cache folder the job will use (required, as in Megatron)")
-    g.add_argument("--split", help=f"the --data-path split string (Megatron's default: {LEGACY_SPLIT!r})")
+    g.add_argument(
+        "--data-cache-path", help="the cache folder the job will use (required, as in Megatron)"
+    )
+    g.add_argument(
+        "--split", help=f"the --data-path split string (Megatron's default: {LEGACY_SPLIT!r})"
+    )
     g.add_argument("--seq-length", type=positive(int), help="tokens per sample (required)")
     g.add_argument("--seed", type=int, default=1234, help="the shuffles' seed")
-    g.add_argument("--order", choices=("megatron", "computed"), default="megatron",
-                   help="the job's sample order: 'computed' needs no cache")
-    g.add_argument("--per-dataset-sequences-path", metavar="JSON",
-                   help="open the token files with this sequences JSON's counts")
-    g.add_argument("--mock-data", action="store_true", help="refused: mock data has no caches to prepare")
-    g.add_argument("--neox-config", nargs="+", metavar="YML",
-                   help="a GPT-NeoX config instead of Megatron's flags (several files merge as NeoX"
-                   " merges them): its data keys are checked and its datasets built once")
+    g.add_argument(
+        "--order",
+        choices=("megatron", "computed"),
+        default="megatron",
+        help="the job's sample order: 'computed' needs no cache",
+    )
+    g.add_argument(
+        "--per-dataset-sequences-path",
+        metavar="JSON",
+        help="open the token files with this sequences JSON's counts",
+    )
+    g.add_argument(
+        "--mock-data", action="store_true", help="refused: mock data has no caches to prepare"
+    )
+    g.add_argument(
+        "--neox-config",
+        nargs="+",
+        metavar="YML",
+        help="a GPT-NeoX config instead of Megatron's flags (several files merge as NeoX"
+        " merges them): its data keys are checked and its datasets built once",
+    )
     lengths = p.add_argument_group("batch and length (Megatron's arithmetic)")
     batch_flags(lengths)
-    lengths.add_argument("--train-valid-test-num-samples", nargs=3, metavar=("TRAIN", "VALID", "TEST"),
-                         help="the samples per split outright, instead of the batch and length flags ('epoch':"
-                         " one epoch of that split); what build_datasets' sizes are, and what a missing-cache"
-                         " error prints when Megatron's arithmetic cannot give the job's counts")
+    lengths.add_argument(
+        "--train-valid-test-num-samples",
+        nargs=3,
+        metavar=("TRAIN", "VALID", "TEST"),
+        help="the samples per split outright, instead of the batch and length flags ('epoch':"
+        " one epoch of that split); what build_datasets' sizes are, and what a missing-cache"
+        " error prints when Megatron's arithmetic cannot give the job's counts",
+    )
     item_flags(p.add_argument_group("items"))
     tokenizer_flags(p.add_argument_group("tokenizer identity (part of every cache name)"))
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -147,11 +182,15 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     if args.neox_config:
         return _prepare_neox(args)
     if args.order == "computed":
-        print("--order computed: the computed order uses no index cache; there is nothing to prepare")
+        print(
+            "--order computed: the computed order uses no index cache; there is nothing to prepare"
+        )
         return 0
     if args.mock_data:
-        raise ConfigError("--mock-data has no token files and no caches to prepare",
-                          hint="pass the job's --data-path (Megatron's prepare_cache.py refuses it too)")
+        raise ConfigError(
+            "--mock-data has no token files and no caches to prepare",
+            hint="pass the job's --data-path (Megatron's prepare_cache.py refuses it too)",
+        )
     _require(args)
     if not is_url(args.data_cache_path):
         require_existing_folder(args.data_cache_path)
@@ -165,7 +204,9 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
         pass
     before = _listing(args.data_cache_path)
     datasets = _build(args, blend, per_split, split, identity, counts)
-    result = _result(args, counts, identity, datasets, sorted(_listing(args.data_cache_path) - before))
+    result = _result(
+        args, counts, identity, datasets, sorted(_listing(args.data_cache_path) - before)
+    )
     _report_result(args, result, len(prefixes))
     return 0
 
@@ -179,46 +220,94 @@ def _prepare_neox(args: argparse.Namespace) -> int:
     from ..datasets import build_datasets
     from ..datasets.neox.neox_yaml import neox_config_from_yaml
 
-    mixed = [f for f in ("data_path", "train_data_path", "valid_data_path", "test_data_path") if getattr(args, f, None)]
+    mixed = [
+        f
+        for f in ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+        if getattr(args, f, None)
+    ]
     if mixed:
-        raise ConfigError(f"--neox-config and --{mixed[0].replace('_', '-')} both describe the data",
-                          hint="give either the NeoX config or Megatron's data flags")
-    imported = neox_config_from_yaml(args.neox_config, data_parallel_size=args.prepare_cache_world_size)
+        raise ConfigError(
+            f"--neox-config and --{mixed[0].replace('_', '-')} both describe the data",
+            hint="give either the NeoX config or Megatron's data flags",
+        )
+    imported = neox_config_from_yaml(
+        args.neox_config, data_parallel_size=args.prepare_cache_world_size
+    )
     for name in _LAUNCHER_VARS:
         os.environ.pop(name, None)
     start = time.perf_counter()
     datasets = build_datasets(imported.config(), imported.sizes)
-    lengths = {name: None if ds is None else len(ds) for name, ds in zip(("train", "valid", "test"), datasets)}
-    result = {"order": "neox", "train_valid_test_num_samples": list(imported.sizes),
-              **{f"{name}_dataset_length": n for name, n in lengths.items()},
-              "build_seconds": round(time.perf_counter() - start, 3), "files_written": []}
+    lengths = {
+        name: None if ds is None else len(ds)
+        for name, ds in zip(("train", "valid", "test"), datasets)
+    }
+    result = {
+        "order": "neox",
+        "train_valid_test_num_samples": list(imported.sizes),
+        **{f"{name}_dataset_length": n for name, n in lengths.items()},
+        "build_seconds": round(time.perf_counter() - start, 3),
+        "files_written": [],
+    }
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return 0
-    print(f"GPT-NeoX config {' '.join(args.neox_config)}: samples (train, valid, test) {list(imported.sizes)}")
-    print("  " + ", ".join(f"{name} {n:,}" if n is not None else f"{name} none" for name, n in lengths.items()))
-    print(f"nothing to prepare: tokenload builds NeoX's order in memory on every rank, {result['build_seconds']} s"
-          " here for this configuration (no cache file is read or written)")
+    print(
+        f"GPT-NeoX config {' '.join(args.neox_config)}: samples (train, valid, test)"
+        f" {list(imported.sizes)}"
+    )
+    print(
+        "  "
+        + ", ".join(
+            f"{name} {n:,}" if n is not None else f"{name} none" for name, n in lengths.items()
+        )
+    )
+    print(
+        "nothing to prepare: tokenload builds NeoX's order in memory on every rank,"
+        f" {result['build_seconds']} s"
+        " here for this configuration (no cache file is read or written)"
+    )
     return 0
 
 
 def _require(args: argparse.Namespace) -> None:
     """The flags without which there is nothing to build: one line each, as every user error."""
     if args.data_cache_path is None:
-        raise ConfigError("--data-cache-path is missing; the caches need a folder",
-                          hint="pass the training job's --data-cache-path (Megatron's prepare_cache.py"
-                          " requires it too)")
+        raise ConfigError(
+            "--data-cache-path is missing; the caches need a folder",
+            hint="pass the training job's --data-cache-path (Megatron's prepare_cache.py"
+            " requires it too)",
+        )
     if args.seq_length is None:
         raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
     explicit = args.train_valid_test_num_samples is not None
-    given = [f for f in ("train_iters", "train_samples", "eval_interval", "global_batch_size", "micro_batch_size",
-                         "full_validation", "skip_train") if getattr(args, f)] if explicit else []
+    given = (
+        [
+            f
+            for f in (
+                "train_iters",
+                "train_samples",
+                "eval_interval",
+                "global_batch_size",
+                "micro_batch_size",
+                "full_validation",
+                "skip_train",
+            )
+            if getattr(args, f)
+        ]
+        if explicit
+        else []
+    )
     if given:
-        raise ConfigError(f"--train-valid-test-num-samples and --{given[0].replace('_', '-')} both give the sizes",
-                          hint="give the counts outright or the job's batch and length flags, not both")
+        raise ConfigError(
+            f"--train-valid-test-num-samples and --{given[0].replace('_', '-')} both give the"
+            " sizes",
+            hint="give the counts outright or the job's batch and length flags, not both",
+        )
     if args.train_iters is None and args.train_samples is None and not explicit:
-        raise ConfigError("no training length: expected --train-iters or --train-samples",
-                          hint="pass the training job's flag")
+        raise ConfigError(
+            "no training length: expected --train-iters or --train-samples",
+            hint="pass the training job's flag",
+        )
 
 
 def _num_samples(text: str) -> int | None:
@@ -230,8 +319,10 @@ def _num_samples(text: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ConfigError(f"--train-valid-test-num-samples holds {text!r}, expected a number >= 0 or 'epoch'",
-                          hint="write the train, valid and test sample counts, e.g. 8000 epoch 80")
+        raise ConfigError(
+            f"--train-valid-test-num-samples holds {text!r}, expected a number >= 0 or 'epoch'",
+            hint="write the train, valid and test sample counts, e.g. 8000 epoch 80",
+        )
     return value
 
 
@@ -240,14 +331,21 @@ def _counts(args: argparse.Namespace) -> Batches:
     if args.train_valid_test_num_samples is None:
         return batches(args)
     train, valid, test = map(_num_samples, args.train_valid_test_num_samples)
-    return Batches(world_size=args.prepare_cache_world_size, data_parallel_size=args.prepare_cache_world_size,
-                   global_batch_size=1, train_iters=train or 0, samples=(train, valid, test))
+    return Batches(
+        world_size=args.prepare_cache_world_size,
+        data_parallel_size=args.prepare_cache_world_size,
+        global_batch_size=1,
+        train_iters=train or 0,
+        samples=(train, valid, test),
+    )
 
 
 def _build(args, blend, per_split, split, identity, counts: Batches):
     from ..datasets import MegatronDataConfig, build_datasets
 
-    for name in _LAUNCHER_VARS:  # one process of rank 0, whatever launcher started it (as Megatron's tool)
+    for (
+        name
+    ) in _LAUNCHER_VARS:  # one process of rank 0, whatever launcher started it (as Megatron's tool)
         os.environ.pop(name, None)
     config = MegatronDataConfig(
         sequence_length=args.seq_length,
@@ -277,7 +375,10 @@ def _listing(folder: str) -> set[str]:
 
 
 def _result(args, counts: Batches, identity, datasets, written: list[str]) -> dict:
-    lengths = {name: None if ds is None else len(ds) for name, ds in zip(("train", "valid", "test"), datasets)}
+    lengths = {
+        name: None if ds is None else len(ds)
+        for name, ds in zip(("train", "valid", "test"), datasets)
+    }
     return {
         **{k: v for k, v in asdict(counts).items() if k != "samples"},
         "train_valid_test_num_samples": list(counts.samples),
@@ -304,12 +405,22 @@ def _report_plan(args, counts: Batches, identity, split: str | None) -> None:
         print(f"  split               {split!r}{note}")
     print(f"  cache folder        {args.data_cache_path}")
     if identity is None:
-        print("  tokenizer identity  None: these caches are named for tokenload only; Megatron names its"
-              " own after its tokenizer (pass --tokenizer-identity to share them)")
+        print(
+            "  tokenizer identity  None: these caches are named for tokenload only; Megatron"
+            " names its own after its tokenizer (pass --tokenizer-identity to share them)"
+        )
     else:
         print(f"  tokenizer identity  {json.dumps(identity)}")
-    ignored = [f for f in ("eod_mask_loss", "no_create_attention_mask_in_dataloader", "reset_position_ids",
-                           "reset_attention_mask") if getattr(args, f)]
+    ignored = [
+        f
+        for f in (
+            "eod_mask_loss",
+            "no_create_attention_mask_in_dataloader",
+            "reset_position_ids",
+            "reset_attention_mask",
+        )
+        if getattr(args, f)
+    ]
     if ignored:
         names = ", ".join("--" + f.replace("_", "-") for f in ignored)
         print(f"  note                {names}: item flags, no effect on the caches")

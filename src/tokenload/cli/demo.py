@@ -34,19 +34,47 @@ GLOBAL_BATCH = 16
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the main job on N local ranks on the Python standard library's sources")
-    p.add_argument("--ranks", type=positive(int), default=4, help="ranks of the job (torchrun, gloo on CPU)")
-    p.add_argument("--resume-ranks", type=positive(int), default=None,
-                   help="ranks of the job that resumes from the checkpoint (default: 2, or 1 when --ranks is 2)")
-    p.add_argument("--output", default=None, metavar="DIR", help="work folder (default: a new temporary one)")
-    p.add_argument("--keep", action="store_true", help="keep the work folder (token files, caches, results)")
-    p.add_argument("--max-mb", type=positive(float), default=8.0, help="size cap of the sample corpus in MB")
+    p = sub.add_parser(
+        "demo", help="run the main job on N local ranks on the Python standard library's sources"
+    )
+    p.add_argument(
+        "--ranks", type=positive(int), default=4, help="ranks of the job (torchrun, gloo on CPU)"
+    )
+    p.add_argument(
+        "--resume-ranks",
+        type=positive(int),
+        default=None,
+        help="ranks of the job that resumes from the checkpoint"
+        " (default: 2, or 1 when --ranks is 2)",
+    )
+    p.add_argument(
+        "--output", default=None, metavar="DIR", help="work folder (default: a new temporary one)"
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the work folder (token files, caches, results)"
+    )
+    p.add_argument(
+        "--max-mb", type=positive(float), default=8.0, help="size cap of the sample corpus in MB"
+    )
     p.add_argument("--workers", type=positive(int), default=2, help="tokenizer workers")
-    p.add_argument("--seq-length", type=positive(int), default=1024, help="tokens per training sample")
-    p.add_argument("--steps", type=positive(int), default=12, help="training steps of the uninterrupted run")
-    p.add_argument("--checkpoint", type=positive(int), default=6, help="save the loader state after this step")
-    p.add_argument("--loader-workers", type=at_least(int, 0), default=1, help="loader worker processes per rank")
-    p.add_argument("--step-ms", type=at_least(float, 0), default=20.0, help="simulated training step (ms)")
+    p.add_argument(
+        "--seq-length", type=positive(int), default=1024, help="tokens per training sample"
+    )
+    p.add_argument(
+        "--steps", type=positive(int), default=12, help="training steps of the uninterrupted run"
+    )
+    p.add_argument(
+        "--checkpoint", type=positive(int), default=6, help="save the loader state after this step"
+    )
+    p.add_argument(
+        "--loader-workers",
+        type=at_least(int, 0),
+        default=1,
+        help="loader worker processes per rank",
+    )
+    p.add_argument(
+        "--step-ms", type=at_least(float, 0), default=20.0, help="simulated training step (ms)"
+    )
     p.set_defaults(func=run)
 
 
@@ -54,14 +82,20 @@ def _resume_ranks(args: argparse.Namespace) -> int:
     resume = args.resume_ranks or (1 if args.ranks == 2 else 2)
     for n in (args.ranks, resume):
         if GLOBAL_BATCH % n:
-            raise ConfigError(f"{n} ranks do not divide the demo's global batch of {GLOBAL_BATCH} samples",
-                              hint="use 1, 2, 4, 8 or 16 ranks")
+            raise ConfigError(
+                f"{n} ranks do not divide the demo's global batch of {GLOBAL_BATCH} samples",
+                hint="use 1, 2, 4, 8 or 16 ranks",
+            )
     if resume == args.ranks:
-        raise ConfigError(f"--resume-ranks is {resume}, the same as --ranks",
-                          hint="resume on another rank count to see the order continue across it")
+        raise ConfigError(
+            f"--resume-ranks is {resume}, the same as --ranks",
+            hint="resume on another rank count to see the order continue across it",
+        )
     if not args.checkpoint < args.steps:
-        raise ConfigError(f"--checkpoint {args.checkpoint} is not before the last step {args.steps}",
-                          hint="checkpoint before --steps, e.g. at half of it")
+        raise ConfigError(
+            f"--checkpoint {args.checkpoint} is not before the last step {args.steps}",
+            hint="checkpoint before --steps, e.g. at half of it",
+        )
     if args.loader_workers < 0:
         raise ConfigError(f"--loader-workers is {args.loader_workers}", hint="use 0 or more")
     return resume
@@ -80,8 +114,13 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)  # results of an earlier run must not be compared
     work.mkdir()
     job = _prepare(args, folder, work)
-    ok = _launch(job, args.ranks, "run", f"[4/6] {args.ranks} ranks (torchrun, gloo): each order, checkpoint"
-                 f" after step {args.checkpoint}, on to step {args.steps}")
+    ok = _launch(
+        job,
+        args.ranks,
+        "run",
+        f"[4/6] {args.ranks} ranks (torchrun, gloo): each order, checkpoint"
+        f" after step {args.checkpoint}, on to step {args.steps}",
+    )
     ok = ok and _launch(job, resume, "resume", f"[5/6] {resume} ranks resume from the checkpoint")
     if not ok:
         return 2
@@ -100,8 +139,13 @@ def _clean(folder: Path, created: bool) -> None:
     if created:
         shutil.rmtree(folder, ignore_errors=True)
         return
-    for path in [folder / "work", folder / "stdlib.jsonl", folder / "index-cache", folder / "sequences.json",
-                 *folder.glob("stdlib_text_document*")]:
+    for path in [
+        folder / "work",
+        folder / "stdlib.jsonl",
+        folder / "index-cache",
+        folder / "sequences.json",
+        *folder.glob("stdlib_text_document*"),
+    ]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists():
@@ -111,40 +155,69 @@ def _clean(folder: Path, created: bool) -> None:
 def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
     """Corpus, token files, caches and sequences JSON; the job description the ranks read."""
     from ..datasets import build_datasets
-    from .demo_rank import order_config
     from ..format import TokenFile, read_sidecar
     from ..format.sequences import counts_of, write_sequences
     from ..preprocess import PreprocessConfig, TokenizerSpec, preprocess, write_stdlib_corpus
+    from .demo_rank import order_config
 
     corpus = folder / "stdlib.jsonl"
     print(f"[1/6] sample corpus: the standard library's sources -> {corpus}", flush=True)
     write_stdlib_corpus(corpus, max_bytes=int(args.max_mb * 2**20))
-    print(f"[2/6] tokenize with the built-in byte-level tokenizer ({args.workers} workers)", flush=True)
+    print(
+        f"[2/6] tokenize with the built-in byte-level tokenizer ({args.workers} workers)",
+        flush=True,
+    )
     start = time.perf_counter()
     result = preprocess(
-        PreprocessConfig(inputs=(str(corpus),), output_prefix=str(folder / "stdlib"),
-                         tokenizer=TokenizerSpec(kind="byte"), append_eod=True, workers=args.workers, resume=False),
+        PreprocessConfig(
+            inputs=(str(corpus),),
+            output_prefix=str(folder / "stdlib"),
+            tokenizer=TokenizerSpec(kind="byte"),
+            append_eod=True,
+            workers=args.workers,
+            resume=False,
+        ),
         progress=False,
     )
     prefix = result.outputs["text"]
-    print(f"      {sum(result.tokens.values()):,} tokens in {time.perf_counter() - start:.2f} s", flush=True)
+    print(
+        f"      {sum(result.tokens.values()):,} tokens in {time.perf_counter() - start:.2f} s",
+        flush=True,
+    )
     tokenizer = read_sidecar(prefix).tokenizer or {}
     job = {
-        "work": str(work), "prefix": prefix, "cache": str(folder / "index-cache"),
-        "sequences": str(folder / "sequences.json"), "seq_length": args.seq_length, "seed": 1234,
-        "split": "100,0,0", "eod_id": tokenizer.get("eod_id"), "vocab_size": tokenizer.get("vocab_size"),
-        "tokenizer": tokenizer, "global_batch": GLOBAL_BATCH, "steps": args.steps, "checkpoint": args.checkpoint,
-        "sizes": [args.steps * GLOBAL_BATCH, None, None], "workers": args.loader_workers,
+        "work": str(work),
+        "prefix": prefix,
+        "cache": str(folder / "index-cache"),
+        "sequences": str(folder / "sequences.json"),
+        "seq_length": args.seq_length,
+        "seed": 1234,
+        "split": "100,0,0",
+        "eod_id": tokenizer.get("eod_id"),
+        "vocab_size": tokenizer.get("vocab_size"),
+        "tokenizer": tokenizer,
+        "global_batch": GLOBAL_BATCH,
+        "steps": args.steps,
+        "checkpoint": args.checkpoint,
+        "sizes": [args.steps * GLOBAL_BATCH, None, None],
+        "workers": args.loader_workers,
         "step_ms": args.step_ms,
     }
-    print("[3/6] prepare the index caches once, in one process (tokenload prepare-cache), and the"
-          " sequences JSON (tokenload sequences)", flush=True)
+    print(
+        "[3/6] prepare the index caches once, in one process (tokenload prepare-cache), and the"
+        " sequences JSON (tokenload sequences)",
+        flush=True,
+    )
     start = time.perf_counter()
     write_sequences(job["sequences"], {prefix: counts_of(TokenFile(prefix))})
     train, _, _ = build_datasets(order_config(job, "megatron", prepare=True), job["sizes"])
     written = len(os.listdir(job["cache"]))
-    print(f"      {written} cache files (train: {len(train):,} samples of {args.seq_length} tokens) in"
-          f" {time.perf_counter() - start:.2f} s; the ranks load them with build_policy='none'", flush=True)
+    print(
+        f"      {written} cache files (train: {len(train):,} samples of {args.seq_length}"
+        " tokens) in"
+        f" {time.perf_counter() - start:.2f} s; the ranks load them with build_policy='none'",
+        flush=True,
+    )
     (work / "job.json").write_text(json.dumps(job))
     return job
 
@@ -154,22 +227,47 @@ def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
     work = Path(job["work"])
     print(title, flush=True)
     log = work / f"torchrun-{phase}.log"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-               "-m", "tokenload.cli.demo_rank", "--job", str(work / "job.json"), "--phase", phase]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(ranks),
+        "-m",
+        "tokenload.cli.demo_rank",
+        "--job",
+        str(work / "job.json"),
+        "--phase",
+        phase,
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     with open(log, "wb") as err:
-        code = subprocess.run(command, stdout=sys.stdout, stderr=err, env=env, stdin=subprocess.DEVNULL).returncode
+        code = subprocess.run(
+            command, stdout=sys.stdout, stderr=err, env=env, stdin=subprocess.DEVNULL
+        ).returncode
     if code == 0:
         return True
     # the first rank to fail is the cause; the others fail after it (a closed connection)
     errors = sorted((work / "errors").glob("rank*.txt"), key=lambda p: p.stat().st_mtime_ns)
-    what = f"{errors[0].stem}: {errors[0].read_text().strip()}" if errors else f"torchrun exited with status {code}"
-    print(f"tokenload demo: error: {what} (log: {log}; the work folder is kept)", file=sys.stderr, flush=True)
+    what = (
+        f"{errors[0].stem}: {errors[0].read_text().strip()}"
+        if errors
+        else f"torchrun exited with status {code}"
+    )
+    print(
+        f"tokenload demo: error: {what} (log: {log}; the work folder is kept)",
+        file=sys.stderr,
+        flush=True,
+    )
     return False
 
 
 def _load(work: Path, phase: str, order: str, ranks: int) -> list[dict]:
-    return [json.loads((work / "results" / f"{phase}-{order}-rank{r}.json").read_text()) for r in range(ranks)]
+    return [
+        json.loads((work / "results" / f"{phase}-{order}-rank{r}.json").read_text())
+        for r in range(ranks)
+    ]
 
 
 def _exact(run: list[dict], resumed: list[dict], job: dict) -> list[bool]:
@@ -182,15 +280,22 @@ def _exact(run: list[dict], resumed: list[dict], job: dict) -> list[bool]:
         after = [d for r in resumed for d in r["served"].get(key, [])]
         for rank, result in enumerate(run):
             mine = result["served"].get(key)
-            ok[rank] &= mine is not None and len(mine) == per_rank and after[rank * per_rank:(rank + 1) * per_rank] == mine
+            ok[rank] &= (
+                mine is not None
+                and len(mine) == per_rank
+                and after[rank * per_rank : (rank + 1) * per_rank] == mine
+            )
     return ok
 
 
 def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
     from .demo_rank import ORDERS
 
-    header = (f"{'order':<10}{'rank':>5}{'first batch':>13}{'samples/s':>11}{'data wait':>11}   resume exact"
-              f" ({resume} ranks)")
+    header = (
+        f"{'order':<10}{'rank':>5}{'first batch':>13}{'samples/s':>11}{'data wait':>11}"
+        "   resume exact"
+        f" ({resume} ranks)"
+    )
     print(header)
     print("-" * len(header))
     every = True
@@ -201,9 +306,13 @@ def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
         for r in run:
             rate = r["samples"] / r["active_s"] if r["active_s"] else 0.0
             share = "-" if r["wait_share"] is None else f"{r['wait_share']:.1%}"
-            print(f"{order:<10}{r['rank']:>5}{r['first_batch_s']:>11.2f} s{rate:>11.0f}{share:>11}"
-                  f"   {'yes' if exact[r['rank']] else 'no'}")
-    print(f"(samples/s of each rank's training loop with a simulated {job['step_ms']:g} ms step,"
-          f" {job['global_batch'] // ranks} samples of {job['seq_length']} tokens per micro-batch;"
-          f" first batch: datasets + loader + first batch, after imports)")
+            print(
+                f"{order:<10}{r['rank']:>5}{r['first_batch_s']:>11.2f} s{rate:>11.0f}{share:>11}"
+                f"   {'yes' if exact[r['rank']] else 'no'}"
+            )
+    print(
+        f"(samples/s of each rank's training loop with a simulated {job['step_ms']:g} ms step,"
+        f" {job['global_batch'] // ranks} samples of {job['seq_length']} tokens per micro-batch;"
+        f" first batch: datasets + loader + first batch, after imports)"
+    )
     return every

@@ -39,8 +39,11 @@ def order_config(job: dict[str, Any], order: str, *, prepare: bool = False):
     from ..datasets import MegatronDataConfig
 
     common = dict(
-        sequence_length=job["seq_length"], eod_id=job["eod_id"], vocab_size=job["vocab_size"],
-        tokenizer=job["tokenizer"], random_seed=job["seed"],
+        sequence_length=job["seq_length"],
+        eod_id=job["eod_id"],
+        vocab_size=job["vocab_size"],
+        tokenizer=job["tokenizer"],
+        random_seed=job["seed"],
     )
     if order == "mock":
         return MegatronDataConfig(**common, cache="off")
@@ -57,19 +60,25 @@ def row_digests(tokens: Any) -> list[str]:
     return [hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in array]
 
 
-def _run_order(job: dict[str, Any], order: str, phase: str, rank: int, world: int) -> dict[str, Any]:
+def _run_order(
+    job: dict[str, Any], order: str, phase: str, rank: int, world: int
+) -> dict[str, Any]:
     from ..datasets import build_datasets
     from ..errors import StorageError
     from ..loader import build_dataloader
 
     if os.environ.get(FAIL_HOOK) == str(rank):
-        raise StorageError(f"rehearsed failure of rank {rank} ({FAIL_HOOK})", hint="unset the test hook")
+        raise StorageError(
+            f"rehearsed failure of rank {rank} ({FAIL_HOOK})", hint="unset the test hook"
+        )
     checkpoint, steps = job["checkpoint"], job["steps"]
     mbs = job["global_batch"] // world
     start = time.perf_counter()
     train, _, _ = build_datasets(order_config(job, order), job["sizes"])
     built = time.perf_counter() - start
-    loader = build_dataloader(train, micro_batch_size=mbs, num_workers=job["workers"], dp_rank=rank, dp_size=world)
+    loader = build_dataloader(
+        train, micro_batch_size=mbs, num_workers=job["workers"], dp_rank=rank, dp_size=world
+    )
     folder = Path(job["work"]) / "states"
     state_file = folder / f"{order}.json"
     if phase == "resume":
@@ -91,22 +100,32 @@ def _run_order(job: dict[str, Any], order: str, phase: str, rank: int, world: in
                 tmp = state_file.with_suffix(".tmp")
                 tmp.write_text(json.dumps(loader.state_dict()))
                 tmp.replace(state_file)
-                print(f"      rank 0/{world} {order:<8} checkpoint saved after step {step + 1}", flush=True)
+                print(
+                    f"      rank 0/{world} {order:<8} checkpoint saved after step {step + 1}",
+                    flush=True,
+                )
             if step + 1 == steps:
                 break
         metrics = loader.metrics()
     finally:
         loader.close()
     return {
-        "order": order, "phase": phase, "rank": rank, "world": world, "build_s": built,
-        "first_batch_s": first, "samples": metrics["samples"], "active_s": metrics["active_s"],
-        "wait_share": metrics["data_wait"]["share"], "served": served,
+        "order": order,
+        "phase": phase,
+        "rank": rank,
+        "world": world,
+        "build_s": built,
+        "first_batch_s": first,
+        "samples": metrics["samples"],
+        "active_s": metrics["active_s"],
+        "wait_share": metrics["data_wait"]["share"],
+        "served": served,
     }
 
 
 def _one_line(exc: BaseException) -> str:
-    from .main import one_line
     from ..errors import TokenloadError
+    from .main import one_line
 
     return one_line(exc) if isinstance(exc, TokenloadError) else f"{type(exc).__name__}: {exc}"
 
@@ -136,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         errors = Path(job["work"]) / "errors"
         errors.mkdir(exist_ok=True)
-        (errors / f"rank{rank}.txt").write_text(f"{args.phase} on {world} ranks: {_one_line(exc)}\n")
+        (errors / f"rank{rank}.txt").write_text(
+            f"{args.phase} on {world} ranks: {_one_line(exc)}\n"
+        )
         return 1
     return 0
 

@@ -10,30 +10,74 @@ from .vocabulary import to_flags
 
 
 def register(sub) -> None:
-    p = sub.add_parser("doctor", help="measure the scale guides' checklist on your data and print the fixes")
-    p.add_argument("--data-path", nargs="+", required=True, metavar="W_OR_PREFIX",
-                   help="the job's --data-path: prefixes or weight/prefix pairs (a prefix given twice from two"
-                   " folders is compared as copies)")
+    p = sub.add_parser(
+        "doctor", help="measure the scale guides' checklist on your data and print the fixes"
+    )
+    p.add_argument(
+        "--data-path",
+        nargs="+",
+        required=True,
+        metavar="W_OR_PREFIX",
+        help="the job's --data-path: prefixes or weight/prefix pairs (a prefix given twice from two"
+        " folders is compared as copies)",
+    )
     p.add_argument("--seq-length", type=positive(int), required=True, help="the job's --seq-length")
-    p.add_argument("--data-cache-path", default=None, metavar="DIR", help="the job's --data-cache-path")
+    p.add_argument(
+        "--data-cache-path", default=None, metavar="DIR", help="the job's --data-cache-path"
+    )
     p.add_argument("--split", default="969, 30, 1", help="the job's --split")
-    p.add_argument("--train-samples", type=positive(int), default=None,
-                   help="samples of the train split, as the job asks them (default: one epoch)")
+    p.add_argument(
+        "--train-samples",
+        type=positive(int),
+        default=None,
+        help="samples of the train split, as the job asks them (default: one epoch)",
+    )
     p.add_argument("--seed", type=int, default=1234, help="the job's --seed")
-    p.add_argument("--build-policy", default="auto",
-                   choices=("auto", "rank0", "local-rank0", "every-rank", "none"), help="the job's build_policy")
-    p.add_argument("--order", default="megatron", choices=("megatron", "computed"), help="the job's sample order")
-    p.add_argument("--read-mode", default="mmap", choices=("mmap", "pread"), help="the job's read_mode")
-    p.add_argument("--sequences-path", default=None, metavar="JSON",
-                   help="the job's sequences JSON (--per-dataset-sequences-path)")
-    p.add_argument("--micro-batch-size", type=positive(int), default=4, help="samples per micro-batch")
-    p.add_argument("--step-ms", type=positive(float), default=20.0,
-                   help="the training step's duration the data has to keep up with")
+    p.add_argument(
+        "--build-policy",
+        default="auto",
+        choices=("auto", "rank0", "local-rank0", "every-rank", "none"),
+        help="the job's build_policy",
+    )
+    p.add_argument(
+        "--order",
+        default="megatron",
+        choices=("megatron", "computed"),
+        help="the job's sample order",
+    )
+    p.add_argument(
+        "--read-mode", default="mmap", choices=("mmap", "pread"), help="the job's read_mode"
+    )
+    p.add_argument(
+        "--sequences-path",
+        default=None,
+        metavar="JSON",
+        help="the job's sequences JSON (--per-dataset-sequences-path)",
+    )
+    p.add_argument(
+        "--micro-batch-size", type=positive(int), default=4, help="samples per micro-batch"
+    )
+    p.add_argument(
+        "--step-ms",
+        type=positive(float),
+        default=20.0,
+        help="the training step's duration the data has to keep up with",
+    )
     p.add_argument("--steps", type=positive(int), default=16, help="loader steps per measurement")
-    p.add_argument("--compare", nargs="+", default=[], metavar="DIR",
-                   help="folders holding copies of the prefixes (another node's mount): compared by content")
-    p.add_argument("--plot", default=None, metavar="FILE.png",
-                   help="write the startup timeline and the per-step data wait as a PNG (needs tokenload[plot])")
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        metavar="DIR",
+        help="folders holding copies of the prefixes (another node's mount): compared by content",
+    )
+    p.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="write the startup timeline and the per-step data wait as a PNG"
+        " (needs tokenload[plot])",
+    )
     p.set_defaults(func=run)
 
 
@@ -44,10 +88,20 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         require("matplotlib", "plot", "tokenload doctor --plot")  # before minutes of measuring
     config = DoctorConfig(
-        data_path=args.data_path, seq_length=args.seq_length, data_cache_path=args.data_cache_path,
-        split=args.split, train_samples=args.train_samples, seed=args.seed, build_policy=args.build_policy,
-        order=args.order, read_mode=args.read_mode, sequences_path=args.sequences_path,
-        micro_batch_size=args.micro_batch_size, step_ms=args.step_ms, steps=args.steps, compare=args.compare,
+        data_path=args.data_path,
+        seq_length=args.seq_length,
+        data_cache_path=args.data_cache_path,
+        split=args.split,
+        train_samples=args.train_samples,
+        seed=args.seed,
+        build_policy=args.build_policy,
+        order=args.order,
+        read_mode=args.read_mode,
+        sequences_path=args.sequences_path,
+        micro_batch_size=args.micro_batch_size,
+        step_ms=args.step_ms,
+        steps=args.steps,
+        compare=args.compare,
     )
     report = diagnose(config)
     print(to_flags(format_report(report)))  # the report names doctor's fields: its flags here

@@ -16,7 +16,7 @@ import logging
 import os
 import select
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import TokenloadError
@@ -69,14 +69,19 @@ class SubcommandParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokenload",
-        description="LLM pretraining data: raw text -> Megatron token files -> batches for every rank.",
+        description="LLM pretraining data: raw text -> Megatron token files -> batches for every"
+        " rank.",
     )
     parser.add_argument("--version", action="version", version=f"tokenload {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=SubcommandParser)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=SubcommandParser
+    )
     for name in COMMANDS:
         importlib.import_module(f"{__package__}.{name}").register(sub)
-    for choice in sub._choices_actions:  # a subcommand without its own description shows its help line
+    for (
+        choice
+    ) in sub._choices_actions:  # a subcommand without its own description shows its help line
         command = sub.choices[choice.dest]
         if command.description is None and choice.help:
             command.description = choice.help[0].upper() + choice.help[1:] + "."
@@ -102,8 +107,14 @@ def did_you_mean(command_parser: argparse.ArgumentParser, words: Sequence[str]) 
         if not flag.startswith("--") or flag in known or any(k.startswith(flag) for k in known):
             continue  # a value, a known flag, or an abbreviation argparse accepts
         key = flag.replace("_", "-").lower()
-        close = [normal[key]] if key in normal else [normal[c] for c in difflib.get_close_matches(key, normal, n=2)]
-        hints.append(f"{flag}: did you mean {' or '.join(close)}?" if close else f"{flag}: no such flag")
+        close = (
+            [normal[key]]
+            if key in normal
+            else [normal[c] for c in difflib.get_close_matches(key, normal, n=2)]
+        )
+        hints.append(
+            f"{flag}: did you mean {' or '.join(close)}?" if close else f"{flag}: no such flag"
+        )
     return "; ".join(hints)
 
 
@@ -125,10 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("tokenload").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     from ..storage.remote import fail_fast_before_first_contact
 
-    fail_fast_before_first_contact(FIRST_CONTACT_RETRIES)  # a mistyped endpoint: seconds, not a minute
+    fail_fast_before_first_contact(
+        FIRST_CONTACT_RETRIES
+    )  # a mistyped endpoint: seconds, not a minute
     try:
         return _run(args)
-    finally:  # main() called in a process that goes on (a test, a notebook) leaves the library as it was
+    finally:  # main() called in a process that goes on (a test, a notebook) leaves the library
+        # as it was
         fail_fast_before_first_contact(None)
 
 
@@ -180,7 +194,10 @@ def os_error_line(exc: OSError) -> str:
     """An operating-system error no layer turned into a typed one, as one line with a hint."""
     where = f"{exc.filename}: " if exc.filename else ""
     what = exc.strerror or str(exc) or type(exc).__name__
-    return f"{where}{what} ({type(exc).__name__}) [HINT: check that the path exists, is readable or writable as needed, and that its disk has free space]"
+    return (
+        f"{where}{what} ({type(exc).__name__}) [HINT: check that the path exists, is readable or"
+        " writable as needed, and that its disk has free space]"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -90,13 +90,15 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _bytes(flag: str, mb: float, default: int) -> int:
-    """A size in MB (MiB) as bytes; a value that is no size at all (inf, nan) is refused here, the
-    range of a size by ``PreprocessConfig`` (its errors name the field; ``main`` prints the flag)."""
+    """A size in MB (MiB) as bytes; a value that is no size at all (inf, nan) is refused here,
+    the range of a size by ``PreprocessConfig`` (its errors name the field; ``main`` prints the
+    flag)."""
     from ..errors import ConfigError
 
     if not math.isfinite(mb):
         raise ConfigError(
-            f"{flag} is {mb:g}, expected a finite size", hint=f"omit {flag} for the default of {default} MB"
+            f"{flag} is {mb:g}, expected a finite size",
+            hint=f"omit {flag} for the default of {default} MB",
         )
     return int(mb * (1 << 20))
 
@@ -150,15 +152,18 @@ def summary_text(config, result) -> str:
         + (f" ({result.files_resumed} resumed)" if result.files_resumed else ""),
         f"  time     {result.seconds:.2f} s: {_speed(result, mb)}"
         f"  [{result.engine}, "
-        + ("ray" if config.executor == "ray" else f"{config.workers} worker(s)") + "]",
+        + ("ray" if config.executor == "ray" else f"{config.workers} worker(s)")
+        + "]",
         "  skipped  " + (", ".join(f"{r} {n:,}" for r, n in result.skipped.items()) or "none"),
     ]
     for key, prefix in result.outputs.items():
         lines.append(f"  output   {prefix}.bin/.idx/.json  ({key}: {result.tokens[key]:,} tokens)")
     if config.num_shards > 1:
         key = config.json_keys[0]
-        shards = [output_name(shard_prefix(config.output_prefix, i, config.num_shards), key)
-                  for i in range(config.num_shards)]
+        shards = [
+            output_name(shard_prefix(config.output_prefix, i, config.num_shards), key)
+            for i in range(config.num_shards)
+        ]
         listing = " ".join(shards) if len(shards) <= 16 else f"{shards[0]} ... {shards[-1]}"
         lines.append(
             f"  shard    {config.shard_index} of {config.num_shards}; when every shard is done:"
@@ -172,13 +177,16 @@ def register_corpus(sub) -> None:
     p = sub.add_parser(
         "corpus",
         help="write a sample JSONL corpus from this Python's standard library sources",
-        description="Writes one JSON line {\"text\": SOURCE} per standard library .py file of this"
+        description='Writes one JSON line {"text": SOURCE} per standard library .py file of this'
         " Python, in sorted path order, so the corpus is the same on every run of one Python"
         " version: sample data for trying preprocess without downloading anything.",
     )
     p.add_argument("--output", required=True, help="JSONL file to write")
     p.add_argument(
-        "--max-mb", type=positive(float), default=None, help="stop before the file exceeds this size"
+        "--max-mb",
+        type=positive(float),
+        default=None,
+        help="stop before the file exceeds this size",
     )
     p.add_argument(
         "--min-mb",

@@ -21,11 +21,13 @@ def add_preprocess_flags(p: argparse.ArgumentParser) -> None:
     _input_flags(p.add_argument_group("input and output"))
     _tokenizer_flags(p.add_argument_group("tokenizer"))
     _runtime_flags(p.add_argument_group("runtime"))
-    _peer_flags(p.add_argument_group(
-        "Megatron-LM and GPT-NeoX flags",
-        "accepted so their commands run unchanged; those that would change the output in a way"
-        " tokenload does not reproduce are refused with the reason",
-    ))
+    _peer_flags(
+        p.add_argument_group(
+            "Megatron-LM and GPT-NeoX flags",
+            "accepted so their commands run unchanged; those that would change the output in a way"
+            " tokenload does not reproduce are refused with the reason",
+        )
+    )
 
 
 def check_preprocess_flags(args: argparse.Namespace) -> None:
@@ -50,7 +52,8 @@ def _input_flags(io) -> None:
         "--output-prefix",
         required=True,
         help="output prefix: a local path (its folder must exist) or a URL such as s3://bucket/path/name"
-        " (made in a local staging folder, TOKENLOAD_STAGING_DIR, and uploaded when the run succeeds)",
+        " (made in a local staging folder, TOKENLOAD_STAGING_DIR, and uploaded when the run"
+        " succeeds)",
     )
     io.add_argument(
         "--json-keys",
@@ -154,7 +157,8 @@ def _runtime_flags(rt) -> None:
         "--ray-tasks-in-flight",
         type=int,
         default=None,
-        help="with --executor ray: most unfinished tasks at once (default: twice the cluster's CPUs)",
+        help="with --executor ray: most unfinished tasks at once"
+        " (default: twice the cluster's CPUs)",
     )
     rt.add_argument(
         "--range-mb",
@@ -215,15 +219,23 @@ def _peer_flags(pf) -> None:
         action="store_true",
         help="Megatron: partitions keep the input order (tokenload always does)",
     )
-    pf.add_argument("--log-interval", type=int, default=None, help="Megatron/NeoX: ignored (see --progress)")
-    pf.add_argument("--num-docs", type=int, default=None, help="GPT-NeoX: ignored (progress estimate)")
+    pf.add_argument(
+        "--log-interval", type=int, default=None, help="Megatron/NeoX: ignored (see --progress)"
+    )
+    pf.add_argument(
+        "--num-docs", type=int, default=None, help="GPT-NeoX: ignored (progress estimate)"
+    )
     pf.add_argument(
         "--dataset-impl",
         default="mmap",
         help="GPT-NeoX: only mmap (Megatron's .bin/.idx) is written",
     )
-    pf.add_argument("--split-sentences", action="store_true", help="Megatron: refused (see the error)")
-    pf.add_argument("--keep-newlines", action="store_true", help="Megatron: refused (with --split-sentences)")
+    pf.add_argument(
+        "--split-sentences", action="store_true", help="Megatron: refused (see the error)"
+    )
+    pf.add_argument(
+        "--keep-newlines", action="store_true", help="Megatron: refused (with --split-sentences)"
+    )
     pf.add_argument("--lang", default=None, help="Megatron: sentence-splitting language; refused")
     pf.add_argument("--ftfy", action="store_true", help="GPT-NeoX: refused (see the error)")
 
@@ -234,10 +246,12 @@ def _check_peer_flags(args: argparse.Namespace) -> None:
 
     if args.split_sentences or args.keep_newlines or args.lang is not None:
         raise ConfigError(
-            "--split-sentences/--keep-newlines/--lang ask for one sequence per sentence (NLTK punkt,"
+            "--split-sentences/--keep-newlines/--lang ask for one sequence per sentence"
+            " (NLTK punkt,"
             " BERT-style data); tokenload writes one sequence per document",
             hint="drop these flags for GPT pretraining data (Megatron's default); split sentences"
-            " beforehand and pass each document's sentences as a JSON list to get one sequence each",
+            " beforehand and pass each document's sentences as a JSON list to get one sequence"
+            " each",
         )
     if args.partitions < 1:
         raise ConfigError(f"--partitions is {args.partitions}, expected >= 1", hint="omit it")
@@ -256,7 +270,8 @@ def _check_peer_flags(args: argparse.Namespace) -> None:
         )
     if args.ftfy:
         raise ConfigError(
-            "--ftfy repairs text with the ftfy package before tokenizing, which tokenload does not do",
+            "--ftfy repairs text with the ftfy package before tokenizing, which tokenload does"
+            " not do",
             hint="run ftfy over the input first, or drop --ftfy",
         )
 

@@ -15,13 +15,22 @@ from ..errors import ConfigError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("state", help="print the per-source accounting, skips and schedule position"
-                       " of a saved loader state")
-    p.add_argument("state_file", metavar="STATE_FILE",
-                   help="JSON of loader.state_dict(), or a checkpoint that holds it")
-    p.add_argument("--key", default=None, metavar="KEY",
-                   help="the state's key in a checkpoint holding several loader states, e.g."
-                   " train_loader (dots for nested keys)")
+    p = sub.add_parser(
+        "state",
+        help="print the per-source accounting, skips and schedule position of a saved loader state",
+    )
+    p.add_argument(
+        "state_file",
+        metavar="STATE_FILE",
+        help="JSON of loader.state_dict(), or a checkpoint that holds it",
+    )
+    p.add_argument(
+        "--key",
+        default=None,
+        metavar="KEY",
+        help="the state's key in a checkpoint holding several loader states, e.g."
+        " train_loader (dots for nested keys)",
+    )
     p.add_argument("--json", action="store_true", help="print the accounting as JSON")
     p.set_defaults(func=run)
 
@@ -40,8 +49,9 @@ def read(path: str) -> Any:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}",
-                          hint="pass the saved state's path") from None
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror}", hint="pass the saved state's path"
+        ) from None
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, ValueError):
@@ -66,9 +76,10 @@ def find_state(value: Any, path: str, key: str | None = None) -> dict[str, Any]:
     found = {k: v for k, v in _states(value, "", 6)}
     if key is not None:
         if key not in found:
-            raise ConfigError(f"{path} holds no loader state at key {key!r}",
-                              hint=_choices(found) or "pass the file where loader.state_dict()"
-                              " was saved")
+            raise ConfigError(
+                f"{path} holds no loader state at key {key!r}",
+                hint=_choices(found) or "pass the file where loader.state_dict() was saved",
+            )
         return found[key]
     if len(found) == 1:
         return next(iter(found.values()))
@@ -109,15 +120,18 @@ def format_state(state: dict[str, Any]) -> str:
     spans = ", ".join(f"[{s['at']}, {s['at'] + s['samples']})" for s in skips)
     spans = f" ({spans})" if spans else ""
     lines.append(f"skipped: {job.get('skipped_samples', 0)} samples{spans}")
-    lines.append(f"{'source':<40} {'drawn':>10} {'skipped':>8} {'samples':>10} {'tokens':>13}"
-                 f" {'epoch':>5}")
+    lines.append(
+        f"{'source':<40} {'drawn':>10} {'skipped':>8} {'samples':>10} {'tokens':>13} {'epoch':>5}"
+    )
     for s in job.get("sources") or []:
         name = str(s.get("name") or s.get("source"))
         name = name if len(name) <= 40 else "..." + name[-37:]
         note = "" if s.get("active", True) else "  (removed; continues if it comes back)"
         tokens = "-" if s.get("tokens") is None else s["tokens"]
-        lines.append(f"{name:<40} {s['drawn']:>10} {s['skipped']:>8} {s['samples']:>10}"
-                     f" {tokens:>13} {s['epoch']:>5}{note}")
+        lines.append(
+            f"{name:<40} {s['drawn']:>10} {s['skipped']:>8} {s['samples']:>10}"
+            f" {tokens:>13} {s['epoch']:>5}{note}"
+        )
     return "\n".join(lines)
 
 
@@ -127,5 +141,7 @@ def _schedule_line(position: Any) -> str:
     weights = " ".join(f"{w:g}" for w in position["weights"])
     following = position.get("next_change")
     later = "no later change" if following is None else f"next change at sample {following}"
-    return (f"schedule: entry {position['entry'] + 1} of {position['entries']} (from sample"
-            f" {position['start']}, weights {weights}); {later}")
+    return (
+        f"schedule: entry {position['entry'] + 1} of {position['entries']} (from sample"
+        f" {position['start']}, weights {weights}); {later}"
+    )

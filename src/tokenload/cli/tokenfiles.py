@@ -12,8 +12,8 @@ from ..format.idx import dtype_code, prefix_of
 
 _FORMATS = {
     "MMIDIDX": "MMIDIDX (Megatron mmap)",
-    "TNTIDX": "TNTIDX (legacy fairseq cached/lazy index, read into memory at open; `tokenload convert`"
-    " rewrites it as MMIDIDX)",
+    "TNTIDX": "TNTIDX (legacy fairseq cached/lazy index, read into memory at open;"
+    " `tokenload convert` rewrites it as MMIDIDX)",
 }
 _PREFIX_HELP = "token file: PREFIX, PREFIX.bin or PREFIX.idx (the pair PREFIX.bin + PREFIX.idx)"
 
@@ -60,7 +60,8 @@ def run_info(args: argparse.Namespace) -> int:
         print(f"  tokens       {d['tokens']:,}")
         print(f"  bytes        .bin {d['bin_bytes']:,}  .idx {d['idx_bytes']:,}")
         print(
-            f"  doc tokens   mean {d['mean_document_tokens']:.1f}  min {pct['p0']}  p50 {pct['p50']}"
+            f"  doc tokens   mean {d['mean_document_tokens']:.1f}  min {pct['p0']}"
+            f"  p50 {pct['p50']}"
             f"  p90 {pct['p90']}  p99 {pct['p99']}  max {pct['p100']}"
         )
         side = d["sidecar"]
@@ -69,8 +70,14 @@ def run_info(args: argparse.Namespace) -> int:
         else:
             tok = side.get("tokenizer") or {}
             name = tok.get("name", "unknown")
-            print(f"  tokenizer    {name} (vocab {tok.get('vocab_size', '?')}, eod {tok.get('eod_id', '?')})")
-            print(f"  xxh3_64      .bin {side['hashes']['bin']['xxh3_64']}  .idx {side['hashes']['idx']['xxh3_64']}")
+            print(
+                f"  tokenizer    {name} (vocab {tok.get('vocab_size', '?')},"
+                f" eod {tok.get('eod_id', '?')})"
+            )
+            print(
+                f"  xxh3_64      .bin {side['hashes']['bin']['xxh3_64']}"
+                f"  .idx {side['hashes']['idx']['xxh3_64']}"
+            )
     return 0
 
 
@@ -94,7 +101,9 @@ def register_verify(sub) -> None:
         metavar="N",
         help="check every token is below N (default: the sidecar's tokenizer vocab_size, if any)",
     )
-    p.add_argument("--hashes", action="store_true", help="also check the files against the sidecar's hashes")
+    p.add_argument(
+        "--hashes", action="store_true", help="also check the files against the sidecar's hashes"
+    )
     p.set_defaults(func=run_verify)
 
 
@@ -134,10 +143,16 @@ def register_merge(sub) -> None:
         " kept, same dtype required. The output appears only when complete; the hidden"
         " temporaries of a killed merge are removed by the next merge into the same prefix.",
     )
-    p.add_argument("prefixes", nargs="*", metavar="PREFIX", help="inputs in order (or use --input DIR)")
-    p.add_argument("--input", default=None, metavar="DIR", help="merge every prefix in DIR, sorted by name")
     p.add_argument(
-        "--output-prefix", required=True, help="output PREFIX (PREFIX.bin, PREFIX.idx and PREFIX.json are written)"
+        "prefixes", nargs="*", metavar="PREFIX", help="inputs in order (or use --input DIR)"
+    )
+    p.add_argument(
+        "--input", default=None, metavar="DIR", help="merge every prefix in DIR, sorted by name"
+    )
+    p.add_argument(
+        "--output-prefix",
+        required=True,
+        help="output PREFIX (PREFIX.bin, PREFIX.idx and PREFIX.json are written)",
     )
     p.set_defaults(func=run_merge)
 
@@ -153,7 +168,8 @@ def run_merge(args: argparse.Namespace) -> int:
     prefixes = prefixes_in(args.input) if args.input else list(args.prefixes)
     sidecar = merge_token_files(prefixes, args.output_prefix)
     print(
-        f"merged {len(prefixes)} token files into {prefix_of(args.output_prefix)}: {sidecar.documents:,} documents,"
+        f"merged {len(prefixes)} token files into {prefix_of(args.output_prefix)}:"
+        f" {sidecar.documents:,} documents,"
         f" {sidecar.tokens:,} tokens ({sidecar.dtype})"
     )
     return 0
@@ -163,16 +179,19 @@ def register_convert(sub) -> None:
     p = sub.add_parser(
         "convert",
         help="rewrite a token file as megatron-core's MMIDIDX (legacy TNTIDX, GPT-NeoX files)",
-        description="Rewrite one token file as megatron-core's MMIDIDX pair: the bytes megatron-core's"
-        " IndexedDatasetBuilder writes for the same documents, in the same dtype. Reads the legacy"
-        " fairseq cached/lazy index (TNTIDX, GPT-NeoX data_impl cached/lazy), GPT-NeoX's MMIDIDX"
-        " files with its swapped float dtype codes 6/7 (written with megatron-core's codes), and"
+        description="Rewrite one token file as megatron-core's MMIDIDX pair: the bytes"
+        " megatron-core's IndexedDatasetBuilder writes for the same documents, in the same dtype."
+        " Reads the legacy fairseq cached/lazy index (TNTIDX, GPT-NeoX data_impl cached/lazy),"
+        " GPT-NeoX's MMIDIDX files with its swapped float dtype codes 6/7 (written with"
+        " megatron-core's codes), and"
         " GPT-NeoX's merged files without document boundaries (written with one document per"
         " sequence). The output appears only when complete.",
     )
     p.add_argument("prefix", metavar="PREFIX", help=_PREFIX_HELP)
     p.add_argument(
-        "--output-prefix", required=True, help="output PREFIX (PREFIX.bin, PREFIX.idx and PREFIX.json are written)"
+        "--output-prefix",
+        required=True,
+        help="output PREFIX (PREFIX.bin, PREFIX.idx and PREFIX.json are written)",
     )
     p.add_argument(
         "--dtype-codes",
@@ -188,7 +207,8 @@ def run_convert(args: argparse.Namespace) -> int:
     origin = sidecar.metadata["converted_from"]
     boundaries = "; one document per sequence (the input has no document boundaries)"
     print(
-        f"converted {origin['prefix']} ({origin['index_format']}, dtype code {origin['dtype_code']})"
+        f"converted {origin['prefix']} ({origin['index_format']},"
+        f" dtype code {origin['dtype_code']})"
         f" into {prefix_of(args.output_prefix)} (MMIDIDX, dtype code {dtype_code(sidecar.dtype)}):"
         f" {sidecar.documents:,} documents, {sidecar.tokens:,} tokens ({sidecar.dtype})"
         f"{boundaries if origin['documents_from_sequences'] else ''}"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from .config import PreprocessConfig, TokenizerSpec, canonical_kind, shard_from_environment
 from .corpus import CorpusSummary, write_stdlib_corpus
-from .pipeline import PreprocessResult, preprocess
 from .inputs import InputFile, expand_inputs, shard_files
 from .load import load_tokenizer
+from .pipeline import PreprocessResult, preprocess
 from .tokenizer import ByteTokenizer, TextTokenizer
 
 __all__ = [

@@ -75,11 +75,17 @@ def connect(ray, config: PreprocessConfig) -> bool:
             ray.init(address="local", num_cpus=config.workers, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ConfigError(
-            f"cannot join the Ray cluster at {address!r} ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})",
-            hint="check `ray_address=` / RAY_ADDRESS (e.g. HEAD_IP:6379, as `ray start --head` prints)"
-            " and that `ray status` works from this machine; leave both unset for a local cluster",
+            f"cannot join the Ray cluster at {address!r} ({_first_line(exc)})",
+            hint="check `ray_address=` / RAY_ADDRESS (e.g. HEAD_IP:6379, as `ray start --head`"
+            " prints) and that `ray status` works from this machine; leave both unset for a local"
+            " cluster",
         ) from None
     return True
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, or its type's name when it has no text."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def storage_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -90,7 +96,13 @@ def storage_environment(environ: dict[str, str] | None = None) -> dict[str, str]
     return {k: v for k, v in env.items() if k.startswith(_FORWARDED)}
 
 
-_FORWARDED = ("AWS_", "FSSPEC_", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_", "TOKENLOAD_RETR")
+_FORWARDED = (
+    "AWS_",
+    "FSSPEC_",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AZURE_STORAGE_",
+    "TOKENLOAD_RETR",
+)
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -157,7 +169,11 @@ class _Driver:
         self.queue: list[tuple[int, int]] = []
         for plan in self.plans.values():
             for k, span in enumerate(plan.spans):
-                done = work.range_finished(plan.index, k, plan.file, span, config.json_keys) if plan.ranged else None
+                done = (
+                    work.range_finished(plan.index, k, plan.file, span, config.json_keys)
+                    if plan.ranged
+                    else None
+                )
                 if done is not None:
                     plan.done[k] = done
                 else:
@@ -173,15 +189,24 @@ class _Driver:
                 self._commit(plan)
         if not self.queue:
             return
-        task_fn = ray.remote(num_cpus=self.config.ray_cpus_per_task, max_retries=MAX_RETRIES)(_run_part)
+        task_fn = ray.remote(num_cpus=self.config.ray_cpus_per_task, max_retries=MAX_RETRIES)(
+            _run_part
+        )
         tally = [ray.remote(num_cpus=0)(_Tally).remote()]
-        files = tokenizer_files(self.encode.tokenizer) if self.encode.tokenizer.kind != "byte" else {}
+        files = (
+            tokenizer_files(self.encode.tokenizer) if self.encode.tokenizer.kind != "byte" else {}
+        )
         shipped = [ray.put(files)]
         limit = self.config.ray_tasks_in_flight or self._default_in_flight()
         ranged = [p for p in self.plans.values() if p.ranged]
         log.info(
-            "ray: %d task(s) for %d input file(s) (%d split into %d byte ranges), at most %d in flight",
-            len(self.queue), len(self.plans), len(ranged), sum(len(p.spans) for p in ranged), limit,
+            "ray: %d task(s) for %d input file(s) (%d split into %d byte ranges),"
+            " at most %d in flight",
+            len(self.queue),
+            len(self.plans),
+            len(ranged),
+            sum(len(p.spans) for p in ranged),
+            limit,
         )
         pending: dict[Any, tuple[int, int]] = {}
         try:
@@ -246,13 +271,18 @@ class _Driver:
             return None
         except self.ray.exceptions.RayError as exc:
             path = self.plans[where[0]].file.path
-            self.errors.append((where, StorageError(
-                f"a Ray task failed {MAX_RETRIES + 1} times ({type(exc).__name__}:"
-                f" {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
-                path=path,
-                hint="check the cluster (`ray status`, node memory and disks); rerun the same command:"
-                " finished parts are kept",
-            )))
+            self.errors.append(
+                (
+                    where,
+                    StorageError(
+                        f"a Ray task failed {MAX_RETRIES + 1} times ({type(exc).__name__}:"
+                        f" {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
+                        path=path,
+                        hint="check the cluster (`ray status`, node memory and disks); rerun"
+                        " the same command: finished parts are kept",
+                    ),
+                )
+            )
             return None
 
     def _take(self, where: tuple[int, int], result: PartResult | None) -> None:
@@ -333,8 +363,14 @@ class _Driver:
 def _file_summary(plan: _FilePlan, keys: tuple[str, ...]) -> FileSummary:
     """The ``.done`` summary of a file done in byte ranges: sums, and its parts in order."""
     if plan.damaged is not None:  # skip mode: the file counts as one unreadable file, no part
-        return FileSummary(path=plan.file.path, stamp=plan.file.stamp, documents=0,
-                           tokens={key: 0 for key in keys}, skipped={"unreadable_file": 1}, parts=())
+        return FileSummary(
+            path=plan.file.path,
+            stamp=plan.file.stamp,
+            documents=0,
+            tokens={key: 0 for key in keys},
+            skipped={"unreadable_file": 1},
+            parts=(),
+        )
     ranges = [plan.done[k] for k in range(len(plan.spans))]
     tokens: Counter = Counter({key: 0 for key in keys})
     skipped: Counter = Counter()

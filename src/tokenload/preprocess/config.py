@@ -178,12 +178,14 @@ class PreprocessConfig:
         object.__setattr__(self, "output_prefix", os.fspath(self.output_prefix))
         if not self.inputs:
             raise ConfigError(
-                "no input given", hint="pass files, folders, globs or URLs as `inputs=` (one or more)"
+                "no input given",
+                hint="pass files, folders, globs or URLs as `inputs=` (one or more)",
             )
         if not self.output_prefix or self.output_prefix.endswith(("/", os.sep)):
             raise ConfigError(
                 f"output prefix {self.output_prefix!r} names a folder, not a file prefix",
-                hint="use e.g. `output_prefix='data/corpus'` (writes data/corpus_text_document.bin)",
+                hint="use e.g. `output_prefix='data/corpus'`"
+                " (writes data/corpus_text_document.bin)",
             )
         if not isinstance(self.tokenizer, TokenizerSpec):
             raise ConfigError(
@@ -255,23 +257,28 @@ def _check_ray(config: PreprocessConfig) -> None:
         raise ConfigError(
             f"ray_tasks_in_flight is {config.ray_tasks_in_flight}, expected at least 1",
             field="ray_tasks_in_flight",
-            hint="leave out `ray_tasks_in_flight=` for twice the tasks the cluster's CPUs run at once",
+            hint="leave out `ray_tasks_in_flight=` for twice the tasks the cluster's CPUs run"
+            " at once",
         )
     if config.range_bytes < config.chunk_bytes:
         raise ConfigError(
-            f"range_bytes ({config.range_bytes}) is smaller than chunk_bytes ({config.chunk_bytes})",
+            f"range_bytes ({config.range_bytes}) is smaller than chunk_bytes"
+            f" ({config.chunk_bytes})",
             hint="a byte range holds whole chunks: raise `range_bytes=` or lower `chunk_bytes=`",
         )
     if config.ray_address is not None and config.executor != "ray":
         raise ConfigError(
-            f"a Ray address ({config.ray_address!r}) was given, but the executor is {config.executor!r}",
+            f"a Ray address ({config.ray_address!r}) was given, but the executor is"
+            f" {config.executor!r}",
             hint="add `executor='ray'`, or drop `ray_address=`",
         )
 
 
 def _check_keys(keys: tuple[str, ...]) -> None:
     if not keys:
-        raise ConfigError("no JSON key given", hint="name at least one key in `json_keys=`, e.g. text")
+        raise ConfigError(
+            "no JSON key given", hint="name at least one key in `json_keys=`, e.g. text"
+        )
     if len(set(keys)) != len(keys):
         raise ConfigError(f"JSON keys {list(keys)} repeat a key", hint="list each key once")
     for key in keys:

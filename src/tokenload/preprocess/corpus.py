@@ -13,6 +13,7 @@ import os
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from ..errors import ConfigError
 from ..format.atomic import require_folder, write_atomic
@@ -66,22 +67,26 @@ def write_stdlib_corpus(
     require_folder(output)
     documents = written = sources = 0
 
-    def write(f) -> None:
+    def write(f: BinaryIO) -> None:
         nonlocal documents, written, sources
         kept: list[tuple[str, str]] = []  # the sources, read once, when more passes may follow
         for k in range(1 << 30):
-            added = 0
+            added = False
             for rel, text in stdlib_sources(root) if k == 0 else kept:
                 if k == 0 and min_bytes is not None:
                     kept.append((rel, text))
-                record = {"text": text, "path": rel} if k == 0 else {"text": text, "path": rel, "pass": k}
+                record = (
+                    {"text": text, "path": rel}
+                    if k == 0
+                    else {"text": text, "path": rel, "pass": k}
+                )
                 line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
                 if max_bytes is not None and written + len(line) > max_bytes:
                     break
                 f.write(line)
                 written += len(line)
                 documents += 1
-                added += 1
+                added = True
                 sources += k == 0
             else:
                 if added and min_bytes is not None and written < min_bytes:

@@ -23,9 +23,9 @@ import numpy as np
 
 from ..errors import ConfigError
 from .config import TokenizerSpec
+from .load import load_tokenizer
 from .records import BadRecord, parse_chunk
 from .sources import Chunk
-from .load import load_tokenizer
 from .tokenizer import TextTokenizer
 
 _TOKENIZERS: dict[TokenizerSpec, TextTokenizer] = {}

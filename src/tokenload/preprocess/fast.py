@@ -126,7 +126,9 @@ def _groups(sorted_chars: np.ndarray, order: np.ndarray) -> list[np.ndarray]:
     groups, start, n = [], 0, sorted_chars.size
     while start < n:
         rows = np.arange(1, n - start + 1)
-        fits = int(np.searchsorted(np.maximum(sorted_chars[start:], 1) * rows, GROUP_CHARS, "right"))
+        fits = int(
+            np.searchsorted(np.maximum(sorted_chars[start:], 1) * rows, GROUP_CHARS, "right")
+        )
         stop = start + max(fits, 1)
         groups.append(order[start:stop])
         start = stop

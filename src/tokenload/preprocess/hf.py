@@ -27,7 +27,8 @@ import logging
 import os
 import re
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -35,8 +36,14 @@ log = logging.getLogger(__name__)
 
 DATASET_FORMAT = "dataset"
 """The format of a piece of an in-memory dataset object."""
-_METADATA = {"readme.md", "dataset_infos.json", "dataset_info.json", "state.json",
-             "dataset_dict.json", ".gitattributes"}
+_METADATA = {
+    "readme.md",
+    "dataset_infos.json",
+    "dataset_info.json",
+    "state.json",
+    "dataset_dict.json",
+    ".gitattributes",
+}
 _SPLIT_WORDS = {
     "train": ("train", "training"),
     "validation": ("validation", "valid", "dev", "val"),
@@ -156,7 +163,7 @@ def _glob_for(paths: list[str]) -> str:
         return paths[0]
     parent = os.path.commonpath(paths)
     names = [os.path.relpath(p, parent) for p in paths]
-    prefix = os.path.commonprefix(names)
+    prefix = os.path.commonprefix(names)  # noqa: RUF071 (a name prefix, by characters: 'train-0000')
     return os.path.join(parent, prefix + "*") if prefix else parent
 
 
@@ -227,8 +234,12 @@ def object_pieces(obj: Any, piece_bytes: int) -> list[tuple[str, int | None, str
         identity = _iterable_identity(obj)
         count = max(1, int(obj.n_shards))
         return [
-            (f"hf-iterable:{identity}:shard-{i:05d}-of-{count:05d}", None, identity,
-             Shard(obj, i, count))
+            (
+                f"hf-iterable:{identity}:shard-{i:05d}-of-{count:05d}",
+                None,
+                identity,
+                Shard(obj, i, count),
+            )
             for i in range(count)
         ]
     fingerprint = getattr(obj, "_fingerprint", None) or uuid.uuid4().hex
@@ -240,8 +251,12 @@ def object_pieces(obj: Any, piece_bytes: int) -> list[tuple[str, int | None, str
     for a in range(0, rows, step):
         b = min(a + step, rows)
         out.append(
-            (f"hf-dataset:{fingerprint}:rows-{a}-{b}", total * (b - a) // rows, fingerprint,
-             RowRange(obj, a, b))
+            (
+                f"hf-dataset:{fingerprint}:rows-{a}-{b}",
+                total * (b - a) // rows,
+                fingerprint,
+                RowRange(obj, a, b),
+            )
         )
     if not out:
         out.append((f"hf-dataset:{fingerprint}:rows-0-0", 0, fingerprint, RowRange(obj, 0, 0)))

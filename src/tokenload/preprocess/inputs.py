@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hf
 from ..errors import ConfigError, StorageError, TokenloadError, require
+from . import hf
 
 WORK_SUFFIX = ".tokenload-work"  # preprocess's work folders, never inputs
 _FORMAT_BY_EXT = {
@@ -63,8 +63,14 @@ def expand_inputs(
     for pattern in patterns:
         if hf.is_dataset_object(pattern):
             files.extend(
-                InputFile(path=name, format=hf.DATASET_FORMAT, compression=None, size=size,
-                          stamp=stamp, source=piece)
+                InputFile(
+                    path=name,
+                    format=hf.DATASET_FORMAT,
+                    compression=None,
+                    size=size,
+                    stamp=stamp,
+                    source=piece,
+                )
                 for name, size, stamp, piece in hf.object_pieces(pattern, piece_bytes)
             )
             continue
@@ -131,17 +137,20 @@ def _remote(url: str, action: str, fn):
         raise
     except Exception as exc:  # botocore/aiohttp errors are not OSErrors, and s3fs wraps only some
         raise StorageError(
-            f"cannot {action} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+            f"cannot {action} ({type(exc).__name__}:"
+            f" {str(exc).splitlines()[0] if str(exc) else ''})",
             path=url,
-            hint="check the URL, the endpoint (e.g. AWS_ENDPOINT_URL for S3-compatible servers) and the"
-            " credentials; the storage must be reachable from this machine, then rerun the same command:"
-            " input files already finished are resumed",
+            hint="check the URL, the endpoint (e.g. AWS_ENDPOINT_URL for S3-compatible servers) and"
+            " the credentials; the storage must be reachable from this machine, then rerun the same"
+            " command: input files already finished are resumed",
         ) from None
 
 
 def _expand_url(pattern: str) -> list[str]:
     fsspec = require("fsspec", "s3", f"reading {pattern}")
-    fs, _, paths = _remote(pattern, "resolve the URL", lambda: fsspec.core.get_fs_token_paths(pattern))
+    fs, _, paths = _remote(
+        pattern, "resolve the URL", lambda: fsspec.core.get_fs_token_paths(pattern)
+    )
     found: list[str] = []
     for p in sorted(paths):
         if _remote(pattern, "list it", lambda p=p: fs.isdir(p)):
@@ -208,4 +217,3 @@ def shard_files(files: list[InputFile], num_shards: int, shard_index: int) -> li
     the full list, so merging the shards' outputs in shard order equals a one-machine run."""
     n = len(files)
     return files[shard_index * n // num_shards : (shard_index + 1) * n // num_shards]
-

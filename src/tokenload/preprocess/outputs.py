@@ -55,9 +55,15 @@ def _write_outputs(
             tokenizer=work.job["tokenizer"],
             metadata={**metadata, "json_key": key},
         ) as writer:
-            parts = [part for index, summary in enumerate(summaries) for part in work.parts(index, summary, key)]
+            parts = [
+                part
+                for index, summary in enumerate(summaries)
+                for part in work.parts(index, summary, key)
+            ]
             for part in parts:
                 with work.readable(part) as local:
-                    if len(parts) > 1 or not writer.adopt(local):  # one part: its .bin linked, not copied
+                    if len(parts) > 1 or not writer.adopt(
+                        local
+                    ):  # one part: its .bin linked, not copied
                         writer.append(local)
             writer.finalize()

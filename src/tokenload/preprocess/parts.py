@@ -165,14 +165,23 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
     summary: PartSummary
     if task.whole:
         summary = FileSummary(
-            path=task.file.path, stamp=task.file.stamp, documents=documents, tokens=tokens,
-            skipped=skipped, parts=(task.stem,) if writers else (),
+            path=task.file.path,
+            stamp=task.file.stamp,
+            documents=documents,
+            tokens=tokens,
+            skipped=skipped,
+            parts=(task.stem,) if writers else (),
         )
         write_marker(task.root, f"{task.stem}.done", summary)
     else:
         summary = RangeSummary(
-            path=task.file.path, stamp=task.file.stamp, documents=documents, tokens=tokens,
-            skipped=skipped, span=task.span, lines=lines,
+            path=task.file.path,
+            stamp=task.file.stamp,
+            documents=documents,
+            tokens=tokens,
+            skipped=skipped,
+            span=task.span,
+            lines=lines,
         )
         write_marker(task.root, f"{task.stem}.range", summary)
     result.summary = summary
@@ -201,7 +210,7 @@ def write_documents(
     seq_bounds = np.concatenate(([0], np.cumsum(per_doc, dtype=np.int64)))
     tok_bounds = np.concatenate(([0], np.cumsum(seq_lengths, dtype=np.int64)))
     doc = 0
-    for irregular in np.flatnonzero(per_doc != 1).tolist() + [per_doc.size]:
+    for irregular in [*np.flatnonzero(per_doc != 1).tolist(), per_doc.size]:
         if irregular > doc:  # a run of single-sequence documents
             s0, s1 = seq_bounds[doc], seq_bounds[irregular]
             writer.add_documents(tokens[tok_bounds[s0] : tok_bounds[s1]], seq_lengths[s0:s1])

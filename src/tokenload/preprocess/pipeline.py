@@ -98,8 +98,12 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         _check_keys_for_text(config, files)
         _check_objects_for_ray(config, files)
         job = _job_description(config, tok, files)
-        shared = local is not config and config.executor == "ray"  # nodes share no folder: a work prefix
-        work = open_workdir(config.shard_prefix if shared else local.shard_prefix, job, remote=shared)
+        shared = (
+            local is not config and config.executor == "ray"
+        )  # nodes share no folder: a work prefix
+        work = open_workdir(
+            config.shard_prefix if shared else local.shard_prefix, job, remote=shared
+        )
     except BaseException:
         _remove_empty_staging(local)
         raise
@@ -178,7 +182,9 @@ def _staged(config: PreprocessConfig) -> PreprocessConfig:
     if not is_url(config.output_prefix):
         return config
     folder = make_staging_folder(config.shard_prefix)
-    return replace(config, output_prefix=os.path.join(folder, os.path.basename(config.output_prefix)))
+    return replace(
+        config, output_prefix=os.path.join(folder, os.path.basename(config.output_prefix))
+    )
 
 
 def _clean_after_failure(config: PreprocessConfig, work: WorkFolder) -> None:
@@ -205,7 +211,9 @@ def _remove_empty_staging(config: PreprocessConfig) -> None:
 
 
 def _is_staging(config: PreprocessConfig) -> bool:
-    return os.path.dirname(os.path.abspath(config.output_prefix)).startswith(os.path.abspath(staging_root()))
+    return os.path.dirname(os.path.abspath(config.output_prefix)).startswith(
+        os.path.abspath(staging_root())
+    )
 
 
 def _write_error(exc: OSError, config: PreprocessConfig, work: WorkFolder | None) -> StorageError:
@@ -220,7 +228,10 @@ def _write_error(exc: OSError, config: PreprocessConfig, work: WorkFolder | None
     other, writable = "choose another `output_prefix=`", "choose a writable `output_prefix=`"
     if _is_staging(config):
         folder = os.path.dirname(folder)
-        other = "set TOKENLOAD_STAGING_DIR to a local folder with room for the output (staged there before the upload)"
+        other = (
+            "set TOKENLOAD_STAGING_DIR to a local folder with room for the output"
+            " (staged there before the upload)"
+        )
         writable = "set TOKENLOAD_STAGING_DIR to a writable local folder"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         hint = f"free space on the filesystem of {folder!r} or {other}{resume}"

@@ -42,7 +42,12 @@ class _FileJob:
     """One input file being encoded: its part writers and what it has counted so far."""
 
     def __init__(
-        self, index: int, file: InputFile, config: PreprocessConfig, work: WorkFolder, dtype: np.dtype
+        self,
+        index: int,
+        file: InputFile,
+        config: PreprocessConfig,
+        work: WorkFolder,
+        dtype: np.dtype,
     ) -> None:
         self.index, self.file, self.work, self.config, self.dtype = index, file, work, config, dtype
         self._open_writers()
@@ -51,7 +56,10 @@ class _FileJob:
         self.damaged: str | None = None
 
     def _open_writers(self) -> None:
-        self.writers = [TokenFileWriter(self.work.part(self.index, k), self.dtype) for k in self.config.json_keys]
+        self.writers = [
+            TokenFileWriter(self.work.part(self.index, k), self.dtype)
+            for k in self.config.json_keys
+        ]
 
     def add(self, result: Encoded) -> None:
         if self.damaged:
@@ -125,7 +133,7 @@ class LocalExecutor(Executor):
                     job.damaged = str(exc)
                 pending.append((job, None))
                 if job.damaged and config.on_bad_record == "error":
-                    break  # its error is raised once every earlier result is written, in input order
+                    break  # its error is raised once every earlier result is written (in order)
             while pending:
                 _drain_one(pending, summaries, bar, sizer)
         except BaseException:

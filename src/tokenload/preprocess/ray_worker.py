@@ -15,10 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .config import TokenizerSpec
-from .encode import register_tokenizer, _TOKENIZERS
+from .encode import _TOKENIZERS, register_tokenizer
 from .load import load_tokenizer
 from .parts import PartResult, PartTask, encode_part
-
 
 
 # -- tokenizer shipping ---------------------------------------------------------------------------

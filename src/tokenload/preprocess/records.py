@@ -20,7 +20,9 @@ from typing import NamedTuple
 from ..errors import RecordError
 from .sources import Chunk
 
-_SKIP_HINT = "fix or remove the record, or pass `on_bad_record='skip'` to skip and count bad records"
+_SKIP_HINT = (
+    "fix or remove the record, or pass `on_bad_record='skip'` to skip and count bad records"
+)
 _COLUMN_HINT = "name the column that holds the text in `json_keys=`"
 _MAX_EXAMPLES = 5
 
@@ -209,7 +211,7 @@ def _parse_text(chunk: Chunk, parsed: Parsed, bad: _Bad) -> None:
 
 def _parse_parquet(chunk: Chunk, keys: tuple[str, ...], parsed: Parsed, bad: _Bad) -> None:
     if isinstance(chunk.payload, dict):  # a requested column is missing from the file
-        missing = [k for k in keys if k not in chunk.payload["names"]][0]
+        missing = next(k for k in keys if k not in chunk.payload["names"])
         present = ", ".join(repr(n) for n in chunk.payload["names"][:8])
         for row in range(chunk.payload["rows"]):
             bad("missing_key", chunk.first + row, f"no column {missing!r} (columns: {present})")

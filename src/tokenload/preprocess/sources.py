@@ -12,6 +12,7 @@ in-memory dataset object are read by ``hf``.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -106,12 +107,16 @@ def byte_ranges(file: InputFile, range_bytes: int) -> list[tuple[int, int]]:
         return [(0, -1)]
     if file.size <= range_bytes:
         return [(0, -1)]
-    cuts = list(range(0, file.size, range_bytes)) + [file.size]
-    return [(a, b) for a, b in zip(cuts, cuts[1:])]
+    cuts = [*range(0, file.size, range_bytes), file.size]
+    return list(itertools.pairwise(cuts))
 
 
 def read_range_chunks(
-    file: InputFile, start: int, end: int, chunk_bytes: int | Callable[[], int], columns: tuple[str, ...]
+    file: InputFile,
+    start: int,
+    end: int,
+    chunk_bytes: int | Callable[[], int],
+    columns: tuple[str, ...],
 ) -> Iterator[Chunk]:
     """The chunks of the lines that start in bytes [start, end) of ``file`` (``end`` -1: the whole
     file, any format). Line numbers count from 1 at the range's first line; the caller shifts

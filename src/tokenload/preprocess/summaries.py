@@ -82,7 +82,9 @@ class FileSummary(PartSummary):
         if fields is None:
             return None
         parts = data.get("parts")
-        if parts is not None and not (isinstance(parts, list) and all(isinstance(p, str) for p in parts)):
+        if parts is not None and not (
+            isinstance(parts, list) and all(isinstance(p, str) for p in parts)
+        ):
             return None
         return cls(**fields, parts=None if parts is None else tuple(parts))
 
@@ -106,6 +108,8 @@ class RangeSummary(PartSummary):
         span, lines = data.get("range"), data.get("lines")
         if fields is None or not isinstance(lines, int):
             return None
-        if not (isinstance(span, list) and len(span) == 2 and all(isinstance(b, int) for b in span)):
+        if not (
+            isinstance(span, list) and len(span) == 2 and all(isinstance(b, int) for b in span)
+        ):
             return None
         return cls(**fields, span=(span[0], span[1]), lines=lines)

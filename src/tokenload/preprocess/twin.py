@@ -159,7 +159,7 @@ class _Child:
         self.pid, self.fd = pid, fd
 
     @classmethod
-    def start(cls, spec: TokenizerSpec) -> "_Child | None":
+    def start(cls, spec: TokenizerSpec) -> _Child | None:
         read_fd, write_fd = os.pipe()
         try:
             with warnings.catch_warnings():

@@ -36,7 +36,13 @@ from ..errors import ConfigError
 from ..format.atomic import write_bytes_atomic
 from ..storage.remote import is_url
 from ..storage.upload import (
-    fetched_prefix, list_objects, read_object, read_objects, remove_folder, remove_objects, upload_bytes,
+    fetched_prefix,
+    list_objects,
+    read_object,
+    read_objects,
+    remove_folder,
+    remove_objects,
+    upload_bytes,
 )
 from .inputs import WORK_SUFFIX, InputFile
 from .summaries import FileSummary, PartSummary, RangeSummary
@@ -151,7 +157,9 @@ class WorkFolder:
         stem = range_stem(index, k)
         data = self._summary(f"{stem}.range")
         if data is None or (data.get("path"), data.get("stamp"), data.get("range")) != (
-            file.path, file.stamp, list(span)
+            file.path,
+            file.stamp,
+            list(span),
         ):
             return None
         if not all(self._has_part(f"{stem}_{key}") for key in keys):
@@ -169,7 +177,9 @@ class WorkFolder:
         summary = FileSummary.from_json(data)
         if summary is None:
             return None
-        if not all(self._has_part(f"{stem}_{key}") for stem in _stems(index, summary) for key in keys):
+        if not all(
+            self._has_part(f"{stem}_{key}") for stem in _stems(index, summary) for key in keys
+        ):
             return None
         return summary
 
@@ -275,7 +285,9 @@ class RemoteWorkDir(WorkFolder):
     def open(self, resume: bool) -> None:
         super().open(resume)
         self._seen = self._names()
-        markers = [f"{self.location}/{name}" for name in sorted(self._seen) if name.endswith(_MARKERS)]
+        markers = [
+            f"{self.location}/{name}" for name in sorted(self._seen) if name.endswith(_MARKERS)
+        ]
         self._markers = {url.rsplit("/", 1)[1]: data for url, data in read_objects(markers).items()}
 
     def _read(self, name: str) -> bytes | None:
