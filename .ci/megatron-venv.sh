@@ -31,6 +31,10 @@ STATUS="$VENV.status"
 PIDFILE="$VENV.pid"
 
 if [ "$MODE" = start ]; then
+  # a build still running from an earlier --start (whose --wait never came) is the one to wait for
+  if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    exit 0
+  fi
   mkdir -p "$(dirname "$VENV")"
   rm -f "$STATUS" "$STATUS.tmp"
   # lowest CPU and disk priority: the build (mostly a download) takes what the steps and tests
