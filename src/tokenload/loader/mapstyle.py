@@ -13,7 +13,7 @@ of a tokenload dataset, say) keeps its two-stage reads.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -27,19 +27,26 @@ from ..contract import (
     Sources,
 )
 
-__all__ = ["MapDataset", "MapStyleDataset", "loader_dataset"]
+__all__ = ["AnyDataset", "BatchMapDataset", "MapDataset", "MapStyleDataset", "loader_dataset"]
 
 
 class MapDataset(Protocol):
-    """A plain map-style dataset: its length and its items (``__getitems__`` too, when it has
-    one: the batch in one call)."""
+    """A plain map-style dataset: its length and its items."""
 
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
 
 
-AnyDataset = LoaderDataset | MapDataset
+class BatchMapDataset(Protocol):
+    """A map-style dataset that reads a batch in one call (as torch's DataLoader calls it)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitems__(self, indices: Sequence[int]) -> Any: ...
+
+
+AnyDataset = LoaderDataset | BatchMapDataset | MapDataset
 """What ``build_dataloader`` takes."""
 
 
@@ -47,7 +54,7 @@ def loader_dataset(dataset: AnyDataset) -> LoaderDataset:
     """``dataset`` itself when it implements the contract, else it wrapped in
     ``MapStyleDataset``."""
     if isinstance(dataset, BatchSource):  # methods only: no property is evaluated
-        return dataset  # its properties: checked by type checkers
+        return cast(LoaderDataset, dataset)  # its properties: checked by type checkers
     return MapStyleDataset(dataset)
 
 
