@@ -81,7 +81,7 @@ class HFTokenizer(TextTokenizer):
 
     def __init__(
         self,
-        tok,
+        tok: Any,
         *,
         kind: str,
         files: tuple[str, ...],
@@ -116,12 +116,12 @@ class HFTokenizer(TextTokenizer):
         raise ValueError("the post-processor changes the text's own ids")
 
 
-def _hf_vocab_size(tok) -> int:
+def _hf_vocab_size(tok: Any) -> int:
     vocab = tok.get_vocab(with_added_tokens=True)
     return max(len(vocab), max(vocab.values(), default=-1) + 1)
 
 
-def _hf_eod(tok, spec: TokenizerSpec, config_eos: str | None) -> int | None:
+def _hf_eod(tok: Any, spec: TokenizerSpec, config_eos: str | None) -> int | None:
     if spec.eod_id is not None:
         return spec.eod_id
     names = [spec.eod_token] if spec.eod_token else [n for n in (config_eos, *_EOD_CANDIDATES) if n]
@@ -148,7 +148,8 @@ def _config_eos(folder: Path) -> str | None:
     return eos.get("content") if isinstance(eos, dict) else eos
 
 
-def _load_huggingface(spec: TokenizerSpec):
+def _load_huggingface(spec: TokenizerSpec) -> tuple[TextTokenizer, Any]:
+    assert spec.model is not None  # TokenizerSpec requires it for this kind
     path = Path(spec.model)
     if path.is_dir():
         return _load_folder(spec, path)
@@ -173,7 +174,8 @@ def _load_huggingface(spec: TokenizerSpec):
     return native, ("tokenizer.json", str(path), tok)
 
 
-def _load_folder(spec: TokenizerSpec, folder: Path):
+def _load_folder(spec: TokenizerSpec, folder: Path) -> tuple[TextTokenizer, Any]:
+    assert spec.model is not None  # the folder
     try:
         transformers = require("transformers", "transformers", "loading a model folder's tokenizer")
     except MissingExtraError:
@@ -207,7 +209,8 @@ def _load_folder(spec: TokenizerSpec, folder: Path):
     return native, backend
 
 
-def _load_gpt2(spec: TokenizerSpec):
+def _load_gpt2(spec: TokenizerSpec) -> tuple[TextTokenizer, Any]:
+    assert spec.vocab_file is not None and spec.merge_file is not None  # required for gpt2
     tokenizers = require("tokenizers", "preprocess", "the gpt2 tokenizer")
     from tokenizers import decoders, models, pre_tokenizers
 
@@ -244,8 +247,9 @@ class TiktokenTokenizer(TextTokenizer):
     engine = "tiktoken"
 
     def __init__(
-        self, enc, *, spec: TokenizerSpec, eod: tuple[str, int], pattern: str, vocab_size: int
+        self, enc: Any, *, spec: TokenizerSpec, eod: tuple[str, int], pattern: str, vocab_size: int
     ) -> None:
+        assert spec.model is not None  # TokenizerSpec requires it for this kind
         self.enc, self.eod_id, self.vocab_size = enc, eod[1], vocab_size
         self.eod_token, self.pattern = eod[0], pattern
         self.files = (spec.model,)
@@ -255,7 +259,8 @@ class TiktokenTokenizer(TextTokenizer):
         return _flatten([self.enc.encode(t, allowed_special="all") for t in texts])
 
 
-def _load_tiktoken(spec: TokenizerSpec):
+def _load_tiktoken(spec: TokenizerSpec) -> tuple[TextTokenizer, Any]:
+    assert spec.model is not None  # TokenizerSpec requires it for this kind
     tiktoken = require("tiktoken", "tiktoken", "the tiktoken tokenizer")
     ranks = _read_tiktoken_ranks(spec.model)
     stem = Path(spec.model).name.split(".")[0]
@@ -316,7 +321,8 @@ class SentencePieceTokenizer(TextTokenizer):
     kind = "sentencepiece"
     engine = "sentencepiece"
 
-    def __init__(self, sp, spec: TokenizerSpec) -> None:
+    def __init__(self, sp: Any, spec: TokenizerSpec) -> None:
+        assert spec.model is not None  # TokenizerSpec requires it for this kind
         self.sp, self.vocab_size = sp, sp.vocab_size()
         self.files, self.options = (spec.model,), _options(spec)
         if spec.eod_id is not None:
@@ -341,7 +347,7 @@ class SentencePieceTokenizer(TextTokenizer):
         return tuple(sorted({sp.id_to_piece(i) for i in ids} - {""}))
 
 
-def _load_sentencepiece(spec: TokenizerSpec):
+def _load_sentencepiece(spec: TokenizerSpec) -> tuple[TextTokenizer, Any]:
     spm = require("sentencepiece", "sentencepiece", "the sentencepiece tokenizer")
     sp = spm.SentencePieceProcessor()
     try:

@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError, RecordError, StorageError, require
@@ -51,12 +52,12 @@ _TICK_SECONDS = 0.5
 MAX_RETRIES = 3
 
 
-def require_ray():
+def require_ray() -> ModuleType:
     """The ray module, or MissingExtraError naming tokenload[ray]."""
     return require("ray", "ray", "preprocess with `executor='ray'`")
 
 
-def connect(ray, config: PreprocessConfig) -> bool:
+def connect(ray: Any, config: PreprocessConfig) -> bool:
     """Join the cluster ``config`` or RAY_ADDRESS names, else start a local one of ``workers``
     CPUs; True when this call started the connection (and so must end it)."""
     if ray.is_initialized():
@@ -155,7 +156,7 @@ class RayExecutor(Executor):
 class _Driver:
     def __init__(
         self,
-        ray,
+        ray: Any,
         config: PreprocessConfig,
         encode: EncodeTask,
         work: WorkFolder,
@@ -264,7 +265,7 @@ class _Driver:
             chunk_bytes=self.config.chunk_bytes,
         )
 
-    def _result(self, ref, where: tuple[int, int]) -> PartResult | None:
+    def _result(self, ref: Any, where: tuple[int, int]) -> PartResult | None:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.TaskCancelledError:
@@ -290,8 +291,9 @@ class _Driver:
         if result is None:
             return
         plan = self.plans[where[0]]
-        if result.failure is not None or result.error is not None:
-            self.errors.append((where, result.failure or result.error))
+        error = result.failure if result.failure is not None else result.error
+        if error is not None:
+            self.errors.append((where, error))
             return
         if result.summary is None:  # damaged: strict, or a byte range (the file decides)
             plan.damaged = result.damaged

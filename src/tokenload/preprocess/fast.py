@@ -22,6 +22,7 @@ groups of short ones. The ids are the batch call's, proven equal to the native e
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class GigatokenTokenizer(TextTokenizer):
     def __init__(
         self,
         native: TextTokenizer,
-        giga,
+        giga: Any,
         prefix: list[int],
         suffix: list[int],
         markers: tuple[str, ...] = (),
@@ -97,7 +98,7 @@ class GigatokenTokenizer(TextTokenizer):
         return out, lengths
 
 
-def _encode_grouped(giga, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _encode_grouped(giga: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """gigatoken's padded batch call over groups of similar lengths (see the module docstring):
     (uint32 ids of every text in input order, int64 length per text)."""
     from gigatoken.gigatoken_rs import BytesSource, PadTruncate
@@ -145,7 +146,9 @@ def _place(flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray, matrix: np
     flat[gather_index(starts, lengths)] = matrix[keep]
 
 
-def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.ndarray):
+def _wrap(
+    flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Put ``prefix`` before and ``suffix`` after every text's ids, vectorized."""
     extra = prefix.size + suffix.size
     new_lengths = lengths + extra
@@ -160,7 +163,7 @@ def _wrap(flat: np.ndarray, lengths: np.ndarray, prefix: np.ndarray, suffix: np.
     return out, new_lengths
 
 
-def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokenizer:
+def accelerate(native: TextTokenizer, source: Any, spec: TokenizerSpec) -> TextTokenizer:
     """``native``, or gigatoken standing in for it when it is available and gives the same ids."""
     try:
         gigatoken = require("gigatoken", "fast", "the gigatoken engine")
@@ -180,7 +183,7 @@ def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokeni
         else:
             giga = gigatoken.Tokenizer(source)
         prefix, suffix = native.affixes() if isinstance(native, HFTokenizer) else ([], [])
-        markers = ()
+        markers: tuple[str, ...] = ()
         if isinstance(native, SentencePieceTokenizer):
             # U+0085 (NEXT LINE) is the one character whose ids differ: SentencePiece's
             # normalizer handles it, gigatoken does not (found by the hypothesis test, then an
@@ -206,7 +209,7 @@ def accelerate(native: TextTokenizer, source, spec: TokenizerSpec) -> TextTokeni
     return native
 
 
-def _from_tokenizer_json(gigatoken, path: str, loaded):
+def _from_tokenizer_json(gigatoken: Any, path: str, loaded: Any) -> Any:
     """gigatoken from the tokenizer.json file's own bytes, which skips serializing the loaded HF
     tokenizer back to JSON (20 ms for a 32k BPE, on the run's serial start); from the loaded
     tokenizer if gigatoken cannot read the file. Truncation and padding stored in the file, which
@@ -217,7 +220,7 @@ def _from_tokenizer_json(gigatoken, path: str, loaded):
         return gigatoken.Tokenizer(loaded)
 
 
-def read_tokenizer_json(gigatoken, path: str):
+def read_tokenizer_json(gigatoken: Any, path: str) -> Any:
     """gigatoken's tokenizer from a tokenizer.json file's own bytes."""
     with open(path, "rb") as f:
         return gigatoken.Tokenizer.from_json(f.read())

@@ -28,6 +28,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
@@ -201,6 +202,7 @@ class Shard:
     def tables(self, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[tuple[int, Any]]:
         pa = _pyarrow()
         part = self.dataset if self.count == 1 else self.dataset.shard(self.count, self.index)
+        held: list[Any]
         first, held, held_bytes = 1, [], 0
         for table in part.with_format("arrow").iter(batch_size=_ITER_ROWS):
             if any(c not in table.column_names for c in columns):
@@ -222,7 +224,7 @@ class Shard:
             yield first, pa.concat_tables(held)
 
 
-def _pyarrow():
+def _pyarrow() -> ModuleType:
     from ..errors import require
 
     return require("pyarrow", "hf", "reading Hugging Face datasets")
@@ -247,7 +249,7 @@ def object_pieces(obj: Any, piece_bytes: int) -> list[tuple[str, int | None, str
     total = int(obj.data.nbytes) if rows else 0
     pieces = max(1, -(-total // piece_bytes))
     step = max(1, -(-rows // pieces))
-    out = []
+    out: list[tuple[str, int | None, str, Any]] = []
     for a in range(0, rows, step):
         b = min(a + step, rows)
         out.append(

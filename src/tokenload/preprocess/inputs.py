@@ -11,10 +11,12 @@ objects are listed by ``hf``.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError, StorageError, TokenloadError, require
 from . import hf
@@ -32,6 +34,7 @@ _FORMAT_BY_EXT = {
     ".md": "text",
 }
 _COMPRESSION_BY_EXT = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def _expand_local(pattern: str, input_format: str) -> list[str]:
         saved = hf.saved_dataset_files(pattern)
         if saved is not None:
             return saved
-        found = []
+        found: list[str] = []
         for root, dirs, names in os.walk(pattern):
             dirs[:] = sorted(
                 d for d in dirs if not d.startswith(".") and not d.endswith(WORK_SUFFIX)
@@ -129,7 +132,7 @@ def _is_token_file(path: str) -> bool:
     return ext == ".json" and (os.path.exists(root + ".idx") or os.path.exists(root + ".bin"))
 
 
-def _remote(url: str, action: str, fn):
+def _remote(url: str, action: str, fn: Callable[[], T]) -> T:
     """Run an object-storage call; any failure of the storage or its client is a StorageError."""
     try:
         return fn()
@@ -153,8 +156,8 @@ def _expand_url(pattern: str) -> list[str]:
     )
     found: list[str] = []
     for p in sorted(paths):
-        if _remote(pattern, "list it", lambda p=p: fs.isdir(p)):
-            listing = _remote(pattern, "list it", lambda p=p: fs.find(p))
+        if _remote(pattern, "list it", functools.partial(fs.isdir, p)):
+            listing = _remote(pattern, "list it", functools.partial(fs.find, p))
             found.extend(sorted(x for x in listing if not os.path.basename(x).startswith(".")))
         else:
             found.append(p)

@@ -20,7 +20,8 @@ from .workdir import WorkFolder
 
 
 def _totals(summaries: Iterable[FileSummary], keys: tuple[str, ...]) -> dict[str, Any]:
-    documents, tokens, skipped = 0, Counter({k: 0 for k in keys}), Counter()
+    skipped: Counter[str] = Counter()
+    documents, tokens = 0, Counter({k: 0 for k in keys})
     for s in summaries:
         documents += s.documents
         tokens.update(s.tokens)

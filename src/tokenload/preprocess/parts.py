@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,7 +99,7 @@ def encode_part(task: PartTask, report: Report | None = None) -> PartResult:
 
 
 @contextlib.contextmanager
-def _local_folder(task: PartTask):
+def _local_folder(task: PartTask) -> Iterator[str]:
     """Where the part files are written: the work folder itself, or for a work prefix in
     object storage a temporary folder on this node, removed afterwards."""
     if not is_url(task.root):
@@ -155,7 +155,7 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
         if not task.whole or task.encode.strict:
             return result  # the driver decides for the whole file
         writers, documents, counts = [], 0, Counter({"unreadable_file": 1})
-    tokens = {key: w.num_tokens for key, w in zip(keys, writers)} or {key: 0 for key in keys}
+    counted = {key: w.num_tokens for key, w in zip(keys, writers)} or {key: 0 for key in keys}
     skipped = dict(sorted(counts.items()))
     for writer in writers:
         writer.finalize()
@@ -168,7 +168,7 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
             path=task.file.path,
             stamp=task.file.stamp,
             documents=documents,
-            tokens=tokens,
+            tokens=counted,
             skipped=skipped,
             parts=(task.stem,) if writers else (),
         )
@@ -178,7 +178,7 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
             path=task.file.path,
             stamp=task.file.stamp,
             documents=documents,
-            tokens=tokens,
+            tokens=counted,
             skipped=skipped,
             span=task.span,
             lines=lines,

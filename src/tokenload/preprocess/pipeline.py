@@ -88,6 +88,7 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
     local = _staged(config)
     try:
         _check_output_folder(local)
+        assert config.tokenizer is not None  # PreprocessConfig requires one
         tok = load_tokenizer(config.tokenizer)
         _check_eod(config, tok)
         files = shard_files(

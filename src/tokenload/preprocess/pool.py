@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import RecordError
 from ..format import TokenFileWriter
-from .config import PreprocessConfig
+from .config import PreprocessConfig, TokenizerSpec
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .executor import Executor
 from .inputs import InputFile
@@ -165,11 +165,13 @@ def _pool(config: PreprocessConfig, tok: TextTokenizer) -> futures.Executor:
     )
 
 
-def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer):
+def _resolved_spec(config: PreprocessConfig, tok: TextTokenizer) -> TokenizerSpec:
     """The spec with the engine the main process settled on, so every worker uses the same one."""
-    if config.tokenizer.kind == "byte":
-        return config.tokenizer
-    return replace(config.tokenizer, engine="gigatoken" if tok.engine == "gigatoken" else "native")
+    spec = config.tokenizer
+    assert spec is not None  # PreprocessConfig requires one
+    if spec.kind == "byte":
+        return spec
+    return replace(spec, engine="gigatoken" if tok.engine == "gigatoken" else "native")
 
 
 def encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:

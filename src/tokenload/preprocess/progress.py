@@ -31,7 +31,7 @@ class Progress:
             for f in todo
         )
         self._bar = tqdm(
-            total=sum(f.size for f in todo) if sized else None,
+            total=sum(f.size or 0 for f in todo) if sized else None,
             unit="B",
             unit_scale=True,
             unit_divisor=1024,

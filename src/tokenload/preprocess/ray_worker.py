@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .config import TokenizerSpec
 from .encode import _TOKENIZERS, register_tokenizer
@@ -64,7 +65,7 @@ def local_spec(spec: TokenizerSpec, files: dict[str, bytes]) -> TokenizerSpec:
             import shutil
 
             shutil.rmtree(staging, ignore_errors=True)
-    changes: dict[str, str] = {}
+    changes: dict[str, Any] = {}
     for role in ("model", "vocab_file", "merge_file"):
         path = getattr(spec, role)
         if path is not None:
@@ -87,7 +88,7 @@ def _worker_tokenizer(spec: TokenizerSpec, shipped: list) -> None:
 
 
 # -- the Ray side ---------------------------------------------------------------------------------
-def _run_part(task: PartTask, shipped: list, tally) -> PartResult:
+def _run_part(task: PartTask, shipped: list, tally: list) -> PartResult:
     """The body of a Ray task (``shipped`` and ``tally`` sit in a list so Ray does not fetch the
     tokenizer's bytes for every task, only on a worker's first one)."""
     _worker_tokenizer(task.encode.tokenizer, shipped)

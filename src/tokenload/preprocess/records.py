@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import RecordError
 from .sources import Chunk
@@ -111,8 +111,8 @@ def _parse_jsonl(chunk: Chunk, keys: tuple[str, ...], parsed: Parsed, bad: _Bad)
         except JSONDecodeError as exc:
             if not line.strip():
                 parsed.skipped["blank_line"] += 1
-            elif _utf8_error(line):
-                bad("not_utf8", number, _utf8_error(line))
+            elif error := _utf8_error(line):
+                bad("not_utf8", number, error)
             else:
                 bad("malformed_json", number, f"not valid JSON ({exc})")
             continue
@@ -134,7 +134,9 @@ def _parse_jsonl(chunk: Chunk, keys: tuple[str, ...], parsed: Parsed, bad: _Bad)
 _MISSING = object()
 
 
-def _check_value(value, key: str, record: dict, number: int, bad: _Bad, parsed: Parsed) -> bool:
+def _check_value(
+    value: Any, key: str, record: dict, number: int, bad: _Bad, parsed: Parsed
+) -> bool:
     """True (after reporting) when ``value`` is not a text; a list of strings is one."""
     if value is _MISSING:
         present = ", ".join(repr(k) for k in list(record)[:8]) or "none"
@@ -151,7 +153,7 @@ def _check_value(value, key: str, record: dict, number: int, bad: _Bad, parsed: 
     return True
 
 
-def _json_type(value) -> str:
+def _json_type(value: Any) -> str:
     names = {
         dict: "object",
         list: "array",

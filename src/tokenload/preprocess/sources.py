@@ -16,7 +16,7 @@ import itertools
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import StorageError, TokenloadError, require
 from .inputs import InputFile, _remote, is_url
@@ -157,7 +157,7 @@ def _range_blocks(file: InputFile, start: int, end: int) -> Iterator[bytes]:
         raise _read_error(file.path, exc) from None
 
 
-def _first_line_start(raw, start: int) -> tuple[int, bytes]:
+def _first_line_start(raw: Any, start: int) -> tuple[int, bytes]:
     """(offset of the first line that starts at or after ``start``, the bytes read past it)."""
     if start == 0:
         return 0, b""
@@ -209,7 +209,7 @@ def _blocks(file: InputFile) -> Iterator[bytes]:
         raise _read_error(file.path, exc) from None
 
 
-def _read_error(path: str, exc: BaseException) -> Exception:
+def _read_error(path: str, exc: BaseException) -> BaseException:
     """What a failed read of input ``path`` is: a storage problem (permissions, an object store
     that fails mid-stream), a StorageError; damaged bytes, UnreadableFile (skippable)."""
     if isinstance(exc, PermissionError):
@@ -237,7 +237,7 @@ def _is_zstd_error(exc: BaseException) -> bool:
     return type(exc).__name__ == "ZstdError"
 
 
-def _open_raw(path: str):
+def _open_raw(path: str) -> BinaryIO:
     if is_url(path):
         fsspec = require("fsspec", "s3", f"reading {path}")
         return _remote(path, "open it", lambda: fsspec.open(path, "rb").open())
@@ -336,14 +336,14 @@ def _arrow_chunks(file: InputFile, chunk_bytes: int, columns: tuple[str, ...]) -
 class _Batches:
     """The record batches of an Arrow IPC file-format reader, one at a time."""
 
-    def __init__(self, reader) -> None:
+    def __init__(self, reader: Any) -> None:
         self.reader, self.schema = reader, reader.schema
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return (self.reader.get_batch(i) for i in range(self.reader.num_record_batches))
 
 
-def _arrow_reader(pa, raw):
+def _arrow_reader(pa: Any, raw: Any) -> Any:
     """A reader of the stream format (``datasets``' files) or, after its magic, the file format."""
     if raw.read(6) == b"ARROW1":
         raw.seek(0)

@@ -68,7 +68,9 @@ class NativeStandIn(TextTokenizer):
     process) only if asked to encode, which gigatoken for a tokenizer.json never does."""
 
     def __init__(self, spec: TokenizerSpec, facts: NativeFacts) -> None:
-        self.spec, self.facts, self._real = spec, facts, None
+        assert spec.model is not None  # a tokenizer.json, the only file a twin load reads
+        self.spec, self.facts = spec, facts
+        self._real: TextTokenizer | None = None
         self.kind, self.engine, self.files = "huggingface", facts.engine, (spec.model,)
         self.vocab_size, self.eod_id, self.options = facts.vocab_size, facts.eod_id, facts.options
 
@@ -138,7 +140,7 @@ def _load_twins(spec: TokenizerSpec) -> tuple[Any, NativeStandIn] | None:
     try:
         import gigatoken
 
-        giga = read_tokenizer_json(gigatoken, spec.model)
+        giga = read_tokenizer_json(gigatoken, str(spec.model))
     except Exception:  # gigatoken raises ValueError/RuntimeError for what it cannot read
         child.stop()
         return None
@@ -249,9 +251,10 @@ def _child_main(spec: TokenizerSpec, fd: int) -> None:  # pragma: no cover - the
 
 
 def _native_facts(spec: TokenizerSpec) -> NativeFacts:
-    from .backends import load_native
+    from .backends import HFTokenizer, load_native
 
     native, _ = load_native(spec)
+    assert isinstance(native, HFTokenizer)  # a tokenizer.json loads as one
     prefix, suffix = native.affixes()
     flat, lengths = native.encode_batch(list(PROBE_TEXTS))
     return NativeFacts(
