@@ -108,11 +108,7 @@ class CheckedSource:
         raise NotImplementedError
 
     def _read_spans(
-        self,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        ends: np.ndarray,
-        dtype: np.dtype | None = None,
+        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype: np.dtype | None
     ) -> np.ndarray:
         raise NotImplementedError
 

@@ -36,7 +36,7 @@ INDEX_MAY_IMPORT = {"numpy", "tokenload.errors"}
 
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
-    return grimp.build_graph("tokenload")
+    return grimp.build_graph("tokenload", cache_dir=None)  # writes no cache folder
 
 
 def test_the_import_linter_contracts_are_kept():
@@ -78,7 +78,7 @@ def test_the_top_level_packages_form_no_circle(graph):
 
 
 def test_index_imports_only_numpy_the_standard_library_and_the_errors():
-    graph = grimp.build_graph("tokenload", include_external_packages=True)
+    graph = grimp.build_graph("tokenload", include_external_packages=True, cache_dir=None)
     found = set()
     for module in {"tokenload.index", *graph.find_descendants("tokenload.index")}:
         for imported in graph.find_modules_directly_imported_by(module):

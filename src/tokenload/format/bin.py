@@ -89,11 +89,7 @@ class _ArrayBin(BinSource):
         return self.tokens[start : start + length]
 
     def _read_spans(
-        self,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        ends: np.ndarray,
-        dtype: np.dtype | None = None,
+        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype: np.dtype | None
     ) -> np.ndarray:
         return gather_spans(self.tokens, starts, lengths, ends, dtype)
 
@@ -191,11 +187,7 @@ class PreadBin(BinSource):
         return out
 
     def _read_spans(
-        self,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        ends: np.ndarray,
-        dtype: np.dtype | None = None,
+        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype: np.dtype | None
     ) -> np.ndarray:
         # One preadv per run of spans adjacent in the file, straight into byte slices of one
         # memoryview, every offset computed by NumPy first. Measured per micro-batch of 16 x 2049

@@ -267,11 +267,7 @@ class RemoteBin(CheckedSource):
         return np.concatenate(parts)
 
     def _read_spans(
-        self,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        ends: np.ndarray,
-        dtype: np.dtype | None = None,
+        self, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray, dtype: np.dtype | None
     ) -> np.ndarray:
         c = self.chunk_tokens
         one_chunk = int(starts.min()) // c == (int(ends.max()) - 1) // c if starts.size else False

@@ -73,26 +73,29 @@ def too_many_open_files_hint(code: int | None) -> str | None:
 
 def read_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
     """A StorageError for a failed read of ``what`` (e.g. "the index") at ``path``."""
-    if isinstance(exc, StorageError):
-        return exc
-    hint = too_many_open_files_hint(exc.errno) or _READ_HINTS.get(
-        exc.errno, "check that the file is readable and its filesystem is healthy"
-    )
-    return _keep_cause(
-        StorageError(f"cannot read {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc
-    )
+    otherwise = "check that the file is readable and its filesystem is healthy"
+    return _error(exc, path, f"cannot read {what}", _READ_HINTS, otherwise)
 
 
 def write_error(exc: OSError, path: str | os.PathLike[str], what: str) -> StorageError:
     """A StorageError for a failed write of ``what`` (e.g. "the token file") at ``path``."""
+    otherwise = "check the output folder and its filesystem, then rerun"
+    return _error(exc, path, f"cannot write {what}", _WRITE_HINTS, otherwise)
+
+
+def _error(
+    exc: OSError,
+    path: str | os.PathLike[str],
+    failed: str,
+    hints: dict[int | None, str],
+    otherwise: str,
+) -> StorageError:
+    """``exc`` as a StorageError saying what ``failed``, with the hint for its errno."""
     if isinstance(exc, StorageError):
         return exc
-    hint = too_many_open_files_hint(exc.errno) or _WRITE_HINTS.get(
-        exc.errno, "check the output folder and its filesystem, then rerun"
-    )
-    return _keep_cause(
-        StorageError(f"cannot write {what} ({_reason(exc)})", path=os.fspath(path), hint=hint), exc
-    )
+    hint = too_many_open_files_hint(exc.errno) or hints.get(exc.errno, otherwise)
+    error = StorageError(f"{failed} ({_reason(exc)})", path=os.fspath(path), hint=hint)
+    return _keep_cause(error, exc)
 
 
 def _reason(exc: OSError) -> str:
