@@ -40,7 +40,9 @@ def at_least(kind: Callable[[str], int | float], low: int | float) -> Callable[[
     return _bounded(kind, low, inclusive=True, label=f">= {low}")
 
 
-def _bounded(kind, low, *, inclusive: bool, label: str) -> Callable[[str], int | float]:
+def _bounded(
+    kind: Callable[[str], int | float], low: float, *, inclusive: bool, label: str
+) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
         noun = "an integer" if kind is int else "a number"
         try:
@@ -141,7 +143,7 @@ def _blend(flag: str, items: list[str]) -> Blend:
     return blend
 
 
-def batch_flags(g) -> None:
+def batch_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--global-batch-size", type=positive(int), help="samples per iteration")
     g.add_argument(
         "--micro-batch-size",
@@ -182,7 +184,7 @@ def batch_flags(g) -> None:
     )
 
 
-def item_flags(g) -> None:
+def item_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument(
         "--mid-level-dataset-surplus",
         type=at_least(float, 0),
@@ -212,7 +214,7 @@ def item_flags(g) -> None:
         )
 
 
-def tokenizer_flags(g) -> None:
+def tokenizer_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument(
         "--tokenizer-identity",
         metavar="JSON_OR_FILE",
@@ -237,7 +239,7 @@ class Batches:
     data_parallel_size: int
     global_batch_size: int
     train_iters: int
-    samples: tuple[int, int | None, int]
+    samples: tuple[int | None, int | None, int | None]
     """(train, valid, test); valid None with --full-validation (one epoch)."""
 
 

@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
+from typing import Any
 
 from ..errors import ConfigError
 from ..format import TokenFile
@@ -59,7 +60,7 @@ _LAUNCHER_VARS = (
 )
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     register_prepare_cache(sub)
     register_sequences(sub)
 
@@ -88,7 +89,7 @@ def _open_all(prefixes: list[str], what: str) -> Iterator[tuple[str, TokenFile]]
 
 
 # -- tokenload sequences --------------------------------------------------------------------------
-def register_sequences(sub) -> None:
+def register_sequences(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sequences",
         help="write the per-dataset sequences JSON (Megatron's --per-dataset-sequences-path)",
@@ -119,7 +120,7 @@ def run_sequences(args: argparse.Namespace) -> int:
 
 
 # -- tokenload prepare-cache ----------------------------------------------------------------------
-def register_prepare_cache(sub) -> None:
+def register_prepare_cache(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prepare-cache",
         help="build a training job's index caches offline (Megatron's tools/prepare_cache.py)",
@@ -340,12 +341,18 @@ def _counts(args: argparse.Namespace) -> Batches:
     )
 
 
-def _build(args, blend, per_split, split, identity, counts: Batches):
+def _build(
+    args: argparse.Namespace,
+    blend: Blend | None,
+    per_split: list[Blend | None] | None,
+    split: str | None,
+    identity: dict | None,
+    counts: Batches,
+) -> tuple[Any, Any, Any]:
     from ..datasets import MegatronDataConfig, build_datasets
 
-    for (
-        name
-    ) in _LAUNCHER_VARS:  # one process of rank 0, whatever launcher started it (as Megatron's tool)
+    # one process of rank 0, whatever launcher started it (as Megatron's tool)
+    for name in _LAUNCHER_VARS:
         os.environ.pop(name, None)
     config = MegatronDataConfig(
         sequence_length=args.seq_length,
@@ -374,7 +381,13 @@ def _listing(folder: str) -> set[str]:
         return set()
 
 
-def _result(args, counts: Batches, identity, datasets, written: list[str]) -> dict:
+def _result(
+    args: argparse.Namespace,
+    counts: Batches,
+    identity: dict | None,
+    datasets: tuple[Any, Any, Any],
+    written: list[str],
+) -> dict:
     lengths = {
         name: None if ds is None else len(ds)
         for name, ds in zip(("train", "valid", "test"), datasets)
@@ -389,7 +402,9 @@ def _result(args, counts: Batches, identity, datasets, written: list[str]) -> di
     }
 
 
-def _report_plan(args, counts: Batches, identity, split: str | None) -> None:
+def _report_plan(
+    args: argparse.Namespace, counts: Batches, identity: dict | None, split: str | None
+) -> None:
     if args.json:
         return
     train, valid, test = counts.samples
@@ -426,7 +441,7 @@ def _report_plan(args, counts: Batches, identity, split: str | None) -> None:
         print(f"  note                {names}: item flags, no effect on the caches")
 
 
-def _report_result(args, result: dict, prefixes: int) -> None:
+def _report_result(args: argparse.Namespace, result: dict, prefixes: int) -> None:
     if args.json:
         print(json.dumps(result))
         return

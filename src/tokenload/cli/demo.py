@@ -33,7 +33,7 @@ from .args import at_least, positive
 GLOBAL_BATCH = 16
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo", help="run the main job on N local ranks on the Python standard library's sources"
     )
@@ -184,7 +184,9 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
         f"      {sum(result.tokens.values()):,} tokens in {time.perf_counter() - start:.2f} s",
         flush=True,
     )
-    tokenizer = read_sidecar(prefix).tokenizer or {}
+    sidecar = read_sidecar(prefix)
+    assert sidecar is not None  # preprocess wrote it
+    tokenizer = sidecar.tokenizer or {}
     job = {
         "work": str(work),
         "prefix": prefix,
@@ -212,6 +214,7 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
     write_sequences(job["sequences"], {prefix: counts_of(TokenFile(prefix))})
     train, _, _ = build_datasets(order_config(job, "megatron", prepare=True), job["sizes"])
     written = len(os.listdir(job["cache"]))
+    assert train is not None  # the demo's split has a train part
     print(
         f"      {written} cache files (train: {len(train):,} samples of {args.seq_length}"
         " tokens) in"

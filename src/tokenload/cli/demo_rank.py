@@ -26,14 +26,17 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..datasets import MegatronDataConfig
 
 #: The orders every rank runs, in the table's order.
 ORDERS = ("megatron", "computed", "mock")
 FAIL_HOOK = "TOKENLOAD_DEMO_FAIL_RANK"
 
 
-def order_config(job: dict[str, Any], order: str, *, prepare: bool = False):
+def order_config(job: dict[str, Any], order: str, *, prepare: bool = False) -> MegatronDataConfig:
     """The ``MegatronDataConfig`` of ``order`` for the job; ``prepare`` gives the one-process
     build that writes the Megatron order's caches and manifest (what ``prepare-cache`` runs)."""
     from ..datasets import MegatronDataConfig
@@ -76,6 +79,7 @@ def _run_order(
     start = time.perf_counter()
     train, _, _ = build_datasets(order_config(job, order), job["sizes"])
     built = time.perf_counter() - start
+    assert train is not None  # the job's split gives every order a train split
     loader = build_dataloader(
         train, micro_batch_size=mbs, num_workers=job["workers"], dp_rank=rank, dp_size=world
     )

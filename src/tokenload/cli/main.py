@@ -17,6 +17,7 @@ import os
 import select
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..errors import TokenloadError
@@ -52,16 +53,18 @@ class SubcommandParser(argparse.ArgumentParser):
     """The parser class of every subcommand: help with defaults, and every usage error followed by
     a "did you mean" for each flag of the command line this subcommand does not know."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
         super().__init__(*args, **kwargs)
         self._seen: list[str] = []
 
-    def parse_known_args(self, args=None, namespace=None):
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> Any:
         self._seen = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
-    def error(self, message: str):
+    def error(self, message: str) -> NoReturn:
         hints = did_you_mean(self, self._seen)
         super().error(f"{message} ({hints})" if hints else message)
 

@@ -11,19 +11,23 @@ import argparse
 import logging
 import math
 import sys
+from typing import TYPE_CHECKING
 
 from .args import positive
+
+if TYPE_CHECKING:
+    from ..preprocess import PreprocessConfig, PreprocessResult
 from .preprocess_flags import add_preprocess_flags, check_preprocess_flags
 
 log = logging.getLogger(__name__)
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     register_preprocess(sub)
     register_corpus(sub)
 
 
-def register_preprocess(sub) -> None:
+def register_preprocess(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "preprocess",
         help="tokenize JSONL/parquet/text into Megatron token files (parallel, resumable)",
@@ -39,7 +43,7 @@ def register_preprocess(sub) -> None:
     p.set_defaults(func=run_preprocess)
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> PreprocessConfig:
     """The PreprocessConfig the flags describe."""
     from ..errors import ConfigError
     from ..preprocess import PreprocessConfig, TokenizerSpec, shard_from_environment
@@ -128,7 +132,7 @@ def _short_skip_warnings() -> None:
     skip_log.propagate = False
 
 
-def _speed(result, mb: float) -> str:
+def _speed(result: PreprocessResult, mb: float) -> str:
     """This run's encoding speed; a run that only resumed finished files encoded nothing, and a
     rate of 0 tokens/s would read as a stall."""
     if result.files_resumed and not result.encoded_tokens and not result.input_bytes:
@@ -140,7 +144,7 @@ def _speed(result, mb: float) -> str:
     return f"{speed} (the {result.files - result.files_resumed} file(s) encoded now)"
 
 
-def summary_text(config, result) -> str:
+def summary_text(config: PreprocessConfig, result: PreprocessResult) -> str:
     """The run's final summary: documents, tokens, speed, skipped records by reason, outputs."""
     from ..preprocess.config import output_name, shard_prefix
 
@@ -173,7 +177,7 @@ def summary_text(config, result) -> str:
     return "\n".join(lines)
 
 
-def register_corpus(sub) -> None:
+def register_corpus(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "corpus",
         help="write a sample JSONL corpus from this Python's standard library sources",

@@ -37,7 +37,7 @@ def check_preprocess_flags(args: argparse.Namespace) -> None:
     _check_runtime_flags(args)
 
 
-def _input_flags(io) -> None:
+def _input_flags(io: argparse._ArgumentGroup) -> None:
     io.add_argument(
         "--input",
         nargs="+",
@@ -80,7 +80,7 @@ def _input_flags(io) -> None:
     )
 
 
-def _tokenizer_flags(tk) -> None:
+def _tokenizer_flags(tk: argparse._ArgumentGroup) -> None:
     from ..preprocess.config import _KIND_ALIASES, TIKTOKEN_PATTERNS, TOKENIZER_KINDS
 
     tk.add_argument(
@@ -125,7 +125,7 @@ def _tokenizer_flags(tk) -> None:
     tk.add_argument("--use-gigatoken", action="store_true", help="same as --engine gigatoken")
 
 
-def _runtime_flags(rt) -> None:
+def _runtime_flags(rt: argparse._ArgumentGroup) -> None:
     rt.add_argument(
         "--workers",
         type=int,
@@ -206,7 +206,7 @@ def _runtime_flags(rt) -> None:
     )
 
 
-def _peer_flags(pf) -> None:
+def _peer_flags(pf: argparse._ArgumentGroup) -> None:
     pf.add_argument(
         "--partitions",
         type=int,

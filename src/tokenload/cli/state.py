@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import ConfigError
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "state",
         help="print the per-source accounting, skips and schedule position of a saved loader state",
@@ -91,7 +92,7 @@ def find_state(value: Any, path: str, key: str | None = None) -> dict[str, Any]:
     )
 
 
-def _states(value: Any, key: str, depth: int):
+def _states(value: Any, key: str, depth: int) -> Iterator[tuple[str, dict]]:
     if not isinstance(value, dict) or depth == 0:
         return
     if "consumed_samples" in value and "fingerprint" in value:

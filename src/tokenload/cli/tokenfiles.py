@@ -18,14 +18,14 @@ _FORMATS = {
 _PREFIX_HELP = "token file: PREFIX, PREFIX.bin or PREFIX.idx (the pair PREFIX.bin + PREFIX.idx)"
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     register_info(sub)
     register_verify(sub)
     register_merge(sub)
     register_convert(sub)
 
 
-def register_info(sub) -> None:
+def register_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "info",
         help="describe token files: counts, dtype, document lengths, sidecar",
@@ -81,7 +81,7 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_verify(sub) -> None:
+def register_verify(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify",
         help="check token files: structure, token values, hashes",
@@ -134,7 +134,7 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_merge(sub) -> None:
+def register_merge(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge",
         help="concatenate token files (Megatron merge_datasets semantics)",
@@ -175,7 +175,7 @@ def run_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_convert(sub) -> None:
+def register_convert(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "convert",
         help="rewrite a token file as megatron-core's MMIDIDX (legacy TNTIDX, GPT-NeoX files)",
