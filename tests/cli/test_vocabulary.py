@@ -36,33 +36,50 @@ def test_every_flag_of_the_table_is_a_flag_of_a_command():
         assert flag in known, (field, flag)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("pass `on_bad_record='skip'` to skip it", "pass --on-bad-record skip to skip it"),
-    ("pass `resume=False` to start over", "pass --restart to start over"),
-    ("`append_eod=True` needs an EOD token", "--append-eod needs an EOD token"),
-    ("raise `range_bytes=` or lower `chunk_bytes=`", "raise --range-mb or lower --chunk-mb"),
-    ("`chunk_bytes=1048576` is small", "--chunk-mb 1 is small"),
-    ("e.g. `inputs='/data/train-*'`", "e.g. --input '/data/train-*'"),
-    ("name one with `eod_token=TEXT` or `eod_id=N`", "name one with --eod-token TEXT or --eod-id N"),
-    ("add `executor='ray'`", "add --executor ray"),
-    ("set `no_such_field=3`", "set `no_such_field=3`"),  # no entry: as the library wrote it
-    ("run `tokenload verify --hashes`", "run `tokenload verify --hashes`"),  # a command, no field
-    ("``build_policy='none'``", "``build_policy='none'``"),  # a reST literal, no field
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("pass `on_bad_record='skip'` to skip it", "pass --on-bad-record skip to skip it"),
+        ("pass `resume=False` to start over", "pass --restart to start over"),
+        ("`append_eod=True` needs an EOD token", "--append-eod needs an EOD token"),
+        ("raise `range_bytes=` or lower `chunk_bytes=`", "raise --range-mb or lower --chunk-mb"),
+        ("`chunk_bytes=1048576` is small", "--chunk-mb 1 is small"),
+        ("e.g. `inputs='/data/train-*'`", "e.g. --input '/data/train-*'"),
+        (
+            "name one with `eod_token=TEXT` or `eod_id=N`",
+            "name one with --eod-token TEXT or --eod-id N",
+        ),
+        ("add `executor='ray'`", "add --executor ray"),
+        ("set `no_such_field=3`", "set `no_such_field=3`"),  # no entry: as the library wrote it
+        (
+            "run `tokenload verify --hashes`",
+            "run `tokenload verify --hashes`",
+        ),  # a command, no field
+        ("``build_policy='none'``", "``build_policy='none'``"),  # a reST literal, no field
+    ],
+)
 def test_fields_become_flags(text, expected):
     assert to_flags(text) == expected
 
 
 def test_an_error_carries_the_fields_it_names_and_the_cli_prints_their_flags():
-    exc = ConfigError("`workers=0`: expected at least 1", hint="leave out `workers=`, or lower `chunk_bytes=`")
+    exc = ConfigError(
+        "`workers=0`: expected at least 1", hint="leave out `workers=`, or lower `chunk_bytes=`"
+    )
     assert exc.fields == ["workers", "workers", "chunk_bytes"]
     assert "`workers=`" in str(exc)  # a Python caller reads the keyword it passes
-    assert one_line(exc) == "--workers 0: expected at least 1 [HINT: leave out --workers, or lower --chunk-mb]"
+    assert (
+        one_line(exc)
+        == "--workers 0: expected at least 1 [HINT: leave out --workers, or lower --chunk-mb]"
+    )
 
 
 def test_a_message_stating_a_fields_value_begins_with_its_flag_on_the_command_line():
-    exc = ConfigError("chunk_bytes is -1048576, expected at least 1 KiB", field="chunk_bytes",
-                      hint="leave out `chunk_bytes=`")
+    exc = ConfigError(
+        "chunk_bytes is -1048576, expected at least 1 KiB",
+        field="chunk_bytes",
+        hint="leave out `chunk_bytes=`",
+    )
     assert exc.fields == ["chunk_bytes", "chunk_bytes"]
     assert one_line(exc) == "--chunk-mb is -1, expected at least 1 KiB [HINT: leave out --chunk-mb]"
     again = pickle.loads(pickle.dumps(exc))
@@ -87,7 +104,9 @@ def _messages(path: Path) -> list[tuple[int, str]]:
     return [
         (node.lineno, node.value)
         for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
     ]
 
 
@@ -107,8 +126,13 @@ def test_every_field_a_library_message_names_has_a_flag():
 def test_library_messages_name_fields_not_flags(package):
     """Outside ``cli/`` a message names no tokenload flag, except inside a command it quotes
     (`` `tokenload merge --input DIR` ``) or a Megatron flag (the training job's vocabulary)."""
-    megatron = {"--data-cache-path", "--no-mmap-bin-files", "--per-dataset-sequences-path",
-                "--data-path", "--split"}
+    megatron = {
+        "--data-cache-path",
+        "--no-mmap-bin-files",
+        "--per-dataset-sequences-path",
+        "--data-path",
+        "--split",
+    }
     found = []
     for path in (SRC / package).rglob("*.py"):
         for line, text in _messages(path):
