@@ -8,29 +8,13 @@ the step a full disk at the end of a run fails in (the parts stay, and a rerun o
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..format import TokenFileWriter
 from .config import PreprocessConfig
-from .summaries import FileSummary
+from .summaries import FileSummary, Totals
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder
-
-
-def _totals(summaries: Iterable[FileSummary], keys: tuple[str, ...]) -> dict[str, Any]:
-    skipped: Counter[str] = Counter()
-    documents, tokens = 0, Counter({k: 0 for k in keys})
-    for s in summaries:
-        documents += s.documents
-        tokens.update(s.tokens)
-        skipped.update(s.skipped)
-    return {
-        "documents": documents,
-        "tokens": dict(tokens),
-        "skipped": dict(sorted(skipped.items())),
-    }
 
 
 def _write_outputs(
@@ -38,7 +22,7 @@ def _write_outputs(
     tok: TextTokenizer,
     work: WorkFolder,
     summaries: Sequence[FileSummary],
-    totals: dict[str, Any],
+    totals: Totals,
 ) -> None:
     metadata = {
         "producer": "tokenload preprocess",
@@ -47,7 +31,7 @@ def _write_outputs(
         "append_eod": config.append_eod,
         "on_bad_record": config.on_bad_record,
         "shard": {"index": config.shard_index, "count": config.num_shards},
-        "skipped": totals["skipped"],
+        "skipped": totals.skipped,
     }
     for key in config.json_keys:
         with TokenFileWriter(

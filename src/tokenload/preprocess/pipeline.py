@@ -34,10 +34,10 @@ from .config import PreprocessConfig
 from .executor import Executor
 from .inputs import InputFile, expand_inputs, shard_files
 from .load import load_tokenizer
-from .outputs import _totals, _write_outputs
+from .outputs import _write_outputs
 from .pool import LocalExecutor, encode_task
 from .progress import Progress
-from .summaries import FileSummary
+from .summaries import FileSummary, Totals
 from .tokenizer import TextTokenizer
 from .workdir import WorkFolder, open_workdir
 
@@ -114,7 +114,7 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         raise _write_error(exc, local, None) from None
     try:
         summaries, bar = _run(local, tok, work, files, progress)
-        totals = _totals(summaries.values(), config.json_keys)
+        totals = Totals.of(summaries.values(), config.json_keys)
         _write_outputs(local, tok, work, [summaries[i] for i in range(len(files))], totals)
         if local is not config:
             for key in config.json_keys:
@@ -131,9 +131,9 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         outputs=config.outputs,
         files=len(files),
         files_resumed=bar.files_resumed,
-        documents=totals["documents"],
-        tokens=totals["tokens"],
-        skipped=totals["skipped"],
+        documents=totals.documents,
+        tokens=totals.tokens,
+        skipped=totals.skipped,
         input_bytes=bar.input_bytes,
         encoded_tokens=bar.tokens,
         seconds=time.perf_counter() - start,

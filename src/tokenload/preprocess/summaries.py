@@ -9,7 +9,8 @@ records and a marker's bytes do not change.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +114,24 @@ class RangeSummary(PartSummary):
         ):
             return None
         return cls(**fields, span=(span[0], span[1]), lines=lines)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a whole run wrote: its files' summaries summed (the outputs' sidecar and the result)."""
+
+    documents: int
+    tokens: dict[str, int]
+    """Tokens per key (every key present, 0 when none)."""
+    skipped: dict[str, int]
+    """Skipped records by reason, in sorted order."""
+
+    @classmethod
+    def of(cls, summaries: Iterable[PartSummary], keys: tuple[str, ...]) -> Totals:
+        skipped: Counter[str] = Counter()
+        documents, tokens = 0, Counter({k: 0 for k in keys})
+        for s in summaries:
+            documents += s.documents
+            tokens.update(s.tokens)
+            skipped.update(s.skipped)
+        return cls(documents, dict(tokens), dict(sorted(skipped.items())))
