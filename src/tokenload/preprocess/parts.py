@@ -155,8 +155,13 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
         if not task.whole or task.encode.strict:
             return result  # the driver decides for the whole file
         writers, documents, counts = [], 0, Counter({"unreadable_file": 1})
-    counted = {key: w.num_tokens for key, w in zip(keys, writers)} or {key: 0 for key in keys}
-    skipped = dict(sorted(counts.items()))
+    counted = PartSummary(
+        path=task.file.path,
+        stamp=task.file.stamp,
+        documents=documents,
+        tokens={key: w.num_tokens for key, w in zip(keys, writers)} or {key: 0 for key in keys},
+        skipped=dict(sorted(counts.items())),
+    )
     for writer in writers:
         writer.finalize()
     if folder != task.root:
@@ -164,25 +169,10 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
             publish_prefix(writer.prefix, f"{task.root}/{os.path.basename(writer.prefix)}")
     summary: PartSummary
     if task.whole:
-        summary = FileSummary(
-            path=task.file.path,
-            stamp=task.file.stamp,
-            documents=documents,
-            tokens=counted,
-            skipped=skipped,
-            parts=(task.stem,) if writers else (),
-        )
+        summary = FileSummary(**vars(counted), parts=(task.stem,) if writers else ())
         write_marker(task.root, f"{task.stem}.done", summary)
     else:
-        summary = RangeSummary(
-            path=task.file.path,
-            stamp=task.file.stamp,
-            documents=documents,
-            tokens=counted,
-            skipped=skipped,
-            span=task.span,
-            lines=lines,
-        )
+        summary = RangeSummary(**vars(counted), span=task.span, lines=lines)
         write_marker(task.root, f"{task.stem}.range", summary)
     result.summary = summary
     result.seconds = time.perf_counter() - start
