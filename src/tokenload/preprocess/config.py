@@ -262,8 +262,8 @@ def _check_ray(config: PreprocessConfig) -> None:
         )
     if config.range_bytes < config.chunk_bytes:
         raise ConfigError(
-            f"range_bytes ({config.range_bytes}) is smaller than chunk_bytes"
-            f" ({config.chunk_bytes})",
+            f"`range_bytes={config.range_bytes}` is smaller than"
+            f" `chunk_bytes={config.chunk_bytes}`",
             hint="a byte range holds whole chunks: raise `range_bytes=` or lower `chunk_bytes=`",
         )
     if config.ray_address is not None and config.executor != "ray":
