@@ -47,11 +47,12 @@ __all__ = ["DEFAULT_PERIOD", "Interleave", "consumed", "period_counts", "token_w
 DEFAULT_PERIOD = 1 << 16
 
 
-def _check_weights(weights: Sequence[float], what: str) -> np.ndarray:
+def _check_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
         raise ConfigError(
-            f"{what} are {list(weights)}; expected one or more finite weights >= 0 with a positive sum",
+            f"{what} are {list(weights)}; expected one or more finite weights >= 0"
+            " with a positive sum",
             hint="give a non-negative weight per source, at least one of them positive",
         )
     return w / w.sum()
@@ -67,7 +68,9 @@ def token_weights(weights: Sequence[float], tokens_per_sample: Sequence[int]) ->
     w = _check_weights(weights, "token weights")
     t = np.asarray(tokens_per_sample, dtype=np.float64)
     if t.shape != w.shape or np.any(t <= 0):
-        raise ConfigError(f"tokens per sample {list(tokens_per_sample)}; expected one positive count per weight")
+        raise ConfigError(
+            f"tokens per sample {list(tokens_per_sample)}; expected one positive count per weight"
+        )
     return _check_weights(w / t, "token weights")
 
 
@@ -157,7 +160,9 @@ def _walk(
     return served
 
 
-def _fewest_states(counts: np.ndarray, period: int, lo: int, hi: int, slots: int, most: int):
+def _fewest_states(
+    counts: np.ndarray, period: int, lo: int, hi: int, slots: int, most: int
+) -> tuple[int, np.ndarray, int] | None:
     """``hi`` if it allows at most ``most`` states, else the slot t in ``[lo, hi]`` (at most
     4,096 nearest ``hi``) where running EDF from every state the bound allows to ``slots`` costs
     least; with its floor and extras. None where every t allows more than ``most`` states."""
@@ -213,9 +218,7 @@ def _prefix_counts(counts: np.ndarray, period: int, slots: int, *, most: int = 3
     return np.array(_served_after(counts, period, 0, [0] * counts.size, slots), dtype=np.int64)
 
 
-def consumed(
-    weights: Sequence[float], samples: int, *, period: int = DEFAULT_PERIOD
-) -> np.ndarray:
+def consumed(weights: Sequence[float], samples: int, *, period: int = DEFAULT_PERIOD) -> np.ndarray:
     """``Interleave(weights, period=period).consumed(samples)`` without building the period:
     whole periods give ``counts`` each, and the ``samples mod period`` slots of the last one
     (the period's first slots: EDF is online) are counted by ``_prefix_counts``."""
