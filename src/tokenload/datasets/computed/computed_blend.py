@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ...contract import MixtureCursors, Sources
+from ...contract import MixtureCursors
 from ...errors import StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
 from ...index.mixture import MixtureState
 from ...index.schedule import Schedule, ScheduledMixture, check_schedule
+from ..contract_parts import BlendContract
 from ..items import Allocator, ItemConfig, build_items
 
 __all__ = ["ComputedBlendedDataset"]
@@ -51,7 +51,7 @@ class _Items:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
 
-class ComputedBlendedDataset(_Items):
+class ComputedBlendedDataset(_Items, BlendContract):
     """A blend of computed datasets: item k comes from the source the interleave names."""
 
     def __init__(
@@ -152,20 +152,10 @@ class ComputedBlendedDataset(_Items):
         }
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
-    reads_in_groups = True
-    """A loader worker may read several micro-batches with one ``read_batch``."""
-
-    def describe_sources(self) -> Sources:
-        """The members (what ``dataset_id`` numbers), keyed by their content identities."""
-        infos = [info for d in self.datasets for info in d.describe_sources().members]
-        members = tuple(replace(info, key=key) for info, key in zip(infos, self.sources))
-        return Sources(members=members, blended=True)
-
-    def epoch_sizes(self) -> list[int]:
-        return [size for d in self.datasets for size in d.epoch_sizes()]
-
-    def sample_bytes(self) -> list[int | None]:
-        return [size for d in self.datasets for size in d.sample_bytes()]
+    # reads_in_groups, describe_sources, epoch_sizes, sample_bytes: from BlendContract
+    def member_keys(self, names: list[str]) -> Sequence[str]:
+        """Members keyed by their content identities."""
+        return self.sources
 
     def blend_index(self) -> np.ndarray | None:
         return None

@@ -56,7 +56,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import MOCK_SPLIT, plan_splits
@@ -65,6 +64,7 @@ from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import WindowGrid, window_pieces
 from ..config import MegatronDataConfig, as_blend
+from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, build_items
 from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
@@ -75,7 +75,7 @@ __all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datas
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
 
 
-class ComputedGPTDataset(_Items):
+class ComputedGPTDataset(_Items, OneSourceContract):
     """Items of one split of one token file (or of the mock source) in the computed order."""
 
     def __init__(
@@ -189,32 +189,12 @@ class ComputedGPTDataset(_Items):
         return self.documents_of(self.windows_of(indices))
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
-    reads_in_groups = True
-    """A loader worker may read several micro-batches with one ``read_batch``."""
-
-    def describe_sources(self) -> Sources:
-        """One source: the token file's prefix (``MockSource`` for the mock data)."""
-        source = self.source
-        name = type(source).__name__ if isinstance(source, MockSource) else str(source.prefix)
-        info = SourceInfo(name=name, key=name, sequence_length=self.item.sequence_length)
-        return Sources(members=(info,))
-
+    # reads_in_groups, describe_sources, sample_bytes, blend_index, mixture_cursors: from
+    # OneSourceContract
     def epoch_sizes(self) -> list[int]:
         """Windows per epoch (the length for a split without a whole window)."""
         windows = self.samples_per_epoch
         return [windows if isinstance(windows, int) and windows > 0 else len(self)]
-
-    def sample_bytes(self) -> list[int | None]:
-        """``window x itemsize`` of the token file (None for the mock data, which reads none)."""
-        if isinstance(self.source, MockSource):
-            return [None]
-        return [self.item.window * np.dtype(self.source.dtype).itemsize]
-
-    def blend_index(self) -> np.ndarray | None:
-        return None
-
-    def mixture_cursors(self) -> MixtureCursors | None:
-        return None
 
 
 def _whole_epochs(asked: int | None, per_epoch: int) -> int:

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ...contract import MixtureCursors, Sources
+from ...contract import MixtureCursors
 from ...index.blends import distinct_sources
+from ..contract_parts import BlendContract
 from ..items import Allocator
 from .gpt_dataset import IndexArrays
 
 _MIN = np.minimum.reduce
 
 
-class BlendedDataset:
+class BlendedDataset(BlendContract):
     """A weighted mixture of datasets in Megatron's blending order."""
 
     def __init__(
@@ -121,21 +121,10 @@ class BlendedDataset:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
-    reads_in_groups = True
-    """A loader worker may read several micro-batches with one ``read_batch``."""
-
-    def describe_sources(self) -> Sources:
-        """The members (what ``dataset_id`` numbers), keyed by prefix (``#2`` for a repeat)."""
-        infos = [info for d in self.datasets for info in d.describe_sources().members]
-        keys = distinct_sources([info.name for info in infos])
-        members = tuple(replace(info, key=key) for info, key in zip(infos, keys))
-        return Sources(members=members, blended=True)
-
-    def epoch_sizes(self) -> list[int]:
-        return [size for d in self.datasets for size in d.epoch_sizes()]
-
-    def sample_bytes(self) -> list[int | None]:
-        return [size for d in self.datasets for size in d.sample_bytes()]
+    # reads_in_groups, describe_sources, epoch_sizes, sample_bytes: from BlendContract
+    def member_keys(self, names: list[str]) -> list[str]:
+        """Members keyed by prefix (``#2`` for a repeat)."""
+        return distinct_sources(names)
 
     def blend_index(self) -> np.ndarray | None:
         """``dataset_index``: the job's draws per member are counts of its prefix."""

@@ -32,10 +32,10 @@ import numpy.typing as npt
 
 from ...byte_source import gather_index
 from ...caches import map_array
-from ...contract import MixtureCursors, SourceInfo, Sources
 from ...errors import CacheError
+from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, build_items
-from ..sources import MockSource, stale_facts
+from ..sources import stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
@@ -99,7 +99,7 @@ class IndexArrays:
         return state
 
 
-class GPTDataset:
+class GPTDataset(OneSourceContract):
     """Items of one split of one token file (or of the mock source) in Megatron's order."""
 
     def __init__(
@@ -310,16 +310,8 @@ class GPTDataset:
         return {k: v[0] for k, v in self.__getitems__([index]).items()}
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
-    reads_in_groups = True
-    """A loader worker may read several micro-batches with one ``read_batch``."""
-
-    def describe_sources(self) -> Sources:
-        """One source: the token file's prefix (``MockSource`` for the mock data)."""
-        source = self.source
-        name = type(source).__name__ if isinstance(source, MockSource) else str(source.prefix)
-        info = SourceInfo(name=name, key=name, sequence_length=self.item.sequence_length)
-        return Sources(members=(info,))
-
+    # reads_in_groups, describe_sources, sample_bytes, blend_index, mixture_cursors: from
+    # OneSourceContract
     def epoch_sizes(self) -> list[int]:
         """Megatron's samples per epoch, as the build recorded it, else from the index."""
         told = self.samples_per_epoch
@@ -337,18 +329,6 @@ class GPTDataset:
         low, high = int(documents.min()), int(documents.max())
         tokens = int(np.sum(self.source.sequence_lengths[low : high + 1], dtype=np.int64))
         return max((tokens - self.item.extra) // self.item.sequence_length, 1)
-
-    def sample_bytes(self) -> list[int | None]:
-        """``window x itemsize`` of the token file (None for the mock data, which reads none)."""
-        if isinstance(self.source, MockSource):
-            return [None]
-        return [self.item.window * np.dtype(self.source.dtype).itemsize]
-
-    def blend_index(self) -> np.ndarray | None:
-        return None
-
-    def mixture_cursors(self) -> MixtureCursors | None:
-        return None
 
 
 def _unwrapped(ids: np.ndarray) -> np.ndarray:
