@@ -14,12 +14,10 @@ from __future__ import annotations
 from tokenload.caches.files import (
     CacheCheck,
     CacheState,
-    CacheWrite,
     check_cache,
     load_cache,
     map_array,
     write_cache,
-    write_caches,
 )
 from tokenload.caches.names import (
     BLENDED_ARRAYS,
@@ -44,8 +42,6 @@ __all__ = [
     "CacheState",
     "CacheCheck",
     "write_cache",
-    "CacheWrite",
-    "write_caches",
     "load_cache",
     "map_array",
     "check_cache",

@@ -1,9 +1,7 @@
 """Writing, loading and checking index cache files (names and identity: ``names``).
 
 Writes are atomic per file: a temporary name in the cache folder, flush, fsync, ``os.replace``
-over the final name, then an fsync of the folder; the files of a cache (and of up to
-``GROUP_CACHES`` caches written together) are fsynced at once and renamed only when all are
-durable (``format.atomic.write_group``). The ``.npy`` arrays go first, the tokenload
+over the final name, then an fsync of the folder. The ``.npy`` arrays go first, the tokenload
 sidecar next and Megatron's description last: Megatron counts a cache as complete when the
 description and the arrays exist, so a build killed at any point never leaves a cache that
 Megatron or tokenload would take for complete, and two builders racing for one cache leave one
@@ -39,7 +37,7 @@ import math
 import os
 import threading
 import tokenize
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -49,20 +47,18 @@ import xxhash
 
 from tokenload.caches.names import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.errors import CacheError, FormatError, StorageError
-from tokenload.format.atomic import write_group
+from tokenload.format.atomic import fsync_dir, write_atomic
 from tokenload.format.descriptors import map_readonly
 from tokenload.storage import is_url
 
 __all__ = [
     "CacheCheck",
     "CacheState",
-    "CacheWrite",
     "check_cache",
     "load_cache",
     "map_array",
     "recorded_digest",
     "write_cache",
-    "write_caches",
 ]
 
 logger = logging.getLogger(__name__)
@@ -150,45 +146,17 @@ def write_cache(
     uploaded in the same order (``bucket``). Raises ``CacheError`` when the folder cannot
     be created or written, ``StorageError`` when an upload fails.
     """
-    write_caches([CacheWrite(files, description, arrays, fields)])
+    if set(arrays) != set(files.arrays):
+        raise CacheError(f"arrays {sorted(arrays)}; expected exactly {list(files.arrays)}")
+    if not is_url(files.directory):
+        _write_local(files, description, arrays, fields)
+        return
+    from .bucket import publish_cache, staged_cache
 
-
-@dataclasses.dataclass(frozen=True)
-class CacheWrite:
-    """One cache to write (``write_caches``): its files, description, arrays and sidecar facts."""
-
-    files: CacheFiles
-    description: str
-    arrays: Mapping[str, npt.NDArray[Any]]
-    fields: Mapping[str, Any] | None = None
-
-
-#: Caches whose files are made durable together (``write_caches``): 8 caches are 48 open files.
-GROUP_CACHES = 8
-
-
-def write_caches(caches: Sequence[CacheWrite]) -> None:
-    """Write several caches, each as ``write_cache`` does, with their files made durable in
-    groups (``format.atomic.write_group``: one concurrent fsync round per group of
-    ``GROUP_CACHES`` caches instead of one fsync per file, the cost that dominated a blend's
-    cache write). Within a group every cache's files are renamed in the order arrays, sidecar,
-    description, after all of the group's files are durable."""
-    for cache in caches:
-        if set(cache.arrays) != set(cache.files.arrays):
-            raise CacheError(
-                f"arrays {sorted(cache.arrays)}; expected exactly {list(cache.files.arrays)}"
-            )
-    local = [c for c in caches if not is_url(c.files.directory)]
-    for start in range(0, len(local), GROUP_CACHES):
-        _write_local(local[start : start + GROUP_CACHES])
-    for cache in caches:
-        if is_url(cache.files.directory):
-            from .bucket import publish_cache, staged_cache
-
-            with staged_cache(cache.files) as staged:
-                _write_local([dataclasses.replace(cache, files=staged)])
-                publish_cache(staged, cache.files)
-            logger.debug("published index cache %s", cache.files.description)
+    with staged_cache(files) as local:
+        _write_local(local, description, arrays, fields)
+        publish_cache(local, files)
+    logger.debug("published index cache %s", files.description)
 
 
 def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:
@@ -196,12 +164,12 @@ def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:
     return lambda f: np.save(f, array, allow_pickle=False)
 
 
-def _bytes_writer(data: bytes) -> Callable[[BinaryIO], object]:
-    return lambda f: f.write(data)
-
-
-def _sidecar(cache: CacheWrite) -> bytes:
-    files, arrays = cache.files, cache.arrays
+def _write_local(
+    files: CacheFiles,
+    description: str,
+    arrays: Mapping[str, npt.NDArray[Any]],
+    fields: Mapping[str, Any] | None,
+) -> None:
     sidecar = {
         "format": SIDECAR_FORMAT,
         "version": SIDECAR_VERSION,
@@ -215,39 +183,33 @@ def _sidecar(cache: CacheWrite) -> bytes:
             }
             for name in files.arrays
         },
-        "fields": _canonical_fields(cache.fields),
+        "fields": _canonical_fields(fields),
     }
-    return json.dumps(sidecar, indent=1, sort_keys=True).encode()
-
-
-def _write_local(caches: Sequence[CacheWrite]) -> None:
-    group: list[tuple[str, Callable[[BinaryIO], object]]] = []
-    for cache in caches:
-        files = cache.files
-        for name in files.arrays:
-            group.append((files.array(name), _npy_writer(np.ascontiguousarray(cache.arrays[name]))))
-        text = _sidecar(cache)
-        description = cache.description.encode("utf-8")
-        group.append((files.sidecar, _bytes_writer(text)))
-        group.append((files.description, _bytes_writer(description)))
-    folder = ""
     try:
-        for cache in caches:
-            folder = cache.files.directory
-            os.makedirs(folder, exist_ok=True)
-        write_group(group)
-        for cache in caches:  # written from these very arrays: verified in this process
-            for name in cache.files.arrays:
-                _VERIFIED.add(_file_key(os.stat(cache.files.array(name))))
+        os.makedirs(files.directory, exist_ok=True)
+        for name in files.arrays:
+            arr = np.ascontiguousarray(arrays[name])
+            write_atomic(
+                files.array(name),
+                _npy_writer(arr),
+                fsync_folder=False,
+            )
+        text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
+        write_atomic(files.sidecar, lambda f: f.write(text), fsync_folder=False)
+        write_atomic(
+            files.description, lambda f: f.write(description.encode("utf-8")), fsync_folder=False
+        )
+        fsync_dir(files.directory)
+        for name in files.arrays:  # written from these very arrays: verified in this process
+            _VERIFIED.add(_file_key(os.stat(files.array(name))))
     except OSError as exc:
         raise CacheError(
             f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
-            path=folder,
+            path=files.directory,
             hint="point the cache at a writable folder on a filesystem every rank can read "
             "(path_to_cache / --data-cache-path), or build the indices in memory",
         ) from None
-    for cache in caches:
-        logger.debug("wrote index cache %s", cache.files.description)
+    logger.debug("wrote index cache %s", files.description)
 
 
 def map_array(path: str) -> npt.NDArray[Any]:

@@ -15,8 +15,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -202,9 +201,16 @@ def write_temp(final: str | os.PathLike[str], write: Callable[[BinaryIO], object
 
     A full disk, a read-only filesystem or a folder this user may not write raises StorageError
     and leaves no temporary behind."""
-    tmp, f = _write_unsynced(final, write)
+    tmp = temp_path(final)
     try:
+        f = create_temp(tmp, final)
         try:
+            try:
+                write(f)
+            except OSError as exc:
+                if exc.errno in _WRITE_ERRNOS:
+                    raise write_error(exc, final, "the file") from None
+                raise
             sync_file(f, final)
         except BaseException:
             close_quietly(f)
@@ -214,64 +220,6 @@ def write_temp(final: str | os.PathLike[str], write: Callable[[BinaryIO], object
         discard(tmp)
         raise
     return tmp
-
-
-def _write_unsynced(
-    final: str | os.PathLike[str], write: Callable[[BinaryIO], object]
-) -> tuple[Path, BinaryIO]:
-    """``write(f)`` into a new temporary beside ``final``, flushed, left open and not fsynced;
-    on failure a StorageError (a write's errno) and no temporary left."""
-    tmp = temp_path(final)
-    f = create_temp(tmp, final)
-    try:
-        try:
-            write(f)
-            f.flush()
-        except OSError as exc:
-            if exc.errno in _WRITE_ERRNOS:
-                raise write_error(exc, final, "the file") from None
-            raise
-    except BaseException:
-        close_quietly(f)
-        discard(tmp)
-        raise
-    return tmp, f
-
-
-def write_group(
-    files: Sequence[tuple[str | os.PathLike[str], Callable[[BinaryIO], object]]],
-) -> None:
-    """Write several files atomically as one durable group, published in the order given.
-
-    Every file is written to its temporary, then all temporaries are fsynced at once, from
-    threads, so the filesystem commits them together (one fsync costs a journal commit, ~13 ms
-    on a VM's disk; 50 concurrent ones cost ~50 ms, not 650), then each is renamed over its name
-    in the order given, then each folder is fsynced once. No file of the group is in place before
-    all of them are durable, and a crash leaves each name old or new. Failures are StorageErrors
-    that leave no temporary behind (files already renamed stay: each is whole)."""
-    written: list[tuple[Path, str | os.PathLike[str], BinaryIO]] = []
-    try:
-        for final, write in files:
-            tmp, f = _write_unsynced(final, write)
-            written.append((tmp, final, f))
-        if len(written) == 1:
-            sync_file(written[0][2], written[0][1])
-        elif written:
-            with ThreadPoolExecutor(max_workers=min(len(written), 16)) as pool:
-                list(pool.map(lambda w: sync_file(w[2], w[1]), written))
-        for _, _, f in written:
-            f.close()
-        while written:
-            tmp, final, _ = written[0]
-            replace(tmp, final)
-            written.pop(0)
-    except BaseException:
-        for tmp, _, f in written:
-            close_quietly(f)
-            discard(tmp)
-        raise
-    for folder in dict.fromkeys(Path(final).parent for final, _ in files):
-        fsync_dir(folder)
 
 
 def write_atomic(

@@ -290,7 +290,6 @@ def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(index_cache, "write_cache", full)
-    monkeypatch.setattr(index_cache, "write_caches", full)  # the writer behind the batches
     _world(monkeypatch, rank=0, world_size=4, local_rank=0, local_world_size=2)
     caplog.set_level("WARNING", logger="tokenload.datasets.megatron.cache_rules")
     got = build_datasets(_config(data, tmp_path / "c"), SIZES)

@@ -36,16 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ...caches import (
-    CacheCheck,
-    CacheFiles,
-    CacheState,
-    CacheWrite,
-    check_cache,
-    map_array,
-    write_cache,
-    write_caches,
-)
+from ...caches import CacheCheck, CacheFiles, CacheState, check_cache, map_array, write_cache
 from ...errors import CacheError
 from ...storage import is_url
 from .gpt_dataset import IndexArrays
@@ -63,6 +54,16 @@ class CachedIndices:
 
     indices: IndexArrays
     entry: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """A cache the writer serves from memory and writes behind its first batches."""
+
+    files: CacheFiles
+    description: str
+    arrays: dict[str, Any]
+    fields: dict[str, Any]
 
 
 class IndexCache:
@@ -91,7 +92,7 @@ class IndexCache:
         """A loading rank's caches not found (``name: reasons``), for ``policy.missing_cache``."""
         self.folders: list[str] = []
         """The folders of ``missing``."""
-        self.deferred: list[CacheWrite] = []
+        self.deferred: list[PendingWrite] = []
         """The caches left to ``write_behind``."""
         self.wrote = False
         """A cache file was written by this build: the build manifest must then follow."""
@@ -154,7 +155,7 @@ class IndexCache:
         if self.role is not Role.WRITE:  # CHECK: the writer writes it
             return CachedIndices(IndexArrays(arrays=arrays), None)
         if self.behind:
-            self.deferred.append(CacheWrite(files, description, arrays, fields))
+            self.deferred.append(PendingWrite(files, description, arrays, fields))
             return CachedIndices(IndexArrays(arrays=arrays), entry)
         with self.phase("cache_write"):
             write_cache(files, description=description, arrays=arrays, fields=fields)
@@ -185,7 +186,7 @@ def _matched(check: CacheCheck, consistent: Callable[[dict], list[str]]) -> Cach
 
 
 def write_behind(
-    caches: list[CacheWrite], manifest: ManifestFile | None, entries: list[Any]
+    caches: list[PendingWrite], manifest: ManifestFile | None, entries: list[Any]
 ) -> threading.Thread:
     """Write ``caches`` (each atomically) and then the manifest (with the splits' ``entries``)
     in a thread of this process. The
@@ -195,7 +196,8 @@ def write_behind(
 
     def run() -> None:
         try:
-            write_caches(caches)
+            for c in caches:
+                write_cache(c.files, description=c.description, arrays=c.arrays, fields=c.fields)
             if manifest is not None:
                 write_manifest(manifest.path, manifest.key, entries)
         except (OSError, CacheError) as exc:
