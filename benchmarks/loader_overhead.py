@@ -7,8 +7,9 @@ Usage: python benchmarks/loader_overhead.py --baseline-src /tmp/base/src [--base
 
 Data as loader.py (lognormal documents, S = 2048, micro-batch 16, one-epoch Megatron-order train
 split, its cache built once). Each side runs in a fresh process (``PYTHONPATH`` = its source
-folder), sides alternate in order from round to round, and each round reads fresh samples (a
-first pass: the page cache holds the file, the process's page tables hold nothing). Per side:
+folder), sides alternate in order from round to round, and each round reads other samples (a
+first pass: the page cache holds the file, the process's page tables hold nothing; past the
+split's end the start wraps around, still a first pass for the fresh process). Per side:
 samples/s over the pass (its first micro-batch, worker start-up, not timed) and CPU per
 micro-batch of the training process and its workers together (the wall rate moves with the
 machine's load, the CPU less). Cells are medians over rounds. Several ``--baseline-src`` run
@@ -45,8 +46,9 @@ cfg = MegatronDataConfig(sequence_length=2048, blend=[payload["prefix"]], split=
                          eod_id=50256, path_to_cache=payload["cache"])
 ds = build_datasets(cfg, [None, None, None])[0]
 mb = payload["micro_batch"]
+start = payload["start"] % max(1, len(ds) - payload["samples"] - 4 * mb)  # wraps: fresh process
 loader = build_dataloader(ds, micro_batch_size=mb, num_workers=payload["workers"], dp_rank=0,
-                          dp_size=1, consumed_samples=payload["start"])
+                          dp_size=1, consumed_samples=start)
 tick = os.sysconf("SC_CLK_TCK")
 
 def worker_cpu():
@@ -180,8 +182,10 @@ def main() -> None:
         print(f"\nafter / {name}: rate {after['rate'] / before['rate']:.3f},"
               f" CPU per micro-batch {after['cpu_us'] / before['cpu_us']:.3f},"
               f" training process CPU {after['consumer_us'] / before['consumer_us']:.3f}")
-        spread = [a["rate"] / b["rate"] for a, b in zip(got["after (--src)"], got[name])]
-        print(f"  per-round rate ratios: {', '.join(f'{x:.3f}' for x in spread)}")
+        for key in ("rate", "cpu_us"):
+            spread = [a[key] / b[key] for a, b in zip(got["after (--src)"], got[name])]
+            print(f"  per-round {key} ratios: {', '.join(f'{x:.3f}' for x in spread)}"
+                  f" (median {statistics.median(spread):.3f})")
 
 
 if __name__ == "__main__":
