@@ -207,7 +207,7 @@ def _write_local(
             f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
             path=files.directory,
             hint="point the cache at a writable folder on a filesystem every rank can read "
-            "(path_to_cache / --data-cache-path), or build the indices in memory",
+            "(`path_to_cache=`), or build the indices in memory",
         ) from None
     logger.debug("wrote index cache %s", files.description)
 

@@ -9,6 +9,7 @@ import sys
 
 from ..format import check_file, convert_token_file, describe, merge_token_files, prefixes_in
 from ..format.idx import dtype_code, prefix_of
+from .vocabulary import to_flags
 
 _FORMATS = {
     "MMIDIDX": "MMIDIDX (Megatron mmap)",
@@ -118,7 +119,7 @@ def run_verify(args: argparse.Namespace) -> int:
     failed = 0
     for prefix in args.prefixes:
         result = check_file(prefix, vocab_size=args.vocab_size, hashes=args.hashes)
-        checked = "; ".join(result.checked)
+        checked = to_flags("; ".join(result.checked))  # the vocab_size given: --vocab-size
         if len(result.checked) == 1:
             checked += "; structure only: pass --vocab-size N or --hashes to check the tokens"
         if result.problems:

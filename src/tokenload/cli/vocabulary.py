@@ -64,6 +64,11 @@ FLAGS: dict[str, str | tuple[str, Callable[[str], str]]] = {
     "compare": "--compare",
     # megatron_config_from_args' world size (tokenload prepare-cache)
     "world_size": "--prepare-cache-world-size",
+    # MegatronDataConfig (tokenload prepare-cache)
+    "path_to_cache": "--data-cache-path",
+    "mid_level_dataset_surplus": "--mid-level-dataset-surplus",
+    # merge_token_files (tokenload merge) shares output_prefix with preprocess; check_file (verify)
+    "vocab_size": "--vocab-size",
 }
 
 

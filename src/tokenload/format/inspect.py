@@ -132,7 +132,7 @@ def _structure_label(index_format: str, per_sequence: bool) -> str:
 def _vocab_size(given: int | None, sidecar: Sidecar | None) -> tuple[int | None, str]:
     """The vocabulary size to check tokens against, and where it came from."""
     if given is not None:
-        return given, "--vocab-size"
+        return given, "`vocab_size=`"
     recorded = (sidecar.tokenizer or {}).get("vocab_size") if sidecar is not None else None
     if isinstance(recorded, int) and recorded > 0:
         return recorded, "the sidecar's vocab_size"

@@ -45,7 +45,7 @@ def prefixes_in(folder: str | os.PathLike[str]) -> list[str]:
     if not stems:
         raise ConfigError(
             f"no .bin/.idx pairs in {str(folder)!r}",
-            hint="point --input at the folder holding the token files to merge",
+            hint="name the folder that holds the token files to merge",
         )
     return [join(stem) for stem in sorted(stems)]
 
@@ -59,13 +59,13 @@ def _listing(folder: str) -> tuple[list[str], Callable[[str], str]]:
         names = [url.rsplit("/", 1)[1] for url in list_objects(base)]
         if not names:
             raise ConfigError(
-                f"--input {folder!r} holds no objects",
+                f"folder {folder!r} holds no objects",
                 hint="check the URL of the folder holding PREFIX.bin/PREFIX.idx pairs",
             )
         return names, lambda stem: f"{base}/{stem}"
     if not os.path.isdir(folder):
         raise ConfigError(
-            f"--input {folder!r} is not a folder",
+            f"{folder!r} is not a folder",
             hint="pass a folder holding PREFIX.bin/PREFIX.idx pairs, or list the prefixes "
             "explicitly",
         )
@@ -129,7 +129,7 @@ def _write(
     if any(_same_place(f.prefix, out) for f in files):
         raise ConfigError(
             f"output prefix {out!r} is also an input",
-            hint="choose an --output-prefix outside the inputs",
+            hint="choose an `output_prefix=` outside the inputs",
         )
     from ..storage.upload import fetched_prefix, staged_prefix
 

@@ -223,7 +223,7 @@ def _float_header(file: PairSpec, header: IndexHeader, lengths: np.ndarray) -> I
         " GPT-NeoX)",
         path=file.idx_path,
         hint="open it with dtype_codes='auto' (the default), which takes the table the .bin size"
-        " fits (tokenload convert: --dtype-codes auto)",
+        " fits (as `tokenload convert --dtype-codes auto` does)",
     )
 
 

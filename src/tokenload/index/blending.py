@@ -403,7 +403,7 @@ def check_oversampling(
         raise ConfigError(
             f"the {split} blend draws {int(counts[d])} samples from dataset {d}, which holds "
             f"{lengths[d]}; expected at most {lengths[d]}",
-            hint="raise mid_level_dataset_surplus (--mid-level-dataset-surplus)",
+            hint="raise `mid_level_dataset_surplus=`",
         )
 
 
