@@ -37,8 +37,11 @@ Sides, each a fresh process per round, the order rotating by round:
   what any pipeline that parses with orjson adds to the encoding.
 * ``datatrove``: DataTrove 0.10's ``LocalPipelineExecutor(tasks=W, workers=W)`` running
   ``JsonlReader`` -> ``DocumentTokenizer(tokenizer_name_or_path=tokenizer.json,
-  eos_token=EOD, shuffle_documents=False)`` in its own venv (``--datatrove-python``; never a
-  tokenload dependency). Shuffling is off so its output can be compared, and it is less work.
+  eos_token=EOD, shuffle_documents=False, batch_size=1000)`` in its own venv
+  (``--datatrove-python``; never a tokenload dependency). Shuffling is off so its output can be
+  compared, and it is less work. ``batch_size`` 1000 is the default its docstring states; its
+  code's default, 10000 documents per ``encode_batch``, held ~13 GB per worker on the 1 GiB
+  corpus here and the OOM killer ended a worker (``--datatrove-batch``).
   Its rank r reads shards r, r+W, ... (``get_shard``), so the shards are balanced by bytes.
   After the rounds, its ``.ds`` files (uint16 tokens) and ``.ds.index`` (uint64 document ends)
   are reassembled in shard order and compared with tokenload's ``.bin/.idx``: every token id and
@@ -241,7 +244,8 @@ if __name__ == "__main__":
         pipeline=[
             JsonlReader(a["input"], glob_pattern="*.jsonl", text_key="text"),
             DocumentTokenizer(output_folder=a["output"], tokenizer_name_or_path=a["tokenizer"],
-                              eos_token=a["eod"], shuffle_documents=False),
+                              eos_token=a["eod"], shuffle_documents=False,
+                              batch_size=a["batch_size"]),
         ],
         tasks=a["workers"], workers=a["workers"], logging_dir=a["logs"], skip_completed=False,
     ).run()
@@ -533,6 +537,7 @@ class Bench:
                 "eod": EOD,
                 "workers": a.workers,
                 "logs": str(logs),
+                "batch_size": a.datatrove_batch,
             }
             r = run_side([a.datatrove_python, str(self.dt_script), json.dumps(payload)], log)
             r["seconds"] = r["wall"]
@@ -723,6 +728,14 @@ def main() -> None:
     )
     ap.add_argument("--sides", default=",".join(SIDES))
     ap.add_argument("--datatrove-python", default=DATATROVE_PYTHON)
+    ap.add_argument(
+        "--datatrove-batch",
+        type=int,
+        default=1000,
+        help="DocumentTokenizer's batch_size (documents per encode_batch call): 1000 as its "
+        "docstring says; its code's default, 10000, held ~13 GB per worker on the 1 GiB corpus and "
+        "the OOM killer ended a worker on this 24 GiB machine",
+    )
     ap.add_argument("--bytecode", choices=("compiled", "source"), default="compiled")
     args = ap.parse_args()
     sides = [s for s in args.sides.split(",") if s]
