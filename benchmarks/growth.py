@@ -7,8 +7,8 @@ does to stay bit-identical: the legacy ``RandomState.shuffle`` (Fisher-Yates: on
 random position per element) of the document index, and the sample index's walk, which reads
 each document's length at a random position of the length array (``lengths[document_index]``).
 This script times those two primitives alone, on arrays of the build's sizes (int32 ids, int32
-lengths), beside sequential controls (``cumsum`` of the same ids into memory already used, and into a fresh
-array, whose first touch this VM charges dearly), each in a fresh process
+lengths), beside sequential controls (``cumsum`` of the same ids into memory already used, and
+into a fresh array, whose first touch this VM charges dearly), each in a fresh process
 per size and round, sizes rotating. CPU nanoseconds per element, median of the rounds (range):
 if the primitives themselves cost several times more per element at 100M than at 1M, no build
 that keeps Megatron's order can be linear, and the build's own growth is bounded by theirs.
