@@ -11,7 +11,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_texts
+from preprocess_texts import make_texts
 
 from tokenload.errors import ConfigError, RecordError
 from tokenload.preprocess import PreprocessConfig, TokenizerSpec, preprocess

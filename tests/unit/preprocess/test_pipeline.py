@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from conftest import make_texts
+from preprocess_texts import make_texts
 
 from tokenload.errors import ConfigError, RecordError
 from tokenload.format import TokenFile, TokenFileWriter, merge_token_files, read_sidecar
