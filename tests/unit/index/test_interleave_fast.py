@@ -1,5 +1,5 @@
-"""The EDF (which may stop after a prefix) and ``interleave.consumed`` (which mostly schedules
-no prefix at all) against the original heap walk, kept here as the reference: the same period,
+"""The EDF (which may stop after a prefix) and ``interleave.consumed`` (which schedules no
+prefix at all) against the original heap walk, kept here as the reference: the same period,
 sample for sample, for many random weight vectors (zeros, extreme ratios, small and large
 periods), and the same counts after any prefix."""
 
@@ -100,50 +100,84 @@ def test_consumed_refuses_what_the_interleave_refuses():
         consumed([1, 1], -1)
 
 
-def test_prefix_counts_are_the_reference_prefix_and_mostly_skip_it(monkeypatch):
-    """``_prefix_counts`` (a few EDF runs from every state the bound allows, a short span back)
-    against the counts of the reference EDF's prefix; most answers come from a short span."""
+def many_weights(rng: np.random.Generator) -> np.ndarray:
+    """8-24 sources of unequal weights, sometimes one or two tiny ones (a long span)."""
+    w = rng.random(int(rng.integers(8, 25))) + 0.05
+    if rng.random() < 0.3:
+        w[rng.integers(w.size, size=2)] = 10.0 ** rng.uniform(-4, -2, size=2)
+    return w
+
+
+@pytest.mark.parametrize("span", ["python", "numpy"])
+def test_prefix_counts_are_the_reference_prefix_without_any_walk(monkeypatch, span):
+    """``_prefix_counts`` (the closed count of the module's docstring) against the counts of the
+    reference EDF's prefix, for few and many sources, counted in Python or with NumPy (every
+    span), and no EDF walk at all."""
     import tokenload.index.interleave as mod
 
-    runs = []
-    real = mod._served_after
+    def no_walk(*args, **kwargs):
+        raise AssertionError("the prefix count walked EDF")
 
-    def counting(counts, period, start, served, stop):
-        runs.append(stop - start)
-        return real(counts, period, start, served, stop)
-
-    monkeypatch.setattr(mod, "_served_after", counting)
+    monkeypatch.setattr(mod, "_walk", no_walk)
+    if span == "numpy":
+        monkeypatch.setattr(mod, "_PYTHON_SPAN", -1)
     rng = np.random.default_rng(11)
-    checked = short = 0
-    while checked < 1500:
-        w = random_weights(rng)
-        period = int(rng.choice([7, 100, 1024, 4099, 1 << 14]))
+    checked = 0
+    while checked < 2500:
+        w = random_weights(rng) if rng.random() < 0.6 else many_weights(rng)
+        period = int(rng.choice([1, 7, 100, 1024, 4099, 1 << 14]))
         try:
             counts = period_counts(w, period)
         except ConfigError:
             continue
         full = reference_edf(counts, period)
-        for slots in [0, 1, period, *rng.integers(0, period + 1, size=6).tolist()]:
-            runs.clear()
+        for slots in [0, 1, period - 1, period, *rng.integers(0, period + 1, size=6).tolist()]:
             got = mod._prefix_counts(counts, period, int(slots))
             want = np.bincount(full[:slots], minlength=counts.size)
+            assert got.dtype == np.int64
             assert np.array_equal(got, want), (w.tolist(), period, slots)
-            short += slots >= 1024 and sum(runs) < slots
             checked += 1
-    assert short > 300
+
+
+def test_prefix_counts_at_every_slot_of_small_periods():
+    """Every prefix of many small periods (every tie and boundary the rounding makes)."""
+    import tokenload.index.interleave as mod
+
+    rng = np.random.default_rng(5)
+    for period in [2, 5, 12, 31, 64, 97]:
+        for _ in range(60):
+            w = rng.random(int(rng.integers(2, 9)))
+            w[rng.random(w.size) < 0.2] = 0.0
+            if w.sum() <= 0:
+                w[0] = 1.0
+            try:
+                counts = period_counts(w, period)
+            except ConfigError:
+                continue
+            full = reference_edf(counts, period)
+            for slots in range(period + 1):
+                want = np.bincount(full[:slots], minlength=counts.size)
+                assert np.array_equal(mod._prefix_counts(counts, period, slots), want)
 
 
 @pytest.mark.parametrize(
-    "weights", [[1] * 8, [1] * 7, list(range(1, 13)), [3, 3, 3, 3, 2, 2, 1, 1, 1]]
+    "weights",
+    [
+        [1] * 8,
+        [1] * 7,
+        list(range(1, 13)),
+        [3, 3, 3, 3, 2, 2, 1, 1, 1],
+        [1, 1e-3, 1e-2, 0.5, 0.2, 0.3, 0.7, 0.11, 0.13, 0.17],
+    ],
 )
-def test_prefix_counts_with_many_states_search_an_earlier_start(weights):
-    """Many sources: the slot just before allows more states than tried, so an earlier slot
-    with fewer is searched for (or the prefix is scheduled); the counts stay the reference's."""
+def test_prefix_counts_with_many_sources_at_the_default_period(weights):
+    """The sets that made the earlier count fall back to scheduling the prefix (10-12 sources
+    of unequal weights) at the default period, where the runs are long."""
     import tokenload.index.interleave as mod
 
-    period = 1 << 14
+    period = 1 << 16
     counts = period_counts(weights, period)
     full = reference_edf(counts, period)
-    for slots in np.random.default_rng(len(weights)).integers(0, period + 1, size=25).tolist():
+    for slots in np.random.default_rng(len(weights)).integers(0, period + 1, size=40).tolist():
         got = mod._prefix_counts(counts, period, int(slots))
         assert np.array_equal(got, np.bincount(full[:slots], minlength=counts.size)), slots

@@ -23,13 +23,23 @@ def reference_states(schedule, origin, upto):
     """Every phase built in order from the state the one before leaves (no shortcut)."""
     starts = [s for s, _ in schedule]
     first = int(np.searchsorted(starts, origin.consumed, side="right")) - 1
-    bounds = [origin.consumed] + starts[first + 1 :]
+    bounds = [origin.consumed, *starts[first + 1 :]]
     phases, state = [], origin
     for start, (_, w) in zip(bounds, schedule[first:]):
         if phases:
             state = phases[-1].state(start)
-        phases.append(Mixture(SOURCES, w, WINDOWS, seed=3, start=start, state=state,
-                              period=PERIOD, interleave=Interleave(w, period=PERIOD)))
+        phases.append(
+            Mixture(
+                SOURCES,
+                w,
+                WINDOWS,
+                seed=3,
+                start=start,
+                state=state,
+                period=PERIOD,
+                interleave=Interleave(w, period=PERIOD),
+            )
+        )
         if start > upto:
             break
     return bounds, phases
@@ -66,32 +76,45 @@ def test_a_late_resume_serves_what_the_phase_by_phase_chain_serves(seed):
     want = [phases[int(np.searchsorted(bounds, k, side="right")) - 1].draw([k]) for k in ks[::7]]
     got = chain.draw(ks[::7])
     for i, w in enumerate(want):
-        assert (got.source[i], got.cursor[i], got.window[i]) == (w.source[0], w.cursor[0],
-                                                                 w.window[0])
+        assert (got.source[i], got.cursor[i], got.window[i]) == (
+            w.source[0],
+            w.cursor[0],
+            w.window[0],
+        )
 
 
-def test_resuming_at_entry_21_of_64_builds_one_interleave(monkeypatch):
-    built, stepped = [], []
-    edf, served_after = interleave_mod._edf, interleave_mod._served_after
+@pytest.mark.parametrize("sources", [3, 12])
+def test_resuming_at_entry_40_of_64_builds_one_interleave(monkeypatch, sources):
+    """The phases before the one resumed in only count their last partial period (no EDF walk
+    at all, whatever the number of sources: 12 unequal ones made the earlier count schedule the
+    prefix); the one resumed in is built."""
+    walked = []
+    walk = interleave_mod._walk
 
-    def counting_edf(counts, period, slots=None):
-        built.append(period if slots is None else slots)
-        return edf(counts, period, slots)
-
-    def counting_steps(counts, period, start, served, stop):
-        stepped.append(stop - start)
-        return served_after(counts, period, start, served, stop)
+    def counting_walk(counts, period, start, served, stop, out):
+        walked.append(stop - start)
+        return walk(counts, period, start, served, stop, out)
 
     monkeypatch.setattr(schedule_mod, "_interleave", schedule_mod._interleave.__wrapped__)
-    monkeypatch.setattr(interleave_mod, "_edf", counting_edf)
-    monkeypatch.setattr(interleave_mod, "_served_after", counting_steps)
+    monkeypatch.setattr(interleave_mod, "_walk", counting_walk)
     rng = np.random.default_rng(64)
     starts = [i * 3125 for i in range(64)]
-    schedule = [(s, rng.integers(1, 10, size=3).tolist()) for s in starts]
-    chain = ScheduledMixture(SOURCES, schedule, WINDOWS, seed=3, period=1 << 16)
-    chain.draw([21 * 3125 + 5])
-    assert built == [1 << 16]  # the phase resumed in; the 21 before only count their prefixes
-    assert 0 < sum(stepped) < 21 * 3125 // 8  # ... and mostly from a short span before the end
+    schedule = [(s, rng.integers(1, 13, size=sources).tolist()) for s in starts]
+    names = tuple(f"s{i}" for i in range(sources))
+    chain = ScheduledMixture(names, schedule, (97,) * sources, seed=3, period=1 << 16)
+    got = chain.draw([40 * 3125 + 5])
+    assert walked == [1 << 16]  # the phase resumed in; the 40 before only count
+    # the cursors it started from are the phase-by-phase chain's
+    state = MixtureState(consumed=0)
+    for k in range(40):
+        inter = Interleave(schedule[k][1], period=1 << 16)
+        served = inter.consumed(3125)
+        state = MixtureState(
+            consumed=starts[k + 1],
+            cursors={s: state.cursors.get(s, 0) + int(n) for s, n in zip(names, served)},
+        )
+    assert chain.state(starts[40]).cursors == state.cursors
+    assert got.cursor[0] >= state.cursors[names[got.source[0]]]
 
 
 def test_a_changed_source_is_refused_even_when_resumed_late():
