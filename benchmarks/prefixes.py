@@ -9,15 +9,20 @@ Usage:
 Data: benchmarks/startup_data.py's blends (real ``.idx`` files over sparse ``.bin`` files,
 lognormal documents of mean ~600 tokens, weights = token counts) of ``--docs-per-prefix``
 documents per prefix (default 200: a 120k-token, 240 KB prefix), so the work per prefix is the
-same at every prefix count. S = 2048, split "90,10,0", sizes scaled with the documents as
-benchmarks/startup.py scales them.
+same at every prefix count. S = 2048, split "80,20,0" (``--split``; under "90,10,0" one of
+10,000 prefixes has a valid split of 1,946 tokens, under one sample, which the computed order
+refuses), sizes scaled with the documents as benchmarks/startup.py scales them.
 
 Sides (one rank each; benchmarks/startup.py's machinery, worker benchmarks/prefixes_worker.py):
 
 * ``mcore-default``: megatron-core 0.19.2's builder on an empty cache (builds and writes it);
+* ``mcore-default-nommap`` / ``mcore-fast-nommap``: the same with ``mmap_bin_files=False``
+  (megatron-core's default maps each ``.bin`` and keeps it open: 3 descriptors per prefix, so
+  10,000 prefixes need more than 30,000 open files; with it off, one per prefix);
 * ``mcore-fast``: its fast path (``fast_cache_load`` + ``defer_npy_index_mmap`` + sequences
   JSON) on a cache prepared first;
 * ``tl-auto-empty``: tokenload, ``build_policy="auto"``, empty cache (builds and writes it);
+* ``tl-auto-warm``: tokenload, ``build_policy="auto"`` on the prepared cache (a hit);
 * ``tl-none-seq``: tokenload, ``build_policy="none"`` on a prepared cache, with the sequences JSON;
 * ``tl-computed``: tokenload's computed order (nothing built, nothing cached).
 
@@ -51,9 +56,21 @@ from startup_data import make_blend  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 startup.WORKER = str(HERE / "prefixes_worker.py")
-startup.SPLIT = "90,10,0"  # a 50-document prefix keeps documents in its valid split
 SIDES["tl-computed"] = Side("tl-computed", "tokenload", "empty", policy="computed")
-DEFAULT_SIDES = ("mcore-default", "mcore-fast", "tl-auto-empty", "tl-none-seq", "tl-computed")
+# megatron-core with mmap_bin_files=False (--no-mmap-bin-files): one descriptor per prefix, not
+# three, so that 10,000 prefixes fit under a limit of 20,000 open files.
+SIDES["mcore-default-nommap"] = Side("mcore-default-nommap", "megatron", "empty")
+SIDES["mcore-fast-nommap"] = Side(
+    "mcore-fast-nommap", "megatron", "warm", mode="fast", sequences=True
+)
+DEFAULT_SIDES = (
+    "mcore-default",
+    "mcore-fast",
+    "tl-auto-empty",
+    "tl-auto-warm",
+    "tl-none-seq",
+    "tl-computed",
+)
 CLI = [sys.executable, "-m", "tokenload.cli.main"]
 
 
@@ -67,16 +84,51 @@ def spread(values: list[float]) -> str:
     return f"{med:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
+class PrefixBench(Bench):
+    """startup.py's Bench, passing ``mmap_bin_files=False`` to the ``-nommap`` sides."""
+
+    def spec(self, side: Side, cache: str, record: str, sequences: str | None) -> dict:
+        out = super().spec(side, cache, record, sequences)
+        if side.name.endswith("-nommap"):
+            out["mmap_bin_files"] = False
+        return out
+
+
+def source_state() -> str:
+    """The commit measured, and whether src/ had uncommitted changes (a shared tree)."""
+    root = HERE.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--short", "--", "src"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError as e:
+        return f"git: {e}"
+    return f"commit {head}" + (
+        f", src/ modified: {dirty.splitlines()}" if dirty else ", src/ clean"
+    )
+
+
 def run_cli(args: list[str]) -> dict:
     """Wall, CPU and peak RSS of one CLI process."""
     t = time.time()
-    proc = subprocess.Popen(CLI + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        CLI + args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     out, err = proc.communicate()
     wall = time.time() - t
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # cumulative: differences taken below
-    return {"rc": proc.returncode, "wall_s": wall, "cpu_total": usage.ru_utime + usage.ru_stime,
-            "stderr": err.decode()[-500:]}
+    return {
+        "rc": proc.returncode,
+        "wall_s": wall,
+        "cpu_total": usage.ru_utime + usage.ru_stime,
+        "stderr": err.decode()[-500:],
+    }
 
 
 def cli_costs(blend: dict, work: Path, sizes: list[int]) -> dict:
@@ -89,13 +141,28 @@ def cli_costs(blend: dict, work: Path, sizes: list[int]) -> dict:
     seq = work / "cli-sequences.json"
     seq.unlink(missing_ok=True)
     jobs = {
-        "sequences": ["sequences", "--data-args-path", str(data_args),
-                      "--per-dataset-sequences-path", str(seq)],
-        "prepare-cache": ["prepare-cache", "--data-args-path", str(data_args),
-                          "--split", startup.SPLIT,
-                          "--seq-length", str(startup.SEQ), "--seed", str(startup.SEED),
-                          "--data-cache-path", str(cache), "--train-valid-test-num-samples",
-                          *map(str, sizes)],
+        "sequences": [
+            "sequences",
+            "--data-args-path",
+            str(data_args),
+            "--per-dataset-sequences-path",
+            str(seq),
+        ],
+        "prepare-cache": [
+            "prepare-cache",
+            "--data-args-path",
+            str(data_args),
+            "--split",
+            startup.SPLIT,
+            "--seq-length",
+            str(startup.SEQ),
+            "--seed",
+            str(startup.SEED),
+            "--data-cache-path",
+            str(cache),
+            "--train-valid-test-num-samples",
+            *map(str, sizes),
+        ],
     }
     for name, args in jobs.items():
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -140,22 +207,53 @@ def print_prefix_table(prefixes: int, rows: list[dict], cli: dict) -> None:
             out.append([r["side"], f"FAILED: {why}"] + [""] * 8)
             continue
         med = statistics.median(r["data_s"])
-        out.append([
-            r["side"], spread(r["data_s"]), f"{med / prefixes * 1e3:.2f}", spread(r["cpu_s"]),
-            f"{statistics.median(r['fds']):.0f}", f"{statistics.median(r['rss_mb']):.0f} / "
-            f"{statistics.median(r['hwm_mb']):.0f}",
-            str(r.get("opens", "-")), str(r.get("stats", "-")), str(r.get("other_meta", "-")),
-            f"{r['bytes_written'] / 1e6:.1f}" if "bytes_written" in r else "-",
-        ])
+        out.append(
+            [
+                r["side"],
+                spread(r["data_s"]),
+                f"{med / prefixes * 1e3:.2f}",
+                spread(r["cpu_s"]),
+                f"{statistics.median(r['fds']):.0f}",
+                f"{statistics.median(r['rss_mb']):.0f} / {statistics.median(r['hwm_mb']):.0f}",
+                str(r.get("opens", "-")),
+                str(r.get("stats", "-")),
+                str(r.get("other_meta", "-")),
+                f"{r['bytes_written'] / 1e6:.1f}" if "bytes_written" in r else "-",
+            ]
+        )
     for name, got in cli.items():
-        out.append([f"CLI {name}", f"{got['wall_s']:.2f}", f"{got['wall_s'] / prefixes * 1e3:.2f}",
-                    f"{got['cpu_s']:.2f}", "-", f"(max child {got['maxrss_mb']:.0f})",
-                    "-", "-", "-",
-                    "-" if got["rc"] == 0 else f"rc {got['rc']}: {got['stderr'][-80:]}"])
+        out.append(
+            [
+                f"CLI {name}",
+                f"{got['wall_s']:.2f}",
+                f"{got['wall_s'] / prefixes * 1e3:.2f}",
+                f"{got['cpu_s']:.2f}",
+                "-",
+                f"(max child {got['maxrss_mb']:.0f})",
+                "-",
+                "-",
+                "-",
+                "-" if got["rc"] == 0 else f"rc {got['rc']}: {got['stderr'][-80:]}",
+            ]
+        )
     print(f"\n{prefixes} prefixes (one rank):")
-    print(table(out, ["side", "first item s (median, range)", "ms per prefix", "CPU s",
-                      "open fds", "RSS / peak MB", "opens", "path stats", "other meta",
-                      "MB written"]))
+    print(
+        table(
+            out,
+            [
+                "side",
+                "first item s (median, range)",
+                "ms per prefix",
+                "CPU s",
+                "open fds",
+                "RSS / peak MB",
+                "opens",
+                "path stats",
+                "other meta",
+                "MB written",
+            ],
+        )
+    )
 
 
 def print_growth(results: dict) -> None:
@@ -177,24 +275,48 @@ def print_growth(results: dict) -> None:
             oa = (a["opens"] + a["stats"] + a["other_meta"]) / int(lo)
             ob = (b["opens"] + b["stats"] + b["other_meta"]) / int(hi)
             ops = f"{oa:.2f} -> {ob:.2f}"
-        rows.append([name, f"{per[0]:.2f} -> {per[1]:.2f}", f"{per[1] / per[0]:.2f}x", ops,
-                     f"{statistics.median(a['fds'])} -> {statistics.median(b['fds'])}"])
+        rows.append(
+            [
+                name,
+                f"{per[0]:.2f} -> {per[1]:.2f}",
+                f"{per[1] / per[0]:.2f}x",
+                ops,
+                f"{statistics.median(a['fds'])} -> {statistics.median(b['fds'])}",
+            ]
+        )
     for name in ("prepare-cache", "sequences"):
         a, b = results[lo]["cli"].get(name), results[hi]["cli"].get(name)
         if a and b:
             pa, pb = a["wall_s"] / int(lo) * 1e3, b["wall_s"] / int(hi) * 1e3
             rows.append([f"CLI {name}", f"{pa:.2f} -> {pb:.2f}", f"{pb / pa:.2f}x", "-", "-"])
     print(f"\ncost per prefix, {lo} -> {hi} prefixes:")
-    print(table(rows, ["side", "ms per prefix to first item", "growth", "metadata ops per prefix",
-                       "open fds"]))
+    print(
+        table(
+            rows,
+            [
+                "side",
+                "ms per prefix to first item",
+                "growth",
+                "metadata ops per prefix",
+                "open fds",
+            ],
+        )
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data-dir",
-                    default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "prefixes"))
+    ap.add_argument(
+        "--data-dir", default=os.path.join(tempfile.gettempdir(), "tokenload-bench", "prefixes")
+    )
     ap.add_argument("--prefixes", default="100,1000,10000")
     ap.add_argument("--docs-per-prefix", type=int, default=200)
+    ap.add_argument(
+        "--split",
+        default="80,20,0",
+        help="the blend's split (80,20,0: every prefix's valid split holds at least "
+        "two samples at 200 documents per prefix up to 10,000 prefixes)",
+    )
     ap.add_argument("--sides", default=",".join(DEFAULT_SIDES))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", default="time,count", help="time, or time,count (strace)")
@@ -203,22 +325,37 @@ def main() -> None:
     ap.add_argument("--out", help="every record as JSON")
     args = ap.parse_args()
     sides = [SIDES[n] for n in args.sides.split(",")]
+    startup.SPLIT = args.split
     count = "count" in args.passes
     results = {}
-    print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs", flush=True)
+    print(
+        f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs; "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {source_state()}",
+        flush=True,
+    )
     for prefixes in (int(p) for p in args.prefixes.split(",")):
         docs = prefixes * args.docs_per_prefix
         t = time.time()
         blend = make_blend(args.data_dir, prefixes, docs)
         scale = docs / startup.FULL_DOCS
         sizes = [max(int(round(n * scale)), 1) for n in startup.FULL_SIZES]
-        print(f"[{prefixes} prefixes, {docs:,} documents, {blend['tokens']:,} tokens, "
-              f"sizes {sizes}: "
-              f"data made/reused in {time.time() - t:.1f} s]", flush=True)
-        bench_args = argparse.Namespace(data_dir=args.data_dir, timeout=args.timeout,
-                                        keep_logs=False, one_at_a_time=False, pg="needed",
-                                        sizes=sizes)
-        bench = Bench(bench_args, blend)
+        print(
+            f"[{prefixes} prefixes, {docs:,} documents, {blend['tokens']:,} tokens, "
+            f"sizes {sizes}: "
+            f"data made/reused in {time.time() - t:.1f} s]",
+            flush=True,
+        )
+        bench_args = argparse.Namespace(
+            data_dir=args.data_dir,
+            timeout=args.timeout,
+            keep_logs=False,
+            one_at_a_time=False,
+            pg="needed",
+            sizes=sizes,
+        )
+        bench = PrefixBench(bench_args, blend)
+        # Caches prepared under one split are never reused under another.
+        bench.work = bench.work.with_name(f"{bench.work.name}_split{args.split.replace(',', '-')}")
         rows = []
         for side in sides:
             t = time.time()
@@ -226,8 +363,12 @@ def main() -> None:
             load = os.getloadavg()[0]
             print(f"  [{side.name}: {time.time() - t:.0f} s; load {load:.1f}]", flush=True)
         cli = {} if args.no_cli else cli_costs(blend, bench.work, sizes)
-        results[str(prefixes)] = {"sides": rows, "cli": cli, "sizes": sizes,
-                                  "load": os.getloadavg()}
+        results[str(prefixes)] = {
+            "sides": rows,
+            "cli": cli,
+            "sizes": sizes,
+            "load": os.getloadavg(),
+        }
         print_prefix_table(prefixes, rows, cli)
     print_growth(results)
     print(f"load average at end: {os.getloadavg()}")
