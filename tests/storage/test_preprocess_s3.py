@@ -79,8 +79,9 @@ def test_a_server_that_dies_while_an_object_streams_is_a_storage_error(tmp_path,
     )
     work = tmp_path / "out" / "x.tokenload-work"
     deadline = time.monotonic() + 60
-    def streaming() -> bool:  # tokens of the object reach the part being written
-        return any(p.stat().st_size > 0 for p in work.glob(".*tmp-*") if p.exists())
+    def streaming() -> bool:  # tokens of the object reach the output being written (once)
+        written = [*work.glob(".*tmp-*"), *work.glob("output_*.bin.partial")]
+        return any(p.stat().st_size > 0 for p in written if p.exists())
 
     while time.monotonic() < deadline and run.poll() is None and not streaming():
         time.sleep(0.02)

@@ -8,6 +8,14 @@ sequence, 8 per document). A token that the file's dtype cannot hold is refused,
 disk replaces the old output, in the order that never shows a ``.bin`` and an ``.idx`` of different
 writes as a pair (docs/FORMAT.md, "Writing", lists what a kill at each step leaves). A full disk or
 an unwritable folder is a StorageError, and the temporaries are removed.
+
+A *staged* writer (``staged=PATH``) writes its ``.bin`` at a name its caller chose instead
+(preprocess: the output written once, in its work folder), which ``abort`` keeps, so that a caller
+that recorded how much of it is finished can reopen it (``kept=``: the index of the finished part;
+the rest is cut off and the kept bytes hashed again). ``mark``/``rollback`` take it back to an
+earlier point, ``sync`` makes what is written durable, ``index_since`` gives the index of what came
+after a mark. ``finalize`` moves it beside the output under a temporary name just before the usual
+publish, so the output appears exactly as from any other writer.
 """
 
 from __future__ import annotations
@@ -15,9 +23,10 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import xxhash
@@ -62,7 +71,12 @@ class TokenFileWriter:
         multimodal: bool = False,
         tokenizer: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
+        staged: str | os.PathLike[str] | None = None,
+        kept: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
+        """``staged``: write the ``.bin`` at this path (see the module docstring); ``kept``:
+        (sequence lengths, document indices) of the tokens the staged file holds already and
+        keeps (the rest is cut off); without it a staged file starts empty."""
         self.prefix = prefix_of(prefix)
         self.dtype = np.dtype(dtype)
         dtype_code(self.dtype)  # reject dtypes Megatron has no code for, before writing anything
@@ -70,17 +84,80 @@ class TokenFileWriter:
         self.tokenizer = tokenizer
         self.metadata = dict(metadata or {})
         require_folder(self.prefix)
-        self._bin_tmp = temp_path(self.prefix + ".bin")
+        if kept is not None and (staged is None or multimodal):
+            raise ValueError("kept= needs staged= (and no multimodal modes)")
+        self._staged = None if staged is None else Path(staged)
+        self._bin_tmp = temp_path(self.prefix + ".bin") if staged is None else Path(staged)
         self._closed = True  # until the temporary exists, there is nothing to abort
-        self._bin = create_temp(self._bin_tmp, self.prefix + ".bin")
         self._hash = xxhash.xxh3_64()
         self._lengths = array("i")
         self._documents = array("q", [0])
         self._modes = array("b")
         self._tokens = 0
+        if staged is None:
+            self._bin = create_temp(self._bin_tmp, self.prefix + ".bin")
+        else:
+            self._bin = self._open_staged(kept)
         self._adopted: str | None = None  # the .bin digest of a file adopted whole (see adopt)
         self._closed = False
         self._unlinked_old = False  # _publish removed the old .idx: the ready files must stay
+
+    def _open_staged(self, kept: tuple[np.ndarray, np.ndarray] | None) -> BinaryIO:
+        """Open the staged ``.bin`` (created when missing), cut to the ``kept`` tokens, which are
+        hashed again and whose index is taken over."""
+        path = self._bin_tmp
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise write_error(exc, path, "the token file") from None
+        f = os.fdopen(fd, "r+b")
+        try:
+            lengths = np.zeros(0, np.int32) if kept is None else np.asarray(kept[0], np.int32)
+            documents = np.zeros(1, np.int64) if kept is None else np.asarray(kept[1], np.int64)
+            if not (documents.size and documents[0] == 0 and documents[-1] == lengths.size):
+                raise ValueError("kept document indices must run from 0 to the sequence count")
+            tokens = int(lengths.sum(dtype=np.int64))
+            size = tokens * self.dtype.itemsize
+            if kept is not None:
+                self._rehash(f, size)
+            try:
+                f.truncate(size)
+                f.seek(size)
+            except OSError as exc:
+                raise write_error(exc, path, "the token file") from None
+        except BaseException:
+            close_quietly(f)
+            raise
+        self._lengths.frombytes(lengths.tobytes())
+        self._documents = array("q")
+        self._documents.frombytes(documents.tobytes())
+        self._tokens = tokens
+        return f
+
+    def _rehash(self, f: BinaryIO, size: int) -> None:
+        """Hash the first ``size`` bytes of the staged file (FormatError when it is shorter)."""
+        path = os.fspath(self._bin_tmp)
+        try:
+            have = os.fstat(f.fileno()).st_size
+            if have < size:
+                raise FormatError(
+                    f"the staged token file is {have} bytes, expected at least {size}",
+                    path=path,
+                    hint="it was cut short outside tokenload; rerun with a fresh start",
+                )
+            left = size
+            while left:
+                chunk = f.read(min(_COPY_CHUNK, left))
+                if not chunk:
+                    raise FormatError(
+                        f"the staged token file ended {left} bytes early",
+                        path=path,
+                        hint="it was cut short outside tokenload; rerun with a fresh start",
+                    )
+                self._hash.update(chunk)
+                left -= len(chunk)
+        except OSError as exc:
+            raise read_error(exc, path, "token data") from None
 
     # -- writing -------------------------------------------------------------------------------
     def _finals(self) -> tuple[str, str, str]:
@@ -283,6 +360,64 @@ class TokenFileWriter:
                     return
                 self._write_bytes(chunk)
 
+    # -- points to come back to (staged writers) -------------------------------------------------
+    def mark(self) -> WriterMark:
+        """Where the writer is now, for ``rollback`` and ``index_since``."""
+        self._check_open()
+        return WriterMark(
+            self._tokens,
+            len(self._lengths),
+            len(self._documents),
+            len(self._modes),
+            self._hash.copy(),
+        )
+
+    def rollback(self, mark: WriterMark) -> None:
+        """Forget everything written after ``mark``: the ``.bin`` is cut back to it."""
+        self._check_open()
+        if self._adopted is not None or mark.tokens > self._tokens:
+            raise FormatError(
+                "cannot roll back to a point this writer has not passed",
+                path=self.prefix,
+                hint="pass a mark taken from this writer",
+            )
+        size = mark.tokens * self.dtype.itemsize
+        try:
+            self._bin.flush()
+            self._bin.truncate(size)
+            self._bin.seek(size)
+        except OSError as exc:
+            self.abort()
+            raise write_error(exc, os.fspath(self._bin_tmp), "the token file") from None
+        del self._lengths[mark.sequences :]
+        del self._documents[mark.documents :]
+        del self._modes[mark.modes :]
+        self._tokens = mark.tokens
+        self._hash = mark.digest.copy()
+
+    def sync(self) -> None:
+        """Make every token written so far durable (flush and fsync the ``.bin``)."""
+        self._check_open()
+        try:
+            sync_file(self._bin, self.prefix + ".bin")
+        except BaseException:
+            self.abort()
+            raise
+
+    def index_since(self, mark: WriterMark) -> list[bytes]:
+        """The ``.idx`` (as chunks) of the documents written after ``mark``, as if they were a token
+        file of their own; ``mark`` must fall between documents."""
+        lengths = np.frombuffer(self._lengths, dtype=np.int32)[mark.sequences :]
+        documents = np.frombuffer(self._documents, dtype=np.int64)[mark.documents - 1 :]
+        if documents[0] != mark.sequences:
+            raise FormatError(
+                "the mark falls inside a document",
+                path=self.prefix,
+                hint="take marks between documents (after end_document or add_document)",
+            )
+        modes = np.frombuffer(self._modes, dtype=np.int8)[mark.modes :] if self.multimodal else None
+        return encode_index(self.dtype, lengths, documents - mark.sequences, modes)
+
     # -- finishing -----------------------------------------------------------------------------
     @property
     def num_sequences(self) -> int:
@@ -309,12 +444,17 @@ class TokenFileWriter:
             _, idx_path, json_path = self._finals()
             temps.append(write_temp(idx_path, lambda f: f.writelines(chunks)))
             temps.append(write_temp(json_path, lambda f: f.write(sidecar.to_json().encode())))
+            if self._staged is not None:  # beside the output now, under a temporary name
+                temps[0] = temp_path(self.prefix + ".bin")
+                replace(self._staged, temps[0])
             self._publish(temps)
             return sidecar
         except BaseException:
             close_quietly(self._bin)
             if not self._unlinked_old:  # after that the ready files are the output: kept
-                for tmp in temps:
+                if self._staged is not None and temps[0] != self._staged:
+                    _put_back(temps[0], self._staged)
+                for tmp in temps[1:] if self._staged is not None else temps:
                     discard(tmp)
             raise
 
@@ -370,11 +510,13 @@ class TokenFileWriter:
         fsync_dir(Path(self.prefix).parent)
 
     def abort(self) -> None:
-        """Discard everything written; no file appears."""
+        """Discard everything written; no file appears. A staged ``.bin`` is closed and kept
+        (its caller knows what of it is finished)."""
         if not self._closed:
             self._closed = True
             close_quietly(self._bin)
-            discard(self._bin_tmp)
+            if self._staged is None:
+                discard(self._bin_tmp)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -404,6 +546,28 @@ class TokenFileWriter:
             self.abort()
         except Exception:
             pass
+
+
+@dataclass(frozen=True)
+class WriterMark:
+    """A point of a writer's output (``TokenFileWriter.mark``)."""
+
+    tokens: int
+    sequences: int
+    documents: int
+    """Entries of the document indices (documents + 1)."""
+    modes: int
+    digest: Any
+    """The xxh3-64 state of the ``.bin`` up to here."""
+
+
+def _put_back(tmp: Path, staged: Path) -> None:
+    """Return a staged ``.bin`` moved beside the output to its own name (best effort), so a
+    publish that failed leaves the caller's finished tokens where it keeps them."""
+    try:
+        os.replace(tmp, staged)
+    except OSError:
+        discard(tmp)
 
 
 def _unlink(path: str) -> None:

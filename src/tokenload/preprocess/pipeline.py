@@ -2,15 +2,24 @@
 
 This module runs the job: it checks the outputs can be written, loads the tokenizer, lists and
 shards the inputs, opens the work folder, hands the files not finished by an earlier run to an
-executor, writes the final outputs and cleans up after a failure. The executors encode each
-file into parts: ``pool`` (threads or processes on this machine: chunks of about
-``chunk_bytes`` of whole lines, results taken back strictly in submission order, at most
-``2 x workers + 2`` in flight, so memory stays bounded and the bytes do not depend on the worker
-count) or ``cluster`` (Ray). When a file's last chunk is written its parts are published in the
-work folder and the file is marked done (see ``workdir``); the final outputs (``outputs``) are
-the parts concatenated in input order.
-Trade-off: every token is written twice (part, then output), which costs little next to
-tokenizing and buys restart without redoing finished files.
+executor, publishes the final outputs and cleans up after a failure. The executors:
+
+* ``pool`` (threads or processes on this machine; any local or ``s3://`` output, the latter
+  staged in a local folder): chunks of about ``chunk_bytes`` of whole lines, results taken back
+  strictly in submission order, at most ``2 x workers + 2`` in flight, so memory stays bounded
+  and the bytes do not depend on the worker count. Each token is written once: straight into
+  the outputs, which sit in the work folder under names no reader takes for a token file until
+  they are published (``outputs.OutputStreams``); per finished file the work folder keeps only
+  its index and marker, so a resume cuts the outputs back to the last committed file and goes
+  on from there.
+* ``cluster`` (Ray): each task writes its own part files in the work folder (or under a work
+  prefix in object storage), and the final outputs are the parts concatenated in input order
+  (``outputs._write_outputs``; a single part is hard-linked). Trade-off: every token is written
+  twice there (part, then output), which buys tasks that run anywhere and restart without
+  redoing finished parts.
+
+Either way a file is marked done in the work folder when it is finished (see ``workdir``), and
+the outputs appear only when complete: the ``.idx`` is published last (docs/FORMAT.md).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from .config import PreprocessConfig
 from .executor import Executor
 from .inputs import InputFile, expand_inputs, shard_files
 from .load import load_tokenizer
-from .outputs import _write_outputs
+from .outputs import OutputStreams, _write_outputs
 from .pool import LocalExecutor, encode_task
 from .progress import Progress
 from .summaries import FileSummary, Totals
@@ -55,7 +64,8 @@ class PreprocessResult:
     files: int
     """Input files of this shard."""
     files_resumed: int
-    """Files whose finished parts were reused from an interrupted run."""
+    """Files whose finished work (tokens in the outputs, or parts) was reused from an interrupted
+    run."""
     documents: int
     """Documents written per key (every key has the same count)."""
     tokens: dict[str, int]
@@ -112,10 +122,13 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         work.open(config.resume)
     except OSError as exc:
         raise _write_error(exc, local, None) from None
+    output = None
     try:
-        summaries, bar = _run(local, tok, work, files, progress)
+        if config.executor != "ray":  # written once, beside the local work folder
+            output = OutputStreams(local, tok, work)
+        summaries, bar = _run(local, tok, work, files, progress, output)
         totals = Totals.of(summaries.values(), config.json_keys)
-        _write_outputs(local, tok, work, [summaries[i] for i in range(len(files))], totals)
+        _write_outputs(local, tok, work, [summaries[i] for i in range(len(files))], totals, output)
         if local is not config:
             for key in config.json_keys:
                 publish_prefix(local.output_for(key), config.output_for(key))
@@ -123,6 +136,8 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         if local is not config:
             shutil.rmtree(os.path.dirname(local.shard_prefix), ignore_errors=True)
     except BaseException as exc:
+        if output is not None:
+            output.close()
         _clean_after_failure(local, work)
         if isinstance(exc, OSError) and not isinstance(exc, TokenloadError):  # writing failed
             raise _write_error(exc, local, work) from None
@@ -147,33 +162,41 @@ def _run(
     work: WorkFolder,
     files: list[InputFile],
     progress: bool | None,
+    output: OutputStreams | None,
 ) -> tuple[dict[int, FileSummary], Progress]:
     """Encode every input file not finished by an earlier run; returns the summaries by index.
-    A file an earlier run finished with bad records skipped is redone in error mode."""
+    A file an earlier run finished with bad records skipped is redone in error mode. With
+    ``output`` (written once) it is opened here, keeping what an earlier run committed."""
     summaries: dict[int, FileSummary] = {}
-    for index, file in enumerate(files):
-        done = work.finished(index, file, config.json_keys)
-        if done is not None and not (config.on_bad_record == "error" and done.bad_records):
-            summaries[index] = done
+    if output is not None:
+        summaries = output.resume(files)
+    else:
+        for index, file in enumerate(files):
+            done = work.finished(index, file, config.json_keys)
+            if done is not None and not (config.on_bad_record == "error" and done.bad_records):
+                summaries[index] = done
     todo = [(i, f) for i, f in enumerate(files) if i not in summaries]
     if summaries:
         log.info("resuming: %d of %d input files already done", len(summaries), len(files))
     bar = Progress(todo=[f for _, f in todo], enabled=progress, resumed=len(summaries))
     try:
-        if todo:
-            summaries.update(executor_for(config, tok).run(work, todo, bar))
+        if todo or (output is not None and output.copies):
+            summaries.update(executor_for(config, tok, output).run(work, todo, bar))
     finally:
         bar.close()
     return summaries, bar
 
 
-def executor_for(config: PreprocessConfig, tok: TextTokenizer) -> Executor:
-    """The executor ``config.executor`` names (Ray's imported only when asked for)."""
+def executor_for(
+    config: PreprocessConfig, tok: TextTokenizer, output: OutputStreams | None = None
+) -> Executor:
+    """The executor ``config.executor`` names (Ray's imported only when asked for); the local
+    one writes into ``output``."""
     if config.executor == "ray":
         from .cluster import RayExecutor
 
         return RayExecutor(config, encode_task(config, tok))
-    return LocalExecutor(config, tok)
+    return LocalExecutor(config, tok, output)
 
 
 def _staged(config: PreprocessConfig) -> PreprocessConfig:
@@ -189,8 +212,9 @@ def _staged(config: PreprocessConfig) -> PreprocessConfig:
 
 
 def _clean_after_failure(config: PreprocessConfig, work: WorkFolder) -> None:
-    """Remove what a failed run leaves besides the parts a resume can use: temporaries, and
-    the work folder itself when it holds no finished part (and then an emptied staging folder)."""
+    """Remove what a failed run leaves besides what a resume can use (finished files: parts or
+    the outputs being written once): temporaries, and the work folder itself when it holds no
+    finished file (and then an emptied staging folder)."""
     try:
         for key in config.json_keys:
             remove_temporaries(config.output_for(key))

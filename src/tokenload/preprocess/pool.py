@@ -1,12 +1,16 @@
 """The local executor of preprocess (``LocalExecutor``): input files encoded by a thread or
-process pool here.
+process pool here, their tokens written once, straight into the outputs.
 
-Each input file becomes a ``_FileJob`` that owns its part writers; its chunks are submitted to
-the pool (threads when the tokenizer's encoder releases the GIL, as every Rust encoder does;
-processes otherwise), at most ``2 x workers + 2`` in flight, and the results are taken back
-strictly in submission order, so memory stays bounded and the parts' bytes do not depend on the
-worker count. Kept apart from ``pipeline`` (which decides what runs and cleans up after it) so
-that the two executors, this one and Ray's (``cluster``), sit side by side under it.
+Each input file becomes a ``_FileJob``; its chunks are submitted to the pool (threads when the
+tokenizer's encoder releases the GIL, as every Rust encoder does; processes otherwise), at most
+``2 x workers + 2`` in flight, and the results are taken back strictly in submission order, so
+memory stays bounded and the bytes do not depend on the worker count. Taken back in input order,
+each result is appended to the outputs being written (``outputs.OutputStreams``: one ``.bin``
+per key, in the work folder until the end), and when a file's last result is in, the file is
+committed there (its index and marker; see ``workdir``). A file an earlier run finished as parts
+(Ray's) is copied in at its place. Kept apart from ``pipeline`` (which decides what runs and
+cleans up after it) so that the two executors, this one and Ray's (``cluster``), sit side by
+side under it.
 """
 
 from __future__ import annotations
@@ -18,14 +22,12 @@ from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import replace
 
-import numpy as np
-
 from ..errors import RecordError
-from ..format import TokenFileWriter
 from .config import PreprocessConfig, TokenizerSpec
 from .encode import Encoded, EncodeTask, encode_chunk, init_worker_process, register_tokenizer
 from .executor import Executor
 from .inputs import InputFile
+from .outputs import Marks, OutputStreams
 from .parts import write_documents
 from .progress import Progress
 from .sources import ChunkSize, UnreadableFile, read_chunks
@@ -39,32 +41,36 @@ _TICK_SECONDS = 0.5
 
 
 class _FileJob:
-    """One input file being encoded: its part writers and what it has counted so far."""
+    """One input file being written to the outputs (or, with ``parts``, copied in from the
+    parts an earlier run made of it) and what it has counted so far."""
 
     def __init__(
         self,
         index: int,
-        file: InputFile,
+        file: InputFile | None,
         config: PreprocessConfig,
-        work: WorkFolder,
-        dtype: np.dtype,
+        output: OutputStreams,
+        parts: FileSummary | None = None,
     ) -> None:
-        self.index, self.file, self.work, self.config, self.dtype = index, file, work, config, dtype
-        self._open_writers()
+        self.index, self.file, self.config, self.output = index, file, config, output
+        self.parts = parts
+        self.marks: Marks | None = None
         self.documents = 0
         self.skipped: Counter = Counter()
         self.damaged: str | None = None
 
-    def _open_writers(self) -> None:
-        self.writers = [
-            TokenFileWriter(self.work.part(self.index, k), self.dtype)
-            for k in self.config.json_keys
-        ]
+    def _begun(self) -> Marks:
+        """Where the outputs stood when this file began: its first result or its commit, taken
+        back after every earlier file's commit."""
+        if self.marks is None:
+            self.marks = self.output.mark()
+        return self.marks
 
     def add(self, result: Encoded) -> None:
         if self.damaged:
             return
-        for writer, (tokens, seq_lengths, per_doc) in zip(self.writers, result.outputs):
+        self._begun()
+        for writer, (tokens, seq_lengths, per_doc) in zip(self.output.writers, result.outputs):
             write_documents(writer, tokens, seq_lengths, per_doc)
         self.documents += result.documents
         self.skipped.update(result.skipped)
@@ -72,6 +78,11 @@ class _FileJob:
             skip_log.warning("skipped %s", example)
 
     def commit(self) -> FileSummary:
+        marks = self._begun()
+        if self.parts is not None:
+            self.output.copy_in(self.index, self.parts)
+            return self.output.commit(self.index, self.parts, marks)
+        assert self.file is not None
         if self.damaged:
             if self.config.on_bad_record == "error":
                 raise RecordError(
@@ -80,50 +91,52 @@ class _FileJob:
                     hint="replace the damaged file, or pass `on_bad_record='skip'` to skip it",
                 )
             skip_log.warning("skipped %s: unreadable: %s", self.file.path, self.damaged)
-            self.abort()
-            self._open_writers()
+            self.output.rollback(marks)
             self.documents, self.skipped = 0, Counter({"unreadable_file": 1})
-        tokens = {}
-        for key, writer in zip(self.config.json_keys, self.writers):
-            tokens[key] = writer.num_tokens
-            writer.finalize()
-        self.writers = []  # a finished writer still holds its index arrays
         summary = FileSummary(
             path=self.file.path,
             stamp=self.file.stamp,
             documents=self.documents,
-            tokens=tokens,
+            tokens=self.output.tokens_since(marks),
             skipped=dict(sorted(self.skipped.items())),
         )
-        self.work.commit(self.index, summary)
-        return summary
-
-    def abort(self) -> None:
-        for writer in self.writers:
-            writer.abort()
+        return self.output.commit(self.index, summary, marks)
 
 
 class LocalExecutor(Executor):
-    """Threads or processes on this machine (``config.executor`` auto, threads or processes)."""
+    """Threads or processes on this machine (``config.executor`` auto, threads or processes),
+    writing into ``output`` (opened by ``OutputStreams.resume``, which also lists the files to
+    copy in from parts)."""
 
-    def __init__(self, config: PreprocessConfig, tok: TextTokenizer) -> None:
-        self.config, self.tok = config, tok
+    def __init__(
+        self, config: PreprocessConfig, tok: TextTokenizer, output: OutputStreams | None = None
+    ) -> None:
+        self.config, self.tok, self.output = config, tok, output
 
     def run(
         self, work: WorkFolder, todo: Sequence[tuple[int, InputFile]], bar: Progress
     ) -> dict[int, FileSummary]:
+        output = self.output
+        if output is None:
+            raise TypeError("LocalExecutor.run needs the outputs it writes (output=)")
         summaries: dict[int, FileSummary] = {}
         config, tok = self.config, self.tok
         depth = 2 * config.workers + 2
         sizer = ChunkSize(config.chunk_bytes)
         task = encode_task(config, tok)
         pending: deque = deque()
-        jobs: list[_FileJob] = []
+        order: list[tuple[int, InputFile | None]] = sorted(
+            [*todo, *((i, None) for i in output.copies)], key=lambda item: item[0]
+        )
         pool = _pool(config, tok)
         try:
-            for index, file in todo:
-                job = _FileJob(index, file, config, work, tok.dtype)
-                jobs.append(job)
+            for index, file in order:
+                if file is None:  # finished as parts: copied in at its place
+                    pending.append(
+                        (_FileJob(index, None, config, output, output.copies[index]), None)
+                    )
+                    continue
+                job = _FileJob(index, file, config, output)
                 try:
                     for chunk in read_chunks(file, sizer, config.json_keys):
                         pending.append((job, pool.submit(encode_chunk, task, chunk)))
@@ -140,8 +153,6 @@ class LocalExecutor(Executor):
             for _, future in pending:
                 if future is not None:
                     future.cancel()
-            for job in jobs:
-                job.abort()
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -191,7 +202,8 @@ def _drain_one(
     job, future = pending.popleft()
     if future is None:
         summaries[job.index] = job.commit()
-        bar.file_done()
+        if job.parts is None:  # a file copied in was counted as resumed
+            bar.file_done()
         return
     while not futures.wait([future], timeout=_TICK_SECONDS).done:
         bar.tick()

@@ -1,7 +1,8 @@
 """What a finished part of a preprocess job wrote, as records: the content of the markers in the
 work folder (``workdir``), which the executors (``executor``) return and ``outputs`` sums.
 
-A whole input file's marker is a ``FileSummary`` (``.done``), a byte range's (Ray's executor) a
+A whole input file's marker is a ``FileSummary`` (``.done``; the local executor's also says where
+the file's tokens start in the output it writes once), a byte range's (Ray's executor) a
 ``RangeSummary`` (``.range``). The records are the markers' JSON field for field
 (``to_json``/``from_json``), so a work folder left by an earlier run reads back as the same
 records and a marker's bytes do not change.
@@ -68,12 +69,18 @@ class FileSummary(PartSummary):
 
     parts: tuple[str, ...] | None = None
     """Name stems of its parts in the work folder, in order; None: the one part named after the
-    file's number (the local executor's, whose marker does not list it)."""
+    file's number (or none, when ``offsets`` says where its tokens are)."""
+    offsets: Mapping[str, int] | None = None
+    """Per key, the position (in tokens) of the file's first token in the output being written
+    once (the local executor's; its work folder then keeps only the part's index, see
+    ``workdir``); None: the tokens are in the parts' files."""
 
     def to_json(self) -> dict[str, Any]:
         data = super().to_json()
         if self.parts is not None:
             data["parts"] = list(self.parts)
+        if self.offsets is not None:
+            data["offsets"] = dict(self.offsets)
         return data
 
     @classmethod
@@ -82,12 +89,21 @@ class FileSummary(PartSummary):
         fields = cls._common(data)
         if fields is None:
             return None
-        parts = data.get("parts")
+        parts, offsets = data.get("parts"), data.get("offsets")
         if parts is not None and not (
             isinstance(parts, list) and all(isinstance(p, str) for p in parts)
         ):
             return None
-        return cls(**fields, parts=None if parts is None else tuple(parts))
+        if offsets is not None and not (
+            isinstance(offsets, dict)
+            and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in offsets.items())
+        ):
+            return None
+        return cls(
+            **fields,
+            parts=None if parts is None else tuple(parts),
+            offsets=None if offsets is None else dict(offsets),
+        )
 
 
 @dataclass(frozen=True)

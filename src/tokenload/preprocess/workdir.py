@@ -1,21 +1,39 @@
-"""The work folder that makes preprocess resumable: one committed part per input file.
+"""The work folder that makes preprocess resumable: one committed record per input file.
 
 ``{prefix}.tokenload-work/`` beside the output holds ``job.json`` (what the job is: tokenizer
-identity, keys, rules, the file list) and, per finished input file i, the token files
-``{i:06d}_{key}`` plus a marker ``{i:06d}.done`` written atomically after them. The Ray executor
-splits a large file into byte ranges, each a task with its own part ``{i:06d}.{k:05d}_{key}`` and
-marker ``{i:06d}.{k:05d}.range`` (written by the task, so a driver killed after the task finished
-keeps it); the file's ``.done`` then lists its parts. A restarted job
-with the same ``job.json`` reuses every part whose marker exists and whose input file still has
-the recorded size and modification time, and redoes the rest. The final outputs are the parts
-concatenated in input order, so they are the same bytes whether or not the job was interrupted.
+identity, keys, rules, the file list) and, per finished input file i, a marker ``{i:06d}.done``
+written atomically after the files it vouches for. What those are depends on the executor:
 
-With an object-storage output (``s3://``) the work folder is a work prefix in the bucket,
-``{prefix}.tokenload-work/`` with the same names (``RemoteWorkDir``): nodes of a cluster share no
-folder, so each Ray task makes its part in a local temporary folder, uploads the part files and
-then its marker object (one PUT each, visible whole or not at all), and the driver downloads the
-parts one at a time to concatenate them. The marker is the last object of a part, so a part with
-a marker is complete, as in a local folder.
+* The local executor (``pool``) writes each token once: straight into the output being written,
+  ``output_{key}.bin.partial`` in this folder (one per key, in input order; not a valid name, so
+  nothing looks like an output before the end), and per finished file only that file's index,
+  ``{i:06d}_{key}.idx`` (a Megatron ``.idx`` of the file's documents). Its marker records where
+  the file's tokens start in the output (``offsets``); the output is flushed and fsynced before
+  the index and the marker are written, so a marker's tokens are on disk. A resume keeps the
+  leading files whose markers and indexes agree with the output's length (cutting off whatever a
+  killed run wrote after them) and continues from there (``outputs.OutputStreams``). At the end
+  the output is moved to its real name by the usual publish (``.idx`` last: the commit point).
+* The Ray executor (``cluster``) splits a large file into byte ranges, each a task with its own
+  part ``{i:06d}.{k:05d}_{key}`` (``.bin`` + ``.idx``) and marker ``{i:06d}.{k:05d}.range``
+  (written by the task, so a driver killed after the task finished keeps it); the file's
+  ``.done`` then lists its parts, and the final outputs are the parts concatenated in input
+  order (``outputs``). An older local run's marker, listing no parts and no offsets, names the
+  one part ``{i:06d}_{key}``.
+
+A restarted job with the same ``job.json`` reuses every file whose marker exists and whose input
+file still has the recorded size and modification time, and redoes the rest, so the outputs are
+the same bytes whether or not the job was interrupted. Either executor can resume the other's
+folder: the local one copies a file's parts into its output (and a local file that a resume
+cannot keep in place, one after a file being redone, is first copied out into a part of its
+own); Ray's redoes files that have no parts.
+
+With an object-storage output (``s3://``) and the Ray executor the work folder is a work prefix
+in the bucket, ``{prefix}.tokenload-work/`` with the same names (``RemoteWorkDir``): nodes of a
+cluster share no folder, so each Ray task makes its part in a local temporary folder, uploads
+the part files and then its marker object (one PUT each, visible whole or not at all), and the
+driver downloads the parts one at a time to concatenate them. The marker is the last object of
+a part, so a part with a marker is complete, as in a local folder. (The local executor stages an
+``s3://`` output in a local folder and keeps its work folder there.)
 
 ``job.json`` is written before any part and deleted after every other file, so parts are never
 seen without the job that made them; a folder lacking it is wiped, not reused (otherwise a run
@@ -166,16 +184,22 @@ class WorkFolder:
             return None
         return RangeSummary.from_json(data)
 
-    def finished(self, index: int, file: InputFile, keys: tuple[str, ...]) -> FileSummary | None:
-        """The summary of a committed part that is still valid for ``file``, else None."""
+    def marker(self, index: int, file: InputFile) -> FileSummary | None:
+        """The ``.done`` marker of input file ``index`` if it was written for ``file`` as it is
+        now, else None (whatever else the marker vouches for is not checked here)."""
         data = self._summary(f"{index:06d}.done")
         if data is None:
             return None
         if data.get("path") != file.path or data.get("stamp") != file.stamp:
-            log.info("input %s changed since its part was written; redoing it", file.path)
+            log.info("input %s changed since it was encoded; redoing it", file.path)
             return None
-        summary = FileSummary.from_json(data)
-        if summary is None:
+        return FileSummary.from_json(data)
+
+    def finished(self, index: int, file: InputFile, keys: tuple[str, ...]) -> FileSummary | None:
+        """The summary of a committed part that is still valid for ``file``, else None (also
+        for a file whose tokens are in the local executor's output: it has no part)."""
+        summary = self.marker(index, file)
+        if summary is None or summary.offsets is not None:
             return None
         if not all(
             self._has_part(f"{stem}_{key}") for stem in _stems(index, summary) for key in keys
@@ -186,6 +210,11 @@ class WorkFolder:
     def commit(self, index: int, summary: FileSummary) -> None:
         """Mark input file ``index`` finished (its part files are already published)."""
         write_marker(self.location, f"{index:06d}.done", summary)
+
+    def uncommit(self, indexes: list[int]) -> None:
+        """Remove the ``.done`` markers of these input files (those that have one)."""
+        names = self._names()
+        self._delete([n for n in (f"{i:06d}.done" for i in indexes) if n in names])
 
     def committed(self) -> int:
         """How many input files and byte ranges have a finished part (what a resume would reuse)."""
@@ -252,6 +281,20 @@ class WorkDir(WorkFolder):
     def _has_part(self, stem_key: str) -> bool:
         part = self.root / stem_key
         return os.path.isfile(f"{part}.bin") and os.path.isfile(f"{part}.idx")
+
+    def output(self, key: str) -> Path:
+        """The output for ``key`` being written once (the local executor's), until it is
+        published under its real name."""
+        return self.root / f"output_{key}.bin.partial"
+
+    def index(self, index: int, key: str) -> Path:
+        """The ``.idx`` of input file ``index``'s documents for ``key`` (with the tokens in the
+        output being written once, or in the ``.bin`` beside it for a part)."""
+        return self.root / f"{index:06d}_{key}.idx"
+
+    def write(self, name: str, chunks: list[bytes]) -> None:
+        """Write ``name`` in the folder atomically (fsynced, then renamed)."""
+        write_bytes_atomic(self.root / name, chunks)
 
     def readable(self, part: str) -> contextlib.AbstractContextManager[str]:
         return contextlib.nullcontext(part)
