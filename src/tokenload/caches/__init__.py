@@ -3,10 +3,10 @@
 A cache holds the arrays of one dataset's order (``index``'s maths) under Megatron's own file
 names, so each side loads the other's: ``names`` reproduces Megatron's description and its md5
 (the cache key) and names the files; ``files`` writes them atomically (arrays, tokenload
-sidecar, description last), loads and checks them; ``bucket`` publishes a cache bound for object
-storage object by object and reads it through the node's local copies. This package sits above
-``index`` (NumPy only), ``format`` (atomic writes, mappings) and ``storage`` (uploads, local
-copies).
+sidecar, description last; a build's caches made durable as one group), loads and checks them;
+``bucket`` publishes a cache bound for object storage object by object and reads it through the
+node's local copies. This package sits above ``index`` (NumPy only), ``format`` (atomic
+writes, mappings) and ``storage`` (uploads, local copies).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from __future__ import annotations
 from tokenload.caches.files import (
     CacheCheck,
     CacheState,
+    CacheWriter,
     check_cache,
+    list_folder,
     load_cache,
     map_array,
     write_cache,
@@ -41,7 +43,9 @@ __all__ = [
     "CacheFiles",
     "CacheState",
     "CacheCheck",
+    "CacheWriter",
     "write_cache",
+    "list_folder",
     "load_cache",
     "map_array",
     "check_cache",

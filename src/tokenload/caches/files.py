@@ -1,26 +1,40 @@
 """Writing, loading and checking index cache files (names and identity: ``names``).
 
-Writes are atomic per file: a temporary name in the cache folder, flush, fsync, ``os.replace``
-over the final name, then an fsync of the folder. The ``.npy`` arrays go first, the tokenload
-sidecar next and Megatron's description last: Megatron counts a cache as complete when the
-description and the arrays exist, so a build killed at any point never leaves a cache that
-Megatron or tokenload would take for complete, and two builders racing for one cache leave one
-valid cache (their bytes are identical). Arrays are written with ``numpy.save`` as Megatron
-writes them, so each side loads the other's cache. A cache folder in object storage
-(``s3://bucket/cache``) is written locally and uploaded in the same order, and read and checked
-through the node's local copies of its files (``bucket``).
+Writes are atomic per file and durable per group (``format.atomic.WriteGroup``): each file goes
+to a hidden temporary name in the cache folder; a ``CacheWriter`` holds the temporaries of every
+cache a build writes, makes their data durable in one step (one ``syncfs`` of the folder's
+filesystem where Linux supports it, else an fsync of each file as it is written), then renames
+them in order -- per cache the ``.npy`` arrays, the tokenload sidecar, Megatron's description
+last -- and fsyncs each folder once. Megatron counts a cache as complete when the description
+and the arrays exist, so a build killed at any point never leaves a cache that Megatron or
+tokenload would take for complete, and two builders racing for one cache leave one valid cache
+(their bytes are identical). Arrays are written with ``numpy.save`` as Megatron writes them, so
+each side loads the other's cache. A cache folder in object storage (``s3://bucket/cache``) is
+written locally and uploaded in the same order, and read and checked through the node's local
+copies of its files (``bucket``).
+
+Power loss: no file is renamed into place before the data of every temporary of the group is
+durable (``syncfs`` returned without error, or each file's fsync did), so after a crash each
+cache file is absent, old, or complete with its final bytes; never a zeroed or partial array
+under a final name. A rename lost with the crash (the folder fsync comes after all renames)
+leaves a cache without some of its files: without the description or an array it is a miss;
+without the sidecar it is checked as a Megatron-written cache (``datasets.megatron.cache_match``
+against the token file's lengths); a sidecar kept from an earlier build of the same name records
+its arrays' xxh3-64, which the new arrays would have to match. Temporaries are never read.
 
 The sidecar ``{md5}-{Class}-{split}-tokenload.json`` records what Megatron's hash forgets
 (``add_extra_token``, the validation drop-last flag, the surplus, fingerprints of the token
 files -- whatever the caller passes as ``fields``) and the arrays' shapes, dtypes and an xxh3-64
 of each array's data bytes. ``check_cache`` compares it, the description and the ``.npy`` headers
 with what the caller expects, and the content of every array up to ``VERIFY_AT_CHECK_BYTES``.
-``map_array`` verifies the content of an array the first time a process maps it (unless this
-process verified the same file already), so a value damaged in range (a duplicated shuffle
-entry) is a ``CacheError`` before any batch reads through it. xxh3 hashes at tens of GB/s: the
-cost is reading the array once per process (``benchmarks/integrity.py``). The arrays' values are
-also range-checked where they are used (per batch, ``datasets.megatron.gpt_dataset``), which
-covers caches without a sidecar (Megatron's) and damage after the first use.
+Given a listing of the folder (``list_folder``, one per build and folder), it learns which files
+exist from the listing instead of one stat per file. ``map_array`` verifies the content of an
+array the first time a process maps it (unless this process verified the same file already), so
+a value damaged in range (a duplicated shuffle entry) is a ``CacheError`` before any batch reads
+through it. xxh3 hashes at tens of GB/s: the cost is reading the array once per process
+(``benchmarks/integrity.py``). The arrays' values are also range-checked where they are used
+(per batch, ``datasets.megatron.gpt_dataset``), which covers caches without a sidecar
+(Megatron's) and damage after the first use.
 
 A damaged ``.npy`` header can make NumPy raise almost anything (``ValueError``, ``SyntaxError``,
 ``tokenize.TokenError``, ``EOFError``); ``check_cache`` reports it as a stale cache and
@@ -37,7 +51,7 @@ import math
 import os
 import threading
 import tokenize
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -47,14 +61,16 @@ import xxhash
 
 from tokenload.caches.names import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.errors import CacheError, FormatError, StorageError
-from tokenload.format.atomic import fsync_dir, write_atomic
+from tokenload.format.atomic import WriteGroup
 from tokenload.format.descriptors import map_readonly
 from tokenload.storage import is_url
 
 __all__ = [
     "CacheCheck",
     "CacheState",
+    "CacheWriter",
     "check_cache",
+    "list_folder",
     "load_cache",
     "map_array",
     "recorded_digest",
@@ -139,24 +155,110 @@ def write_cache(
     arrays: Mapping[str, npt.NDArray[Any]],
     fields: Mapping[str, Any] | None = None,
 ) -> None:
-    """Write a complete cache atomically: arrays, then the sidecar, then the description.
+    """Write a complete cache atomically: arrays, then the sidecar, then the description (a
+    ``CacheWriter`` of one cache).
 
     ``arrays`` must hold exactly ``files.arrays``; ``fields`` are the sidecar's extra facts
     (JSON-serializable). A folder in object storage gets the files written locally first and
     uploaded in the same order (``bucket``). Raises ``CacheError`` when the folder cannot
     be created or written, ``StorageError`` when an upload fails.
     """
-    if set(arrays) != set(files.arrays):
-        raise CacheError(f"arrays {sorted(arrays)}; expected exactly {list(files.arrays)}")
-    if not is_url(files.directory):
-        _write_local(files, description, arrays, fields)
-        return
-    from .bucket import publish_cache, staged_cache
+    writer = CacheWriter()
+    try:
+        writer.add(files, description=description, arrays=arrays, fields=fields)
+    except BaseException:
+        writer.discard()
+        raise
+    writer.publish()
 
-    with staged_cache(files) as local:
-        _write_local(local, description, arrays, fields)
-        publish_cache(local, files)
-    logger.debug("published index cache %s", files.description)
+
+class CacheWriter:
+    """Caches written as one group (see the module docstring): ``add`` writes a cache's files
+    under temporary names (a folder in object storage: staged and uploaded at once, as
+    ``write_cache``), ``publish`` makes them durable together and puts them in place, arrays,
+    sidecar and description in that order per cache; ``discard`` removes what ``add`` wrote
+    (after a failed build). Threads may add caches to one writer. Nothing added is readable
+    under its final name before ``publish`` returns."""
+
+    def __init__(self) -> None:
+        self._group = WriteGroup()
+        self._keys: list[tuple[int, int, int, int]] = []
+        self._lock = threading.Lock()
+        self.added = 0
+        """Caches added since the last publish."""
+
+    def add(
+        self,
+        files: CacheFiles,
+        *,
+        description: str,
+        arrays: Mapping[str, npt.NDArray[Any]],
+        fields: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Write the cache's files under temporary names (``CacheError`` when the folder cannot
+        be created or written); they are put in place by ``publish``."""
+        if set(arrays) != set(files.arrays):
+            raise CacheError(f"arrays {sorted(arrays)}; expected exactly {list(files.arrays)}")
+        if is_url(files.directory):
+            from .bucket import publish_cache, staged_cache
+
+            with staged_cache(files) as local:
+                staged = CacheWriter()
+                try:
+                    staged.add(local, description=description, arrays=arrays, fields=fields)
+                except BaseException:
+                    staged.discard()
+                    raise
+                staged.publish()
+                publish_cache(local, files)
+            logger.debug("published index cache %s", files.description)
+            return
+        text = _sidecar_text(files, arrays, fields)
+        keys = []
+        try:
+            for name in files.arrays:
+                st = self._group.write(
+                    files.array(name), _npy_writer(np.ascontiguousarray(arrays[name]))
+                )
+                keys.append(_file_key(st))
+            self._group.write(files.sidecar, lambda f: f.write(text))
+            self._group.write(files.description, lambda f: f.write(description.encode("utf-8")))
+        except OSError as exc:
+            raise _write_failed(exc, files.directory) from None
+        with self._lock:
+            self._keys += keys  # written from these very arrays: verified once published
+            self.added += 1
+
+    def write_last(self, path: str, data: bytes) -> None:
+        """Write ``path`` (a build manifest naming the caches) to be put in place after every
+        cache of the group is, and after their folders are fsynced; StorageError on failure."""
+        self._group.write(path, lambda f: f.write(data), last=True)
+
+    def publish(self) -> None:
+        """Make every added file durable and put it in place (``CacheError`` on failure; the
+        files not yet in place are removed)."""
+        with self._lock:
+            keys, self._keys, self.added = self._keys, [], 0
+        try:
+            self._group.publish()
+        except OSError as exc:
+            raise _write_failed(exc, getattr(exc, "path", None)) from None
+        _VERIFIED.update(keys)
+
+    def discard(self) -> None:
+        """Remove the files added and not yet published."""
+        with self._lock:
+            self._keys, self.added = [], 0
+        self._group.discard()
+
+
+def _write_failed(exc: OSError, path: str | None) -> CacheError:
+    return CacheError(
+        f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
+        path=path,
+        hint="point the cache at a writable folder on a filesystem every rank can read "
+        "(`path_to_cache=`), or build the indices in memory",
+    )
 
 
 def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:
@@ -164,12 +266,10 @@ def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:
     return lambda f: np.save(f, array, allow_pickle=False)
 
 
-def _write_local(
-    files: CacheFiles,
-    description: str,
-    arrays: Mapping[str, npt.NDArray[Any]],
-    fields: Mapping[str, Any] | None,
-) -> None:
+def _sidecar_text(
+    files: CacheFiles, arrays: Mapping[str, npt.NDArray[Any]], fields: Mapping[str, Any] | None
+) -> bytes:
+    """The sidecar's bytes (``json.dumps(indent=1, sort_keys=True)``, as ever)."""
     sidecar = {
         "format": SIDECAR_FORMAT,
         "version": SIDECAR_VERSION,
@@ -185,31 +285,7 @@ def _write_local(
         },
         "fields": _canonical_fields(fields),
     }
-    try:
-        os.makedirs(files.directory, exist_ok=True)
-        for name in files.arrays:
-            arr = np.ascontiguousarray(arrays[name])
-            write_atomic(
-                files.array(name),
-                _npy_writer(arr),
-                fsync_folder=False,
-            )
-        text = json.dumps(sidecar, indent=1, sort_keys=True).encode()
-        write_atomic(files.sidecar, lambda f: f.write(text), fsync_folder=False)
-        write_atomic(
-            files.description, lambda f: f.write(description.encode("utf-8")), fsync_folder=False
-        )
-        fsync_dir(files.directory)
-        for name in files.arrays:  # written from these very arrays: verified in this process
-            _VERIFIED.add(_file_key(os.stat(files.array(name))))
-    except OSError as exc:
-        raise CacheError(
-            f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
-            path=files.directory,
-            hint="point the cache at a writable folder on a filesystem every rank can read "
-            "(`path_to_cache=`), or build the indices in memory",
-        ) from None
-    logger.debug("wrote index cache %s", files.description)
+    return json.dumps(sidecar, indent=1, sort_keys=True).encode()
 
 
 def map_array(path: str) -> npt.NDArray[Any]:
@@ -392,19 +468,41 @@ def _check_arrays(
             reasons.append(f"{name}: cached shape {shape}, expected {tuple(want)}")
 
 
-def _is_file(path: str | None) -> bool:
-    return path is not None and os.path.isfile(path)
+def list_folder(folder: str) -> frozenset[str] | None:
+    """The names in a local cache folder (one ``listdir``), for ``check_cache``'s ``listing``:
+    empty when the folder does not exist; None for a folder in object storage or one that
+    cannot be listed (then each file is looked up)."""
+    if is_url(folder):
+        return None
+    try:
+        return frozenset(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+    except OSError:
+        return None
 
 
-def _located(files: CacheFiles) -> dict[str, str | None]:
+def _is_file(path: str | None, listing: Collection[str] | None) -> bool:
+    if path is None:
+        return False
+    if listing is not None:
+        return os.path.basename(path) in listing
+    return os.path.isfile(path)
+
+
+def _located(files: CacheFiles, listing: Collection[str] | None) -> dict[str, str | None]:
     """``{suffix: local path}`` of the cache's files: the files themselves, or for a folder in
-    object storage their local copies (None for a missing object)."""
+    object storage their local copies (None for a missing object). With a ``listing``, a sidecar
+    that it lacks is None (not probed)."""
     if is_url(files.directory):
         from .bucket import local_copies
 
         return local_copies(files)
     suffixes = ("description.txt", "tokenload.json", *(f"{name}.npy" for name in files.arrays))
-    return {suffix: files.path(suffix) for suffix in suffixes}
+    found: dict[str, str | None] = {suffix: files.path(suffix) for suffix in suffixes}
+    if listing is not None and os.path.basename(files.sidecar) not in listing:
+        found["tokenload.json"] = None
+    return found
 
 
 def check_cache(
@@ -413,6 +511,7 @@ def check_cache(
     description: str,
     fields: Mapping[str, Any] | None = None,
     expected_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    listing: Collection[str] | None = None,
 ) -> CacheCheck:
     """Say whether the cache at ``files`` can be used for a dataset with this description.
 
@@ -421,13 +520,17 @@ def check_cache(
     the sidecar records other ``fields`` or other array facts. HIT otherwise; without a sidecar
     the ``fields`` cannot be checked (``has_sidecar`` is False). A cache in object storage is
     checked on its local copies, the same way; ``CacheCheck.arrays`` names the files checked.
+    ``listing``: the names in the folder (``list_folder``), which say what exists without a
+    lookup per file (a file listed but gone since is unreadable: stale).
     """
-    where = _located(files)
+    if is_url(files.directory):
+        listing = None
+    where = _located(files, listing)
     arrays = {name: where.get(f"{name}.npy") or files.array(name) for name in files.arrays}
     missing = [
         s
         for s in ("description.txt", *(f"{n}.npy" for n in files.arrays))
-        if not _is_file(where.get(s))
+        if not _is_file(where.get(s), listing)
     ]
     sidecar_copy = where.get("tokenload.json")
     sidecar = None if sidecar_copy is None else _read_sidecar(sidecar_copy)

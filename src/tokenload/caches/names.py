@@ -133,13 +133,20 @@ class CacheFiles:
     """Array names (``GPT_ARRAYS`` or ``BLENDED_ARRAYS``)."""
 
     @classmethod
-    def of(cls, directory: str | os.PathLike[str], identifiers: Mapping[str, Any]) -> CacheFiles:
-        """The files of a dataset with these identifiers (GPT-like or ``BlendedDataset``)."""
+    def of(
+        cls,
+        directory: str | os.PathLike[str],
+        identifiers: Mapping[str, Any],
+        description: str | None = None,
+    ) -> CacheFiles:
+        """The files of a dataset with these identifiers (GPT-like or ``BlendedDataset``);
+        ``description``: ``describe(identifiers)`` when the caller has it already."""
         class_name = identifiers["class"]
         blended = class_name == "BlendedDataset"
+        text = describe(identifiers) if description is None else description
         return cls(
             directory=os.fspath(directory),
-            hash=description_hash(describe(identifiers)),
+            hash=description_hash(text),
             class_name=class_name,
             split=identifiers["split" if blended else "index_split"],
             arrays=BLENDED_ARRAYS if blended else GPT_ARRAYS,

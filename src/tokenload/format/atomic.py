@@ -8,16 +8,19 @@ name let a later writer of the same file tell a killed writer's leftovers from a
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import glob
 import logging
 import os
 import re
 import secrets
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..storage.os_errors import write_error
 from ..storage.owners import host_name, owner_gone
@@ -288,3 +291,206 @@ def write_bytes_atomic(final: str | os.PathLike[str], chunks: list[bytes] | byte
             f.write(chunk)
 
     write_atomic(final, write)
+
+
+# -- durability by group ------------------------------------------------------------------------
+
+#: ``TOKENLOAD_CACHE_SYNC=fsync`` makes a ``WriteGroup`` fsync every file (no ``syncfs``): for a
+#: filesystem shared with another job's large unsynced writes, which one ``syncfs`` waits for.
+SYNC_ENV = "TOKENLOAD_CACHE_SYNC"
+
+#: Filesystems (``statfs`` magic numbers) whose ``syncfs(2)`` writes back and commits every
+#: file's data and, from Linux 5.8, reports a writeback error that happened since the descriptor
+#: was opened: ext2/3/4, XFS, Btrfs, F2FS, tmpfs (nothing to make durable). Any other (NFS,
+#: Lustre, FUSE, overlay, ...) gets an fsync per file, as before groups.
+SYNCFS_FILESYSTEMS = frozenset({0xEF53, 0x58465342, 0x9123683E, 0xF2F52010, 0x01021994})
+
+_LIBC: list[Any] = []
+
+
+def _libc() -> Any:
+    """The C library with ``syncfs`` and ``fstatfs``, on Linux from 5.8; else None."""
+    if not _LIBC:
+        libc = None
+        match = re.match(r"(\d+)\.(\d+)", os.uname().release if hasattr(os, "uname") else "")
+        if sys.platform.startswith("linux") and match and (int(match[1]), int(match[2])) >= (5, 8):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.syncfs.argtypes = [ctypes.c_int]
+                libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            except (OSError, AttributeError):
+                libc = None
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def group_sync_supported(fd: int) -> bool:
+    """Whether one ``syncfs`` on ``fd`` (an open folder) may stand for the fsync of each file
+    written on its filesystem afterwards: Linux >= 5.8, a filesystem of ``SYNCFS_FILESYSTEMS``,
+    and no ``TOKENLOAD_CACHE_SYNC=fsync``."""
+    if os.environ.get(SYNC_ENV, "").strip().lower() == "fsync":
+        return False
+    libc = _libc()
+    if libc is None:
+        return False
+    buf = ctypes.create_string_buffer(512)  # struct statfs (120 bytes on 64-bit): f_type first
+    if libc.fstatfs(fd, buf) != 0:
+        return False
+    return ctypes.c_long.from_buffer(buf).value in SYNCFS_FILESYSTEMS
+
+
+def syncfs(fd: int) -> None:
+    """``syncfs(2)``: write back and commit the filesystem of ``fd``; OSError on a failure,
+    including a writeback error of any file on it since ``fd`` was opened."""
+    libc = _libc()
+    if libc is None or libc.syncfs(fd) != 0:
+        code = ctypes.get_errno() if libc is not None else errno.ENOSYS
+        raise OSError(code, os.strerror(code))
+
+
+class WriteGroup:
+    """Files written now and published together: durability by group instead of per file.
+
+    ``write(final, write)`` writes a temporary beside ``final`` (a hidden name no reader opens)
+    and returns its ``fstat``. ``publish()`` makes every temporary's data durable in one step,
+    renames them over their names in the order written (``last=True`` ones after all others and
+    after the others' folders are fsynced), then fsyncs each folder once. ``discard()``, or a
+    failed publish, removes the temporaries not yet renamed. Threads may write into one group.
+
+    The durable step is one ``syncfs(2)`` per filesystem where ``group_sync_supported`` (the
+    folder's descriptor is opened before the group writes its first temporary there, so a
+    writeback error of any of them is reported), else an fsync of each file as it is written.
+
+    Power loss: no name is renamed before the data of every temporary is durable, so after a
+    crash each final name holds its old content (or nothing) or the complete new file, never a
+    zeroed or partial one. A rename whose folder fsync had not yet happened may be lost, so a
+    reader that needs several names together writes its commit name last and treats a set
+    without it as absent (a cache without its description is a miss)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._files: list[tuple[Path, Path, bool]] = []
+        """``(temporary, final, last)`` in the order written."""
+        self._folders: dict[str, bool] = {}
+        """Each folder written into, and whether its filesystem syncs as a group."""
+        self._fds: dict[int, tuple[str, int]] = {}
+        """Per filesystem (device) that syncs as a group: a folder on it and its descriptor."""
+
+    def _folder(self, folder: str) -> bool:
+        """Register ``folder`` (made when missing): True when its files sync as a group."""
+        with self._lock:
+            known = self._folders.get(folder)
+            if known is not None:
+                return known
+            flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+            try:
+                fd = os.open(folder, flags)
+            except FileNotFoundError:
+                os.makedirs(folder, exist_ok=True)
+                fd = os.open(folder, flags)
+            keep = False
+            try:
+                grouped = group_sync_supported(fd)
+                if grouped:
+                    dev = os.fstat(fd).st_dev
+                    keep = dev not in self._fds
+                    if keep:
+                        self._fds[dev] = (folder, fd)
+            finally:
+                if not keep:
+                    os.close(fd)
+            self._folders[folder] = grouped
+            return grouped
+
+    def write(
+        self,
+        final: str | os.PathLike[str],
+        write: Callable[[BinaryIO], object],
+        *,
+        last: bool = False,
+    ) -> os.stat_result:
+        """``write(f)`` into a new temporary of ``final``; returns its ``fstat`` (the published
+        file's: a rename keeps device, inode, size and mtime). A StorageError on failure, and no
+        temporary of this file left behind."""
+        final = Path(final)
+        try:
+            grouped = self._folder(os.fspath(final.parent))
+        except OSError as exc:
+            raise write_error(exc, final, "the file") from None
+        tmp = temp_path(final)
+        try:
+            f = create_temp(tmp, final)
+            try:
+                try:
+                    write(f)
+                except OSError as exc:
+                    if exc.errno in _WRITE_ERRNOS:
+                        raise write_error(exc, final, "the file") from None
+                    raise
+                if grouped:
+                    try:
+                        f.flush()
+                    except OSError as exc:
+                        raise write_error(exc, final, "the file") from None
+                else:
+                    sync_file(f, final)
+                st = os.fstat(f.fileno())
+            except BaseException:
+                close_quietly(f)
+                raise
+            f.close()
+        except BaseException:
+            discard(tmp)
+            raise
+        with self._lock:
+            self._files.append((tmp, final, last))
+        return st
+
+    def _take(self) -> tuple[list[tuple[Path, Path, bool]], dict[int, tuple[str, int]]]:
+        with self._lock:
+            files, fds = self._files, self._fds
+            self._files, self._fds, self._folders = [], {}, {}
+        return files, fds
+
+    def publish(self) -> None:
+        """Make the written files durable, rename them in order and fsync their folders (see the
+        class docstring); a StorageError on failure, the temporaries not yet renamed removed."""
+        files, fds = self._take()
+        ordered = [f for f in files if not f[2]] + [f for f in files if f[2]]
+        held = {folder: fd for folder, fd in fds.values()}
+        done = 0
+        try:
+            for folder, fd in fds.values():
+                try:
+                    syncfs(fd)
+                except OSError as exc:
+                    raise write_error(exc, folder, "the files of the folder") from None
+            for stage in (False, True):
+                folders: dict[Path, None] = {}
+                while done < len(ordered) and ordered[done][2] is stage:
+                    tmp, final, _ = ordered[done]
+                    replace(tmp, final)
+                    folders[final.parent] = None
+                    done += 1
+                for folder_path in folders:
+                    kept = held.get(os.fspath(folder_path))
+                    if kept is None:
+                        fsync_dir(folder_path)
+                    else:
+                        try:
+                            os.fsync(kept)
+                        except OSError:
+                            pass
+        finally:
+            for tmp, _, _ in ordered[done:]:
+                discard(tmp)
+            for _, fd in fds.values():
+                os.close(fd)
+
+    def discard(self) -> None:
+        """Remove every temporary not yet published (after a failed build)."""
+        files, fds = self._take()
+        for tmp, _, _ in files:
+            discard(tmp)
+        for _, fd in fds.values():
+            os.close(fd)

@@ -289,7 +289,7 @@ def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(index_cache, "write_cache", full)
+    monkeypatch.setattr(index_cache.CacheWriter, "add", full)
     _world(monkeypatch, rank=0, world_size=4, local_rank=0, local_world_size=2)
     caplog.set_level("WARNING", logger="tokenload.datasets.megatron.cache_rules")
     got = build_datasets(_config(data, tmp_path / "c"), SIZES)

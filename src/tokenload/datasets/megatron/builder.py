@@ -188,7 +188,8 @@ class MegatronBuilder:
             with self._phase("barrier"):
                 barrier(self.world, why)
         try:
-            splits = self._build(sizes)
+            with self._cache.grouped():  # every cache and the manifest: one durable group
+                splits = self._build(sizes)
         finally:
             if self.sync and self.role is Role.WRITE:  # also after a failed build: nobody hangs
                 with self._phase("barrier"):
@@ -323,6 +324,7 @@ class MegatronBuilder:
             [m.dataset for m in mids], cached.indices, identity=identity, length=n
         )
         if self._mixture_mode() and plan.weights is not None:
+            self._cache.publish()  # the wrapper may read the arrays: in place first
 
             def member(mid: MidLevelPlan) -> Any:  # a source built anew for another phase
                 return self._mid(name, mid, split, matrix).dataset

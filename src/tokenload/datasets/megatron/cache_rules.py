@@ -18,6 +18,11 @@ lengths on its first use (``cache_match``).
 
 A writer with ``behind`` set (``auto`` on many ranks) serves its arrays from memory and writes
 them afterwards in a thread (``write_behind``); ``wait_for_cache_writes`` waits for those writes.
+Otherwise, within ``grouped()`` (the builder's whole build), every cache and the build manifest
+are written as one group (``caches.CacheWriter``): temporaries first, one durable step, then
+each put in place, the manifest last; nothing is read under its final name before the group is
+published (``publish``). Each cache folder is listed once per build (``caches.list_folder``)
+instead of one lookup per file and cache.
 
 Separate from ``builder`` because this is the cache's trust and write rules, whatever
 dataset the arrays belong to; the builder plans the splits and makes the datasets.
@@ -29,14 +34,23 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ...caches import CacheCheck, CacheFiles, CacheState, check_cache, map_array, write_cache
+from ...caches import (
+    CacheCheck,
+    CacheFiles,
+    CacheState,
+    CacheWriter,
+    check_cache,
+    list_folder,
+    map_array,
+    write_cache,
+)
 from ...errors import CacheError
 from ...storage import is_url
 from .gpt_dataset import IndexArrays
@@ -96,6 +110,38 @@ class IndexCache:
         """The caches left to ``write_behind``."""
         self.wrote = False
         """A cache file was written by this build: the build manifest must then follow."""
+        self.writer: CacheWriter | None = None
+        """The group the caches are written into, inside ``grouped()``."""
+        self._listings: dict[str, frozenset[str] | None] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def grouped(self) -> Iterator[None]:
+        """Write the caches and the manifest of the block as one group, published when the block
+        ends (discarded when it raises)."""
+        self.writer = CacheWriter()
+        try:
+            yield
+        except BaseException:
+            self.writer.discard()
+            raise
+        else:
+            self.publish()
+        finally:
+            self.writer = None
+
+    def publish(self) -> None:
+        """Put the group's caches written so far in place (before anything reads them)."""
+        if self.writer is not None:
+            with self.phase("cache_write"):
+                self.writer.publish()
+
+    def _listing(self, folder: str) -> frozenset[str] | None:
+        """The folder's names, listed once per build (None: look each file up)."""
+        with self._lock:
+            if folder not in self._listings:
+                self._listings[folder] = list_folder(folder)
+            return self._listings[folder]
 
     def indices(
         self,
@@ -114,11 +160,15 @@ class IndexCache:
         if folder is None or self.role is Role.MEMORY:
             with self.phase("index_build"):
                 return CachedIndices(IndexArrays(arrays=build()), None)
-        files = CacheFiles.of(folder, uid)
+        files = CacheFiles.of(folder, uid, description)
         paths = {name: files.array(name) for name in files.arrays}
         with self.phase("index_load"):
             check = check_cache(
-                files, description=description, fields=fields, expected_shapes=expected
+                files,
+                description=description,
+                fields=fields,
+                expected_shapes=expected,
+                listing=self._listing(folder),
             )
             if check.state is CacheState.HIT and not check.has_sidecar and consistent is not None:
                 check = _matched(check, consistent)
@@ -158,7 +208,10 @@ class IndexCache:
             self.deferred.append(PendingWrite(files, description, arrays, fields))
             return CachedIndices(IndexArrays(arrays=arrays), entry)
         with self.phase("cache_write"):
-            write_cache(files, description=description, arrays=arrays, fields=fields)
+            if self.writer is None:
+                write_cache(files, description=description, arrays=arrays, fields=fields)
+            else:  # in place when the group is published, before the build returns
+                self.writer.add(files, description=description, arrays=arrays, fields=fields)
         self.wrote = True
         if is_url(folder):  # just uploaded: serve from memory rather than download it again
             return CachedIndices(IndexArrays(arrays=arrays), entry)
@@ -167,8 +220,9 @@ class IndexCache:
     def write_manifest(self, manifest: ManifestFile, entries: list[Any]) -> None:
         """After a build that wrote caches the manifest must follow (else a failure); after a
         pure hit (maybe a read-only folder of Megatron's caches) it is an extra, best effort."""
+        write = None if self.writer is None else self.writer.write_last
         try:
-            write_manifest(manifest.path, manifest.key, entries)
+            write_manifest(manifest.path, manifest.key, entries, write)
         except CacheError as exc:
             if self.wrote:
                 raise
@@ -195,12 +249,15 @@ def write_behind(
     removes). A failure (disk full, read-only folder) is logged: the job runs on from memory."""
 
     def run() -> None:
+        writer = CacheWriter()  # one group: one durable step for all of them
         try:
             for c in caches:
-                write_cache(c.files, description=c.description, arrays=c.arrays, fields=c.fields)
+                writer.add(c.files, description=c.description, arrays=c.arrays, fields=c.fields)
             if manifest is not None:
-                write_manifest(manifest.path, manifest.key, entries)
+                write_manifest(manifest.path, manifest.key, entries, writer.write_last)
+            writer.publish()
         except (OSError, CacheError) as exc:
+            writer.discard()
             logger.warning(
                 "index cache not written (the job runs from memory; the next run builds it): %s",
                 exc,

@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,9 +131,16 @@ def _local(path: str) -> str | None:
     return copy_or_none(path) if is_url(path) else path
 
 
-def write_manifest(path: str, key: dict[str, Any], splits: list[Any]) -> None:
+def write_manifest(
+    path: str,
+    key: dict[str, Any],
+    splits: list[Any],
+    write: Callable[[str, bytes], None] | None = None,
+) -> None:
     """Write the manifest atomically unless an identical one is there (one writer, idempotent);
-    in object storage with one PUT, after the caches it names were uploaded."""
+    in object storage with one PUT, after the caches it names were uploaded. ``write(path,
+    data)``: how a local manifest is put in place (default ``write_atomic``; a build's cache
+    writer puts it in place after every cache it names, ``CacheWriter.write_last``)."""
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "key": key, "splits": splits}
     text = json.dumps(data, indent=1).encode()
     try:
@@ -148,7 +155,10 @@ def write_manifest(path: str, key: dict[str, Any], splits: list[Any]) -> None:
         upload_bytes(text, path)  # one PUT: whole or absent
         return
     try:
-        write_atomic(path, lambda f: f.write(text))
+        if write is None:
+            write_atomic(path, lambda f: f.write(text))
+        else:
+            write(path, text)
     except OSError as exc:
         raise CacheError(
             f"cannot write the build manifest ({exc.strerror or exc}); expected a writable folder",
