@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError
 from .config import TokenizerSpec
 from .load import load_tokenizer
 from .records import BadRecord, parse_chunk
 from .sources import Chunk
-from .tokenizer import TextTokenizer
+from .tokenizer import TextTokenizer, id_beyond_dtype
 
 _TOKENIZERS: dict[TokenizerSpec, TextTokenizer] = {}
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -110,18 +109,20 @@ def encode_chunk(task: EncodeTask, chunk: Chunk) -> Encoded:
     parsed = parse_chunk(chunk, task.keys, task.strict)
     tok = tokenizer_for(task.tokenizer)
     dtype = np.dtype(task.dtype)
+    eod = tok.eod_id if task.append_eod else None
     outputs = []
     for column in parsed.columns:
+        if not parsed.has_lists:
+            laid_out = tok.encode_documents(column, eod, dtype)
+            if laid_out is not None:
+                outputs.append(laid_out)
+                continue
         if parsed.has_lists:
             texts, owners = _flatten_sentences(column)
         else:
             texts, owners = column, None
         ids, lengths = tok.encode_batch(texts)
-        outputs.append(
-            layout_documents(
-                ids, lengths, owners, len(column), tok.eod_id if task.append_eod else None, dtype
-            )
-        )
+        outputs.append(layout_documents(ids, lengths, owners, len(column), eod, dtype))
     seconds = time.perf_counter() - start
     return Encoded(
         outputs, parsed.documents, chunk.size, dict(parsed.skipped), parsed.examples, seconds
@@ -172,8 +173,5 @@ def _cast(ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
         top, low = int(ids.max()), int(ids.min())
         info = np.iinfo(dtype)
         if top > info.max or low < info.min:
-            raise ConfigError(
-                f"token id {top if top > info.max else low} does not fit the output dtype {dtype}",
-                hint="the tokenizer produced an id beyond its stated vocabulary size",
-            )
+            raise id_beyond_dtype(top if top > info.max else low, dtype)
     return ids.astype(dtype, copy=False)

@@ -30,7 +30,7 @@ from ..byte_source import gather_index
 from ..errors import ConfigError, MissingExtraError, require
 from .backends import HFTokenizer, SentencePieceTokenizer
 from .config import TokenizerSpec
-from .tokenizer import PROBE_TEXTS, TextTokenizer
+from .tokenizer import PROBE_TEXTS, TextTokenizer, id_beyond_dtype
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,10 @@ SENTENCEPIECE_DIVERGENT_CHARS = "\x85"
 #: Rows x longest text (characters) of one padded call: a 1 MB matrix for text of about 4
 #: characters per token, 16 MB at most (a token per UTF-8 byte, 4 per character).
 GROUP_CHARS = 1 << 20
+#: Characters from which a text is encoded by the one-text call: the padded call holds a text's
+#: ids twice for a moment (its own buffer, then the matrix: 720 MB more for a 500 MB document),
+#: the one-text call once, but it holds the GIL while it encodes (about 0.4 s for 64 MB here).
+ONE_TEXT_CHARS = 1 << 26
 #: Mean padded width from which rows are copied one slice each rather than by one masked gather
 #: (a slice costs about 1 us, the gather about 8 ns per token).
 ROW_COPY_WIDTH = 128
@@ -76,6 +80,32 @@ class GigatokenTokenizer(TextTokenizer):
                 return self._encode_mixed(texts, routed)
         return self._encode_fast(texts)
 
+    def encode_documents(
+        self, texts: list[str], eod: int | None, dtype: np.dtype
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """One document per text, laid out as ``encode.layout_documents`` lays out
+        ``encode_batch``'s output, with each row of gigatoken's matrices written once, straight
+        into the output dtype after its document's EOD slot is reserved. None (nothing done, the
+        caller takes the general path) where that path's result or error could differ: affixes,
+        texts for the native encoder, an EOD id the dtype cannot hold. A token id beyond the
+        dtype raises the general path's error (naming the largest id). ``texts`` is emptied
+        (see ``_encode_groups``)."""
+        info = np.iinfo(dtype)
+        if self.prefix.size or self.suffix.size:
+            return None
+        if eod is not None and not info.min <= eod <= info.max:
+            return None
+        if self.markers and any(any(m in t for m in self.markers) for t in texts):
+            return None
+        if not texts:
+            return np.zeros(0, dtype), np.zeros(0, np.int32), np.zeros(0, np.int32)
+        lengths, groups = _encode_groups(self.giga, texts, consume=True)
+        if info.max < np.iinfo(np.uint32).max:  # a wider dtype holds every uint32 id
+            top = max((int(m.max()) for _, m in groups if m.size), default=0)
+            if top > info.max:
+                raise id_beyond_dtype(top, dtype)
+        return _documents(lengths, groups, eod, dtype)
+
     def _encode_fast(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -101,24 +131,64 @@ class GigatokenTokenizer(TextTokenizer):
 def _encode_grouped(giga: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """gigatoken's padded batch call over groups of similar lengths (see the module docstring):
     (uint32 ids of every text in input order, int64 length per text)."""
+    lengths, groups = _encode_groups(giga, texts)
+    starts = np.cumsum(lengths) - lengths
+    flat = np.empty(int(lengths.sum()), dtype=np.uint32)
+    for rows, matrix in groups:
+        _place(flat, starts[rows], lengths[rows], matrix)
+    return flat, lengths
+
+
+def _encode_groups(
+    giga: Any, texts: list[str], consume: bool = False
+) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """(int64 length per text, [(rows, padded uint32 matrix of those rows)]). With ``consume``
+    ``texts`` is emptied once its UTF-8 copies exist, so a large document's ``str`` is freed
+    before its ids are (only the caller's list is cleared; the strings go when nothing else
+    holds them)."""
     from gigatoken.gigatoken_rs import BytesSource, PadTruncate
 
     no_padding_rules = PadTruncate(0)
     chars = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     order = np.argsort(chars, kind="stable")
     utf8 = list(map(str.encode, texts))
-    lengths = np.empty(len(texts), dtype=np.int64)
+    if consume:
+        texts.clear()
+    lengths = np.empty(len(utf8), dtype=np.int64)
     groups = []
     for rows in _groups(chars[order], order):
-        buffers = BytesSource(list(map(utf8.__getitem__, rows.tolist())))
-        matrix, got = giga.backend.encode_batch_padded(buffers, no_padding_rules, parallel=False)
-        lengths[rows] = got
+        if rows.size == 1 and chars[rows[0]] >= ONE_TEXT_CHARS:  # see ONE_TEXT_CHARS
+            matrix = giga.backend.encode(utf8[rows[0]]).reshape(1, -1)
+            lengths[rows] = matrix.shape[1]
+        else:
+            buffers = BytesSource(list(map(utf8.__getitem__, rows.tolist())))
+            matrix, got = giga.backend.encode_batch_padded(
+                buffers, no_padding_rules, parallel=False
+            )
+            del buffers
+            lengths[rows] = got
         groups.append((rows, matrix))
-    starts = np.cumsum(lengths) - lengths
-    flat = np.empty(int(lengths.sum()), dtype=np.uint32)
+    return lengths, groups
+
+
+def _documents(
+    lengths: np.ndarray,
+    groups: list[tuple[np.ndarray, np.ndarray]],
+    eod: int | None,
+    dtype: np.dtype,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens in ``dtype``, int32 sequence lengths, int32 sequences per document) of one
+    document per text: a text of no token is an empty document (no sequence, no EOD), every
+    other one sequence of its ids plus the EOD when ``eod`` is not None."""
+    kept = lengths > 0
+    sizes = lengths + kept if eod is not None else lengths
+    starts = np.cumsum(sizes) - sizes
+    tokens = np.empty(int(sizes.sum()), dtype=dtype)
     for rows, matrix in groups:
-        _place(flat, starts[rows], lengths[rows], matrix)
-    return flat, lengths
+        _place(tokens, starts[rows], lengths[rows], matrix)
+    if eod is not None:
+        tokens[(starts + lengths)[kept]] = eod
+    return tokens, sizes[kept].astype(np.int32), kept.astype(np.int32)
 
 
 def _groups(sorted_chars: np.ndarray, order: np.ndarray) -> list[np.ndarray]:

@@ -59,6 +59,16 @@ class TextTokenizer:
         """Encode ``texts``: (all ids concatenated, int64 length per text)."""
         raise NotImplementedError
 
+    def encode_documents(
+        self, texts: list[str], eod: int | None, dtype: np.dtype
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """One document per text, already laid out (tokens in ``dtype``, int32 sequence lengths,
+        int32 sequences per document), exactly as ``encode.layout_documents`` lays out
+        ``encode_batch``'s output; None where this tokenizer has no such path (the caller then
+        takes the general one). An implementation may empty ``texts``, but only when it
+        returns a result or raises."""
+        return None
+
     @property
     def dtype(self) -> np.dtype:
         """Token dtype: Megatron's rule on the vocabulary size."""
@@ -103,6 +113,14 @@ class ByteTokenizer(TextTokenizer):
         encoded = [t.encode("utf-8") for t in texts]
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         return np.frombuffer(b"".join(encoded), dtype=np.uint8), lengths
+
+
+def id_beyond_dtype(top: int, dtype: np.dtype) -> ConfigError:
+    """The error for a token id ``top`` the output dtype cannot hold."""
+    return ConfigError(
+        f"token id {top} does not fit the output dtype {dtype}",
+        hint="the tokenizer produced an id beyond its stated vocabulary size",
+    )
 
 
 def _path_hash(path: str) -> str:
