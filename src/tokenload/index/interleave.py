@@ -50,6 +50,7 @@ one numbered by what is free before r on that is not taken yet.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,13 +64,15 @@ DEFAULT_PERIOD = 1 << 16
 
 def _check_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+    with np.errstate(over="ignore"):  # a sum past the float range is refused below
+        total = float(w.sum()) if w.ndim == 1 and w.size else math.nan  # inf/nan if a weight is
+    if not (math.isfinite(total) and total > 0 and w.min() >= 0):
         raise ConfigError(
             f"{what} are {list(weights)}; expected one or more finite weights >= 0"
             " with a positive sum",
             hint="give a non-negative weight per source, at least one of them positive",
         )
-    return w / w.sum()
+    return w / total
 
 
 def token_weights(weights: Sequence[float], tokens_per_sample: Sequence[int]) -> np.ndarray:
@@ -93,18 +96,19 @@ def period_counts(weights: Sequence[float], period: int) -> np.ndarray:
     if period < 1:
         raise ConfigError(f"period is {period}; expected >= 1")
     w = _check_weights(weights, "weights")
-    exact = w * period
-    counts = np.floor(exact).astype(np.int64)
-    short = period - int(counts.sum())
-    counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
-    starved = np.flatnonzero((w > 0) & (counts == 0))
-    if starved.size:
-        raise ConfigError(
-            f"source {int(starved[0])} has weight {float(w[starved[0]]):.3g},"
-            f" less than one sample per period of {period}",
-            hint=f"use a period of at least {int(np.ceil(1 / w[starved[0]]))} or a larger weight",
-        )
-    return counts
+    exact = (w * period).tolist()
+    counts = [math.floor(x) for x in exact]
+    short = period - sum(counts)
+    # the largest remainders first, ties by source (a stable sort of count - exact)
+    for d in sorted(range(len(exact)), key=lambda d: counts[d] - exact[d])[:short]:
+        counts[d] += 1
+    for d, (wd, cd) in enumerate(zip(w.tolist(), counts)):
+        if wd > 0 and cd == 0:
+            raise ConfigError(
+                f"source {d} has weight {wd:.3g}, less than one sample per period of {period}",
+                hint=f"use a period of at least {math.ceil(1 / wd)} or a larger weight",
+            )
+    return np.array(counts, dtype=np.int64)
 
 
 def _edf(counts: np.ndarray, period: int, slots: int | None = None) -> np.ndarray:

@@ -152,6 +152,10 @@ class Mixture:
         k = np.asarray(samples, dtype=np.int64).ravel()
         if k.size and int(k.min()) < self.start:
             raise IndexError(f"global samples of this phase start at {self.start}")
+        return self._draw(k)
+
+    def _draw(self, k: np.ndarray) -> Draws:
+        """``draw`` of int64 samples the caller knows to be ``>= start``."""
         source, i = self.interleave(k - self.start)
         cursor = self.base[source] + i
         if self._windows.size == 1:

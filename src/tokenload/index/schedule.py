@@ -25,6 +25,8 @@ their last partial period scheduled), so a resume late in a long schedule builds
 from __future__ import annotations
 
 import math
+import sys
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -39,6 +41,9 @@ from .mixture import Draws, Mixture, MixtureState
 __all__ = ["ScheduledMixture", "check_schedule"]
 
 Schedule = tuple[tuple[int, tuple[float, ...]], ...]
+
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+_NO_END = sys.maxsize  # the last phase's end
 
 
 def check_schedule(
@@ -73,7 +78,8 @@ def check_schedule(
                 f" {num_sources} sources",
                 hint=hint,
             )
-        if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+        total = sum(weights)  # inf or nan when a weight is: one test for all
+        if not (math.isfinite(total) and total > 0 and min(weights) >= 0):
             raise ConfigError(
                 f"{what} entry at sample {start} has weights {list(weights)}; expected finite"
                 " weights >= 0 with a positive sum",
@@ -111,14 +117,20 @@ class ScheduledMixture:
         self.origin = origin or MixtureState(consumed=0)
         at = self.origin.consumed
         starts = [s for s, _ in self.schedule]
-        first = int(np.searchsorted(starts, at, side="right")) - 1
+        first = bisect_right(starts, at) - 1
         bounds = [at, *starts[first + 1 :]]
         self._entries = [(start, w) for start, (_, w) in zip(bounds, self.schedule[first:])]
         self._windows = list(num_windows)
         self._seed, self._block_size = seed, block_size
         self._phases: dict[int, Mixture] = {}  # built on first use (0.03 s each)
-        self._starts: list[MixtureState] = [self.origin]  # the cursors at each phase's start
+        # the cursors of ``sources`` at each phase's start (the origin's, then counted)
+        self._bases: list[np.ndarray] = [
+            np.array([int(self.origin.cursors.get(s, 0)) for s in self.sources], dtype=np.int64)
+        ]
         self.starts = np.array(bounds, dtype=np.int64)
+        self._ends = [*bounds[1:], _NO_END]
+        self._current: tuple[int, int, int, Mixture] | None = None
+        """The phase the last draw was in: ``(index, start, end, its Mixture)``."""
 
     def phase(self, i: int) -> Mixture:
         """The ``Mixture`` of the chain's i-th phase, built on first use: it starts from the
@@ -140,24 +152,25 @@ class ScheduledMixture:
 
     def _state_at(self, i: int) -> MixtureState:
         """The cursors at the i-th phase's start. Each phase before adds what its interleave
-        serves over its length (``interleave.consumed``: whole periods are its counts, only the
-        last partial period is scheduled), so resuming late in a long schedule builds one
-        interleave, not one per entry. Windows of sources the origin knows stay the origin's,
-        so the phase's ``Mixture`` still refuses a source whose data changed."""
-        while len(self._starts) <= i:
-            k = len(self._starts) - 1
+        serves over its length (``interleave.consumed``: whole periods are its counts, the last
+        partial period is counted in closed form), so resuming late in a long schedule builds
+        one interleave, not one per entry. Windows of sources the origin knows stay the
+        origin's, so the phase's ``Mixture`` still refuses a source whose data changed."""
+        while len(self._bases) <= i:
+            k = len(self._bases) - 1
             (start, weights), end = self._entries[k], self._entries[k + 1][0]
-            prior = self._starts[k]
             if k in self._phases:
-                self._starts.append(self._phases[k].state(end))
-                continue
-            served = consumed(weights, end - start, period=self.period).tolist()
-            cursors, windows = dict(prior.cursors), dict(prior.windows)
-            for s, n, add in zip(self.sources, self._windows, served):
-                cursors[s] = int(prior.cursors.get(s, 0)) + add
-                windows.setdefault(s, int(n))
-            self._starts.append(MixtureState(consumed=end, cursors=cursors, windows=windows))
-        return self._starts[i]
+                served = self._phases[k].interleave.consumed(end - start)
+            else:
+                served = consumed(weights, end - start, period=self.period)
+            self._bases.append(self._bases[k] + served)
+        if i == 0:
+            return self.origin
+        cursors, windows = dict(self.origin.cursors), dict(self.origin.windows)
+        for s, n, c in zip(self.sources, self._windows, self._bases[i].tolist()):
+            cursors[s] = c
+            windows.setdefault(s, int(n))
+        return MixtureState(consumed=self._entries[i][0], cursors=cursors, windows=windows)
 
     @property
     def start(self) -> int:
@@ -166,26 +179,35 @@ class ScheduledMixture:
 
     def phase_of(self, sample: int) -> int:
         """Index into ``schedule`` of the entry in force at global ``sample``."""
-        return int(np.searchsorted([s for s, _ in self.schedule], sample, side="right")) - 1
+        return bisect_right([s for s, _ in self.schedule], sample) - 1
 
     def _phase(self, samples: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, samples, side="right") - 1
 
-    def draw(self, samples: npt.ArrayLike) -> Draws:
-        """``Mixture.draw`` of each sample's phase (one call per phase present)."""
+    def draw(self, samples: npt.ArrayLike, bounds: tuple[int, int] | None = None) -> Draws:
+        """``Mixture.draw`` of each sample's phase (one call per phase present). ``bounds``:
+        the samples' ``(min, max)`` when the caller has them. A micro-batch inside the phase
+        of the one before costs two comparisons more than a blend without a schedule; the
+        phases are looked up when a batch leaves it."""
         k = np.asarray(samples, dtype=np.int64).ravel()
-        if k.size and int(k.min()) < self.start:
+        if not k.size:
+            return Draws(k.copy(), k.copy(), k.copy())
+        lo, hi = (int(_MIN(k)), int(_MAX(k))) if bounds is None else bounds
+        current = self._current
+        if current is not None and current[1] <= lo and hi < current[2]:
+            return current[3]._draw(k)
+        if lo < self.start:
             raise IndexError(f"global samples of this chain start at {self.start}")
-        if self.starts.size == 1:
-            return self.phase(0).draw(k)
+        first, last = bisect_right(self._ends, lo), bisect_right(self._ends, hi)
+        if first == last:
+            mix = self.phase(first)
+            self._current = (first, mix.start, self._ends[first], mix)
+            return mix._draw(k)
         which = self._phase(k)
-        present = np.unique(which).tolist()
-        if len(present) == 1:
-            return self.phase(present[0]).draw(k)
         out = Draws(np.empty_like(k), np.empty_like(k), np.empty_like(k))
-        for p in present:
+        for p in np.unique(which).tolist():
             rows = which == p
-            part = self.phase(p).draw(k[rows])
+            part = self.phase(p)._draw(k[rows])
             for dst, src in zip(out, part):
                 dst[rows] = src
         return out
@@ -194,7 +216,7 @@ class ScheduledMixture:
         """Every source's cursor after ``consumed`` global samples (``>= start``)."""
         if consumed < self.start:
             raise ValueError(f"consumed is {consumed}; this chain starts at {self.start}")
-        return self.phase(int(self._phase(np.int64(consumed)))).state(consumed)
+        return self.phase(bisect_right(self._ends, consumed)).state(consumed)
 
     def cursors(self, consumed: int) -> np.ndarray:
         """int64 cursor of each source (in ``sources`` order) after ``consumed`` samples."""

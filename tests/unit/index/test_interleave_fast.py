@@ -181,3 +181,43 @@ def test_prefix_counts_with_many_sources_at_the_default_period(weights):
     for slots in np.random.default_rng(len(weights)).integers(0, period + 1, size=40).tolist():
         got = mod._prefix_counts(counts, period, int(slots))
         assert np.array_equal(got, np.bincount(full[:slots], minlength=counts.size)), slots
+
+
+def reference_period_counts(weights, period: int) -> np.ndarray:
+    """``period_counts`` before the schedule's startup work (NumPy rounding), the reference."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    exact = w * period
+    counts = np.floor(exact).astype(np.int64)
+    short = period - int(counts.sum())
+    counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+    return counts
+
+
+def test_period_counts_are_the_reference_rounding():
+    """The rounding done in Python (faster for one weight vector per schedule entry) gives the
+    reference's counts: every remainder tie broken by source the same way."""
+    rng = np.random.default_rng(3)
+    checked = 0
+    while checked < 3000:
+        w = random_weights(rng) if rng.random() < 0.5 else many_weights(rng)
+        if rng.random() < 0.2:  # many equal remainders
+            w = np.repeat(rng.integers(1, 4, size=3).astype(float), rng.integers(1, 6))
+        period = int(rng.choice([1, 3, 7, 10, 100, 1000, 4099, 1 << 16, 1 << 20]))
+        want = reference_period_counts(w, period)
+        if np.any((w > 0) & (want == 0)):
+            with pytest.raises(ConfigError, match="less than one sample per period"):
+                period_counts(w, period)
+            continue
+        got = period_counts(w, period)
+        assert got.dtype == np.int64 and int(got.sum()) == period
+        assert np.array_equal(got, want), (w.tolist(), period)
+        checked += 1
+
+
+@pytest.mark.parametrize(
+    "weights", [[1, float("inf")], [1, float("nan")], [1, -1], [0, 0], [], [1e308, 1e308]]
+)
+def test_weights_without_a_finite_positive_sum_are_config_errors(weights):
+    with pytest.raises(ConfigError, match="positive sum"):
+        period_counts(weights, 1 << 16)

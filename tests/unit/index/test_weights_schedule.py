@@ -122,6 +122,8 @@ def test_a_removed_source_keeps_its_cursor_through_a_chain():
         ([(0, [0, 0])], "positive sum"),
         ([(0, [1, -1])], "positive sum"),
         ([(0, [1, float("nan")])], "positive sum"),
+        ([(0, [1, float("inf")])], "positive sum"),
+        ([(0, [1e308, 1e308])], "positive sum"),
         ([(0, "ab")], "weights"),
         (5, "pairs"),
     ],
@@ -129,3 +131,34 @@ def test_a_removed_source_keeps_its_cursor_through_a_chain():
 def test_malformed_schedules_are_config_errors(schedule, match):
     with pytest.raises(ConfigError, match=match):
         check_schedule(schedule, 2)
+
+
+def test_batches_in_any_order_draw_what_single_samples_draw():
+    """The chain keeps the phase of the last batch and looks phases up only when a batch leaves
+    it: batches forwards, backwards, across changes and of one sample all draw what each sample
+    drawn alone from a fresh chain draws; a sample before the chain's origin stays an error."""
+    rng = np.random.default_rng(9)
+    schedule = [(0, [1, 2, 0, 1]), (700, [0, 1, 1, 1]), (1500, [3, 0, 1, 0]), (1510, [1, 1, 1, 1])]
+    reference = _chain(schedule)
+    ks = np.arange(0, 2600)
+    want = reference.draw(ks)
+    for i in range(0, ks.size, 311):  # the reference itself, one phase per call
+        one = _chain(schedule).draw(ks[i : i + 1])
+        assert [int(x[0]) for x in one] == [int(x[i]) for x in want]
+    chain = _chain(schedule)
+    for _ in range(300):
+        first = int(rng.integers(0, 2590))
+        size = int(rng.choice([1, 4, 16, 200]))
+        k = np.arange(first, min(first + size, 2600))
+        if rng.random() < 0.3:
+            k = rng.permutation(k)
+        got = chain.draw(k, (int(k.min()), int(k.max())) if rng.random() < 0.5 else None)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w[k])
+    origin = _chain(schedule).state(1000)
+    later = _chain(schedule, origin=origin)
+    later.draw(np.arange(1000, 1016))
+    with pytest.raises(IndexError, match="start at 1000"):
+        later.draw(np.arange(998, 1002))
+    empty = later.draw(np.array([], dtype=np.int64))
+    assert all(x.size == 0 and x.dtype == np.int64 for x in empty)

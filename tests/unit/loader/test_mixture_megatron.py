@@ -152,3 +152,30 @@ def test_a_source_whose_prepared_order_runs_out_starts_it_again(files, caplog):
     assert served == [(first + j) % length for j in range(len(served))]
     assert first + len(served) > length
     assert "starts it again from its first sample" in caplog.text
+
+
+def test_batches_in_any_order_locate_what_single_samples_locate(files):
+    """The chain keeps the segment of the last batch and checks the members' lengths only where
+    a source can run out: batches forwards, backwards and across changes, before and after a
+    source's prepared order ran out, locate what the segments' arrays say for each sample
+    (computed here from them, one sample at a time)."""
+    schedule = [(0, [20, 1, 1]), (200, [1, 20, 1]), (330, [1, 1, 20]), (331, [3, 1, 2])]
+    dataset = megatron(files, {"a": 1, "b": 1, "c": 1}, schedule=schedule)
+    lengths = [len(m) for m in dataset.datasets]
+    want, wrapped = [], 0
+    for k in range(SIZE):
+        seg = [s for s in dataset.segments if s.start <= k][-1]
+        d = int(seg.sources[int(seg.di[k - seg.start])])
+        within = int(seg.base[d]) + int(seg.dsi[k - seg.start])
+        wrapped += within >= lengths[d]
+        want.append((d, within % lengths[d]))
+    assert wrapped > 20  # b's prepared order (for 1/22 of the run) runs out in entry 2
+    rng = np.random.default_rng(4)
+    for _ in range(400):
+        first = int(rng.integers(0, SIZE - 1))
+        k = np.arange(first, min(first + int(rng.choice([1, 4, 16, 64])), SIZE))
+        if rng.random() < 0.3:
+            k = rng.permutation(k)
+        bounds = (int(k.min()), int(k.max())) if rng.random() < 0.5 else None
+        which, within = dataset._locate(k, bounds)
+        assert list(zip(which.tolist(), within.tolist())) == [want[i] for i in k.tolist()]

@@ -32,6 +32,8 @@ from ..items import Allocator, ItemConfig, build_items
 
 __all__ = ["ComputedBlendedDataset"]
 
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+
 
 class _Items:
     """``__getitems__``/``__getitem__`` over ``read_batch`` and ``finish_batch``."""
@@ -112,9 +114,10 @@ class ComputedBlendedDataset(_Items, BlendContract):
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         idx = np.asarray(indices, dtype=np.int64).ravel()
-        if idx.size and int(idx.max()) >= len(self):
+        bounds = (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None
+        if bounds is not None and bounds[1] >= len(self):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        draws = self.mixture.draw(idx)
+        draws = self.mixture.draw(idx, bounds)
         width = self.item.window
         present = np.unique(draws.source).tolist()
         dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)

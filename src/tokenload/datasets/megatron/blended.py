@@ -20,7 +20,7 @@ from ..contract_parts import BlendContract
 from ..items import Allocator
 from .gpt_dataset import IndexArrays
 
-_MIN = np.minimum.reduce
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 
 
 class BlendedDataset(BlendContract):
@@ -66,9 +66,10 @@ class BlendedDataset(BlendContract):
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """Windows of every member present in the batch, scattered back into batch order."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
+        bounds = (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None
+        if bounds is not None and (bounds[0] < 0 or bounds[1] >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        which, within = self._locate(idx)
+        which, within = self._locate(idx, bounds)
         present = np.unique(which).tolist()
         if present and (present[0] < 0 or present[-1] >= len(self.datasets)):
             raise self.indices.corrupt(
@@ -92,8 +93,11 @@ class BlendedDataset(BlendContract):
             windows[rows[d]] = part["windows"]
         return {"windows": windows, "padded": padded, "dataset_id": which}
 
-    def _locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Member and member sample of each global sample (Megatron's two arrays)."""
+    def _locate(
+        self, idx: np.ndarray, bounds: tuple[int, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Member and member sample of each global sample (Megatron's two arrays); ``bounds``:
+        the samples' ``(min, max)``, for a subclass that serves them from other arrays."""
         which = np.asarray(self.dataset_index[idx], dtype=np.int64)
         return which, np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
 

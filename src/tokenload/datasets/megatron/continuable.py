@@ -51,6 +51,8 @@ from .blended import BlendedDataset
 
 logger = logging.getLogger(__name__)
 
+_MAX = np.maximum.reduce
+
 __all__ = ["ContinuableBlendedDataset", "entry_plans"]
 
 
@@ -88,13 +90,27 @@ def entry_plans(
 
 
 class _Segment:
-    """Global samples ``[start, ...)`` served by one greedy blend from ``base`` cursors."""
+    """Global samples ``[start, end)`` served by one greedy blend from ``base`` cursors."""
 
     def __init__(
-        self, start: int, sources: np.ndarray, di: np.ndarray, dsi: np.ndarray, base: np.ndarray
+        self,
+        start: int,
+        end: int,
+        sources: np.ndarray,
+        di: np.ndarray,
+        dsi: np.ndarray,
+        base: np.ndarray,
     ) -> None:
-        self.start, self.sources, self.di, self.dsi, self.base = start, sources, di, dsi, base
+        self.start, self.end, self.sources, self.di, self.dsi = start, end, sources, di, dsi
+        self.base = base
         self._counted, self._counts = 0, np.zeros(base.size, dtype=np.int64)
+        self.safe = 0
+        """Samples from ``start`` on that no source can run out in (``room``)."""
+
+    def room(self, lengths: np.ndarray) -> None:
+        """Set ``safe``: sample j of the segment is at most the j-th of its source in it, so
+        none of the first ``min(lengths - base)`` (over the segment's sources) can run out."""
+        self.safe = int((lengths[self.sources] - self.base[self.sources]).min(initial=1 << 62))
 
     def cursors(self, consumed: int) -> np.ndarray:
         """Every member's cursor after global sample ``consumed`` (incremental count)."""
@@ -168,23 +184,54 @@ class ContinuableBlendedDataset(BlendedDataset):
             else:
                 assert plan.weights is not None  # an entry's blend is weighted
                 di, dsi = build_blending_indices(list(plan.weights), end - start)
-            self.segments.append(_Segment(start, sources, di, dsi, base))
+            self.segments.append(_Segment(start, end, sources, di, dsi, base))
         self._starts = np.array([s.start for s in self.segments], dtype=np.int64)
+        self._current = self.segments[0]  # the segment of the last micro-batch
+        self._lengths_changed()
 
-    def _locate(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if idx.size and int(idx.min()) < self.origin:
+    def _lengths_changed(self) -> None:
+        """Keep the members' lengths (a member rebuilt at a resume changes its own)."""
+        self._lengths = np.array([len(m) for m in self.datasets], dtype=np.int64)
+        self._shortest = int(self._lengths.min())
+        for s in self.segments:
+            s.room(self._lengths)
+
+    def _locate(
+        self, idx: np.ndarray, bounds: tuple[int, int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Member and member sample of each global sample. A micro-batch inside the segment of
+        the one before is two lookups, as in Megatron's arrays; segments are searched only
+        when a batch leaves it, and the members' lengths checked only past ``_Segment.safe``."""
+        if not idx.size:
+            return idx.copy(), idx.copy()
+        lo, hi = (int(idx.min()), int(idx.max())) if bounds is None else bounds
+        s = self._current
+        if s.start <= lo and hi < s.end:
+            j = idx - s.start
+            which = s.sources[np.asarray(s.di[j], dtype=np.int64)]
+            within = s.base[which] + np.asarray(s.dsi[j], dtype=np.int64)
+            if hi - s.start < s.safe or _MAX(within) < self._shortest:
+                return which, within
+            return self._past_ends(which, within)
+        if lo < self.origin:
             raise IndexError(f"global samples of this run start at {self.origin}")
         which = np.empty(idx.size, dtype=np.int64)
         within = np.empty(idx.size, dtype=np.int64)
         seg = np.searchsorted(self._starts, idx, side="right") - 1
-        for p in np.unique(seg).tolist():
+        present = np.unique(seg).tolist()
+        for p in present:
             rows = seg == p
             s = self.segments[p]
             j = idx[rows] - s.start
             d = s.sources[np.asarray(s.di[j], dtype=np.int64)]
             which[rows] = d
             within[rows] = s.base[d] + np.asarray(s.dsi[j], dtype=np.int64)
-        lengths = np.array([len(m) for m in self.datasets], dtype=np.int64)
+        self._current = self.segments[present[-1]]
+        return self._past_ends(which, within)
+
+    def _past_ends(self, which: np.ndarray, within: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A source whose prepared order has run out starts it again (a new pass)."""
+        lengths = self._lengths
         over = within >= lengths[which]
         if over.any():
             for d in np.unique(which[over]).tolist():
@@ -272,6 +319,7 @@ class ContinuableBlendedDataset(BlendedDataset):
             if n is not None and n != self.prepared[i]:
                 self.datasets[i] = self.rebuild(i, n)  # the source's own prepared order
                 self.prepared[i] = n
+                self._lengths_changed()
         same = phase.get("keys") == self.sources and _schedule(phase) == self.schedule
         if same:
             cursors = np.array(phase.get("origin_cursors"), dtype=np.int64)
