@@ -5,6 +5,7 @@ Usage: python benchmarks/preprocess_steady.py [--data-dir /tmp/tokenload-bench] 
            [--shards 8] [--workers 2] [--rounds 3] [--big-mb 500] [--big-datatrove]
            [--sides tokenload,limit-rayon,limit-threads,datatrove,tokenload-fixed]
            [--datatrove-python /tmp/s29/dt-venv/bin/python] [--bytecode compiled|source]
+           [--base-src /tmp/old-tree/src]
 
 Corpus (made here, no download, deterministic for a given machine): every text file of the
 running Python's standard library (``.py``) and of ``/usr/share/{doc,man,info,perl,vim,i18n}``
@@ -48,6 +49,10 @@ Sides, each a fresh process per round, the order rotating by round:
   every document length must be equal.
 * ``tokenload-fixed``: the tokenload command on a one-document corpus (under 4 KiB): its fixed
   cost (interpreter, imports, tokenizer load, publishing), to show the rate beyond it.
+* ``tokenload-base`` (with ``--base-src``): the ``tokenload`` side's command run with another tree
+  of tokenload first on ``PYTHONPATH`` (e.g. a ``git worktree`` of the commit before a change),
+  into its own folder; after the rounds its ``.bin/.idx`` must be byte-identical to the
+  ``tokenload`` side's.
 
 Before the rounds every corpus file is read once, so every side reads it from the page cache.
 
@@ -62,6 +67,7 @@ process holds all its workers; DataTrove's largest process is one worker.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import gzip
 import hashlib
 import json
@@ -80,7 +86,14 @@ from preprocess import bytecode_env
 EOD = "<|endoftext|>"
 MIB = 1 << 20
 DATATROVE_PYTHON = os.environ.get("DATATROVE_PYTHON", "/tmp/s29/dt-venv/bin/python")
-SIDES = ("tokenload", "limit-rayon", "limit-threads", "datatrove", "tokenload-fixed")
+SIDES = (
+    "tokenload",
+    "limit-rayon",
+    "limit-threads",
+    "datatrove",
+    "tokenload-fixed",
+    "tokenload-base",
+)
 
 #: The text on this machine the corpus is made of: (name, folder, file name suffixes or None).
 SOURCES = (
@@ -471,6 +484,15 @@ class Bench:
         self.work.mkdir(exist_ok=True)
         self.env = bytecode_env(args.bytecode)
         self.ours_dir, self.dt_dir = self.work / "tokenload", self.work / "datatrove"
+        self.base_dir, self.base_env = self.work / "tokenload_base", dict(self.env)
+        if args.base_src:
+            self.base_env["PYTHONPATH"] = args.base_src
+            subprocess.run(
+                [sys.executable, "-m", "compileall", "-q", args.base_src],
+                check=True,
+                env=self.base_env,
+                stdout=subprocess.DEVNULL,
+            )
         self.prefix = self.ours_dir / "corpus"
         self.dt_script = self.work / "datatrove_pipeline.py"
         self.dt_script.write_text(DATATROVE)
@@ -478,9 +500,12 @@ class Bench:
     def run(self, side: str, tag: str) -> dict:
         a = self.args
         log = self.work / f"{side}.{tag}"
-        if side in ("tokenload", "tokenload-fixed"):
+        if side in ("tokenload", "tokenload-fixed", "tokenload-base"):
             fixed = side == "tokenload-fixed"
             out = self.work / "tokenload_fixed" if fixed else self.ours_dir
+            env = self.env
+            if side == "tokenload-base":
+                out, env = self.base_dir, self.base_env
             clear(out)
             prefix = out / "corpus"
             cmd = [
@@ -504,7 +529,7 @@ class Bench:
                 "--no-resume",
                 "--no-progress",
             ]
-            r = run_side(cmd, log, env=self.env)
+            r = run_side(cmd, log, env=env)
             summary = json.loads(Path(f"{prefix}_text_document.json").read_text())
             r["tokens"] = summary["tokens"]
             r["seconds"] = r["wall"]
@@ -545,6 +570,13 @@ class Bench:
             r["tokens"] = sum(int(text.split("\n")[1]) for text in metadata)
             return r
         raise ValueError(side)
+
+    def compare_base(self) -> tuple[bool, str]:
+        """Whether the ``tokenload`` and ``tokenload-base`` sides wrote the same bytes."""
+        names = ["corpus_text_document.bin", "corpus_text_document.idx"]
+        same = [filecmp.cmp(self.ours_dir / n, self.base_dir / n, shallow=False) for n in names]
+        sizes = [(self.ours_dir / n).stat().st_size for n in names]
+        return all(same), ", ".join(f"{n} {z:,} bytes {s}" for n, z, s in zip(names, sizes, same))
 
     def compare_datatrove(self) -> tuple[bool, str]:
         """Whether DataTrove's ids and document lengths equal tokenload's, document by document."""
@@ -712,6 +744,15 @@ def check_limit_counts(results: dict[str, list[dict]], manifest: dict) -> None:
             print(f"{s} tokens + one EOD per document = tokenload's: {theirs == ours} ({theirs:,})")
 
 
+def compare_base(bench: Bench, sides: list[str], equal: bool | None) -> bool | None:
+    """Print whether tokenload-base wrote tokenload's bytes; fold it into ``equal``."""
+    if "tokenload-base" not in sides or "tokenload" not in sides:
+        return equal
+    ok, detail = bench.compare_base()
+    print(f"tokenload-base's output byte-identical to tokenload's: {ok} ({detail})")
+    return equal is not False and ok
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data-dir", default="/tmp/tokenload-bench")
@@ -726,7 +767,7 @@ def main() -> None:
         help="also run DataTrove on the one-document corpus (HF tokenizers held ~3 GB for one "
         "16 MiB document here: a 500 MiB one needs far more memory than this machine has)",
     )
-    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--sides", help=f"comma-separated, of {','.join(SIDES)} (default: all)")
     ap.add_argument("--datatrove-python", default=DATATROVE_PYTHON)
     ap.add_argument(
         "--datatrove-batch",
@@ -737,11 +778,19 @@ def main() -> None:
         "the OOM killer ended a worker on this 24 GiB machine",
     )
     ap.add_argument("--bytecode", choices=("compiled", "source"), default="compiled")
+    ap.add_argument(
+        "--base-src",
+        help="another tokenload tree's src folder: adds the side tokenload-base (the tokenload "
+        "side run with it on PYTHONPATH), whose output must equal tokenload's byte for byte",
+    )
     args = ap.parse_args()
-    sides = [s for s in args.sides.split(",") if s]
+    default_sides = [s for s in SIDES if s != "tokenload-base" or args.base_src]
+    sides = [s for s in (args.sides or ",".join(default_sides)).split(",") if s]
     for s in sides:
         if s not in SIDES:
             sys.exit(f"unknown side {s}; choose from {','.join(SIDES)}")
+    if "tokenload-base" in sides and not args.base_src:
+        sys.exit("the side tokenload-base needs --base-src")
     if "datatrove" in sides and not os.path.exists(args.datatrove_python):
         sys.exit(
             f"{args.datatrove_python} missing: python3 -m venv /tmp/s29/dt-venv && "
@@ -766,6 +815,7 @@ def main() -> None:
         equal, detail = bench.compare_datatrove()
         print(f"DataTrove ids equal to tokenload's: {equal} ({detail})")
     check_limit_counts(results, manifest)
+    equal = compare_base(bench, sides, equal)
 
     if args.big_mb:
         big, big_manifest = make_big(data, args.big_mb)
@@ -784,6 +834,7 @@ def main() -> None:
             print(f"DataTrove ids equal to tokenload's: {ok} ({detail})")
             equal = equal is not False and ok
         check_limit_counts(big_results, big_manifest)
+        equal = compare_base(big_bench, big_sides, equal)
     if equal is False:
         sys.exit(1)
 
