@@ -100,7 +100,9 @@ class GigatokenTokenizer(TextTokenizer):
         if not texts:
             return np.zeros(0, dtype), np.zeros(0, np.int32), np.zeros(0, np.int32)
         lengths, groups = _encode_groups(self.giga, texts, consume=True)
-        if info.max < np.iinfo(np.uint32).max:  # a wider dtype holds every uint32 id
+        # gigatoken's ids are below its vocabulary size (its largest id + 1, added tokens
+        # included): when the dtype holds that, no id can be beyond it and the ids need no scan
+        if self.giga.vocab_size - 1 > info.max:
             top = max((int(m.max()) for _, m in groups if m.size), default=0)
             if top > info.max:
                 raise id_beyond_dtype(top, dtype)

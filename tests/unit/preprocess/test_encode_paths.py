@@ -179,6 +179,14 @@ def test_documents_in_place_without_the_special_texts(name, tokenizer_files, tex
         assert int(seq_lengths.sum()) == tokens.size
 
 
+@pytest.mark.parametrize("name", GIGATOKEN_KINDS)
+def test_ids_stay_below_gigatokens_vocabulary_size(name, tokenizer_files, texts):
+    """What lets the in-place path skip scanning the ids when the dtype holds the vocabulary."""
+    tok = load_tokenizer(spec_for(name, tokenizer_files))
+    flat, _ = tok.encode_batch(plain_texts(texts))
+    assert 0 < int(flat.max()) < tok.giga.vocab_size <= np.iinfo(tok.dtype).max + 1
+
+
 def test_an_id_beyond_the_dtype_raises_the_general_error(tokenizer_files, texts):
     tok = load_tokenizer(spec_for("bytelevel", tokenizer_files))
     sample = texts[:40]
