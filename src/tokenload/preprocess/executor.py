@@ -2,9 +2,11 @@
 
 An executor (``pool.LocalExecutor``: threads or processes on this machine; ``cluster.RayExecutor``:
 tasks on a Ray cluster) takes the input files a run still has to do and leaves each one
-finished in the work folder: its parts published and its ``.done`` marker written. It returns a
-``FileSummary`` per file (``summaries``), the content of that marker, from which ``pipeline``
-and ``outputs`` write the final token files.
+finished in the work folder, its ``.done`` marker written last: the local one with the file's
+tokens appended to the outputs it writes once and its index beside the marker, Ray's with the
+file's parts published (see ``workdir``). It returns a ``FileSummary`` per file (``summaries``),
+the content of that marker, from which ``pipeline`` and ``outputs`` publish the final token
+files (Ray's: the parts concatenated).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
 
 class Executor(ABC):
-    """Encodes input files into finished parts in the work folder (see the module docstring)."""
+    """Encodes input files and marks each finished in the work folder (see the module
+    docstring)."""
 
     @abstractmethod
     def run(
