@@ -572,8 +572,9 @@ class Bench:
         raise ValueError(side)
 
     def compare_base(self) -> tuple[bool, str]:
-        """Whether the ``tokenload`` and ``tokenload-base`` sides wrote the same bytes."""
-        names = ["corpus_text_document.bin", "corpus_text_document.idx"]
+        """Whether the ``tokenload`` and ``tokenload-base`` sides wrote the same bytes (token
+        file pair and sidecar)."""
+        names = [f"corpus_text_document.{ext}" for ext in ("bin", "idx", "json")]
         same = [filecmp.cmp(self.ours_dir / n, self.base_dir / n, shallow=False) for n in names]
         sizes = [(self.ours_dir / n).stat().st_size for n in names]
         return all(same), ", ".join(f"{n} {z:,} bytes {s}" for n, z, s in zip(names, sizes, same))
