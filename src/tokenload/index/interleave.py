@@ -22,11 +22,14 @@ integers where the error is 0. At ``m = P`` every count equals ``c_d``: the stat
 so does the bound. The greedy max-error rule of Megatron has no such bound for three or more
 sources (one falls more than one sample behind, docs/ORDER.md), which is why EDF is used.
 
-Building the period is a heap walk over P slots in Python: 0.03 s for the default P = 2^16
-(weights resolved to 1.5e-5), 0.8 s for 2^20 (measured on one shared core). ``consumed(weights,
-samples)`` needs no period: whole periods give ``counts``, and the last partial period's counts
-come from the closed count below (5-20 us for up to a dozen sources). A weights schedule uses it
-to find each phase's start without building the phases before (``schedule``).
+Building the period is a heap walk over P slots in Python, about 0.45 us a slot: 0.03 s for
+the default P = 2^16 (weights resolved to 1.5e-5). It is done by chunks of 2,048 slots as samples
+first read them (``Interleave``), each chunk's EDF started from the exact state at its first
+slot (the count below), so a blend pays for the slots it serves, once per period: a schedule's
+phase shorter than the period builds only its own slots. ``consumed(weights, samples)`` needs no
+table: whole periods give ``counts``, and the last partial period's counts come from the closed
+count below (5-20 us for up to a dozen sources). A weights schedule uses it to find each
+phase's start without building the phases before (``schedule``).
 
 **Count of a prefix** (``_prefix_counts``: the first t slots without scheduling them).
 (1) EDF places every job in the earliest slot at or after its release that no job of smaller
@@ -54,12 +57,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import ConfigError
 
 __all__ = ["DEFAULT_PERIOD", "Interleave", "consumed", "period_counts", "token_weights"]
 
 DEFAULT_PERIOD = 1 << 16
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 
 
 def _check_weights(weights: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
@@ -111,31 +116,21 @@ def period_counts(weights: Sequence[float], period: int) -> np.ndarray:
     return np.array(counts, dtype=np.int64)
 
 
-def _edf(counts: np.ndarray, period: int, slots: int | None = None) -> np.ndarray:
-    """int32 source of each of the first ``slots`` (default: all ``period``) slots of one
-    period: EDF over release/due slots, see the module. EDF is online, so a shorter run is a
-    prefix of the full one."""
-    n = period if slots is None else int(slots)
-    out: list[int] = [0] * n
-    if _walk(counts, period, 0, [0] * counts.size, n, out) is None:
-        raise AssertionError("EDF missed a deadline: the counts do not sum to the period")
-    return np.array(out, dtype=np.int32)
-
-
 def _walk(
     counts: np.ndarray,
     period: int,
     start: int,
     served: list[int],
     stop: int,
-    out: list[int] | None,
-) -> list[int] | None:
-    """EDF from slot ``start`` (where ``served`` samples of each source were served) to slot
-    ``stop``: the served counts at ``stop``, the source of slot ``start + i`` in ``out[i]``
-    when ``out`` is given; None when a deadline is missed. A job released by the next slot
-    goes straight to ``ready`` (the heap holds at most one job per source, keys
-    ``(due, source)`` are distinct, so the choice at every slot is the same as releasing it
-    at that slot)."""
+    sources: list[int],
+    ranks: list[int],
+) -> bool:
+    """EDF from slot ``start``, where ``served`` samples of each source were served (the exact
+    state there: ``_prefix_counts``), to slot ``stop``: the source of slot ``start + i`` in
+    ``sources[i]`` and its rank (the samples of that source in the period's slots before) in
+    ``ranks[i]``; False when a deadline is missed. A job released by the next slot goes
+    straight to ``ready`` (the heap holds at most one job per source, keys ``(due, source)``
+    are distinct, so the choice at every slot is the same as releasing it at that slot)."""
     c = counts.tolist()
     served = list(served)
     pending: list[tuple[int, int]] = []  # (release slot, source)
@@ -155,18 +150,18 @@ def _walk(
             d = pop(pending)[1]
             push(ready, (((served[d] + 1) * period - 1) // c[d], d))
         if not ready or ready[0][0] < slot:
-            return None
+            return False
         d = pop(ready)[1]
-        if out is not None:
-            out[slot - start] = d
-        s = served[d] = served[d] + 1
+        sources[slot - start] = d
+        ranks[slot - start] = s = served[d]
+        s = served[d] = s + 1
         if s < c[d]:
             release = (s * period) // c[d]
             if release <= slot + 1:
                 push(ready, (((s + 1) * period - 1) // c[d], d))
             else:
                 push(pending, (release, d))
-    return served
+    return True
 
 
 _PYTHON_SPAN = 1024
@@ -254,18 +249,27 @@ def consumed(weights: Sequence[float], samples: int, *, period: int = DEFAULT_PE
     return periods * counts + _prefix_counts(counts, int(period), slot)
 
 
+_CHUNK = 1 << 11
+"""Slots of the period built at a time (about 1 ms of EDF in Python), when first read."""
+
+
 class Interleave:
-    """A periodic blend of D sources: global sample k -> (source, the source's k-th sample)."""
+    """A periodic blend of D sources: global sample k -> (source, the source's k-th sample).
+
+    The period's two tables are built by chunks of ``_CHUNK`` slots when a sample first reads
+    them: EDF from the chunk's first slot, whose state ``_prefix_counts`` gives exactly. A
+    phase of a schedule shorter than the period builds only the slots it serves; a blend read
+    from sample 0 builds the table over its first period, as it reads it."""
 
     def __init__(self, weights: Sequence[float], *, period: int = DEFAULT_PERIOD) -> None:
         self.period = int(period)
         self.counts = period_counts(weights, self.period)
-        self.sources = _edf(self.counts, self.period)
-        order = np.argsort(self.sources, kind="stable")
-        starts = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        ranks = np.empty(self.period, dtype=np.int32)
-        ranks[order] = np.arange(self.period, dtype=np.int32) - np.repeat(starts, self.counts)
-        self.ranks = ranks
+        self._sources = np.zeros(self.period, dtype=np.int32)
+        self._ranks = np.zeros(self.period, dtype=np.int32)
+        self._built = [False] * -(-self.period // _CHUNK)
+        self._complete = False
+        """Every chunk built. Flags are set after the chunk's slots are written, so a reader
+        in another thread never reads an unwritten slot (it builds the chunk again)."""
 
     @property
     def num_sources(self) -> int:
@@ -276,17 +280,62 @@ class Interleave:
         """The weights the schedule realizes exactly over every period, ``counts / period``."""
         return self.counts / self.period
 
-    def __call__(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    @property
+    def sources(self) -> np.ndarray:
+        """int32 source of every slot of the period (builds what is not built)."""
+        self._build(0, self.period - 1)
+        return self._sources
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """int32 samples of the slot's source in the period's slots before it."""
+        self._build(0, self.period - 1)
+        return self._ranks
+
+    def _build(self, first: int, last: int) -> None:
+        """Build the chunks of slots ``first..last`` that are not built."""
+        for chunk in range(first // _CHUNK, last // _CHUNK + 1):
+            if not self._built[chunk]:
+                a, b = chunk * _CHUNK, min(self.period, (chunk + 1) * _CHUNK)
+                state = _prefix_counts(self.counts, self.period, a).tolist()
+                sources, ranks = [0] * (b - a), [0] * (b - a)
+                if not _walk(self.counts, self.period, a, state, b, sources, ranks):
+                    raise AssertionError(
+                        "EDF missed a deadline: the counts do not sum to the period"
+                    )
+                self._sources[a:b] = sources
+                self._ranks[a:b] = ranks
+                self._built[chunk] = True
+        self._complete = all(self._built)
+
+    def __call__(self, samples: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """``(source, cursor)`` int64 arrays of global samples k >= 0: sample k is the source's
         ``cursor``-th sample (counting from 0, all periods before included)."""
         k = np.asarray(samples, dtype=np.int64)
-        if k.size and int(k.min()) < 0:
+        if not k.size:
+            return k.copy(), k.copy()
+        lo, hi = int(_MIN(k, axis=None)), int(_MAX(k, axis=None))
+        if lo < 0:
             raise IndexError("global samples must be >= 0")
+        return self.lookup(k, lo, hi)
+
+    def lookup(self, k: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """``__call__`` of int64 samples whose least and greatest, ``lo >= 0`` and ``hi``, the
+        caller knows."""
+        if not self._complete:
+            P = self.period
+            if lo // P == hi // P:
+                self._build(lo % P, hi % P)
+            elif lo // P + 1 == hi // P:  # across the end of one period
+                self._build(lo % P, P - 1)
+                self._build(0, hi % P)
+            else:
+                self._build(0, P - 1)
         periods, slot = np.divmod(k, self.period)
-        source = self.sources[slot].astype(np.int64)
-        return source, periods * self.counts[source] + self.ranks[slot]
+        source = self._sources[slot].astype(np.int64)
+        return source, periods * self.counts[source] + self._ranks[slot]
 
     def consumed(self, samples: int) -> np.ndarray:
         """int64 samples taken from each source by the first ``samples`` global samples."""
         periods, slot = divmod(int(samples), self.period)
-        return periods * self.counts + np.bincount(self.sources[:slot], minlength=self.num_sources)
+        return periods * self.counts + _prefix_counts(self.counts, self.period, slot)

@@ -154,9 +154,15 @@ class Mixture:
             raise IndexError(f"global samples of this phase start at {self.start}")
         return self._draw(k)
 
-    def _draw(self, k: np.ndarray) -> Draws:
-        """``draw`` of int64 samples the caller knows to be ``>= start``."""
-        source, i = self.interleave(k - self.start)
+    def _draw(self, k: np.ndarray, bounds: tuple[int, int] | None = None) -> Draws:
+        """``draw`` of int64 samples the caller knows to be ``>= start``; ``bounds``: their
+        least and greatest, when the caller has them."""
+        if bounds is None:
+            source, i = self.interleave(k - self.start)
+        else:
+            source, i = self.interleave.lookup(
+                k - self.start, bounds[0] - self.start, bounds[1] - self.start
+            )
         cursor = self.base[source] + i
         if self._windows.size == 1:
             windows, seeds, rings = self._windows, self._seeds, self._rings

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tokenload.errors import ConfigError
-from tokenload.index.interleave import Interleave, _edf, consumed, period_counts
+from tokenload.index.interleave import Interleave, consumed, period_counts
 
 
 def reference_edf(counts: np.ndarray, period: int) -> np.ndarray:
@@ -53,29 +53,78 @@ def random_weights(rng: np.random.Generator) -> np.ndarray:
     return w
 
 
-def test_fast_edf_is_the_reference_sample_for_sample():
-    rng = np.random.default_rng(26)
+def reference_ranks(sources: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each slot's samples of its source in the slots before (the original construction)."""
+    order = np.argsort(sources, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    ranks = np.empty(sources.size, dtype=np.int32)
+    ranks[order] = np.arange(sources.size, dtype=np.int32) - np.repeat(starts, counts)
+    return ranks
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 7, 64])
+def test_tables_built_by_chunks_are_the_reference_sample_for_sample(monkeypatch, chunk):
+    """The period's tables, built chunk by chunk as random samples first read them (EDF from
+    each chunk's first slot, whose state is counted in closed form), are the reference's."""
+    import tokenload.index.interleave as mod
+
+    if chunk is not None:
+        monkeypatch.setattr(mod, "_CHUNK", chunk)
+    rng = np.random.default_rng(26 + (chunk or 0))
     checked = 0
-    while checked < 400:
-        w = random_weights(rng)
+    while checked < 150:
+        w = random_weights(rng) if rng.random() < 0.7 else many_weights(rng)
         period = int(rng.choice([1, 2, 3, 7, 64, 1000, 4099, 1 << 13]))
         try:
             counts = period_counts(w, period)
         except ConfigError:
             continue
-        full = _edf(counts, period)
-        assert np.array_equal(full, reference_edf(counts, period)), (w.tolist(), period)
-        cut = int(rng.integers(0, period + 1))
-        assert np.array_equal(_edf(counts, period, cut), full[:cut])
+        want = reference_edf(counts, period)
+        inter = Interleave(w, period=period)
+        for _ in range(3):  # a few batches first: only their chunks are built
+            first = int(rng.integers(0, 3 * period))
+            k = np.arange(first, first + int(rng.integers(1, 40)))
+            source, cursor = inter(k)
+            np.testing.assert_array_equal(source, want[k % period])
+            counted = np.array(
+                [np.count_nonzero(want[: j % period] == want[j % period]) for j in k.tolist()]
+            )
+            np.testing.assert_array_equal(cursor, (k // period) * counts[source] + counted)
+        assert np.array_equal(inter.sources, want), (w.tolist(), period)
+        assert np.array_equal(inter.ranks, reference_ranks(want, counts))
         checked += 1
+
+
+def test_a_batch_builds_only_the_chunks_it_reads(monkeypatch):
+    import tokenload.index.interleave as mod
+
+    walked = []
+    walk = mod._walk
+
+    def counting(counts, period, start, served, stop, sources, ranks):
+        walked.append((start, stop))
+        return walk(counts, period, start, served, stop, sources, ranks)
+
+    monkeypatch.setattr(mod, "_walk", counting)
+    inter = Interleave([5, 3, 2])
+    inter(np.arange(66_656, 66_672))  # slots 1120..1135 of the second period
+    assert walked == [(0, mod._CHUNK)]
+    inter(np.arange(2 * 65_536 - 4, 2 * 65_536 + 4))  # across a period's end
+    assert walked[1:] == [(65_536 - mod._CHUNK, 65_536)]
+    assert not inter._complete
+    inter.sources  # everything
+    assert len(walked) == 65_536 // mod._CHUNK and inter._complete
 
 
 @pytest.mark.parametrize(
     "weights", [[5, 3, 2], [1, 0, 1e-4, 2], [0.999, 1e-3], [1, 1, 1, 1, 1, 1, 1], [2, 0]]
 )
-def test_fast_edf_matches_at_the_default_period(weights):
+def test_tables_match_at_the_default_period(weights):
     counts = period_counts(weights, 1 << 16)
-    assert np.array_equal(_edf(counts, 1 << 16), reference_edf(counts, 1 << 16))
+    want = reference_edf(counts, 1 << 16)
+    inter = Interleave(weights)
+    assert np.array_equal(inter.sources, want)
+    assert np.array_equal(inter.ranks, reference_ranks(want, counts))
 
 
 def test_consumed_without_the_period_equals_the_interleave():

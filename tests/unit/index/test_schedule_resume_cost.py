@@ -87,13 +87,13 @@ def test_a_late_resume_serves_what_the_phase_by_phase_chain_serves(seed):
 def test_resuming_at_entry_40_of_64_builds_one_interleave(monkeypatch, sources):
     """The phases before the one resumed in only count their last partial period (no EDF walk
     at all, whatever the number of sources: 12 unequal ones made the earlier count schedule the
-    prefix); the one resumed in is built."""
+    prefix); the one resumed in builds the chunk of its period that the batch reads."""
     walked = []
     walk = interleave_mod._walk
 
-    def counting_walk(counts, period, start, served, stop, out):
+    def counting_walk(counts, period, start, served, stop, sources, ranks):
         walked.append(stop - start)
-        return walk(counts, period, start, served, stop, out)
+        return walk(counts, period, start, served, stop, sources, ranks)
 
     monkeypatch.setattr(schedule_mod, "_interleave", schedule_mod._interleave.__wrapped__)
     monkeypatch.setattr(interleave_mod, "_walk", counting_walk)
@@ -103,7 +103,7 @@ def test_resuming_at_entry_40_of_64_builds_one_interleave(monkeypatch, sources):
     names = tuple(f"s{i}" for i in range(sources))
     chain = ScheduledMixture(names, schedule, (97,) * sources, seed=3, period=1 << 16)
     got = chain.draw([40 * 3125 + 5])
-    assert walked == [1 << 16]  # the phase resumed in; the 40 before only count
+    assert walked == [interleave_mod._CHUNK]  # the chunk read; the 40 phases before count
     # the cursors it started from are the phase-by-phase chain's
     state = MixtureState(consumed=0)
     for k in range(40):
