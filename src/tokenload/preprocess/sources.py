@@ -175,11 +175,11 @@ def _line_chunks(blocks: Iterator[bytes], size: Callable[[], int]) -> Iterator[b
     """Regroup ``blocks`` into pieces of about ``size()`` bytes that end at a newline; a line
     longer than that stays whole."""
     buf = bytearray()
-    scanned = 0  # buf[:scanned] holds no newline past the target (a long line being read)
+    scanned = 0  # buf[:scanned] holds no newline (a long line being read): not searched again
     for block in blocks:
         buf += block
         while len(buf) >= (target := size()):
-            cut = buf.rfind(b"\n", 0, target)
+            cut = buf.rfind(b"\n", scanned, target) if scanned < target else -1
             if cut < 0:
                 cut = buf.find(b"\n", max(target, scanned))
                 if cut < 0:

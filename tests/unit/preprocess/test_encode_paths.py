@@ -11,10 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_tokenizers import EXTRA, GIGATOKEN_KINDS, spec_for
 
 from tokenload.errors import ConfigError, RecordError
-from tokenload.preprocess import fast, load_tokenizer, records
+from tokenload.preprocess import fast, load_tokenizer, records, sources
 from tokenload.preprocess.encode import EncodeTask, encode_chunk, layout_documents
 from tokenload.preprocess.fast import GigatokenTokenizer
 from tokenload.preprocess.records import parse_chunk
@@ -280,3 +282,45 @@ print(grown / (len(line) + 6 * encoded.outputs[0][0].size))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) < 1.1
+
+
+def reference_line_chunks(blocks, size):
+    """``sources._line_chunks`` before long lines were searched once (every round searched the
+    first ``size()`` bytes again): the pieces it gave are the rule."""
+    buf = bytearray()
+    scanned = 0
+    for block in blocks:
+        buf += block
+        while len(buf) >= (target := size()):
+            cut = buf.rfind(b"\n", 0, target)
+            if cut < 0:
+                cut = buf.find(b"\n", max(target, scanned))
+                if cut < 0:
+                    scanned = len(buf)
+                    break
+            piece = bytes(buf[: cut + 1])
+            del buf[: cut + 1]
+            scanned = 0
+            yield piece
+    if buf:
+        yield bytes(buf)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(st.integers(0, 300), max_size=40),
+    block=st.integers(1, 97),
+    sizes=st.lists(st.integers(1, 200), min_size=1, max_size=8),
+    last_newline=st.booleans(),
+)
+def test_line_chunks_cut_where_they_cut_before(lines, block, sizes, last_newline):
+    data = b"\n".join(b"x" * n for n in lines) + (b"\n" if last_newline and lines else b"")
+
+    def pieces(chunker):
+        calls = iter(range(10**9))
+        blocks = (data[i : i + block] for i in range(0, len(data), block))
+        return list(chunker(blocks, lambda: sizes[next(calls) % len(sizes)]))
+
+    got = pieces(sources._line_chunks)
+    assert got == pieces(reference_line_chunks)
+    assert b"".join(got) == data
