@@ -159,7 +159,9 @@ def test_batches_in_any_order_locate_what_single_samples_locate(files):
     a source can run out: batches forwards, backwards and across changes, before and after a
     source's prepared order ran out, locate what the segments' arrays say for each sample
     (computed here from them, one sample at a time)."""
-    schedule = [(0, [20, 1, 1]), (200, [1, 20, 1]), (330, [1, 1, 20]), (331, [3, 1, 2])]
+    # a joins at 200 (segments without a member, so greedy numbers are not member numbers);
+    # b, prepared for 1/21 of the run, then serves 20/22
+    schedule = [(0, [0, 1, 20]), (200, [1, 20, 1]), (330, [1, 0, 20]), (331, [3, 1, 2])]
     dataset = megatron(files, {"a": 1, "b": 1, "c": 1}, schedule=schedule)
     lengths = [len(m) for m in dataset.datasets]
     want, wrapped = [], 0
@@ -169,7 +171,8 @@ def test_batches_in_any_order_locate_what_single_samples_locate(files):
         within = int(seg.base[d]) + int(seg.dsi[k - seg.start])
         wrapped += within >= lengths[d]
         want.append((d, within % lengths[d]))
-    assert wrapped > 20  # b's prepared order (for 1/22 of the run) runs out in entry 2
+    assert wrapped > 20  # b's prepared order runs out in the second entry
+    assert not dataset.segments[0].every and dataset.segments[-1].every
     rng = np.random.default_rng(4)
     for _ in range(400):
         first = int(rng.integers(0, SIZE - 1))

@@ -104,6 +104,10 @@ class _Segment:
         self.start, self.end, self.sources, self.di, self.dsi = start, end, sources, di, dsi
         self.base = base
         self._counted, self._counts = 0, np.zeros(base.size, dtype=np.int64)
+        self.every = bool(np.array_equal(sources, np.arange(base.size)))
+        """Every member is in the greedy, in order: its source numbers are the members'."""
+        self.based = bool(base.any())
+        """Some member starts past cursor 0 (not a run's first segment)."""
         self.safe = 0
         """Samples from ``start`` on that no source can run out in (``room``)."""
 
@@ -207,9 +211,13 @@ class ContinuableBlendedDataset(BlendedDataset):
         lo, hi = (int(idx.min()), int(idx.max())) if bounds is None else bounds
         s = self._current
         if s.start <= lo and hi < s.end:
-            j = idx - s.start
-            which = s.sources[np.asarray(s.di[j], dtype=np.int64)]
-            within = s.base[which] + np.asarray(s.dsi[j], dtype=np.int64)
+            j = idx - s.start if s.start else idx
+            which = np.asarray(s.di[j], dtype=np.int64)
+            within = np.asarray(s.dsi[j], dtype=np.int64)
+            if not s.every:
+                which = s.sources[which]
+            if s.based:
+                within = within + s.base[which]
             if hi - s.start < s.safe or _MAX(within) < self._shortest:
                 return which, within
             return self._past_ends(which, within)
