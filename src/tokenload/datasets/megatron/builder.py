@@ -222,6 +222,8 @@ class MegatronBuilder:
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
         per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
+        if per_split is not None:  # a weights_schedule's train blend starts as its first entry
+            per_split[0] = first_entry_blend(c.weights_schedule, per_split[0])
         plans = plan_splits(
             blend=None if c.mock else first_entry_blend(c.weights_schedule, as_blend(c.blend)),
             blend_per_split=per_split,
