@@ -182,3 +182,66 @@ def test_batches_in_any_order_locate_what_single_samples_locate(files):
         bounds = (int(k.min()), int(k.max())) if rng.random() < 0.5 else None
         which, within = dataset._locate(k, bounds)
         assert list(zip(which.tolist(), within.tolist())) == [want[i] for i in k.tolist()]
+
+
+def per_split(files, train: dict, valid: dict, *, schedule=None, change="continue"):
+    """The train and valid splits of a ``blend_per_split`` configuration (640 / 160 samples)."""
+
+    def blend(weights):
+        return [x for name, w in weights.items() for x in (str(w), files[name])]
+
+    cfg = MegatronDataConfig(sequence_length=S, blend_per_split=[blend(train), blend(valid), None],
+                             cache="off", mixture_change=change, weights_schedule=schedule)
+    return build_datasets(cfg, [SIZE, 160, 0])[:2]
+
+
+def test_per_split_blends_continue_each_source_at_its_cursor(files):
+    """``mixture_change="continue"`` with ``blend_per_split``: each split's blend continues its
+    own sources from their cursors (a source added starts at 0), Megatron's order before the
+    change, Megatron's greedy for the new weights after it; the default still refuses."""
+    before = per_split(files, {"a": 3, "b": 1}, {"c": 1, "d": 1})
+    after = per_split(files, {"a": 1, "b": 3, "d": 1}, {"c": 3, "d": 1})
+    plain = per_split(files, {"a": 3, "b": 1}, {"c": 1, "d": 1}, change="refuse")
+    for k, (first, second, theirs, n) in enumerate(zip(before, after, plain, (160, 40))):
+        assert type(theirs).__name__ == "BlendedDataset"
+        rows, ks, state = run(first, n, dp=2, mbs=4)
+        np.testing.assert_array_equal(np.array(rows), theirs.__getitems__(ks)["tokens"])
+        more, later, _ = run(second, n, state, dp=4, mbs=2)
+        assert later == list(range(n, 2 * n))
+        owners = [prepared_sample(first, i) for i in ks] + [prepared_sample(second, i) for i in later]
+        for key in set(second.sources) | set(first.sources):
+            served = [s for owner, s in owners if owner == key]
+            assert served == list(range(len(served))), (k, key)  # none repeated, none skipped
+        members = dict(zip(second.sources, second.datasets))
+        for row, (key, s) in list(zip(rows + more, owners))[::5]:
+            np.testing.assert_array_equal(row, members[key][s]["tokens"])
+        # after the change: Megatron's greedy for the new weights, restarted at the resume point
+        di, _ = build_blending_indices(list(second.plans[0][1].weights), n)
+        assert [second.sources.index(key) for key, _ in owners[n:]] == di.tolist()
+    # the default: a change is refused, as Megatron (a plain blend, or one with a schedule)
+    _, _, state = run(plain[0], 32)
+    refusing = per_split(files, {"a": 1, "b": 3, "d": 1}, {"c": 3, "d": 1}, change="refuse")[0]
+    loader = build_dataloader(refusing, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    with pytest.raises(StateError):
+        loader.load_state_dict(state)
+    scheduled = per_split(files, {"a": 1, "b": 1}, {"c": 1}, schedule=[(0, [3, 1]), (100, [1, 1])],
+                          change="refuse")[0]
+    _, _, state = run(scheduled, 48)
+    other = per_split(files, {"a": 1, "b": 1}, {"c": 1}, schedule=[(0, [3, 1]), (100, [1, 3])],
+                      change="refuse")[0]
+    loader = build_dataloader(other, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    with pytest.raises(StateError, match="other weights or sources") as err:
+        loader.load_state_dict(state)
+    assert "mixture_change='continue'" in str(err.value)
+
+
+def test_a_per_split_schedule_is_the_same_stream_as_the_phases_resumed(files):
+    """A Megatron-order ``weights_schedule`` of a ``blend_per_split`` train blend (its entries
+    weigh the train split's sources) is the stream of the run resumed at each entry's start."""
+    schedule = [(0, [3, 1, 0]), (160, [1, 3, 1])]
+    train = {"a": 1, "b": 1, "d": 1}  # the schedule replaces these weights
+    whole, _, _ = run(per_split(files, train, {"c": 1}, schedule=schedule)[0], 320, dp=2, mbs=4)
+    first, _, state = run(per_split(files, {"a": 3, "b": 1}, {"c": 1})[0], 160, dp=4, mbs=2)
+    rest, _, _ = run(per_split(files, {"a": 1, "b": 3, "d": 1}, {"c": 1})[0], 160, state, dp=2,
+                     mbs=8)
+    assert whole == first + rest

@@ -42,7 +42,7 @@ import numpy as np
 
 from ...contract import MixtureCursors, Sources
 from ...errors import ConfigError, StateError
-from ...index import Blend, build_blending_indices, plan_splits
+from ...index import SPLIT_NAMES, Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
 from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.schedule import Schedule, check_schedule
@@ -71,19 +71,27 @@ def entry_plans(
     sizes: Sequence[int | None],
     prefixes: Sequence[str],
     schedule: Sequence[tuple[int, Sequence[float]]],
+    *,
+    per_split: bool = False,
 ) -> list[EntryPlan]:
     """The train-split plan Megatron makes for each schedule entry's blend (its sources of
     positive weight, with those weights): the weights (normalized twice) and buffers a phase run
-    with that entry's blend would use."""
+    with that entry's blend would use; ``per_split``: the blend is the train split's own
+    (``blend_per_split``), not one cut by ``split``."""
     plans = []
     for _, weights in schedule:
         active = [i for i, w in enumerate(weights) if w > 0]
         blend = Blend(
             prefixes=tuple(prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
         )
-        plan = plan_splits(
-            blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
-        )[0]
+        if per_split:
+            plan = plan_splits(
+                blend_per_split=[blend, None, None], sizes=list(sizes), surplus=surplus
+            )[0]
+        else:
+            plan = plan_splits(
+                blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
+            )[0]
         assert plan is not None  # a train split with samples
         plans.append(EntryPlan(active, plan))
     return plans
@@ -400,7 +408,7 @@ def continuable(
     datasets, one per ``plan.datasets``; ``build_member(mid)``: a source's dataset built for
     another number of samples (a source that joins later, or a later phase)."""
     c = config
-    prefixes = list(_blend_of(c).prefixes)
+    prefixes = list(_blend_of(c, name).prefixes)
     schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
     if schedule is None:
         assert plan.weights is not None  # the builder wraps weighted blends only
@@ -413,6 +421,7 @@ def continuable(
             sizes,
             prefixes,
             check_schedule(schedule, len(prefixes)),
+            per_split=c.blend_per_split is not None,
         )
     datasets: list[Any] = [None] * len(prefixes)
     prepared = [0] * len(prefixes)
@@ -470,11 +479,16 @@ def first_entry_blend(schedule: Sequence[Any] | None, blend: Blend | None) -> Bl
     )
 
 
-def _blend_of(config: MegatronDataConfig) -> Blend:
-    blend = as_blend(config.blend)
+def _blend_of(config: MegatronDataConfig, name: str) -> Blend:
+    """The blend of split ``name``: ``blend`` (cut by ``split``) or its ``blend_per_split``."""
+    if config.blend_per_split is not None:
+        blend = as_blend(config.blend_per_split[SPLIT_NAMES.index(name)])
+    else:
+        blend = as_blend(config.blend)
     if blend is None:
         raise ConfigError(
-            "a Megatron-order weights_schedule or mixture_change='continue' needs blend",
-            hint="list the sources in blend (blend_per_split is not supported here)",
+            f"a Megatron-order weights_schedule or mixture_change='continue' needs a blend for"
+            f" the {name} split",
+            hint="list the sources in blend or in blend_per_split",
         )
     return blend
