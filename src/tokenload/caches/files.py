@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import logging
 import math
 import os
@@ -59,6 +58,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from tokenload.caches import jsontext
 from tokenload.caches.names import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
 from tokenload.errors import CacheError, FormatError, StorageError
 from tokenload.format.atomic import WriteGroup
@@ -145,7 +145,7 @@ def _digest(data: Any) -> str:
 
 def _canonical_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
     """``fields`` as they read back from the sidecar's JSON (tuples become lists)."""
-    return json.loads(json.dumps(dict(fields or {})))
+    return jsontext.plain_copy(dict(fields or {}))
 
 
 def write_cache(
@@ -285,7 +285,7 @@ def _sidecar_text(
         },
         "fields": _canonical_fields(fields),
     }
-    return json.dumps(sidecar, indent=1, sort_keys=True).encode()
+    return jsontext.dumps(sidecar, indent=1, sort_keys=True).encode()
 
 
 def map_array(path: str) -> npt.NDArray[Any]:
@@ -423,8 +423,8 @@ def _npy_header(path: str, digest: bool = False) -> tuple[Any, ...]:
 
 def _read_sidecar(path: str) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            data = jsontext.loads(f.read().decode("utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):

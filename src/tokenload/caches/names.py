@@ -13,12 +13,13 @@ Writing, loading and checking the files is ``tokenload.caches.files``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from . import jsontext
 
 __all__ = [
     "BLENDED_ARRAYS",
@@ -95,8 +96,9 @@ def blended_identifiers(
 
 
 def describe(identifiers: Mapping[str, Any]) -> str:
-    """The description text: ``json.dumps(identifiers, indent=4)`` (floats by repr, ASCII)."""
-    return json.dumps(identifiers, indent=4)
+    """The description text: ``json.dumps(identifiers, indent=4)`` (floats by repr, ASCII), made
+    by ``jsontext.dumps`` (the same bytes, faster)."""
+    return jsontext.dumps(identifiers, indent=4)
 
 
 def description_hash(description: str) -> str:

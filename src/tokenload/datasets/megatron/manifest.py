@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...caches import jsontext
 from ...errors import CacheError
 from ...format.atomic import write_atomic
 from ...index import Blend, parse_blend
@@ -106,7 +107,7 @@ def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
         if local is None:
             return None
         with open(local, "rb") as f:
-            data = json.loads(f.read())
+            data = jsontext.loads(f.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -119,7 +120,7 @@ def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     ):
         logger.warning("ignoring build manifest %s of another format or version", path)
         return None
-    if data.get("key") != json.loads(json.dumps(key)):
+    if data.get("key") != jsontext.plain_copy(key):
         logger.warning("ignoring build manifest %s written for another configuration", path)
         return None
     return data
@@ -142,7 +143,7 @@ def write_manifest(
     data)``: how a local manifest is put in place (default ``write_atomic``; a build's cache
     writer puts it in place after every cache it names, ``CacheWriter.write_last``)."""
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "key": key, "splits": splits}
-    text = json.dumps(data, indent=1).encode()
+    text = jsontext.dumps(data, indent=1).encode()
     try:
         local = _local(path)
         if local is not None:
