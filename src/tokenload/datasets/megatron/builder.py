@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+import numpy.random  # with the builder, as Megatron's imports do; not lazily in a build (10-25 ms)
 
 from ...caches import (
     blended_identifiers,
