@@ -14,7 +14,8 @@ Each side runs in a fresh process on an empty cache folder and builds and writes
 cache, as one rank of a job that finds no cache does:
 
 * ``tokenload:auto``: ``build_datasets`` with ``build_policy="auto"``: builds and writes the cache
-  (each file fsynced before it is published, which megatron-core does not do);
+  (every file made durable before it is put in place -- one ``syncfs`` for the build's group of
+  caches on Linux's local filesystems, else an fsync per file -- which megatron-core does not do);
 * ``tokenload:every-rank``: the same build in memory, nothing written (``--policies``);
 * ``megatron-core``: ``BlendedMegatronDatasetBuilder(GPTDataset, ...).build()`` (C++ helpers).
 
@@ -23,9 +24,9 @@ Timed: the build call alone (imports and tokenizer excluded on both sides), wall
 side goes first; every ``.idx`` is read once before the first round so that both find it in the
 page cache (a first reader of a 2 GB file pays the disk). After the first round the two cache
 folders are compared array by array (``index_build.compare_caches``). ``--profile`` runs one
-extra tokenload build under cProfile and prints its top functions, with ``tracemalloc`` off (it
-would distort the time): where the time goes; the memory is given by the peak RSS and the arrays'
-sizes.
+extra tokenload build (the first of ``--policies``) under cProfile and prints its top functions,
+with ``tracemalloc`` off (it would distort the time): where the time goes; the memory is given by
+the peak RSS and the arrays' sizes.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ ds = build_datasets(cfg, [a["size"], 0, 0])[0]
 t1, c1 = time.perf_counter(), cpu()
 if a.get("profile"):
     prof.disable(); s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
     print(s.getvalue(), file=sys.stderr)
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM"))
 print(json.dumps({"s": t1 - t0, "cpu": c1 - c0, "hwm_mb": hwm / 1024, "len": len(ds)}))
@@ -173,7 +174,8 @@ def case_rows(args, docs: int, prefixes: int) -> tuple[list, dict]:
         if args.profile:
             cache = work / "profile"
             cache.mkdir()
-            run("tokenload", {**base, "cache": str(cache), "profile": True, "policy": "every-rank"})
+            policy = args.policies.split(",")[0]
+            run("tokenload", {**base, "cache": str(cache), "profile": True, "policy": policy})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = []

@@ -242,7 +242,7 @@ def write_atomic(
         fsync_dir(Path(final).parent)
 
 
-def create_temp(tmp: Path, final: str | os.PathLike[str]) -> BinaryIO:
+def create_temp(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> BinaryIO:
     """Open the temporary ``tmp`` of ``final`` for writing; StorageError when that is refused."""
     try:
         return open(tmp, "wb")
@@ -369,7 +369,7 @@ class WriteGroup:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: list[tuple[Path, Path, bool]] = []
+        self._files: list[tuple[str, str, bool]] = []
         """``(temporary, final, last)`` in the order written."""
         self._folders: dict[str, bool] = {}
         """Each folder written into, and whether its filesystem syncs as a group."""
@@ -412,12 +412,16 @@ class WriteGroup:
         """``write(f)`` into a new temporary of ``final``; returns its ``fstat`` (the published
         file's: a rename keeps device, inode, size and mtime). A StorageError on failure, and no
         temporary of this file left behind."""
-        final = Path(final)
+        final = os.fspath(final)
+        folder, name = os.path.split(final)
         try:
-            grouped = self._folder(os.fspath(final.parent))
+            grouped = self._folder(folder or ".")
         except OSError as exc:
             raise write_error(exc, final, "the file") from None
-        tmp = temp_path(final)
+        # temp_path's name, without pathlib (a build writes five files per cache)
+        tmp = os.path.join(
+            folder, f".{name}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
+        )
         try:
             f = create_temp(tmp, final)
             try:
@@ -446,7 +450,7 @@ class WriteGroup:
             self._files.append((tmp, final, last))
         return st
 
-    def _take(self) -> tuple[list[tuple[Path, Path, bool]], dict[int, tuple[str, int]]]:
+    def _take(self) -> tuple[list[tuple[str, str, bool]], dict[int, tuple[str, int]]]:
         with self._lock:
             files, fds = self._files, self._fds
             self._files, self._fds, self._folders = [], {}, {}
@@ -466,14 +470,14 @@ class WriteGroup:
                 except OSError as exc:
                     raise write_error(exc, folder, "the files of the folder") from None
             for stage in (False, True):
-                folders: dict[Path, None] = {}
+                folders: dict[str, None] = {}
                 while done < len(ordered) and ordered[done][2] is stage:
                     tmp, final, _ = ordered[done]
                     replace(tmp, final)
-                    folders[final.parent] = None
+                    folders[os.path.dirname(final) or "."] = None
                     done += 1
                 for folder_path in folders:
-                    kept = held.get(os.fspath(folder_path))
+                    kept = held.get(folder_path)
                     if kept is None:
                         fsync_dir(folder_path)
                     else:
