@@ -4,6 +4,11 @@ A writer writes under a hidden temporary name in the target folder (same filesys
 final ``os.replace`` is atomic) and renames at the end; a crash or kill leaves only a
 ``.NAME.tmp-HOST-PID-XXXXXXXX`` file that no reader ever opens. The host and process id in the
 name let a later writer of the same file tell a killed writer's leftovers from a live one's.
+
+A writer of many files (a build's index caches) uses a ``WriteGroup``: all temporaries first,
+their data made durable in one step (one ``syncfs`` per filesystem where Linux reports its
+writeback errors, else an fsync per file), then the renames in order and one fsync per folder;
+see its docstring for what a power loss can leave.
 """
 
 from __future__ import annotations
