@@ -23,6 +23,7 @@ from tokenload.caches.files import (
 )
 from tokenload.caches.names import (
     BLENDED_ARRAYS,
+    CACHE_FILE_NAME,
     GPT_ARRAYS,
     CacheFiles,
     blended_identifiers,
@@ -35,6 +36,7 @@ from tokenload.caches.names import (
 __all__ = [
     "GPT_ARRAYS",
     "BLENDED_ARRAYS",
+    "CACHE_FILE_NAME",
     "gpt_identifiers",
     "blended_identifiers",
     "describe",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from . import jsontext
 
 __all__ = [
     "BLENDED_ARRAYS",
+    "CACHE_FILE_NAME",
     "GPT_ARRAYS",
     "CacheFiles",
     "blended_identifiers",
@@ -37,6 +39,12 @@ GPT_ARRAYS: tuple[str, ...] = ("document_index", "sample_index", "shuffle_index"
 
 BLENDED_ARRAYS: tuple[str, ...] = ("dataset_index", "dataset_sample_index")
 """The arrays of a ``BlendedDataset`` cache."""
+
+CACHE_FILE_NAME = re.compile(
+    r"^[0-9a-f]{32}-(?:[A-Za-z]+-(?:train|valid|test)-(?:description\.txt|tokenload\.json|"
+    r"[a-z_]+\.npy)|tokenload-build\.json)$"
+)
+"""The names of a cache folder's files: each cache's (``CacheFiles``) and build manifests."""
 
 
 def gpt_identifiers(

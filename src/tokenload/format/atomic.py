@@ -23,7 +23,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -87,6 +87,38 @@ def remove_stale_temporaries(
         logger.info(
             "removed %d temporary file(s) of %s left by killed writers", len(removed), final
         )
+    return removed
+
+
+def remove_stale_in_listing(
+    folder: str, names: Iterable[str], final: re.Pattern[str], *, now: float | None = None
+) -> int:
+    """Delete the temporaries among ``names`` (a listing of ``folder``) of files whose names
+    match ``final`` that killed writers left, as ``remove_stale_temporaries`` decides (writer
+    gone, or untouched for ``STALE_AFTER_S``); returns how many. Costs nothing beyond the
+    listing when no temporary is in it. (``final`` keeps other writers' temporaries out: a
+    token file's half-published replacement is finished by its readers, ``finish_publish``.)"""
+    removed = 0
+    for name in names:
+        match = _TEMP.match(name) if name.startswith(".") and ".tmp-" in name else None
+        if match is None or match["ready"] or not final.match(match["name"]):
+            continue
+        path = os.path.join(folder, name)
+        gone = owner_gone(match["host"], int(match["pid"]))
+        try:
+            old = (
+                not gone
+                and (time.time() if now is None else now) - os.stat(path).st_mtime > STALE_AFTER_S
+            )
+            if gone or old:
+                os.unlink(path)
+                removed += 1
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # the write that follows reports an unwritable folder itself
+            logger.warning("cannot remove the stale temporary %s: %s", path, exc.strerror)
+    if removed:
+        logger.info("removed %d temporary file(s) in %s left by killed writers", removed, folder)
     return removed
 
 

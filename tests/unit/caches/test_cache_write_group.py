@@ -268,3 +268,27 @@ def test_a_failed_build_publishes_nothing(blend, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="blending failed"):
         build_datasets(config, [200, 20, 0])
     assert os.listdir(cache) == []  # the members' caches were written, never put in place
+
+
+def test_a_writing_build_removes_the_cache_temporaries_killed_writers_left(blend, tmp_path):
+    from tokenload.storage.owners import host_name
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    md5 = "0123456789abcdef0123456789abcdef"
+    host = host_name()
+    stale = [f".{md5}-GPTDataset-train-sample_index.npy.tmp-{host}-{dead}-0000abcd",
+             f".{md5}-tokenload-build.json.tmp-{host}-{dead}-0000abce"]
+    kept = [f".{md5}-GPTDataset-train-sample_index.npy.tmp-{host}-{os.getpid()}-0000abcf",  # live
+            f".p0001.idx.tmp-{host}-{dead}-0000abd0.ready",  # a token file's publish: not ours
+            f".p0001.bin.tmp-{host}-{dead}-0000abd0"]
+    for name in stale + kept:
+        (cache / name).write_bytes(b"x")
+    blend_list = [x for n, w in (("a", "2"), ("b", "3")) for x in (w, str(blend / n))]
+    config = MegatronDataConfig(sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999,
+                                path_to_cache=str(cache))
+    build_datasets(config, [100, 10, 0])
+    hidden = sorted(n for n in os.listdir(cache) if n.startswith("."))
+    assert hidden == sorted(kept)

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ...caches import (
+    CACHE_FILE_NAME,
     CacheCheck,
     CacheFiles,
     CacheState,
@@ -52,6 +53,7 @@ from ...caches import (
     write_cache,
 )
 from ...errors import CacheError
+from ...format.atomic import remove_stale_in_listing
 from ...storage import is_url
 from .gpt_dataset import IndexArrays
 from .manifest import ManifestFile, write_manifest
@@ -137,10 +139,14 @@ class IndexCache:
                 self.writer.publish()
 
     def _listing(self, folder: str) -> frozenset[str] | None:
-        """The folder's names, listed once per build (None: look each file up)."""
+        """The folder's names, listed once per build (None: look each file up). A writer also
+        deletes the temporaries that killed writers left there (``remove_stale_in_listing``)."""
         with self._lock:
             if folder not in self._listings:
-                self._listings[folder] = list_folder(folder)
+                names = list_folder(folder)
+                if names and self.role is Role.WRITE:
+                    remove_stale_in_listing(folder, names, CACHE_FILE_NAME)
+                self._listings[folder] = names
             return self._listings[folder]
 
     def indices(
