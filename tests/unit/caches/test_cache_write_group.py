@@ -292,3 +292,16 @@ def test_a_writing_build_removes_the_cache_temporaries_killed_writers_left(blend
     build_datasets(config, [100, 10, 0])
     hidden = sorted(n for n in os.listdir(cache) if n.startswith("."))
     assert hidden == sorted(kept)
+
+
+def test_large_files_start_their_writeback_when_written(tmp_path, monkeypatch, grouped_fs):
+    started = []
+    real = atomic.start_writeback
+    monkeypatch.setattr(atomic, "start_writeback", lambda fd: (started.append(os.fstat(fd).st_size), real(fd))[1])
+    group = atomic.WriteGroup()
+    group.write(tmp_path / "big", lambda f: f.write(bytes(atomic.EARLY_WRITEBACK_BYTES)))
+    group.write(tmp_path / "small", lambda f: f.write(b"x"))
+    assert started == [atomic.EARLY_WRITEBACK_BYTES]
+    group.publish()
+    assert (tmp_path / "big").stat().st_size == atomic.EARLY_WRITEBACK_BYTES
+    assert (tmp_path / "small").read_bytes() == b"x"
