@@ -256,52 +256,104 @@ def print_prefix_table(prefixes: int, rows: list[dict], cli: dict) -> None:
     )
 
 
+def per_prefix(row: dict, prefixes: int) -> dict:
+    """A side's load-independent and timed figures per prefix (ops, CPU ms, first item ms, fds)."""
+    out = {
+        "first_ms": statistics.median(row["data_s"]) / prefixes * 1e3,
+        "cpu_ms": statistics.median(row["cpu_s"]) / prefixes * 1e3,
+        "fds": statistics.median(row["fds"]),  # in all: the base process holds ~4-20
+        "rss_mb": statistics.median(row["rss_mb"]),  # in all: megatron-core's base is ~450 MB
+    }
+    if "opens" in row:
+        out["ops"] = (row["opens"] + row["stats"] + row["other_meta"]) / prefixes
+    return out
+
+
 def print_growth(results: dict) -> None:
+    """Cost per prefix of every side at every prefix count it ran at (smallest to largest)."""
     counts = sorted(int(p) for p in results)
     if len(counts) < 2:
         return
-    lo, hi = str(counts[0]), str(counts[-1])
+    names: list[str] = []
+    for p in counts:
+        names += [r["side"] for r in results[str(p)]["sides"] if r["side"] not in names]
     rows = []
-    names = [r["side"] for r in results[hi]["sides"]]
     for name in names:
-        a = next((r for r in results[lo]["sides"] if r["side"] == name and "data_s" in r), None)
-        b = next((r for r in results[hi]["sides"] if r["side"] == name and "data_s" in r), None)
-        if not a or not b:
-            rows.append([name, "-", "-", "-", "-"])
-            continue
-        per = [statistics.median(x["data_s"]) / int(p) * 1e3 for x, p in ((a, lo), (b, hi))]
-        ops = "-"
-        if "opens" in a and "opens" in b:
-            oa = (a["opens"] + a["stats"] + a["other_meta"]) / int(lo)
-            ob = (b["opens"] + b["stats"] + b["other_meta"]) / int(hi)
-            ops = f"{oa:.2f} -> {ob:.2f}"
+        got = []
+        for p in counts:
+            r = next((r for r in results[str(p)]["sides"] if r["side"] == name), None)
+            if r is not None and "data_s" in r:
+                got.append((p, per_prefix(r, p)))
+            elif r is not None:
+                got.append((p, None))
+        ok = [g for _, g in got if g]
+
+        def chain(key: str, digits: int = 2, got=got) -> str:
+            return " -> ".join(
+                "failed" if g is None else ("-" if key not in g else f"{g[key]:.{digits}f}")
+                for _, g in got
+            )
+
+        growth = "-"
+        if len(ok) >= 2:
+            growth = f"{ok[-1]['cpu_ms'] / ok[0]['cpu_ms']:.2f}x"
         rows.append(
             [
                 name,
-                f"{per[0]:.2f} -> {per[1]:.2f}",
-                f"{per[1] / per[0]:.2f}x",
-                ops,
-                f"{statistics.median(a['fds'])} -> {statistics.median(b['fds'])}",
+                " -> ".join(f"{p:,}" for p, _ in got),
+                chain("ops"),
+                chain("cpu_ms"),
+                growth,
+                chain("first_ms"),
+                chain("fds", 0),
+                chain("rss_mb", 0),
             ]
         )
     for name in ("prepare-cache", "sequences"):
-        a, b = results[lo]["cli"].get(name), results[hi]["cli"].get(name)
-        if a and b:
-            pa, pb = a["wall_s"] / int(lo) * 1e3, b["wall_s"] / int(hi) * 1e3
-            rows.append([f"CLI {name}", f"{pa:.2f} -> {pb:.2f}", f"{pb / pa:.2f}x", "-", "-"])
-    print(f"\ncost per prefix, {lo} -> {hi} prefixes:")
+        got = [(p, results[str(p)]["cli"].get(name)) for p in counts]
+        got = [(p, g) for p, g in got if g]
+        if len(got) >= 2:
+            rows.append(
+                [
+                    f"CLI {name}",
+                    " -> ".join(f"{p:,}" for p, _ in got),
+                    "-",
+                    " -> ".join(f"{g['cpu_s'] / p * 1e3:.2f}" for p, g in got),
+                    f"{(got[-1][1]['cpu_s'] / got[-1][0]) / (got[0][1]['cpu_s'] / got[0][0]):.2f}x",
+                    " -> ".join(f"{g['wall_s'] / p * 1e3:.2f}" for p, g in got),
+                    "-",
+                    "-",
+                ]
+            )
+    print("\ncost per prefix, smallest to largest blend:")
     print(
         table(
             rows,
             [
                 "side",
-                "ms per prefix to first item",
-                "growth",
+                "prefixes",
                 "metadata ops per prefix",
-                "open fds",
+                "CPU ms per prefix",
+                "CPU growth",
+                "first item ms per prefix",
+                "open fds (all)",
+                "RSS MB (all)",
             ],
         )
     )
+
+
+def combine(paths: list[str]) -> dict:
+    """The ``--out`` files of several runs as one result (a later file's side replaces)."""
+    results: dict = {}
+    for path in paths:
+        for p, got in json.loads(Path(path).read_text()).items():
+            into = results.setdefault(p, {"sides": [], "cli": {}, "loads": []})
+            for row in got["sides"]:
+                into["sides"] = [r for r in into["sides"] if r["side"] != row["side"]] + [row]
+            into["cli"].update(got.get("cli", {}))
+            into["loads"].append(got.get("load"))
+    return results
 
 
 def main() -> None:
@@ -323,7 +375,17 @@ def main() -> None:
     ap.add_argument("--no-cli", action="store_true", help="skip prepare-cache / sequences")
     ap.add_argument("--timeout", type=int, default=3600)
     ap.add_argument("--out", help="every record as JSON")
+    ap.add_argument(
+        "--combine", nargs="+", metavar="JSON", help="print the tables of earlier --out files"
+    )
     args = ap.parse_args()
+    if args.combine:
+        results = combine(args.combine)
+        for p in sorted(results, key=int):
+            print(f"\n[{p} prefixes: load average at the end of each run {results[p]['loads']}]")
+            print_prefix_table(int(p), results[p]["sides"], results[p]["cli"])
+        print_growth(results)
+        return
     sides = [SIDES[n] for n in args.sides.split(",")]
     startup.SPLIT = args.split
     count = "count" in args.passes
