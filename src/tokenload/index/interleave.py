@@ -61,7 +61,14 @@ import numpy.typing as npt
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_PERIOD", "Interleave", "consumed", "period_counts", "token_weights"]
+__all__ = [
+    "DEFAULT_PERIOD",
+    "Interleave",
+    "consumed",
+    "consumed_many",
+    "period_counts",
+    "token_weights",
+]
 
 DEFAULT_PERIOD = 1 << 16
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
@@ -249,7 +256,103 @@ def consumed(weights: Sequence[float], samples: int, *, period: int = DEFAULT_PE
     return periods * counts + _prefix_counts(counts, int(period), slot)
 
 
-_CHUNK = 1 << 11
+def consumed_many(
+    weights: Sequence[Sequence[float]], samples: Sequence[int], *, period: int = DEFAULT_PERIOD
+) -> np.ndarray:
+    """``consumed(weights[e], samples[e], period=period)`` for every e, as the rows of one int64
+    array: what a weights schedule's phases serve, counted together (the rounding and the count
+    of the partial periods over all rows at once; only the straddling jobs' matching is done
+    row by row, a few steps each). Every row has one weight per source."""
+    P = int(period)
+    W = np.array(weights, dtype=np.float64)
+    n = np.array(samples, dtype=np.int64)
+    if W.size == 0 and n.size == 0:
+        return np.zeros((0, 0), dtype=np.int64)
+    if W.ndim != 2 or n.shape != W.shape[:1]:
+        raise ValueError(f"{W.shape[0]} weight rows and {n.size} sample counts; expected one each")
+    if n.size and int(n.min()) < 0:
+        raise ValueError(f"samples are {n.tolist()}; expected >= 0")
+    C = _counts_rows(W, P)
+    periods, t = np.divmod(n, P)
+    exact = t[:, None] * C
+    m = exact // P  # the jobs due before t: all served (the bound)
+    extra = t - m.sum(axis=1)
+    rows = np.flatnonzero(extra)
+    if rows.size:
+        m[rows] += _straddlers_served(C[rows], m[rows], t[rows], extra[rows], P)
+    return periods[:, None] * C + m
+
+
+def _counts_rows(W: np.ndarray, P: int) -> np.ndarray:
+    """``period_counts`` of every row of W (the same rounding; a row it refuses raises its
+    error). Each row's sum is taken as ``period_counts`` takes it, a 1-D sum."""
+    E, D = W.shape
+    with np.errstate(over="ignore"):
+        totals = np.array([float(row.sum()) for row in W]) if E else np.zeros(0)
+    bad = ~(np.isfinite(totals) & (totals > 0))
+    bad |= np.minimum.reduce(W, axis=1, initial=np.inf) < 0
+    if D == 0 or bad.any():
+        period_counts(W[int(np.argmax(bad))] if D else [], P)  # raises its ConfigError
+    w = W / totals[:, None]
+    exact = w * P
+    counts = np.floor(exact).astype(np.int64)
+    short = P - counts.sum(axis=1)
+    order = np.argsort(counts - exact, axis=1, kind="stable")  # largest remainders first
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(D), (E, D)), axis=1)
+    counts += rank < short[:, None]
+    starved = (w > 0) & (counts == 0)
+    if starved.any():
+        period_counts(W[int(np.flatnonzero(starved.any(axis=1))[0])], P)  # raises its error
+    return counts
+
+
+def _straddlers_served(
+    C: np.ndarray, m: np.ndarray, t: np.ndarray, extra: np.ndarray, P: int
+) -> np.ndarray:
+    """0/1 per row and source: whether the job straddling t is served before t (the module's
+    *count*), for rows with ``extra > 0``: ``_prefix_counts`` over all rows at once."""
+    R, D = C.shape
+    late = (t[:, None] * C) % P != 0
+    safe = np.maximum(C, 1)
+    release = np.where(late, m * P // safe, np.iinfo(np.int64).max)
+    due = ((m + 1) * P - 1) // safe
+    lo = release.min(axis=1)
+    first = -((-lo[:, None] * C) // P)  # each source's first job released at >= lo
+    before = np.minimum(m, first).sum(axis=1)  # jobs released before lo
+    jobs = np.maximum(m - first, 0).ravel()  # released in [lo, t)
+    span = t - lo + 1  # points lo..t of each row
+    offset = np.cumsum(span) - span
+    which = np.repeat(np.arange(R * D), jobs)
+    i = np.arange(which.size) - np.repeat(np.cumsum(jobs) - jobs, jobs) + first.ravel()[which]
+    row = which // D
+    slot = offset[row] + i * P // C.ravel()[which] - lo[row]
+    step = 1 - np.bincount(slot, minlength=int(span.sum()))
+    point_row = np.repeat(np.arange(R), span)
+    before_point = np.cumsum(step) - step  # sum of the steps before each point
+    h = (lo - before)[point_row] + before_point - before_point[offset][point_row]
+    lift = point_row * (2 * int(span.max()) + 2 * D + 2)  # rows never mix in the running max
+    free = np.maximum(np.maximum.accumulate(h + lift) - lift, 0)
+    if not np.array_equal(free[offset + span - 1], extra):
+        raise AssertionError("EDF missed a deadline: the counts do not sum to the period")
+    at = free[offset[:, None] + np.where(late, release, lo[:, None]) - lo[:, None]]
+    order = np.argsort(np.where(late, due, np.iinfo(np.int64).max), axis=1, kind="stable")
+    out = np.zeros((R, D), dtype=np.int64)
+    for r, (keys, frees, count, slots) in enumerate(
+        zip(order.tolist(), at.tolist(), late.sum(axis=1).tolist(), extra.tolist())
+    ):
+        taken = [False] * slots
+        for d in keys[:count]:  # in EDF's order of keys (due, source)
+            j = frees[d]
+            while j < slots and taken[j]:
+                j += 1
+            if j < slots:
+                taken[j] = True
+                out[r, d] = 1
+    return out
+
+
+_CHUNK = 1 << 9
 """Slots of the period built at a time (about 1 ms of EDF in Python), when first read."""
 
 

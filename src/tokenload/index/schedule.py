@@ -19,7 +19,7 @@ sources starts a new chain at the saved ``consumed``, from the saved cursors; th
 at the origin applies from it. A phase is built on first use (equal weights share one
 interleave per process, whose period is built by chunks as samples read it: a phase pays for
 the slots it serves, about 0.45 us each, up to 0.03 s for a whole period); the cursors at its
-start are the sums of what the phases before serve, ``interleave.consumed`` (their counts per
+start are the sums of what the phases before serve, ``interleave.consumed_many`` (their counts per
 period, and the last partial period's in closed form, no EDF), so a resume late in a long
 schedule builds only the chunk of the phase it reads.
 
@@ -41,12 +41,18 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import ConfigError
-from .interleave import DEFAULT_PERIOD, Interleave, consumed
+from .interleave import DEFAULT_PERIOD, Interleave, consumed_many
 from .mixture import Draws, Mixture, MixtureState
 
 __all__ = ["ScheduledMixture", "check_schedule"]
 
 Schedule = tuple[tuple[int, tuple[float, ...]], ...]
+
+
+class _Checked(tuple[tuple[int, tuple[float, ...]], ...]):
+    """A schedule as ``check_schedule`` returned it: passed again, it is not checked again (a
+    blend's schedule goes through the config, the blend and its chain)."""
+
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 _NO_END = sys.maxsize  # the last phase's end
@@ -61,9 +67,13 @@ def check_schedule(
     """``schedule`` as a tuple of ``(start, weights)``; a ``ConfigError`` naming ``what`` unless
     the starts are ints from 0, strictly increasing, and each entry has one finite weight >= 0
     per source (``num_sources`` when given) with a positive sum."""
+    if isinstance(schedule, _Checked) and (
+        num_sources is None or all(len(w) == num_sources for _, w in schedule)
+    ):
+        return schedule
     hint = "pass [(0, [w1, w2, ...]), (start, [...]), ...]: one weight per source of the blend"
     try:
-        entries = [(start, tuple(float(w) for w in weights)) for start, weights in schedule]
+        entries = [(start, tuple(map(float, weights))) for start, weights in schedule]
     except (TypeError, ValueError) as exc:
         raise ConfigError(
             f"{what} is {schedule!r} ({exc}); expected (start, weights) pairs", hint=hint
@@ -95,7 +105,7 @@ def check_schedule(
         raise ConfigError(
             f"{what} starts at sample {entries[0][0]}; expected its first entry at 0", hint=hint
         )
-    return tuple((int(s), w) for s, w in entries)
+    return _Checked((int(s), w) for s, w in entries)
 
 
 @lru_cache(maxsize=64)
@@ -158,18 +168,19 @@ class ScheduledMixture:
 
     def _state_at(self, i: int) -> MixtureState:
         """The cursors at the i-th phase's start. Each phase before adds what its interleave
-        serves over its length (``interleave.consumed``: whole periods are its counts, the last
-        partial period is counted in closed form), so resuming late in a long schedule builds
-        one interleave, not one per entry. Windows of sources the origin knows stay the
-        origin's, so the phase's ``Mixture`` still refuses a source whose data changed."""
-        while len(self._bases) <= i:
-            k = len(self._bases) - 1
-            (start, weights), end = self._entries[k], self._entries[k + 1][0]
-            if k in self._phases:
-                served = self._phases[k].interleave.consumed(end - start)
-            else:
-                served = consumed(weights, end - start, period=self.period)
-            self._bases.append(self._bases[k] + served)
+        serves over its length (``interleave.consumed_many``: whole periods are its counts, the
+        last partial period is counted in closed form, all phases at once), so resuming late in
+        a long schedule builds no interleave of the phases before. Windows of sources the
+        origin knows stay the origin's, so the phase's ``Mixture`` still refuses a source whose
+        data changed."""
+        if len(self._bases) <= i:  # the phases not counted yet, counted together
+            ks = range(len(self._bases) - 1, i)
+            served = consumed_many(
+                [self._entries[k][1] for k in ks],
+                [self._entries[k + 1][0] - self._entries[k][0] for k in ks],
+                period=self.period,
+            )
+            self._bases.extend(self._bases[-1] + np.cumsum(served, axis=0))
         if i == 0:
             return self.origin
         cursors, windows = dict(self.origin.cursors), dict(self.origin.windows)

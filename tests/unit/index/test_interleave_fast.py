@@ -62,7 +62,7 @@ def reference_ranks(sources: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return ranks
 
 
-@pytest.mark.parametrize("chunk", [None, 1, 7, 64])
+@pytest.mark.parametrize("chunk", [None, 3, 7, 64])
 def test_tables_built_by_chunks_are_the_reference_sample_for_sample(monkeypatch, chunk):
     """The period's tables, built chunk by chunk as random samples first read them (EDF from
     each chunk's first slot, whose state is counted in closed form), are the reference's."""
@@ -108,9 +108,11 @@ def test_a_batch_builds_only_the_chunks_it_reads(monkeypatch):
     monkeypatch.setattr(mod, "_walk", counting)
     inter = Interleave([5, 3, 2])
     inter(np.arange(66_656, 66_672))  # slots 1120..1135 of the second period
-    assert walked == [(0, mod._CHUNK)]
+    first = 1120 // mod._CHUNK * mod._CHUNK
+    assert walked == [(first, first + mod._CHUNK)]
     inter(np.arange(2 * 65_536 - 4, 2 * 65_536 + 4))  # across a period's end
-    assert walked[1:] == [(65_536 - mod._CHUNK, 65_536)]
+    assert walked[1:] == [(65_536 - mod._CHUNK, 65_536), (0, mod._CHUNK)][: len(walked) - 1]
+    assert len(walked) == 2 + (first != 0)  # the first chunk is built unless it already was
     assert not inter._complete
     inter.sources  # everything
     assert len(walked) == 65_536 // mod._CHUNK and inter._complete
@@ -270,3 +272,46 @@ def test_period_counts_are_the_reference_rounding():
 def test_weights_without_a_finite_positive_sum_are_config_errors(weights):
     with pytest.raises(ConfigError, match="positive sum"):
         period_counts(weights, 1 << 16)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 8, 12, 23])
+def test_consumed_many_is_consumed_row_by_row(width):
+    """The rows counted together (a schedule's phases) are ``consumed`` of each row: the same
+    rounding (each row's sum a 1-D sum) and the same partial-period counts."""
+    from tokenload.index.interleave import consumed_many
+
+    rng = np.random.default_rng(width)
+    for period in ([1, 5] if width <= 3 else []) + [97, 1024, 1 << 16]:
+        rows, samples = [], []
+        while len(rows) < 40:
+            w = many_weights(rng)[:width] if width >= 8 else random_weights(rng)[:width]
+            if w.size < width:
+                w = np.concatenate([w, rng.random(width - w.size)])
+            if rng.random() < 0.2:
+                w = rng.integers(0, 4, size=width).astype(float)
+            if w.sum() <= 0:
+                continue
+            try:
+                period_counts(w, period)
+            except ConfigError:
+                continue
+            rows.append(w.tolist())
+            samples.append(
+                int(rng.choice([0, 1, period - 1, period, int(rng.integers(0, 5 * period))]))
+            )
+        got = consumed_many(rows, samples, period=period)
+        assert got.dtype == np.int64 and got.shape == (40, width)
+        for r, (w, n) in enumerate(zip(rows, samples)):
+            assert np.array_equal(got[r], consumed(w, n, period=period)), (w, n, period)
+
+
+def test_consumed_many_refuses_what_consumed_refuses():
+    from tokenload.index.interleave import consumed_many
+
+    with pytest.raises(ConfigError, match="less than one sample per period"):
+        consumed_many([[1, 1], [1, 1e-9]], [5, 5], period=1 << 16)
+    with pytest.raises(ConfigError, match="positive sum"):
+        consumed_many([[1, 1], [0, 0]], [5, 5])
+    with pytest.raises(ValueError):
+        consumed_many([[1, 1]], [-1])
+    assert consumed_many([], [], period=8).shape[0] == 0

@@ -162,3 +162,14 @@ def test_batches_in_any_order_draw_what_single_samples_draw():
         later.draw(np.arange(998, 1002))
     empty = later.draw(np.array([], dtype=np.int64))
     assert all(x.size == 0 and x.dtype == np.int64 for x in empty)
+
+
+def test_a_checked_schedule_is_checked_again_only_for_another_blend():
+    checked = check_schedule([(0, [1, 2]), (10, [2, 1])])
+    assert check_schedule(checked, 2) is checked  # not checked again
+    assert checked == ((0, (1.0, 2.0)), (10, (2.0, 1.0)))
+    with pytest.raises(ConfigError, match="3 sources"):
+        check_schedule(checked, 3)
+    uneven = check_schedule([(0, [1, 2]), (10, [2, 1, 1])])  # no blend given: widths unchecked
+    with pytest.raises(ConfigError, match="entry at sample 10 has 3 weights"):
+        check_schedule(uneven, 2)
