@@ -23,7 +23,7 @@ so does the bound. The greedy max-error rule of Megatron has no such bound for t
 sources (one falls more than one sample behind, docs/ORDER.md), which is why EDF is used.
 
 Building the period is a heap walk over P slots in Python, about 0.45 us a slot: 0.03 s for
-the default P = 2^16 (weights resolved to 1.5e-5). It is done by chunks of 2,048 slots as samples
+the default P = 2^16 (weights resolved to 1.5e-5). It is done by chunks of 512 slots as samples
 first read them (``Interleave``), each chunk's EDF started from the exact state at its first
 slot (the count below), so a blend pays for the slots it serves, once per period: a schedule's
 phase shorter than the period builds only its own slots. ``consumed(weights, samples)`` needs no
@@ -353,7 +353,7 @@ def _straddlers_served(
 
 
 _CHUNK = 1 << 9
-"""Slots of the period built at a time (about 1 ms of EDF in Python), when first read."""
+"""Slots of the period built at a time (about 0.2 ms of EDF in Python), when first read."""
 
 
 class Interleave:
