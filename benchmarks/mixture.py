@@ -1,7 +1,8 @@
 """The cost of a weights schedule (issue 26) on startup and read throughput, side by side.
 
 Usage: python benchmarks/mixture.py [--data-dir DIR] [--rounds 5] [--train 200000]
-           [--batches 20] [--blocks 15] [--micro-batch 16]
+           [--batches 20] [--blocks 15] [--micro-batch 16] [--parts startup read machinery]
+           [--machinery-rounds 41] [--machinery-batches 200]
 
 Data: three token files of ``--tokens`` random uint16 tokens each (documents of 1-4000 tokens),
 written once into ``--data-dir``; S = 2048, the train split of ``100,0,0``, ``--train`` samples.
@@ -21,6 +22,25 @@ past the first change, page cache warm) and reads them in alternating blocks of 
 micro-batches, ``--blocks`` times; the cell is samples per CPU second of the median block, so a
 preempted block costs wall time, not the ratio. The machine may be shared: compare the sides of
 one run, not absolute figures.
+
+*Machinery* (``--parts machinery``): what a schedule adds per micro-batch, measured directly. One
+process per order holds every variant's dataset and times only the step that maps a micro-batch
+of global samples to (source, sample): the computed blend's ``mixture.draw`` (phase lookup,
+interleave, window permutation), the Megatron blend's ``_locate`` (Megatron's two arrays, or the
+segment chain's). ``--machinery-rounds`` rounds; in each, every variant (order rotating) maps the
+same ``--machinery-batches`` consecutive micro-batches of ``--micro-batch`` (the loader's
+positions, fresh each round, from sample ``train // 3``). Per round and variant the CPU per
+micro-batch; the table gives the median of the per-round differences against ``fixed`` (with
+their quartiles), and that difference as a share of the CPU one micro-batch costs in the read
+part (the fixed variant's median block). Before the timed rounds every variant maps every
+position once, so the computed order's interleave tables are built (steady state); what a phase
+pays to build the chunks of its period it reads (once per phase, and once per run for the fixed
+blend) is timed apart: ``Interleave._build`` of one chunk (``_CHUNK`` slots), for fresh weights, per
+micro-batch of its slots. For the computed order, ``fixed (phase only)`` times the fixed blend's
+one phase directly (``Mixture._draw``), without the chain around it, and the ``(chain only)``
+rows time each variant's chain with its phases' draws replaced by a stub (compared with the fixed
+blend's chain only): the machinery alone, which the ~70 us of a draw's window permutation would
+otherwise drown in noise.
 """
 
 from __future__ import annotations
@@ -118,6 +138,68 @@ def child_read(args) -> None:
     print(json.dumps(times))
 
 
+def child_machinery(args) -> None:
+    """Every variant of one order in one process: CPU per micro-batch of the step that maps
+    global samples to (source, sample), the same positions for every variant in a round."""
+    order = args.child[0]
+    datasets = {v: build(order, v, args) for v in VARIANTS[order]}
+    mb, n = args.micro_batch, args.machinery_batches
+    first = (args.train // 3) // mb * mb
+    span = (args.train - first) // (n * mb) * (n * mb)  # rounds wrap around within the split
+    steps = {}
+    for v, ds in datasets.items():
+        if order == "computed":
+            steps[v] = ds.mixture.draw
+        else:
+            steps[v] = ds._locate
+    if order == "computed":
+        from tokenload.index.mixture import Draws
+
+        # the fixed blend's one phase without the chain around it
+        phase = datasets["fixed"].mixture.phase(0)
+        steps["fixed (phase only)"] = lambda k, bounds: phase._draw(k, bounds)
+        # the chain alone: every phase's draw replaced by a stub (the machinery, resolved)
+        for v in VARIANTS[order]:
+            chain = build(order, v, args).mixture
+            for p in range(chain.starts.size):
+                chain.phase(p)._draw = lambda k, bounds=None: Draws(k, k, k)
+            steps[f"{v} (chain only)"] = chain.draw
+    times: dict = {v: [] for v in steps}
+    names = list(steps)
+
+    def positions(r):
+        at = first + (r * n * mb) % span
+        batches = [np.arange(at + i * mb, at + (i + 1) * mb, dtype=np.int64) for i in range(n)]
+        return batches, [(int(b[0]), int(b[-1])) for b in batches]
+
+    for r in range(args.machinery_rounds):  # warm: every table chunk the rounds read is built
+        for k, b in zip(*positions(r)):
+            for step in steps.values():
+                step(k, b)
+    for r in range(args.machinery_rounds):
+        batches, bounds = positions(r)
+        for v in names[r % len(names) :] + names[: r % len(names)]:
+            step = steps[v]
+            cpu = time.process_time()
+            for k, b in zip(batches, bounds):
+                step(k, b)
+            times[v].append((time.process_time() - cpu) / n)
+    if order == "computed":  # what a phase pays once per chunk of its period that it reads
+        from tokenload.index.interleave import _CHUNK, Interleave
+
+        rng = np.random.default_rng(0)
+        builds = []
+        for _ in range(args.machinery_rounds):
+            inter = Interleave([float(x) for x in rng.integers(1, 10, size=3)])
+            slot = int(rng.integers(1, 32)) * _CHUNK  # a chunk past the first: a counted state
+            cpu = time.process_time()
+            inter._build(slot, slot)
+            builds.append(time.process_time() - cpu)
+        times["chunk build"] = builds
+        times["chunk slots"] = [_CHUNK]
+    print(json.dumps(times))
+
+
 VARIANTS = {
     "computed": ["fixed", "schedule 4", "schedule 64"],
     "megatron": ["fixed", "continue", "schedule 4"],
@@ -135,12 +217,20 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--child", nargs=2, default=None)
     p.add_argument("--prefixes", nargs="*", default=None)
+    p.add_argument("--parts", nargs="*", default=["startup", "read", "machinery"],
+                   choices=["startup", "read", "machinery"])
+    p.add_argument("--machinery-rounds", type=int, default=41)
+    p.add_argument("--machinery-batches", type=int, default=200)
     args = p.parse_args()
     if args.child:
+        if args.child[1] == "machinery":
+            return child_machinery(args)
         return child_read(args) if args.child[1] == "read" else child_startup(args)
     prefixes = make_data(Path(args.data_dir), args.tokens)
     common = ["--prefixes", *prefixes, "--train", str(args.train), "--batches", str(args.batches),
-              "--blocks", str(args.blocks), "--micro-batch", str(args.micro_batch)]
+              "--blocks", str(args.blocks), "--micro-batch", str(args.micro_batch),
+              "--machinery-rounds", str(args.machinery_rounds),
+              "--machinery-batches", str(args.machinery_batches)]
 
     def run(*child):
         cmd = [sys.executable, __file__, "--child", *child, *common]
@@ -149,25 +239,64 @@ def main() -> None:
 
     startup: dict = {}
     reads: dict = {}
-    for _ in range(args.rounds):
+    for _ in range(args.rounds if "startup" in args.parts else 0):
         for order, variants in VARIANTS.items():
             for variant in variants:
                 startup.setdefault((order, variant), []).append(run(order, variant)["startup"])
-    for order in VARIANTS:
+    for order in VARIANTS if "read" in args.parts else ():
         for variant, blocks in run(order, "read").items():
             reads[(order, variant)] = blocks
     samples = args.batches * args.micro_batch
-    print("| order | variant | startup s (median) | vs fixed | samples per CPU s (median block) |"
-          " vs fixed |")
-    print("|---|---|---|---|---|---|")
-    for order, variants in VARIANTS.items():
-        base_s = statistics.median(startup[(order, "fixed")])
-        base_r = samples / statistics.median(reads[(order, "fixed")])
+    if startup or reads:
+        print("| order | variant | startup s (median) | vs fixed | samples per CPU s (median"
+              " block) | vs fixed |")
+        print("|---|---|---|---|---|---|")
+    for order, variants in VARIANTS.items() if startup or reads else ():
+        base_s = statistics.median(startup[(order, "fixed")]) if startup else None
+        base_r = samples / statistics.median(reads[(order, "fixed")]) if reads else None
         for variant in variants:
-            s = statistics.median(startup[(order, variant)])
-            r = samples / statistics.median(reads[(order, variant)])
-            print(f"| {order} | {variant} | {s:.3f} | {s / base_s:.2f} | {r:,.0f} |"
-                  f" {r / base_r:.3f} |")
+            cells = [order, variant]
+            if base_s is not None:
+                s = statistics.median(startup[(order, variant)])
+                cells += [f"{s:.3f}", f"{s / base_s:.2f}"]
+            else:
+                cells += ["", ""]
+            if base_r is not None:
+                r = samples / statistics.median(reads[(order, variant)])
+                cells += [f"{r:,.0f}", f"{r / base_r:.3f}"]
+            else:
+                cells += ["", ""]
+            print("| " + " | ".join(cells) + " |")
+    if "machinery" not in args.parts:
+        return
+    print()
+    print("| order | variant | CPU us per micro-batch (median round) | minus fixed (or fixed's"
+          " chain only), us: median (quartiles) | share of a micro-batch's read CPU |")
+    print("|---|---|---|---|---|")
+    chunk = None
+    for order in VARIANTS:
+        times = run(order, "machinery")
+        if "chunk build" in times:
+            chunk = (statistics.median(times.pop("chunk build")), times.pop("chunk slots")[0])
+        batch = statistics.median(reads[(order, "fixed")]) / args.batches if reads else None
+        for variant, t in times.items():
+            base = "fixed (chain only)" if variant.endswith("(chain only)") else "fixed"
+            diff = sorted((a - b) * 1e6 for a, b in zip(t, times[base]))
+            q1, med, q3 = statistics.quantiles(diff, n=4) if len(diff) > 1 else diff * 3
+            med = statistics.median(diff)
+            share = "" if batch is None else f"{med / (batch * 1e6):+.2%}"
+            print(f"| {order} | {variant} | {statistics.median(t) * 1e6:.1f} |"
+                  f" {med:+.2f} ({q1:+.2f} .. {q3:+.2f}) | {share} |")
+        if batch is not None:
+            print(f"| {order} | (a micro-batch in the read part: {batch * 1e6:.0f} us CPU) |"
+                  " | | |")
+    if chunk is not None:
+        per = chunk[0] / chunk[1] * args.micro_batch
+        print(f"\nComputed order, a chunk of the interleave's period ({chunk[1]} slots) built"
+              f" once per phase it is read in: {chunk[0] * 1e3:.2f} ms CPU (median), i.e."
+              f" {per * 1e6:.1f} us per micro-batch of {args.micro_batch} in a phase shorter than"
+              " the period (every slot new)" + ("" if batch is None else
+              f", {per / batch:.2%} of a micro-batch's read CPU") + ".")
 
 
 if __name__ == "__main__":
