@@ -162,7 +162,7 @@ while True:
         break
 stop.set()
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime,
+print(json.dumps({"rc": rc, "wall": wall, "cpu": ru.ru_utime + ru.ru_stime, "sys": ru.ru_stime,
                   "max_rss_mb": ru.ru_maxrss / 1024, "tree_rss_mb": state["sum"] / 1024,
                   "processes": sorted(((m / 1024, name) for m, name in peaks.values()),
                                       reverse=True)}))
@@ -726,7 +726,8 @@ def run_rounds(bench: Bench, sides: list[str], rounds: int, rotate: bool) -> dic
             res = bench.run(s, f"r{r}")
             results[s].append(res)
             print(
-                f"round {r + 1} {s}: {res['seconds']:.2f} s, CPU {res['cpu']:.1f} s, largest "
+                f"round {r + 1} {s}: {res['seconds']:.2f} s, CPU {res['cpu']:.1f} s (system"
+                f" {res['sys']:.1f} s, whole process), largest "
                 f"process {res['max_rss_mb']:,.0f} MiB, tree {res['tree_rss_mb']:,.0f} MiB, "
                 f"load {os.getloadavg()[0]:.1f}",
                 flush=True,
