@@ -3,8 +3,9 @@ range of a large file.
 
 The driver (the process that called ``preprocess``) plans the parts, submits them as Ray tasks,
 at most ``ray_tasks_in_flight`` at a time, and commits each input file once all its parts are
-done; the final outputs are then the parts concatenated in input order, exactly as with the
-process executor, so the bytes do not depend on the cluster, the worker count or the cut.
+done; the final outputs are then the parts concatenated in input order: the same bytes as the
+local executor, which writes each token once straight into the outputs (``outputs``), so the
+bytes do not depend on the executor, the cluster, the worker count or the cut.
 What travels: a task's arguments are a small ``PartTask`` (path, byte range, work folder) and
 the tokenizer's files as bytes, put in the object store once and loaded once per worker process;
 a task reads its own bytes from the path and returns counts, so the object store never holds
