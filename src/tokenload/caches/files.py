@@ -218,8 +218,9 @@ class CacheWriter:
         try:
             for name in files.arrays:
                 st = self._group.write(
-                    files.array(name), _npy_writer(np.ascontiguousarray(arrays[name]))
+                    files.array(name), _npy_writer(np.ascontiguousarray(arrays[name])), stat=True
                 )
+                assert st is not None  # asked for
                 keys.append(_file_key(st))
             self._group.write(files.sidecar, lambda f: f.write(text))
             self._group.write(files.description, lambda f: f.write(description.encode("utf-8")))

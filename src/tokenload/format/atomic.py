@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -404,20 +405,63 @@ def syncfs(fd: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
+#: A group of at most this many files keeps them open and fsyncs each at publish (as fast as
+#: one ``syncfs`` for a handful of files, and never waits for other writers' dirty pages).
+KEEP_OPEN = 8
+
+#: A larger group fsyncs its files one by one instead of one ``syncfs`` when the system holds
+#: more dirty or in-flight pages than the group wrote plus this (another job's large writes on
+#: the filesystem, which a ``syncfs`` would wait for).
+FOREIGN_DIRTY_BYTES = 256 << 20
+
+
+def dirty_bytes() -> int | None:
+    """The system's dirty and writeback pages in bytes (``/proc/meminfo``), None if unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    total = 0
+    for key in (b"Dirty:", b"Writeback:"):
+        at = text.find(b"\n" + key)
+        if at < 0:
+            return None
+        total += int(text[at + len(key) + 1 :].split(None, 1)[0]) * 1024
+    return total
+
+
+@dataclass
+class _Pending:
+    """A written temporary waiting for its publish."""
+
+    tmp: str
+    final: str
+    last: bool
+    grouped: bool
+    """Its durability comes at publish (else it was fsynced as written)."""
+    size: int
+    handle: BinaryIO | None
+    """Kept open for its fsync at publish (a small group)."""
+
+
 class WriteGroup:
     """Files written now and published together: durability by group instead of per file.
 
-    ``write(final, write)`` writes a temporary beside ``final`` (a hidden name no reader opens)
-    and returns its ``fstat``. ``publish()`` makes every temporary's data durable in one step,
-    renames them over their names in the order written (``last=True`` ones after all others and
-    after the others' folders are fsynced), then fsyncs each folder once. ``discard()``, or a
-    failed publish, removes the temporaries not yet renamed. Threads may write into one group.
+    ``write(final, write)`` writes a temporary beside ``final`` (a hidden name no reader opens).
+    ``publish()`` makes every temporary's data durable, renames them over their names in the
+    order written (``last=True`` ones after all others and after the others' folders are
+    fsynced), then fsyncs each folder once. ``discard()``, or a failed publish, removes the
+    temporaries not yet renamed. Threads may write into one group.
 
-    The durable step is one ``syncfs(2)`` per filesystem where ``group_sync_supported`` (the
-    folder's descriptor is opened before the group writes its first temporary there, so a
-    writeback error of any of them is reported), else an fsync of each file as it is written.
-    A large file's writeback is started as soon as it is written (``start_writeback``), so the
-    final ``syncfs`` mostly finds it done.
+    Where ``group_sync_supported`` (the folder's descriptor is opened before the group writes
+    its first temporary on that filesystem, so a writeback error of any of them is reported),
+    the durable step is one ``syncfs(2)`` per filesystem at publish; a large file's writeback is
+    started as soon as it is written (``start_writeback``), so the ``syncfs`` mostly finds it
+    done. A group of up to ``KEEP_OPEN`` files fsyncs each instead (kept open, no reopening),
+    and so does a larger one when the system holds much more dirty data than it wrote
+    (``FOREIGN_DIRTY_BYTES``: another job's writes, which a ``syncfs`` would wait for; each
+    temporary is reopened for its fsync). Elsewhere each file is fsynced as it is written.
 
     Power loss: no name is renamed before the data of every temporary is durable, so after a
     crash each final name holds its old content (or nothing) or the complete new file, never a
@@ -427,12 +471,14 @@ class WriteGroup:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: list[tuple[str, str, bool]] = []
-        """``(temporary, final, last)`` in the order written."""
+        self._files: list[_Pending] = []
+        """The temporaries in the order written."""
         self._folders: dict[str, bool] = {}
         """Each folder written into, and whether its filesystem syncs as a group."""
         self._fds: dict[int, tuple[str, int]] = {}
         """Per filesystem (device) that syncs as a group: a folder on it and its descriptor."""
+        self._kept = 0
+        """Temporaries kept open (at most ``KEEP_OPEN``)."""
 
     def _folder(self, folder: str) -> bool:
         """Register ``folder`` (made when missing): True when its files sync as a group."""
@@ -466,10 +512,11 @@ class WriteGroup:
         write: Callable[[BinaryIO], object],
         *,
         last: bool = False,
-    ) -> os.stat_result:
-        """``write(f)`` into a new temporary of ``final``; returns its ``fstat`` (the published
-        file's: a rename keeps device, inode, size and mtime). A StorageError on failure, and no
-        temporary of this file left behind."""
+        stat: bool = False,
+    ) -> os.stat_result | None:
+        """``write(f)`` into a new temporary of ``final``; with ``stat``, returns its ``fstat``
+        (the published file's: a rename keeps device, inode, size and mtime). A StorageError on
+        failure, and no temporary of this file left behind."""
         final = os.fspath(final)
         folder, name = os.path.split(final)
         try:
@@ -480,6 +527,8 @@ class WriteGroup:
         tmp = os.path.join(
             folder, f".{name}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
         )
+        st = None
+        keep = False
         try:
             f = create_temp(tmp, final)
             try:
@@ -496,45 +545,80 @@ class WriteGroup:
                         raise write_error(exc, final, "the file") from None
                 else:
                     sync_file(f, final)
-                st = os.fstat(f.fileno())
-                if grouped and st.st_size >= EARLY_WRITEBACK_BYTES:
-                    start_writeback(f.fileno())
+                size = f.tell()
+                if stat:
+                    st = os.fstat(f.fileno())
+                if grouped:
+                    if size >= EARLY_WRITEBACK_BYTES:
+                        start_writeback(f.fileno())
+                    with self._lock:
+                        keep = self._kept < KEEP_OPEN
+                        self._kept += keep
             except BaseException:
                 close_quietly(f)
                 raise
-            f.close()
+            if not keep:
+                f.close()
         except BaseException:
             discard(tmp)
             raise
         with self._lock:
-            self._files.append((tmp, final, last))
+            self._files.append(_Pending(tmp, final, last, grouped, size, f if keep else None))
         return st
 
-    def _take(self) -> tuple[list[tuple[str, str, bool]], dict[int, tuple[str, int]]]:
+    def _take(self) -> tuple[list[_Pending], dict[int, tuple[str, int]]]:
         with self._lock:
             files, fds = self._files, self._fds
-            self._files, self._fds, self._folders = [], {}, {}
+            self._files, self._fds, self._folders, self._kept = [], {}, {}, 0
         return files, fds
+
+    def _make_durable(self, files: list[_Pending], fds: dict[int, tuple[str, int]]) -> None:
+        """The group's durable step (class docstring)."""
+        grouped = [p for p in files if p.grouped]
+        if not grouped:
+            return
+        if all(p.handle is not None for p in grouped):
+            for p in grouped:
+                assert p.handle is not None
+                sync_file(p.handle, p.final)
+            return
+        dirty = dirty_bytes()
+        if dirty is not None and dirty > sum(p.size for p in grouped) + FOREIGN_DIRTY_BYTES:
+            for p in grouped:
+                try:
+                    fd = os.open(p.tmp, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    raise write_error(exc, p.final, "the file") from None
+            return
+        for folder, fd in fds.values():
+            try:
+                syncfs(fd)
+            except OSError as exc:
+                raise write_error(exc, folder, "the files of the folder") from None
 
     def publish(self) -> None:
         """Make the written files durable, rename them in order and fsync their folders (see the
         class docstring); a StorageError on failure, the temporaries not yet renamed removed."""
         files, fds = self._take()
-        ordered = [f for f in files if not f[2]] + [f for f in files if f[2]]
+        ordered = [p for p in files if not p.last] + [p for p in files if p.last]
         held = {folder: fd for folder, fd in fds.values()}
         done = 0
         try:
-            for folder, fd in fds.values():
-                try:
-                    syncfs(fd)
-                except OSError as exc:
-                    raise write_error(exc, folder, "the files of the folder") from None
+            self._make_durable(files, fds)
+            for p in files:
+                if p.handle is not None:
+                    p.handle.close()
+                    p.handle = None
             for stage in (False, True):
                 folders: dict[str, None] = {}
-                while done < len(ordered) and ordered[done][2] is stage:
-                    tmp, final, _ = ordered[done]
-                    replace(tmp, final)
-                    folders[os.path.dirname(final) or "."] = None
+                while done < len(ordered) and ordered[done].last is stage:
+                    p = ordered[done]
+                    replace(p.tmp, p.final)
+                    folders[os.path.dirname(p.final) or "."] = None
                     done += 1
                 for folder_path in folders:
                     kept = held.get(folder_path)
@@ -546,15 +630,18 @@ class WriteGroup:
                         except OSError:
                             pass
         finally:
-            for tmp, _, _ in ordered[done:]:
-                discard(tmp)
-            for _, fd in fds.values():
-                os.close(fd)
+            _close_and_discard(ordered[done:], fds)
 
     def discard(self) -> None:
         """Remove every temporary not yet published (after a failed build)."""
         files, fds = self._take()
-        for tmp, _, _ in files:
-            discard(tmp)
-        for _, fd in fds.values():
-            os.close(fd)
+        _close_and_discard(files, fds)
+
+
+def _close_and_discard(files: list[_Pending], fds: dict[int, tuple[str, int]]) -> None:
+    for p in files:
+        if p.handle is not None:
+            close_quietly(p.handle)
+        discard(p.tmp)
+    for _, fd in fds.values():
+        os.close(fd)

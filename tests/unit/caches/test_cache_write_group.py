@@ -50,13 +50,18 @@ class _Calls:
 
 
 @pytest.fixture
-def grouped_fs(tmp_path):
+def grouped_fs(tmp_path, monkeypatch):
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
         if not atomic.group_sync_supported(fd):
             pytest.skip("no syncfs for this filesystem or kernel")
     finally:
         os.close(fd)
+    monkeypatch.setattr(atomic, "dirty_bytes", lambda: 0)  # no other writer's pages to avoid
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def test_nothing_is_in_place_before_publish_then_everything_in_order(tmp_path, monkeypatch, grouped_fs):
@@ -114,6 +119,7 @@ def test_a_failed_syncfs_puts_nothing_in_place_and_leaves_no_temporary(tmp_path,
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(atomic, "syncfs", broken)
+    monkeypatch.setattr(atomic, "KEEP_OPEN", 0)  # a cache's 5 files: the syncfs path
     files = CacheFiles.of(tmp_path, _uid())
     with pytest.raises(CacheError) as info:
         write_cache(files, description=describe(_uid()), arrays=_arrays())
@@ -305,3 +311,46 @@ def test_large_files_start_their_writeback_when_written(tmp_path, monkeypatch, g
     group.publish()
     assert (tmp_path / "big").stat().st_size == atomic.EARLY_WRITEBACK_BYTES
     assert (tmp_path / "small").read_bytes() == b"x"
+
+
+def test_a_small_group_fsyncs_its_open_files_and_never_syncs_the_filesystem(tmp_path, monkeypatch, grouped_fs):
+    """Up to KEEP_OPEN files: each kept open and fsynced at publish (no wait for other writers'
+    pages), none reopened; no descriptor left open after publish or discard."""
+    calls = _Calls(monkeypatch)
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(atomic.os, "open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1])
+    before = _open_fds()
+    files = CacheFiles.of(tmp_path, _uid())
+    writer = CacheWriter()
+    writer.add(files, description=describe(_uid()), arrays=_arrays())
+    assert _open_fds() == before + 5 + 1  # the 5 temporaries and the folder
+    assert calls.count("fsync") == 0
+    writer.publish()
+    assert calls.count("syncfs") == 0 and calls.count("fsync") == 5 + 1
+    assert opened == [str(tmp_path)]  # the folder, once; no temporary reopened
+    assert _open_fds() == before
+    assert check_cache(files, description=describe(_uid())).state is CacheState.HIT
+    writer.add(CacheFiles.of(tmp_path, _uid(split="valid")), description="d", arrays=_arrays())
+    writer.discard()
+    assert _open_fds() == before
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_a_large_group_fsyncs_each_file_when_other_writers_dirty_the_system(tmp_path, monkeypatch, grouped_fs):
+    monkeypatch.setattr(atomic, "dirty_bytes", lambda: atomic.FOREIGN_DIRTY_BYTES + (1 << 30))
+    calls = _Calls(monkeypatch)
+    writer = CacheWriter()
+    for split in ("train", "valid"):
+        writer.add(CacheFiles.of(tmp_path, _uid(split=split)), description=describe(_uid(split=split)),
+                   arrays=_arrays())
+    writer.publish()
+    assert calls.count("syncfs") == 0 and calls.count("fsync") == 10 + 1
+    for split in ("train", "valid"):
+        files = CacheFiles.of(tmp_path, _uid(split=split))
+        assert check_cache(files, description=describe(_uid(split=split))).state is CacheState.HIT
+
+
+def test_dirty_bytes_reads_the_system_figure():
+    got = atomic.dirty_bytes()
+    assert got is None or got >= 0
