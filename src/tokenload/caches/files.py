@@ -3,7 +3,8 @@
 Writes are atomic per file and durable per group (``format.atomic.WriteGroup``): each file goes
 to a hidden temporary name in the cache folder; a ``CacheWriter`` holds the temporaries of every
 cache a build writes, makes their data durable in one step (one ``syncfs`` of the folder's
-filesystem where Linux supports it, else an fsync of each file as it is written), then renames
+filesystem where Linux supports it; an fsync per file for a group of a few files, or while other
+writers hold many dirty pages; elsewhere an fsync of each file as it is written), then renames
 them in order -- per cache the ``.npy`` arrays, the tokenload sidecar, Megatron's description
 last -- and fsyncs each folder once. Megatron counts a cache as complete when the description
 and the arrays exist, so a build killed at any point never leaves a cache that Megatron or
