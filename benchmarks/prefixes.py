@@ -175,28 +175,35 @@ def cli_costs(blend: dict, work: Path, sizes: list[int]) -> dict:
     return out
 
 
-def side_rows(bench: Bench, side: Side, rounds: int, count: bool) -> dict:
-    timed = []
-    for _ in range(rounds):
-        recs = bench.run(side, 1, traced=False)
-        timed.append(recs[0])
-    counted = bench.run(side, 1, traced=True)[0] if count else None
-    ok = [r for r in timed if "error" not in r]
-    row = {"side": side.name, "errors": [r["error"] for r in timed if "error" in r][:1]}
-    if ok:
-        row["data_s"] = [r["data_s"] for r in ok]
-        row["cpu_s"] = [r["data_cpu_s"] for r in ok]
-        row["fds"] = [r["result"]["fds"] for r in ok]
-        row["rss_mb"] = [r["result"]["rss_kb"] / 1024 for r in ok]
-        row["hwm_mb"] = [r["result"]["hwm_kb"] / 1024 for r in ok]
-        row["rchar_mb"] = [r["io"]["rchar"] / 1e6 for r in ok]
-    if counted and "error" not in counted and counted.get("trace"):
-        t = counted["trace"]
-        for key in ("opens", "stats", "other_meta"):
-            row[key] = t.get(key, 0)
-        row["maps"], row["fstats"] = t.get("maps", 0), t.get("fstats", 0)
-        row["bytes_read"], row["bytes_written"] = t.get("bytes_read", 0), t.get("bytes_written", 0)
-    return row
+def side_rows(bench: Bench, side: Side, rounds: int, count: bool, ranks: int = 1) -> list[dict]:
+    """One row per rank (rank 0 named as the side; the others ``SIDE rK``): with more than one
+    rank, the non-builders (megatron-core's ranks that wait at its barriers and then load, or
+    ``auto``'s ranks that build in memory) are measured too."""
+    timed = [bench.run(side, ranks, traced=False) for _ in range(rounds)]
+    counted = bench.run(side, ranks, traced=True) if count else None
+    rows = []
+    for k in range(ranks):
+        recs = [t[k] for t in timed]
+        ok = [r for r in recs if "error" not in r]
+        name = side.name if k == 0 else f"{side.name} r{k}"
+        row = {"side": name, "errors": [r["error"] for r in recs if "error" in r][:1]}
+        if ok:
+            row["data_s"] = [r["data_s"] for r in ok]
+            row["cpu_s"] = [r["data_cpu_s"] for r in ok]
+            row["fds"] = [r["result"]["fds"] for r in ok]
+            row["rss_mb"] = [r["result"]["rss_kb"] / 1024 for r in ok]
+            row["hwm_mb"] = [r["result"]["hwm_kb"] / 1024 for r in ok]
+            row["rchar_mb"] = [r["io"]["rchar"] / 1e6 for r in ok]
+        c = counted[k] if counted else None
+        if c and "error" not in c and c.get("trace"):
+            t = c["trace"]
+            for key in ("opens", "stats", "other_meta"):
+                row[key] = t.get(key, 0)
+            row["maps"], row["fstats"] = t.get("maps", 0), t.get("fstats", 0)
+            row["bytes_read"] = t.get("bytes_read", 0)
+            row["bytes_written"] = t.get("bytes_written", 0)
+        rows.append(row)
+    return rows
 
 
 def print_prefix_table(prefixes: int, rows: list[dict], cli: dict) -> None:
@@ -371,6 +378,9 @@ def main() -> None:
     )
     ap.add_argument("--sides", default=",".join(DEFAULT_SIDES))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--ranks", type=int, default=1, help="ranks per run, started together (torchrun's way)"
+    )
     ap.add_argument("--passes", default="time,count", help="time, or time,count (strace)")
     ap.add_argument("--no-cli", action="store_true", help="skip prepare-cache / sequences")
     ap.add_argument("--timeout", type=int, default=3600)
@@ -421,7 +431,7 @@ def main() -> None:
         rows = []
         for side in sides:
             t = time.time()
-            rows.append(side_rows(bench, side, args.rounds, count))
+            rows += side_rows(bench, side, args.rounds, count, args.ranks)
             load = os.getloadavg()[0]
             print(f"  [{side.name}: {time.time() - t:.0f} s; load {load:.1f}]", flush=True)
         cli = {} if args.no_cli else cli_costs(blend, bench.work, sizes)
