@@ -10,8 +10,11 @@ first (``_plain``) and otherwise calls ``json.dumps`` itself:
 * orjson indents by 2 and has no ``ensure_ascii``: its output is re-indented by replacing each
   pair of spaces, which is exact when no string holds two spaces in a row, and it must be
   printable ASCII (``json.dumps`` escapes everything else, DEL included);
-* floats: both print the shortest repr, but below 1e-4 Python uses an exponent (``1e-05``)
-  where orjson may not (``0.00001``), and NaN/infinity differ: those go to ``json.dumps``;
+* floats: both print the shortest round-trip digits, but below 1e-4 Python uses an exponent
+  (``1e-05``) where orjson may not (``0.00001``): when the value holds such a float, every float
+  token of orjson's text (outside strings, found by one regular expression that consumes strings
+  whole) is rewritten as ``repr(float(token))``, which is ``json.dumps``'s spelling because the
+  token reads back as exactly the same float; NaN and infinity differ: those go to ``json.dumps``;
 * keys must be ``str`` and integers fit 64 bits; any other type (a numpy scalar, an enum)
   goes to ``json.dumps`` (which raises for what it cannot encode, as before).
 
@@ -31,46 +34,75 @@ import orjson
 __all__ = ["dumps", "loads", "plain_copy"]
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+_INF = float("inf")
 _LONG_DIGITS = re.compile(r"[0-9]{19}")
 _LONG_DIGITS_BYTES = re.compile(rb"[0-9]{19}")
 
 
+# A JSON string (kept as it is) or a number token with a fraction or an exponent (a float).
+_STRING_OR_FLOAT = re.compile(
+    rb'"[^"\\]*(?:\\.[^"\\]*)*"|-?(?:0|[1-9][0-9]*)(?:\.[0-9]+(?:[eE][-+]?[0-9]+)?|[eE][-+]?[0-9]+)'
+)
+
+
+def _float_as_python(match: re.Match[bytes]) -> bytes:
+    token = match.group()
+    if token[:1] == b'"':
+        return token
+    return repr(float(token)).encode("ascii")
+
+
+_PLAIN, _SMALL_FLOATS = 1, 2
+
+
 def _plain(obj: Any) -> bool:
     """Whether orjson's text of ``obj`` re-indented is ``json.dumps``'s (module docstring)."""
+    return _kind(obj) != 0
+
+
+def _kind(obj: Any) -> int:
+    """0: not for orjson; ``_PLAIN``: orjson's text re-indented is ``json.dumps``'s;
+    ``_SMALL_FLOATS``: the same once its float tokens are spelled as Python spells them."""
+    kind = _PLAIN
     stack = [obj]
     while stack:
         x = stack.pop()
         t = type(x)
         if t is str:
             if "  " in x:
-                return False
+                return 0
         elif t is dict or t.__base__ is dict:  # dict, OrderedDict
             for k, v in x.items():
                 if type(k) is not str or "  " in k:
-                    return False
+                    return 0
                 stack.append(v)
         elif t is list or t is tuple:
             stack.extend(x)
         elif t is float:
-            if not (x == 0.0 or 1e-4 <= abs(x) < float("inf")):  # NaN fails too
-                return False
+            if not (x == 0.0 or 1e-4 <= abs(x) < _INF):  # NaN fails too
+                if not 0.0 < abs(x) < 1e-4:  # NaN, infinity
+                    return 0
+                kind = _SMALL_FLOATS
         elif t is int:
             if not _INT_MIN <= x <= _INT_MAX:
-                return False
+                return 0
         elif x is not None and t is not bool:
-            return False
-    return True
+            return 0
+    return kind
 
 
 def dumps(obj: Any, *, indent: int, sort_keys: bool = False) -> str:
     """``json.dumps(obj, indent=indent, sort_keys=sort_keys)``, the same text."""
-    if indent >= 1 and _plain(obj):
+    kind = _kind(obj) if indent >= 1 else 0
+    if kind:
         option = orjson.OPT_INDENT_2 | (orjson.OPT_SORT_KEYS if sort_keys else 0)
         try:
             raw = orjson.dumps(obj, option=option)
         except (orjson.JSONEncodeError, TypeError):
             raw = b""
         if raw and raw.isascii() and b"\x7f" not in raw:
+            if kind == _SMALL_FLOATS:
+                raw = _STRING_OR_FLOAT.sub(_float_as_python, raw)
             return raw.replace(b"  ", b" " * indent).decode("ascii")
     return json.dumps(obj, indent=indent, sort_keys=sort_keys)
 

@@ -23,11 +23,13 @@ CASES = [
     [],
     {"a": [], "b": {}, "c": [1, {"d": None}], "e": (1, 2.5, True, False)},
     OrderedDict([("z", 1), ("a", OrderedDict([("y", [0.8, 0.0, 1.0]), ("b", None)]))]),
-    {"s": "a b/c\\d\"e\tf\ng\x00h\x1f\b\f", "n": -(2**63), "m": 2**64 - 1},
+    {"s": 'a b/c\\d"e\tf\ng\x00h\x1f\b\f', "n": -(2**63), "m": 2**64 - 1},
     {"floats": [0.1, 1 / 3, 1e-4, 1e15, 1e16, 1.5e300, -0.0, 123456789012345680.0, 5e-324]},
-    # json.dumps's own cases: spelled differently by orjson, so never taken from it
+    # floats below 1e-4: orjson spells them 0.0000..., rewritten as Python spells them
     {"tiny": 1e-05},
-    {"tiny": [2.5e-07, -3e-9]},
+    {"tiny": [2.5e-07, -3e-9, 1.2345678901234567e-05, 9.99e-05, 2.5e-310]},
+    {"looks like a float 0.00001": ["0.00001", 'q"0.00005', "\\", 1e-05, "1e-05"]},
+    # json.dumps's own cases: spelled differently by orjson, so never taken from it
     {"nan": float("nan"), "inf": math.inf},
     {"big": 2**64},
     {"neg": -(2**63) - 1},
@@ -60,7 +62,7 @@ def test_dumps_random_nested_values():
         if kind == 1:
             return rng.uniform(-1, 1) * 10 ** rng.uniform(-8, 20)
         if kind == 2:
-            return "".join(rng.choice("ab /\\\"\n\t ") for _ in range(rng.randrange(6)))
+            return "".join(rng.choice('ab /\\"\n\t ') for _ in range(rng.randrange(6)))
         if kind == 3:
             return rng.randrange(-(10**12), 10**12)
         if kind == 4:
@@ -75,6 +77,20 @@ def test_dumps_random_nested_values():
             assert jsontext.dumps(obj, indent=indent, sort_keys=sort_keys) == json.dumps(
                 obj, indent=indent, sort_keys=sort_keys
             )
+
+
+def test_small_floats_are_spelled_by_orjson_then_rewritten(monkeypatch):
+    """A blend of 10,000 prefixes has weights below 1e-4: its description and manifest must not
+    fall back to json's pure-Python encoder (seconds for a 22 MB manifest)."""
+    weights = [1.0 / 20_000 + i * 1e-9 for i in range(10_000)]
+    obj = {"weights": weights, "paths": [f"/d/p{i:05d} 0.00001" for i in range(10_000)]}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("json.dumps called")
+
+    want = json.dumps(obj, indent=4)
+    monkeypatch.setattr(jsontext.json, "dumps", refuse)
+    assert jsontext.dumps(obj, indent=4) == want
 
 
 def test_dumps_raises_what_json_raises():
@@ -96,8 +112,16 @@ def test_plain_copy_and_loads_are_jsons(case):
 
 
 @pytest.mark.parametrize(
-    "text", ["1e400", "[-1e400, 1E5, 1.0e-400]", "-9223372036854775809", "18446744073709551615",
-             '{"h": "1234567890123456789012"}', "[NaN, Infinity]"])
+    "text",
+    [
+        "1e400",
+        "[-1e400, 1E5, 1.0e-400]",
+        "-9223372036854775809",
+        "18446744073709551615",
+        '{"h": "1234567890123456789012"}',
+        "[NaN, Infinity]",
+    ],
+)
 def test_loads_reads_what_json_reads(text):
     assert repr(jsontext.loads(text)) == repr(json.loads(text))
     assert repr(jsontext.loads(text.encode())) == repr(json.loads(text.encode()))
