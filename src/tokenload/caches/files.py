@@ -49,6 +49,7 @@ import enum
 import logging
 import math
 import os
+import re
 import threading
 import tokenize
 from collections.abc import Callable, Collection, Mapping
@@ -388,8 +389,38 @@ def load_cache(files: CacheFiles) -> dict[str, npt.NDArray[Any]]:
     return {name: map_array(files.array(name)) for name in files.arrays}
 
 
+_NPY_V1 = b"\x93NUMPY\x01\x00"
+_NPY_HEADER = re.compile(
+    rb"\{'descr': '([<>|=][a-zA-Z][0-9]*)', 'fortran_order': (False|True), "
+    rb"'shape': \(((?:[0-9]+, )*[0-9]+,?|)\), \} *\n"
+)
+"""The header ``numpy.save`` writes for plain numbers (format 1.0), exactly."""
+_DTYPES: dict[bytes, np.dtype] = {}
+
+
 def _read_npy_header(f: BinaryIO, path: str) -> tuple[tuple[int, ...], bool, np.dtype]:
-    """Shape, Fortran order and dtype of the ``.npy`` open in ``f``, left at its data."""
+    """Shape, Fortran order and dtype of the ``.npy`` open in ``f``, left at its data.
+
+    A header exactly as ``numpy.save`` writes it for plain numbers is read by one regular
+    expression (~2 us; numpy's reader parses it with ``ast.literal_eval`` under a lock, ~60 us:
+    a warm 1,000-prefix build checks 6,000 of them); anything else, damaged or not, is read by
+    numpy's own reader as before, with its errors.
+    """
+    head = f.read(10)
+    if len(head) == 10 and head[:8] == _NPY_V1:
+        text = f.read(int.from_bytes(head[8:10], "little"))
+        match = _NPY_HEADER.fullmatch(text)
+        if match is not None:
+            descr, fortran, dims = match.groups()
+            dtype = _DTYPES.get(descr)
+            if dtype is None:
+                try:
+                    dtype = _DTYPES.setdefault(descr, np.dtype(descr.decode("ascii")))
+                except TypeError:
+                    dtype = None
+            if dtype is not None:
+                return tuple(int(d) for d in dims.split(b",") if d), fortran == b"True", dtype
+    f.seek(0)
     try:
         version = np.lib.format.read_magic(f)
         reader = {
