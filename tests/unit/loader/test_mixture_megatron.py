@@ -245,3 +245,18 @@ def test_a_per_split_schedule_is_the_same_stream_as_the_phases_resumed(files):
     rest, _, _ = run(per_split(files, {"a": 1, "b": 3, "d": 1}, {"c": 1})[0], 160, state, dp=2,
                      mbs=8)
     assert whole == first + rest
+
+
+def test_the_greedy_never_serves_a_source_ahead_of_its_weight():
+    """What the chain's fast path rests on (``_Segment.room``): before sample j, Megatron's
+    greedy has served source d at most ``w_d * max(j, 1)`` samples (it picks the largest error,
+    and the errors sum to at least 0), so a sample far enough before a source's prepared end
+    needs no length check."""
+    rng = np.random.default_rng(12)
+    for _ in range(20):
+        w = rng.random(int(rng.integers(2, 13))) ** 3 + 1e-3
+        w = w / w.sum()
+        w = w / w.sum()  # as Megatron's builder normalizes, twice
+        di, dsi = build_blending_indices(list(w), 20_000)
+        j = np.arange(di.size)
+        assert (np.asarray(dsi) <= w[np.asarray(di)] * np.maximum(j, 1) + 1e-6).all()

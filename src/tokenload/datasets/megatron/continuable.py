@@ -108,9 +108,10 @@ class _Segment:
         di: np.ndarray,
         dsi: np.ndarray,
         base: np.ndarray,
+        weights: np.ndarray,
     ) -> None:
         self.start, self.end, self.sources, self.di, self.dsi = start, end, sources, di, dsi
-        self.base = base
+        self.base, self.weights = base, weights
         self._counted, self._counts = 0, np.zeros(base.size, dtype=np.int64)
         self.every = bool(np.array_equal(sources, np.arange(base.size)))
         """Every member is in the greedy, in order: its source numbers are the members'."""
@@ -120,9 +121,19 @@ class _Segment:
         """Samples from ``start`` on that no source can run out in (``room``)."""
 
     def room(self, lengths: np.ndarray) -> None:
-        """Set ``safe``: sample j of the segment is at most the j-th of its source in it, so
-        none of the first ``min(lengths - base)`` (over the segment's sources) can run out."""
-        self.safe = int((lengths[self.sources] - self.base[self.sources]).min(initial=1 << 62))
+        """Set ``safe``: before sample j of the segment, source d has served ``dsi[j] <= j`` of
+        it, and Megatron's greedy (given ``weights``) never serves a source more than
+        ``w_d * max(j - 1, 1) + 1`` of the first j (it picks the largest error, and the errors
+        sum to at least 0): within 2 for floats. So no sample before ``min(room_d)`` nor before
+        ``min((room_d - 2) / w_d)`` can find its source's prepared order run out (room_d: its
+        length less the cursor at the start); past that, each batch is checked."""
+        room = lengths[self.sources] - self.base[self.sources]
+        if not room.size:
+            self.safe = 0
+            return
+        with np.errstate(divide="ignore"):
+            greedy = np.floor((room - 2) / self.weights).min()
+        self.safe = int(max(room.min(), min(greedy, float(1 << 62))))
 
     def cursors(self, consumed: int) -> np.ndarray:
         """Every member's cursor after global sample ``consumed`` (incremental count)."""
@@ -196,7 +207,8 @@ class ContinuableBlendedDataset(BlendedDataset):
             else:
                 assert plan.weights is not None  # an entry's blend is weighted
                 di, dsi = build_blending_indices(list(plan.weights), end - start)
-            self.segments.append(_Segment(start, end, sources, di, dsi, base))
+            weights = np.asarray(plan.weights, dtype=np.float64)
+            self.segments.append(_Segment(start, end, sources, di, dsi, base, weights))
         self._starts = np.array([s.start for s in self.segments], dtype=np.int64)
         self._current = self.segments[0]  # the segment of the last micro-batch
         self._lengths_changed()
