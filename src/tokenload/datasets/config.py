@@ -153,8 +153,9 @@ class MegatronDataConfig:
     (0: inactive), starts strictly increasing from 0. The mixture changes at each start with no
     restart and no sample of a source repeated or skipped (docs/ORDER.md, "Schedules"). The
     blend's own weights are then ignored: the Megatron order builds Megatron's blend of the first
-    entry (its sources of positive weight) for every split, and continues from it by the rule of
-    ``mixture_change="continue"``."""
+    entry (its sources of positive weight) for every split cut from ``blend`` (with
+    ``blend_per_split``: for the train split's blend, the other splits keep theirs), and
+    continues from it by the rule of ``mixture_change="continue"``."""
     mixture_change: str = "refuse"
     """What a Megatron-order blend does when a resume state was saved under other weights or
     sources: "refuse" (default) raises ``StateError``, reproducing Megatron exactly; "continue"
