@@ -260,3 +260,25 @@ def test_the_greedy_never_serves_a_source_ahead_of_its_weight():
         di, dsi = build_blending_indices(list(w), 20_000)
         j = np.arange(di.size)
         assert (np.asarray(dsi) <= w[np.asarray(di)] * np.maximum(j, 1) + 1e-6).all()
+
+
+def test_a_schedule_builds_its_segments_as_reading_reaches_them(files):
+    """A run from sample 0 builds only the segment it starts in (Megatron's own arrays), and each
+    later one when a sample first needs it: the same samples, in any reading order, as a chain
+    whose segments were all built up front."""
+    schedule = [(0, [5, 3, 2]), (160, [1, 1, 8]), (320, [2, 7, 1]), (480, [0, 1, 1])]
+    lazy = megatron(files, {"a": 1, "b": 1, "c": 1}, schedule=schedule)
+    assert len(lazy._built) == 1 and len(lazy._planned) == 4
+    assert lazy._built[0].di is lazy.megatron.dataset_index  # no greedy built at startup
+    eager = megatron(files, {"a": 1, "b": 1, "c": 1}, schedule=schedule)
+    assert len(eager.segments) == 4 and len(eager._built) == 4
+    assert [prepared_sample(lazy, k) for k in (10, 200)] == [
+        prepared_sample(eager, k) for k in (10, 200)
+    ]
+    assert len(lazy._built) == 2  # reading sample 200 built the segment from 160 only
+    rng = np.random.default_rng(9)
+    for _ in range(60):
+        k = np.sort(rng.integers(0, SIZE, size=int(rng.integers(1, 20))))
+        assert [a.tolist() for a in lazy._locate(k)] == [b.tolist() for b in eager._locate(k)]
+    assert len(lazy._built) == 4
+    assert lazy.source_cursors(SIZE).tolist() == eager.source_cursors(SIZE).tolist()

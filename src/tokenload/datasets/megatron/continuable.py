@@ -189,17 +189,28 @@ class ContinuableBlendedDataset(BlendedDataset):
 
     # -- the chain ------------------------------------------------------------------------------
     def _chain(self, origin: int, cursors: np.ndarray) -> None:
+        """Plan the segments from ``origin`` (each built on first use: ``_segment_at``)."""
         self.origin, self.origin_cursors = int(origin), cursors.copy()
         starts = [s for s, _ in self.schedule]
         first = int(np.searchsorted(starts, origin, side="right")) - 1
         bounds = [origin, *starts[first + 1 :], len(self)]
-        self.segments: list[_Segment] = []
-        base = cursors
+        self._planned: list[tuple[int, int, int]] = []  # (entry, start, end) of every segment
         for e, (start, end) in enumerate(itertools.pairwise(bounds), start=first):
             if start >= len(self):
                 break
-            if self.segments:
-                base = self.segments[-1].cursors(start)
+            self._planned.append((e, start, end))
+        self._built: list[_Segment] = []
+        self._starts = np.array([start for _, start, _ in self._planned], dtype=np.int64)
+        self._lengths_changed()
+        self._current = self._segment_at(0)  # the segment of the last micro-batch
+
+    def _segment_at(self, p: int) -> _Segment:
+        """Segment ``p``, built with those before it when first needed: a segment's greedy
+        starts from the cursors the one before leaves, so a run from sample 0 builds only what
+        it reads (startup pays for the segment it starts in, not the whole schedule)."""
+        while len(self._built) <= p:
+            e, start, end = self._planned[len(self._built)]
+            base = self._built[-1].cursors(start) if self._built else self.origin_cursors
             active, plan = self.plans[e]
             sources = np.asarray(active, dtype=np.int64)
             if start == 0 and e == 0:  # Megatron's own blend of the first entry
@@ -208,16 +219,21 @@ class ContinuableBlendedDataset(BlendedDataset):
                 assert plan.weights is not None  # an entry's blend is weighted
                 di, dsi = build_blending_indices(list(plan.weights), end - start)
             weights = np.asarray(plan.weights, dtype=np.float64)
-            self.segments.append(_Segment(start, end, sources, di, dsi, base, weights))
-        self._starts = np.array([s.start for s in self.segments], dtype=np.int64)
-        self._current = self.segments[0]  # the segment of the last micro-batch
-        self._lengths_changed()
+            segment = _Segment(start, end, sources, di, dsi, base, weights)
+            segment.room(self._lengths)
+            self._built.append(segment)
+        return self._built[p]
+
+    @property
+    def segments(self) -> list[_Segment]:
+        """Every segment of the chain (built if not yet)."""
+        return [self._segment_at(p) for p in range(len(self._planned))]
 
     def _lengths_changed(self) -> None:
         """Keep the members' lengths (a member rebuilt at a resume changes its own)."""
         self._lengths = np.array([len(m) for m in self.datasets], dtype=np.int64)
         self._shortest = int(self._lengths.min())
-        for s in self.segments:
+        for s in self._built:
             s.room(self._lengths)
 
     def _locate(
@@ -249,12 +265,12 @@ class ContinuableBlendedDataset(BlendedDataset):
         present = np.unique(seg).tolist()
         for p in present:
             rows = seg == p
-            s = self.segments[p]
+            s = self._segment_at(p)
             j = idx[rows] - s.start
             d = s.sources[np.asarray(s.di[j], dtype=np.int64)]
             which[rows] = d
             within[rows] = s.base[d] + np.asarray(s.dsi[j], dtype=np.int64)
-        self._current = self.segments[present[-1]]
+        self._current = self._segment_at(present[-1])
         return self._past_ends(which, within)
 
     def _past_ends(self, which: np.ndarray, within: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -275,7 +291,9 @@ class ContinuableBlendedDataset(BlendedDataset):
         return which, within
 
     def _segment(self, consumed: int) -> _Segment:
-        return self.segments[max(int(np.searchsorted(self._starts, consumed, side="right")) - 1, 0)]
+        return self._segment_at(
+            max(int(np.searchsorted(self._starts, consumed, side="right")) - 1, 0)
+        )
 
     # -- accounting -----------------------------------------------------------------------------
     def source_cursors(self, consumed: int) -> np.ndarray:
