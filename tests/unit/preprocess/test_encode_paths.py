@@ -275,7 +275,11 @@ line = json.dumps({{"text": unit * (60 * 2**20 // len(unit))}}).encode() + b"\\n
 with open("/proc/self/statm") as f:
     base = int(f.read().split()[1]) * resource.getpagesize()
 encoded = encode_chunk(task, chunk(line))
-grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec from the process that started this
+# one (pytest, hundreds of MB into a full run), while VmHWM belongs to this process's own memory
+with open("/proc/self/status") as f:
+    peak = next(int(x.split()[1]) * 1024 for x in f if x.startswith("VmHWM:"))
+grown = peak - base
 assert encoded.documents == 1 and encoded.outputs[0][2].tolist() == [1]
 print(grown / (len(line) + 6 * encoded.outputs[0][0].size))
 """
