@@ -205,13 +205,7 @@ class CacheWriter:
             from .bucket import publish_cache, staged_cache
 
             with staged_cache(files) as local:
-                staged = CacheWriter()
-                try:
-                    staged.add(local, description=description, arrays=arrays, fields=fields)
-                except BaseException:
-                    staged.discard()
-                    raise
-                staged.publish()
+                write_cache(local, description=description, arrays=arrays, fields=fields)
                 publish_cache(local, files)
             logger.debug("published index cache %s", files.description)
             return

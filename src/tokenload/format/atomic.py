@@ -237,6 +237,18 @@ def fsync_dir(folder: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def _write_into(
+    f: BinaryIO, write: Callable[[BinaryIO], object], final: str | os.PathLike[str]
+) -> None:
+    """``write(f)``; a full disk, a read-only filesystem or a quota raises ``StorageError``."""
+    try:
+        write(f)
+    except OSError as exc:
+        if exc.errno in _WRITE_ERRNOS:
+            raise write_error(exc, final, "the file") from None
+        raise
+
+
 def write_temp(final: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> Path:
     """``write(f)`` into a new temporary beside ``final``, fsynced; returns its path.
 
@@ -246,12 +258,7 @@ def write_temp(final: str | os.PathLike[str], write: Callable[[BinaryIO], object
     try:
         f = create_temp(tmp, final)
         try:
-            try:
-                write(f)
-            except OSError as exc:
-                if exc.errno in _WRITE_ERRNOS:
-                    raise write_error(exc, final, "the file") from None
-                raise
+            _write_into(f, write, final)
             sync_file(f, final)
         except BaseException:
             close_quietly(f)
@@ -532,12 +539,7 @@ class WriteGroup:
         try:
             f = create_temp(tmp, final)
             try:
-                try:
-                    write(f)
-                except OSError as exc:
-                    if exc.errno in _WRITE_ERRNOS:
-                        raise write_error(exc, final, "the file") from None
-                    raise
+                _write_into(f, write, final)
                 if grouped:
                     try:
                         f.flush()
