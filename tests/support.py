@@ -22,6 +22,16 @@ def write_documents(prefix, documents, dtype=np.uint16, lengths=None):
     return str(prefix)
 
 
+def write_small_blend(folder, seed=5):
+    """Token files ``a``, ``b``, ``c`` in ``folder``: 120 documents each of 3-40 tokens (ids
+    below 999, each ending with 999), the same bytes for the same seed."""
+    rng = np.random.default_rng(seed)
+    for name in ("a", "b", "c"):
+        docs = [np.append(rng.integers(0, 999, size=int(k)), 999) for k in rng.integers(3, 40, size=120)]
+        write_documents(Path(folder) / name, docs)
+    return folder
+
+
 def run_cli(*args, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """Run ``tokenload ARGS`` as a real subprocess of this interpreter."""
     full_env = dict(os.environ, **(env or {}))

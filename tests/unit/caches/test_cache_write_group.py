@@ -10,17 +10,16 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
-from support import write_documents
+from support import write_small_blend
 
 from tokenload.caches import CacheFiles, CacheState, CacheWriter, check_cache, describe
 from tokenload.caches import files as cache_io
 from tokenload.caches import gpt_identifiers, list_folder, write_cache
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.errors import CacheError, StorageError
+from tokenload.errors import CacheError
 from tokenload.format import atomic
 
 
@@ -226,11 +225,7 @@ def test_listing_says_what_exists_without_a_lookup_per_file(tmp_path, monkeypatc
 @pytest.fixture(scope="module")
 def blend(tmp_path_factory):
     folder = tmp_path_factory.mktemp("blend")
-    rng = np.random.default_rng(5)
-    for name in ("a", "b", "c"):
-        docs = [np.append(rng.integers(0, 999, size=int(k)), 999) for k in rng.integers(3, 40, size=120)]
-        write_documents(folder / name, docs)
-    return folder
+    return write_small_blend(folder)
 
 
 def test_a_build_on_an_empty_cache_syncs_once_and_looks_nothing_up(blend, tmp_path, monkeypatch, grouped_fs):

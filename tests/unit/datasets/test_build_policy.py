@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from support import write_documents
+from support import write_documents, write_small_blend
 
 import tokenload.datasets.megatron.builder as builder
 from tokenload.datasets import wait_for_cache_writes, MegatronDataConfig, build_datasets
@@ -27,11 +27,7 @@ SIZES = [200, 20, 0]
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("blend")
-    rng = np.random.default_rng(5)
-    for name in ("a", "b", "c"):
-        docs = [np.append(rng.integers(0, 999, size=int(k)), 999) for k in rng.integers(3, 40, size=120)]
-        write_documents(folder / name, docs)
-    return folder
+    return write_small_blend(folder)
 
 
 def _config(data, cache_folder, **kw) -> MegatronDataConfig:
