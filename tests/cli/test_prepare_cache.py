@@ -110,6 +110,39 @@ def test_the_missing_cache_command_builds_the_caches_the_job_loads(sizes, one_pr
         np.testing.assert_array_equal(got.__getitems__(rows)["tokens"], want.__getitems__(rows)["tokens"])
 
 
+def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
+    """A weights_schedule job under build_policy='none': the command it prints (with
+    --weights-schedule) prepares Megatron's blend of the first entry, the source that entry
+    leaves out and each later entry's blending arrays; the job then loads them all and serves
+    the stream it serves in memory."""
+    rng = np.random.default_rng(3)
+    prefixes = [write_documents(tmp_path / name, [rng.integers(1, 90, size=int(n)).tolist()
+                                                  for n in rng.integers(2, 12, size=300)])
+                for name in ("a", "b", "c")]
+    schedule = [(0, [5, 3, 0]), (100, [1, 1, 8]), (250, [2.5, 7, 1])]
+    blend = [x for p in prefixes for x in ("1", p)]
+    config = MegatronDataConfig(sequence_length=4, blend=blend, split="100,0,0",
+                                weights_schedule=schedule, path_to_cache=str(tmp_path / "c"),
+                                build_policy="none")
+    with pytest.raises(CacheError) as info:
+        build_datasets(config, [400, 0, 0])
+    command = str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0]
+    assert "--weights-schedule '[[0,[5.0,3.0,0.0]],[100,[1.0,1.0,8.0]],[250,[2.5,7.0,1.0]]]'" in command
+    out = run_shell(command)
+    assert out.returncode == 0, out.stderr
+    loaded = build_datasets(config, [400, 0, 0])[0]
+    assert sorted(loaded.entry_spans) == [1, 2] and loaded.entry_arrays.paths is not None
+    memory = build_datasets(dataclasses.replace(config, cache="off", build_policy="auto"), [400, 0, 0])[0]
+    rows = np.arange(400)
+    np.testing.assert_array_equal(loaded.__getitems__(rows)["tokens"], memory.__getitems__(rows)["tokens"])
+    out = run_cli("prepare-cache", "--data-path", *blend, "--split", "100,0,0", "--seq-length", "4",
+                  "--data-cache-path", str(tmp_path / "c"), "--train-samples", "400",
+                  "--global-batch-size", "1", "--eval-iters", "0", "--eval-interval", "1",
+                  "--weights-schedule", "[[0, [1, 2]]]")
+    assert out.returncode != 0 and "has 2 weights; the blend has 3 sources" in out.stderr
+    assert len(out.stderr.strip().splitlines()) <= 2, out.stderr
+
+
 # Megatron's arithmetic: train = iters x gbs (or --train-samples), valid = (iters // interval + 1)
 # x eval_iters x eval gbs, test = eval_iters x eval gbs; gbs = micro x world // (tp x pp x cp).
 COUNTS = [

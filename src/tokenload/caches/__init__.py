@@ -31,6 +31,7 @@ from tokenload.caches.names import (
     describe,
     description_hash,
     gpt_identifiers,
+    segment_identifiers,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "CACHE_FILE_NAME",
     "gpt_identifiers",
     "blended_identifiers",
+    "segment_identifiers",
     "describe",
     "description_hash",
     "default_cache_dir",

@@ -154,6 +154,14 @@ def register_prepare_cache(sub: argparse._SubParsersAction) -> None:
         help="open the token files with this sequences JSON's counts",
     )
     g.add_argument(
+        "--weights-schedule",
+        metavar="JSON_OR_FILE",
+        help="the job's MegatronDataConfig(weights_schedule=...) as JSON, [[start, [w1, w2,"
+        " ...]], ...] with one weight per --data-path prefix (or a file holding it): the first"
+        " entry's blend, the sources it leaves out and each later entry's blending arrays are"
+        " prepared too",
+    )
+    g.add_argument(
         "--mock-data", action="store_true", help="refused: mock data has no caches to prepare"
     )
     g.add_argument(
@@ -193,6 +201,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
             hint="pass the job's --data-path (Megatron's prepare_cache.py refuses it too)",
         )
     _require(args)
+    schedule = _schedule_from(args.weights_schedule)  # a malformed one is refused before any work
     if not is_url(args.data_cache_path):
         require_existing_folder(args.data_cache_path)
     blend, per_split = blends_of(args)
@@ -204,7 +213,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     for _ in _open_all(prefixes, "checking token files"):
         pass
     before = _listing(args.data_cache_path)
-    datasets = _build(args, blend, per_split, split, identity, counts)
+    datasets = _build(args, blend, per_split, split, identity, counts, schedule)
     result = _result(
         args, counts, identity, datasets, sorted(_listing(args.data_cache_path) - before)
     )
@@ -348,6 +357,7 @@ def _build(
     split: str | None,
     identity: dict | None,
     counts: Batches,
+    schedule: list | None,
 ) -> tuple[Any, Any, Any]:
     from ..datasets import MegatronDataConfig, build_datasets
 
@@ -366,9 +376,36 @@ def _build(
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         path_to_cache=args.data_cache_path,
         sequences_path=args.per_dataset_sequences_path,
+        weights_schedule=schedule,
         build_policy="rank0",
     )
     return build_datasets(config, list(counts.samples))
+
+
+def _schedule_from(text: str | None) -> list | None:
+    """``--weights-schedule``: JSON text, or a file of it (checked by the config)."""
+    if text is None:
+        return None
+    source = "--weights-schedule"
+    if not text.lstrip().startswith("[") and os.path.isfile(text):
+        source = text
+        with open(text, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{source} is not JSON ({exc})",
+            hint="pass [[0, [w1, w2, ...]], [start, [...]], ...] as the job's weights_schedule",
+        ) from None
+    if not isinstance(value, list):
+        raise ConfigError(
+            f"{source} holds {str(value)[:80]!r}; expected a list of [start, weights] pairs",
+            hint="pass [[0, [w1, w2, ...]], [start, [...]], ...] as the job's weights_schedule",
+        )
+    from ..index.schedule import check_schedule
+
+    return list(check_schedule(value, what=source))
 
 
 def _listing(folder: str) -> set[str]:

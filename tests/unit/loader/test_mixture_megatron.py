@@ -15,6 +15,7 @@ from test_mixture_resume import S, files  # noqa: F401  (files is a fixture)
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import StateError
 from tokenload.index import build_blending_indices
+from tokenload.index.splits import normalize
 from tokenload.loader import build_dataloader
 
 # several loaders (some with fork workers) per test: ~10 s alone, minutes on a loaded machine
@@ -268,8 +269,10 @@ def test_a_schedule_builds_its_segments_as_reading_reaches_them(files):
     whose segments were all built up front."""
     schedule = [(0, [5, 3, 2]), (160, [1, 1, 8]), (320, [2, 7, 1]), (480, [0, 1, 1])]
     lazy = megatron(files, {"a": 1, "b": 1, "c": 1}, schedule=schedule)
-    assert len(lazy._built) == 1 and len(lazy._planned) == 4
-    assert lazy._built[0].di is lazy.megatron.dataset_index  # no greedy built at startup
+    assert len(lazy._built) == 0 and len(lazy._planned) == 4  # nothing read while building
+    prepared_sample(lazy, 0)
+    assert len(lazy._built) == 1
+    assert lazy._built[0].di is lazy.megatron.dataset_index  # no greedy built for it
     eager = megatron(files, {"a": 1, "b": 1, "c": 1}, schedule=schedule)
     assert len(eager.segments) == 4 and len(eager._built) == 4
     assert [prepared_sample(lazy, k) for k in (10, 200)] == [
@@ -282,3 +285,111 @@ def test_a_schedule_builds_its_segments_as_reading_reaches_them(files):
         assert [a.tolist() for a in lazy._locate(k)] == [b.tolist() for b in eager._locate(k)]
     assert len(lazy._built) == 4
     assert lazy.source_cursors(SIZE).tolist() == eager.source_cursors(SIZE).tolist()
+
+
+def _scheduled(files, schedule, **kw):
+    blend = [x for name in ("a", "b", "c") for x in ("1", files[name])]
+    cfg = MegatronDataConfig(sequence_length=S, blend=blend, split="100,0,0",
+                             weights_schedule=schedule, **kw)
+    return build_datasets(cfg, [SIZE, 0, 0])[0]
+
+
+SCHEDULE = [(0, [5, 3, 2]), (160, [1, 1, 8]), (320, [2, 7, 1]), (480, [0, 1, 1])]
+
+
+def test_in_memory_megatron_arrays_hold_the_first_segment_only(files):
+    """Built in memory, Megatron's arrays of the first entry cover only its segment (the greedy
+    is prefix-stable: they are the first samples of the whole blend's arrays)."""
+    scheduled = _scheduled(files, SCHEDULE, cache="off")
+    plain = megatron(files, {"a": 5, "b": 3, "c": 2}, change="refuse")
+    assert scheduled.megatron.dataset_index.shape == (160,)
+    assert plain.dataset_index.shape == (SIZE,)
+    for name in ("dataset_index", "dataset_sample_index"):
+        np.testing.assert_array_equal(getattr(scheduled.megatron, name),
+                                      getattr(plain, name)[:160])
+    w = [0.2, 0.5, 0.3]
+    for n in (1, 7, 160, 1000):
+        head = [a[:n] for a in build_blending_indices(w, 1000)]
+        np.testing.assert_array_equal(head, build_blending_indices(w, n))
+
+
+def test_a_changed_resume_in_the_first_entry_reads_megatron_arrays(files):
+    """A resume with other weights (no schedule) restarts the greedy at the resume point: the
+    first samples of Megatron's arrays for the new weights, which the build made anyway."""
+    _, _, state = run(megatron(files, PHASES[0][0]), 160)
+    resumed = megatron(files, {"a": 1, "c": 3})
+    resumed.resume_mixture(state["mixture"])
+    segment = resumed._segment_at(0)
+    assert segment.start == 160 and segment.di is resumed.megatron.dataset_index
+    di, dsi = build_blending_indices(list(resumed.plans[0].plan.weights), SIZE - 160)
+    k = np.arange(160, SIZE)
+    which, within = resumed._locate(k)
+    assert np.asarray(resumed.sources)[which].tolist() == np.asarray(resumed.sources)[
+        resumed.plans[0].active][di].tolist()
+    np.testing.assert_array_equal(within - segment.base[which], dsi)
+
+
+def test_a_schedule_caches_each_entrys_blending_beside_megatrons(files, tmp_path):
+    """With ``path_to_cache`` each later entry's blending arrays are a cache (tokenload's
+    description), loaded by the next run instead of built: the same stream as in memory, from
+    sample 0 and from a resume; a damaged one is rebuilt, a missing one is a ``CacheError``
+    where the policy builds nothing."""
+    from tokenload.errors import CacheError
+
+    folder = tmp_path / "cache"
+    memory = _scheduled(files, SCHEDULE, cache="off")
+    first = _scheduled(files, SCHEDULE, path_to_cache=str(folder))
+    texts = sorted(p.read_text() for p in folder.glob("*-BlendedDataset-train-description.txt"))
+    ours = [json.loads(t) for t in texts if '"tokenload"' in t]
+    assert [(d["sizes"], [len(w) for w in d["weights"]]) for d in ours] == [
+        ([160, 160, 160], [3, 3, 2])]  # the later entries' arrays, one after another
+    assert len(texts) == 2  # and Megatron's own blend of the first entry, whole
+    assert first.megatron.dataset_index.shape == (SIZE,)
+    again = _scheduled(files, SCHEDULE, path_to_cache=str(folder), build_policy="none")
+    assert again.entry_spans == {1: (0, 160), 2: (160, 160), 3: (320, 160)}
+    assert again.entry_arrays.paths is not None  # mapped from the cache
+    k = np.arange(SIZE)
+    expected = [a.tolist() for a in memory._locate(k)]
+    assert [a.tolist() for a in again._locate(k)] == expected
+    assert [a.tolist() for a in first._locate(k)] == expected
+    # a resume at entry 2 maps the cached arrays and builds no greedy
+    rows, _, state = run(_scheduled(files, SCHEDULE, cache="off"), 352)
+    tail, _, _ = run(_scheduled(files, SCHEDULE, cache="off"), 96, state)
+    cached_tail, _, _ = run(_scheduled(files, SCHEDULE, path_to_cache=str(folder)), 96, state)
+    assert cached_tail == tail
+    # damaged: a rebuilt cache, the same samples
+    target = next(folder.glob("*-BlendedDataset-train-dataset_sample_index.npy"))
+    data = bytearray(target.read_bytes())
+    data[-8:] = b"\xff" * 8
+    target.write_bytes(bytes(data))
+    rebuilt = _scheduled(files, SCHEDULE, path_to_cache=str(folder))
+    assert [a.tolist() for a in rebuilt._locate(k)] == expected
+    # missing, under a policy that builds nothing: a typed error naming what to do
+    ours = [p.name[:32] for p in folder.glob("*-description.txt") if '"tokenload"' in
+            p.read_text()]
+    assert len(ours) == 1
+    for p in folder.glob(f"{ours[0]}-*"):
+        p.unlink()
+    with pytest.raises(CacheError, match="prepare-cache"):
+        _scheduled(files, SCHEDULE, path_to_cache=str(folder), build_policy="none")
+
+
+def test_a_segments_cursors_from_its_last_samples_equal_a_full_count():
+    """A segment's cursors come from the last few samples (each source's last ``dsi + 1``):
+    equal to counting the whole prefix, for any weights (tiny ones too) and any point."""
+    from tokenload.datasets.megatron.continuable import _Segment
+
+    rng = np.random.default_rng(21)
+    for _ in range(40):
+        d = int(rng.integers(1, 9))
+        w = rng.random(d) ** 4 + (1e-4 if rng.random() < 0.3 else 1e-2)
+        w = np.array(normalize(normalize(list(w))))
+        n = int(rng.integers(1, 30_000))
+        di, dsi = build_blending_indices(list(w), n)
+        members = d + 2
+        sources = np.sort(rng.choice(members, size=d, replace=False))
+        base = rng.integers(0, 1000, size=members)
+        segment = _Segment(500, 500 + n, sources, di, dsi, base, w)
+        for upto in [0, 1, 2, n // 3, n - 1, n, *rng.integers(0, n + 1, size=5).tolist()]:
+            counted = np.bincount(sources[np.asarray(di[:upto], dtype=np.int64)], minlength=members)
+            assert segment.cursors(500 + upto).tolist() == (base + counted).tolist(), (w, upto)

@@ -44,6 +44,7 @@ from ...caches import (
     describe,
     description_hash,
     gpt_identifiers,
+    segment_identifiers,
 )
 from ...distributed import World, barrier, process_group
 from ...errors import ConfigError
@@ -70,7 +71,7 @@ from ..sources import MockSource, file_facts, open_source
 from .blended import BlendedDataset
 from .cache_match import gpt_cache_mismatches
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
-from .continuable import continuable, first_entry_blend, mixture_mode
+from .continuable import continuable, first_entry_blend, first_segment, mixture_mode
 from .gpt_dataset import GPTDataset, IndexArrays
 from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
 from .policy import Role, missing_cache, prepare_command, resolve
@@ -302,16 +303,23 @@ class MegatronBuilder:
         )
         description = describe(uid)
 
+        # Megatron caches a blend only under an explicit path_to_cache.
+        folder = self.options.path_to_cache
+        span = size
+        in_memory = folder is None or self.role is Role.MEMORY
+        if size is not None and self._mixture_mode() and in_memory:
+            # built in memory for a chain of segments, Megatron's arrays serve only the first
+            # (its greedy is prefix-stable: the first samples are the same at any size)
+            span = first_segment(self.config.weights_schedule if name == "train" else None, size)
+
         def build() -> dict[str, np.ndarray]:
-            if size is None:
+            if span is None:
                 di, dsi = build_exhaustive_blending_indices(weights)
             else:
-                di, dsi = build_blending_indices(weights, size)
+                di, dsi = build_blending_indices(weights, span)
             check_oversampling(di, lengths, name)
             return {"dataset_index": di, "dataset_sample_index": dsi}
 
-        # Megatron caches a blend only under an explicit path_to_cache.
-        folder = self.options.path_to_cache
         fields = {"members": [m.dataset.fingerprint for m in mids]}
         n = sum(lengths) if size is None else size  # the exhaustive blend takes every sample once
         expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
@@ -332,6 +340,25 @@ class MegatronBuilder:
             def member(mid: MidLevelPlan) -> Any:  # a source built anew for another phase
                 return self._mid(name, mid, split, matrix).dataset
 
+            def greedy(entries: list[tuple[tuple[float, ...], int]]) -> IndexArrays | None:
+                """The later schedule entries' blending arrays, one after another, as one cache
+                in the folder (None in memory: the chain builds a segment's when it reaches
+                it)."""
+                if in_memory:
+                    return None
+                uid = segment_identifiers(split=name, entries=entries)
+
+                def build() -> dict[str, np.ndarray]:
+                    parts = [build_blending_indices(list(w), n) for w, n in entries]
+                    return {
+                        "dataset_index": np.concatenate([di for di, _ in parts]),
+                        "dataset_sample_index": np.concatenate([dsi for _, dsi in parts]),
+                    }
+
+                total = (sum(n for _, n in entries),)
+                shape = {"dataset_index": total, "dataset_sample_index": total}
+                return self._cache.indices(folder, uid, describe(uid), build, {}, shape).indices
+
             dataset = continuable(
                 config=self.config,
                 sizes=self.sizes,
@@ -341,7 +368,9 @@ class MegatronBuilder:
                 members=[m.dataset for m in mids],
                 build_member=member,
                 allow_change=self.options.mixture_change == "continue",
+                cached_greedy=greedy,
             )
+            self._cache.publish()  # the entries' arrays too
         members = [m.entry for m in mids]
         entry = cached.entry
         if entry is not None and all(e is not None for e in members):

@@ -34,9 +34,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from ...index import SPLIT_NAMES, Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
 from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.schedule import Schedule, check_schedule
+from ...index.splits import normalize
 from ..config import MegatronDataConfig, as_blend
 from .blended import BlendedDataset
 
@@ -56,13 +58,57 @@ _MAX = np.maximum.reduce
 __all__ = ["ContinuableBlendedDataset", "entry_plans"]
 
 
-class EntryPlan(NamedTuple):
-    """A schedule entry's blend: its sources of positive weight and Megatron's plan for them."""
+class EntryPlan:
+    """A schedule entry's blend: its sources of positive weight, their weights as Megatron's
+    plan normalizes them (twice), and that plan, made on first use (a long schedule plans only
+    the entries a run reaches and those that prepare a source)."""
 
-    active: list[int]
-    """Indices of the entry's sources (weight > 0) among the blend's."""
-    plan: SplitPlan
-    """The train-split plan Megatron makes for that blend."""
+    __slots__ = ("_make", "_plan", "active", "weights")
+
+    def __init__(
+        self,
+        active: list[int],
+        weights: tuple[float, ...],
+        *,
+        plan: SplitPlan | None = None,
+        make: Callable[[], SplitPlan] | None = None,
+    ) -> None:
+        self.active = active
+        """Indices of the entry's sources (weight > 0) among the blend's."""
+        self.weights = weights
+        """The greedy's weights: the plan's (``normalize`` twice, as Megatron's builder)."""
+        self._plan, self._make = plan, make
+
+    @property
+    def plan(self) -> SplitPlan:
+        """The train-split plan Megatron makes for that blend."""
+        if self._plan is None:
+            assert self._make is not None  # a plan or the means to make it
+            self._plan, self._make = self._make(), None
+        return self._plan
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.active, self.plan))
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.active, self.plan)[i]
+
+
+def _entry_plan(
+    split: str | None,
+    surplus: float,
+    sizes: tuple[int | None, ...],
+    blend: Blend,
+    per_split: bool,
+) -> SplitPlan:
+    if per_split:
+        plan = plan_splits(blend_per_split=[blend, None, None], sizes=list(sizes), surplus=surplus)
+    else:
+        plan = plan_splits(
+            blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
+        )
+    assert plan[0] is not None  # a train split with samples
+    return plan[0]
 
 
 def entry_plans(
@@ -75,25 +121,19 @@ def entry_plans(
     per_split: bool = False,
 ) -> list[EntryPlan]:
     """The train-split plan Megatron makes for each schedule entry's blend (its sources of
-    positive weight, with those weights): the weights (normalized twice) and buffers a phase run
-    with that entry's blend would use; ``per_split``: the blend is the train split's own
-    (``blend_per_split``), not one cut by ``split``."""
+    positive weight, with those weights), made when first asked for: the weights (normalized
+    twice) and buffers a phase run with that entry's blend would use; ``per_split``: the blend
+    is the train split's own (``blend_per_split``), not one cut by ``split``."""
     plans = []
     for _, weights in schedule:
         active = [i for i, w in enumerate(weights) if w > 0]
         blend = Blend(
             prefixes=tuple(prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
         )
-        if per_split:
-            plan = plan_splits(
-                blend_per_split=[blend, None, None], sizes=list(sizes), surplus=surplus
-            )[0]
-        else:
-            plan = plan_splits(
-                blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
-            )[0]
-        assert plan is not None  # a train split with samples
-        plans.append(EntryPlan(active, plan))
+        assert blend.weights is not None  # given just above
+        twice = tuple(normalize(normalize(blend.weights)))
+        make = partial(_entry_plan, split, surplus, tuple(sizes), blend, per_split)
+        plans.append(EntryPlan(active, twice, make=make))
     return plans
 
 
@@ -112,7 +152,9 @@ class _Segment:
     ) -> None:
         self.start, self.end, self.sources, self.di, self.dsi = start, end, sources, di, dsi
         self.base, self.weights = base, weights
-        self._counted, self._counts = 0, np.zeros(base.size, dtype=np.int64)
+        smallest = max(float(weights.min()), 1e-9) if weights.size else 1.0
+        self._tail = int(min(4 / smallest, 1 << 24)) + 16
+        """Samples before a point within which every source of the greedy was served."""
         self.every = bool(np.array_equal(sources, np.arange(base.size)))
         """Every member is in the greedy, in order: its source numbers are the members'."""
         self.based = bool(base.any())
@@ -136,15 +178,27 @@ class _Segment:
         self.safe = int(max(room.min(), min(greedy, float(1 << 62))))
 
     def cursors(self, consumed: int) -> np.ndarray:
-        """Every member's cursor after global sample ``consumed`` (incremental count)."""
+        """Every member's cursor after global sample ``consumed``. ``dsi[j]`` is how many
+        samples of ``di[j]``'s source the segment served before j, so a source's count is
+        ``dsi + 1`` at its last sample before ``consumed``: found in the last few samples, since
+        the greedy serves a source of weight w at least every ``1/w + 2`` samples (a count over
+        the whole prefix only when a source is not seen there). Cost independent of the
+        segment's length: a resume late in a long entry reads a few KB of its arrays."""
         upto = consumed - self.start
-        if upto < self._counted:
-            self._counted, self._counts[:] = 0, 0
-        for at in range(self._counted, upto, 1 << 22):
+        counts = np.zeros(self.base.size, dtype=np.int64)
+        if upto <= 0:
+            return self.base + counts
+        tail = min(upto, self._tail)
+        di = np.asarray(self.di[upto - tail : upto], dtype=np.int64)[::-1]
+        seen, last = np.unique(di, return_index=True)  # each source's last sample before upto
+        if tail == upto or seen.size == self.sources.size:
+            dsi = np.asarray(self.dsi[upto - tail : upto], dtype=np.int64)[::-1]
+            counts[self.sources[seen]] = dsi[last] + 1
+            return self.base + counts
+        for at in range(0, upto, 1 << 22):  # a source of tiny weight: count the prefix
             part = np.asarray(self.di[at : min(at + (1 << 22), upto)], dtype=np.int64)
-            self._counts += np.bincount(self.sources[part], minlength=self.base.size)
-        self._counted = upto
-        return self.base + self._counts
+            counts += np.bincount(self.sources[part], minlength=self.base.size)
+        return self.base + counts
 
 
 class ContinuableBlendedDataset(BlendedDataset):
@@ -162,6 +216,8 @@ class ContinuableBlendedDataset(BlendedDataset):
         rebuild: Callable[[int, int], Any],
         allow_change: bool,
         order: str,
+        entry_arrays: Any | None = None,
+        entry_spans: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         super().__init__(
             members,
@@ -178,6 +234,11 @@ class ContinuableBlendedDataset(BlendedDataset):
         self.rebuild = rebuild
         self.allow_change = allow_change
         self.order = order
+        self.entry_arrays = entry_arrays
+        """The later schedule entries' blending arrays from the cache folder, one after another
+        (``IndexArrays``, mapped on first use), or None."""
+        self.entry_spans = dict(entry_spans or {})
+        """Per entry in ``entry_arrays``: where its arrays start there, and their length."""
         self.carried: dict[str, dict[str, int]] = {}
         self._warned: set[int] = set()
         self._chain(0, np.zeros(len(members), dtype=np.int64))
@@ -202,7 +263,9 @@ class ContinuableBlendedDataset(BlendedDataset):
         self._built: list[_Segment] = []
         self._starts = np.array([start for _, start, _ in self._planned], dtype=np.int64)
         self._lengths_changed()
-        self._current = self._segment_at(0)  # the segment of the last micro-batch
+        # the segment of the last micro-batch: none before the first (no array is read while
+        # building, so a cache the build finds missing is reported as that, not as a bad file)
+        self._current: _Segment | None = None
 
     def _segment_at(self, p: int) -> _Segment:
         """Segment ``p``, built with those before it when first needed: a segment's greedy
@@ -211,14 +274,22 @@ class ContinuableBlendedDataset(BlendedDataset):
         while len(self._built) <= p:
             e, start, end = self._planned[len(self._built)]
             base = self._built[-1].cursors(start) if self._built else self.origin_cursors
-            active, plan = self.plans[e]
-            sources = np.asarray(active, dtype=np.int64)
-            if start == 0 and e == 0:  # Megatron's own blend of the first entry
+            entry = self.plans[e]
+            sources = np.asarray(entry.active, dtype=np.int64)
+            # The greedy is prefix-stable (step i does not depend on the size), so a segment of
+            # entry e, which starts the greedy at step 0, is a prefix of the entry's arrays:
+            # Megatron's own for the first entry (built for its blend), the cache's for a later
+            # one; only a later entry without a cache folder builds its segment's.
+            if e == 0:
                 di, dsi = self.megatron.dataset_index, self.megatron.dataset_sample_index
+            elif self.entry_arrays is not None and e in self.entry_spans:
+                at, n = self.entry_spans[e]
+                di = self.entry_arrays["dataset_index"][at : at + n]
+                dsi = self.entry_arrays["dataset_sample_index"][at : at + n]
             else:
-                assert plan.weights is not None  # an entry's blend is weighted
-                di, dsi = build_blending_indices(list(plan.weights), end - start)
-            weights = np.asarray(plan.weights, dtype=np.float64)
+                di, dsi = build_blending_indices(list(entry.weights), end - start)
+            assert di.shape[0] >= end - start, (e, di.shape, start, end)
+            weights = np.asarray(entry.weights, dtype=np.float64)
             segment = _Segment(start, end, sources, di, dsi, base, weights)
             segment.room(self._lengths)
             self._built.append(segment)
@@ -246,7 +317,7 @@ class ContinuableBlendedDataset(BlendedDataset):
             return idx.copy(), idx.copy()
         lo, hi = (int(idx.min()), int(idx.max())) if bounds is None else bounds
         s = self._current
-        if s.start <= lo and hi < s.end:
+        if s is not None and s.start <= lo and hi < s.end:
             j = idx - s.start if s.start else idx
             which = np.asarray(s.di[j], dtype=np.int64)
             within = np.asarray(s.dsi[j], dtype=np.int64)
@@ -432,18 +503,22 @@ def continuable(
     members: Sequence[Any],
     build_member: Callable[[MidLevelPlan], Any],
     allow_change: bool,
+    cached_greedy: Callable[[list[tuple[tuple[float, ...], int]]], Any] | None = None,
 ) -> ContinuableBlendedDataset:
     """``blend`` wrapped for schedules and mixture changes (called by the builder, train split
     with a schedule or any blend with ``mixture_change="continue"``). ``members``: the blend's
     datasets, one per ``plan.datasets``; ``build_member(mid)``: a source's dataset built for
-    another number of samples (a source that joins later, or a later phase)."""
+    another number of samples (a source that joins later, or a later phase);
+    ``cached_greedy([(weights, size), ...])``: the blending arrays of the later schedule
+    entries, one after another, from the cache folder (``IndexArrays``, mapped on first use), or
+    None when built in memory."""
     c = config
     prefixes = list(_blend_of(c, name).prefixes)
     schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
     if schedule is None:
         assert plan.weights is not None  # the builder wraps weighted blends only
         schedule = [(0, list(plan.weights))]
-        entries = [EntryPlan(list(range(len(prefixes))), plan)]
+        entries = [EntryPlan(list(range(len(prefixes))), tuple(plan.weights), plan=plan)]
     else:
         entries = entry_plans(
             c.split,
@@ -453,6 +528,7 @@ def continuable(
             check_schedule(schedule, len(prefixes)),
             per_split=c.blend_per_split is not None,
         )
+        entries[0] = EntryPlan(entries[0].active, entries[0].weights, plan=plan)  # the builder's
     datasets: list[Any] = [None] * len(prefixes)
     prepared = [0] * len(prefixes)
     for j, ds in enumerate(members):
@@ -465,10 +541,22 @@ def continuable(
 
     for i in range(len(prefixes)):
         if datasets[i] is None:  # weight 0 in the first entry: prepared by its first positive one
-            e = next(e for e, (active, _) in enumerate(entries) if i in active)
-            active, p = entries[e]
-            prepared[i] = _prepared(p.datasets[active.index(i)])
+            first = next(entry for entry in entries if i in entry.active)
+            prepared[i] = _prepared(first.plan.datasets[first.active.index(i)])
             datasets[i] = rebuild(i, prepared[i])
+    starts = [s for s, _ in check_schedule(schedule)] + [len(blend)]
+    later = [
+        (e, entries[e].weights, min(starts[e + 1], len(blend)) - starts[e])
+        for e in range(1, len(entries))
+        if starts[e] < len(blend)
+    ]
+    arrays = (
+        None if cached_greedy is None or not later else cached_greedy([(w, n) for _, w, n in later])
+    )
+    spans: dict[int, tuple[int, int]] = {}
+    if arrays is not None:
+        offsets = np.cumsum([0] + [n for _, _, n in later]).tolist()
+        spans = {e: (at, n) for (e, _, n), at in zip(later, offsets)}
     keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
         f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
@@ -483,6 +571,8 @@ def continuable(
         rebuild=rebuild,
         allow_change=allow_change,
         order=order,
+        entry_arrays=arrays,
+        entry_spans=spans,
     )
 
 
@@ -495,6 +585,15 @@ def _prepared(mid: MidLevelPlan) -> int:
 def mixture_mode(mixture_change: str, schedule: object | None) -> bool:
     """Whether the builder wraps blends in ``ContinuableBlendedDataset``."""
     return mixture_change == "continue" or schedule is not None
+
+
+def first_segment(schedule: Sequence[Any] | None, size: int) -> int:
+    """The samples of a chain's first segment (from sample 0): up to the schedule's first
+    change, all ``size`` without one; the only samples a chain reads from Megatron's arrays."""
+    if schedule is None:
+        return size
+    starts = [s for s, _ in check_schedule(schedule)]
+    return min(size, starts[1]) if len(starts) > 1 else size
 
 
 def first_entry_blend(schedule: Sequence[Any] | None, blend: Blend | None) -> Blend | None:

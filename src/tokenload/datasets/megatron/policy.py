@@ -112,6 +112,9 @@ def prepare_command(config: MegatronDataConfig, sizes: Sequence[int | None]) -> 
         args.append("--no-drop-last-partial-validation-sequence")
     if config.mid_level_dataset_surplus != 0.005:
         args += ["--mid-level-dataset-surplus", repr(config.mid_level_dataset_surplus)]
+    if config.weights_schedule is not None:
+        entries = [[int(s), [float(w) for w in ws]] for s, ws in config.weights_schedule]
+        args += ["--weights-schedule", json.dumps(entries, separators=(",", ":"))]
     folder = config.path_to_cache
     if folder is not None and "://" not in folder and not os.path.isdir(folder):
         return f"mkdir -p {shlex.quote(folder)} && {shlex.join(args)}"  # commands make no folder
