@@ -1,7 +1,8 @@
 """The cost of a weights schedule (issue 26) on startup and read throughput, side by side.
 
 Usage: python benchmarks/mixture.py [--data-dir DIR] [--rounds 5] [--train 200000]
-           [--batches 20] [--blocks 15] [--micro-batch 16] [--parts startup read machinery]
+           [--batches 20] [--blocks 15] [--micro-batch 16]
+           [--parts startup warm read machinery] [--cache off|default|path] [--warm-rounds 41]
            [--machinery-rounds 41] [--machinery-batches 200]
 
 Data: three token files of ``--tokens`` random uint16 tokens each (documents of 1-4000 tokens),
@@ -14,9 +15,18 @@ Variants, per order:
 * ``continue``: ``mixture_change="continue"`` and no schedule (Megatron order: the blend served
   through the segment chain instead of Megatron's arrays).
 
-*Startup*: each variant in a fresh process (torch imported before the clock starts), from the
-``build_datasets`` call to the first micro-batch out of a loader (0 workers, in-memory build,
-``cache="off"``); variants alternate within each round; medians of ``--rounds``. *Read*: one
+*Startup*: each variant in a fresh process (torch imported and the config made before the clock
+starts), from the ``build_datasets`` call to the first micro-batch out of a loader (0 workers) at
+sample ``train // 3`` (in the schedules' second entry); variants alternate within each round, the
+first variant rotating; medians of ``--rounds``, and the median (quartiles) of the per-round
+ratios. ``--cache``: ``off`` (in-memory build, ``cache="off"``), ``default`` (``cache="auto"``
+without ``path_to_cache``: each source's indices cached beside its token file, the blend built in
+memory, as Megatron does) or ``path`` (``path_to_cache``: Megatron's blend and a schedule's later
+entries cached too); the last two run every variant once before the rounds, so the caches exist.
+*Warm startup* (``--parts warm``): the same build and first micro-batch in one process per order,
+every variant built once first, then ``--warm-rounds`` alternating rounds: the difference a
+schedule makes resolved to tens of microseconds, shown as a share of the fresh-process startup of
+the fixed blend (a fresh process's own spread, ~15%, hides a 1% difference). *Read*: one
 process per order holds every variant's loader (0 workers, starting at sample ``train // 3``,
 past the first change, page cache warm) and reads them in alternating blocks of ``--batches``
 micro-batches, ``--blocks`` times; the cell is samples per CPU second of the median block, so a
@@ -88,17 +98,28 @@ def schedule(entries: int, train: int) -> list:
     ]
 
 
-def build(order: str, variant: str, args):
-    from tokenload.datasets import MegatronDataConfig, build_datasets
-
-    extra = {}
+def options(order: str, variant: str, args) -> dict:
+    """The variant's ``MegatronDataConfig`` arguments (a user's literal config: made before any
+    clock starts)."""
+    extra: dict = {}
     if variant.startswith("schedule"):
         extra["weights_schedule"] = schedule(int(variant.split()[1]), args.train)
     if variant == "continue":
         extra["mixture_change"] = "continue"
+    cache = getattr(args, "cache", "off")
+    if cache == "off":
+        extra["cache"] = "off"
+    elif cache == "path":
+        extra["path_to_cache"] = str(Path(args.prefixes[0]).parent / "cache")
+    # "default": cache="auto" without path_to_cache (members cached beside their token files)
     blend = [x for w, p in zip((5, 3, 2), args.prefixes) for x in (str(w), p)]
-    cfg = MegatronDataConfig(sequence_length=SEQ, blend=blend, split="100,0,0", cache="off",
-                             order=order, **extra)
+    return dict(sequence_length=SEQ, blend=blend, split="100,0,0", order=order, **extra)
+
+
+def build(order: str, variant: str, args, config: dict | None = None):
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+
+    cfg = MegatronDataConfig(**(config or options(order, variant, args)))
     return build_datasets(cfg, [args.train, 0, 0])[0]
 
 
@@ -118,9 +139,31 @@ def child_startup(args) -> None:
     import tokenload.loader  # noqa: F401
 
     order, variant = args.child
+    config = options(order, variant, args)
     started = time.perf_counter()
-    next(iter(loader_at(build(order, variant, args), args)))
+    next(iter(loader_at(build(order, variant, args, config), args)))
     print(json.dumps({"startup": time.perf_counter() - started}))
+
+
+def child_warm(args) -> None:
+    """Every variant of one order in one warm process (imports done, each variant built once
+    first), built and read to its first micro-batch in turn, ``--warm-rounds`` times: what a
+    schedule adds to startup, resolved to tens of microseconds."""
+    import logging
+
+    logging.disable(logging.WARNING)  # a small demo blend repeats its sources: said once each
+    order = args.child[0]
+    configs = {v: options(order, v, args) for v in VARIANTS[order]}
+    for v, config in configs.items():
+        next(iter(loader_at(build(order, v, args, config), args)))
+    times: dict = {v: [] for v in configs}
+    names = list(configs)
+    for r in range(args.warm_rounds):
+        for v in names[r % len(names):] + names[: r % len(names)]:
+            started = time.perf_counter()
+            next(iter(loader_at(build(order, v, args, configs[v]), args)))
+            times[v].append(time.perf_counter() - started)
+    print(json.dumps(times))
 
 
 def child_read(args) -> None:
@@ -219,20 +262,28 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--child", nargs=2, default=None)
     p.add_argument("--prefixes", nargs="*", default=None)
-    p.add_argument("--parts", nargs="*", default=["startup", "read", "machinery"],
-                   choices=["startup", "read", "machinery"])
+    p.add_argument("--parts", nargs="*", default=["startup", "warm", "read", "machinery"],
+                   choices=["startup", "warm", "read", "machinery"])
+    p.add_argument("--warm-rounds", type=int, default=41)
     p.add_argument("--machinery-rounds", type=int, default=41)
     p.add_argument("--machinery-batches", type=int, default=200)
+    p.add_argument("--cache", default="off", choices=["off", "default", "path"],
+                   help="startup's index cache: off (in memory), default (cache='auto' beside"
+                   " the token files), path (path_to_cache: Megatron's blend cached too); the"
+                   " last two warmed by one untimed run of every variant first")
     args = p.parse_args()
     if args.child:
         if args.child[1] == "machinery":
             return child_machinery(args)
+        if args.child[1] == "warm":
+            return child_warm(args)
         return child_read(args) if args.child[1] == "read" else child_startup(args)
     prefixes = make_data(Path(args.data_dir), args.tokens)
     common = ["--prefixes", *prefixes, "--train", str(args.train), "--batches", str(args.batches),
               "--blocks", str(args.blocks), "--micro-batch", str(args.micro_batch),
               "--machinery-rounds", str(args.machinery_rounds),
-              "--machinery-batches", str(args.machinery_batches)]
+              "--machinery-batches", str(args.machinery_batches), "--cache", args.cache,
+              "--warm-rounds", str(args.warm_rounds)]
 
     def run(*child):
         cmd = [sys.executable, __file__, "--child", *child, *common]
@@ -241,16 +292,24 @@ def main() -> None:
 
     startup: dict = {}
     reads: dict = {}
-    for _ in range(args.rounds if "startup" in args.parts else 0):
+    if "startup" in args.parts and args.cache != "off":  # warm: the caches exist
         for order, variants in VARIANTS.items():
             for variant in variants:
+                run(order, variant)
+    for r in range(args.rounds if "startup" in args.parts else 0):
+        for order, variants in VARIANTS.items():
+            turn = variants[r % len(variants):] + variants[: r % len(variants)]
+            for variant in turn:
                 startup.setdefault((order, variant), []).append(run(order, variant)["startup"])
     for order in VARIANTS if "read" in args.parts else ():
         for variant, blocks in run(order, "read").items():
             reads[(order, variant)] = blocks
     samples = args.batches * args.micro_batch
     if startup or reads:
-        print("| order | variant | startup s (median) | vs fixed | samples per CPU s (median"
+        if startup:
+            print(f"Startup: index cache {args.cache!r}, {args.rounds} rounds; 'vs fixed' is the"
+                  " ratio of medians, then the median (quartiles) of the per-round ratios.\n")
+        print("| order | variant | startup (median) | vs fixed | samples per CPU s (median"
               " block) | vs fixed | samples per CPU s (all blocks) | vs fixed |")
         print("|---|---|---|---|---|---|---|---|")
     for order, variants in VARIANTS.items() if startup or reads else ():
@@ -260,7 +319,11 @@ def main() -> None:
             cells = [order, variant]
             if base_s is not None:
                 s = statistics.median(startup[(order, variant)])
-                cells += [f"{s:.3f}", f"{s / base_s:.2f}"]
+                paired = [a / b for a, b in zip(startup[(order, variant)],
+                                                startup[(order, "fixed")])]
+                q = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
+                cells += [f"{s * 1e3:.1f} ms", f"{s / base_s:.3f}; {statistics.median(paired):.3f}"
+                          f" ({q[0]:.2f}..{q[2]:.2f})"]
             else:
                 cells += ["", ""]
             if base_r is not None:
@@ -272,6 +335,23 @@ def main() -> None:
             else:
                 cells += ["", "", "", ""]
             print("| " + " | ".join(cells) + " |")
+    if "warm" in args.parts:
+        print(f"\nWarm startup (one process per order, {args.warm_rounds} alternating rounds):"
+              " what the variant adds, and that as a share of the fresh-process startup of the"
+              " fixed blend above.\n")
+        print("| order | variant | warm startup (median) | minus fixed: median (quartiles) |"
+              " share of the fresh fixed startup |")
+        print("|---|---|---|---|---|")
+        for order in VARIANTS:
+            times = run(order, "warm")
+            fresh = statistics.median(startup[(order, "fixed")]) if startup else None
+            for variant, t in times.items():
+                diff = [(a - b) * 1e3 for a, b in zip(t, times["fixed"])]
+                q = statistics.quantiles(diff, n=4)
+                med = statistics.median(diff)
+                share = "" if fresh is None else f"{med / (fresh * 1e3):+.1%}"
+                print(f"| {order} | {variant} | {statistics.median(t) * 1e3:.2f} ms |"
+                      f" {med:+.2f} ms ({q[0]:+.2f} .. {q[2]:+.2f}) | {share} |")
     if "machinery" not in args.parts:
         return
     print()
