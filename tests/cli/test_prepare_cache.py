@@ -112,9 +112,9 @@ def test_the_missing_cache_command_builds_the_caches_the_job_loads(sizes, one_pr
 
 def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
     """A weights_schedule job under build_policy='none': the command it prints (with
-    --weights-schedule) prepares Megatron's blend of the first entry, the source that entry
-    leaves out and each later entry's blending arrays; the job then loads them all and serves
-    the stream it serves in memory."""
+    --weights-schedule) prepares the source the first entry leaves out and every entry's
+    blending arrays (one cache); the job then loads them all and serves the stream it serves in
+    memory."""
     rng = np.random.default_rng(3)
     prefixes = [write_documents(tmp_path / name, [rng.integers(1, 90, size=int(n)).tolist()
                                                   for n in rng.integers(2, 12, size=300)])
@@ -132,6 +132,7 @@ def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
     assert out.returncode == 0, out.stderr
     loaded = build_datasets(config, [400, 0, 0])[0]
     assert sorted(loaded.entry_spans) == [1, 2] and loaded.entry_arrays.paths is not None
+    assert len(list((tmp_path / 'c').glob('*-BlendedDataset-train-description.txt'))) == 1
     memory = build_datasets(dataclasses.replace(config, cache="off", build_policy="auto"), [400, 0, 0])[0]
     rows = np.arange(400)
     np.testing.assert_array_equal(loaded.__getitems__(rows)["tokens"], memory.__getitems__(rows)["tokens"])

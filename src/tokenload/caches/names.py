@@ -107,14 +107,14 @@ def blended_identifiers(
 def segment_identifiers(
     *, split: str, entries: Sequence[tuple[Sequence[float], int]]
 ) -> OrderedDict[str, Any]:
-    """The identifiers of a weights schedule's blending arrays for its entries after the first
-    (tokenload's, never Megatron's: no ``datasets``): per entry, Megatron's greedy over its
-    ``weights`` for its ``size`` samples, the entries one after another. The greedy depends on
-    nothing else, and every segment of an entry is a prefix of the entry's arrays. Named and
-    written as a ``BlendedDataset`` cache (its two arrays)."""
+    """The identifiers of a weights schedule's blending arrays (tokenload's, never Megatron's:
+    no ``datasets``): per entry, Megatron's greedy over its ``weights`` for its ``size`` samples,
+    the entries one after another. The greedy depends on nothing else, and every segment of an
+    entry is a prefix of the entry's arrays. Named and written as a ``BlendedDataset`` cache
+    (its two arrays)."""
     uid: OrderedDict[str, Any] = OrderedDict()
     uid["class"] = "BlendedDataset"
-    uid["tokenload"] = "weights_schedule entries after the first: Megatron's blending greedy"
+    uid["tokenload"] = "weights_schedule: Megatron's blending greedy per entry, one after another"
     uid["split"] = split
     uid["weights"] = [list(w) for w, _ in entries]
     uid["sizes"] = [int(n) for _, n in entries]

@@ -157,9 +157,9 @@ def register_prepare_cache(sub: argparse._SubParsersAction) -> None:
         "--weights-schedule",
         metavar="JSON_OR_FILE",
         help="the job's MegatronDataConfig(weights_schedule=...) as JSON, [[start, [w1, w2,"
-        " ...]], ...] with one weight per --data-path prefix (or a file holding it): the first"
-        " entry's blend, the sources it leaves out and each later entry's blending arrays are"
-        " prepared too",
+        " ...]], ...] with one weight per --data-path prefix (or a file holding it): the sources"
+        " the first entry leaves out and every entry's blending arrays (one cache) are prepared"
+        " too",
     )
     g.add_argument(
         "--mock-data", action="store_true", help="refused: mock data has no caches to prepare"

@@ -329,11 +329,11 @@ def test_a_changed_resume_in_the_first_entry_reads_megatron_arrays(files):
     np.testing.assert_array_equal(within - segment.base[which], dsi)
 
 
-def test_a_schedule_caches_each_entrys_blending_beside_megatrons(files, tmp_path):
-    """With ``path_to_cache`` each later entry's blending arrays are a cache (tokenload's
-    description), loaded by the next run instead of built: the same stream as in memory, from
-    sample 0 and from a resume; a damaged one is rebuilt, a missing one is a ``CacheError``
-    where the policy builds nothing."""
+def test_a_schedule_caches_every_entrys_blending_as_one_cache(files, tmp_path):
+    """With ``path_to_cache`` the blend's cache holds every entry's blending arrays one after
+    another (tokenload's description; the first entry's are Megatron's), loaded by the next run
+    instead of built: the same stream as in memory, from sample 0 and from a resume; a damaged
+    one is rebuilt, a missing one is a ``CacheError`` where the policy builds nothing."""
     from tokenload.errors import CacheError
 
     folder = tmp_path / "cache"
@@ -342,12 +342,15 @@ def test_a_schedule_caches_each_entrys_blending_beside_megatrons(files, tmp_path
     texts = sorted(p.read_text() for p in folder.glob("*-BlendedDataset-train-description.txt"))
     ours = [json.loads(t) for t in texts if '"tokenload"' in t]
     assert [(d["sizes"], [len(w) for w in d["weights"]]) for d in ours] == [
-        ([160, 160, 160], [3, 3, 2])]  # the later entries' arrays, one after another
-    assert len(texts) == 2  # and Megatron's own blend of the first entry, whole
-    assert first.megatron.dataset_index.shape == (SIZE,)
+        ([160, 160, 160, 160], [3, 3, 3, 2])]  # every entry's arrays, one after another
+    assert len(texts) == 1  # the blend's only cache: as many to check as a fixed blend's
+    plain = megatron(files, {"a": 5, "b": 3, "c": 2}, change="refuse")
+    for name in ("dataset_index", "dataset_sample_index"):  # the first entry's: Megatron's
+        np.testing.assert_array_equal(getattr(first.megatron, name)[:160],
+                                      getattr(plain, name)[:160])
     again = _scheduled(files, SCHEDULE, path_to_cache=str(folder), build_policy="none")
-    assert again.entry_spans == {1: (0, 160), 2: (160, 160), 3: (320, 160)}
-    assert again.entry_arrays.paths is not None  # mapped from the cache
+    assert again.entry_spans == {1: (160, 160), 2: (320, 160), 3: (480, 160)}
+    assert again.entry_arrays is again.megatron.indices and again.entry_arrays.paths is not None
     k = np.arange(SIZE)
     expected = [a.tolist() for a in memory._locate(k)]
     assert [a.tolist() for a in again._locate(k)] == expected

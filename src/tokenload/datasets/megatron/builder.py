@@ -71,7 +71,13 @@ from ..sources import MockSource, file_facts, open_source
 from .blended import BlendedDataset
 from .cache_match import gpt_cache_mismatches
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
-from .continuable import continuable, first_entry_blend, first_segment, mixture_mode
+from .continuable import (
+    continuable,
+    entry_parts,
+    first_entry_blend,
+    first_segment,
+    mixture_mode,
+)
 from .gpt_dataset import GPTDataset, IndexArrays
 from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
 from .policy import Role, missing_cache, prepare_command, resolve
@@ -305,14 +311,32 @@ class MegatronBuilder:
 
         # Megatron caches a blend only under an explicit path_to_cache.
         folder = self.options.path_to_cache
+        fields: dict[str, Any] = {"members": [m.dataset.fingerprint for m in mids]}
         span = size
         in_memory = folder is None or self.role is Role.MEMORY
+        schedule = self.config.weights_schedule if name == "train" else None
+        parts = None  # a schedule's entries, cached as one: (weights, samples) each
         if size is not None and self._mixture_mode() and in_memory:
             # built in memory for a chain of segments, Megatron's arrays serve only the first
             # (its greedy is prefix-stable: the first samples are the same at any size)
-            span = first_segment(self.config.weights_schedule if name == "train" else None, size)
+            span = first_segment(schedule, size)
+        elif size is not None and self._mixture_mode() and schedule is not None:
+            # one cache holds every entry's blending, one after another, the first entry's
+            # being Megatron's arrays of its blend's first samples: as many caches to check and
+            # as many samples to hash as the fixed blend's
+            parts = entry_parts(schedule, size)
+            assert list(parts[0][0]) == list(weights)  # the first entry's blend is the plan's
+            uid = segment_identifiers(split=name, entries=parts)
+            description, fields = describe(uid), {}
 
         def build() -> dict[str, np.ndarray]:
+            if parts is not None:
+                built = [build_blending_indices(list(w), k) for w, k in parts]
+                check_oversampling(built[0][0], lengths, name)
+                return {
+                    "dataset_index": np.concatenate([di for di, _ in built]),
+                    "dataset_sample_index": np.concatenate([dsi for _, dsi in built]),
+                }
             if span is None:
                 di, dsi = build_exhaustive_blending_indices(weights)
             else:
@@ -320,7 +344,6 @@ class MegatronBuilder:
             check_oversampling(di, lengths, name)
             return {"dataset_index": di, "dataset_sample_index": dsi}
 
-        fields = {"members": [m.dataset.fingerprint for m in mids]}
         n = sum(lengths) if size is None else size  # the exhaustive blend takes every sample once
         expected = {"dataset_index": (n,), "dataset_sample_index": (n,)}
         cached = self._cache.indices(folder, uid, description, build, fields, expected)
@@ -340,25 +363,6 @@ class MegatronBuilder:
             def member(mid: MidLevelPlan) -> Any:  # a source built anew for another phase
                 return self._mid(name, mid, split, matrix).dataset
 
-            def greedy(entries: list[tuple[tuple[float, ...], int]]) -> IndexArrays | None:
-                """The later schedule entries' blending arrays, one after another, as one cache
-                in the folder (None in memory: the chain builds a segment's when it reaches
-                it)."""
-                if in_memory:
-                    return None
-                uid = segment_identifiers(split=name, entries=entries)
-
-                def build() -> dict[str, np.ndarray]:
-                    parts = [build_blending_indices(list(w), n) for w, n in entries]
-                    return {
-                        "dataset_index": np.concatenate([di for di, _ in parts]),
-                        "dataset_sample_index": np.concatenate([dsi for _, dsi in parts]),
-                    }
-
-                total = (sum(n for _, n in entries),)
-                shape = {"dataset_index": total, "dataset_sample_index": total}
-                return self._cache.indices(folder, uid, describe(uid), build, {}, shape).indices
-
             dataset = continuable(
                 config=self.config,
                 sizes=self.sizes,
@@ -368,9 +372,8 @@ class MegatronBuilder:
                 members=[m.dataset for m in mids],
                 build_member=member,
                 allow_change=self.options.mixture_change == "continue",
-                cached_greedy=greedy,
+                entries_in_blend=parts is not None,
             )
-            self._cache.publish()  # the entries' arrays too
         members = [m.entry for m in mids]
         entry = cached.entry
         if entry is not None and all(e is not None for e in members):

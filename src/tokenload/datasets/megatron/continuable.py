@@ -226,7 +226,7 @@ class ContinuableBlendedDataset(BlendedDataset):
             length=len(blend),
             startup_phases=blend.startup_phases,
         )
-        self.megatron = blend  # segment 0 of a run from sample 0: Megatron's arrays
+        self.megatron = blend  # the first entry's arrays: Megatron's (then, when cached, the rest)
         self.sources = list(keys)
         self.schedule = check_schedule(schedule, len(members))
         self.plans = plans  # per entry: (active member indices, the entry's plan)
@@ -503,15 +503,14 @@ def continuable(
     members: Sequence[Any],
     build_member: Callable[[MidLevelPlan], Any],
     allow_change: bool,
-    cached_greedy: Callable[[list[tuple[tuple[float, ...], int]]], Any] | None = None,
+    entries_in_blend: bool = False,
 ) -> ContinuableBlendedDataset:
     """``blend`` wrapped for schedules and mixture changes (called by the builder, train split
     with a schedule or any blend with ``mixture_change="continue"``). ``members``: the blend's
     datasets, one per ``plan.datasets``; ``build_member(mid)``: a source's dataset built for
     another number of samples (a source that joins later, or a later phase);
-    ``cached_greedy([(weights, size), ...])``: the blending arrays of the later schedule
-    entries, one after another, from the cache folder (``IndexArrays``, mapped on first use), or
-    None when built in memory."""
+    ``entries_in_blend``: ``blend``'s arrays (a cache) hold every schedule entry's blending
+    one after another (``entry_parts``), not only Megatron's arrays of the first entry."""
     c = config
     prefixes = list(_blend_of(c, name).prefixes)
     schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
@@ -544,19 +543,13 @@ def continuable(
             first = next(entry for entry in entries if i in entry.active)
             prepared[i] = _prepared(first.plan.datasets[first.active.index(i)])
             datasets[i] = rebuild(i, prepared[i])
-    starts = [s for s, _ in check_schedule(schedule)] + [len(blend)]
-    later = [
-        (e, entries[e].weights, min(starts[e + 1], len(blend)) - starts[e])
-        for e in range(1, len(entries))
-        if starts[e] < len(blend)
-    ]
-    arrays = (
-        None if cached_greedy is None or not later else cached_greedy([(w, n) for _, w, n in later])
-    )
-    spans: dict[int, tuple[int, int]] = {}
-    if arrays is not None:
-        offsets = np.cumsum([0] + [n for _, _, n in later]).tolist()
-        spans = {e: (at, n) for (e, _, n), at in zip(later, offsets)}
+    arrays, spans = None, {}
+    if entries_in_blend:
+        arrays, at = blend.indices, 0
+        for e, (_, n) in enumerate(entry_parts(schedule, len(blend))):
+            spans[e] = (at, n)
+            at += n
+        del spans[0]  # the first entry's are Megatron's arrays (``megatron``)
     keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
         f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
@@ -585,6 +578,18 @@ def _prepared(mid: MidLevelPlan) -> int:
 def mixture_mode(mixture_change: str, schedule: object | None) -> bool:
     """Whether the builder wraps blends in ``ContinuableBlendedDataset``."""
     return mixture_change == "continue" or schedule is not None
+
+
+def entry_parts(schedule: Sequence[Any], size: int) -> list[tuple[tuple[float, ...], int]]:
+    """Per schedule entry that starts before ``size``: the weights of its greedy (its sources of
+    positive weight, normalized twice as Megatron's plan does) and its number of samples."""
+    checked = check_schedule(schedule)
+    ends = [s for s, _ in checked[1:]] + [size]
+    return [
+        (tuple(normalize(normalize([w for w in weights if w > 0]))), min(end, size) - start)
+        for (start, weights), end in zip(checked, ends)
+        if start < size
+    ]
 
 
 def first_segment(schedule: Sequence[Any] | None, size: int) -> int:
