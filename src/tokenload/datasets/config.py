@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ..errors import ConfigError
 from ..index import Blend, parse_blend
@@ -232,7 +232,9 @@ class MegatronDataConfig:
             return
         from ..index.schedule import check_schedule
 
-        check_schedule(self.weights_schedule)
+        # kept as checked (ints, float tuples) for the builders, outside the fields: equality,
+        # repr and replace() see the schedule as given
+        object.__setattr__(self, "_checked_schedule", check_schedule(self.weights_schedule))
         if self.order == "neox":
             raise ConfigError(
                 "weights_schedule applies to order='computed' or 'megatron', not 'neox'",
@@ -242,6 +244,12 @@ class MegatronDataConfig:
             raise ConfigError(
                 "weights_schedule needs a blend", hint="pass blend or blend_per_split"
             )
+
+    def checked_schedule(self) -> Sequence[tuple[int, tuple[float, ...]]] | None:
+        """``weights_schedule`` as checked when the config was made (None without one)."""
+        if self.weights_schedule is None:
+            return None
+        return cast("Sequence[tuple[int, tuple[float, ...]]]", self.__dict__["_checked_schedule"])
 
     @classmethod
     def from_megatron_args(cls, argv: Sequence[str], **options: Any) -> ImportedConfig:

@@ -256,7 +256,7 @@ def build_computed_datasets(
     out = [
         None
         if plan is None
-        else builder.split(plan, options.period, c.weights_schedule if k == 0 else None)
+        else builder.split(plan, options.period, c.checked_schedule() if k == 0 else None)
         for k, plan in enumerate(plans)
     ]
     phases = {"header_reads": time.perf_counter() - started}

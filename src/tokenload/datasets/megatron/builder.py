@@ -314,7 +314,7 @@ class MegatronBuilder:
         fields: dict[str, Any] = {"members": [m.dataset.fingerprint for m in mids]}
         span = size
         in_memory = folder is None or self.role is Role.MEMORY
-        schedule = self.config.weights_schedule if name == "train" else None
+        schedule = self.config.checked_schedule() if name == "train" else None
         parts = None  # a schedule's entries, cached as one: (weights, samples) each
         if size is not None and self._mixture_mode() and in_memory:
             # built in memory for a chain of segments, Megatron's arrays serve only the first

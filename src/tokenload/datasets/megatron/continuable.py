@@ -513,10 +513,10 @@ def continuable(
     one after another (``entry_parts``), not only Megatron's arrays of the first entry."""
     c = config
     prefixes = list(_blend_of(c, name).prefixes)
-    schedule = c.weights_schedule if name == "train" and c.weights_schedule is not None else None
+    schedule = c.checked_schedule() if name == "train" else None
     if schedule is None:
         assert plan.weights is not None  # the builder wraps weighted blends only
-        schedule = [(0, list(plan.weights))]
+        schedule = [(0, tuple(plan.weights))]
         entries = [EntryPlan(list(range(len(prefixes))), tuple(plan.weights), plan=plan)]
     else:
         entries = entry_plans(
