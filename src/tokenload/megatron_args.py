@@ -20,7 +20,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 
@@ -338,20 +338,28 @@ def tokenizer_identity(args: argparse.Namespace) -> dict | None:
     return identity
 
 
-def _identity_from(text: str) -> dict:
-    """JSON text or a file of it; a whole description (with a "tokenizer" key) gives its part."""
-    source = "--tokenizer-identity"
-    if not text.lstrip().startswith("{") and os.path.isfile(text):
+def json_or_file(text: str, flag: str, opening: str, hint: str) -> tuple[Any, str]:
+    """A flag's JSON value given inline or as a file of it (text not starting with ``opening``
+    that names a file), and where it came from (the flag or the file) for error messages."""
+    source = flag
+    if not text.lstrip().startswith(opening) and os.path.isfile(text):
         source = text
         with open(text, encoding="utf-8") as f:
             text = f.read()
     try:
-        value = json.loads(text)
+        return json.loads(text), source
     except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{source} is not JSON ({exc})",
-            hint='pass the "tokenizer" object of a Megatron description, or its file',
-        ) from None
+        raise ConfigError(f"{source} is not JSON ({exc})", hint=hint) from None
+
+
+def _identity_from(text: str) -> dict:
+    """JSON text or a file of it; a whole description (with a "tokenizer" key) gives its part."""
+    value, source = json_or_file(
+        text,
+        "--tokenizer-identity",
+        "{",
+        'pass the "tokenizer" object of a Megatron description, or its file',
+    )
     if isinstance(value, dict) and isinstance(value.get("tokenizer"), dict):
         value = value["tokenizer"]
     if not isinstance(value, dict) or "class" not in value:

@@ -38,6 +38,7 @@ from ..megatron_args import (
     blend_flags,
     blends_of,
     item_flags,
+    json_or_file,
     positive,
     tokenizer_flags,
     tokenizer_identity,
@@ -386,22 +387,12 @@ def _schedule_from(text: str | None) -> list | None:
     """``--weights-schedule``: JSON text, or a file of it (checked by the config)."""
     if text is None:
         return None
-    source = "--weights-schedule"
-    if not text.lstrip().startswith("[") and os.path.isfile(text):
-        source = text
-        with open(text, encoding="utf-8") as f:
-            text = f.read()
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{source} is not JSON ({exc})",
-            hint="pass [[0, [w1, w2, ...]], [start, [...]], ...] as the job's weights_schedule",
-        ) from None
+    hint = "pass [[0, [w1, w2, ...]], [start, [...]], ...] as the job's weights_schedule"
+    value, source = json_or_file(text, "--weights-schedule", "[", hint)
     if not isinstance(value, list):
         raise ConfigError(
             f"{source} holds {str(value)[:80]!r}; expected a list of [start, weights] pairs",
-            hint="pass [[0, [w1, w2, ...]], [start, [...]], ...] as the job's weights_schedule",
+            hint=hint,
         )
     from ..index.schedule import check_schedule
 
