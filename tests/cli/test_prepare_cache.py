@@ -130,6 +130,7 @@ def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
     assert "--weights-schedule '[[0,[5.0,3.0,0.0]],[100,[1.0,1.0,8.0]],[250,[2.5,7.0,1.0]]]'" in command
     out = run_shell(command)
     assert out.returncode == 0, out.stderr
+    assert "weights schedule    3 entries; changes at samples 100, 250" in out.stdout
     loaded = build_datasets(config, [400, 0, 0])[0]
     assert sorted(loaded.entry_spans) == [1, 2] and loaded.entry_arrays.paths is not None
     assert len(list((tmp_path / 'c').glob('*-BlendedDataset-train-description.txt'))) == 1

@@ -209,7 +209,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     counts = _counts(args)
     identity = tokenizer_identity(args)
     split = (args.split or LEGACY_SPLIT) if blend is not None else None
-    _report_plan(args, counts, identity, split)
+    _report_plan(args, counts, identity, split, schedule)
     prefixes = _prefixes(blend, per_split)
     for _ in _open_all(prefixes, "checking token files"):
         pass
@@ -431,7 +431,11 @@ def _result(
 
 
 def _report_plan(
-    args: argparse.Namespace, counts: Batches, identity: dict | None, split: str | None
+    args: argparse.Namespace,
+    counts: Batches,
+    identity: dict | None,
+    split: str | None,
+    schedule: list | None,
 ) -> None:
     if args.json:
         return
@@ -447,6 +451,9 @@ def _report_plan(
         note = "" if args.split else " (Megatron's default without --split)"
         print(f"  split               {split!r}{note}")
     print(f"  cache folder        {args.data_cache_path}")
+    if schedule is not None:
+        starts = ", ".join(str(start) for start, _ in schedule[1:]) or "none"
+        print(f"  weights schedule    {len(schedule)} entries; changes at samples {starts}")
     if identity is None:
         print(
             "  tokenizer identity  None: these caches are named for tokenload only; Megatron"
