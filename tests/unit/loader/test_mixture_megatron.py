@@ -102,7 +102,7 @@ def test_each_source_continues_its_own_megatron_order_through_changes(files):
     # phase 3's shares: Megatron's greedy for its weights, restarted at the resume point
     shares = [owner for owner, _ in owners[160 + 192 :]]
     third = megatron(files, PHASES[2][0])
-    di, _ = build_blending_indices(list(third.plans[0][1].weights), 224)
+    di, _ = build_blending_indices(list(third.plans[0].plan.weights), 224)
     assert [third.sources.index(key) for key in shares] == di.tolist()
     weights = np.array(list(PHASES[2][0].values())) / sum(PHASES[2][0].values())
     m = np.arange(1, 225)[:, None]
@@ -217,7 +217,7 @@ def test_per_split_blends_continue_each_source_at_its_cursor(files):
         for row, (key, s) in list(zip(rows + more, owners))[::5]:
             np.testing.assert_array_equal(row, members[key][s]["tokens"])
         # after the change: Megatron's greedy for the new weights, restarted at the resume point
-        di, _ = build_blending_indices(list(second.plans[0][1].weights), n)
+        di, _ = build_blending_indices(list(second.plans[0].plan.weights), n)
         assert [second.sources.index(key) for key, _ in owners[n:]] == di.tolist()
     # the default: a change is refused, as Megatron (a plain blend, or one with a schedule)
     _, _, state = run(plain[0], 32)

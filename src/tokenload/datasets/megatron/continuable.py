@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -87,12 +87,6 @@ class EntryPlan:
             self._plan, self._make = self._make(), None
         return self._plan
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.active, self.plan))
-
-    def __getitem__(self, i: int) -> Any:
-        return (self.active, self.plan)[i]
-
 
 def _entry_plan(
     split: str | None,
@@ -130,10 +124,8 @@ def entry_plans(
         blend = Blend(
             prefixes=tuple(prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
         )
-        assert blend.weights is not None  # given just above
-        twice = tuple(normalize(normalize(blend.weights)))
         make = partial(_entry_plan, split, surplus, tuple(sizes), blend, per_split)
-        plans.append(EntryPlan(active, twice, make=make))
+        plans.append(EntryPlan(active, _greedy_weights(weights), make=make))
     return plans
 
 
@@ -235,8 +227,8 @@ class ContinuableBlendedDataset(BlendedDataset):
         self.allow_change = allow_change
         self.order = order
         self.entry_arrays = entry_arrays
-        """The later schedule entries' blending arrays from the cache folder, one after another
-        (``IndexArrays``, mapped on first use), or None."""
+        """The blend's cache holding every schedule entry's blending arrays, one after another
+        (``entry_parts``; ``IndexArrays``, mapped on first use), or None."""
         self.entry_spans = dict(entry_spans or {})
         """Per entry in ``entry_arrays``: where its arrays start there, and their length."""
         self.carried: dict[str, dict[str, int]] = {}
@@ -586,10 +578,15 @@ def entry_parts(schedule: Sequence[Any], size: int) -> list[tuple[tuple[float, .
     checked = check_schedule(schedule)
     ends = [s for s, _ in checked[1:]] + [size]
     return [
-        (tuple(normalize(normalize([w for w in weights if w > 0]))), min(end, size) - start)
+        (_greedy_weights(weights), min(end, size) - start)
         for (start, weights), end in zip(checked, ends)
         if start < size
     ]
+
+
+def _greedy_weights(weights: Sequence[float]) -> tuple[float, ...]:
+    """An entry's greedy weights: its positive ones normalized twice, as Megatron's plan does."""
+    return tuple(normalize(normalize([w for w in weights if w > 0])))
 
 
 def first_segment(schedule: Sequence[Any] | None, size: int) -> int:
