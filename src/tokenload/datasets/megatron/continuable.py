@@ -208,7 +208,6 @@ class ContinuableBlendedDataset(BlendedDataset):
         rebuild: Callable[[int, int], Any],
         allow_change: bool,
         order: str,
-        entry_arrays: Any | None = None,
         entry_spans: dict[int, tuple[int, int]] | None = None,
     ) -> None:
         super().__init__(
@@ -226,11 +225,9 @@ class ContinuableBlendedDataset(BlendedDataset):
         self.rebuild = rebuild
         self.allow_change = allow_change
         self.order = order
-        self.entry_arrays = entry_arrays
-        """The blend's cache holding every schedule entry's blending arrays, one after another
-        (``entry_parts``; ``IndexArrays``, mapped on first use), or None."""
         self.entry_spans = dict(entry_spans or {})
-        """Per entry in ``entry_arrays``: where its arrays start there, and their length."""
+        """Per later schedule entry held in Megatron's blend's arrays (a cache of every entry's,
+        one after another: ``entry_parts``): where its arrays start there, and their length."""
         self.carried: dict[str, dict[str, int]] = {}
         self._warned: set[int] = set()
         self._chain(0, np.zeros(len(members), dtype=np.int64))
@@ -259,6 +256,12 @@ class ContinuableBlendedDataset(BlendedDataset):
         # building, so a cache the build finds missing is reported as that, not as a bad file)
         self._current: _Segment | None = None
 
+    @property
+    def entry_arrays(self) -> Any | None:
+        """The cache holding every schedule entry's blending arrays (``IndexArrays``), or None
+        when the blend's arrays are Megatron's of the first entry only."""
+        return self.megatron.indices if self.entry_spans else None
+
     def _segment_at(self, p: int) -> _Segment:
         """Segment ``p``, built with those before it when first needed: a segment's greedy
         starts from the cursors the one before leaves, so a run from sample 0 builds only what
@@ -274,10 +277,10 @@ class ContinuableBlendedDataset(BlendedDataset):
             # one; only a later entry without a cache folder builds its segment's.
             if e == 0:
                 di, dsi = self.megatron.dataset_index, self.megatron.dataset_sample_index
-            elif self.entry_arrays is not None and e in self.entry_spans:
+            elif e in self.entry_spans:
                 at, n = self.entry_spans[e]
-                di = self.entry_arrays["dataset_index"][at : at + n]
-                dsi = self.entry_arrays["dataset_sample_index"][at : at + n]
+                di = self.megatron.dataset_index[at : at + n]
+                dsi = self.megatron.dataset_sample_index[at : at + n]
             else:
                 di, dsi = build_blending_indices(list(entry.weights), end - start)
             assert di.shape[0] >= end - start, (e, di.shape, start, end)
@@ -535,13 +538,13 @@ def continuable(
             first = next(entry for entry in entries if i in entry.active)
             prepared[i] = _prepared(first.plan.datasets[first.active.index(i)])
             datasets[i] = rebuild(i, prepared[i])
-    arrays, spans = None, {}
+    spans: dict[int, tuple[int, int]] = {}
     if entries_in_blend:
-        arrays, at = blend.indices, 0
+        at = 0
         for e, (_, n) in enumerate(entry_parts(schedule, len(blend))):
             spans[e] = (at, n)
             at += n
-        del spans[0]  # the first entry's are Megatron's arrays (``megatron``)
+        del spans[0]  # the first entry's are read as Megatron's arrays
     keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
         f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
@@ -556,7 +559,6 @@ def continuable(
         rebuild=rebuild,
         allow_change=allow_change,
         order=order,
-        entry_arrays=arrays,
         entry_spans=spans,
     )
 
@@ -592,10 +594,8 @@ def _greedy_weights(weights: Sequence[float]) -> tuple[float, ...]:
 def first_segment(schedule: Sequence[Any] | None, size: int) -> int:
     """The samples of a chain's first segment (from sample 0): up to the schedule's first
     change, all ``size`` without one; the only samples a chain reads from Megatron's arrays."""
-    if schedule is None:
-        return size
-    starts = [s for s, _ in check_schedule(schedule)]
-    return min(size, starts[1]) if len(starts) > 1 else size
+    parts = [] if schedule is None else entry_parts(schedule, size)
+    return parts[0][1] if parts else size
 
 
 def first_entry_blend(schedule: Sequence[Any] | None, blend: Blend | None) -> Blend | None:
