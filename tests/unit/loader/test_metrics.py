@@ -154,8 +154,9 @@ def test_data_wait_is_measured_per_step_and_grows_with_a_slow_dataset(single, wo
     assert slow["data_wait"]["total_s"] > 0.15
     # Two workers read in step: every other batch waits a whole read, the next one almost nothing
     # (so the median says little); the fast run's waits are the workers' scheduling latency, up
-    # to ~10 ms on a loaded 2-core machine.
-    assert slow["data_wait"]["p90_s"] >= 0.015
+    # to ~10 ms on a loaded 2-core machine. The long waits are a read less the training loop's own
+    # time per step, which a loaded machine stretches (14.4 ms seen in a full CI run): half a read.
+    assert slow["data_wait"]["p90_s"] >= 0.010
     assert slow["data_wait"]["total_s"] > fast["data_wait"]["total_s"] + 0.1
     if workers == 0:
         assert slow["data_wait"]["min_s"] >= 0.02  # every step waits for its read
