@@ -13,10 +13,13 @@ dataset's own read is not a fault of the process: it is raised in the training p
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import platform
 import signal
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,6 +47,7 @@ class Fault:
     started: bool  # whether it had finished starting (loaded the dataset)
     at: float = field(default_factory=time.monotonic)
     recovered_s: float | None = None  # from detection to the replacement's first batch
+    stack: str | None = None  # a stalled worker's main thread when it was killed (stack_of)
 
     def how(self) -> str:
         if self.cause == "stalled":
@@ -83,12 +87,13 @@ class WorkerHealth:
         self.restarts += 1
         logger.warning(
             "loader worker %d (pid %s) %s; replaced (restart %d of max_worker_restarts"
-            "=%d), it makes the micro-batches the lost one owed",
+            "=%d), it makes the micro-batches the lost one owed%s",
             fault.worker,
             fault.pid,
             fault.how(),
             self.restarts,
             self.budget,
+            f"; its stack when it was killed:\n{fault.stack}" if fault.stack else "",
         )
 
     def recovered(self, fault: Fault, waited_s: float) -> None:
@@ -108,6 +113,9 @@ class WorkerHealth:
                 "the worker was stopped or stuck (a hung read, a debugger, a frozen file"
                 " system); raise worker_timeout if its reads are legitimately that slow"
             )
+            if fault.stack:
+                main = fault.stack.split("\nother thread", 1)[0]
+                why = "; ".join(w for w in (why, f"its stack when it was killed:\n{main}") if w)
         elif not fault.started and self.context in ("spawn", "forkserver"):
             hint = (
                 f"under multiprocessing_context={self.context!r} each worker imports the main"
@@ -197,12 +205,8 @@ def cpu_time(pid: int | None) -> int | None:
 def doing(pid: int | None) -> str:
     """What process ``pid`` is doing, from /proc: its state, and the file and offset it reads
     when it is inside a read; "" where /proc says nothing."""
-    if pid is None:
-        return ""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    state = None if pid is None else _state(pid)
+    if state is None:
         return ""
     words = [_STATES.get(state, state)]
     try:
@@ -221,3 +225,101 @@ def doing(pid: int | None) -> str:
         offset = f" at offset {int(call[1 + at], 16)}" if at is not None else ""
         words.append(f"reading {target}{offset} ({name})")
     return ", ".join(words)
+
+
+# -- where a stuck worker is stuck (its Python stacks, on request) ---------------------------------
+#: The signal that asks a worker for its Python stacks (``record_stacks``). A worker's dataset
+#: code that handles SIGUSR2 itself loses it to this in loader workers.
+STACK_SIGNAL = signal.SIGUSR2
+_STACK_FILE = "tokenload-worker-stacks-"
+_STACK_WAIT_S = 1.0  # how long the training process waits for a dump to be complete
+
+
+def record_stacks() -> None:
+    """In a worker process: on ``STACK_SIGNAL``, write every thread's Python stack (CPython's
+    ``faulthandler``, from the signal handler: it works while the thread holds the GIL in C code or
+    waits on a lock or a socket) to a temporary file that is unlinked at once, so that nothing is
+    left behind; the training process reads it through ``/proc`` (``stack_of``). Best effort."""
+    try:
+        fd, path = tempfile.mkstemp(prefix=_STACK_FILE)
+    except OSError:
+        return
+    try:
+        os.unlink(path)
+        main = f"main thread 0x{threading.main_thread().ident or 0:016x}\n"
+        os.write(fd, main.encode())
+        faulthandler.register(STACK_SIGNAL, file=fd, all_threads=True, chain=False)
+    except (OSError, AttributeError, ValueError, RuntimeError):
+        os.close(fd)
+
+
+def stack_of(pid: int | None) -> str | None:
+    """The Python stacks of worker ``pid`` now, main thread first (most recent call first), or
+    None where they cannot be had: not Linux, a worker stopped or not yet set up
+    (``record_stacks``), or one that does not answer within ``_STACK_WAIT_S``."""
+    if pid is None or _state(pid) in (None, "T", "t", "Z", "X"):
+        return None
+    found = _stack_file(pid)
+    if found is None:
+        return None
+    try:
+        with open(found, "rb") as f:
+            head = f.readline().decode(errors="replace")
+            before = os.fstat(f.fileno()).st_size
+            os.kill(pid, STACK_SIGNAL)
+            deadline = time.monotonic() + _STACK_WAIT_S
+            size = before
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+                now = os.fstat(f.fileno()).st_size
+                if now > before and now == size:  # written, and no longer growing
+                    break
+                size = now
+            f.seek(before)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return _main_first(text, head.split()[-1]) if text.strip() else None
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _stack_file(pid: int) -> str | None:
+    """``/proc/PID/fd/N`` of the worker's stack file (``record_stacks``), if it has one."""
+    folder = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    for name in names:
+        try:
+            target = os.readlink(f"{folder}/{name}")
+        except OSError:
+            continue
+        if os.path.basename(target).startswith(_STACK_FILE):
+            return f"{folder}/{name}"
+    return None
+
+
+def _main_first(dump: str, main: str) -> str:
+    """faulthandler's dump (a block per thread) with the main thread's block first, named."""
+    blocks = [b for b in dump.strip("\n").split("\n\n") if b.strip()]
+    ordered = sorted(blocks, key=lambda b: main not in b.split("\n", 1)[0].split())
+    named = []
+    for block in ordered:
+        first, _, rest = block.partition("\n")
+        ident = next((w for w in first.split() if w.startswith("0x")), "")
+        label = "main thread" if ident == main else f"other thread {ident}"
+        frames = rest.split("\n")
+        # the frames under the worker's entry point are the process's start (multiprocessing)
+        bottom = next((i for i, f in enumerate(frames) if f.endswith(" in worker_main")), None)
+        if bottom is not None:
+            frames = frames[: bottom + 1]
+        named.append(f"{label} (most recent call first):\n" + "\n".join(frames))
+    return "\n".join(named)

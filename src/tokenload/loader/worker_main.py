@@ -27,7 +27,7 @@ from ..contract import Allocator, Batch, LoaderDataset
 from ..storage.options import retry_reads_for
 from .channel import Channel
 from .collate import fetch
-from .health import WorkerError
+from .health import WorkerError, record_stacks
 from .messages import (
     Batches,
     Command,
@@ -64,6 +64,7 @@ def worker_main(
     read_budget: float | None = None,
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    record_stacks()  # where it is stuck, should the training process find it stalled
     _no_wakeup_preemption()
     # object-storage reads retry by time, and end as a StorageError before the watchdog
     # would take this worker for a stalled one

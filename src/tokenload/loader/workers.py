@@ -48,7 +48,16 @@ from typing import Any
 
 from ..contract import LoaderDataset
 from .channel import Channel
-from .health import Fault, WorkerError, WorkerHealth, cpu_time, doing, logger, read_budget
+from .health import (
+    Fault,
+    WorkerError,
+    WorkerHealth,
+    cpu_time,
+    doing,
+    logger,
+    read_budget,
+    stack_of,
+)
 from .messages import (
     Batches,
     Command,
@@ -209,10 +218,12 @@ class WorkerPool:
         """Worker w is lost while micro-batch k is awaited: count it (WorkerError past the budget),
         end it, and start a new worker w at micro-batch k."""
         process = self.processes[w]
+        stack = stack_of(process.pid) if cause == "stalled" else None
         if process.is_alive():
             process.kill()  # SIGKILL ends a stopped process too
         process.join(_LIVENESS_S)
         fault = Fault(w, process.pid, cause, process.exitcode, self._delivered[w], self._started[w])
+        fault.stack = stack
         self._failed_starts[w] = 0 if self._started[w] else self._failed_starts[w] + 1
         repeated = self._failed_starts[w] > 1 and not self._ever_started
         self.health.fault(fault, repeated_start=repeated)
@@ -283,15 +294,17 @@ class WorkerPool:
             elif quiet >= timeout / 2 and not warned:
                 warned = True
                 process = self.processes[w]
+                stack = stack_of(process.pid)
                 logger.warning(
                     "loader worker %d (pid %s) has sent nothing for %.0f s while the training loop"
-                    " waits for its micro-batch %d (%s); it is replaced at worker_timeout=%g s",
+                    " waits for its micro-batch %d (%s); it is replaced at worker_timeout=%g s%s",
                     w,
                     process.pid,
                     quiet,
                     k,
                     doing(process.pid) or "state unknown",
                     timeout,
+                    f"; its stack now:\n{stack}" if stack else "",
                 )
 
     def _wait(self, w: int, timeout: float) -> bool:

@@ -151,6 +151,87 @@ def test_a_stall_beyond_the_budget_is_a_worker_error(dataset):
         loader.close()
 
 
+class _WaitsForAThread(FaultyDataset):
+    """The read of sample ``block_at`` waits for a helper thread that never ends (a lock or a
+    client thread stuck), once."""
+
+    def __getitems__(self, indices):
+        if self.block_at in indices and chaos._claim(self.folder, "thread"):
+            helper = threading.Thread(target=_helper_that_never_ends, daemon=True)
+            helper.start()
+            helper.join()
+        return self.dataset.__getitems__(indices)
+
+
+def _helper_that_never_ends() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def _stack_files() -> set[str]:
+    import tempfile
+
+    return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("tokenload-worker-stack")}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_stuck_worker_s_stack_is_in_the_warning_the_metrics_and_the_error(
+    dataset, tickets, caplog, method
+):
+    """Where a stalled worker was stuck: its Python stacks (every thread, the main one first,
+    cut at the worker's entry point), asked for before it is killed, in the half-timeout warning,
+    the replacement's warning, ``metrics()`` and the WorkerError; no file is left behind."""
+    before = _stack_files()
+    stuck = _WaitsForAThread(dataset, tickets, block_at=9 * MBS + 2)
+    want = _want(dataset, 16)
+    loader = _loader(stuck, worker_timeout=1.5, multiprocessing_context=method)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenload.loader.workers"):
+            _check([b for _, b in zip(range(16), loader)], want)
+        fault = loader.metrics()["workers"]["faults"][0]
+        assert fault["cause"] == "stalled" and fault["worker"] == 1
+        main, _, other = fault["stack"].partition("\nother thread")
+        assert main.startswith("main thread (most recent call first):")
+        assert "in join" in main and "in __getitems__" in main and "test_self_heal.py" in main
+        assert main.rstrip().endswith("in worker_main")  # not multiprocessing's start
+        assert "in _helper_that_never_ends" in other
+        messages = [r.getMessage() for r in caplog.records]
+        slow = [m for m in messages if "has sent nothing" in m]
+        assert slow and "its stack now:" in slow[0] and "in _helper_that_never_ends" in slow[0]
+        replaced = [m for m in messages if "replaced (restart 1" in m]
+        assert replaced and "its stack when it was killed:\nmain thread" in replaced[0]
+    finally:
+        loader.close()
+    assert _stack_files() == before
+
+    error_tickets = Path(tickets) / "again"
+    error_tickets.mkdir()
+    loader = _loader(_WaitsForAThread(dataset, str(error_tickets), block_at=2), worker_timeout=1.5,
+                     max_worker_restarts=0, multiprocessing_context=method)
+    try:
+        with pytest.raises(WorkerError, match=r"made no progress(.|\n)*its stack when it was killed:"
+                           r"\nmain thread \(most recent call first\):\n(.|\n)*in __getitems__"
+                           r"(.|\n)*in worker_main\nHINT") as info:
+            next(iter(loader))
+        assert "_helper_that_never_ends" not in str(info.value)  # the error keeps the main thread
+    finally:
+        loader.close()
+
+
+def test_a_stopped_worker_is_not_asked_for_its_stack(dataset):
+    loader = _loader(dataset, worker_timeout=1.0, max_worker_restarts=1)
+    try:
+        it = iter(loader)
+        next(it), next(it)
+        os.kill(loader.worker_processes[0].pid, signal.SIGSTOP)
+        for _ in range(10):
+            next(it)
+        fault = loader.metrics()["workers"]["faults"][0]
+        assert fault["cause"] == "stalled" and fault["stack"] is None
+    finally:
+        loader.close()
+
+
 def test_an_exception_in_the_dataset_read_is_raised_typed_not_restarted(dataset, tickets):
     want = _want(dataset, 12)
     loader = _loader(FaultyDataset(dataset, tickets, raise_at=5 * MBS + 1))
