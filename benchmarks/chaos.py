@@ -272,8 +272,10 @@ def run_case(case: Case, base: Any, want: list[np.ndarray]) -> Outcome:
         spent = loader.metrics()["workers"]["restarts"] == case.budget
         if spent and striker.possible > case.budget and all(f in text for f in fields):
             out.result = "worker_error"
-        else:
-            out.result, out.detail = "unexpected", text.splitlines()[0]
+        else:  # the whole error, and where each stalled worker was stuck (its stack)
+            stacks = [f"worker {f['worker']} (pid {f['pid']}), {f['cause']}:\n{f['stack']}"
+                      for f in loader.metrics()["workers"]["faults"] if f.get("stack")]
+            out.result, out.detail = "unexpected", "\n".join([text, *stacks])
     except Hang as exc:
         out.result, out.detail = "hang", str(exc)
     except Exception as exc:  # noqa: BLE001 - reported, not raised: the run goes on

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tokenload.format import TokenFileWriter
 
@@ -84,3 +86,18 @@ def megatron_config(cfg: dict, tokenizer: dict, cache_dir=None, **overrides):
         path_to_cache=None if cache_dir is None else str(cache_dir),
         **overrides,
     )
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, options: str):
+    """A tmpfs mounted at ``path`` (created) with ``options`` (``size=1m``, ``ro,size=1m``) for the
+    duration of the block: a real full or read-only filesystem."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs the tests as root)")
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, f"root cannot mount a tmpfs here: {done.stderr}"
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)

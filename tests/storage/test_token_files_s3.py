@@ -243,3 +243,83 @@ def test_loader_batches_equal_the_local_ones(files, order, workers, tmp_path):
         assert set(g) == set(w)
         for key in w:
             assert torch.equal(g[key], w[key]), key
+
+
+def _first_read_in_a_forked_worker(remote: str, local: str, out) -> None:
+    """In a forked child: read the token file as a fresh worker does; report the botocore sessions
+    made, whether the inherited session still held credentials, and whether the tokens match."""
+    import botocore.session
+
+    from tokenload.storage import remote as remote_module
+
+    made = []
+    real = botocore.session.get_session
+    botocore.session.get_session = lambda *a, **k: made.append(1) or real(*a, **k)
+    held = [getattr(s, "_credentials", None) is not None for s in remote_module._SESSIONS.values()]
+    tf = TokenFile(remote)
+    same = all(np.array_equal(tf[i], TokenFile(local)[i]) for i in (0, 7, len(tf) - 1))
+    out.send((len(made), held, same))
+
+
+def test_a_forked_worker_makes_its_client_from_the_training_process_session(files):
+    """A fresh worker's first read of s3:// cost 0.8-1.3 s (two client libraries' sessions); a
+    forked one now makes only its client, from the parent's botocore session (no connection and
+    no credentials cross the fork), and reads the same tokens. Spawn makes its own session."""
+    local, remote = files
+    TokenFile(remote)[0]  # the training process has opened its files
+    for method, sessions in (("fork", 0), ("spawn", 1)):
+        ctx = multiprocessing.get_context(method)
+        receive, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_first_read_in_a_forked_worker, args=(remote, local, send))
+        child.start()
+        made, held, same = receive.recv()
+        child.join(30)
+        assert child.exitcode == 0 and same, method
+        assert made == sessions, method
+        if method == "fork":
+            assert held and not any(held)  # inherited sessions, their credentials dropped
+
+
+def test_a_missing_object_and_a_folder_are_told_apart(files):
+    from tokenload.errors import StorageError
+
+    with pytest.raises(StorageError, match=r"files: is a folder, expected an object"):
+        storage.fetch_copy(f"s3://{BUCKET}/files")
+    with pytest.raises(StorageError, match=r"nothing\.idx: cannot read the object's size: the object does not exist"):
+        storage.fetch_copy(f"s3://{BUCKET}/files/nothing.idx")
+
+
+def test_an_index_download_unlike_its_head_is_discarded(files, monkeypatch, s3):
+    """The copy's ETag is checked against the HEAD that named it: another object (rewritten
+    between the two) is no copy, and nothing is left in the cache folder."""
+    from tokenload.errors import StorageError
+    from tokenload.storage import local_copies
+
+    local, _ = files
+    remote = upload(s3, local, "headed/c")
+    real = local_copies.info
+    monkeypatch.setattr(local_copies, "info", lambda url, options: real(url, options).__class__(
+        real(url, options).size, "0123456789abcdef"))  # as if rewritten since the HEAD
+    with pytest.raises(StorageError, match=r"downloaded \d+ bytes, ETag \w+, expected the \d+ bytes,"
+                       r" ETag 0123456789abcdef(.|\n)*HINT: the object changed during the download"):
+        storage.fetch_copy(remote + ".idx")
+    folder = os.path.dirname(local_copies.copy_path(remote + ".idx", 1, "x", storage.StorageOptions.from_env()))
+    assert [n for n in os.listdir(folder) if not n.endswith(".lock")] == []
+
+
+def test_a_full_index_cache_is_one_error_naming_its_variable_not_retried(files, monkeypatch, tmp_path):
+    from support import mounted_tmpfs
+
+    from tokenload.errors import StorageError
+
+    local, remote = files
+    assert os.path.getsize(local + ".idx") > 16 << 10
+    with mounted_tmpfs(tmp_path / "small", "size=16k") as small:
+        monkeypatch.setenv("TOKENLOAD_CACHE_DIR", str(small))
+        retries = storage.stats()["retries"]
+        with pytest.raises(StorageError, match=r"the filesystem is full.*TOKENLOAD_CACHE_DIR") as info:
+            storage.fetch_copy(remote + ".idx")
+        assert storage.stats()["retries"] == retries
+        assert "\n" not in info.value.message
+        left = [os.path.join(r, n) for r, _, names in os.walk(small) for n in names]
+        assert all(n.endswith(".lock") for n in left), left  # no partial copy, no temporary

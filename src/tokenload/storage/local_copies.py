@@ -6,7 +6,8 @@ keeps the URL's path (``{cache}/s3/bucket/path/{key}-name.idx``) so a user can f
 it. The download goes to a temporary name in the same folder and is renamed into place, so a
 copy is whole or absent, even after a kill. Concurrent processes on one node (ranks, workers)
 take an ``fcntl`` lock on ``{copy}.lock`` and look again once they hold it: the first downloads,
-the others find the finished copy. Cost per open: one HEAD; a hit reads nothing else remotely.
+the others find the finished copy. A download whose size or ETag differs from the HEAD's is
+discarded. Cost per open: one HEAD; a hit reads nothing else remotely.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 from ..errors import StorageError
 from .options import StorageOptions
 from .os_errors import write_error
-from .remote import call, count, filesystem, info, is_url
+from .remote import LocalWriteError, ObjectInfo, call, count, get_to_file, info, is_url
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def fetch_copy(url: str, options: StorageOptions | None = None) -> tuple[str, bo
         if os.path.exists(local):  # another process finished it while we waited
             count("index_hits")
             return local, False
-        _download(url, local, found.size, options)
+        _download(url, local, found, options)
         count("index_downloads")
         logger.debug("cached %s (%d bytes) as %s", url, found.size, local)
         return local, True
@@ -64,8 +65,7 @@ def copy_path(url: str, size: int, tag: str, options: StorageOptions) -> str:
     return os.path.join(folder, f"{key}-{name}")
 
 
-def _download(url: str, local: str, size: int, options: StorageOptions) -> None:
-    fs, path = filesystem(url, options)
+def _download(url: str, local: str, found: ObjectInfo, options: StorageOptions) -> None:
     folder = os.path.dirname(local)
     try:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(local)}.tmp-")
@@ -73,15 +73,19 @@ def _download(url: str, local: str, size: int, options: StorageOptions) -> None:
     except OSError as exc:
         raise _cache_error(exc, folder) from None
     try:
-        call(url, "download it", lambda: fs.get_file(path, tmp), options)
+        tag = call(url, "download it", lambda: get_to_file(url, tmp, options), options)
         got = os.path.getsize(tmp)
-        if got != size:
+        if got != found.size or (tag and found.tag and tag != found.tag):
+            sent = f"{got} bytes" + (f", ETag {tag}" if tag else "")
             raise StorageError(
-                f"downloaded {got} bytes, expected the {size} bytes the server reported",
+                f"downloaded {sent}, expected the {found.size} bytes, ETag {found.tag or '-'},"
+                " the server reported just before",
                 path=url,
                 hint="the object changed during the download; retry",
             )
         os.replace(tmp, local)
+    except LocalWriteError as exc:
+        raise _cache_error(exc.os_error, folder) from None
     except OSError as exc:
         raise _cache_error(exc, folder) from None
     finally:

@@ -4,7 +4,6 @@ tmpfs mounts (root, as in CI) and a subprocess that runs as an unprivileged user
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -13,35 +12,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import run_cli, write_documents
+from support import mounted_tmpfs, run_cli, write_documents
 
 from tokenload.errors import StorageError
 from tokenload.format import TokenFile, TokenFileWriter, merge_token_files
 
-@contextlib.contextmanager
-def _mounted(path: Path, options: str):
-    """A tmpfs mounted at ``path`` with ``options`` for the duration of the block."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs the tests as root)")
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
-    assert done.returncode == 0, f"root cannot mount a tmpfs here: {done.stderr}"
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
 @pytest.fixture
 def full_disk(tmp_path):
     """A 1 MiB tmpfs."""
-    with _mounted(tmp_path / "full", "size=1m") as path:
+    with mounted_tmpfs(tmp_path / "full", "size=1m") as path:
         yield path
 
 
 @pytest.fixture
 def read_only(tmp_path):
-    with _mounted(tmp_path / "ro", "ro,size=1m") as path:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as path:
         yield path
 
 
