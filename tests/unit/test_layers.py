@@ -2,11 +2,11 @@
 
 * import-linter's contracts (``[tool.importlinter]`` in pyproject.toml) are kept: each package
   imports only the layers below it, the loader does not import the datasets, ``index`` imports
-  nothing of tokenload but its errors; and every top-level package is in a layer;
+  nothing of tokenload but its errors and NumPy helpers; and every top-level package is in a layer;
 * no module of tokenload imports itself back through others (an import circle), and the
   top-level packages and modules of tokenload form no circle either;
-* ``tokenload.index``, the orders' maths, imports only NumPy, the standard library and
-  ``tokenload.errors``.
+* ``tokenload.index``, the orders' maths, imports only NumPy, the standard library,
+  ``tokenload.errors`` and ``tokenload.arrays``.
 
 The graph is read from the source (grimp), nothing is imported; imports under ``TYPE_CHECKING``
 and inside functions count as any other.
@@ -31,7 +31,7 @@ LINT = (
 )
 
 #: what tokenload.index may import besides itself and the standard library
-INDEX_MAY_IMPORT = {"numpy", "tokenload.errors"}
+INDEX_MAY_IMPORT = {"numpy", "tokenload.errors", "tokenload.arrays"}
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..arrays import distinct
 from ..contract import MixtureCursors, SourceInfo, Sources
 from ..errors import ConfigError
 from ..format import FlatTokenFile, ReadMode
@@ -97,7 +98,7 @@ class FlatTokenDataset:
         if not self.config.shuffle:
             return within * self.config.block_size
         windows = np.empty_like(within)
-        for epoch in np.unique(epochs).tolist():
+        for epoch in distinct(epochs).tolist():
             sel = epochs == epoch
             windows[sel] = KeyedPermutation(n, self.config.seed, epoch)(within[sel])
         return windows * self.config.block_size

@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 
+from ..arrays import distinct
 from ..errors import FormatError
 from .bin import ReadMode
 from .idx import DtypeCodes, IndexHeader, code_table, prefix_of
@@ -289,7 +290,7 @@ def _check_chunks(state: Opened, sequences: np.ndarray, path: str) -> None:
         state.unverified = state.verified.size
     if not sequences.size:
         return
-    chunks = np.unique(sequences.astype(np.int64) >> CHECK_SHIFT)
+    chunks = distinct(sequences.astype(np.int64) >> CHECK_SHIFT)
     chunks = chunks[(chunks >= 0) & (chunks < state.verified.size)]  # others: the read's IndexError
     for chunk in chunks[~state.verified[chunks]].tolist():
         begin, end = chunk * CHECK_CHUNK, min(n, (chunk + 1) * CHECK_CHUNK)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..arrays import distinct
 from ..errors import ConfigError
 from .interleave import DEFAULT_PERIOD, Interleave, consumed_many
 from .mixture import Draws, Mixture, MixtureState
@@ -222,7 +223,7 @@ class ScheduledMixture:
             return mix._draw(k, (lo, hi))
         which = self._phase(k)
         out = Draws(np.empty_like(k), np.empty_like(k), np.empty_like(k))
-        for p in np.unique(which).tolist():
+        for p in distinct(which).tolist():
             rows = which == p
             part = self.phase(p)._draw(k[rows])
             for dst, src in zip(out, part):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import distinct
 from ...contract import MixtureCursors
 from ...errors import StateError
 from ...index.blends import distinct_sources
@@ -119,7 +120,7 @@ class ComputedBlendedDataset(_Items, BlendContract):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         draws = self.mixture.draw(idx, bounds)
         width = self.item.window
-        present = np.unique(draws.source).tolist()
+        present = distinct(draws.source).tolist()
         dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)
         windows = np.empty((idx.size, width), dtype=dtype)
         for d in present:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import distinct
 from ...contract import MixtureCursors
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
@@ -70,7 +71,7 @@ class BlendedDataset(BlendContract):
         if bounds is not None and (bounds[0] < 0 or bounds[1] >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         which, within = self._locate(idx, bounds)
-        present = np.unique(which).tolist()
+        present = distinct(which).tolist()
         if present and (present[0] < 0 or present[-1] >= len(self.datasets)):
             raise self.indices.corrupt(
                 "dataset_index",

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ...arrays import distinct
 from ...contract import MixtureCursors, Sources
 from ...errors import ConfigError, StateError
 from ...index import SPLIT_NAMES, Blend, build_blending_indices, plan_splits
@@ -182,7 +183,7 @@ class _Segment:
             return self.base + counts
         tail = min(upto, self._tail)
         di = np.asarray(self.di[upto - tail : upto], dtype=np.int64)[::-1]
-        seen, last = np.unique(di, return_index=True)  # each source's last sample before upto
+        seen, last = distinct(di, first_index=True)  # each source's last sample before upto
         if tail == upto or seen.size == self.sources.size:
             dsi = np.asarray(self.dsi[upto - tail : upto], dtype=np.int64)[::-1]
             counts[self.sources[seen]] = dsi[last] + 1
@@ -328,7 +329,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         which = np.empty(idx.size, dtype=np.int64)
         within = np.empty(idx.size, dtype=np.int64)
         seg = np.searchsorted(self._starts, idx, side="right") - 1
-        present = np.unique(seg).tolist()
+        present = distinct(seg).tolist()
         for p in present:
             rows = seg == p
             s = self._segment_at(p)
@@ -344,7 +345,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         lengths = self._lengths
         over = within >= lengths[which]
         if over.any():
-            for d in np.unique(which[over]).tolist():
+            for d in distinct(which[over]).tolist():
                 if d not in self._warned:
                     self._warned.add(d)
                     logger.warning(

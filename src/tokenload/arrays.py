@@ -1,0 +1,40 @@
+"""NumPy helpers that every layer may use (this module imports nothing of tokenload).
+
+``distinct`` is ``np.unique`` for the read path: on NumPy 2.x the first ``np.unique`` of a process
+imports ``numpy.ma`` (measured 3 ms with a warm page cache, 16 ms cold), which landed in the first
+micro-batch of every rank and spawned worker, in both orders.
+"""
+
+from __future__ import annotations
+
+from typing import overload
+
+import numpy as np
+
+__all__ = ["distinct"]
+
+
+@overload
+def distinct(values: np.ndarray) -> np.ndarray: ...
+@overload
+def distinct(values: np.ndarray, *, first_index: bool) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def distinct(
+    values: np.ndarray, *, first_index: bool = False
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of ``values`` (flattened), as ``np.unique`` gives them; with
+    ``first_index``, also the index of each one's first occurrence (``return_index=True``)."""
+    flat = np.asarray(values).ravel()
+    if first_index:
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+    else:
+        ordered = np.sort(flat)
+    keep = np.empty(ordered.size, dtype=bool)
+    if ordered.size:
+        keep[0] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    if first_index:
+        return ordered[keep], order[keep]
+    return ordered[keep]
