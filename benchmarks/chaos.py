@@ -58,8 +58,10 @@ SEQ, MBS, STEPS = 32, 4, 32
 LATEST = STEPS - 12  # faults strike before: a worker killed later may owe nothing more
 FAULTS = ("kill", "stop", "stop_cont", "exit_start", "raise", "block")
 S3_BUCKET = "tokenload-test"  # the bucket tests/storage/conftest.py's server makes
-# worker_timeout of an s3 case: a fresh worker builds its own S3 clients before its first read
-# (fsspec's and botocore's: ~1 s, 2-3 s on a loaded machine), so 2 s would replace healthy workers
+# worker_timeout of an s3 case: a fresh worker makes its S3 client before its first read (forked:
+# ~50 ms from the parent's botocore session; spawned: a session of its own, ~0.15 s; before
+# session 32 two libraries' sessions, 0.3-1.3 s, and a loaded CI machine once took a forked
+# worker past 5 s), so the local axes' 2 s would be tight for spawn on a loaded machine
 S3_TIMEOUT = 5.0
 S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
           "AWS_DEFAULT_REGION": "us-east-1",
