@@ -19,8 +19,8 @@ crosses a fork or a pickle and a changed endpoint or key is seen. botocore's ses
 service data, no connections, no credentials after a fork) do cross a fork: a forked worker makes
 its client from the training process's session in a tenth of the time.
 
-Messages carry the exception type and its first line, never storage
-options or the environment; the credentials stay with the client library.
+Messages carry the exception type and its first line, never storage options or the environment;
+the credentials stay with the client library.
 """
 
 from __future__ import annotations
