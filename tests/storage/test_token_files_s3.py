@@ -323,3 +323,26 @@ def test_a_full_index_cache_is_one_error_naming_its_variable_not_retried(files, 
         assert "\n" not in info.value.message
         left = [os.path.join(r, n) for r, _, names in os.walk(small) for n in names]
         assert all(n.endswith(".lock") for n in left), left  # no partial copy, no temporary
+
+
+def test_a_killed_download_s_temporary_is_removed_by_the_next_download(files, s3):
+    """A process killed mid-download leaves ``.NAME.tmp-*`` (hidden, never read as a copy, as
+    large as the copy); the next download of that copy holds the lock, so every such file is a
+    dead one's: removed. Others' files in the folder are kept."""
+    from tokenload.storage import local_copies
+
+    local, _ = files
+    remote = upload(s3, local, "killed/c")
+    head = local_copies.info(remote + ".idx", storage.StorageOptions.from_env())
+    copy = local_copies.copy_path(remote + ".idx", head.size, head.tag, storage.StorageOptions.from_env())
+    folder, name = os.path.split(copy)
+    os.makedirs(folder, exist_ok=True)
+    left = [os.path.join(folder, f".{name}.tmp-{s}") for s in ("a1b2c3d4", "e5f6g7h8")]
+    for path in left:
+        with open(path, "wb") as f:
+            f.write(b"\0" * 1000)  # a partial download
+    other = os.path.join(folder, f".other.idx.tmp-{name}")
+    open(other, "wb").close()
+    got, downloaded = storage.fetch_copy(remote + ".idx")
+    assert downloaded and got == copy and open(copy, "rb").read() == open(local + ".idx", "rb").read()
+    assert not any(os.path.exists(p) for p in left) and os.path.exists(other)

@@ -7,7 +7,8 @@ it. The download goes to a temporary name in the same folder and is renamed into
 copy is whole or absent, even after a kill. Concurrent processes on one node (ranks, workers)
 take an ``fcntl`` lock on ``{copy}.lock`` and look again once they hold it: the first downloads,
 the others find the finished copy. A download whose size or ETag differs from the HEAD's is
-discarded. Cost per open: one HEAD; a hit reads nothing else remotely.
+discarded; a killed download's temporary is removed by the next download of that copy. Cost per
+open: one HEAD; a hit reads nothing else remotely.
 """
 
 from __future__ import annotations
@@ -50,12 +51,31 @@ def fetch_copy(url: str, options: StorageOptions | None = None) -> tuple[str, bo
         if os.path.exists(local):  # another process finished it while we waited
             count("index_hits")
             return local, False
+        _remove_killed_downloads(local)
         _download(url, local, found, options)
         count("index_downloads")
         logger.debug("cached %s (%d bytes) as %s", url, found.size, local)
         return local, True
     finally:
         os.close(lock)  # releases the lock
+
+
+def _remove_killed_downloads(local: str) -> None:
+    """The temporaries of ``local``'s earlier downloads: only the holder of its lock downloads,
+    and a process that dies releases the lock, so with the lock held every one of them was left
+    by a killed download (each as large as the copy). Removed; one that will not go is left."""
+    folder, name = os.path.split(local)
+    prefix = f".{name}.tmp-"
+    removed = 0
+    for entry in os.scandir(folder):
+        if entry.name.startswith(prefix):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    if removed:
+        logger.info("removed %d partial download(s) of %s left by killed processes", removed, local)
 
 
 def copy_path(url: str, size: int, tag: str, options: StorageOptions) -> str:
