@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from .interleave import DEFAULT_PERIOD, Interleave, consumed_many
 from .mixture import Draws, Mixture, MixtureState
 
-__all__ = ["ScheduledMixture", "check_schedule"]
+__all__ = ["ScheduledMixture", "check_schedule", "check_schedule_fits"]
 
 Schedule = tuple[tuple[int, tuple[float, ...]], ...]
 
@@ -107,6 +107,28 @@ def check_schedule(
             f"{what} starts at sample {entries[0][0]}; expected its first entry at 0", hint=hint
         )
     return _Checked((int(s), w) for s, w in entries)
+
+
+def check_schedule_fits(
+    schedule: Sequence[tuple[int, Sequence[float]]],
+    length: int,
+    *,
+    split: str = "train",
+    what: str = "weights_schedule",
+) -> None:
+    """``ConfigError`` naming ``what``, the entry and the split's length when an entry of the
+    (checked) ``schedule`` starts at or after the end of a split of ``length`` samples: it would
+    serve nothing, and is most likely a start given in another unit (tokens, steps)."""
+    for start, weights in schedule:
+        if start >= length:
+            raise ConfigError(
+                f"{what} entry at sample {start} (weights {list(weights)}) starts at or after"
+                f" the end of the {split} split, which holds {length} samples; expected every"
+                f" entry to start before sample {length}",
+                hint=f"give starts in global samples, drop the entries from sample {length} on,"
+                f" or ask for more {split} samples",
+                field=what,
+            )
 
 
 @lru_cache(maxsize=64)

@@ -27,7 +27,7 @@ from ...errors import StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
 from ...index.mixture import MixtureState
-from ...index.schedule import Schedule, ScheduledMixture, check_schedule
+from ...index.schedule import Schedule, ScheduledMixture, check_schedule, check_schedule_fits
 from ..contract_parts import BlendContract
 from ..items import Allocator, ItemConfig, build_items
 
@@ -78,6 +78,8 @@ class ComputedBlendedDataset(_Items, BlendContract):
         self.sources = distinct_sources([d.identity for d in self.datasets])
         given = [(0, list(weights))] if schedule is None else schedule
         self.schedule = check_schedule(given, len(self.datasets))
+        if schedule is not None:  # an entry past the end serves nothing: refused at the build
+            check_schedule_fits(self.schedule, self._length)
         self.weights = list(self.schedule[0][1])
         """The weights of the schedule's first entry (the blend's weights without a schedule)."""
         self.mixture = self._chain(None)

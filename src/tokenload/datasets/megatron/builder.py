@@ -63,6 +63,7 @@ from ...index import (
 )
 from ...index.gpt import GPTIndexConfig, build_gpt_indices, drop_last_for, gpt_shapes
 from ...index.plan import MidLevelPlan, SplitPlan
+from ...index.schedule import check_schedule_fits
 from ...index.splits import SplitMatrix
 from ...metrics import Phases
 from ...storage import is_url, local_folder
@@ -77,6 +78,7 @@ from .continuable import (
     first_entry_blend,
     first_segment,
     mixture_mode,
+    scheduled_plan,
 )
 from .gpt_dataset import GPTDataset, IndexArrays
 from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
@@ -239,6 +241,8 @@ class MegatronBuilder:
             sizes=sizes,
             surplus=c.mid_level_dataset_surplus,
         )
+        if per_split is not None and c.weights_schedule is not None and plans[0] is not None:
+            plans[0] = scheduled_plan(plans[0], c.mid_level_dataset_surplus)  # even one source
         matrix = None if split is None else split_matrix(split)
         for name, plan in zip(
             SPLIT_NAMES, plans
@@ -315,6 +319,8 @@ class MegatronBuilder:
         span = size
         in_memory = folder is None or self.role is Role.MEMORY
         schedule = self.config.checked_schedule() if name == "train" else None
+        if schedule is not None and size is not None:  # before any array is built or written
+            check_schedule_fits(schedule, size, split=name)
         parts = None  # a schedule's entries, cached as one: (weights, samples) each
         if size is not None and self._mixture_mode() and in_memory:
             # built in memory for a chain of segments, Megatron's arrays serve only the first

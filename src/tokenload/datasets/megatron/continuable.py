@@ -46,7 +46,7 @@ from ...contract import MixtureCursors, Sources
 from ...errors import ConfigError, StateError
 from ...index import SPLIT_NAMES, Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
-from ...index.plan import MidLevelPlan, SplitPlan
+from ...index.plan import MidLevelPlan, SplitPlan, samples_per_dataset
 from ...index.schedule import Schedule, check_schedule
 from ...index.splits import normalize
 from ..config import MegatronDataConfig, as_blend
@@ -98,6 +98,7 @@ def _entry_plan(
 ) -> SplitPlan:
     if per_split:
         plan = plan_splits(blend_per_split=[blend, None, None], sizes=list(sizes), surplus=surplus)
+        plan[0] = None if plan[0] is None else scheduled_plan(plan[0], surplus)
     else:
         plan = plan_splits(
             blend=blend, blend_per_split=None, split=split, sizes=list(sizes), surplus=surplus
@@ -429,7 +430,7 @@ class ContinuableBlendedDataset(BlendedDataset):
             )
         for i, key in enumerate(self.sources):
             n = sources.get(key, {}).get("num_samples")
-            if n is not None and n != self.prepared[i]:
+            if n and n != self.prepared[i]:  # 0: a source never prepared (never drawn)
                 self.datasets[i] = self.rebuild(i, n)  # the source's own prepared order
                 self.prepared[i] = n
                 self._lengths_changed()
@@ -536,8 +537,11 @@ def continuable(
 
     for i in range(len(prefixes)):
         if datasets[i] is None:  # weight 0 in the first entry: prepared by its first positive one
-            first = next(entry for entry in entries if i in entry.active)
-            prepared[i] = _prepared(first.plan.datasets[first.active.index(i)])
+            first = next((entry for entry in entries if i in entry.active), None)
+            # weight 0 in every entry: never drawn, prepared for 0 samples (one epoch), so that
+            # it is described and its cursor (0) kept like any member's
+            if first is not None:
+                prepared[i] = _prepared(first.plan.datasets[first.active.index(i)])
             datasets[i] = rebuild(i, prepared[i])
     spans: dict[int, tuple[int, int]] = {}
     if entries_in_blend:
@@ -561,6 +565,27 @@ def continuable(
         allow_change=allow_change,
         order=order,
         entry_spans=spans,
+    )
+
+
+def scheduled_plan(plan: SplitPlan, surplus: float) -> SplitPlan:
+    """A schedule's train split (or entry) planned as a blend, even of one source.
+    ``blend_per_split`` uses a one-source blend directly (Megatron's rule): planned so, a train
+    split whose first entry has one source of positive weight would be that source's plain
+    dataset and serve it through every later entry. Here it is the one-member weighted blend
+    ``blend`` plans for one source (``ceil(size * (1 + surplus))`` samples prepared)."""
+    if plan.blended:
+        return plan
+    mid = plan.datasets[0]
+    assert mid.num_samples is not None  # a schedule's blend is weighted: it has a size
+    [[target]] = samples_per_dataset([1.0], [mid.num_samples])
+    [[buffer]] = samples_per_dataset([1.0], [mid.num_samples], surplus)
+    return SplitPlan(
+        split=plan.split,
+        datasets=(replace(mid, num_samples=buffer),),
+        blended=True,
+        weights=(1.0,),
+        size=target,
     )
 
 
