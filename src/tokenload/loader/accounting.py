@@ -13,10 +13,16 @@ the dataset's side of ``contract.LoaderDataset``.
 
 A source repeats once the job has drawn more samples of it than one pass over its data holds
 (Megatron's samples per epoch: the tokens of its split, less the extra token, over the sequence
-length; a blend member built for a large weight holds several such passes). A rank sees only its
-share of the draws, so the job's draws of a source are estimated as its share of this rank's
-samples times ``consumed_samples``, which counts every rank's samples exactly (for one source it
-is exact). A source whose data the loader cannot see repeats past its length.
+length; a blend member built for a large weight holds several such passes). The job's draws of
+each source, its ``epoch`` and ``repeating`` in ``sources`` and the repeat warning all come from
+the job's exact accounting (``ledger.Ledger.counts``: a function of ``consumed_samples`` and the
+order, the same on every rank and across a resume that changes a computed blend's sources), so
+they agree with ``metrics()["job"]``. The warning is checked when the job could have passed an
+epoch: a source's draws grow by at most the samples consumed, so after each check nothing is
+computed until ``consumed_samples`` has grown by the smallest distance of a source to its epoch.
+Only Megatron's cyclic sampler over a blend, whose shuffled epochs are not a prefix of the order,
+estimates a source's draws as its share of this rank's samples times ``consumed_samples``. A
+source whose data the loader cannot see repeats past its length.
 """
 
 from __future__ import annotations
@@ -63,7 +69,8 @@ class LoaderMetrics:
             "first_batch_wait_s": None,
         }
         self._limits: np.ndarray | None = None  # samples per epoch, resolved at the first batch
-        self._limit_one = 0  # _limits[0] as an int (the one-source check)
+        self._next_check = 0  # consumed_samples at which a source could first pass its epoch
+        self._checked_at = 0  # consumed_samples of the last check
         self._bytes: list[int] | None = None
         self.ledger: Ledger | None = None
         """The job's exact per-source figures, set by the loader."""
@@ -83,47 +90,61 @@ class LoaderMetrics:
         if not self.blend:
             self.samples[0] += rows
             self.tokens[0] += rows * width
-            # one source: its draws are consumed_samples exactly, so one comparison per batch
-            # (the vector check below cost ~6 us of the ~12 a batch's accounting took)
-            if consumed > self._limit_one and not self.warned[0]:
-                self._check_repeats(consumed)
-            return
-        ids = batch["dataset_id"]
-        ids = ids.numpy() if hasattr(ids, "numpy") else np.asarray(ids)
-        counts = np.bincount(ids, minlength=len(self.names))
-        self.samples += counts
-        self.tokens += counts * width
-        if not self.warned.all():
+        else:
+            ids = batch["dataset_id"]
+            ids = ids.numpy() if hasattr(ids, "numpy") else np.asarray(ids)
+            counts = np.bincount(ids, minlength=len(self.names))
+            self.samples += counts
+            self.tokens += counts * width
+        # one comparison per batch until a source could have passed its epoch (the vector check
+        # cost ~6 us of the ~12 a batch's accounting took)
+        if consumed >= self._next_check or consumed < self._checked_at:  # or a resume went back
             self._check_repeats(consumed)
 
     def _resolve(self, batch: Any, width: int) -> None:
         """Per-source epoch sizes and bytes per sample (once: may read index arrays)."""
         self._limits = np.array(self.dataset.epoch_sizes(), dtype=np.int64)
-        self._limit_one = int(self._limits[0])
         fallback = width * _itemsize(batch)
         told = self.dataset.sample_bytes()
         self._bytes = [b if b is not None else fallback for b in told]
 
+    @property
+    def exact(self) -> bool:
+        """The job's draws come from its exact accounting (else: this rank's share, estimated)."""
+        return self.ledger is not None and self.ledger.exact
+
     def _drawn(self, consumed: int) -> np.ndarray:
-        """The job's draws of each source so far (exact for one source)."""
-        served = int(self.samples.sum())
+        """The job's draws of each source after ``consumed`` global samples."""
+        if self.ledger is not None and self.ledger.exact:
+            return self.ledger.counts(consumed)
+        served = int(self.samples.sum())  # Megatron's cyclic sampler over a blend: an estimate
         if not self.blend or not served:
             return np.full(len(self.names), consumed if served else 0, dtype=np.int64)
         return (self.samples * consumed + served // 2) // served
 
     def _check_repeats(self, consumed: int) -> None:
         assert self._limits is not None
-        over = (self._drawn(consumed) > self._limits) & ~self.warned
+        drawn = self._drawn(consumed)
+        over = (drawn > self._limits) & ~self.warned
         for s in np.flatnonzero(over).tolist():
             self.warned[s] = True
             logger.warning(
-                "data source %s is repeating: the job has drawn about %d samples of it, more than"
+                "data source %s is repeating: the job has drawn %s%d samples of it, more than"
                 " the %d its data holds in one pass; its samples now repeat (raise its data or"
                 " lower its weight if that is not intended)",
                 self.names[s],
-                int(self._drawn(consumed)[s]),
+                "" if self.exact else "about ",
+                int(drawn[s]),
                 int(self._limits[s]),
             )
+        self._checked_at = consumed
+        if self.warned.all():
+            self._next_check = np.iinfo(np.int64).max
+        elif not self.exact:  # an estimate moves with every batch
+            self._next_check = consumed + 1
+        else:  # no source can pass its epoch before its distance to it is consumed
+            left = self._limits[~self.warned] - drawn[~self.warned]
+            self._next_check = consumed + int(left.min()) + 1
 
     # -- export ------------------------------------------------------------------------------------
     def as_dict(self, *, consumed: int, epoch: int) -> dict[str, Any]:
@@ -133,6 +154,8 @@ class LoaderMetrics:
             limits = np.array(self.dataset.epoch_sizes(), dtype=np.int64)
         per_sample = self._bytes or [b or 0 for b in self.dataset.sample_bytes()]
         drawn = self._drawn(consumed)
+        # exact: what the job drew (a state that has not served here yet says it too)
+        repeating = drawn > limits if self.exact else self.warned
         sources = []
         for s, name in enumerate(self.names):
             sources.append(
@@ -144,8 +167,8 @@ class LoaderMetrics:
                     "bytes_read": int(self.samples[s]) * per_sample[s],
                     "drawn": int(drawn[s]),
                     "samples_per_epoch": int(limits[s]),
-                    "epoch": int(drawn[s] // limits[s]),
-                    "repeating": bool(self.warned[s]),
+                    "epoch": int(drawn[s] // limits[s]) if limits[s] else 0,
+                    "repeating": bool(repeating[s]),
                 }
             )
         wait = self.wait.summary()
@@ -219,6 +242,7 @@ class LoaderMetrics:
             )
         self.samples, self.tokens = samples, tokens
         self.warned = np.array(warned, dtype=bool)
+        self._next_check = 0  # the next batch checks
         self.steps, self.active_s, self.wait = steps, active, wait
 
 

@@ -155,7 +155,7 @@ class TokenloadDataLoader:
         self.consumed_samples = consumed_samples
         self._pool: WorkerPool | None = None
         # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
-        self.ledger = self._metrics.ledger = Ledger(self._data)
+        self.ledger = self._metrics.ledger = Ledger(self._data, in_order=config.kind == "single")
         self._skip_count = 0
         self._health = WorkerHealth(  # restarts are counted per loader, across its pools
             worker_timeout=config.worker_timeout,

@@ -38,10 +38,14 @@ _CHUNK = 1 << 22
 class Ledger:
     """The job's per-source draws and skips for one loader's dataset."""
 
-    def __init__(self, dataset: LoaderDataset) -> None:
+    def __init__(self, dataset: LoaderDataset, *, in_order: bool = True) -> None:
         self.dataset = dataset
         sources = dataset.describe_sources().members
         self.keys = [s.key for s in sources]
+        self.exact = in_order or len(self.keys) == 1
+        """``counts`` is the job's exact draws: the loader serves global samples in order (the
+        single sampler), or the dataset is one source. Megatron's cyclic sampler serves a
+        shuffled epoch, whose draws per blend member are not a count of a prefix."""
         self.names = {s.key: s.name for s in sources}
         self.mixture = dataset.mixture_cursors()
         self.skips: list[dict[str, Any]] = []
@@ -55,14 +59,16 @@ class Ledger:
     # -- draws -----------------------------------------------------------------------------------
     def drawn(self, consumed: int) -> dict[str, int]:
         """Samples the job drew from each source (delivered or skipped) by global ``consumed``."""
-        index = None if self.mixture is not None else self.dataset.blend_index()
+        return {k: int(c) for k, c in zip(self.keys, self.counts(consumed))}
+
+    def counts(self, consumed: int) -> np.ndarray:
+        """``drawn`` as int64 per member, in the dataset's member order (``dataset_id``)."""
         if self.mixture is not None:
-            counts = self.mixture.source_cursors(consumed)
-        elif index is not None:
-            counts = self._blend_counts(index, consumed)
-        else:
-            counts = np.array([consumed])
-        return {k: int(c) for k, c in zip(self.keys, counts)}
+            return np.asarray(self.mixture.source_cursors(consumed), dtype=np.int64)
+        index = self.dataset.blend_index()
+        if index is not None:
+            return self._blend_counts(index, consumed)
+        return np.array([consumed], dtype=np.int64)
 
     def _blend_counts(self, index: np.ndarray, consumed: int) -> np.ndarray:
         if consumed < self._counted:  # a resume or restart went back: count again
