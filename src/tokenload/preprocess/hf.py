@@ -14,9 +14,16 @@ Folders (``--input DIR``), read with pyarrow alone (the ``datasets`` package is 
   data never goes into training data by accident.
 
 Objects (``PreprocessConfig(inputs=(ds,))``): a ``datasets.Dataset`` is cut into row ranges of
-about ``piece_bytes``, an ``IterableDataset`` into its shards; each piece is one "input file" of
-the pipeline (its own part, reused by a resumed run), named by the dataset's fingerprint (a hash
-of the ``IterableDataset``'s description), so a rerun of the same job in a new process resumes.
+about ``piece_bytes``; each piece is one "input file" of the pipeline (its own part, reused by a
+resumed run), named by the dataset's fingerprint, so a rerun of the same job in a new process
+resumes. An ``IterableDataset`` is written with exactly the rows its own iteration yields, in
+that order: it is read through that iteration, as one piece, so every transform applies (take,
+skip, shuffle, filter, map, interleave_datasets, set_epoch, split_dataset_by_node, a loaded
+state). Only a dataset provably without a transform (its example iterable is a plain source:
+files or a generator, at epoch 0, not split by node) is cut into its shards, whose concatenation
+in order is then that iteration; anything unknown is read through the iteration. The name of a
+piece is a hash of the ``IterableDataset``'s description (datasets' hasher), so a rerun resumes
+and a killed run, which restarts an unfinished piece from its first row, writes the same bytes.
 Rows are read in the training process's order: the output equals the same rows written as JSONL.
 """
 
@@ -194,17 +201,17 @@ class RowRange:
 
 
 class Shard:
-    """Shard ``index`` of ``count`` of an ``IterableDataset`` (the whole of it when count is 1)."""
+    """Shard ``index`` of ``count`` of an untransformed ``IterableDataset`` (``reads_as_shards``),
+    or, with ``count`` 0, the whole of any ``IterableDataset`` read through its own iteration."""
 
     def __init__(self, dataset: Any, index: int, count: int) -> None:
         self.dataset, self.index, self.count = dataset, index, count
 
     def tables(self, chunk_bytes: int, columns: tuple[str, ...]) -> Iterator[tuple[int, Any]]:
         pa = _pyarrow()
-        part = self.dataset if self.count == 1 else self.dataset.shard(self.count, self.index)
         held: list[Any]
         first, held, held_bytes = 1, [], 0
-        for table in part.with_format("arrow").iter(batch_size=_ITER_ROWS):
+        for table in self._arrow_batches():
             if any(c not in table.column_names for c in columns):
                 if held:
                     yield first, pa.concat_tables(held)
@@ -223,6 +230,49 @@ class Shard:
         if held:
             yield first, pa.concat_tables(held)
 
+    def _arrow_batches(self) -> Iterator[Any]:
+        """The rows as Arrow tables of up to ``_ITER_ROWS`` rows, in the order they are read."""
+        if self.count:
+            return (
+                self.dataset.shard(self.count, self.index)
+                .with_format("arrow")
+                .iter(batch_size=_ITER_ROWS)
+            )
+        # the dataset's own iteration: an Arrow view of the same example iterable, which keeps
+        # the dataset's epoch and loaded state (``with_format`` makes a dataset at epoch 0)
+        view = self.dataset.with_format("arrow")
+        view.set_epoch(self.dataset.epoch)
+        state = getattr(self.dataset, "_starting_state_dict", None)
+        if state is not None:
+            view.load_state_dict(state)
+        return view.iter(batch_size=_ITER_ROWS)
+
+
+_SOURCE_ITERABLES = ("ExamplesIterable", "ArrowExamplesIterable")
+"""datasets' example iterables that only read a source (files, or a generator over its
+arguments), in the order of their shards: the only ones ``reads_as_shards`` accepts."""
+
+
+def reads_as_shards(obj: Any) -> bool:
+    """Whether the shards of the ``IterableDataset`` ``obj``, concatenated in order, are provably
+    the rows its own iteration yields: its example iterable is a plain source (no take, skip,
+    shuffle, filter, map, interleave or any other transform wraps it), at epoch 0 (a later epoch
+    reorders the shards), not split by node and without a loaded state. Anything else, or a
+    ``datasets`` whose internals differ from what is checked here, is False: the dataset is read
+    through its own iteration, which is always right."""
+    try:
+        kind = type(obj._ex_iterable)
+        return (
+            kind.__module__ == "datasets.iterable_dataset"
+            and kind.__name__ in _SOURCE_ITERABLES
+            and int(obj.epoch) == 0
+            and obj._distributed is None
+            and getattr(obj, "_shuffling", None) is None  # datasets < 3 kept a shuffle here
+            and getattr(obj, "_starting_state_dict", None) is None
+        )
+    except Exception:  # a changed internal: unsure, so the iteration
+        return False
+
 
 def _pyarrow() -> ModuleType:
     from ..errors import require
@@ -234,6 +284,8 @@ def object_pieces(obj: Any, piece_bytes: int) -> list[tuple[str, int | None, str
     """(name, estimated bytes, stamp, piece) for each piece of a dataset object, in row order."""
     if hasattr(obj, "n_shards") and not hasattr(obj, "__len__"):  # IterableDataset
         identity = _iterable_identity(obj)
+        if not reads_as_shards(obj):
+            return [(f"hf-iterable:{identity}:rows", None, identity, Shard(obj, 0, 0))]
         count = max(1, int(obj.n_shards))
         return [
             (
@@ -267,11 +319,19 @@ def object_pieces(obj: Any, piece_bytes: int) -> list[tuple[str, int | None, str
 
 def _iterable_identity(obj: Any) -> str:
     """A hash of what the IterableDataset reads and does (datasets' own hasher over its example
-    iterable); a random one, and so no resume, when it cannot be hashed."""
+    iterable, with the epoch, the split by node and a loaded state, which change its rows too); a
+    random one, and so no resume, when it cannot be hashed."""
     try:
         from datasets.fingerprint import Hasher
 
-        return Hasher.hash(obj._ex_iterable)
+        return Hasher.hash(
+            (
+                obj._ex_iterable,
+                int(obj.epoch),
+                getattr(obj, "_distributed", None),
+                getattr(obj, "_starting_state_dict", None),
+            )
+        )
     except Exception as exc:  # an unpicklable generator, a changed internal
         log.info("this IterableDataset cannot be hashed (%s): a rerun starts it again", exc)
         return uuid.uuid4().hex
