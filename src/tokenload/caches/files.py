@@ -71,6 +71,7 @@ __all__ = [
     "CacheCheck",
     "CacheState",
     "CacheWriter",
+    "array_digests",
     "check_cache",
     "list_folder",
     "load_cache",
@@ -126,6 +127,9 @@ class CacheCheck:
     arrays: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The array files checked, by name: the cache's own, or the local copies of a cache in
     object storage (map these: they are the bytes the check saw)."""
+    digests: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The xxh3-64 the sidecar records per array (a build manifest carries them on), by name;
+    empty without a sidecar."""
 
 
 def _array_facts(dtype: np.dtype, shape: tuple[int, ...]) -> dict[str, Any]:
@@ -145,6 +149,12 @@ def _digest(data: Any) -> str:
     return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(data).data.cast("B"))
 
 
+def array_digests(arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, str]:
+    """The xxh3-64 (hex) of each array's data bytes, as a sidecar records it and ``map_array``
+    verifies it."""
+    return {name: _digest(array) for name, array in arrays.items()}
+
+
 def _canonical_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
     """``fields`` as they read back from the sidecar's JSON (tuples become lists)."""
     return jsontext.plain_copy(dict(fields or {}))
@@ -156,9 +166,10 @@ def write_cache(
     description: str,
     arrays: Mapping[str, npt.NDArray[Any]],
     fields: Mapping[str, Any] | None = None,
-) -> None:
+    digests: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """Write a complete cache atomically: arrays, then the sidecar, then the description (a
-    ``CacheWriter`` of one cache).
+    ``CacheWriter`` of one cache); returns the arrays' xxh3-64 (``CacheWriter.add``).
 
     ``arrays`` must hold exactly ``files.arrays``; ``fields`` are the sidecar's extra facts
     (JSON-serializable). A folder in object storage gets the files written locally first and
@@ -167,11 +178,14 @@ def write_cache(
     """
     writer = CacheWriter()
     try:
-        writer.add(files, description=description, arrays=arrays, fields=fields)
+        digests = writer.add(
+            files, description=description, arrays=arrays, fields=fields, digests=digests
+        )
     except BaseException:
         writer.discard()
         raise
     writer.publish()
+    return digests
 
 
 class CacheWriter:
@@ -196,20 +210,26 @@ class CacheWriter:
         description: str,
         arrays: Mapping[str, npt.NDArray[Any]],
         fields: Mapping[str, Any] | None = None,
-    ) -> None:
+        digests: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         """Write the cache's files under temporary names (``CacheError`` when the folder cannot
-        be created or written); they are put in place by ``publish``."""
+        be created or written); they are put in place by ``publish``. Returns the arrays'
+        xxh3-64 the sidecar records (``digests``: those of ``arrays`` when the caller has them:
+        ``array_digests``)."""
         if set(arrays) != set(files.arrays):
             raise CacheError(f"arrays {sorted(arrays)}; expected exactly {list(files.arrays)}")
+        digests = dict(digests) if digests is not None else array_digests(arrays)
         if is_url(files.directory):
             from .bucket import publish_cache, staged_cache
 
             with staged_cache(files) as local:
-                write_cache(local, description=description, arrays=arrays, fields=fields)
+                write_cache(
+                    local, description=description, arrays=arrays, fields=fields, digests=digests
+                )
                 publish_cache(local, files)
             logger.debug("published index cache %s", files.description)
-            return
-        text = _sidecar_text(files, arrays, fields)
+            return digests
+        text = _sidecar_text(files, arrays, fields, digests)
         keys = []
         try:
             for name in files.arrays:
@@ -225,6 +245,7 @@ class CacheWriter:
         with self._lock:
             self._keys += keys  # written from these very arrays: verified once published
             self.added += 1
+        return digests
 
     def write_last(self, path: str, data: bytes) -> None:
         """Write ``path`` (a build manifest naming the caches) to be put in place after every
@@ -264,7 +285,10 @@ def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:
 
 
 def _sidecar_text(
-    files: CacheFiles, arrays: Mapping[str, npt.NDArray[Any]], fields: Mapping[str, Any] | None
+    files: CacheFiles,
+    arrays: Mapping[str, npt.NDArray[Any]],
+    fields: Mapping[str, Any] | None,
+    digests: Mapping[str, str],
 ) -> bytes:
     """The sidecar's bytes (``json.dumps(indent=1, sort_keys=True)``, as ever)."""
     sidecar = {
@@ -276,7 +300,7 @@ def _sidecar_text(
         "arrays": {
             name: {
                 **_array_facts(np.asarray(arrays[name]).dtype, np.shape(arrays[name])),
-                "xxh3_64": _digest(arrays[name]),
+                "xxh3_64": digests[name],
             }
             for name in files.arrays
         },
@@ -285,11 +309,13 @@ def _sidecar_text(
     return jsontext.dumps(sidecar, indent=1, sort_keys=True).encode()
 
 
-def map_array(path: str) -> npt.NDArray[Any]:
+def map_array(path: str, digest: str | None = None) -> npt.NDArray[Any]:
     """One cached array, memory-mapped read-only from a single open of the file (``np.load``
     with ``mmap_mode`` opens it three times), as a plain ndarray view (``np.memmap``'s subclass
     hooks cost more than a batch's lookups); ``CacheError`` naming the file when it is not a
-    whole ``.npy`` of plain numbers. A URL maps its local copy (downloaded once per node)."""
+    whole ``.npy`` of plain numbers. A URL maps its local copy (downloaded once per node).
+    The first map of a file in a process verifies its data against ``digest`` (a build
+    manifest's record) or, without one, the xxh3-64 its cache's sidecar records."""
     shown = path
     try:
         if is_url(path):
@@ -310,7 +336,7 @@ def map_array(path: str) -> npt.NDArray[Any]:
                 return np.empty(shape, dtype=dtype)
             buffer = map_readonly(f.fileno(), size)  # keeps no descriptor open
         if key not in _VERIFIED:
-            _verify(shown, buffer.data[offset : offset + nbytes], key)
+            _verify(shown, buffer.data[offset : offset + nbytes], key, digest)
         return np.ndarray(
             shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C"
         )
@@ -330,17 +356,19 @@ def _file_key(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _verify(path: str, data: Any, key: tuple[int, int, int, int]) -> None:
-    """Compare the array's data bytes with the xxh3-64 its cache's sidecar recorded (nothing to
-    compare without a sidecar or a recorded hash); ``CacheError`` naming the file on a mismatch."""
-    recorded = recorded_digest(path)
+def _verify(path: str, data: Any, key: tuple[int, int, int, int], digest: str | None) -> None:
+    """Compare the array's data bytes with ``digest`` (a build manifest's record) or else the
+    xxh3-64 its cache's sidecar recorded (nothing to compare without a sidecar or a recorded
+    hash); ``CacheError`` naming the file on a mismatch."""
+    recorded = digest if digest is not None else recorded_digest(path)
     if recorded is None:
         return
+    where = "the build manifest" if digest is not None else "the cache's sidecar"
     found = xxhash.xxh3_64_hexdigest(data)
     if found != recorded:
         raise CacheError(
             f"{os.path.basename(path)} holds data whose xxh3-64 is {found}, expected {recorded} "
-            "(recorded in the cache's sidecar when it was written): the index cache is damaged",
+            f"(recorded in {where} when it was written): the index cache is damaged",
             path=path,
             hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
             "again: cache='auto' rebuilds them",
@@ -579,15 +607,23 @@ def check_cache(
     except OSError as exc:
         reasons.append(f"description unreadable ({exc.strerror})")
     recorded = None
+    digests: dict[str, str] = {}
     if sidecar is not None:
         if sidecar.get("format") != SIDECAR_FORMAT or sidecar.get("description_md5") != files.hash:
             reasons.append("sidecar is damaged or belongs to another description")
         else:
             recorded = sidecar.get("arrays") or {}
+            digests = {
+                name: record["xxh3_64"]
+                for name, record in (recorded.items() if isinstance(recorded, dict) else ())
+                if isinstance(record, dict) and isinstance(record.get("xxh3_64"), str)
+            }
             want, have = _canonical_fields(fields), sidecar.get("fields") or {}
             for key in sorted(set(want) | set(have)):
                 if want.get(key) != have.get(key):
                     reasons.append(f"{key}: cached {have.get(key)!r}, expected {want.get(key)!r}")
     _check_arrays(files, found, recorded, expected_shapes, reasons)
     state = CacheState.STALE if reasons else CacheState.HIT
-    return CacheCheck(state=state, reasons=tuple(reasons), has_sidecar=has_sidecar, arrays=arrays)
+    return CacheCheck(
+        state=state, reasons=tuple(reasons), has_sidecar=has_sidecar, arrays=arrays, digests=digests
+    )

@@ -281,6 +281,7 @@ class MegatronBuilder:
         indices = IndexArrays(
             paths={k: os.path.join(folder, v) for k, v in entry["arrays"].items()},
             shapes={k: tuple(v) for k, v in entry["shapes"].items()},
+            digests=dict(entry["digests"]),
         )
         if entry["kind"] == "blended":
             members = [self._from_entry(m) for m in entry["members"]]

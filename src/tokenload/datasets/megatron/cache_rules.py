@@ -52,6 +52,7 @@ from ...caches import (
     map_array,
     write_cache,
 )
+from ...caches.files import array_digests
 from ...errors import CacheError
 from ...format.atomic import remove_stale_in_listing
 from ...storage import is_url
@@ -80,6 +81,7 @@ class PendingWrite:
     description: str
     arrays: dict[str, Any]
     fields: dict[str, Any]
+    digests: dict[str, str]
 
 
 class IndexCache:
@@ -178,7 +180,7 @@ class IndexCache:
             )
             if check.state is CacheState.HIT and not check.has_sidecar and consistent is not None:
                 check = _matched(check, consistent)
-        entry = {
+        entry: dict[str, Any] = {
             "arrays": {k: os.path.basename(p) for k, p in paths.items()},
             "shapes": {k: list(v) for k, v in expected.items()},
         }
@@ -189,7 +191,14 @@ class IndexCache:
                     "checked against the token file's lengths: %s",
                     files.description,
                 )
-            return CachedIndices(IndexArrays(paths=dict(check.arrays)), entry)
+            indices = IndexArrays(paths=dict(check.arrays))
+            digests = dict(check.digests)
+            if self.role is Role.WRITE and set(digests) != set(paths):
+                # the manifest's writer: the digests of what was checked (a sidecar-less cache
+                # was just checked against the token file), so that build_policy='none' never
+                # maps an array it cannot verify, whatever becomes of the sidecar
+                digests = array_digests(indices.arrays())
+            return CachedIndices(indices, {**entry, "digests": digests})
         if self.role is Role.READ:
             self.missing.append(
                 f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}"
@@ -210,14 +219,16 @@ class IndexCache:
             arrays = build()
         if self.role is not Role.WRITE:  # CHECK: the writer writes it
             return CachedIndices(IndexArrays(arrays=arrays), None)
+        with self.phase("cache_write"):
+            digests = array_digests(arrays)  # the sidecar's and the manifest's
+        entry["digests"] = digests
         if self.behind:
-            self.deferred.append(PendingWrite(files, description, arrays, fields))
+            self.deferred.append(PendingWrite(files, description, arrays, fields, digests))
             return CachedIndices(IndexArrays(arrays=arrays), entry)
         with self.phase("cache_write"):
-            if self.writer is None:
-                write_cache(files, description=description, arrays=arrays, fields=fields)
-            else:  # in place when the group is published, before the build returns
-                self.writer.add(files, description=description, arrays=arrays, fields=fields)
+            write = self.writer.add if self.writer is not None else write_cache
+            # in a group: in place when the group is published, before the build returns
+            write(files, description=description, arrays=arrays, fields=fields, digests=digests)
         self.wrote = True
         if is_url(folder):  # just uploaded: serve from memory rather than download it again
             return CachedIndices(IndexArrays(arrays=arrays), entry)
@@ -258,7 +269,13 @@ def write_behind(
         writer = CacheWriter()  # one group: one durable step for all of them
         try:
             for c in caches:
-                writer.add(c.files, description=c.description, arrays=c.arrays, fields=c.fields)
+                writer.add(
+                    c.files,
+                    description=c.description,
+                    arrays=c.arrays,
+                    fields=c.fields,
+                    digests=c.digests,
+                )
             if manifest is not None:
                 write_manifest(manifest.path, manifest.key, entries, writer.write_last)
             writer.publish()

@@ -34,7 +34,7 @@ from ...byte_source import gather_index
 from ...caches import map_array
 from ...errors import CacheError
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, build_items
+from ..items import Allocator, ItemConfig, build_items, document_bounds
 from ..sources import stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
@@ -50,6 +50,7 @@ class IndexArrays:
         arrays: dict[str, np.ndarray] | None = None,
         paths: dict[str, str] | None = None,
         shapes: dict[str, tuple[int, ...]] | None = None,
+        digests: dict[str, str] | None = None,
     ) -> None:
         if (arrays is None) == (paths is None):
             raise ValueError("give either arrays or paths")
@@ -57,6 +58,9 @@ class IndexArrays:
         self.paths = paths
         self.shapes = shapes
         """Shapes the mapped files must have (a build manifest's), checked as they are mapped."""
+        self.digests = digests
+        """The xxh3-64 each mapped file's data must have (a build manifest's), checked as it is
+        first mapped in a process; without them, the cache's sidecar's (``map_array``)."""
         self._pid = os.getpid()
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -67,7 +71,8 @@ class IndexArrays:
         # In-memory arrays travel with the object (pickled, or inherited by a fork) and stay valid
         # in every process; mapped ones are mapped again in each process that uses them.
         if self.paths is not None and (self._arrays is None or self._pid != os.getpid()):
-            arrays = {k: map_array(p) for k, p in self.paths.items()}
+            digests = self.digests or {}
+            arrays = {k: map_array(p, digests.get(k)) for k, p in self.paths.items()}
             for name, shape in (self.shapes or {}).items():
                 if arrays[name].shape != tuple(shape):
                     raise self.corrupt(
@@ -175,7 +180,8 @@ class GPTDataset(OneSourceContract):
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
-        short, else int64 padded with ``pad_id``."""
+        short, else int64 padded with ``pad_id``; with ``inter_document_masking``, each sample's
+        document boundaries from its pieces (``doc_bounds``, ``items.document_bounds``)."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         arrays = self._arrays()
         try:  # one entry per sample: NumPy's own bounds check (negative indices count from the end)
@@ -202,19 +208,30 @@ class GPTDataset(OneSourceContract):
             offsets[first] = first_offsets
             flat = self.source.read_pieces(seqs, offsets, lengths, None if full else np.int64)
         if full:
-            return {"windows": flat.reshape(idx.size, width), "padded": False}
-        out = np.full((idx.size, width), self.item.pad_id, dtype=np.int64)
-        rows = np.repeat(np.arange(idx.size, dtype=np.int64), per_sample)
-        cols = gather_index(np.zeros(idx.size, np.int64), per_sample)
-        out[rows, cols] = flat
-        return {"windows": out, "padded": True}
+            batch = {"windows": flat.reshape(idx.size, width), "padded": False}
+        else:
+            out = np.full((idx.size, width), self.item.pad_id, dtype=np.int64)
+            rows = np.repeat(np.arange(idx.size, dtype=np.int64), per_sample)
+            cols = gather_index(np.zeros(idx.size, np.int64), per_sample)
+            out[rows, cols] = flat
+            batch = {"windows": out, "padded": True}
+        if self.item.inter_document_masking:  # megatron-core's boundaries: the pieces' lengths
+            item = self.item
+            batch["doc_bounds"] = document_bounds(lengths, first, item.sequence_length, item.extra)
+        return batch
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
         """The item fields of a ``read_batch`` result, in arrays made by ``alloc``
         (``np.empty``)."""
-        return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
+        return build_items(
+            batch["windows"],
+            self.item,
+            padded=batch["padded"],
+            alloc=alloc,
+            bounds=batch.get("doc_bounds"),
+        )
 
     def _pieces(
         self, arrays: dict[str, np.ndarray], samples: np.ndarray

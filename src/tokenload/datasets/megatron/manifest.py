@@ -6,14 +6,17 @@ blend of 100 prefixes, hundreds of metadata operations on every rank. The writer
 build therefore also writes ``{md5}-tokenload-build.json`` into ``path_to_cache``, named by the
 md5 of everything that decides the build (``manifest_key``: the blends as given, split, sizes,
 sequence length, seed, tokenizer identity, the flags Megatron's hash forgets). It lists, per
-split and dataset, the cache file names, the length, the arrays' shapes, the identity (for the
-fingerprint) and the token file's content facts.
+split and dataset, the cache file names, the length, the arrays' shapes and xxh3-64 digests,
+the identity (for the fingerprint) and the token file's content facts.
 
 A loading rank reads it once and builds its datasets from it without opening anything else: the
 lengths come from it, the ``.npy`` arrays are mapped on first use in the process that reads
-(a loader worker), and the token file's facts are compared where the file opens anyway
-(``sources.stale_facts``). It is written last, atomically, after every cache file it names, so
-a build killed part way leaves no manifest.
+(a loader worker) and their data verified there against the manifest's digests (what the
+sidecar records, carried here: a sidecar lost or damaged since does not leave an array
+unchecked, and no sidecar is read), and the token file's facts are compared where the file
+opens anyway (``sources.stale_facts``). A manifest of version 1 (no digests) is ignored: the
+caches are then checked one by one, as ``auto`` checks them. It is written last, atomically,
+after every cache file it names, so a build killed part way leaves no manifest.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MANIFEST_FORMAT = "tokenload-build-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: each entry carries its arrays' digests
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,23 @@ def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     if data.get("key") != jsontext.plain_copy(key):
         logger.warning("ignoring build manifest %s written for another configuration", path)
         return None
+    if not all(_digested(e) for e in data.get("splits") or () if e is not None):
+        logger.warning("ignoring build manifest %s: an array without its digest", path)
+        return None
     return data
+
+
+def _digested(entry: Any) -> bool:
+    """Whether a manifest entry (and each member of a blend's) names a digest for every array:
+    an array is never served unchecked from a manifest."""
+    if not isinstance(entry, dict):
+        return False
+    arrays, digests = entry.get("arrays"), entry.get("digests")
+    if not isinstance(arrays, dict) or not isinstance(digests, dict):
+        return False
+    if not all(isinstance(digests.get(name), str) for name in arrays):
+        return False
+    return all(_digested(m) for m in entry.get("members") or ())
 
 
 def _local(path: str) -> str | None:
