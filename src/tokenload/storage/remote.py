@@ -1,7 +1,10 @@
 """Objects behind fsspec URLs: one stat, ranged GETs with retries, typed failures, counters.
 
 Every call goes through ``call``: a failure that may pass (throttling, 5xx, timeouts, refused or
-dropped connections) is retried with exponential backoff, logged and counted; a permanent one
+dropped connections) is retried with exponential backoff and counted, and logged once per fault:
+a request's first retry is a WARNING stating the limit (DEBUG when another request of this
+process is already retrying: one outage, one warning), its later retries are DEBUG, and a request
+that succeeds after retries says so at INFO; a permanent one
 (missing object, denied access, no credentials) raises at once. Either way the caller gets a
 ``StorageError`` naming the object and a hint, never a botocore or aiohttp exception. For S3 the
 client's own retry loops are reduced to one attempt so that ``TOKENLOAD_RETRIES`` is the one
@@ -433,50 +436,86 @@ def _failing_fast() -> bool:
     return _first_contact_retries is not None and _reached_in != os.getpid()
 
 
+#: (process id, requests of it between their first retry and their end): a request whose first
+#: retry finds others retrying logs it at DEBUG only, the fault being reported already.
+_retrying: tuple[int, int] = (0, 0)
+_RETRYING_LOCK = threading.Lock()
+
+
+def _retrying_add(step: int) -> int:
+    """Add ``step`` to this process's retrying requests; the number before (a forked child
+    starts at 0)."""
+    global _retrying
+    with _RETRYING_LOCK:
+        pid = os.getpid()
+        before = _retrying[1] if _retrying[0] == pid else 0
+        _retrying = (pid, max(before + step, 0))
+        return before
+
+
 def call(url: str, action: str, fn: Callable[[], T], options: StorageOptions) -> T:
     """``fn()`` with retries of transient failures; any failure ends as a StorageError."""
     global _reached_in, _silent_since, _gave_up
     if _failing_fast() and _gave_up is not None and _gave_up[0] == os.getpid():
         raise StorageError(f"cannot {action}: {_gave_up[1]}", path=url, hint=_CONNECT_HINT)
     started = time.monotonic()
-    for attempt in itertools.count():
-        begun = time.monotonic()
-        try:
-            result = fn()
-            _reached_in = os.getpid()
-            return result
-        except TokenloadError:
-            raise
-        except Exception as exc:
-            silent = _no_answer(exc)
-            if not silent:
-                _reached_in = os.getpid()  # an HTTP error is an answer: the endpoint is there
-            if not transient(exc):
-                raise permanent_error(exc, url, action) from None
-            wait = options.backoff(attempt)
-            first_silence = _silent_since is None or _silent_since[0] != os.getpid()
-            if silent and _failing_fast() and first_silence:
-                _silent_since = (os.getpid(), begun)
-            stop, limit = _stop(attempt, wait, started, silent, options)
-            if stop is not None:
-                if silent and _failing_fast():
-                    why = f"no answer from the endpoint ({_reason(exc)}), {stop}"
-                    _gave_up = (os.getpid(), why)
-                raise StorageError(
-                    f"cannot {action}: {_reason(exc)}, {stop}", path=url, hint=_CONNECT_HINT
-                ) from None
-            count("retries")
-            logger.warning(
-                "%s: cannot %s (%s); retry %d %s in %.1f s",
-                url,
-                action,
-                _reason(exc),
-                attempt + 1,
-                limit,
-                wait,
-            )
-            time.sleep(wait)
-    raise AssertionError("unreachable")
+    retries = 0
+    try:
+        for attempt in itertools.count():
+            begun = time.monotonic()
+            try:
+                result = fn()
+                _reached_in = os.getpid()
+                if retries:
+                    logger.info(
+                        "%s: %s succeeded after %d %s in %.1f s",
+                        url,
+                        action,
+                        retries,
+                        "retry" if retries == 1 else "retries",
+                        time.monotonic() - started,
+                    )
+                return result
+            except TokenloadError:
+                raise
+            except Exception as exc:
+                silent = _no_answer(exc)
+                if not silent:
+                    _reached_in = os.getpid()  # an HTTP error is an answer: the endpoint is there
+                if not transient(exc):
+                    raise permanent_error(exc, url, action) from None
+                wait = options.backoff(attempt)
+                first_silence = _silent_since is None or _silent_since[0] != os.getpid()
+                if silent and _failing_fast() and first_silence:
+                    _silent_since = (os.getpid(), begun)
+                stop, limit = _stop(attempt, wait, started, silent, options)
+                if stop is not None:
+                    if silent and _failing_fast():
+                        why = f"no answer from the endpoint ({_reason(exc)}), {stop}"
+                        _gave_up = (os.getpid(), why)
+                    raise StorageError(
+                        f"cannot {action}: {_reason(exc)}, {stop}", path=url, hint=_CONNECT_HINT
+                    ) from None
+                count("retries")
+                # once per fault: this request's first retry, unless another one is retrying
+                alone = retries == 0 and _retrying_add(1) == 0
+                retries += 1
+                logger.log(
+                    logging.WARNING if alone else logging.DEBUG,
+                    "%s: cannot %s (%s); retry %d %s in %.1f s%s",
+                    url,
+                    action,
+                    _reason(exc),
+                    attempt + 1,
+                    limit,
+                    wait,
+                    " (further retries are logged at DEBUG level)" if alone else "",
+                )
+                time.sleep(wait)
+        raise AssertionError("unreachable")
+    finally:
+        if retries:
+            _retrying_add(-1)
 
 
 def _stop(
