@@ -7,6 +7,14 @@ masked; it costs S x S per sample, so it is off by default) or ``cu_seqlens``/``
 document-aware attention. Resets after EOD are computed with running maxima over EOD positions
 rather than a Python loop per EOD, and the order of Megatron's masking steps is kept: masks come
 from the input tokens, then padded labels lose their loss and pad ids become 0.
+
+**Document boundaries.** With ``inter_document_masking``, megatron-core 0.19.2 takes ``cu_seqlens``,
+``max_seqlen`` and the per-document ``position_ids`` from the lengths of the document pieces a
+sample is made of, not from EOD tokens (``GPTDataset.__getitem__``). A dataset that knows its
+pieces passes them as ``bounds`` (``document_bounds`` makes them in that layout); then the
+position ids restart at every boundary and ``cu_seqlens`` are the boundaries. Without ``bounds``
+(a caller with no document lengths), the EOD rule stands. ``reset_position_ids`` and
+``reset_attention_mask`` without ``inter_document_masking`` keep the EOD rule, as Megatron does.
 """
 
 from __future__ import annotations
@@ -74,14 +82,23 @@ _INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
 
 
 def build_items(
-    text: np.ndarray, cfg: ItemConfig, *, padded: bool = True, alloc: Allocator | None = None
+    text: np.ndarray,
+    cfg: ItemConfig,
+    *,
+    padded: bool = True,
+    alloc: Allocator | None = None,
+    bounds: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
     padded, else any integer dtype).
 
     ``padded=False`` promises that no row was padded; with a negative pad id (no pad token), no
     token can then equal it, so the three padding passes are skipped. ``alloc`` makes the arrays
-    of tokens, labels, loss_mask and position_ids.
+    of tokens, labels, loss_mask and position_ids. ``bounds``: each row's document boundaries,
+    int32 ``(B, S + 1)`` in ``cu_seqlens`` layout (``document_bounds``): when given, position ids
+    restart at every boundary, ``cu_seqlens``/``max_seqlen`` (with ``inter_document_masking``) are
+    these boundaries, and a reset attention mask blocks across them; EOD tokens then decide only
+    the loss mask (``eod_mask_loss``).
     """
     new = alloc or _empty
     pad, extra = cfg.pad_id, cfg.extra
@@ -95,31 +112,38 @@ def build_items(
         np.copyto(tokens, text)
         labels[:, :-1] = tokens[:, 1:]
         labels[:, -1] = pad
-    needs_eod = (
-        cfg.eod_mask_loss
-        or cfg.reset_position_ids
-        or cfg.inter_document_masking
-        or (cfg.create_attention_mask and cfg.reset_attention_mask)
+    masked_by_documents = cfg.create_attention_mask and cfg.reset_attention_mask
+    by_eod = bounds is None and (
+        cfg.reset_position_ids or cfg.inter_document_masking or masked_by_documents
     )
-    is_eod = tokens == cfg.eod_id if needs_eod else None
+    is_eod = tokens == cfg.eod_id if cfg.eod_mask_loss or by_eod else None
     loss_mask = new((batch, seq), _FLOAT32)
     loss_mask.fill(1.0)
     if cfg.eod_mask_loss:
         loss_mask[is_eod] = 0.0
     position_ids = new((batch, seq), _INT64)
-    if cfg.reset_position_ids or cfg.inter_document_masking:
-        assert is_eod is not None  # needs_eod
-        np.subtract(_positions(seq)[None, :], _segment_starts(is_eod), out=position_ids)
+    starts = None  # where each position's document begins
+    if bounds is not None:
+        starts = _bound_starts(bounds, seq)
+    elif by_eod:
+        assert is_eod is not None  # by_eod
+        starts = _segment_starts(is_eod)
+    if starts is not None and (
+        bounds is not None or cfg.reset_position_ids or cfg.inter_document_masking
+    ):
+        np.subtract(_positions(seq)[None, :], starts, out=position_ids)
     else:
         np.copyto(position_ids, _positions(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
-        out["attention_mask"] = _attention_mask(
-            batch, seq, is_eod if cfg.reset_attention_mask else None
-        )
+        out["attention_mask"] = _attention_mask(batch, seq, starts if masked_by_documents else None)
     if cfg.inter_document_masking:
-        assert is_eod is not None  # needs_eod
-        out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
+        if bounds is not None:
+            cu = np.array(bounds, dtype=np.int32)  # its own array, as every field
+            out["cu_seqlens"], out["max_seqlen"] = cu, np.diff(cu, axis=1).max(axis=1)
+        else:
+            assert is_eod is not None  # by_eod
+            out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
     if padded or pad >= 0 or not extra:
         _clear_padding(text, tokens, labels, loss_mask, pad, extra)
     return out
@@ -170,14 +194,25 @@ def _segment_starts(is_eod: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(begins, axis=1)
 
 
-def _attention_mask(batch: int, seq: int, is_eod: np.ndarray | None) -> np.ndarray:
-    """Causal mask (True = masked), blocked across documents when ``is_eod`` is given."""
+def _bound_starts(bounds: np.ndarray, seq: int) -> np.ndarray:
+    """For each position, where its document begins: the largest boundary at or before it
+    (boundaries of S and past are ends, never starts). For non-decreasing boundaries this is
+    megatron-core's ``position_ids[start:end] = arange(end - start)`` for every pair."""
+    batch = bounds.shape[0]
+    values = bounds[:, 1:].astype(np.int64)
+    inside = (values >= 0) & (values < seq)
+    rows = np.broadcast_to(np.arange(batch, dtype=np.int64)[:, None] * seq, values.shape)
+    begins = np.zeros(batch * seq, dtype=np.int64)
+    begins[(rows + values)[inside]] = values[inside]
+    return np.maximum.accumulate(begins.reshape(batch, seq), axis=1)
+
+
+def _attention_mask(batch: int, seq: int, starts: np.ndarray | None) -> np.ndarray:
+    """Causal mask (True = masked), blocked across documents when their ``starts`` are given."""
     causal = np.tril(np.ones((seq, seq), dtype=bool))
-    if is_eod is None:
+    if starts is None:
         return np.broadcast_to(~causal, (batch, 1, seq, seq)).copy()
-    segment = np.zeros((batch, seq), dtype=np.int64)
-    segment[:, 1:] = np.cumsum(is_eod[:, :-1], axis=1)
-    same = segment[:, :, None] == segment[:, None, :]
+    same = starts[:, :, None] == starts[:, None, :]
     return ~(causal[None] & same)[:, None]
 
 
@@ -196,3 +231,43 @@ def _cu_seqlens(is_eod: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     valid = np.arange(seq)[None, :] < counts[:, None]
     max_seqlen = np.where(valid, lengths, 0).max(axis=1).astype(np.int32)
     return cu, max_seqlen
+
+
+def document_bounds(
+    lengths: np.ndarray, first: np.ndarray, sequence_length: int, extra: int
+) -> np.ndarray:
+    """Each sample's document boundaries as megatron-core 0.19.2's ``GPTDataset`` makes
+    ``cu_seqlens`` with ``inter_document_masking``: int32 ``(B, S + 1)``, from the samples' pieces
+    (``lengths``: every piece's tokens, flat, as read; ``first``: the flat index of each sample's
+    first piece, every sample with at least one).
+
+    Megatron's steps: the parts' lengths; with the extra token the last part loses it and is
+    dropped if that leaves it empty; a short (padded) sample's shortfall joins its last part (or
+    is the one part); boundaries are the cumulative sums from 0, padded to S + 1 entries with S.
+    So the last part always ends at S, and the boundaries written are the ends of the parts
+    before it: empty documents give repeated boundaries, as in Megatron. A sample of more than
+    S - 1 inner boundaries (more than S parts, only with empty documents) makes megatron-core fail
+    (its boundaries do not fit S + 1 entries); there the empty parts' repeats are left out.
+    """
+    batch, seq = first.size, int(sequence_length)
+    out = np.full((batch, seq + 1), seq, dtype=np.int32)
+    out[:, 0] = 0
+    if not batch:
+        return out
+    total = lengths.size
+    counts = np.diff(first, append=total)
+    last = first + counts - 1
+    # parts that end before the last one; not the one before a dropped extra token's part
+    inner = counts - 1 - ((lengths[last] == 1) & bool(extra))
+    row = np.repeat(np.arange(batch, dtype=np.int64), counts)
+    at = np.arange(total, dtype=np.int64) - first[row]  # each piece's place in its sample
+    keep = at < inner[row]
+    over = inner > seq - 1
+    if over.any():
+        keep &= ~over[row] | (lengths > 0)
+        kept = np.cumsum(keep)
+        at = kept - 1 - (kept - keep)[first][row]
+    ends = np.cumsum(lengths)
+    before = (ends - lengths)[first]  # tokens of the pieces ahead of each sample
+    out[row[keep], at[keep] + 1] = ends[keep] - before[row[keep]]
+    return out

@@ -125,15 +125,23 @@ class ComputedBlendedDataset(_Items, BlendContract):
         present = distinct(draws.source).tolist()
         dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)
         windows = np.empty((idx.size, width), dtype=dtype)
+        masking = self.item.inter_document_masking
+        bounds = np.empty((idx.size, self.item.sequence_length + 1), np.int32) if masking else None
         for d in present:
             rows = draws.source == d
             windows[rows] = self.datasets[d].read_windows(draws.window[rows])
-        return {"windows": windows, "padded": False, "dataset_id": draws.source}
+            if bounds is not None:  # each row's document boundaries
+                bounds[rows] = self.datasets[d].bounds_of(draws.window[rows])
+        batch = {"windows": windows, "padded": False, "dataset_id": draws.source}
+        if bounds is not None:
+            batch["doc_bounds"] = bounds
+        return batch
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        out = build_items(batch["windows"], self.item, padded=False, alloc=alloc)
+        bounds = batch.get("doc_bounds")
+        out = build_items(batch["windows"], self.item, padded=False, alloc=alloc, bounds=bounds)
         out["dataset_id"] = batch["dataset_id"]
         return out
 

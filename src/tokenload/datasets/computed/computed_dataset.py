@@ -24,10 +24,12 @@ differs is how sample k is found:
   no sample of a source repeated within its epoch, none skipped. A source that runs out starts
   its next epoch, with a key of its own.
 
-Document boundaries are not needed to read a window: the item fields come from the tokens (EOD
-positions), exactly as in the Megatron order, which also reads a sample's document pieces back
-to back. ``documents(indices)`` gives the pieces ``(sequence, offset, length)`` of each sample
-by a binary search over the pointers of the file it touches (no copy of the pointers).
+Document boundaries are not needed to read a window. ``documents(indices)`` gives the pieces
+``(sequence, offset, length)`` of each sample by a binary search over the pointers of the file it
+touches (no copy of the pointers); with ``inter_document_masking`` the read makes each window's
+boundaries from them (``cu_seqlens``, per-document position ids), by the Megatron order's rule
+(the documents' lengths, not EOD tokens: ``items.document_bounds``). Without it, the EOD options
+read the tokens, as in the Megatron order.
 
 **Startup and memory.** Per source, building reads a few ``.idx`` entries (``extents``)
 and keeps O(1) numbers, whatever the number of documents. No file stays open: a rank maps only
@@ -65,7 +67,7 @@ from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import WindowGrid, window_pieces
 from ..config import MegatronDataConfig, as_blend
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, build_items
+from ..items import Allocator, ItemConfig, build_items, document_bounds
 from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
 from .extents import Extent, file_extent, mock_extent
@@ -156,12 +158,28 @@ class ComputedGPTDataset(_Items, OneSourceContract):
         )
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        return {"windows": self.read_windows(self.windows_of(indices)), "padded": False}
+        windows = self.windows_of(indices)
+        batch = {"windows": self.read_windows(windows), "padded": False}
+        if self.item.inter_document_masking:
+            batch["doc_bounds"] = self.bounds_of(windows)
+        return batch
+
+    def bounds_of(self, windows: np.ndarray) -> np.ndarray:
+        """int32 ``(B, S + 1)`` document boundaries of windows, from their pieces, by the rule of
+        the Megatron order (``items.document_bounds``)."""
+        _, first, lengths, _ = self.documents_of(windows)
+        return document_bounds(lengths, first, self.item.sequence_length, self.item.extra)
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        return build_items(batch["windows"], self.item, padded=batch["padded"], alloc=alloc)
+        return build_items(
+            batch["windows"],
+            self.item,
+            padded=batch["padded"],
+            alloc=alloc,
+            bounds=batch.get("doc_bounds"),
+        )
 
     def _pointer_array(self) -> tuple[np.ndarray, np.ndarray, int]:
         lengths = self.source.sequence_lengths

@@ -92,7 +92,14 @@ class BlendedDataset(BlendContract):
         windows = np.empty((idx.size, width), dtype=dtype)
         for d, part in parts.items():
             windows[rows[d]] = part["windows"]
-        return {"windows": windows, "padded": padded, "dataset_id": which}
+        batch = {"windows": windows, "padded": padded, "dataset_id": which}
+        item = self.datasets[0].item
+        if item.inter_document_masking:  # each row's document boundaries
+            doc_bounds = np.empty((idx.size, item.sequence_length + 1), np.int32)
+            for d, part in parts.items():
+                doc_bounds[rows[d]] = part["doc_bounds"]
+            batch["doc_bounds"] = doc_bounds
+        return batch
 
     def _locate(
         self, idx: np.ndarray, bounds: tuple[int, int] | None = None
