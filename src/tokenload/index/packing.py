@@ -1,0 +1,285 @@
+"""Packed rows of whole documents: best-fit decreasing over a block of documents, NumPy only.
+
+A *row* is one sample's window of ``W = S + extra`` token slots (read as one window: the inputs
+are its first S tokens, the labels the window shifted by one, as for a concatenated sample). A
+row holds whole documents back to back, then padding. A document of at most W tokens is never
+cut. A longer one is cut into full windows that overlap by ``extra`` tokens, as Megatron's
+consecutive samples do (piece p holds tokens ``[p*S, p*S + W)``, so every token but the
+document's first is a label exactly once), and the rest after the last full window
+(``[m*S, L)``, kept when it holds more than ``extra`` tokens: else every one of its tokens was a
+label already) is packed like a short document. Empty documents hold nothing and make no piece.
+
+**The rule: best-fit decreasing (BFD).** Items (documents and rests) are taken by size,
+largest first (ties in block order); each goes into the open row with the least room that still
+fits it (ties: the row opened first), else into a new row. With ``max_docs``, a row that holds
+that many pieces takes no more.
+
+**How it runs.** One item at a time in Python would cost ~1 us per document (100 s for 100M).
+Items of one size are placed together instead: the open rows that fit size s, in order of room
+(then age), are exactly the rows BFD visits one after the other, and each takes
+``min(room // s, max_docs - pieces)`` items before the next one is the best fit (its room left
+is below s, or it is full). So a size class is a cumulative sum over the fitting rows and a
+search for where its items run out; the rows it opens take ``min(W // s, max_docs)`` items each.
+Rows are kept sorted by the key ``room << 32 | row``, updated by merging the few rows a class
+touched. Cost per block: O(distinct sizes) NumPy calls plus O(items) work, the same placement as
+the item-by-item rule (tests/unit/test_packing.py checks it against a direct implementation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["PackPlan", "best_fit_decreasing", "pack_block", "split_documents"]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The items of a block: a document whole, a full window of a long one, or its rest."""
+
+    doc: np.ndarray
+    """int64 index of each piece's document in the block."""
+    start: np.ndarray
+    """int64 first token of the piece within its document."""
+    length: np.ndarray
+    """int64 tokens of the piece."""
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """Rows of one block: CSR offsets into its pieces, in row order, each row's pieces in the
+    order they were placed (largest first)."""
+
+    window: int
+    """Token slots per row (``S + extra``)."""
+    row_offsets: np.ndarray
+    """int64 ``(num_rows + 1,)``: row r holds pieces ``[row_offsets[r], row_offsets[r + 1])``."""
+    piece_doc: np.ndarray
+    """int64 per piece: the document's index in the block."""
+    piece_start: np.ndarray
+    """int64 per piece: its first token within the document."""
+    piece_length: np.ndarray
+    """int64 per piece: its tokens."""
+    cut_documents: int
+    """Documents of the block longer than the window (each cut into pieces)."""
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_offsets) - 1
+
+    @property
+    def padding(self) -> int:
+        """Token slots no piece fills."""
+        return self.num_rows * self.window - int(self.piece_length.sum())
+
+    def row_tokens(self) -> np.ndarray:
+        """int64 tokens each row holds."""
+        if not self.num_rows:
+            return np.zeros(0, dtype=np.int64)
+        return np.add.reduceat(self.piece_length, self.row_offsets[:-1])
+
+
+def split_documents(lengths: np.ndarray, window: int, extra: int) -> Pieces:
+    """Every document's pieces, in document order (module docstring). ``window = S + extra``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if window < 1 or extra not in (0, 1) or window <= extra:
+        raise ValueError(f"window {window} and extra {extra}: need window > extra >= 0")
+    if lengths.size and int(lengths.min()) < 0:
+        raise ValueError("document lengths must be >= 0")
+    stride = window - extra
+    long = lengths > window
+    full = np.where(long, (lengths - extra) // stride, 0)  # full windows of each long document
+    rest = np.where(long, lengths - full * stride, lengths)  # the rest (or the whole document)
+    keep_rest = np.where(long, rest > extra, rest > 0)
+    counts = full + keep_rest
+    doc = np.repeat(np.arange(lengths.size, dtype=np.int64), counts)
+    first = np.cumsum(counts) - counts
+    within = np.arange(doc.size, dtype=np.int64) - np.repeat(first, counts)  # piece # in document
+    is_full = within < full[doc]
+    start = np.where(is_full, within * stride, full[doc] * stride)
+    length = np.where(is_full, window, rest[doc])
+    return Pieces(doc=doc, start=start, length=length)
+
+
+def best_fit_decreasing(
+    sizes: np.ndarray, capacity: int, max_items: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Best-fit decreasing of ``sizes`` (each in ``[1, capacity]``) into rows of ``capacity``.
+
+    Returns ``(row_of_item, placement)``: the int64 row of each item (rows numbered in the order
+    they were opened), and the item indices in the order they were placed (largest first).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = sizes.size
+    if n and (int(sizes.min()) < 1 or int(sizes.max()) > capacity):
+        raise ValueError(f"item sizes must lie in [1, {capacity}]")
+    if max_items is not None and max_items < 1:
+        raise ValueError(f"max_items must be >= 1, got {max_items}")
+    if not n:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    placement = np.argsort(-sizes, kind="stable")  # largest first, ties in block order
+    sorted_sizes = sizes[placement]
+    bounds = np.flatnonzero(np.diff(sorted_sizes)) + 1  # where each size class starts
+    class_starts = np.concatenate(([0], bounds)).tolist()
+    class_ends = np.concatenate((bounds, [n])).tolist()
+    rooms = _Rooms(capacity, smallest=int(sorted_sizes[-1]), max_items=max_items, rows=n)
+    row_of = np.empty(n, dtype=np.int64)
+    for lo, hi in zip(class_starts, class_ends, strict=True):
+        touched, got = rooms.place(int(sorted_sizes[lo]), hi - lo)
+        row_of[placement[lo:hi]] = np.repeat(touched, got)
+    return row_of, placement
+
+
+class _Rooms:
+    """Open rows by room left: bucket r holds the rows with r slots free, as sorted chunks of row
+    numbers (sorted into one array when a size class next reads the bucket)."""
+
+    def __init__(self, capacity: int, *, smallest: int, max_items: int | None, rows: int) -> None:
+        self.capacity = capacity
+        self.smallest = smallest  # a row with less room can take nothing more
+        self.cap = max_items
+        self.buckets: list[list[np.ndarray]] = [[] for _ in range(capacity + 1)]
+        self.sizes = np.zeros(capacity + 1, dtype=np.int64)  # rows per bucket
+        self.count = np.zeros(rows, dtype=np.int64) if max_items is not None else None
+        self.opened = 0
+
+    def _take(self, r: int) -> np.ndarray:
+        chunks = self.buckets[r]
+        return chunks[0] if len(chunks) == 1 else np.sort(np.concatenate(chunks))
+
+    def _put(self, rows: np.ndarray, room: int) -> None:
+        """File sorted ``rows`` under ``room`` (dropped when nothing fits there any more)."""
+        if rows.size and room >= self.smallest:
+            self.buckets[room].append(rows)
+            self.sizes[room] += rows.size
+
+    def place(self, s: int, left: int) -> tuple[np.ndarray, np.ndarray]:
+        """Place ``left`` items of size ``s``: the rows that take them, in the order BFD visits
+        them, and how many each takes."""
+        if self.count is not None:
+            return self._place_capped(s, left)
+        rows_out: list[np.ndarray] = []
+        got_out: list[np.ndarray] = []
+        visit = np.flatnonzero(self.sizes[s:]).tolist() if left else []
+        for r in visit:
+            r += s
+            rows = self._take(r)
+            per = r // s  # every row of the bucket takes this many, but maybe the last
+            if per * rows.size >= left:
+                need = -(-left // per)
+                use, rest = rows[:need], rows[need:]
+                last = left - per * (need - 1)
+                left = 0
+            else:
+                use, rest, last = rows, rows[:0], per
+                left -= per * rows.size
+            self.buckets[r] = [rest] if rest.size else []
+            self.sizes[r] = rest.size
+            rows_out.append(use)
+            got_out.append(self._got(use.size, per, last))
+            self._put(use[:-1], r - per * s)
+            self._put(use[-1:], r - last * s)
+            if not left:
+                break
+        if left:  # new rows, each taking as many of the class as fit
+            per = self.capacity // s
+            new = -(-left // per)
+            fresh = np.arange(self.opened, self.opened + new, dtype=np.int64)
+            last = left - per * (new - 1)
+            self.opened += new
+            rows_out.append(fresh)
+            got_out.append(self._got(new, per, last))
+            self._put(fresh[:-1], self.capacity - per * s)
+            self._put(fresh[-1:], self.capacity - last * s)
+        if len(rows_out) == 1:
+            return rows_out[0], got_out[0]
+        return np.concatenate(rows_out), np.concatenate(got_out)
+
+    @staticmethod
+    def _got(n: int, per: int, last: int) -> np.ndarray:
+        got = np.full(n, per, dtype=np.int64)
+        got[-1] = last
+        return got
+
+    def _place_capped(self, s: int, left: int) -> tuple[np.ndarray, np.ndarray]:
+        """``place`` with a cap on items per row (rows of one bucket may take different counts)."""
+        assert self.count is not None and self.cap is not None
+        rows_out: list[np.ndarray] = []
+        got_out: list[np.ndarray] = []
+        rooms_out: list[int] = []
+        for r in (np.flatnonzero(self.sizes[s:]) + s).tolist():
+            rows = self._take(r)
+            q = np.minimum(r // s, self.cap - self.count[rows])
+            cum = np.cumsum(q)
+            if int(cum[-1]) >= left:
+                k = int(np.searchsorted(cum, left))  # the row where the class runs out
+                use, q = rows[: k + 1], q[: k + 1]
+                q[k] = left - (int(cum[k - 1]) if k else 0)
+                rest = rows[k + 1 :]
+                left = 0
+            else:
+                use, rest = rows, rows[:0]
+                left -= int(cum[-1])
+            self.buckets[r] = [rest] if rest.size else []
+            self.sizes[r] = rest.size
+            rows_out.append(use)
+            got_out.append(q)
+            rooms_out.append(r)
+            if not left:
+                break
+        if left:  # new rows, each taking as many of the class as fit
+            per_row = min(self.capacity // s, self.cap)
+            new = -(-left // per_row)
+            fresh = np.arange(self.opened, self.opened + new, dtype=np.int64)
+            got = np.full(new, per_row, dtype=np.int64)
+            got[-1] = left - per_row * (new - 1)
+            self.opened += new
+            rows_out.append(fresh)
+            got_out.append(got)
+            rooms_out.append(self.capacity)
+        touched = np.concatenate(rows_out) if len(rows_out) > 1 else rows_out[0]
+        got = np.concatenate(got_out) if len(got_out) > 1 else got_out[0]
+        room = np.repeat(np.array(rooms_out, dtype=np.int64), [a.size for a in rows_out])
+        room -= got * s
+        self.count[touched] += got
+        live = (room >= self.smallest) & (self.count[touched] < self.cap)
+        back, back_room = touched[live], room[live]
+        if back.size:
+            order = np.argsort(back_room, kind="stable")
+            back, back_room = back[order], back_room[order]
+            cuts = np.flatnonzero(np.diff(back_room)) + 1
+            starts = np.concatenate(([0], cuts)).tolist()
+            ends = np.concatenate((cuts, [back.size])).tolist()
+            for a, b in zip(starts, ends, strict=True):
+                d = int(back_room[a])
+                chunk = back[a:b]
+                if chunk.size > 1:
+                    chunk = np.sort(chunk)
+                self.buckets[d].append(chunk)
+                self.sizes[d] += chunk.size
+        return touched, got
+
+
+def pack_block(
+    lengths: np.ndarray, window: int, extra: int = 1, max_docs: int | None = None
+) -> PackPlan:
+    """The rows of one block of documents (``lengths``, in block order): module docstring."""
+    pieces = split_documents(lengths, window, extra)
+    row_of, placement = best_fit_decreasing(pieces.length, window, max_docs)
+    # rows in the order they were opened; each row's pieces in placement order
+    rank = np.empty(placement.size, dtype=np.int64)
+    rank[placement] = np.arange(placement.size, dtype=np.int64)
+    order = np.lexsort((rank, row_of)) if row_of.size else row_of
+    per_row = np.bincount(row_of, minlength=int(row_of.max()) + 1 if row_of.size else 0)
+    offsets = np.zeros(per_row.size + 1, dtype=np.int64)
+    np.cumsum(per_row, out=offsets[1:])
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return PackPlan(
+        window=int(window),
+        row_offsets=offsets,
+        piece_doc=pieces.doc[order],
+        piece_start=pieces.start[order],
+        piece_length=pieces.length[order],
+        cut_documents=int(np.count_nonzero(lengths > window)),
+    )
