@@ -21,9 +21,9 @@ def reference_bfd(sizes: list[int], capacity: int, max_items: int | None) -> lis
         s = sizes[i]
         best = -1
         for r in range(len(room)):
-            if room[r] >= s and (max_items is None or count[r] < max_items):
-                if best < 0 or room[r] < room[best]:
-                    best = r
+            fits = room[r] >= s and (max_items is None or count[r] < max_items)
+            if fits and (best < 0 or room[r] < room[best]):
+                best = r
         if best < 0:
             room.append(capacity)
             count.append(0)
