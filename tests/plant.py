@@ -78,6 +78,15 @@ PLANTS: dict[str, Plant] = {
         "computed order: a micro-batch whose last sample is a phase's first is drawn wholly in"
         " the phase before",
     ),
+    "segment-cache-includes-next-start": Plant(
+        "tokenload.datasets.megatron.continuable",
+        "ContinuableBlendedDataset._locate",
+        "s.start <= lo and hi < s.end",
+        "s.start <= lo and hi <= s.end",
+        (f"{M}::test_a_batch_ending_on_a_phase_s_first_sample_draws_it_from_the_new_phase",),
+        "Megatron order: a micro-batch whose last sample is a segment's first is located wholly"
+        " in the segment before",
+    ),
     "shuffle-bound-loosened": Plant(
         "tokenload.datasets.megatron.cache_match",
         "_shuffle_reasons",
