@@ -94,6 +94,16 @@ class MixtureCursors(Protocol):
         samples out of order, so its weights cannot change mid-run)."""
         ...
 
+    def change_weights(self, start: int, weights: Sequence[float] | None) -> bool:
+        """Serve ``weights`` (one per member) from global sample ``start`` on: a weights-schedule
+        entry appended at ``start``, replacing the schedule's entries from there (None: the
+        entries the blend was built with, from ``start`` on). The stream equals the one of a
+        schedule that declares the same entries up front. Returns whether a copy of the blend in
+        another process (a loader worker) reaches the same state by the same call (False: it
+        must be given the changed blend). ``ConfigError``, before anything changes, when the
+        blend cannot change its weights (what to build instead)."""
+        ...
+
 
 @runtime_checkable
 class BatchSource(Protocol):

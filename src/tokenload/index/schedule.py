@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import sys
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
@@ -212,6 +212,28 @@ class ScheduledMixture:
             windows.setdefault(s, int(n))
         return MixtureState(consumed=self._entries[i][0], cursors=cursors, windows=windows)
 
+    def append(self, start: int, weights: Sequence[float], *, what: str = "weights") -> None:
+        """Serve ``weights`` from global sample ``start`` (``>= self.start``) on: the schedule's
+        entries from ``start`` on are replaced by ``(start, weights)`` (``loader.set_weights``).
+        The phases before ``start`` and their cursors are kept (a phase does not depend on its
+        end), so the cost does not grow with the entries before; the chain is then the one its
+        new ``schedule`` gives declared up front. ``ConfigError`` naming ``what`` for bad
+        weights, before anything changes."""
+        [(_, checked)] = check_schedule([(0, weights)], len(self.sources), what=what)
+        start = int(start)
+        if start < self.start:
+            raise ValueError(f"an entry at {start}; this chain starts at {self.start}")
+        kept = bisect_left(self.schedule, start, key=lambda entry: entry[0])
+        self.schedule = _Checked((*self.schedule[:kept], (start, checked)))
+        j = int(np.searchsorted(self.starts, start, side="left"))  # phases begun before start
+        for i in range(j, len(self._entries)):
+            self._phases.pop(i, None)
+        self._entries = [*self._entries[:j], (start, checked)]
+        self.starts = np.append(self.starts[:j], np.int64(start))
+        self._ends = [*self._ends[: max(j - 1, 0)], *([start] if j else []), _NO_END]
+        del self._bases[max(j, 1) :]
+        self._current = None
+
     @property
     def start(self) -> int:
         """The first global sample the chain serves (its origin)."""
@@ -219,7 +241,7 @@ class ScheduledMixture:
 
     def phase_of(self, sample: int) -> int:
         """Index into ``schedule`` of the entry in force at global ``sample``."""
-        return bisect_right([s for s, _ in self.schedule], sample) - 1
+        return bisect_right(self.schedule, sample, key=lambda entry: entry[0]) - 1
 
     def _phase(self, samples: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.starts, samples, side="right") - 1

@@ -157,6 +157,7 @@ class TokenloadDataLoader:
         # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
         self.ledger = self._metrics.ledger = Ledger(self._data, in_order=config.kind == "single")
         self._skip_count = 0
+        self._changes: list[tuple[int, tuple[float, ...]]] = []  # set_weights: (start, weights)
         self._health = WorkerHealth(  # restarts are counted per loader, across its pools
             worker_timeout=config.worker_timeout,
             max_worker_restarts=config.max_worker_restarts,
@@ -207,7 +208,7 @@ class TokenloadDataLoader:
             batches = pool.batches(sampler)
             generation = pool.generation
         metrics, every = self._metrics, self.config.log_metrics_every
-        skips = self._skip_count
+        marks = (self._skip_count, len(self._changes), self._changes[-1:])
         asked, handed = started, started
         try:
             for batch in batches:
@@ -232,7 +233,9 @@ class TokenloadDataLoader:
                 # so the next one's arrays reuse its memory, still in the CPU caches (measured 18 us
                 # per micro-batch of 16 x 2048 with 0 workers), and its ring slot is free again.
                 del batch
-                if self._skip_count != skips:  # skip() while iterating: go on from the new point
+                # skip() or set_weights() while iterating: go on from the new point (workers
+                # drop the batches they made ahead and make them again)
+                if (self._skip_count, len(self._changes), self._changes[-1:]) != marks:
                     yield from self.__iter__()
                     return
                 asked = time.perf_counter()
@@ -292,6 +295,63 @@ class TokenloadDataLoader:
             self._skip_count += 1
             self.close()  # workers made batches ahead of the skipped point
 
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Serve the blend's sources with ``weights`` (one per source, in the blend's order, as a
+        batch's ``dataset_id`` numbers them; 0 for an inactive source) from the first global
+        sample the training loop has not received yet (``consumed_samples``) on. Call it on
+        every rank between the same two steps with the same weights (e.g. computed from
+        all-reduced losses); the loader adds no collective. It is a weights-schedule entry
+        appended at that sample, replacing the schedule's entries from there: the stream is the
+        one of a ``weights_schedule`` that declares the same changes up front, it is recorded in
+        the state (``state["weights_changes"]``), and a resume on any data-parallel size,
+        micro-batch size or worker count continues it bit-exactly. Micro-batches the workers
+        made ahead are made again. ``ConfigError``, before anything changes, for a wrong
+        number of weights, a negative, NaN or infinite one, all zeros, or a dataset whose
+        weights cannot change (what to build instead)."""
+        mixture = self._steerable()
+        count = len(self._data.describe_sources().members)
+        checked = _check_weights(weights, count)
+        start = self.consumed_samples
+        if start >= self.plan.total_samples:
+            raise ConfigError(
+                f"set_weights after all {self.plan.total_samples} samples of the order were"
+                " served: no sample is left for the new weights",
+                hint="call set_weights before the last step, or build the dataset with more"
+                " samples",
+            )
+        same = mixture.change_weights(start, checked)
+        self._changes = [c for c in self._changes if c[0] < start] + [(start, checked)]
+        if self._pool is not None and not self._pool.closed:
+            if same:
+                self._pool.change_weights(start, checked)
+            else:
+                self.close()  # the blend rebuilt a source: workers start again from it
+
+    def _steerable(self) -> Any:
+        """The blend's ``MixtureCursors``, or a ``ConfigError`` saying what to build instead."""
+        if self._mixture is None:
+            if self._data.blend_index() is not None:  # Megatron's own blend, fixed weights
+                raise ConfigError(
+                    "set_weights on a Megatron-order blend built with mixture_change='refuse':"
+                    " its weights are fixed (Megatron's blending arrays)",
+                    hint="build it with MegatronDataConfig(mixture_change='continue')"
+                    " (--mixture-change continue), or use order='computed'",
+                    field="mixture_change",
+                )
+            raise ConfigError(
+                f"set_weights needs a blend of several sources; this loader's dataset is a"
+                f" {type(self.dataset).__name__} with fixed sources",
+                hint="build a blend (blend=[w1, prefix1, w2, prefix2, ...]) with order='computed',"
+                " or with Megatron's order and mixture_change='continue'",
+            )
+        if self.config.kind != "single":
+            raise ConfigError(
+                "set_weights with kind='cyclic': the cyclic sampler draws samples out of order,"
+                " so a blend's weights cannot change from a point of the run",
+                hint="use kind='single' (Megatron's default sampler)",
+            )
+        return self._mixture
+
     def restart(self, consumed_samples: int = 0) -> None:
         """Start the next iteration at ``consumed_samples`` (e.g. 0 for every validation pass)."""
         self.consumed_samples = consumed_samples
@@ -343,6 +403,7 @@ class TokenloadDataLoader:
         state["accounting"] = self.ledger.as_dict(self.consumed_samples)
         if self._mixture is not None and self._mixture_resumable:
             state["mixture"] = self._mixture.mixture_state(self.consumed_samples)
+            state["weights_changes"] = [[start, list(w)] for start, w in self._changes]
         return state
 
     @property
@@ -377,6 +438,7 @@ class TokenloadDataLoader:
                 hint="resume at a global-batch boundary, or choose sizes whose product divides the"
                 " global batch",
             )
+        changes = _saved_changes(state.get("weights_changes") if mixture is not None else None)
         changed = "same"
         if mixture is not None and self._mixture is not None:
             if isinstance(mixture, dict) and mixture.get("consumed") != loaded.consumed_samples:
@@ -386,6 +448,13 @@ class TokenloadDataLoader:
                     f" {loaded.consumed_samples}",
                     hint="pass the dict saved from loader.state_dict(), unchanged",
                 )
+            # the saved run's set_weights (this loader's own undone first): the blend's schedule
+            # is then the saved chain's, which resume_mixture continues
+            if self._changes:
+                self._mixture.change_weights(self._changes[0][0], None)
+            for start, weights in changes:
+                self._mixture.change_weights(start, weights)
+            self._changes = changes
             changed = self._mixture.resume_mixture(mixture)
             self.close()  # workers hold the dataset as it was: the next iteration starts new ones
         if "metrics" in state and changed != "sources":
@@ -396,6 +465,37 @@ class TokenloadDataLoader:
             )
         self.ledger.load_state_dict(state.get("skips") or [], state.get("accounting"))
         self.consumed_samples = loaded.consumed_samples
+
+
+def _check_weights(weights: Any, count: int) -> tuple[float, ...]:
+    """``weights`` as floats: ``count`` of them, finite, >= 0, not all 0; else ``ConfigError``."""
+    hint = f"pass {count} finite weights >= 0, one per source of the blend, at least one positive"
+    try:
+        values = tuple(float(w) for w in weights)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"set_weights({weights!r}); expected a sequence of {count} numbers", hint=hint
+        ) from None
+    if len(values) != count:
+        raise ConfigError(
+            f"set_weights got {len(values)} weights; the blend has {count} sources", hint=hint
+        )
+    if not all(math.isfinite(w) and w >= 0 for w in values) or not any(values):
+        raise ConfigError(
+            f"set_weights({list(values)}); expected finite weights >= 0, not all 0", hint=hint
+        )
+    return values
+
+
+def _saved_changes(saved: Any) -> list[tuple[int, tuple[float, ...]]]:
+    """A state's ``weights_changes`` as (start, weights) pairs (none: a run without them)."""
+    try:
+        return [(int(start), tuple(float(w) for w in weights)) for start, weights in saved or []]
+    except (TypeError, ValueError):
+        raise StateError(
+            f"the loader state's weights_changes is {saved!r}; expected [[start, [w, ...]], ...]",
+            hint="pass the dict saved from loader.state_dict(), unchanged",
+        ) from None
 
 
 def _cuda_available() -> bool:

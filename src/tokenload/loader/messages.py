@@ -23,6 +23,7 @@ __all__ = [
     "Ready",
     "Result",
     "RingMapped",
+    "SetWeights",
     "Start",
     "Stop",
     "decode",
@@ -63,6 +64,15 @@ class Stop(NamedTuple):
     """Exit now."""
 
 
+class SetWeights(NamedTuple):
+    """``loader.set_weights``: the blend serves ``weights`` from global sample ``start`` on
+    (``contract.MixtureCursors.change_weights``). The worker changes its copy of the dataset;
+    the ``Start`` that follows makes it drop what it made ahead and remake it."""
+
+    start: int
+    weights: tuple[float, ...] | None
+
+
 # -- results (worker -> training process) ----------------------------------------------------------
 class Ready(NamedTuple):
     """The worker's dataset is loaded (or failed to load: reported at the next ``Start``)."""
@@ -100,7 +110,7 @@ class Failed(NamedTuple):
     traceback: str
 
 
-Command = LoadDataset | Start | Credit | Stop
+Command = LoadDataset | Start | Credit | Stop | SetWeights
 Result = Ready | RingMapped | Batches | Failed
 Message = Command | Result
 M = TypeVar("M", bound=Message)
@@ -115,6 +125,7 @@ _KINDS: tuple[type[tuple[Any, ...]], ...] = (
     RingMapped,
     Batches,
     Failed,
+    SetWeights,
 )
 _NUMBERS = {kind: number for number, kind in enumerate(_KINDS)}
 

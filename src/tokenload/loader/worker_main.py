@@ -38,6 +38,7 @@ from .messages import (
     Ready,
     Result,
     RingMapped,
+    SetWeights,
     Start,
     Stop,
 )
@@ -93,6 +94,10 @@ def worker_main(
                 return
             if isinstance(message, (Start, Credit)):
                 worker.handle(message)
+            elif isinstance(message, SetWeights) and worker.failed is None:
+                mixture = worker.dataset.mixture_cursors()  # loader.set_weights: same change here
+                assert mixture is not None
+                mixture.change_weights(message.start, message.weights)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         return
     finally:

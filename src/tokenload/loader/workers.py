@@ -68,6 +68,7 @@ from .messages import (
     Ready,
     Result,
     RingMapped,
+    SetWeights,
     Start,
     Stop,
 )
@@ -103,6 +104,7 @@ class WorkerPool:
         fork = self._ctx.get_start_method() == "fork"
         self._dataset = dataset if fork else None  # inherited by a forked worker
         self._payload = None if fork else pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        self._changes: list[SetWeights] = []  # sent after the payload to a worker started later
         n = num_workers
         self.processes: list[BaseProcess] = [None] * n  # type: ignore[list-item]
         self._commands: list[Channel[Command]] = [None] * n  # type: ignore[list-item]
@@ -178,6 +180,16 @@ class WorkerPool:
             yield batch
             del batch  # the slot is free once the training loop drops the batch
 
+    def change_weights(self, start: int, weights: tuple[float, ...] | None) -> None:
+        """Every worker changes its copy of the blend as the training process's changed
+        (``loader.set_weights``); a worker started later from the pickled dataset, too. The
+        next ``batches`` makes them drop the micro-batches made ahead and remake them."""
+        change = SetWeights(start, weights)
+        if self._payload is not None:  # fork: a replacement inherits the changed dataset
+            self._changes.append(change)
+        for w in range(len(self.processes)):
+            self._send(w, change)
+
     def close(self) -> None:
         """Stop the workers (idempotent)."""
         self._finalizer()
@@ -213,6 +225,8 @@ class WorkerPool:
         self._cpu[w] = None
         if self._payload is not None:
             self._send(w, LoadDataset(self._payload))
+            for change in self._changes:  # set_weights since the payload was made
+                self._send(w, change)
 
     def _replace(self, w: int, k: int, cause: str, waited_since: float) -> None:
         """Worker w is lost while micro-batch k is awaited: count it (WorkerError past the budget),

@@ -82,6 +82,8 @@ class ComputedBlendedDataset(_Items, BlendContract):
             check_schedule_fits(self.schedule, self._length)
         self.weights = list(self.schedule[0][1])
         """The weights of the schedule's first entry (the blend's weights without a schedule)."""
+        self.declared = self.schedule
+        """The schedule the blend was built with (``schedule`` adds the loop's changes)."""
         self.mixture = self._chain(None)
 
     def _chain(self, origin: MixtureState | None) -> ScheduledMixture:
@@ -183,6 +185,22 @@ class ComputedBlendedDataset(_Items, BlendContract):
         return repr(self.weights)
 
     # -- mixture changes -------------------------------------------------------------------------
+    def change_weights(self, start: int, weights: Sequence[float] | None) -> bool:
+        """Serve ``weights`` from global sample ``start`` on (``loader.set_weights``): an entry
+        appended to the schedule at ``start``, replacing its entries from there; None: the
+        declared schedule's entries from ``start`` on again. The phases before ``start`` are
+        kept, so the chain is the one the new schedule declared up front gives. Returns True:
+        another process's copy of this blend makes the same change with the same call."""
+        if weights is None:
+            kept = tuple(e for e in self.schedule if e[0] < start)
+            self.schedule = check_schedule(kept + tuple(e for e in self.declared if e[0] >= start))
+            self.mixture = self._chain(self.mixture.origin)
+            return True
+        self.mixture.append(start, weights)
+        self.schedule = self.mixture.schedule
+        self.weights = list(self.schedule[0][1])
+        return True
+
     def mixture_state(self, consumed: int) -> dict[str, Any]:
         """The cursors of every source after ``consumed`` global samples, and the chain served
         (its sources, schedule, period and origin), JSON-able: the loader keeps it in its state."""

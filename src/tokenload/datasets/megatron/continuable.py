@@ -120,15 +120,25 @@ def entry_plans(
     positive weight, with those weights), made when first asked for: the weights (normalized
     twice) and buffers a phase run with that entry's blend would use; ``per_split``: the blend
     is the train split's own (``blend_per_split``), not one cut by ``split``."""
-    plans = []
-    for _, weights in schedule:
-        active = [i for i, w in enumerate(weights) if w > 0]
-        blend = Blend(
-            prefixes=tuple(prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
-        )
-        make = partial(_entry_plan, split, surplus, tuple(sizes), blend, per_split)
-        plans.append(EntryPlan(active, _greedy_weights(weights), make=make))
-    return plans
+    plan = partial(entry_plan, split, surplus, tuple(sizes), tuple(prefixes), per_split)
+    return [plan(weights) for _, weights in schedule]
+
+
+def entry_plan(
+    split: str | None,
+    surplus: float,
+    sizes: tuple[int | None, ...],
+    prefixes: tuple[str, ...],
+    per_split: bool,
+    weights: Sequence[float],
+) -> EntryPlan:
+    """One entry's ``EntryPlan`` (``entry_plans``), its plan made when first asked for."""
+    active = [i for i, w in enumerate(weights) if w > 0]
+    blend = Blend(
+        prefixes=tuple(prefixes[i] for i in active), weights=tuple(weights[i] for i in active)
+    )
+    make = partial(_entry_plan, split, surplus, sizes, blend, per_split)
+    return EntryPlan(active, _greedy_weights(weights), make=make)
 
 
 class _Segment:
@@ -211,6 +221,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         allow_change: bool,
         order: str,
         entry_spans: dict[int, tuple[int, int]] | None = None,
+        plan_entry: Callable[[Sequence[float]], EntryPlan] | None = None,
     ) -> None:
         super().__init__(
             members,
@@ -232,6 +243,10 @@ class ContinuableBlendedDataset(BlendedDataset):
         one after another: ``entry_parts``): where its arrays start there, and their length."""
         self.carried: dict[str, dict[str, int]] = {}
         self._warned: set[int] = set()
+        self.plan_entry = plan_entry
+        """An entry's ``EntryPlan`` from its weights (``change_weights``)."""
+        self.declared = (self.schedule, list(plans), dict(self.entry_spans))
+        """The schedule, plans and cached spans the blend was built with."""
         self._chain(0, np.zeros(len(members), dtype=np.int64))
 
     def __getstate__(self) -> dict:
@@ -362,6 +377,68 @@ class ContinuableBlendedDataset(BlendedDataset):
         return self._segment_at(
             max(int(np.searchsorted(self._starts, consumed, side="right")) - 1, 0)
         )
+
+    # -- runtime changes (loader.set_weights) ---------------------------------------------------
+    def change_weights(self, start: int, weights: Sequence[float] | None) -> bool:
+        """Serve ``weights`` from global sample ``start`` on: an entry appended to the schedule
+        at ``start``, replacing its entries from there (None: the declared ones again). The
+        segments before ``start`` are kept, so the chain is the one the new schedule declared up
+        front gives: a new segment of Megatron's greedy from every source's cursor at ``start``.
+        A source that no entry before ``start`` drew is prepared, as a declared schedule does,
+        by this entry's plan: when that rebuilds it, returns False (another process's copy
+        must be replaced, not changed by the same call); else True. ``ConfigError`` before
+        anything changes unless built with ``mixture_change="continue"``."""
+        if not self.allow_change or self.plan_entry is None:
+            raise ConfigError(
+                "set_weights on a Megatron-order blend built with mixture_change='refuse'"
+                " (with a weights_schedule): its weights change only as the schedule says",
+                hint="build the blend with MegatronDataConfig(mixture_change='continue')"
+                " (--mixture-change continue) to change its weights while it runs",
+                field="mixture_change",
+            )
+        start = int(start)
+        if start < self.origin:
+            raise ValueError(f"an entry at {start}; this run starts at {self.origin}")
+        kept = sum(1 for s, _ in self.schedule if s < start)
+        if weights is None:
+            schedule, plans, spans = self.declared
+            tail = [e for e, (s, _) in enumerate(schedule) if s >= start]
+            self.schedule = check_schedule((*self.schedule[:kept], *(schedule[e] for e in tail)))
+            self.plans = [*self.plans[:kept], *(plans[e] for e in tail)]
+            moved = {kept + i: spans[e] for i, e in enumerate(tail) if e in spans}
+            self.entry_spans = {e: v for e, v in self.entry_spans.items() if e < kept} | moved
+            self._chain(self.origin, self.origin_cursors)
+            return True
+        entry = self.plan_entry(weights)
+        self.schedule = check_schedule((*self.schedule[:kept], (start, tuple(weights))))
+        rebuilt = False
+        drawn = {d for e in self.plans[:kept] for d in e.active}
+        for d in entry.active:
+            if d in drawn:
+                continue  # prepared by an earlier entry (or the state of a resume)
+            n = _prepared(entry.plan.datasets[entry.active.index(d)])
+            if n != self.prepared[d] and not self.source_cursors(start)[d]:
+                # a worker's copy never gets here: the training process's call returned False
+                assert self.rebuild is not None, "a loader worker cannot rebuild a source"
+                self.datasets[d], self.prepared[d], rebuilt = self.rebuild(d, n), n, True
+        self.plans = [*self.plans[:kept], entry]
+        self.entry_spans = {e: v for e, v in self.entry_spans.items() if e < kept}
+        # the segments begun before start stay (the last one now ends there)
+        p = int(np.searchsorted(self._starts, start, side="left"))
+        self._planned = self._planned[:p]
+        if p:
+            e, first, _ = self._planned[-1]
+            self._planned[-1] = (e, first, start)
+        if start < len(self):
+            self._planned.append((kept, start, len(self)))
+        del self._built[p:]
+        if self._built:
+            self._built[-1].end = start
+        self._starts = np.array([s for _, s, _ in self._planned], dtype=np.int64)
+        self._current = None
+        if rebuilt:
+            self._lengths_changed()
+        return not rebuilt
 
     # -- accounting -----------------------------------------------------------------------------
     def source_cursors(self, consumed: int) -> np.ndarray:
@@ -565,6 +642,14 @@ def continuable(
         allow_change=allow_change,
         order=order,
         entry_spans=spans,
+        plan_entry=partial(
+            entry_plan,
+            c.split,
+            c.mid_level_dataset_surplus,
+            tuple(sizes),
+            tuple(prefixes),
+            c.blend_per_split is not None,
+        ),
     )
 
 
