@@ -48,8 +48,13 @@ def compare(folder: Path, cache: Path) -> dict:
     megatron-core's. Returns counts of what the samples held."""
     meta = json.loads((folder / "cases.json").read_text())
     arrays = np.load(folder / "cases.npz")
-    seen = {"samples": 0, "repeated_boundaries": 0, "padded": 0, "eod_rule_differs": 0,
-            "first_document_of_one_token": 0}
+    seen = {
+        "samples": 0,
+        "repeated_boundaries": 0,
+        "padded": 0,
+        "eod_rule_differs": 0,
+        "first_document_of_one_token": 0,
+    }
     for cid, case in meta["cases"].items():
         ours = tokenload_splits(folder, case, meta["tokenizer"], cache / cid)
         seq = case["config"]["sequence_length"]
@@ -81,17 +86,13 @@ def compare(folder: Path, cache: Path) -> dict:
             cu = got["cu_seqlens"]
             inner = np.diff(cu, axis=1)
             seen["samples"] += len(ds)
-            seen["repeated_boundaries"] += int(
-                ((inner == 0) & (cu[:, 1:] < seq)).any(axis=1).sum()
-            )
+            seen["repeated_boundaries"] += int(((inner == 0) & (cu[:, 1:] < seq)).any(axis=1).sum())
             if hasattr(ds, "windows"):  # a GPT dataset: its raw windows, padded with -1
                 seen["padded"] += int((ds.windows(np.arange(len(ds))) == -1).any(axis=1).sum())
             seen["first_document_of_one_token"] += int((cu[:, 1] == 1).sum())
             tokens = got["tokens"]
             eod = tokens == meta["tokenizer"]["eod"]
-            eod_cu = [
-                [0, *(np.flatnonzero(row[:-1]) + 1).tolist(), seq] for row in eod
-            ]
+            eod_cu = [[0, *(np.flatnonzero(row[:-1]) + 1).tolist(), seq] for row in eod]
             seen["eod_rule_differs"] += sum(
                 eod_cu[r] != sorted(set(cu[r].tolist())) for r in range(len(ds))
             )
