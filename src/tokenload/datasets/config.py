@@ -26,6 +26,7 @@ BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
 """Values of ``build_policy`` (``datasets.megatron.policy`` gives each its roles)."""
 CACHE_POLICIES = ("auto", "strict", "off")
 ORDERS = ("megatron", "computed", "neox")
+PACKINGS = ("concat", "best-fit")
 MIXTURE_CHANGES = ("refuse", "continue")
 
 
@@ -162,6 +163,18 @@ class MegatronDataConfig:
     continues each source's own Megatron order at its cursor under a new blending from the resume
     point (docs/ORDER.md, "Changing a Megatron-order mixture"). The computed order always
     continues every source at its cursor."""
+    packing: str = "concat"
+    """How a sample is made of documents (docs/ORDER.md, "Packing"):
+
+    * ``"concat"`` (default): documents back to back, cut every ``sequence_length`` tokens
+      (Megatron's samples and exact order).
+    * ``"best-fit"``: rows of whole documents of one source, best-fit decreasing, then padding
+      (``loss_mask`` 0): a document of at most ``sequence_length`` (+ the extra token) tokens is
+      never cut; a longer one is cut into full windows and a rest packed like a short document.
+      Position ids restart at every document, and ``cu_seqlens`` follow the documents with
+      ``inter_document_masking``. Orders ``"computed"`` and ``"megatron"``."""
+    max_documents_per_row: int | None = None
+    """``packing="best-fit"`` only: at most this many documents (pieces) in one row."""
     sequences_path: str | None = None
     """A sequences JSON (``tokenload sequences``; Megatron's ``--per-dataset-sequences-path``
     with each file's dtype): the token files open with the counts and dtype it gives and read
@@ -208,6 +221,7 @@ class MegatronDataConfig:
                 f"block_size applies to order='computed' only, not {self.order!r}",
                 hint="drop block_size or set order='computed'",
             )
+        self._check_packing()
         self._check_mixture_fields()
         if self.blend is not None and self.blend_per_split is not None:
             raise ConfigError(
@@ -221,6 +235,30 @@ class MegatronDataConfig:
             raise ConfigError(
                 "mock data needs vocab_size and eod_id", hint="pass the tokenizer's values"
             )
+
+    def _check_packing(self) -> None:
+        if self.packing not in PACKINGS:
+            raise ConfigError(
+                f"packing is {self.packing!r}, expected one of {PACKINGS}",
+                hint="use packing='concat' (Megatron's samples) or 'best-fit' (whole documents)",
+            )
+        if self.packing != "concat" and self.order == "neox":
+            raise ConfigError(
+                f"packing={self.packing!r} applies to order='computed' or 'megatron', not 'neox'",
+                hint="drop packing or choose another order",
+            )
+        cap = self.max_documents_per_row
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                raise ConfigError(
+                    f"max_documents_per_row is {cap!r}; expected a positive int or None",
+                    hint="give the most documents a packed row may hold, or None for no cap",
+                )
+            if self.packing == "concat":
+                raise ConfigError(
+                    "max_documents_per_row applies to packing='best-fit' only",
+                    hint="set packing='best-fit' or drop max_documents_per_row",
+                )
 
     def _check_mixture_fields(self) -> None:
         if self.mixture_change not in MIXTURE_CHANGES:

@@ -90,7 +90,7 @@ class ComputedBlendedDataset(_Items, BlendContract):
         return ScheduledMixture(
             self.sources,
             self.schedule,
-            [d.grid.num_windows for d in self.datasets],
+            [_units(d) for d in self.datasets],
             seed=self.seed,
             origin=origin,
             period=self.period,
@@ -123,27 +123,61 @@ class ComputedBlendedDataset(_Items, BlendContract):
         if bounds is not None and bounds[1] >= len(self):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         draws = self.mixture.draw(idx, bounds)
+        if self.packed:
+            return self._read_packed(draws)
         width = self.item.window
         present = distinct(draws.source).tolist()
         dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)
         windows = np.empty((idx.size, width), dtype=dtype)
         masking = self.item.inter_document_masking
-        bounds = np.empty((idx.size, self.item.sequence_length + 1), np.int32) if masking else None
+        seq = self.item.sequence_length
+        doc_bounds = np.empty((idx.size, seq + 1), np.int32) if masking else None
         for d in present:
             rows = draws.source == d
             windows[rows] = self.datasets[d].read_windows(draws.window[rows])
-            if bounds is not None:  # each row's document boundaries
-                bounds[rows] = self.datasets[d].bounds_of(draws.window[rows])
+            if doc_bounds is not None:  # each row's document boundaries
+                doc_bounds[rows] = self.datasets[d].bounds_of(draws.window[rows])
         batch = {"windows": windows, "padded": False, "dataset_id": draws.source}
-        if bounds is not None:
-            batch["doc_bounds"] = bounds
+        if doc_bounds is not None:
+            batch["doc_bounds"] = doc_bounds
         return batch
+
+    @property
+    def packed(self) -> bool:
+        """Members of packed rows (``packing="best-fit"``): a source serves its row at the
+        cursor the mixture draws."""
+        return bool(getattr(self.datasets[0], "packed", False))
+
+    def _read_packed(self, draws: Any) -> dict[str, Any]:
+        n = draws.source.size
+        windows = np.empty((n, self.item.window), dtype=np.int64)
+        bounds = np.empty((n, self.item.sequence_length + 1), np.int32)
+        for d in distinct(draws.source).tolist():
+            rows = draws.source == d
+            windows[rows], bounds[rows] = self.datasets[d].read_rows(draws.cursor[rows])
+        return {
+            "windows": windows,
+            "padded": True,
+            "doc_bounds": bounds,
+            "dataset_id": draws.source,
+        }
+
+    def row_pieces(self, indices: npt.ArrayLike) -> Any:
+        """Each packed sample's source and document pieces (provenance): ``(dataset_id,
+        RowPieces)``."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        draws = self.mixture.draw(idx, (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None)
+        return draws.source, [
+            self.datasets[int(d)].rows.pieces(np.array([c], dtype=np.int64))
+            for d, c in zip(draws.source.tolist(), draws.cursor.tolist(), strict=True)
+        ]
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
         bounds = batch.get("doc_bounds")
-        out = build_items(batch["windows"], self.item, padded=False, alloc=alloc, bounds=bounds)
+        padded = bool(batch["padded"])
+        out = build_items(batch["windows"], self.item, padded=padded, alloc=alloc, bounds=bounds)
         out["dataset_id"] = batch["dataset_id"]
         return out
 
@@ -253,3 +287,11 @@ def _saved_schedule(phase: Any) -> Schedule | None:
         return check_schedule(phase.get("schedule") or [(0, phase.get("weights"))])
     except Exception:  # a malformed record never matches: the run continues as a new chain
         return None
+
+
+def _units(member: Any) -> int:
+    """What a member's cursor counts per epoch, for the mixture: windows, or for packed rows
+    (whose epochs differ a little in rows) the documents of its split."""
+    if getattr(member, "packed", False):
+        return int(member.rows.num_documents)
+    return int(member.grid.num_windows)

@@ -322,6 +322,8 @@ class ComputedBuilder:
                 read_mode=self.config.read_mode,
                 **self.layout,
             )
+        if self.config.packing == "best-fit":
+            return self.packed_member(mid, source, extent)
         n = extent.grid.num_windows
         if n == 0 and mid.num_samples:
             raise ConfigError(
@@ -339,6 +341,26 @@ class ComputedBuilder:
             seed=self.config.random_seed,
             length=_whole_epochs(mid.num_samples, n),
             block_size=self.block_size,
+        )
+
+    def packed_member(self, mid: MidLevelPlan, source: Any, extent: Extent) -> Any:
+        """Rows of whole documents of one split (``packing="best-fit"``)."""
+        from .packed import ComputedPackedDataset
+
+        if extent.end <= extent.begin and mid.num_samples:
+            raise ConfigError(
+                f"the {mid.split} split of {mid.prefix or 'the mock data'} holds no document"
+                f" (sequences {extent.begin}..{extent.end}), but {mid.num_samples} samples"
+                " were requested",
+                hint=f"change the split string or ask for no {mid.split} samples",
+            )
+        return ComputedPackedDataset(
+            source,
+            extent,
+            self.item,
+            seed=self.config.random_seed,
+            length=mid.num_samples,
+            max_documents=self.config.max_documents_per_row,
         )
 
     def split(
@@ -365,7 +387,10 @@ class ComputedBuilder:
                 hint="blend only token files made with the same tokenizer"
                 " (re-tokenize the odd ones out)",
             )
-        windows = [m.grid.num_windows for m in members]
+        windows = [
+            m.samples_per_epoch if getattr(m, "packed", False) else m.grid.num_windows
+            for m in members
+        ]
         empty = [mid.prefix for mid, n in zip(plan.datasets, windows) if n == 0]
         if empty:
             raise ConfigError(

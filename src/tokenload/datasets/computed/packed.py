@@ -1,0 +1,350 @@
+"""Packed rows of whole documents in the computed order (``packing="best-fit"``).
+
+A source's split holds the documents (the token file's sequences) ``[begin, end)``. Epoch e puts
+them in a keyed order (``WindowOrder`` over documents, keyed by the source and ``"packed"``),
+cuts that order into blocks of ``block_documents`` documents, and packs each block by
+``index.packing.pack_block`` (best-fit decreasing; a document of at most S + extra tokens is
+never cut, a longer one is cut into full windows and a rest). The rows of a block are served in
+a keyed order of their own; the source's rows are the blocks' rows, block after block, epoch
+after epoch. So row c of the source depends on the data, the seed and S only: never on ranks,
+micro-batch sizes or workers, and a state resumes anywhere as in the unpacked order.
+
+**Startup is O(1).** Nothing is packed when the dataset is built. A block is packed when a row
+of it is first read, in the process that reads it (0.1-0.3 s per block of 65,536 documents);
+each process keeps the row counts of the blocks it has packed (one int each) and the plans of
+the last few. Finding row c needs the row counts of every block before it: a resume at row c
+packs the blocks before c once (their counts), which is the price of a plan made as rows are
+read (about 2-4 s per million documents on this machine).
+
+**Epoch sizes** vary a little between epochs (each epoch packs another order). The loader's
+accounting uses an estimate of rows per epoch (``ceil(tokens / window)``) until a process has
+packed a whole epoch; the rows served are exact either way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ...index.packing import pack_block
+from ...index.permutation import KeyedPermutation
+from ...index.window_order import WindowOrder, source_seed
+from ..contract_parts import OneSourceContract
+from ..items import Allocator, ItemConfig, build_items, document_bounds
+from .computed_blend import _Items
+from .extents import Extent
+
+__all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "RowPieces"]
+
+DEFAULT_BLOCK_DOCUMENTS = 1 << 16
+"""Documents packed together: at S = 2,048 on a web-text mix the padding is ~0.003% and a block
+packs in 0.1-0.3 s (benchmarks/README.md, "Packing")."""
+
+_KEPT_BLOCKS = 8
+
+
+@dataclass(frozen=True)
+class RowPieces:
+    """The document pieces of some rows, flat, row after row."""
+
+    first: np.ndarray
+    """int64 index of each row's first piece (every row has one)."""
+    sequence: np.ndarray
+    """int64 sequence (document) of the token file per piece."""
+    start: np.ndarray
+    """int64 first token of the piece within its sequence."""
+    length: np.ndarray
+    """int64 tokens of the piece."""
+
+
+@dataclass(frozen=True)
+class _Block:
+    offsets: np.ndarray  # CSR over the pieces, rows in serving order
+    sequence: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets) - 1
+
+
+class PackedRows:
+    """Rows of one source's split, in the order the packed source serves them (module
+    docstring). Pickles as its parameters: the plans are made again in each process."""
+
+    def __init__(
+        self,
+        extent: Extent,
+        lengths: Any,
+        *,
+        seed: int,
+        sequence_length: int,
+        extra: int,
+        block_documents: int = DEFAULT_BLOCK_DOCUMENTS,
+        max_documents: int | None = None,
+    ) -> None:
+        self.extent = extent
+        self._lengths = lengths  # a callable: sequence ids -> their token counts
+        self.seed = source_seed(int(seed), f"{extent.identity}|packed")
+        self.sequence_length = int(sequence_length)
+        self.extra = int(extra)
+        self.window = self.sequence_length + self.extra
+        self.block_documents = int(block_documents)
+        self.max_documents = max_documents
+        self.num_documents = extent.end - extent.begin
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ends: dict[int, list[int]] = {}  # epoch -> cumulative rows of its packed blocks
+        self._blocks: OrderedDict[tuple[int, int], _Block] = OrderedDict()
+        self._order: WindowOrder | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_ends", "_blocks", "_order"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.num_documents // self.block_documents)
+
+    @property
+    def estimated_rows(self) -> int:
+        """Rows per epoch, estimated (packing leaves well under 1% of a row empty on average)."""
+        return max(1, -(-self.extent.grid.num_tokens // self.window))
+
+    def epoch_rows(self, epoch: int) -> int | None:
+        """Rows of epoch ``epoch`` when this process has packed all of it, else None."""
+        ends = self._ends.get(epoch, [])
+        return ends[-1] if ends and len(ends) == self.num_blocks else None
+
+    def _documents(self, epoch: int, block: int) -> np.ndarray:
+        """Sequence ids of a block of epoch ``epoch``'s document order."""
+        if self._order is None:
+            self._order = WindowOrder(self.num_documents, self.seed)
+        lo = block * self.block_documents
+        hi = min(lo + self.block_documents, self.num_documents)
+        positions = np.arange(lo, hi, dtype=np.int64)
+        return self._order.epoch_windows(positions, epoch) + self.extent.begin
+
+    def _block(self, epoch: int, block: int) -> _Block:
+        key = (epoch, block)
+        found = self._blocks.get(key)
+        if found is not None:
+            self._blocks.move_to_end(key)
+            return found
+        sequences = self._documents(epoch, block)
+        lengths = np.asarray(self._lengths(sequences), dtype=np.int64)
+        plan = pack_block(lengths, self.window, self.extra, self.max_documents)
+        # the rows of the block in a keyed order of their own
+        order = KeyedPermutation(plan.num_rows, self.seed, epoch * self.num_blocks + block)
+        rows = order(np.arange(plan.num_rows, dtype=np.int64))
+        per_row = np.diff(plan.row_offsets)[rows]
+        offsets = np.zeros(plan.num_rows + 1, dtype=np.int64)
+        np.cumsum(per_row, out=offsets[1:])
+        take = np.repeat(plan.row_offsets[:-1][rows], per_row) + (
+            np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], per_row)
+        )
+        found = _Block(
+            offsets=offsets,
+            sequence=sequences[plan.piece_doc[take]],
+            start=plan.piece_start[take],
+            length=plan.piece_length[take],
+        )
+        ends = self._ends.setdefault(epoch, [])
+        if block == len(ends):
+            ends.append((ends[-1] if ends else 0) + found.rows)
+        self._blocks[key] = found
+        if len(self._blocks) > _KEPT_BLOCKS:
+            self._blocks.popitem(last=False)
+        return found
+
+    def locate(self, row: int) -> tuple[int, int, int]:
+        """(epoch, block, row within the block) of the source's row ``row`` (all epochs): the
+        blocks before it are packed once per process (their row counts are kept)."""
+        if row < 0:
+            raise IndexError("rows must be >= 0")
+        if self.num_documents == 0:
+            raise IndexError("the split holds no document")
+        epoch, left = 0, int(row)
+        while True:
+            ends = self._ends.setdefault(epoch, [])
+            while (not ends or ends[-1] <= left) and len(ends) < self.num_blocks:
+                self._block(epoch, len(ends))  # counts the next block
+            if ends[-1] > left:
+                block = bisect.bisect_right(ends, left)
+                return epoch, block, left - (ends[block - 1] if block else 0)
+            left -= ends[-1]
+            epoch += 1
+
+    def pieces(self, rows: npt.ArrayLike) -> RowPieces:
+        """The pieces of the source's ``rows`` (any order, repeats allowed)."""
+        wanted = np.asarray(rows, dtype=np.int64).ravel()
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        counts = np.empty(wanted.size, dtype=np.int64)
+        cache: dict[int, tuple[int, int, int]] = {}
+        for i, r in enumerate(wanted.tolist()):
+            where = cache.get(r)
+            if where is None:
+                where = cache[r] = self.locate(r)
+            epoch, block, k = where
+            b = self._block(epoch, block)
+            lo, hi = int(b.offsets[k]), int(b.offsets[k + 1])
+            parts.append((b.sequence[lo:hi], b.start[lo:hi], b.length[lo:hi]))
+            counts[i] = hi - lo
+        first = np.zeros(wanted.size, dtype=np.int64)
+        if wanted.size:
+            np.cumsum(counts[:-1], out=first[1:])
+        if not parts:
+            empty = np.empty(0, dtype=np.int64)
+            return RowPieces(first=first, sequence=empty, start=empty, length=empty)
+        return RowPieces(
+            first=first,
+            sequence=np.concatenate([p[0] for p in parts]),
+            start=np.concatenate([p[1] for p in parts]),
+            length=np.concatenate([p[2] for p in parts]),
+        )
+
+
+class PackedReads:
+    """Reading packed rows: windows of ``S + extra`` slots (documents back to back, then
+    ``pad_id``) and their document boundaries."""
+
+    def __init__(self, source: Any, rows: PackedRows, item: ItemConfig) -> None:
+        self.source = source
+        self.rows = rows
+        self.item = item
+
+    def read(self, source_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """int64 ``(B, S + extra)`` windows and int32 ``(B, S + 1)`` boundaries of rows."""
+        p = self.rows.pieces(source_rows)
+        batch, width = source_rows.size, self.item.window
+        flat = self.source.read_pieces(p.sequence, p.start, p.length, np.int64)
+        out = np.full((batch, width), self.item.pad_id, dtype=np.int64)
+        tokens = np.add.reduceat(p.length, p.first) if batch else p.length[:0]
+        rows = np.repeat(np.arange(batch, dtype=np.int64), tokens)
+        row_starts = np.cumsum(tokens) - tokens
+        cols = np.arange(flat.size, dtype=np.int64) - np.repeat(row_starts, tokens)
+        out[rows, cols] = flat
+        bounds = document_bounds(p.length, p.first, self.item.sequence_length, 0)
+        return out, bounds
+
+
+def packed_fingerprint(base: str, rows: PackedRows) -> str:
+    text = f"{base}|packed|best-fit|{rows.block_documents}|{rows.max_documents}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def finish_packed(
+    batch: dict[str, Any], item: ItemConfig, alloc: Allocator | None
+) -> dict[str, np.ndarray]:
+    """The item fields of packed windows: position ids restart at every document."""
+    return build_items(batch["windows"], item, padded=True, alloc=alloc, bounds=batch["doc_bounds"])
+
+
+class ComputedPackedDataset(_Items, OneSourceContract):
+    """Packed rows of one split of one token file (or of the mock source) in the computed order:
+    sample k is the source's row k (module docstring)."""
+
+    packed = True
+
+    def __init__(
+        self,
+        source: Any,
+        extent: Extent,
+        item: ItemConfig,
+        *,
+        seed: int,
+        length: int | None,
+        block_documents: int = DEFAULT_BLOCK_DOCUMENTS,
+        max_documents: int | None = None,
+        startup_phases: dict[str, float] | None = None,
+    ) -> None:
+        self.source = source
+        self.extent = extent
+        self.item = item
+        self.seed = int(seed)
+        self.rows = PackedRows(
+            extent,
+            _Lengths(source),
+            seed=seed,
+            sequence_length=item.sequence_length,
+            extra=item.extra,
+            block_documents=block_documents,
+            max_documents=max_documents,
+        )
+        self._length = length
+        self.startup_phases = startup_phases or {}
+
+    @property
+    def identity(self) -> str:
+        return self.extent.identity
+
+    @property
+    def grid(self) -> Any:
+        return self.extent.grid
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Rows of the first epoch when this process has packed it all, else the estimate."""
+        return self.rows.epoch_rows(0) or self.rows.estimated_rows
+
+    def __len__(self) -> int:
+        if self._length is None:  # one epoch: every block of epoch 0 packed once
+            self.rows.locate(0)
+            while self.rows.epoch_rows(0) is None:
+                done = self.rows._ends[0]
+                self.rows.locate(done[-1])
+            self._length = int(self.rows.epoch_rows(0) or 0)
+        return self._length
+
+    @property
+    def fingerprint(self) -> str:
+        base = f"computed|{self.identity}|{self.seed}|{self.item!r}"
+        return packed_fingerprint(base, self.rows)
+
+    def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """int64 windows and int32 boundaries of the source's rows (a blend's cursors)."""
+        return PackedReads(self.source, self.rows, self.item).read(rows)
+
+    def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
+            raise IndexError(f"sample indices must lie in [0, {len(self)})")
+        windows, bounds = self.read_rows(idx)
+        return {"windows": windows, "padded": True, "doc_bounds": bounds}
+
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
+        return finish_packed(batch, self.item, alloc)
+
+    def row_pieces(self, indices: npt.ArrayLike) -> RowPieces:
+        """The document pieces each sample's row holds (provenance)."""
+        return self.rows.pieces(np.asarray(indices, dtype=np.int64).ravel())
+
+    def epoch_sizes(self) -> list[int]:
+        return [self.samples_per_epoch]
+
+
+class _Lengths:
+    """Token counts of sequences, read from the source when first needed (pickles as the
+    source)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __call__(self, sequences: np.ndarray) -> np.ndarray:
+        return np.asarray(self.source.sequence_lengths)[sequences]

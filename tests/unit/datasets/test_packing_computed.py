@@ -1,0 +1,214 @@
+"""Packed rows (``packing="best-fit"``) in the computed order, checked on token files whose
+tokens name their source, document and position (an independent model: the tokens themselves).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support import write_documents
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.errors import ConfigError
+from tokenload.loader import build_dataloader
+
+S = 32
+W = S + 1
+
+
+def named(source: int, doc: int, length: int) -> np.ndarray:
+    """Tokens that say where they come from: source, document and position."""
+    return (source << 26) | (doc << 12) | np.arange(length, dtype=np.int64)
+
+
+def unname(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = np.asarray(tokens, dtype=np.int64)
+    return t >> 26, (t >> 12) & ((1 << 14) - 1), t & ((1 << 12) - 1)
+
+
+def corpus(tmp_path, source: int, n: int, seed: int) -> tuple[str, list[int]]:
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(np.log(12), 1.0, n).astype(int), 200).tolist()
+    lengths[3] = 0  # an empty document
+    lengths[5] = W  # exactly one window
+    lengths[7] = W + 1  # a rest of two tokens
+    lengths[9] = 3 * S + 1  # three full windows, no rest
+    docs = [named(source, d, k) for d, k in enumerate(lengths)]
+    prefix = write_documents(tmp_path / f"src{source}", docs, dtype=np.int32)
+    return prefix, lengths
+
+
+def config(**fields):
+    base = dict(
+        sequence_length=S,
+        order="computed",
+        packing="best-fit",
+        split="1,0,0",
+        random_seed=7,
+        eod_id=None,
+    )
+    base.update(fields)
+    return MegatronDataConfig(**base)
+
+
+def windows_of(batch) -> np.ndarray:
+    """Each row's S + 1 slots: its inputs, then the last label (0 where padding)."""
+    return np.concatenate([batch["tokens"], batch["labels"][:, -1:]], axis=1)
+
+
+def runs(window: np.ndarray) -> list[tuple[int, int, int, int, int]]:
+    """The row's pieces: (source, document, first position, stop position, first slot)."""
+    src, doc, p = unname(window)
+    out = []
+    i = 0
+    while i < window.size:
+        if window[i] == 0:  # padding (no real token is 0: sources start at 1)
+            i += 1
+            continue
+        j = i + 1
+        while (
+            j < window.size
+            and window[j] != 0
+            and src[j] == src[i]
+            and doc[j] == doc[i]
+            and p[j] == p[j - 1] + 1
+        ):
+            j += 1
+        out.append((int(src[i]), int(doc[i]), int(p[i]), int(p[j - 1]) + 1, i))
+        i = j
+    return out
+
+
+def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path) -> None:
+    prefix, lengths = corpus(tmp_path, 1, 3000, seed=1)
+    train, _, _ = build_datasets(config(blend=[prefix]), [None, 0, 0])
+    n = len(train)
+    batch = train.__getitems__(np.arange(n))
+    windows = windows_of(batch)
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for r in range(n):
+        pieces = runs(windows[r])
+        # documents back to back from slot 0, padding only at the end
+        slot = 0
+        for _, d, a, b, first_slot in pieces:
+            assert first_slot == slot
+            slot += b - a
+            seen.setdefault(d, []).append((a, b))
+        assert (windows[r, slot:] == 0).all()
+        # position ids restart at every document
+        starts = [first for *_, first in pieces if first < S]
+        assert np.flatnonzero(batch["position_ids"][r] == 0).tolist() == starts
+    for d, k in enumerate(lengths):
+        got = sorted(seen.get(d, []))
+        if k == 0:
+            assert not got
+        elif k <= W:  # never cut: one piece, the whole document
+            assert got == [(0, k)], (d, k, got)
+        else:  # full windows overlapping by the extra token, and a rest
+            covered = np.zeros(k, dtype=int)
+            for a, b in got:
+                assert b - a <= W
+                covered[a + 1 : b] += 1  # the labels each piece trains on
+            assert covered[1:].tolist() == [1] * (k - 1), (d, k, got)
+    padding = (windows == 0).sum() / windows.size
+    assert padding < 0.01, padding
+    # no loss where the label is padding, full loss elsewhere
+    assert ((batch["loss_mask"] > 0) == (batch["labels"] != 0)).all()
+
+
+def test_boundaries_position_ids_and_cu_seqlens_follow_the_documents(tmp_path) -> None:
+    prefix, _ = corpus(tmp_path, 1, 600, seed=2)
+    cfg = config(blend=[prefix], inter_document_masking=True, eod_id=1)
+    train, _, _ = build_datasets(cfg, [200, 0, 0])
+    batch = train.__getitems__(np.arange(len(train)))
+    _, doc, p = unname(batch["tokens"])
+    real = batch["loss_mask"] > 0
+    for r in range(batch["tokens"].shape[0]):
+        cu = batch["cu_seqlens"][r].tolist()
+        assert cu[0] == 0 and max(cu) == S and cu == sorted(cu)
+        inner = sorted({c for c in cu if 0 < c < S})
+        restarts = np.flatnonzero(batch["position_ids"][r] == 0).tolist()
+        assert restarts == [0, *inner]
+        # every boundary starts another document; inside a segment the tokens run on
+        for a in inner:
+            assert doc[r, a] != doc[r, a - 1] or p[r, a] != p[r, a - 1] + 1
+        for a, b in zip([0, *inner], [*inner, S], strict=True):
+            n = int(real[r, a:b].sum()) + 1  # the last input's label may be padding
+            n = min(n, b - a)
+            assert (doc[r, a : a + n] == doc[r, a]).all()
+            assert (np.diff(p[r, a : a + n]) == 1).all()
+        assert batch["max_seqlen"][r] == np.diff(cu).max()
+
+
+def test_blend_rows_hold_one_source_and_shares_follow_the_weights(tmp_path) -> None:
+    a, _ = corpus(tmp_path, 1, 2000, seed=3)
+    b, _ = corpus(tmp_path, 2, 2000, seed=4)
+    train, _, _ = build_datasets(config(blend=["0.25", a, "0.75", b]), [400, 0, 0])
+    batch = train.__getitems__(np.arange(400))
+    src, _, _ = unname(batch["tokens"])
+    real = batch["loss_mask"] > 0
+    for r in range(400):
+        sources = set(src[r][real[r]].tolist())
+        assert sources == {int(batch["dataset_id"][r]) + 1}
+    share = np.bincount(batch["dataset_id"], minlength=2) / 400
+    assert abs(share[0] - 0.25) < 0.01
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_on_fewer_ranks_with_another_micro_batch_gives_the_same_stream(
+    tmp_path, workers
+) -> None:
+    a, _ = corpus(tmp_path, 1, 1500, seed=5)
+    b, _ = corpus(tmp_path, 2, 1500, seed=6)
+    cfg = config(blend=["0.5", a, "0.5", b])
+    total = 96
+
+    def stream(ranks: int, mbs: int, start: int, stop: int) -> list[np.ndarray]:
+        """Global samples start..stop as the ranks receive them, in global order."""
+        per_rank = []
+        for rank in range(ranks):
+            train, _, _ = build_datasets(cfg, [total, 0, 0])
+            loader = build_dataloader(
+                train,
+                consumed_samples=start,
+                micro_batch_size=mbs,
+                dp_rank=rank,
+                dp_size=ranks,
+                num_workers=workers,
+            )
+            got = []
+            it = iter(loader)
+            for _ in range((stop - start) // (mbs * ranks)):
+                got.append(np.asarray(next(it)["tokens"]))
+            loader.close()
+            per_rank.append(got)
+        steps = []
+        for step in range(len(per_rank[0])):
+            steps.extend(per_rank[r][step] for r in range(ranks))
+        return [row for mb in steps for row in mb]
+
+    whole = stream(4, 2, 0, total)
+    first = stream(4, 2, 0, 40)
+    rest = stream(2, 4, 40, total)
+    assert len(whole) == len(first) + len(rest)
+    for x, y in zip(whole, first + rest, strict=True):
+        assert (x == y).all()
+
+
+def test_packing_options_are_checked() -> None:
+    with pytest.raises(ConfigError, match="packing"):
+        config(packing="greedy")
+    with pytest.raises(ConfigError, match="neox"):
+        config(order="neox")
+    with pytest.raises(ConfigError, match="max_documents_per_row"):
+        config(packing="concat", max_documents_per_row=4)
+    with pytest.raises(ConfigError, match="max_documents_per_row"):
+        config(max_documents_per_row=0)
+
+
+def test_documents_per_row_cap(tmp_path) -> None:
+    prefix, _ = corpus(tmp_path, 1, 800, seed=8)
+    train, _, _ = build_datasets(config(blend=[prefix], max_documents_per_row=2), [100, 0, 0])
+    batch = train.__getitems__(np.arange(100))
+    starts = (batch["position_ids"] == 0).sum(axis=1)
+    assert starts.max() <= 2
