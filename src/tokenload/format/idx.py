@@ -213,7 +213,28 @@ def code_note(header: IndexHeader) -> str | None:
     return (
         f"dtype code {header.code} read as {header.dtype} ({table} table; code {header.code} is"
         f" {MEGATRON_CODES[header.code]} in megatron-core's and {NEOX_CODES[header.code]} in "
-        "GPT-NeoX's)"
+        "GPT-NeoX's); not a token file: verify fails it and the loaders refuse it"
+    )
+
+
+TOKEN_CODES = tuple(code for code, dtype in MEGATRON_CODES.items() if dtype.kind in "iu")
+"""The dtype codes of token files: the integer types (a float is never a token id)."""
+
+
+def check_token_dtype(header: IndexHeader, path: str) -> None:
+    """A FormatError unless ``header``'s dtype is an integer type: a float code (6 or 7) is a data
+    file of floats, or a damaged code byte over integer tokens (int32 data under code 7 has the
+    right size for float32 and would be read as floats); either way not a token file."""
+    if header.dtype.kind in "iu":
+        return
+    names = ", ".join(f"{c} {MEGATRON_CODES[c]}" for c in TOKEN_CODES)
+    raise FormatError(
+        f"dtype code {header.code} means {header.dtype}, which is not a token dtype; expected an"
+        f" integer code ({names})",
+        path=path,
+        hint="token files hold integer token ids; if this file's tokens are integers its header"
+        " is damaged (its sidecar, when there is one, records the dtype): rewrite it from the"
+        " source data with `tokenload preprocess`; `tokenload info` still describes it",
     )
 
 

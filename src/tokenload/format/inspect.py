@@ -34,8 +34,9 @@ _SCAN_TOKENS = 16 << 20
 def describe(prefix: str) -> dict[str, Any]:
     """Counts, dtype, document length percentiles and the sidecar of one token file.
 
-    ``prefix`` may also name ``PREFIX.bin`` or ``PREFIX.idx``."""
-    tf = TokenFile(prefix, mode="pread")
+    ``prefix`` may also name ``PREFIX.bin`` or ``PREFIX.idx``. A float file (not a token file,
+    which ``verify`` fails) is described too, with a note saying so."""
+    tf = TokenFile(prefix, mode="pread", allow_float=True)
     header = tf.header
     doc_tokens = document_token_counts(tf)
     pct = [0, 50, 90, 99, 100]

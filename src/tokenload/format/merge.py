@@ -96,7 +96,7 @@ def convert_token_file(
     under megatron-core's dtype code). A legacy TNTIDX index, GPT-NeoX's float codes and its
     boundary-less ``document_indices == [0]`` (one document per sequence) all come out as
     megatron-core reads them. The sidecar's ``metadata.converted_from`` records the source."""
-    source = TokenFile(prefix, mode="pread", dtype_codes=dtype_codes)
+    source = TokenFile(prefix, mode="pread", dtype_codes=dtype_codes, allow_float=True)
     header = source.header
     origin = {
         "prefix": source.prefix,
@@ -143,7 +143,14 @@ def _write(
             for f in files:
                 if is_url(f.prefix):  # the writer copies .bin from a local file
                     with fetched_prefix(f.prefix) as copy:
-                        writer.append(TokenFile(copy, mode="pread", dtype_codes=dtype_codes))
+                        writer.append(
+                            TokenFile(
+                                copy,
+                                mode="pread",
+                                dtype_codes=dtype_codes,
+                                allow_float=f.allow_float,
+                            )
+                        )
                 else:
                     writer.append(f)
                 f.close()

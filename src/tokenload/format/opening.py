@@ -39,6 +39,7 @@ from .idx import (
     HEADER_SIZE,
     DtypeCodes,
     IndexHeader,
+    check_token_dtype,
     index_arrays,
     parse_header,
     resolve_float_dtype,
@@ -73,6 +74,8 @@ class PairSpec(Protocol):
     def given_dtype(self) -> np.dtype | None: ...
     @property
     def sequences_path(self) -> str | None: ...
+    @property
+    def allow_float(self) -> bool: ...
 
 
 @dataclass
@@ -115,6 +118,8 @@ def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
     # a float code in an MMIDIDX header (in a TNTIDX index its element size decides)
     if header.code in FLOAT_CODES and header.index_format == "MMIDIDX":
         header = _float_header(file, header, lengths)
+    if not file.allow_float:
+        check_token_dtype(header, file.idx_path)
     source = open_bin(file.bin_path, header.dtype, file.mode)
     if not _same_index(file, opened, retry):
         source.close()

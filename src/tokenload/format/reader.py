@@ -34,6 +34,8 @@ class TokenFile:
     JSON's entry); with ``dtype`` too, the header is not parsed, only checked against them on
     first use. With counts but no ``dtype`` the header is read and must hold those counts.
     ``sequences_path``: the sequences JSON the counts came from, named in errors.
+    ``allow_float``: open an index whose dtype is a float (codes 6 and 7: a data file, never a
+    token file) to describe or convert it; by default such a file is a FormatError when it opens.
     """
 
     def __init__(
@@ -47,6 +49,7 @@ class TokenFile:
         sequences: tuple[int, int] | None = None,
         dtype: np.dtype | str | None = None,
         sequences_path: str | os.PathLike[str] | None = None,
+        allow_float: bool = False,
     ) -> None:
         self.prefix = prefix_of(prefix)
         self.mode = ReadMode.parse(mode)
@@ -59,6 +62,7 @@ class TokenFile:
         if self.given_dtype is not None and self.sequences is None:
             raise ValueError("dtype= is given with sequences=(sequence_count, document_count) only")
         self.sequences_path = None if sequences_path is None else os.fspath(sequences_path)
+        self.allow_float = allow_float
         self._state: Opened | None = None
 
     @property

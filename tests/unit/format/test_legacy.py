@@ -42,7 +42,7 @@ def _md5(path) -> str:
 def test_reads_what_neox_reads(name, mode):
     meta, neox = EXPECTED[name], EXPECTED[name]["neox"]
     assert _md5(LEGACY / f"{name}.idx") == meta["md5"]["idx"] and _md5(LEGACY / f"{name}.bin") == meta["md5"]["bin"]
-    tf = TokenFile(LEGACY / name, mode=mode)
+    tf = TokenFile(LEGACY / name, mode=mode, allow_float=True)  # float fixtures: data files
     assert tf.dtype.name == neox["dtype"] == meta["dtype"]
     assert tf.header.index_format == ("TNTIDX" if neox["infer"] == "cached" else "MMIDIDX")
     assert tf.sequence_lengths.dtype == np.int32 and tf.sequence_lengths.tolist() == neox["sizes"]
@@ -97,7 +97,7 @@ def test_convert_writes_megatron_core_bytes_for_the_same_documents(name, tmp_pat
     assert (tmp_path / "out.idx").read_bytes()[:9] == b"MMIDIDX\x00\x00"
     code = (tmp_path / "out.idx").read_bytes()[17]
     assert code == {"int32": 4, "uint16": 8, "float32": 7, "float64": 6}[meta["dtype"]]  # megatron-core's codes
-    out = TokenFile(tmp_path / "out", dtype_codes="megatron")
+    out = TokenFile(tmp_path / "out", dtype_codes="megatron", allow_float=True)
     assert [a.tolist() for a in out[:]] == neox["items"] and not out.documents_from_sequences
     assert sidecar.metadata["converted_from"]["index_format"] == ("TNTIDX" if name in TNTIDX else "MMIDIDX")
 
@@ -141,29 +141,34 @@ def test_warmup_and_pickling_of_a_legacy_file(tmp_path):
 def test_neox_float_codes_read_by_the_bin_size(tmp_path, dtype):
     prefix = write_neox_mmidx(tmp_path / "f", [[[0.5, 1.5]], [[2.5]]], dtype)
     for mode in ReadMode:
-        tf = TokenFile(prefix, mode=mode)
+        tf = TokenFile(prefix, mode=mode, allow_float=True)
         assert tf.dtype == dtype and [a.tolist() for a in tf[:]] == [[0.5, 1.5], [2.5]]
-    assert TokenFile(prefix, dtype_codes="neox").dtype == dtype
+    assert TokenFile(prefix, dtype_codes="neox", allow_float=True).dtype == dtype
     note = describe(prefix)["dtype_note"]
     assert "GPT-NeoX's table" in note
     with pytest.raises(FormatError, match="swapped between megatron-core and GPT-NeoX") as info:
-        TokenFile(prefix, dtype_codes="megatron").dtype
+        TokenFile(prefix, dtype_codes="megatron", allow_float=True).dtype
     assert "dtype_codes='auto'" in str(info.value)
+    with pytest.raises(FormatError, match="not a token dtype"):  # never a token file
+        TokenFile(prefix).dtype
 
 
 def test_megatron_float_codes_still_follow_megatron_core(tmp_path):
     with TokenFileWriter(tmp_path / "m", np.float32) as w:  # megatron-core's code 7
         w.add_document(np.array([0.5, 1.5], np.float32))
-    tf = TokenFile(tmp_path / "m")
+    tf = TokenFile(tmp_path / "m", allow_float=True)
     assert (tf.header.code, tf.dtype) == (7, np.float32) and "megatron-core's table" in describe(str(tmp_path / "m"))["dtype_note"]
 
 
 def test_legacy_element_size_decides_float_codes(tmp_path):
     """fairseq's original code 6 is float64 (element size 8), NeoX's is float32 (4)."""
     fair = write_tntidx(tmp_path / "fair", [[[0.25, 2.0]]], np.float64, code=6)
-    assert TokenFile(fair).dtype == np.float64 and TokenFile(fair)[0].tolist() == [0.25, 2.0]
+    tf = TokenFile(fair, allow_float=True)
+    assert tf.dtype == np.float64 and tf[0].tolist() == [0.25, 2.0]
     with pytest.raises(FormatError, match="element size is 8 bytes, but dtype code 6 is float32"):
-        TokenFile(fair, dtype_codes="neox").dtype
+        TokenFile(fair, dtype_codes="neox", allow_float=True).dtype
+    with pytest.raises(FormatError, match="dtype code 6 means float64, which is not a token dtype"):
+        TokenFile(fair).dtype
 
 
 # -- corruption ------------------------------------------------------------------------------------
