@@ -49,22 +49,19 @@ class ItemConfig:
     create_attention_mask: bool = False
     """Return the S x S attention mask (Megatron creates it unless told not to; we do not)."""
     inter_document_masking: bool = False
-    """Return cu_seqlens and max_seqlen (document boundaries after EODs) instead of a mask."""
+    """Return cu_seqlens and max_seqlen (the documents' boundaries) instead of a mask, with
+    position ids restarting at every document."""
 
     def __post_init__(self) -> None:
         if self.sequence_length < 1:
             raise ConfigError(
                 f"sequence_length is {self.sequence_length}", hint="use a positive sequence length"
             )
-        needs_eod = (
-            self.eod_mask_loss
-            or self.reset_position_ids
-            or self.reset_attention_mask
-            or self.inter_document_masking
-        )
+        # inter_document_masking takes the documents' lengths (build_items' bounds), not EODs
+        needs_eod = self.eod_mask_loss or self.reset_position_ids or self.reset_attention_mask
         if needs_eod and self.eod_id is None:
             raise ConfigError(
-                "EOD masking, position/attention resets and cu_seqlens need eod_id",
+                "EOD masking and position/attention resets need eod_id",
                 hint="pass eod_id (the tokenizer's end-of-document id)",
             )
 
@@ -116,6 +113,11 @@ def build_items(
     by_eod = bounds is None and (
         cfg.reset_position_ids or cfg.inter_document_masking or masked_by_documents
     )
+    if by_eod and cfg.eod_id is None:  # inter_document_masking without the documents' lengths
+        raise ConfigError(
+            "cu_seqlens without document boundaries are found from EOD tokens, and eod_id is None",
+            hint="pass eod_id (the tokenizer's end-of-document id)",
+        )
     is_eod = tokens == cfg.eod_id if cfg.eod_mask_loss or by_eod else None
     loss_mask = new((batch, seq), _FLOAT32)
     loss_mask.fill(1.0)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.datasets.items import ItemConfig, build_items, document_bounds
+from tokenload.errors import ConfigError
 
 EOD = 999
 
@@ -145,3 +146,21 @@ def _megatron_pieces(ds, idx):
     samples = arrays["shuffle_index"][neox_item_position(idx, ds.num_built)]
     _, first, lengths, _, _ = ds._pieces(arrays, samples)
     return first, lengths
+
+
+def test_boundaries_need_no_eod_id(no_eod, tmp_path):
+    """The documents' lengths make the boundaries: a tokenizer without an EOD id is enough;
+    only a caller without boundaries needs one (the EOD rule)."""
+    cfg = MegatronDataConfig(
+        sequence_length=32,
+        blend=[no_eod],
+        split="100,0,0",
+        inter_document_masking=True,
+        path_to_cache=str(tmp_path),
+    )
+    train = build_datasets(cfg, [None, 0, 0])[0]
+    assert (train.__getitems__(np.arange(10))["cu_seqlens"][:, 1] < 32).any()
+    with pytest.raises(ConfigError, match="eod_id"):
+        build_items(
+            np.zeros((1, 5), np.int64), ItemConfig(sequence_length=4, inter_document_masking=True)
+        )
