@@ -1,8 +1,8 @@
 """Megatron-LM's training flags that decide a job's data, as argparse groups, and their
 arithmetic: the blend flags (``--data-path``, per-split paths, args files), the batch and length
 flags with Megatron's sample counts (``validate_args`` + ``update_train_iters`` +
-``get_train_valid_test_num_samples``), the item flags, and the tokenizer identity that enters
-every cache name. Shared by ``tokenload prepare-cache`` and
+``get_train_valid_test_num_samples``, a ``--rampup-batch-size`` ramp included), the item flags,
+and the tokenizer identity that enters every cache name. Shared by ``tokenload prepare-cache`` and
 ``MegatronDataConfig.from_megatron_args`` (a leaf of the package: it imports only ``errors`` and
 ``index``).
 
@@ -164,7 +164,15 @@ def batch_flags(g: argparse._ActionsContainer) -> None:
     length.add_argument(
         "--train-samples",
         type=at_least(int, 0),
-        help="training samples (iterations = samples // global batch)",
+        help="training samples (iterations = samples // global batch, or through the ramp)",
+    )
+    g.add_argument(
+        "--rampup-batch-size",
+        nargs=3,
+        type=positive(int),
+        metavar=("START", "INCREMENT", "SAMPLES"),
+        help="the global batch grows from START by INCREMENT to --global-batch-size over SAMPLES"
+        " samples (needs --train-samples; changes the iterations, never the order)",
     )
     g.add_argument(
         "--eval-iters", type=at_least(int, 0), default=100, help="iterations per evaluation"
@@ -232,6 +240,75 @@ def tokenizer_flags(g: argparse._ActionsContainer) -> None:
 
 
 @dataclass(frozen=True)
+class Ramp:
+    """Megatron's ``--rampup-batch-size START INCREMENT SAMPLES``: the global batch of a step is
+    ``START + INCREMENT x int(consumed / (SAMPLES / increments))`` while the samples consumed
+    before it are at most ``SAMPLES``, then ``global_batch_size`` (megatron-core's
+    ``RampupBatchsizeNumMicroBatchesCalculator.update``, which ``update_num_microbatches`` calls
+    before every step with ``consumed_train_samples``). The ramp changes how many micro-batches a
+    step takes, never which sample comes next: the order is a function of the samples consumed.
+
+    Walking the steps goes one stage of constant batch at a time (a few hundred stages, however
+    many steps), each stage's end found with Megatron's own float expression."""
+
+    start: int
+    increment: int
+    samples: int
+    global_batch_size: int
+
+    @property
+    def _per_increment(self) -> float:
+        """Megatron's ``rampup_samples_per_increment`` (a float)."""
+        return self.samples / ((self.global_batch_size - self.start) // self.increment)
+
+    def batch_at(self, consumed: int) -> int:
+        """The global batch of the step that starts after ``consumed`` samples."""
+        if consumed > self.samples:
+            return self.global_batch_size
+        return self.start + int(consumed / self._per_increment) * self.increment
+
+    def _stage_end(self, consumed: int) -> int:
+        """The smallest count above ``consumed`` at which the batch changes or the ramp ends."""
+        if consumed >= self.samples:
+            return self.samples + 1
+        per, stage = self._per_increment, int(consumed / self._per_increment)
+        end = max(consumed + 1, math.ceil((stage + 1) * per))
+        while int(end / per) <= stage:  # float rounding: Megatron's expression decides
+            end += 1
+        while end - 1 > consumed and int((end - 1) / per) > stage:
+            end -= 1
+        return min(end, self.samples + 1)
+
+    def _walk(self, most: int | None) -> tuple[int, int]:
+        """(steps, consumed) after the ramp's steps (those that start at or below ``samples``),
+        or after ``most`` steps if fewer."""
+        steps = consumed = 0
+        while consumed <= self.samples and (most is None or steps < most):
+            batch = self.batch_at(consumed)
+            n = -(-(self._stage_end(consumed) - consumed) // batch)
+            if most is not None:
+                n = min(n, most - steps)
+            steps, consumed = steps + n, consumed + n * batch
+        return steps, consumed
+
+    def ramp_end(self) -> tuple[int, int]:
+        """(steps, samples consumed) of the ramp: its last step starts at or below ``samples``."""
+        return self._walk(None)
+
+    def consumed_samples(self, iterations: int) -> int:
+        """Megatron's ``consumed_train_samples`` after ``iterations`` training steps (what a
+        resume from an iteration passes as ``consumed_samples``)."""
+        steps, consumed = self._walk(iterations)
+        return consumed + (iterations - steps) * self.global_batch_size
+
+    def train_iters(self, train_samples: int) -> int:
+        """Megatron's ``update_train_iters``: the ramp's steps, then whole constant batches of
+        what remains of ``train_samples`` (a last partial batch dropped)."""
+        steps, consumed = self.ramp_end()
+        return steps + (train_samples - consumed) // self.global_batch_size
+
+
+@dataclass(frozen=True)
 class Batches:
     """The batch and length arithmetic of Megatron's training arguments."""
 
@@ -241,6 +318,8 @@ class Batches:
     train_iters: int
     samples: tuple[int | None, int | None, int | None]
     """(train, valid, test); valid None with --full-validation (one epoch)."""
+    rampup_batch_size: Ramp | None = None
+    """``--rampup-batch-size``: the global batch per step, and the samples consumed by a step."""
 
 
 def batches(args: argparse.Namespace) -> Batches:
@@ -273,7 +352,13 @@ def batches(args: argparse.Namespace) -> Batches:
             f" {args.micro_batch_size} x data-parallel size {dp}",
             hint="check the job's batch flags",
         )
-    iters = args.train_iters if args.train_iters is not None else args.train_samples // gbs
+    ramp = _ramp(args, gbs, dp)
+    if ramp is not None:
+        iters = ramp.train_iters(args.train_samples)
+    elif args.train_iters is not None:
+        iters = args.train_iters
+    else:
+        iters = args.train_samples // gbs
     train = args.train_samples if args.train_samples is not None else iters * gbs
     eval_gbs = args.eval_global_batch_size or gbs
     return Batches(
@@ -282,7 +367,50 @@ def batches(args: argparse.Namespace) -> Batches:
         gbs,
         iters,
         (train, _valid_samples(args, iters, eval_gbs), args.eval_iters * eval_gbs),
+        ramp,
     )
+
+
+def _ramp(args: argparse.Namespace, gbs: int, dp: int) -> Ramp | None:
+    """``--rampup-batch-size`` checked as Megatron checks it (``validate_args`` and the
+    calculator's asserts), and as its training loop will (each step's batch a multiple of
+    micro batch x data-parallel size)."""
+    given = getattr(args, "rampup_batch_size", None)
+    if given is None:
+        return None
+    start, increment, samples = given
+    flag = f"--rampup-batch-size {start} {increment} {samples}"
+    if args.train_samples is None:
+        raise ConfigError(
+            f"{flag} is given with --train-iters; Megatron expects no batch-size rampup for"
+            " iteration-based training",
+            hint="pass the job's --train-samples instead of --train-iters, as Megatron requires",
+        )
+    if start >= gbs or (gbs - start) % increment:
+        raise ConfigError(
+            f"{flag}: the ramp from {start} to the global batch size {gbs} is not a whole number"
+            f" of increments of {increment} (Megatron asserts it)",
+            hint="check the job's --rampup-batch-size against its --global-batch-size",
+        )
+    group = None if args.micro_batch_size is None else args.micro_batch_size * dp
+    if group is not None and (start % group or increment % group):
+        raise ConfigError(
+            f"{flag}: a step's global batch ({start}, {start + increment}, ...) is not a multiple"
+            f" of micro batch size {args.micro_batch_size} x data-parallel size {dp} = {group}"
+            " (Megatron's training loop asserts it at every step)",
+            hint="use a start and an increment that are multiples of micro batch x data-parallel"
+            " size",
+        )
+    ramp = Ramp(start, increment, samples, gbs)
+    steps, consumed = ramp.ramp_end()
+    if consumed > args.train_samples:
+        raise ConfigError(
+            f"{flag}: the ramp's {steps} steps consume {consumed} samples, more than"
+            f" --train-samples {args.train_samples} (Megatron would count"
+            f" {ramp.train_iters(args.train_samples)} iterations and run past the train split)",
+            hint="pass the job's flags: a ramp shorter than the training",
+        )
+    return ramp
 
 
 def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int | None:

@@ -77,7 +77,7 @@ _TOKENIZER_VALUE_FLAGS = (
 """Tokenizer files and options: recorded in ``extras["tokenizer"]`` (tokenload reads token ids,
 it loads no tokenizer)."""
 
-_BATCH_SCHEDULES = ("--rampup-batch-size", "--step-batch-size-schedule")
+_BATCH_SCHEDULES = ("--step-batch-size-schedule",)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -120,9 +120,11 @@ def _check_leftovers(leftovers: list[str]) -> None:
             if current in _BATCH_SCHEDULES:
                 raise ConfigError(
                     f"{current} changes the global batch during training; tokenload computes the "
-                    "samples per split from a constant --global-batch-size (Megatron refuses it "
-                    "with --train-iters, or with --global-batch-size in recent versions)",
-                    hint="drop the schedule, or compute the sizes and pass them to build_datasets",
+                    "samples per split from a constant --global-batch-size or a"
+                    " --rampup-batch-size ramp (Megatron refuses the schedule with"
+                    " --global-batch-size)",
+                    hint="write a linear ramp as --rampup-batch-size, or compute the sizes and"
+                    " pass them to build_datasets",
                 )
             if current not in MEGATRON_NON_DATA_FLAGS:
                 raise ConfigError(
@@ -189,6 +191,8 @@ def megatron_config_from_args(
         "micro_batch_size": args.micro_batch_size,
         "data_parallel_size": counts.data_parallel_size,
         "train_iters": counts.train_iters,
+        # --rampup-batch-size: each step's global batch and the samples consumed by a step
+        "rampup_batch_size": counts.rampup_batch_size,
         "num_workers": args.num_workers,
         "dataloader_type": args.dataloader_type or "single",
         "tokenizer": _megatron_tokenizer_files(args),
