@@ -41,6 +41,9 @@ GPT_ARRAYS: tuple[str, ...] = ("document_index", "sample_index", "shuffle_index"
 BLENDED_ARRAYS: tuple[str, ...] = ("dataset_index", "dataset_sample_index")
 """The arrays of a ``BlendedDataset`` cache."""
 
+PACKED_ARRAYS: tuple[str, ...] = ("row_index", "piece_index", "shuffle_index")
+"""The arrays of a ``PackedGPTDataset`` cache (tokenload's packed rows; Megatron has none)."""
+
 CACHE_FILE_NAME = re.compile(
     r"^[0-9a-f]{32}-(?:[A-Za-z]+-(?:train|valid|test)-(?:description\.txt|tokenload\.json|"
     r"[a-z_]+\.npy)|tokenload-build\.json)$"
@@ -177,7 +180,11 @@ class CacheFiles:
             hash=description_hash(text),
             class_name=class_name,
             split=identifiers["split" if blended else "index_split"],
-            arrays=BLENDED_ARRAYS if blended else GPT_ARRAYS,
+            arrays=BLENDED_ARRAYS
+            if blended
+            else PACKED_ARRAYS
+            if class_name == "PackedGPTDataset"
+            else GPT_ARRAYS,
         )
 
     def path(self, suffix: str) -> str:

@@ -47,8 +47,4 @@ def build_datasets(
         from .neox.neox_dataset import NeoxOptions, build_neox_datasets
 
         return build_neox_datasets(config, sizes, NeoxOptions.from_config(config))
-    if config.packing != "concat":
-        from .megatron.packed import build_packed_megatron_datasets
-
-        return build_packed_megatron_datasets(config, sizes, MegatronOptions.from_config(config))
     return build_megatron_datasets(config, sizes, MegatronOptions.from_config(config))

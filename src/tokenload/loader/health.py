@@ -9,6 +9,13 @@ training loop receives the batches of a run without the fault. Each loader may r
 ``max_worker_restarts`` workers; the fault after that raises ``WorkerError`` naming the worker,
 its pid, how it ended and the last micro-batch it delivered. An exception raised by the
 dataset's own read is not a fault of the process: it is raised in the training process, typed.
+
+A worker killed by a signal while it starts (before it has loaded its dataset) was killed, like
+any other: it counts against the budget, its replacement too. Only a start that ends with the
+worker's *own* error (it exits with a code before it is ready: a spawned worker that cannot
+import the main module, a main module that exits) fails fast, the second time the same worker's
+start fails so before any worker of the loader has started, since every start would fail the same
+way; its hint says which of these cases it saw.
 """
 
 from __future__ import annotations
@@ -49,6 +56,19 @@ class Fault:
     recovered_s: float | None = None  # from detection to the replacement's first batch
     stack: str | None = None  # a stalled worker's main thread when it was killed (stack_of)
 
+    @property
+    def own_start_error(self) -> bool:
+        """Whether the worker ended its start itself: it exited with an exit code (not a
+        signal) before it had loaded its dataset. A start that cannot succeed fails so every time
+        (a spawned worker that cannot import the main module exits with code 1); a worker killed
+        by a signal while it starts (by someone, or the out-of-memory killer) was killed."""
+        return (
+            not self.started
+            and self.cause == "exited"
+            and self.exitcode is not None
+            and self.exitcode >= 0
+        )
+
     def how(self) -> str:
         if self.cause == "stalled":
             return "made no progress while a batch was owed and was killed"
@@ -75,13 +95,18 @@ class WorkerHealth:
         self.faults: list[Fault] = []
 
     def fault(self, fault: Fault, *, repeated_start: bool = False) -> None:
-        """Count a lost worker; WorkerError once the budget is spent, or at once when its start
-        failed again before any worker ever started (not transient: a main module that spawn
-        cannot import fails every start the same way)."""
+        """Count a lost worker; WorkerError once the budget is spent, or at once when the
+        worker's start ended with its own error again (``repeated_start``: twice, before any
+        worker ever started; not transient: a main module that spawn cannot import fails every
+        start the same way). A start ended by a signal counts like any fault."""
         self.faults = [*self.faults[-(_KEEP - 1) :], fault]
         self.stalls += fault.cause == "stalled"
         if repeated_start:
-            raise self.error(fault, "its start failed twice and no worker has started yet")
+            raise self.error(
+                fault,
+                "its start ended with its own error twice (an exit code, not a signal) and no"
+                " worker has started yet: a start that fails so is not retried",
+            )
         if self.restarts >= self.budget:
             raise self.error(fault)
         self.restarts += 1
@@ -116,12 +141,25 @@ class WorkerHealth:
             if fault.stack:
                 main = fault.stack.split("\nother thread", 1)[0]
                 why = "; ".join(w for w in (why, f"its stack when it was killed:\n{main}") if w)
-        elif not fault.started and self.context in ("spawn", "forkserver"):
+        elif fault.own_start_error and self.context in ("spawn", "forkserver"):
             hint = (
-                f"under multiprocessing_context={self.context!r} each worker imports the main"
-                " module: run the script from a file (not standard input or a notebook) with"
-                " its code under `if __name__ == '__main__':`, or use 'fork'; see the worker's"
-                " log above"
+                f"the worker exited with code {fault.exitcode} before it loaded its dataset (its"
+                f" own error, not a signal): under multiprocessing_context={self.context!r} each"
+                " worker imports the main module: run the script from a file (not standard input"
+                " or a notebook) with its code under `if __name__ == '__main__':`, or use 'fork';"
+                " see the worker's traceback in the log above"
+            )
+        elif fault.own_start_error:
+            hint = (
+                f"the worker exited with code {fault.exitcode} before it loaded its dataset (its"
+                " own error, not a signal): see the worker's traceback in the log above"
+            )
+        elif not fault.started:
+            hint = (
+                "the worker was killed by a signal while it started (not an error of its own:"
+                " such a start counts against max_worker_restarts like any fault); -9 is often"
+                " the out-of-memory killer, see the kernel log; raise max_worker_restarts to"
+                " replace more workers"
             )
         return WorkerError(
             f"loader worker {fault.worker} (pid {fault.pid}) {fault.how()}"

@@ -118,7 +118,7 @@ class WorkerPool:
         self._started = [False] * n  # said "ready": its dataset is loaded
         self._heard = [0.0] * n  # when bytes last went to the worker (its dataset, a command)
         self._cpu: list[int | None] = [None] * n  # CPU time of a starting worker, last seen
-        self._failed_starts = [0] * n  # starts of worker w in a row that failed before "ready"
+        self._failed_starts = [0] * n  # starts of worker w ended by its own error before "ready"
         self._ever_started = False  # some worker of this pool has said "ready"
         self._delivered: list[int | None] = [None] * n  # its last micro-batch of this iteration
         self._lost: list[tuple[Fault, float] | None] = [None] * n  # fault replaced, wait began
@@ -238,7 +238,10 @@ class WorkerPool:
         process.join(_LIVENESS_S)
         fault = Fault(w, process.pid, cause, process.exitcode, self._delivered[w], self._started[w])
         fault.stack = stack
-        self._failed_starts[w] = 0 if self._started[w] else self._failed_starts[w] + 1
+        if self._started[w]:
+            self._failed_starts[w] = 0
+        elif fault.own_start_error:  # not a signal (that counts against the budget only)
+            self._failed_starts[w] += 1
         repeated = self._failed_starts[w] > 1 and not self._ever_started
         self.health.fault(fault, repeated_start=repeated)
         if process.is_alive():  # in a kernel read that even SIGKILL waits for: reaped at close

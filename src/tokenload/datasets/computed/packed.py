@@ -36,7 +36,8 @@ from ...index.packing import pack_block
 from ...index.permutation import KeyedPermutation
 from ...index.window_order import WindowOrder, source_seed
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, build_items, document_bounds
+from ..items import Allocator, ItemConfig
+from ..packed_rows import finish_packed, read_rows
 from .computed_blend import _Items
 from .extents import Extent
 
@@ -218,40 +219,9 @@ class PackedRows:
         )
 
 
-class PackedReads:
-    """Reading packed rows: windows of ``S + extra`` slots (documents back to back, then
-    ``pad_id``) and their document boundaries."""
-
-    def __init__(self, source: Any, rows: PackedRows, item: ItemConfig) -> None:
-        self.source = source
-        self.rows = rows
-        self.item = item
-
-    def read(self, source_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """int64 ``(B, S + extra)`` windows and int32 ``(B, S + 1)`` boundaries of rows."""
-        p = self.rows.pieces(source_rows)
-        batch, width = source_rows.size, self.item.window
-        flat = self.source.read_pieces(p.sequence, p.start, p.length, np.int64)
-        out = np.full((batch, width), self.item.pad_id, dtype=np.int64)
-        tokens = np.add.reduceat(p.length, p.first) if batch else p.length[:0]
-        rows = np.repeat(np.arange(batch, dtype=np.int64), tokens)
-        row_starts = np.cumsum(tokens) - tokens
-        cols = np.arange(flat.size, dtype=np.int64) - np.repeat(row_starts, tokens)
-        out[rows, cols] = flat
-        bounds = document_bounds(p.length, p.first, self.item.sequence_length, 0)
-        return out, bounds
-
-
 def packed_fingerprint(base: str, rows: PackedRows) -> str:
     text = f"{base}|packed|best-fit|{rows.block_documents}|{rows.max_documents}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def finish_packed(
-    batch: dict[str, Any], item: ItemConfig, alloc: Allocator | None
-) -> dict[str, np.ndarray]:
-    """The item fields of packed windows: position ids restart at every document."""
-    return build_items(batch["windows"], item, padded=True, alloc=alloc, bounds=batch["doc_bounds"])
 
 
 class ComputedPackedDataset(_Items, OneSourceContract):
@@ -317,7 +287,8 @@ class ComputedPackedDataset(_Items, OneSourceContract):
 
     def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """int64 windows and int32 boundaries of the source's rows (a blend's cursors)."""
-        return PackedReads(self.source, self.rows, self.item).read(rows)
+        p = self.rows.pieces(rows)
+        return read_rows(self.source, self.item, p.first, p.sequence, p.start, p.length)
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         idx = np.asarray(indices, dtype=np.int64).ravel()

@@ -94,7 +94,8 @@ class BlendedDataset(BlendContract):
             windows[rows[d]] = part["windows"]
         batch = {"windows": windows, "padded": padded, "dataset_id": which}
         item = self.datasets[0].item
-        if item.inter_document_masking:  # each row's document boundaries
+        if item.inter_document_masking or getattr(self.datasets[0], "packed", False):
+            # each row's document boundaries
             doc_bounds = np.empty((idx.size, item.sequence_length + 1), np.int32)
             for d, part in parts.items():
                 doc_bounds[rows[d]] = part["doc_bounds"]

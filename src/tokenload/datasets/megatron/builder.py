@@ -283,6 +283,10 @@ class MegatronBuilder:
             shapes={k: tuple(v) for k, v in entry["shapes"].items()},
             digests=dict(entry["digests"]),
         )
+        if entry["kind"] == "packed":
+            from .packed import packed_from_entry
+
+            return packed_from_entry(self, entry, indices)  # type: ignore[return-value]
         if entry["kind"] == "blended":
             members = [self._from_entry(m) for m in entry["members"]]
             return BlendedDataset(
@@ -456,6 +460,10 @@ class MegatronBuilder:
         self, name: str, mid: MidLevelPlan, split: str | None, matrix: SplitMatrix | None
     ) -> BuiltMember:
         c, options = self.config, self.options
+        if c.packing != "concat":
+            from .packed import packed_member
+
+            return packed_member(self, name, mid, split, matrix)
         source = self.source(mid.prefix)
         with self._phase("header_reads"):
             lengths = self._lengths(mid.prefix)
@@ -495,12 +503,7 @@ class MegatronBuilder:
             num_samples=mid.num_samples,
             config=gpt,
         )
-        folder = options.path_to_cache
-        if folder is None and mid.prefix is not None:
-            # a URL's default folder is local, beside its index copy (never a folder named 's3:')
-            folder = default_cache_dir(
-                local_folder(mid.prefix) if is_url(mid.prefix) else mid.prefix
-            )
+        folder = default_folder(options.path_to_cache, mid.prefix)
         fields = {
             "add_extra_token": c.add_extra_token,
             "drop_last": gpt.drop_last,
@@ -537,6 +540,14 @@ class MegatronBuilder:
                 token_file=facts,
             )
         return BuiltMember(dataset, entry, uid)
+
+
+def default_folder(path_to_cache: str | None, prefix: str | None) -> str | None:
+    """Where a prefix's index caches go: ``path_to_cache``, else Megatron's folder beside the
+    token file (a URL's is local, beside its index copy: never a folder named 's3:')."""
+    if path_to_cache is not None or prefix is None:
+        return path_to_cache
+    return default_cache_dir(local_folder(prefix) if is_url(prefix) else prefix)
 
 
 def _three(splits: list[Any]) -> tuple[Any | None, Any | None, Any | None]:

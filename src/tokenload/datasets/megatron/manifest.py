@@ -78,6 +78,12 @@ def manifest_key(config: MegatronDataConfig, sizes: Sequence[int | None]) -> dic
         "drop_last_partial_validation_sequence": config.drop_last_partial_validation_sequence,
         "mid_level_dataset_surplus": config.mid_level_dataset_surplus,
         "mock": [config.vocab_size, config.eod_id] if mock else None,
+        # packed rows are other datasets (a key only when asked: earlier manifests still match)
+        **(
+            {"packing": [config.packing, config.max_documents_per_row]}
+            if config.packing != "concat"
+            else {}
+        ),
     }
 
 

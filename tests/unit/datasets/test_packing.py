@@ -1,5 +1,5 @@
-"""Packed rows (``packing="best-fit"``) in the computed order, checked on token files whose
-tokens name their source, document and position (an independent model: the tokens themselves).
+"""Packed rows (``packing="best-fit"``) on both orders, checked on token files whose tokens name
+their source, document and position (an independent model: the tokens themselves).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ def corpus(tmp_path, source: int, n: int, seed: int) -> tuple[str, list[int]]:
     docs = [named(source, d, k) for d, k in enumerate(lengths)]
     prefix = write_documents(tmp_path / f"src{source}", docs, dtype=np.int32)
     return prefix, lengths
+
+
+ORDERS = pytest.mark.parametrize("order", ["computed", "megatron"])
 
 
 def config(**fields):
@@ -79,9 +82,10 @@ def runs(window: np.ndarray) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path) -> None:
+@ORDERS
+def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path, order) -> None:
     prefix, lengths = corpus(tmp_path, 1, 3000, seed=1)
-    train, _, _ = build_datasets(config(blend=[prefix]), [None, 0, 0])
+    train, _, _ = build_datasets(config(blend=[prefix], order=order), [None, 0, 0])
     n = len(train)
     batch = train.__getitems__(np.arange(n))
     windows = windows_of(batch)
@@ -116,9 +120,10 @@ def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path
     assert ((batch["loss_mask"] > 0) == (batch["labels"] != 0)).all()
 
 
-def test_boundaries_position_ids_and_cu_seqlens_follow_the_documents(tmp_path) -> None:
+@ORDERS
+def test_boundaries_position_ids_and_cu_seqlens_follow_the_documents(tmp_path, order) -> None:
     prefix, _ = corpus(tmp_path, 1, 600, seed=2)
-    cfg = config(blend=[prefix], inter_document_masking=True, eod_id=1)
+    cfg = config(blend=[prefix], inter_document_masking=True, eod_id=1, order=order)
     train, _, _ = build_datasets(cfg, [200, 0, 0])
     batch = train.__getitems__(np.arange(len(train)))
     _, doc, p = unname(batch["tokens"])
@@ -140,10 +145,11 @@ def test_boundaries_position_ids_and_cu_seqlens_follow_the_documents(tmp_path) -
         assert batch["max_seqlen"][r] == np.diff(cu).max()
 
 
-def test_blend_rows_hold_one_source_and_shares_follow_the_weights(tmp_path) -> None:
+@ORDERS
+def test_blend_rows_hold_one_source_and_shares_follow_the_weights(tmp_path, order) -> None:
     a, _ = corpus(tmp_path, 1, 2000, seed=3)
     b, _ = corpus(tmp_path, 2, 2000, seed=4)
-    train, _, _ = build_datasets(config(blend=["0.25", a, "0.75", b]), [400, 0, 0])
+    train, _, _ = build_datasets(config(blend=["0.25", a, "0.75", b], order=order), [400, 0, 0])
     batch = train.__getitems__(np.arange(400))
     src, _, _ = unname(batch["tokens"])
     real = batch["loss_mask"] > 0
@@ -154,13 +160,14 @@ def test_blend_rows_hold_one_source_and_shares_follow_the_weights(tmp_path) -> N
     assert abs(share[0] - 0.25) < 0.01
 
 
+@ORDERS
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_on_fewer_ranks_with_another_micro_batch_gives_the_same_stream(
-    tmp_path, workers
+    tmp_path, workers, order
 ) -> None:
     a, _ = corpus(tmp_path, 1, 1500, seed=5)
     b, _ = corpus(tmp_path, 2, 1500, seed=6)
-    cfg = config(blend=["0.5", a, "0.5", b])
+    cfg = config(blend=["0.5", a, "0.5", b], order=order)
     total = 96
 
     def stream(ranks: int, mbs: int, start: int, stop: int) -> list[np.ndarray]:
@@ -206,9 +213,10 @@ def test_packing_options_are_checked() -> None:
         config(max_documents_per_row=0)
 
 
-def test_documents_per_row_cap(tmp_path) -> None:
+@ORDERS
+def test_documents_per_row_cap(tmp_path, order) -> None:
     prefix, _ = corpus(tmp_path, 1, 800, seed=8)
-    train, _, _ = build_datasets(config(blend=[prefix], max_documents_per_row=2), [100, 0, 0])
+    train, _, _ = build_datasets(config(blend=[prefix], max_documents_per_row=2, order=order), [100, 0, 0])
     batch = train.__getitems__(np.arange(100))
     starts = (batch["position_ids"] == 0).sum(axis=1)
     assert starts.max() <= 2

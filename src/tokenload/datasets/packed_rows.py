@@ -1,0 +1,48 @@
+"""Reading packed rows (``packing="best-fit"``), shared by the computed and Megatron orders: a
+row's document pieces read in one vectorized call, laid back to back in a window of
+``S + extra`` slots padded with ``pad_id``, with the row's document boundaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .items import Allocator, ItemConfig, build_items, document_bounds
+
+__all__ = ["finish_packed", "read_rows"]
+
+
+def read_rows(
+    source: Any,
+    item: ItemConfig,
+    first: np.ndarray,
+    sequence: np.ndarray,
+    start: np.ndarray,
+    length: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """int64 ``(B, S + extra)`` windows and int32 ``(B, S + 1)`` boundaries of rows whose pieces
+    are given flat (``first``: each row's first piece; every row has one).
+
+    The boundaries are the ends of every piece but a row's last (its end, like the padding
+    after it, is the row's end S), the layout of ``items.document_bounds`` without the extra
+    token's rule: a packed row's last slot holds a label only, whichever document it belongs to.
+    """
+    batch = first.size
+    flat = source.read_pieces(sequence, start, length, np.int64)
+    out = np.full((batch, item.window), item.pad_id, dtype=np.int64)
+    if batch:
+        tokens = np.add.reduceat(length, first)
+        rows = np.repeat(np.arange(batch, dtype=np.int64), tokens)
+        row_starts = np.cumsum(tokens) - tokens
+        cols = np.arange(flat.size, dtype=np.int64) - np.repeat(row_starts, tokens)
+        out[rows, cols] = flat
+    return out, document_bounds(length, first, item.sequence_length, 0)
+
+
+def finish_packed(
+    batch: dict[str, Any], item: ItemConfig, alloc: Allocator | None
+) -> dict[str, np.ndarray]:
+    """The item fields of packed windows: position ids restart at every document; padding has
+    no loss."""
+    return build_items(batch["windows"], item, padded=True, alloc=alloc, bounds=batch["doc_bounds"])
