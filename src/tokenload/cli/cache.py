@@ -27,7 +27,6 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..format import TokenFile
-from ..format.atomic import require_existing_folder
 from ..format.sequences import counts_of, unique_prefixes, write_sequences
 from ..index import Blend
 from ..megatron_args import (
@@ -44,6 +43,7 @@ from ..megatron_args import (
     tokenizer_identity,
 )
 from ..storage import is_url
+from ..storage.os_errors import write_error
 from ..storage.upload import list_objects
 
 #: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
@@ -136,7 +136,8 @@ def register_prepare_cache(sub: argparse._SubParsersAction) -> None:
     blend_flags(p)
     g = p.add_argument_group("caches and order")
     g.add_argument(
-        "--data-cache-path", help="the cache folder the job will use (required, as in Megatron)"
+        "--data-cache-path",
+        help="the cache folder the job will use (required, as in Megatron; created when missing)",
     )
     g.add_argument(
         "--split", help=f"the --data-path split string (Megatron's default: {LEGACY_SPLIT!r})"
@@ -203,8 +204,6 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
         )
     _require(args)
     schedule = _schedule_from(args.weights_schedule)  # a malformed one is refused before any work
-    if not is_url(args.data_cache_path):
-        require_existing_folder(args.data_cache_path)
     blend, per_split = blends_of(args)
     counts = _counts(args)
     identity = tokenizer_identity(args)
@@ -213,6 +212,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     prefixes = _prefixes(blend, per_split)
     for _ in _open_all(prefixes, "checking token files"):
         pass
+    _make_cache_folder(args.data_cache_path)  # once every input is checked, as a build makes it
     before = _listing(args.data_cache_path)
     datasets = _build(args, blend, per_split, split, identity, counts, schedule)
     result = _result(
@@ -397,6 +397,23 @@ def _schedule_from(text: str | None) -> list | None:
     from ..index.schedule import check_schedule
 
     return list(check_schedule(value, what=source))
+
+
+def _make_cache_folder(folder: str) -> None:
+    """Create a missing local cache folder with its parents, as Megatron's prepare_cache.py and
+    a build with ``path_to_cache`` do (a bucket's prefix needs none)."""
+    if is_url(folder):
+        return
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(
+            f"--data-cache-path {folder!r} is a file, not a folder",
+            path=folder,
+            hint="pass the training job's cache folder",
+        )
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise write_error(exc, folder, "the cache folder") from None
 
 
 def _listing(folder: str) -> set[str]:
