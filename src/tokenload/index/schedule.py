@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from .interleave import DEFAULT_PERIOD, Interleave, consumed_many
 from .mixture import Draws, Mixture, MixtureState
 
-__all__ = ["ScheduledMixture", "check_schedule", "check_schedule_fits"]
+__all__ = ["ScheduledMixture", "appended", "check_schedule", "check_schedule_fits"]
 
 Schedule = tuple[tuple[int, tuple[float, ...]], ...]
 
@@ -129,6 +129,19 @@ def check_schedule_fits(
                 f" or ask for more {split} samples",
                 field=what,
             )
+
+
+def appended(
+    schedule: Schedule, start: int, weights: Sequence[float], *, what: str = "weights"
+) -> Schedule:
+    """A checked ``schedule`` with its entries from ``start`` on replaced by ``(start,
+    weights)`` (``loader.set_weights``): the new entry is checked (``ConfigError`` naming
+    ``what``), the others are not again, so the cost does not grow with the entries before."""
+    [(_, checked)] = check_schedule([(0, weights)], len(schedule[0][1]), what=what)
+    kept = bisect_left(schedule, int(start), key=lambda entry: entry[0])
+    if kept == 0 and start != 0:
+        raise ConfigError(f"{what} entry at {start}; expected the schedule to start at 0")
+    return _Checked((*schedule[:kept], (int(start), checked)))
 
 
 @lru_cache(maxsize=64)
@@ -219,12 +232,11 @@ class ScheduledMixture:
         end), so the cost does not grow with the entries before; the chain is then the one its
         new ``schedule`` gives declared up front. ``ConfigError`` naming ``what`` for bad
         weights, before anything changes."""
-        [(_, checked)] = check_schedule([(0, weights)], len(self.sources), what=what)
         start = int(start)
         if start < self.start:
             raise ValueError(f"an entry at {start}; this chain starts at {self.start}")
-        kept = bisect_left(self.schedule, start, key=lambda entry: entry[0])
-        self.schedule = _Checked((*self.schedule[:kept], (start, checked)))
+        self.schedule = appended(self.schedule, start, weights, what=what)
+        checked = self.schedule[-1][1]
         j = int(np.searchsorted(self.starts, start, side="left"))  # phases begun before start
         for i in range(j, len(self._entries)):
             self._phases.pop(i, None)

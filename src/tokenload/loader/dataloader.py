@@ -158,6 +158,7 @@ class TokenloadDataLoader:
         self.ledger = self._metrics.ledger = Ledger(self._data, in_order=config.kind == "single")
         self._skip_count = 0
         self._changes: list[tuple[int, tuple[float, ...]]] = []  # set_weights: (start, weights)
+        self._num_sources: int | None = None  # the blend's, asked at the first set_weights
         self._health = WorkerHealth(  # restarts are counted per loader, across its pools
             worker_timeout=config.worker_timeout,
             max_worker_restarts=config.max_worker_restarts,
@@ -305,20 +306,17 @@ class TokenloadDataLoader:
         one of a ``weights_schedule`` that declares the same changes up front, it is recorded in
         the state (``state["weights_changes"]``), and a resume on any data-parallel size,
         micro-batch size or worker count continues it bit-exactly. Micro-batches the workers
-        made ahead are made again. ``ConfigError``, before anything changes, for a wrong
+        made ahead are made again; called after the last sample it changes nothing.
+        ``ConfigError``, before anything changes, for a wrong
         number of weights, a negative, NaN or infinite one, all zeros, or a dataset whose
         weights cannot change (what to build instead)."""
         mixture = self._steerable()
-        count = len(self._data.describe_sources().members)
-        checked = _check_weights(weights, count)
+        if self._num_sources is None:
+            self._num_sources = len(self._data.describe_sources().members)
+        checked = _check_weights(weights, self._num_sources)
         start = self.consumed_samples
-        if start >= self.plan.total_samples:
-            raise ConfigError(
-                f"set_weights after all {self.plan.total_samples} samples of the order were"
-                " served: no sample is left for the new weights",
-                hint="call set_weights before the last step, or build the dataset with more"
-                " samples",
-            )
+        if start >= self.plan.total_samples:  # after the last step: nothing left to serve
+            return
         same = mixture.change_weights(start, checked)
         self._changes = [c for c in self._changes if c[0] < start] + [(start, checked)]
         if self._pool is not None and not self._pool.closed:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -47,7 +48,7 @@ from ...errors import ConfigError, StateError
 from ...index import SPLIT_NAMES, Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
 from ...index.plan import MidLevelPlan, SplitPlan, samples_per_dataset
-from ...index.schedule import Schedule, check_schedule
+from ...index.schedule import Schedule, appended, check_schedule
 from ...index.splits import normalize
 from ..config import MegatronDataConfig, as_blend
 from .blended import BlendedDataset
@@ -247,6 +248,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         """An entry's ``EntryPlan`` from its weights (``change_weights``)."""
         self.declared = (self.schedule, list(plans), dict(self.entry_spans))
         """The schedule, plans and cached spans the blend was built with."""
+        self._firsts = _first_entries(plans)  # source -> its first entry of positive weight
         self._chain(0, np.zeros(len(members), dtype=np.int64))
 
     def __getstate__(self) -> dict:
@@ -399,7 +401,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         start = int(start)
         if start < self.origin:
             raise ValueError(f"an entry at {start}; this run starts at {self.origin}")
-        kept = sum(1 for s, _ in self.schedule if s < start)
+        kept = bisect_left(self.schedule, start, key=lambda entry: entry[0])
         if weights is None:
             schedule, plans, spans = self.declared
             tail = [e for e, (s, _) in enumerate(schedule) if s >= start]
@@ -407,15 +409,18 @@ class ContinuableBlendedDataset(BlendedDataset):
             self.plans = [*self.plans[:kept], *(plans[e] for e in tail)]
             moved = {kept + i: spans[e] for i, e in enumerate(tail) if e in spans}
             self.entry_spans = {e: v for e, v in self.entry_spans.items() if e < kept} | moved
+            self._firsts = _first_entries(self.plans)
             self._chain(self.origin, self.origin_cursors)
             return True
-        entry = self.plan_entry(weights)
-        self.schedule = check_schedule((*self.schedule[:kept], (start, tuple(weights))))
+        schedule = appended(self.schedule, start, weights)
+        entry = self.plan_entry(schedule[-1][1])
+        self.schedule = schedule
         rebuilt = False
-        drawn = {d for e in self.plans[:kept] for d in e.active}
+        self._firsts = {d: e for d, e in self._firsts.items() if e < kept}
         for d in entry.active:
-            if d in drawn:
+            if d in self._firsts:
                 continue  # prepared by an earlier entry (or the state of a resume)
+            self._firsts[d] = kept
             n = _prepared(entry.plan.datasets[entry.active.index(d)])
             if n != self.prepared[d] and not self.source_cursors(start)[d]:
                 # a worker's copy never gets here: the training process's call returned False
@@ -531,6 +536,15 @@ class ContinuableBlendedDataset(BlendedDataset):
         )
         self._chain(consumed, cursors)
         return "weights" if set(sources) == set(self.sources) else "sources"
+
+
+def _first_entries(plans: Sequence[EntryPlan]) -> dict[int, int]:
+    """Each source drawn by some entry: the first entry that draws it (its prepared order's)."""
+    firsts: dict[int, int] = {}
+    for e, plan in enumerate(plans):
+        for d in plan.active:
+            firsts.setdefault(d, e)
+    return firsts
 
 
 def _parse(state: Any, order: str) -> tuple[int, dict[str, dict[str, int]], dict[str, Any]]:
