@@ -69,10 +69,11 @@ def test_batches_are_input_dict_and_labels_of_tokenloads_order(prefix):
     seen = 0
     for (inputs, labels), batch in zip(loader, plain):
         seen += 1
-        assert set(inputs) == {"input"}
-        assert inputs["input"].dtype == labels.dtype == torch.int64
-        assert inputs["input"].shape == labels.shape == (4, SEQ)
+        assert set(inputs) == {"input", "positions"}
+        assert inputs["input"].dtype == labels.dtype == inputs["positions"].dtype == torch.int64
+        assert inputs["input"].shape == labels.shape == inputs["positions"].shape == (4, SEQ)
         assert torch.equal(inputs["input"], batch["tokens"])
+        assert torch.equal(inputs["positions"], batch["position_ids"])
         assert torch.equal(labels, batch["labels"])
         assert torch.equal(labels[:, :-1], inputs["input"][:, 1:])
     assert seen == expected
@@ -95,6 +96,88 @@ def test_eod_mask_loss_becomes_ignore_index(prefix):
     assert masked.any() and torch.equal(masked, batch["tokens"] == EOD)
     assert torch.equal(labels == IGNORE_INDEX, masked)
     assert torch.equal(labels[~masked], batch["labels"][~masked])
+
+
+@pytest.fixture(scope="module")
+def no_eod(tmp_path_factory):
+    """Documents of 1-30 tokens, none ending with an EOD id."""
+    rng = np.random.default_rng(11)
+    docs = [list(rng.integers(0, 900, rng.integers(1, 30))) for _ in range(300)]
+    return write_documents(tmp_path_factory.mktemp("titan_no_eod") / "corpus", docs)
+
+
+def _get_document_mask_mod():
+    """torchtitan 0.3.0's ``get_document_mask_mod``, its own source: importing
+    ``torchtitan.models.common`` imports its MoE kernels, which need triton (no CPU build), so
+    the function is taken from ``attention.py`` and run as it is written."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(importlib.util.find_spec("torchtitan").origin).parent / "models/common/attention.py"
+    tree = ast.parse(path.read_text())
+    (node,) = [n for n in tree.body if getattr(n, "name", None) == "get_document_mask_mod"]
+    namespace = {"torch": torch, "_mask_mod_signature": object}
+    exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    return namespace["get_document_mask_mod"]
+
+
+def _documents_of(positions):
+    """torchtitan's own get_document_mask_mod, evaluated on every (query, key) pair of each row:
+    True where the two tokens are in one document."""
+    mask_mod = _get_document_mask_mod()(positions)
+    rows, seq = positions.shape
+    q, kv = torch.arange(seq)[:, None], torch.arange(seq)[None, :]
+    return torch.stack([mask_mod(torch.tensor(b), torch.tensor(0), q, kv) for b in range(rows)])
+
+
+def _same_document(cu_seqlens, seq):
+    """True where two tokens lie between the same pair of boundaries."""
+    starts = torch.zeros(cu_seqlens.shape[0], seq, dtype=torch.long)
+    for r, row in enumerate(cu_seqlens.tolist()):
+        for begin in row[:-1]:
+            if begin < seq:
+                starts[r, begin:] = begin
+    return starts[:, :, None] == starts[:, None, :]
+
+
+@pytest.mark.parametrize("order,packing", [("megatron", "concat"), ("computed", "concat"),
+                                           ("computed", "best-fit")])
+def test_positions_give_torchtitan_the_documents_of_the_token_files(no_eod, tmp_path, order,
+                                                                     packing):
+    """No EOD in the data, no tokenizer: the positions restart where the token file's documents
+    do, so torchtitan's document mask (positions == 0) separates exactly the documents whose
+    boundaries tokenload's cu_seqlens give (megatron-core's, tests/unit/datasets); the config's
+    packing reaches the dataset."""
+    config = TokenloadTitanDataLoader.Config(data_path=[no_eod], num_workers=0, order=order,
+                                             packing=packing, data_cache_path=str(tmp_path))
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ,
+                          local_batch_size=4)
+    assert ("Packed" in type(loader.dataset).__name__) == (packing == "best-fit")
+    plain = build_dataloader(loader.dataset, micro_batch_size=4, num_workers=0, dp_rank=0,
+                             dp_size=1)
+    several = 0
+    for k, ((inputs, _), batch) in enumerate(zip(loader, plain)):
+        if k == 5:
+            break
+        assert torch.equal(inputs["positions"], batch["position_ids"])
+        same = _same_document(batch["cu_seqlens"], SEQ)
+        assert torch.equal(_documents_of(inputs["positions"]), same)
+        several += int((inputs["positions"][:, 1:] == 0).any(dim=1).sum())
+    assert several > 0  # rows of several documents
+    loader.close()
+
+
+def test_document_positions_off_and_a_wrong_packing(no_eod):
+    config = TokenloadTitanDataLoader.Config(data_path=[no_eod], num_workers=0,
+                                             document_positions=False)
+    loader = config.build(dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4)
+    inputs, _ = next(iter(loader))
+    assert torch.equal(inputs["positions"], torch.arange(SEQ).expand(4, SEQ))
+    loader.close()
+    with pytest.raises(ConfigError, match="packing"):
+        TokenloadTitanDataLoader.Config(data_path=[no_eod], packing="first-fit").build(
+            dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4)
 
 
 def test_wrong_states_and_config_are_typed_errors(prefix):

@@ -8,10 +8,17 @@ Read from torchtitan 0.3.0's ``Trainer.__init__``, ``batch_generator`` and check
   a ``BaseDataLoader.Config`` (keyword-only, slotted: torchtitan's ``Configurable`` checks both),
   so a config registry function sets ``config.dataloader = TokenloadTitanDataLoader.Config(
   data_path=[...])`` and the command line overrides its fields (``--dataloader.data_path``).
-* Each batch is ``({"input": tokens}, labels)``: ``local_batch_size`` rows of ``seq_len`` tokens
-  and their next-token labels, int64, with ``IGNORE_INDEX`` (-100) where the sample's loss mask
-  is 0 (padding, or EOD with ``eod_mask_loss``). The rows are Megatron's samples of
-  ``seq_len + 1`` tokens, so ``labels[:, :-1] == input[:, 1:]``.
+* Each batch is ``({"input": tokens, "positions": position_ids}, labels)``:
+  ``local_batch_size`` rows of ``seq_len`` tokens and their next-token labels, int64, with
+  ``IGNORE_INDEX`` (-100) where the sample's loss mask is 0 (padding, or EOD with
+  ``eod_mask_loss``). The rows are Megatron's samples of ``seq_len + 1`` tokens, so
+  ``labels[:, :-1] == input[:, 1:]``. ``positions`` restart at 0 at every document of the token
+  files (``document_positions``, the default; the boundaries are megatron-core's
+  ``inter_document_masking`` ones, from the documents' lengths): torchtitan 0.3.0 finds documents
+  only where ``positions == 0`` (``get_document_mask_mod``, ``create_varlen_metadata_for_document``
+  in ``models/common/attention.py``), so its flex and varlen attention mask each document, and
+  RoPE sees per-document positions, as with torchtitan's own text loader. With
+  ``document_positions=False`` they are ``0..seq_len-1`` on every row (one document per row).
 * The checkpointer saves ``{"dataloader": this}`` with ``torch.distributed.checkpoint``, which
   calls ``state_dict()`` on every rank and keeps one copy of a key that several ranks save (it
   assumes replicated values), and on load asks every rank for the keys its own ``state_dict()``
@@ -71,6 +78,12 @@ class TokenloadTitanDataLoader(BaseDataLoader):
         """Megatron's --data-cache-path (order megatron)."""
         eod_mask_loss: bool = False
         """Megatron's --eod-mask-loss: no loss on EOD tokens."""
+        document_positions: bool = True
+        """``positions`` restart at every document (the token files' document lengths), so
+        torchtitan's flex/varlen attention masks documents; False: 0..seq_len-1 on every row."""
+        packing: str = "concat"
+        """How rows are made of documents (``MegatronDataConfig.packing``): ``concat``
+        (Megatron's samples) or ``best-fit`` (whole documents, padded)."""
         num_workers: int = 2
         """tokenload worker processes (0 reads in the training process)."""
         prefetch_factor: int | None = None
@@ -167,12 +180,16 @@ class TokenloadTitanDataLoader(BaseDataLoader):
 
 
 def _titan_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """tokenload's batch (tokens, labels, loss_mask, ...) as torchtitan's (input_dict, labels)."""
+    """tokenload's batch (tokens, labels, loss_mask, position_ids, ...) as torchtitan's
+    (input_dict, labels)."""
     tokens, labels = batch["tokens"], batch["labels"]
     mask = batch.get("loss_mask")
     if mask is not None and not bool(mask.all()):
         labels = labels.masked_fill(mask == 0, IGNORE_INDEX)
-    return {"input": tokens.long()}, labels.long()
+    inputs = {"input": tokens.long()}
+    if "position_ids" in batch:  # a map-style dataset passed as token_dataset may have none
+        inputs["positions"] = batch["position_ids"].long()
+    return inputs, labels.long()
 
 
 def _build_dataset(config: Any, seq_len: int, tokenizer: Any) -> Any:
@@ -195,6 +212,8 @@ def _build_dataset(config: Any, seq_len: int, tokenizer: Any) -> Any:
         order=config.order,
         eod_mask_loss=config.eod_mask_loss,
         eod_id=eod if isinstance(eod, int) else None,
+        inter_document_masking=config.document_positions,
+        packing=config.packing,
     )
     train, _, _ = build_datasets(data_config, [config.num_samples, 0, 0])
     if train is None:
