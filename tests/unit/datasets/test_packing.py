@@ -216,7 +216,53 @@ def test_packing_options_are_checked() -> None:
 @ORDERS
 def test_documents_per_row_cap(tmp_path, order) -> None:
     prefix, _ = corpus(tmp_path, 1, 800, seed=8)
-    train, _, _ = build_datasets(config(blend=[prefix], max_documents_per_row=2, order=order), [100, 0, 0])
+    train, _, _ = build_datasets(
+        config(blend=[prefix], max_documents_per_row=2, order=order), [100, 0, 0]
+    )
     batch = train.__getitems__(np.arange(100))
     starts = (batch["position_ids"] == 0).sum(axis=1)
     assert starts.max() <= 2
+
+
+def served_pieces(batch) -> list[tuple[int, int, int]]:
+    """(source, document, first position) of every piece of every row, checking that each row's
+    pieces come from the source its dataset_id names."""
+    out = []
+    windows = windows_of(batch)
+    ids = np.asarray(batch["dataset_id"])
+    for r in range(windows.shape[0]):
+        pieces = runs(windows[r])
+        assert {src for src, *_ in pieces} == {int(ids[r]) + 1}
+        out += [(src, doc, a) for src, doc, a, _, _ in pieces]
+    return out
+
+
+@ORDERS
+def test_schedule_skip_and_mixture_change_at_a_resume_serve_no_piece_twice(tmp_path, order):
+    a, _ = corpus(tmp_path, 1, 1200, seed=11)
+    b, _ = corpus(tmp_path, 2, 1200, seed=12)
+    change = {"mixture_change": "continue"} if order == "megatron" else {}
+    schedule = [(0, [0.8, 0.2]), (48, [0.2, 0.8])]
+    total = 200
+    first_cfg = config(blend=["1", a, "1", b], order=order, weights_schedule=schedule, **change)
+    first, _, _ = build_datasets(first_cfg, [total, 0, 0])
+    loader = build_dataloader(first, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    it = iter(loader)
+    got = [next(it) for _ in range(20)]  # 80 samples, through the schedule's change at 48
+    ids = np.concatenate([np.asarray(g["dataset_id"]) for g in got])
+    assert (ids[:48] == 0).mean() > 0.7 and (ids[48:80] == 1).mean() > 0.7
+    loader.skip(samples=8)
+    skipped = served_pieces(first.__getitems__(np.arange(80, 88)))
+    state = loader.state_dict()
+    loader.close()
+    # a resume under other weights, another micro-batch size and workers
+    second_cfg = config(blend=["0.5", a, "0.5", b], order=order, **change)
+    second, _, _ = build_datasets(second_cfg, [total, 0, 0])
+    resumed = build_dataloader(second, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=2)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    got += [next(it) for _ in range(12)]  # 96 more samples
+    resumed.close()
+    pieces = [p for batch in got for p in served_pieces(batch)]
+    assert len(pieces) == len(set(pieces)), "a piece served twice within its source's epoch"
+    assert not set(skipped) & set(pieces), "a skipped sample was served"
