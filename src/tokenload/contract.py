@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -30,8 +30,11 @@ __all__ = [
     "Allocator",
     "Batch",
     "BatchSource",
+    "DocumentSamples",
     "LoaderDataset",
     "MixtureCursors",
+    "PieceSource",
+    "RowPieces",
     "SourceInfo",
     "Sources",
 ]
@@ -65,6 +68,9 @@ class Sources:
     members: tuple[SourceInfo, ...]
     blended: bool = False
     """Batches carry ``dataset_id``: the member of each row."""
+    packed: bool = False
+    """Rows of whole documents then padding (``packing="best-fit"``): position ids restart at
+    each document, padded labels are 0 with no loss (the loader counts documents and padding)."""
 
 
 class MixtureCursors(Protocol):
@@ -102,6 +108,39 @@ class MixtureCursors(Protocol):
         another process (a loader worker) reaches the same state by the same call (False: it
         must be given the changed blend). ``ConfigError``, before anything changes, when the
         blend cannot change its weights (what to build instead)."""
+        ...
+
+
+class RowPieces(NamedTuple):
+    """What rows of a dataset hold (``tokenload.provenance``), in CSR form: row i's pieces are
+    ``offsets[i]:offsets[i + 1]`` of the other arrays (int64), in the order of its ``tokens``
+    field; each piece is tokens ``[start, stop)`` of document ``document`` (its index in the
+    token file of member ``source`` of the blend, 0 for a dataset of one source). Only the S
+    input tokens count (the extra label token is not a piece); padding at a row's end is none."""
+
+    offsets: np.ndarray
+    source: np.ndarray
+    document: np.ndarray
+    start: np.ndarray
+    stop: np.ndarray
+
+
+@runtime_checkable
+class PieceSource(Protocol):
+    """A dataset that says what its samples hold (``tokenload.provenance.explain``)."""
+
+    def sample_pieces(self, indices: Sequence[int]) -> RowPieces:
+        """The pieces of the ``tokens`` of each sample of ``indices`` (dataset indices)."""
+        ...
+
+
+@runtime_checkable
+class DocumentSamples(Protocol):
+    """A dataset that says where a document went (``tokenload.provenance.where``)."""
+
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """Sorted int64 dataset indices whose ``tokens`` hold a token of ``document`` of member
+        ``source`` (directly: no pass over every sample's pieces)."""
         ...
 
 

@@ -29,7 +29,7 @@ class OneSourceContract:
         source = self.source
         name = type(source).__name__ if isinstance(source, MockSource) else str(source.prefix)
         info = SourceInfo(name=name, key=name, sequence_length=self.item.sequence_length)
-        return Sources(members=(info,))
+        return Sources(members=(info,), packed=bool(getattr(self, "packed", False)))
 
     def sample_bytes(self) -> list[int | None]:
         """``window x itemsize`` of the token file (None for the mock data, which reads none)."""
@@ -62,7 +62,8 @@ class BlendContract:
         infos = [info for d in self.datasets for info in d.describe_sources().members]
         keys = self.member_keys([info.name for info in infos])
         members = tuple(replace(info, key=key) for info, key in zip(infos, keys))
-        return Sources(members=members, blended=True)
+        packed = bool(getattr(self.datasets[0], "packed", False))
+        return Sources(members=members, blended=True, packed=packed)
 
     def epoch_sizes(self) -> list[int]:
         return [size for d in self.datasets for size in d.epoch_sizes()]

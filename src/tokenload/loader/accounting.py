@@ -56,6 +56,7 @@ class LoaderMetrics:
         self.names = [s.name for s in sources.members]
         n = len(self.names)
         self.blend = sources.blended  # batches carry dataset_id
+        self.packing = PackingCounts(n) if sources.packed else None
         self.samples = np.zeros(n, dtype=np.int64)
         self.tokens = np.zeros(n, dtype=np.int64)
         self.warned = np.zeros(n, dtype=bool)
@@ -87,15 +88,17 @@ class LoaderMetrics:
         self.steps += 1
         self.wait.add(wait_s)
         self.active_s += interval_s
+        ids = None
         if not self.blend:
             self.samples[0] += rows
             self.tokens[0] += rows * width
         else:
-            ids = batch["dataset_id"]
-            ids = ids.numpy() if hasattr(ids, "numpy") else np.asarray(ids)
+            ids = _numpy(batch["dataset_id"])
             counts = np.bincount(ids, minlength=len(self.names))
             self.samples += counts
             self.tokens += counts * width
+        if self.packing is not None:
+            self.packing.record(batch, ids)
         # one comparison per batch until a source could have passed its epoch (the vector check
         # cost ~6 us of the ~12 a batch's accounting took)
         if consumed >= self._next_check or consumed < self._checked_at:  # or a resume went back
@@ -190,6 +193,8 @@ class LoaderMetrics:
             # the whole job's figures, the same on every rank (ledger.py): drawn, skipped,
             # delivered samples and tokens and epoch per source, skips, the schedule's position
             "job": None if self.ledger is None else self.ledger.as_dict(consumed),
+            # packed rows (packing="best-fit"): documents per row and padding, per source too
+            "packing": None if self.packing is None else self.packing.as_dict(self.names),
             # object-storage counters of this process since the loader was built (0 for local files)
             "storage": {k: v - self.storage_base.get(k, 0) for k, v in storage_stats().items()},
         }
@@ -244,6 +249,71 @@ class LoaderMetrics:
         self.warned = np.array(warned, dtype=bool)
         self._next_check = 0  # the next batch checks
         self.steps, self.active_s, self.wait = steps, active, wait
+
+
+class PackingCounts:
+    """What packed rows held, counted from the batches handed over: documents per row (a row's
+    position ids restart at 0 at each document) and padding (label slots whose label is the
+    cleared pad, 0, with no loss). Memory: one count per documents-per-row value seen."""
+
+    def __init__(self, sources: int) -> None:
+        self.rows_by_documents = np.zeros(0, dtype=np.int64)  # rows holding k documents
+        self.documents = np.zeros(sources, dtype=np.int64)
+        self.padding = np.zeros(sources, dtype=np.int64)
+        self.slots = np.zeros(sources, dtype=np.int64)
+
+    def record(self, batch: Any, ids: np.ndarray | None) -> None:
+        positions = _numpy(batch["position_ids"])
+        loss, labels = _numpy(batch["loss_mask"]), _numpy(batch["labels"])
+        per_row = np.count_nonzero(positions == 0, axis=1)
+        padding = np.count_nonzero((loss == 0) & (labels == 0), axis=1)
+        found = np.bincount(per_row)
+        if found.size > self.rows_by_documents.size:
+            grown = np.zeros(found.size, dtype=np.int64)
+            grown[: self.rows_by_documents.size] = self.rows_by_documents
+            self.rows_by_documents = grown
+        self.rows_by_documents[: found.size] += found
+        n = self.documents.size
+        if ids is None:
+            self.documents[0] += int(per_row.sum())
+            self.padding[0] += int(padding.sum())
+            self.slots[0] += positions.size
+        else:
+            self.documents += np.bincount(ids, weights=per_row, minlength=n).astype(np.int64)
+            self.padding += np.bincount(ids, weights=padding, minlength=n).astype(np.int64)
+            width = positions.shape[1] if positions.ndim == 2 else 0
+            self.slots += np.bincount(ids, minlength=n) * width
+
+    def as_dict(self, names: list[str]) -> dict[str, Any]:
+        rows = int(self.rows_by_documents.sum())
+        cumulative = np.cumsum(self.rows_by_documents)
+
+        def percentile(q: float) -> int | None:
+            if not rows:
+                return None
+            return int(np.searchsorted(cumulative, q * rows))
+
+        slots = int(self.slots.sum())
+        return {
+            "rows": rows,
+            "documents": int(self.documents.sum()),
+            "padding_share": int(self.padding.sum()) / slots if slots else None,
+            "documents_per_row": {"p50": percentile(0.5), "p99": percentile(0.99)},
+            "sources": [
+                {
+                    "name": name,
+                    "documents": int(self.documents[s]),
+                    "padding_share": int(self.padding[s]) / int(self.slots[s])
+                    if self.slots[s]
+                    else None,
+                }
+                for s, name in enumerate(names)
+            ],
+        }
+
+
+def _numpy(values: Any) -> np.ndarray:
+    return values.numpy() if hasattr(values, "numpy") else np.asarray(values)
 
 
 def summary_line(m: dict[str, Any]) -> str:

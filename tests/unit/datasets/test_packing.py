@@ -266,3 +266,29 @@ def test_schedule_skip_and_mixture_change_at_a_resume_serve_no_piece_twice(tmp_p
     pieces = [p for batch in got for p in served_pieces(batch)]
     assert len(pieces) == len(set(pieces)), "a piece served twice within its source's epoch"
     assert not set(skipped) & set(pieces), "a skipped sample was served"
+
+
+@ORDERS
+def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path, order) -> None:
+    a, _ = corpus(tmp_path, 1, 900, seed=13)
+    b, _ = corpus(tmp_path, 2, 900, seed=14)
+    train, _, _ = build_datasets(config(blend=["0.5", a, "0.5", b], order=order), [64, 0, 0])
+    loader = build_dataloader(train, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=0)
+    batches = list(loader)
+    report = loader.metrics()["packing"]
+    # the model: documents (pieces starting in an input slot) and empty label slots, counted
+    # from the rows' own tokens
+    per_row = [
+        sum(first < S for *_, first in runs(windows_of(batch)[r]))
+        for batch in batches
+        for r in range(8)
+    ]
+    empty = sum(int((windows_of(batch)[:, 1:] == 0).sum()) for batch in batches)
+    assert report["rows"] == 64
+    assert report["documents"] == sum(per_row)
+    assert report["padding_share"] == pytest.approx(empty / (64 * S))
+    for q, key in ((50, "p50"), (99, "p99")):
+        want = int(np.percentile(per_row, q, method="inverted_cdf"))
+        assert report["documents_per_row"][key] == want
+    assert [s["name"] for s in report["sources"]] == [a, b]
+    loader.close()

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...arrays import distinct
-from ...contract import MixtureCursors
+from ...contract import MixtureCursors, RowPieces
 from ...errors import StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
@@ -30,6 +30,7 @@ from ...index.mixture import MixtureState
 from ...index.schedule import Schedule, ScheduledMixture, check_schedule, check_schedule_fits
 from ..contract_parts import BlendContract
 from ..items import Allocator, ItemConfig, build_items
+from ..pieces import blend_pieces
 
 __all__ = ["ComputedBlendedDataset"]
 
@@ -162,16 +163,6 @@ class ComputedBlendedDataset(_Items, BlendContract):
             "dataset_id": draws.source,
         }
 
-    def row_pieces(self, indices: npt.ArrayLike) -> Any:
-        """Each packed sample's source and document pieces (provenance): ``(dataset_id,
-        RowPieces)``."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
-        draws = self.mixture.draw(idx, (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None)
-        return draws.source, [
-            self.datasets[int(d)].rows.pieces(np.array([c], dtype=np.int64))
-            for d, c in zip(draws.source.tolist(), draws.cursor.tolist(), strict=True)
-        ]
-
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
@@ -180,6 +171,36 @@ class ComputedBlendedDataset(_Items, BlendContract):
         out = build_items(batch["windows"], self.item, padded=padded, alloc=alloc, bounds=bounds)
         out["dataset_id"] = batch["dataset_id"]
         return out
+
+    # -- provenance (contract.PieceSource) ------------------------------------------------------
+    def sample_pieces(self, indices: npt.ArrayLike) -> RowPieces:
+        """The document pieces of each sample's ``tokens``, numbered by member (packed members:
+        the rows at the drawn cursors)."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        draws = self.mixture.draw(idx)
+        if self.packed:
+            return blend_pieces(
+                draws.source,
+                distinct(draws.source).tolist(),
+                lambda d, rows: self.datasets[d].sample_pieces(draws.cursor[rows]),
+            )
+        return blend_pieces(
+            draws.source,
+            distinct(draws.source).tolist(),
+            lambda d, rows: self.datasets[d].window_pieces(draws.window[rows]),
+        )
+
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """The global samples whose ``tokens`` hold a token of ``document`` of member
+        ``source``: its windows (the grid), each epoch's positions of them (the window order's
+        inverse), then the samples that serve those cursors (the interleave's inverse, per
+        phase). Cursors served before this chain's origin (a resume that changed the mixture)
+        are not this chain's: left out."""
+        member = self.datasets[source]
+        drawn = int(self.mixture.cursors(len(self))[source])
+        cursors = member.cursors_of(member.document_windows(document), drawn)
+        samples = self.mixture.samples_of(source, cursors)
+        return np.sort(samples[(samples >= self.mixture.start) & (samples < len(self))])
 
     # -- accounting ------------------------------------------------------------------------------
     def source_cursors(self, consumed: int) -> np.ndarray:

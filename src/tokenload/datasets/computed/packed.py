@@ -41,7 +41,7 @@ from ..packed_rows import finish_packed, read_rows
 from .computed_blend import _Items
 from .extents import Extent
 
-__all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "RowPieces"]
+__all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "PlanPieces"]
 
 DEFAULT_BLOCK_DOCUMENTS = 1 << 16
 """Documents packed together: at S = 2,048 on a web-text mix the padding is ~0.003% and a block
@@ -51,7 +51,7 @@ _KEPT_BLOCKS = 8
 
 
 @dataclass(frozen=True)
-class RowPieces:
+class PlanPieces:
     """The document pieces of some rows, flat, row after row."""
 
     first: np.ndarray
@@ -190,7 +190,7 @@ class PackedRows:
             left -= ends[-1]
             epoch += 1
 
-    def pieces(self, rows: npt.ArrayLike) -> RowPieces:
+    def pieces(self, rows: npt.ArrayLike) -> PlanPieces:
         """The pieces of the source's ``rows`` (any order, repeats allowed)."""
         wanted = np.asarray(rows, dtype=np.int64).ravel()
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -210,8 +210,8 @@ class PackedRows:
             np.cumsum(counts[:-1], out=first[1:])
         if not parts:
             empty = np.empty(0, dtype=np.int64)
-            return RowPieces(first=first, sequence=empty, start=empty, length=empty)
-        return RowPieces(
+            return PlanPieces(first=first, sequence=empty, start=empty, length=empty)
+        return PlanPieces(
             first=first,
             sequence=np.concatenate([p[0] for p in parts]),
             start=np.concatenate([p[1] for p in parts]),
@@ -302,9 +302,18 @@ class ComputedPackedDataset(_Items, OneSourceContract):
     ) -> dict[str, np.ndarray]:
         return finish_packed(batch, self.item, alloc)
 
-    def row_pieces(self, indices: npt.ArrayLike) -> RowPieces:
-        """The document pieces each sample's row holds (provenance)."""
+    def plan_pieces(self, indices: npt.ArrayLike) -> PlanPieces:
+        """The document pieces each sample's row holds, as the plan lays them (the last may
+        reach into the extra label slot)."""
         return self.rows.pieces(np.asarray(indices, dtype=np.int64).ravel())
+
+    def sample_pieces(self, indices: npt.ArrayLike) -> Any:
+        """The pieces of each row's ``tokens`` (``contract.PieceSource``, for provenance)."""
+        from ..pieces import input_pieces
+
+        p = self.plan_pieces(indices)
+        width = self.item.sequence_length
+        return input_pieces(p.sequence, p.first, p.length, None, width, starts=p.start)
 
     def epoch_sizes(self) -> list[int]:
         return [self.samples_per_epoch]

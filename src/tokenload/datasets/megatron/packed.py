@@ -148,7 +148,7 @@ class PackedGPTDataset(OneSourceContract):
         text = f"{self.identity}|{self.item!r}|packed"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    def row_pieces(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    def plan_pieces(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's pieces: ``(first, pieces)``, the flat index of each sample's first
         piece and the ``(sequence, start, length)`` rows of ``piece_index``, every value
         checked (a damaged plan is a ``CacheError`` naming its file)."""
@@ -181,6 +181,14 @@ class PackedGPTDataset(OneSourceContract):
         self._check_pieces(pieces, first)
         return first, pieces
 
+    def sample_pieces(self, indices: npt.ArrayLike) -> Any:
+        """The pieces of each row's ``tokens`` (``contract.PieceSource``, for provenance)."""
+        from ..pieces import input_pieces
+
+        first, p = self.plan_pieces(indices)
+        width = self.item.sequence_length
+        return input_pieces(p[:, 0], first, p[:, 2], None, width, starts=p[:, 1])
+
     def _check_pieces(self, pieces: np.ndarray, first: np.ndarray) -> None:
         if not pieces.size:
             return
@@ -200,7 +208,7 @@ class PackedGPTDataset(OneSourceContract):
             )
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        first, pieces = self.row_pieces(indices)
+        first, pieces = self.plan_pieces(indices)
         windows, bounds = read_rows(
             self.source, self.item, first, pieces[:, 0], pieces[:, 1], pieces[:, 2]
         )
