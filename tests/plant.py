@@ -138,6 +138,112 @@ PLANTS: dict[str, Plant] = {
         (f"{A}::test_torchtitan_settings_reach_the_dataset",),
         "torchtitan's --dataloader.seed is parsed, then the dataset is built with the default",
     ),
+    # -- more guarantees of docs/ (self-healing, mixture control, integrity, the adapters) ------
+    "replacement-skips-owed-batch": Plant(
+        "tokenload.loader.workers",
+        "WorkerPool._replace",
+        "Start(self._generation, self._sampler, k, self.prefetch, [])",
+        "Start(self._generation, self._sampler, k + len(self.processes), self.prefetch, [])",
+        (
+            "tests/unit/loader/test_self_heal.py"
+            "::test_a_killed_worker_is_replaced_and_the_loop_gets_the_same_batches",
+            f"{W}::test_a_worker_spinning_inside_a_read_is_replaced",
+        ),
+        "a replacement starts at the lost worker's next micro-batch after the one it owed",
+    ),
+    "restart-budget-off-by-one": Plant(
+        "tokenload.loader.health",
+        "WorkerHealth.fault",
+        "if self.restarts >= self.budget:",
+        "if self.restarts > self.budget:",
+        (
+            "tests/unit/loader/test_self_heal.py::test_a_stall_beyond_the_budget_is_a_worker_error",
+            "tests/unit/loader/test_workers.py"
+            "::test_a_killed_worker_beyond_the_restart_budget_is_reported",
+        ),
+        "one replacement more than max_worker_restarts",
+    ),
+    "spawn-start-counted-as-stall": Plant(
+        "tokenload.loader.workers",
+        "WorkerPool._recv",
+        "if not self._started[w] and cpu_time(",
+        "if False and cpu_time(",
+        (f"{W}::test_a_spawned_worker_that_starts_longer_than_worker_timeout_is_not_killed",),
+        "a spawned worker still unpickling its dataset (busy) counts as stalled",
+    ),
+    "none-ignores-index-digest": Plant(
+        "tokenload.datasets.sources",
+        "stale_facts",
+        '"index_xxh3_64": index_digest(source, cached=False),',
+        "",
+        (f"{C}::test_a_same_size_rewrite_of_a_token_file_is_noticed_under_build_policy_none",),
+        "under build_policy='none' a token file is compared with the manifest by size only",
+    ),
+    "single-read-pointer-check-dropped": Plant(
+        "tokenload.format.reader",
+        "TokenFile.get",
+        "if following - pointer != seq_len * state.itemsize:",
+        "if False:",
+        (
+            "tests/unit/format/test_index_damage.py"
+            "::test_in_range_index_damage_is_a_format_error_on_every_read_path",
+        ),
+        "the single-sequence read path (the other path) skips the pointer check",
+    ),
+    "skip-not-recorded-per-source": Plant(
+        "tokenload.loader.ledger",
+        "Ledger.skip",
+        "taken = {k: after[k] - before[k] for k in self.keys if after[k] != before[k]}",
+        "taken = {}",
+        (
+            "tests/unit/loader/test_mixture_skip.py"
+            "::test_the_jobs_figures_equal_a_count_of_the_delivered_samples_anywhere",
+        ),
+        "a skip's samples are not recorded per source: delivered counts include them",
+    ),
+    "schedule-position-before-start": Plant(
+        "tokenload.index.schedule",
+        "ScheduledMixture.phase_of",
+        "bisect_right(self.schedule, sample, key=",
+        "bisect_right(self.schedule, sample - 1, key=",
+        (f"{M}::test_the_schedule_position_changes_exactly_at_a_phase_s_start",),
+        "computed order: at consumed == a phase's start the schedule position is the old entry",
+    ),
+    "megatron-schedule-position-before-start": Plant(
+        "tokenload.datasets.megatron.continuable",
+        "ContinuableBlendedDataset.schedule_position",
+        'np.searchsorted(starts, consumed, side="right")',
+        'np.searchsorted(starts, consumed, side="left")',
+        (f"{M}::test_the_schedule_position_changes_exactly_at_a_phase_s_start",),
+        "Megatron order: at consumed == a phase's start the schedule position is the old entry",
+    ),
+    "megatron-valid-starts-at-train-offset": Plant(
+        "tokenload.integrations.megatron",
+        "loaders_from_args",
+        "starts = (args.consumed_train_samples, valid_start, 0)",
+        "starts = (args.consumed_train_samples, args.consumed_train_samples, 0)",
+        (
+            "tests/integrations/test_megatron_adapter.py"
+            "::test_valid_starts_at_consumed_valid_samples",
+        ),
+        "Megatron-LM adapter: the valid loader starts at the train loader's offset",
+    ),
+    "lightning-stalls-carry-restarts": Plant(
+        "tokenload.integrations.scalars",
+        "loader_scalars",
+        'figures["worker_stalls"] = workers.get("stalls")',
+        'figures["worker_stalls"] = workers.get("restarts")',
+        (f"{A}::test_lightning_scalars_each_carry_their_own_metric",),
+        "Lightning (the other adapter): tokenload/worker_stalls carries the restart count",
+    ),
+    "titan-kind-dropped": Plant(
+        "tokenload.integrations.torchtitan",
+        "TokenloadTitanDataLoader.__init__",
+        "kind=config.kind,",
+        'kind="single",',
+        (f"{A}::test_torchtitan_settings_reach_the_dataset",),
+        "torchtitan's --dataloader.kind is parsed, then the loader is built with the default",
+    ),
 }
 
 
@@ -151,12 +257,13 @@ def apply(name: str) -> None:
         owner = getattr(owner, part)
     importlib.import_module("tokenload.datasets")  # its importers, so that they are rebound
     sound = inspect.unwrap(owner.__dict__[attr] if path else getattr(owner, attr))
-    source = textwrap.dedent(inspect.getsource(sound))
+    lines, first = inspect.getsourcelines(sound)
+    source = textwrap.dedent("".join(lines))
     if source.count(plant.old) != 1:
         raise RuntimeError(f"plant {name}: {plant.old!r} is not in {plant.function} exactly once")
     flags = annotations.compiler_flag  # the __future__ feature the import bound
     code = compile(
-        source.replace(plant.old, plant.new),
+        "\n" * (first - 1) + source.replace(plant.old, plant.new),  # tracebacks: the file's lines
         inspect.getfile(sound),
         "exec",
         flags,

@@ -270,3 +270,24 @@ def test_the_files_last_sequence_is_checked_against_the_end_of_the_bin(chunked):
             _piece(TokenFile(prefix), COUNT - 1)
     finally:
         _restore(prefix, sound)
+
+
+def test_a_same_size_rewrite_of_a_token_file_is_noticed_under_build_policy_none(tmp_path):
+    """docs/SCALE.md: under ``none`` a token file whose ``.bin`` size *or index digest* differs
+    from the manifest's facts is a ``CacheError`` naming it where it opens. Here the size is the
+    same (the documents reordered: same tokens, same count), only the lengths moved."""
+    docs = _documents(9)
+    prefix = write_documents(tmp_path / "data", docs)
+    cache = tmp_path / "cache"
+    cfg = _config(prefix, path_to_cache=str(cache))
+    build_datasets(cfg, [300, 10, 0])
+    sizes = (os.path.getsize(f"{prefix}.bin"), os.path.getsize(f"{prefix}.idx"))
+    for ext in (".bin", ".idx", ".json"):
+        os.remove(f"{prefix}{ext}")
+    write_documents(prefix, docs[::-1])
+    assert (os.path.getsize(f"{prefix}.bin"), os.path.getsize(f"{prefix}.idx")) == sizes
+    loading = MegatronDataConfig(**{**cfg.__dict__, "build_policy": "none"})
+    train = build_datasets(loading, [300, 10, 0])[0]
+    with pytest.raises(CacheError, match="index_xxh3_64") as info:
+        _tokens(pickle.loads(pickle.dumps(train)))
+    assert info.value.path == f"{prefix}.idx" and "HINT" in str(info.value)

@@ -164,3 +164,21 @@ def test_a_batch_ending_on_a_phase_s_first_sample_draws_it_from_the_new_phase(fi
     assert len(got) == len(want) == total
     for k, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"global sample {k} (phase {'2' if k >= START else '1'})"
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_the_schedule_position_changes_exactly_at_a_phase_s_start(files, order):
+    """``metrics()["job"]["schedule"]``: the entry in force after ``consumed`` samples, i.e. the
+    one that serves the next sample; at ``consumed == START`` that is the new entry."""
+    schedule = [(0, list(A)), (START, list(B))]
+    build = _computed if order == "computed" else _megatron
+    loader = _loader(build(files, (1, 1, 1), weights_schedule=schedule), 4)
+    it = iter(loader)
+    seen = {}
+    for _ in range(START // 4 + 1):
+        next(it)
+        seen[loader.consumed_samples] = loader.metrics()["job"]["schedule"]
+    before, at, after = seen[START - 4], seen[START], seen[START + 4]
+    assert (before["entry"], before["weights"], before["next_change"]) == (0, list(A), START)
+    assert (at["entry"], at["weights"], at["next_change"]) == (1, list(B), None)
+    assert (after["entry"], after["start"]) == (1, START)

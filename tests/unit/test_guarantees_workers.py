@@ -84,6 +84,30 @@ class Gated:
         return self.dataset.__getitems__(indices)
 
 
+class SlowToLoad:
+    """Unpickling takes ``load_s`` of CPU in the worker (heavy imports, a large dataset): a
+    spawned worker still starting, busy, not stuck."""
+
+    def __init__(self, dataset, load_s: float) -> None:
+        self.dataset, self.load_s = dataset, load_s
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset.fingerprint
+
+    def __getitems__(self, indices):
+        return self.dataset.__getitems__(indices)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        end = time.process_time() + self.load_s
+        while time.process_time() < end:  # CPU time, so a loaded machine only makes it longer
+            pass
+
+
 @pytest.fixture
 def dataset(tmp_path):
     write_flat(tmp_path / "train.bin", np.arange(30_000) % 65_000)
@@ -171,5 +195,31 @@ def test_a_slow_read_after_a_long_training_step_is_not_killed(dataset, tmp_path)
         assert (health["restarts"], health["stalls"]) == (0, 0), health["faults"]
         assert loader.worker_processes[0].pid == pid  # the same worker, not a replacement
         assert slow_s * 0.9 < waited < timeout  # the read itself, not a replacement's restart
+    finally:
+        loader.close()
+
+
+def test_a_spawned_worker_that_starts_longer_than_worker_timeout_is_not_killed(dataset):
+    """README: a worker is replaced when it "sends nothing for worker_timeout seconds while the
+    training loop waits for its batch (stopped, stuck in a read)"; workers.py: "one still
+    starting progresses while it uses the CPU". Under spawn the dataset is unpickled in the
+    worker (under fork it is inherited): a start of 1.5 s of CPU and more, worker_timeout=1."""
+    slow = SlowToLoad(dataset, load_s=1.5)
+    loader = build_dataloader(
+        slow,
+        micro_batch_size=MBS,
+        dp_rank=0,
+        dp_size=1,
+        num_workers=1,
+        worker_timeout=1.0,
+        multiprocessing_context="spawn",
+    )
+    try:
+        with _bounded(60):
+            got = [b["tokens"].numpy().copy() for _, b in zip(range(6), loader)]
+        for k, tokens in enumerate(got):
+            np.testing.assert_array_equal(tokens, _want(dataset, k), err_msg=f"micro-batch {k}")
+        health = loader.metrics()["workers"]
+        assert (health["restarts"], health["stalls"]) == (0, 0), health["faults"]
     finally:
         loader.close()
