@@ -122,3 +122,34 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path):
     assert out.returncode == 2
     assert "tokenload[plot]" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_packing_is_advised_when_concatenation_cuts_documents_and_not_once_packed(tmp_path):
+    # documents of 20-400 tokens at S = 64: concatenation cuts most of those that fit a row
+    prefix = _corpus(tmp_path / "data")
+    out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
+    packing = _finding(out.stdout, "packing")
+    assert "PROBLEM: at --seq-length 64, concatenation cuts" in packing, out.stdout + out.stderr
+    assert "packing='best-fit'" in packing
+    packed = run_cli("doctor", "--data-path", prefix, "--order", "computed", "--packing", "best-fit", *FAST)
+    assert "[packing] ok: at --seq-length 64" in packed.stdout, packed.stdout + packed.stderr
+
+
+def test_packing_figures_against_a_count_of_crossed_boundaries():
+    from tokenload.doctor.checks import packing_figures
+
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(0, 200, 3000)
+    f = packing_figures(lengths, 64)
+    # the model: walk the stream, a document is cut when a multiple of 64 falls inside it
+    position, cut, cut_short = 0, 0, 0
+    for n in lengths.tolist():
+        if n == 0:
+            continue
+        crosses = any(position < k * 64 < position + n for k in range(position // 64 + 1, (position + n) // 64 + 1))
+        cut += crosses
+        cut_short += crosses and n <= 65
+        position += n
+    assert (f["concat_cut"], f["concat_cut_short"]) == (cut, cut_short)
+    assert f["packed_cut"] == int((lengths > 65).sum())
+    assert 0 <= f["padding_share"] < 0.01

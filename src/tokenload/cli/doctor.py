@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the job's sample order",
     )
     p.add_argument(
+        "--packing",
+        default="concat",
+        choices=("concat", "best-fit"),
+        help="the job's packing: the doctor measures both and says when best-fit would help",
+    )
+    p.add_argument(
         "--read-mode", default="mmap", choices=("mmap", "pread"), help="the job's read_mode"
     )
     p.add_argument(
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         build_policy=args.build_policy,
         order=args.order,
+        packing=args.packing,
         read_mode=args.read_mode,
         sequences_path=args.sequences_path,
         micro_batch_size=args.micro_batch_size,

@@ -29,7 +29,13 @@ names.
 
 from __future__ import annotations
 
-from .checks import check_copies, check_prefixes, check_startup, check_steady_state
+from .checks import (
+    check_copies,
+    check_packing,
+    check_prefixes,
+    check_startup,
+    check_steady_state,
+)
 from .measure import (
     READ_DELAY_ENV,
     SlowReads,
@@ -67,5 +73,6 @@ def diagnose(config: DoctorConfig) -> Report:
     train = check_startup(config, report)
     check_steady_state(config, train, prefixes, report)
     check_prefixes(prefixes, report)
+    check_packing(config, prefixes, report)
     check_copies(prefixes, config.compare, report)
     return report

@@ -43,6 +43,11 @@ MERGE_TARGET_BYTES = 10 * 10**9
 #: Data wait, as a share of the step, that counts as hidden.
 HIDDEN_SHARE = 0.05
 WORKER_COUNTS = (0, 1, 2, 4)
+#: Share of the documents that fit one row which concatenation cuts, from which packing helps.
+PACKING_HELPS_SHARE = 0.10
+#: Documents per prefix the packing check measures (their lengths only: no token is read).
+PACKING_SAMPLE = 1 << 20
+_PACK_BLOCK = 1 << 16
 
 
 def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
@@ -56,6 +61,7 @@ def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
         path_to_cache=config.data_cache_path,
         build_policy=config.build_policy,
         order=config.order,
+        packing=config.packing,
         read_mode=config.read_mode,
         sequences_path=config.sequences_path,
     )
@@ -402,6 +408,77 @@ def check_prefixes(prefixes: list[str], report: Report) -> None:
         )
     else:
         report.findings.append(Finding("prefixes", False, measured))
+
+
+def packing_figures(lengths: Any, sequence_length: int, extra: int = 1) -> dict[str, float]:
+    """What concatenation and best-fit packing do to documents of these lengths (in file order):
+    the documents each cuts, of all and of those that fit one row (at most S + extra tokens),
+    best-fit's padding share and its documents per row (p50, p99). Concatenation cuts a document
+    that crosses a multiple of S in the stream (Megatron's sample boundaries); packing cuts only
+    the documents longer than a row."""
+    import numpy as np
+
+    from ..index.packing import pack_block
+
+    n = np.asarray(lengths, dtype=np.int64)
+    n = n[n > 0]
+    window = sequence_length + extra
+    ends = np.cumsum(n)
+    starts = ends - n
+    cut = starts // sequence_length != (ends - 1) // sequence_length
+    short = n <= window
+    rows: list[np.ndarray] = []
+    padding = slots = 0
+    for lo in range(0, n.size, _PACK_BLOCK):
+        plan = pack_block(n[lo : lo + _PACK_BLOCK], window, extra)
+        rows.append(np.diff(plan.row_offsets))
+        padding += plan.padding
+        slots += plan.num_rows * window
+    per_row = np.concatenate(rows) if rows else np.zeros(1, dtype=np.int64)
+    return {
+        "documents": int(n.size),
+        "short": int(short.sum()),
+        "concat_cut": int(cut.sum()),
+        "concat_cut_short": int((cut & short).sum()),
+        "packed_cut": int((~short).sum()),
+        "padding_share": padding / slots if slots else 0.0,
+        "per_row_p50": float(np.percentile(per_row, 50)),
+        "per_row_p99": float(np.percentile(per_row, 99)),
+    }
+
+
+def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> None:
+    """Would packing help: the documents concatenation cuts at this S against best-fit's, its
+    padding and documents per row, on up to ``PACKING_SAMPLE`` documents per prefix."""
+    import numpy as np
+
+    from ..format import TokenFile
+
+    parts = []
+    for prefix in prefixes:
+        lengths = TokenFile(prefix).sequence_lengths
+        parts.append(np.asarray(lengths[:PACKING_SAMPLE], dtype=np.int64))
+    f = packing_figures(np.concatenate(parts), config.seq_length)
+    share = f["concat_cut_short"] / f["short"] if f["short"] else 0.0
+    measured = (
+        f"at --seq-length {config.seq_length}, concatenation cuts {f['concat_cut']:,} of"
+        f" {f['documents']:,} documents ({share:.1%} of those that fit one row);"
+        f" best-fit packing cuts {f['packed_cut']:,} (only longer ones), pads"
+        f" {f['padding_share']:.2%} of the slots, {f['per_row_p50']:.0f} documents per row"
+        f" (p99 {f['per_row_p99']:.0f})"
+    )
+    helps = config.packing == "concat" and share >= PACKING_HELPS_SHARE
+    report.findings.append(
+        Finding(
+            "packing",
+            helps,
+            measured,
+            "pack whole documents: MegatronDataConfig(packing='best-fit') (docs/ORDER.md,"
+            " 'Packing'); the order, resumes and mixtures work as before"
+            if helps
+            else None,
+        )
+    )
 
 
 def _copies(prefixes: list[str], compare: list[str]) -> dict[str, list[str]]:

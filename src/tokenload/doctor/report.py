@@ -24,6 +24,7 @@ class DoctorConfig:
     seed: int = 1234
     build_policy: str = "auto"
     order: str = "megatron"
+    packing: str = "concat"
     read_mode: str = "mmap"
     sequences_path: str | None = None
     micro_batch_size: int = 4
