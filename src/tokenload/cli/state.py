@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StateError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,8 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     state = find_state(read(args.state_file), args.state_file, args.key)
     if args.json:
-        print(json.dumps(state.get("accounting"), indent=2))
+        print(json.dumps(state.get("accounting"), indent=2, default=repr))
     else:
+        check_state(state, args.state_file)
         print(format_state(state))
     return 0
 
@@ -104,6 +105,108 @@ def _states(value: Any, key: str, depth: int) -> Iterator[tuple[str, dict]]:
 
 def _choices(found: dict[str, Any]) -> str:
     return ("pick one with --key: " + ", ".join(repr(k) for k in found)) if found else ""
+
+
+# -- the fields format_state reads, checked first: a damaged file is one StateError, never a
+# traceback (a file that still parses, with a renamed key, a missing field or a wrong type) ------
+
+
+class _Fields:
+    """Checks of one state's fields; each failure a StateError naming the field by its path in
+    the state (``accounting.sources[2].drawn``) with what was found and what was expected."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, name: str, found: Any, expected: str) -> StateError:
+        shown = "missing" if found is _MISSING else f"{_short(found)} ({type(found).__name__})"
+        return StateError(
+            f"the loader state's field {name} is {shown}, expected {expected}",
+            path=self.path,
+            hint="the state file is damaged or was edited: use the file loader.state_dict() was"
+            " saved to (json.dump or torch.save), or the checkpoint that holds it",
+        )
+
+    def integer(
+        self,
+        record: dict[str, Any],
+        key: str,
+        where: str,
+        *,
+        optional: bool = False,
+        least: int = 0,
+    ) -> None:
+        """``record[key]`` (``where.key`` in the state) is an integer >= ``least``; ``optional``:
+        or null, or absent."""
+        name = f"{where}.{key}" if where else key
+        value = record.get(key, None if optional else _MISSING)
+        if optional and value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            expected = f"an integer >= {least}" + (" or null" if optional else "")
+            raise self.fail(name, value, expected)
+
+    def record(self, value: Any, name: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(name, value, "an object")
+        return value
+
+    def records(self, value: Any, name: str) -> list[dict[str, Any]]:
+        if not isinstance(value, list):
+            raise self.fail(name, value, "a list of objects")
+        return [self.record(item, f"{name}[{i}]") for i, item in enumerate(value)]
+
+
+_MISSING = object()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_state(state: dict[str, Any], path: str) -> None:
+    """Every field ``format_state`` reads has the type ``loader.state_dict()`` writes (None and
+    absent where the loader itself may leave them out); else a StateError naming the field."""
+    f = _Fields(path)
+    f.integer(state, "consumed_samples", "")
+    for key in ("dp_size", "micro_batch_size"):
+        f.integer(state, key, "", optional=True, least=1)
+    if not isinstance(state["fingerprint"], str):
+        raise f.fail("fingerprint", state["fingerprint"], "a string")
+    if state.get("accounting") is None:
+        return  # saved by a tokenload without accounting
+    job = f.record(state["accounting"], "accounting")
+    if job.get("skipped_samples") is not None:
+        f.integer(job, "skipped_samples", "accounting")
+    for i, skip in enumerate(f.records(job.get("skips") or [], "accounting.skips")):
+        for key in ("at", "samples"):
+            f.integer(skip, key, f"accounting.skips[{i}]")
+    sources = job.get("sources", _MISSING)
+    if sources is _MISSING:
+        raise f.fail("accounting.sources", sources, "a list of objects")
+    for i, source in enumerate(f.records(sources, "accounting.sources")):
+        where = f"accounting.sources[{i}]"
+        if not isinstance(source.get("name"), str) and not isinstance(source.get("source"), str):
+            raise f.fail(f"{where}.name", source.get("name", _MISSING), "a string")
+        for key in ("drawn", "skipped", "samples", "epoch"):
+            f.integer(source, key, where)
+        f.integer(source, "tokens", where, optional=True)
+        if not isinstance(source.get("active", True), bool):
+            raise f.fail(f"{where}.active", source["active"], "true or false")
+    if job.get("schedule") is not None:
+        _check_schedule(f, f.record(job["schedule"], "accounting.schedule"))
+
+
+def _check_schedule(f: _Fields, position: dict[str, Any]) -> None:
+    for key, least in (("entry", 0), ("entries", 1), ("start", 0)):
+        f.integer(position, key, "accounting.schedule", least=least)
+    f.integer(position, "next_change", "accounting.schedule", optional=True)
+    weights = position.get("weights", _MISSING)
+    if not isinstance(weights, list) or not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights
+    ):
+        raise f.fail("accounting.schedule.weights", weights, "a list of numbers")
 
 
 def format_state(state: dict[str, Any]) -> str:
