@@ -164,6 +164,20 @@ def register_prepare_cache(sub: argparse._SubParsersAction) -> None:
         " too",
     )
     g.add_argument(
+        "--packing",
+        choices=("concat", "best-fit"),
+        default="concat",
+        help="the job's MegatronDataConfig(packing=...): 'best-fit' prepares the packed rows'"
+        " plan (rows of whole documents) instead of Megatron's sample index",
+    )
+    g.add_argument(
+        "--max-documents-per-row",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="the job's max_documents_per_row (with --packing best-fit)",
+    )
+    g.add_argument(
         "--mock-data", action="store_true", help="refused: mock data has no caches to prepare"
     )
     g.add_argument(
@@ -378,6 +392,8 @@ def _build(
         path_to_cache=args.data_cache_path,
         sequences_path=args.per_dataset_sequences_path,
         weights_schedule=schedule,
+        packing=args.packing,
+        max_documents_per_row=args.max_documents_per_row,
         build_policy="rank0",
     )
     return build_datasets(config, list(counts.samples))

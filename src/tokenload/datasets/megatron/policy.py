@@ -115,6 +115,10 @@ def prepare_command(config: MegatronDataConfig, sizes: Sequence[int | None]) -> 
     if config.weights_schedule is not None:
         entries = [[int(s), [float(w) for w in ws]] for s, ws in config.weights_schedule]
         args += ["--weights-schedule", json.dumps(entries, separators=(",", ":"))]
+    if config.packing != "concat":
+        args += ["--packing", config.packing]
+        if config.max_documents_per_row is not None:
+            args += ["--max-documents-per-row", str(config.max_documents_per_row)]
     folder = config.path_to_cache
     if folder is not None and "://" not in folder and not os.path.isdir(folder):
         return f"mkdir -p {shlex.quote(folder)} && {shlex.join(args)}"  # commands make no folder

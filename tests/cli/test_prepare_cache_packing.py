@@ -1,0 +1,66 @@
+"""Packed rows in the Megatron order through the build policies: the command a
+build_policy='none' job prints prepares the packed plan, the job loads it and serves what an
+in-memory build serves; a damaged plan array is a CacheError naming it, never other rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+
+import numpy as np
+import pytest
+from support import run_shell, write_documents
+
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.errors import CacheError
+
+
+@pytest.fixture
+def packed_job(tmp_path):
+    rng = np.random.default_rng(9)
+    prefixes = [
+        write_documents(tmp_path / name, [rng.integers(1, 90, size=int(n)).tolist() for n in rng.integers(1, 40, size=400)])
+        for name in ("a", "b")
+    ]
+    config = MegatronDataConfig(
+        sequence_length=16, blend=["0.3", prefixes[0], "0.7", prefixes[1]], split="90,10,0",
+        packing="best-fit", max_documents_per_row=5, path_to_cache=str(tmp_path / "c"),
+        build_policy="none",
+    )
+    return config, [300, 30, 0], tmp_path / "c"
+
+
+def test_the_printed_command_prepares_the_packed_plan_that_none_loads(packed_job):
+    config, sizes, cache = packed_job
+    with pytest.raises(CacheError) as info:
+        build_datasets(config, sizes)
+    command = str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0]
+    assert "--packing best-fit --max-documents-per-row 5" in command
+    out = run_shell(command)
+    assert out.returncode == 0, out.stderr
+    assert glob.glob(str(cache / "*-PackedGPTDataset-train-piece_index.npy"))
+    loaded = build_datasets(config, sizes)
+    built = build_datasets(dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes)
+    for got, want in zip(loaded[:2], built[:2]):
+        assert len(got) == len(want) >= 30
+        rows = np.arange(len(want))
+        a, b = got.__getitems__(rows), want.__getitems__(rows)
+        for field in ("tokens", "labels", "loss_mask", "position_ids", "dataset_id"):
+            np.testing.assert_array_equal(a[field], b[field])
+
+
+def test_a_damaged_plan_is_refused_under_none(packed_job):
+    config, sizes, cache = packed_job
+    with pytest.raises(CacheError) as info:
+        build_datasets(config, sizes)
+    command = str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0]
+    assert run_shell(command).returncode == 0
+    pieces = glob.glob(str(cache / "*-PackedGPTDataset-train-piece_index.npy"))
+    assert len(pieces) == 2  # one per prefix
+    for piece in pieces:
+        data = bytearray(open(piece, "rb").read())
+        data[-4:] = (10**6).to_bytes(4, "little")  # the last piece's length, past any document
+        open(piece, "wb").write(bytes(data))
+    train = build_datasets(config, sizes)[0]
+    with pytest.raises(CacheError, match="piece_index"):
+        train.__getitems__(np.arange(len(train)))
