@@ -45,7 +45,8 @@ BASE = [
 
 
 def write_corpus(work: str) -> dict[str, str]:
-    """Three token files of random documents (EOD-terminated), written by tokenload."""
+    """Three token files of random documents (EOD-terminated), written by tokenload; and ``n``,
+    documents without a trailing EOD, some with EOD ids inside, some empty."""
     from tokenload.format import TokenFileWriter
 
     rng = np.random.default_rng(7)
@@ -58,6 +59,15 @@ def write_corpus(work: str) -> dict[str, str]:
                     doc = rng.integers(0, VOCAB - 1, size=int(rng.integers(5, 90)))
                     w.add_document(np.append(doc, VOCAB - 1).astype(np.int64))
         prefixes[name] = prefix
+    prefix = prefixes["n"] = os.path.join(work, "n")
+    if not os.path.exists(prefix + ".idx"):
+        rng = np.random.default_rng(8)
+        with TokenFileWriter(prefix, np.uint16) as w:
+            for k in range(70):
+                doc = rng.integers(0, VOCAB - 1, size=0 if k % 9 == 4 else int(rng.integers(1, 60)))
+                if k % 5 == 1 and doc.size > 2:  # an EOD id inside, not at the end
+                    doc[doc.size // 2] = VOCAB - 1
+                w.add_document(doc.astype(np.int64))
     return prefixes
 
 
@@ -79,7 +89,17 @@ def configs(p: dict[str, str], work: str) -> dict[str, list[str]]:
         "inter-document": [*batch, "--micro-batch-size", "1", "--data-path", p["b"],
                            "--split", "90,8,2", "--dataloader-inter-document-masking",
                            "--no-create-attention-mask-in-dataloader"],
+        # documents without a trailing EOD: megatron-core's boundaries are the documents'
+        # lengths (cu_seqlens padded to S + 1, so micro-batches of 2 collate)
+        "inter-document-no-eod": INTER_DOCUMENT + ["--data-path", p["n"]],
     }
+
+
+INTER_DOCUMENT_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters",
+                        "12", "--eval-iters", "2", "--eval-interval", "4", "--num-workers", "1"]
+INTER_DOCUMENT = [*INTER_DOCUMENT_BATCH, "--split", "90,8,2", "--dataloader-inter-document-masking",
+                  "--reset-position-ids", "--eod-mask-loss",
+                  "--no-create-attention-mask-in-dataloader"]
 
 
 # -- Megatron's side ------------------------------------------------------------------------------
@@ -259,6 +279,75 @@ def _files(folder: str) -> list[str]:
     return [f for _, _, files in os.walk(folder) for f in files]
 
 
+# -- THD: cu_seqlens through megatron.training's get_batch path ------------------------------------
+
+def thd(work: str) -> dict:
+    """tokenload's batches (data without trailing EODs, ``--dataloader-inter-document-masking``,
+    micro-batches of 2) through ``megatron.training.training.dummy_train_step``, which reads the
+    iterator as pretrain_gpt.py's ``get_batch`` does (``get_batch_on_this_tp_rank`` with
+    ``has_cu_seqlens``, then ``get_batch_on_this_cp_rank``), and then
+    ``megatron.core.utils.flatten_batch_for_packed_sequences`` (the THD layout: one row, one
+    merged ``cu_seqlens``), into a ``PackedSeqParams(qkv_format="thd")``. On the CPU, ``.cuda()``
+    returns the tensor itself and ``torch.cuda.current_device()`` is ``"cpu"``; the broadcasts run
+    on the gloo tensor-parallel group of one rank. Each merged ``cu_seqlens`` must be the
+    micro-batch's rows joined, as the attention kernels read them."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.utils import flatten_batch_for_packed_sequences
+    from megatron.training import training
+    from megatron.training.training import get_train_valid_test_num_samples
+
+    from tokenload.integrations.megatron import train_valid_test_datasets_provider
+
+    init_process()
+    prefixes = write_corpus(work)
+    args = megatron_args([*INTER_DOCUMENT, "--data-path", prefixes["n"], "--dataloader-type",
+                          "external", "--data-cache-path", os.path.join(work, "thd-cache")])
+    train, _, _ = loaders(train_valid_test_datasets_provider, args,
+                          get_train_valid_test_num_samples())
+    seen = []
+    original = training.get_batch_on_this_cp_rank
+
+    def capture(batch, **kwargs):  # what get_batch_on_this_tp_rank returned
+        seen.append({k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)})
+        return original(batch, **kwargs)
+
+    cuda, device = torch.Tensor.cuda, torch.cuda.current_device
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    torch.cuda.current_device = lambda: "cpu"
+    training.get_batch_on_this_cp_rank = capture
+    try:
+        for _ in range(3):  # three iterations of get_num_microbatches() micro-batches
+            training.dummy_train_step(train)
+    finally:
+        torch.Tensor.cuda, torch.cuda.current_device = cuda, device
+        training.get_batch_on_this_cp_rank = original
+    seq, mbs = args.seq_length, args.micro_batch_size
+    documents = 0
+    for batch in seen:
+        rows = batch["cu_seqlens"]
+        assert rows.dtype == torch.int32 and rows.shape == (mbs, seq + 1), rows.shape
+        flat = flatten_batch_for_packed_sequences(dict(batch))
+        cu = flat["cu_seqlens"][0]
+        joined = [0]
+        for i, row in enumerate(rows.tolist()):
+            ends = row[1: row.index(seq) + 1]  # the row's boundaries up to its first S
+            joined += [i * seq + e for e in ends]
+        if cu.tolist() != joined:
+            raise AssertionError(f"merged cu_seqlens {cu.tolist()} != the rows joined {joined}")
+        if flat["tokens"].shape != (1, mbs * seq) or int(flat["max_seqlen"][0]) != int(
+            torch.diff(cu).max()
+        ):
+            raise AssertionError("THD batch: tokens or max_seqlen do not follow cu_seqlens")
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                 max_seqlen_q=int(flat["max_seqlen"][0]),
+                                 max_seqlen_kv=int(flat["max_seqlen"][0]))
+        assert params.cu_seqlens_q[-1] == mbs * seq
+        documents += len(joined) - 1
+    train.iterable.close()
+    return {"micro_batches": len(seen), "documents": documents,
+            "fields": sorted(seen[0]) if seen else []}
+
+
 # -- a training run in phases ---------------------------------------------------------------------
 
 def run_phase(work: str, name: str, iters: int, load: str | None) -> None:
@@ -373,7 +462,7 @@ def tensorboard_scalars(folder: str) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=("parity", "run", "verify"))
+    p.add_argument("command", choices=("parity", "run", "verify", "thd"))
     p.add_argument("work")
     p.add_argument("names", nargs="*")
     p.add_argument("--iters", type=int, default=0)
@@ -381,6 +470,8 @@ def main() -> None:
     a = p.parse_args()
     if a.command == "parity":
         result = parity(a.work)
+    elif a.command == "thd":
+        result = thd(a.work)
     elif a.command == "run":
         run_phase(a.work, a.names[0], a.iters, a.load)
         result = {"ok": True}

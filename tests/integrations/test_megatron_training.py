@@ -32,6 +32,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from megatron_boundaries import compare
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -79,13 +80,17 @@ def test_batches_equal_megatrons_gpt_dataset_path(megatron_python, tmp_path):
     report = run_checks(megatron_python, 1, "parity", str(tmp_path))
     assert "--dataloader-type single" in report.pop("refused")
     assert set(report) == {"one-prefix", "weighted-blend", "per-split", "mock", "cyclic",
-                           "inter-document"}
+                           "inter-document", "inter-document-no-eod"}
     base = {"tokens", "labels", "loss_mask", "position_ids"}
     fields = {"one-prefix": base | {"attention_mask"},
               "weighted-blend": base | {"attention_mask", "dataset_id"},
               "per-split": base, "mock": base | {"attention_mask"},
               "cyclic": base | {"attention_mask"},
-              "inter-document": base | {"cu_seqlens", "max_seqlen"}}
+              "inter-document": base | {"cu_seqlens", "max_seqlen"},
+              # --reset-position-ids --eod-mask-loss on documents without a trailing EOD: the
+              # boundaries are the documents' lengths (issue 33: a boundary at token 59 was
+              # missing when they came from EOD tokens)
+              "inter-document-no-eod": base | {"cu_seqlens", "max_seqlen"}}
     for name, entry in report.items():
         assert set(entry["fields"]) == fields[name], name
         # Megatron's arithmetic: 12 x 8, (12 // 4 + 1) x 2 x 8, 2 x 8
@@ -99,6 +104,32 @@ def test_batches_equal_megatrons_gpt_dataset_path(megatron_python, tmp_path):
         if name != "mock":  # the same cache names: Megatron's tokenizer identity is used
             assert set(entry["megatron_cache"]) <= set(entry["tokenload_cache"]), name
             assert len(entry["megatron_cache"]) >= 12, name
+
+
+def test_cu_seqlens_are_accepted_by_megatron_trainings_get_batch_path(megatron_python, tmp_path):
+    """The provider's batches (documents without a trailing EOD, micro-batches of 2) through
+    megatron.training's dummy_train_step (get_batch_on_this_tp_rank with has_cu_seqlens,
+    get_batch_on_this_cp_rank) and flatten_batch_for_packed_sequences into
+    PackedSeqParams(qkv_format="thd"): every merged cu_seqlens is the rows' boundaries joined."""
+    report = run_checks(megatron_python, 1, "thd", str(tmp_path))
+    assert report["micro_batches"] == 12  # 3 iterations x 4 micro-batches
+    assert report["documents"] > report["micro_batches"] * 2  # rows of several documents
+    assert report["fields"] == ["cu_seqlens", "labels", "loss_mask", "max_seqlen", "position_ids",
+                                "tokens"]
+
+
+def test_boundaries_equal_a_fresh_megatron_core_run(megatron_python, tmp_path):
+    """tests/fixtures/megatron/make_boundaries.py run now by megatron-core 0.19.2 (three corpora:
+    EOD at every document's end, none, EOD ids inside; empty documents, padded last validation
+    samples, with and without the extra token, a blend), side by side with tokenload's Megatron
+    order on the same token files: every field of every sample equal."""
+    out = tmp_path / "fixtures"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([megatron_python, str(REPO / "tests/fixtures/megatron/make_boundaries.py"),
+                           str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = compare(out, tmp_path / "cache")
+    assert seen["samples"] > 1000 and seen["eod_rule_differs"] > 100 and seen["padded"] > 0
 
 
 def test_resume_on_two_then_four_ranks_is_exact(megatron_python, tmp_path):
