@@ -1,0 +1,509 @@
+"""Packed rows of whole documents (issue 33's goals), side by side in one run on the same documents.
+
+Usage:
+    python benchmarks/packing.py [--parts padding peers plan read] [--docs 200000]
+                                 [--seqs 2048 8192] [--blocks 0 16384] [--grain-bins 16 256]
+                                 [--plan-docs 100000000] [--rounds 1] [--out FILE.json]
+
+Documents (benchmarks/packing_data.py, made once in ``--data-dir``): ``stdlib``, the Python
+standard library's sources (``tokenload corpus``) tokenized by ``tokenload preprocess`` with a
+32k BPE trained in-process, and ``web``, ``--docs`` documents of lognormal lengths (median 400
+tokens, a tail past 50k). Every document ends with the EOD id.
+
+Parts:
+
+* ``padding``: per mix and S, the padding share, the documents cut (all, and of <= S tokens: the
+  goal is 0) and documents per row, for concatenation (Megatron's windows over the documents in a
+  seeded random order) and for tokenload's best-fit packing (``pack_block`` over the documents in
+  blocks of ``--blocks`` documents; 0: the whole file as one block). Goal: padding <= 1%, 0 short
+  documents cut.
+* ``peers``: each side in a fresh process on the same token file (benchmarks/packing_sides.py):
+  tokenload, OLMo-core 3.0's ``NumpyPackedFSLDataset`` (``fragment`` and ``truncate``) and Grain
+  0.2.18's ``BestFitPackIterDataset`` (``--grain-bins`` open rows), run with the peers' venv
+  (``PEERS_PYTHON``, default ``/tmp/peers-venv/bin/python``: ``python3 -m venv /tmp/peers-venv &&
+  /tmp/peers-venv/bin/pip install torch==2.13.0 ai2-olmo-core==3.0.0 grain==0.2.18``; never a
+  project dependency). Per side: padding, cut documents (from the rows it made, by the same
+  metrics), time from the process's start to its first micro-batch of 16 rows, and the peak RSS
+  of the process and its children (``os.wait4``'s ``ru_maxrss``: OLMo-core packs in a process
+  pool). Sides alternate their order per round; cells are the median of ``--rounds``.
+* ``plan``: ``pack_block``'s own throughput (documents per second) on ``--plan-docs`` lognormal
+  lengths (the web mix's law) in blocks of ``--blocks`` documents, S = 2048; and, once
+  ``MegatronDataConfig(packing="best-fit")`` is accepted, the computed order's startup (a fresh
+  process's build and first micro-batch) at ``--docs`` and 5M documents and a resume near the end
+  of a 5M-document epoch, and the Megatron order's packed index build against today's
+  concatenated build (``--build-docs``; benchmarks/index_scale.py's data and measure).
+* ``read``: once packing is accepted, the loader's first-pass samples/s (a fresh process, file in
+  the page cache, fresh random samples, benchmarks/loader.py's regime) with packing against
+  concatenation on the same web file, computed order, 0 and 2 workers.
+
+The machine is shared (2 cores): each part prints the load average next to its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import table
+from packing_data import (
+    VOCAB,
+    Rows,
+    concat_rows,
+    document_lengths,
+    eod_id,
+    join,
+    load_label,
+    make_stdlib,
+    make_web,
+    metrics,
+    plan_rows,
+    web_lengths,
+)
+from packing_sides import GRAIN, OLMO, OURS
+
+PEERS_PYTHON = os.environ.get("PEERS_PYTHON", "/tmp/peers-venv/bin/python")
+MICRO_BATCH = 16
+
+
+def packing_accepted() -> bool:
+    """Whether this tree's ``MegatronDataConfig`` takes ``packing="best-fit"``."""
+    from tokenload.datasets import MegatronDataConfig
+
+    try:
+        MegatronDataConfig(sequence_length=8, blend=["x"], packing="best-fit")  # type: ignore[call-arg]
+    except TypeError:
+        return False
+    except Exception:
+        return "packing" not in MegatronDataConfig.__dataclass_fields__
+    return True
+
+
+def ours_rows(lengths: np.ndarray, seq: int, block: int) -> Rows:
+    """tokenload's packed rows of the documents, in blocks of ``block`` (0: one block)."""
+    from tokenload.index.packing import pack_block
+
+    block = block or lengths.size
+    parts = []
+    for b in range(0, lengths.size, block):
+        plan = pack_block(lengths[b : b + block], seq + 1, extra=1)
+        parts.append(plan_rows(plan, np.arange(b, min(b + block, lengths.size))))
+    return join(parts)
+
+
+def rounded(v):
+    return round(v, 3) if isinstance(v, float) else v
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.3f}%"
+
+
+def metric_cells(m: dict) -> list:
+    return [
+        f"{m['rows']:,}",
+        pct(m["padding"]),
+        f"{m['cut']:,}",
+        f"{m['short_cut']:,}",
+        f"{m['long_docs']:,}",
+        f"{m['dropped_tokens']:,}",
+        f"{m['docs_per_row_p50']:g} / {m['docs_per_row_p99']:g}",
+        f"{m['incomplete_docs']:,}",
+    ]
+
+
+METRIC_HEADER = [
+    "rows",
+    "padding",
+    "docs cut",
+    "docs <= S cut",
+    "docs > S",
+    "tokens dropped",
+    "docs per row p50 / p99",
+    "docs not wholly held",
+]
+
+
+def part_padding(args, mixes: dict) -> list[dict]:
+    out, rows = [], []
+    for name, prefix in mixes.items():
+        lengths = document_lengths(prefix)
+        for seq in args.seqs:
+            m = metrics(concat_rows(lengths, seq), lengths, seq)
+            rows.append([name, f"{seq:,}", "concatenation (Megatron windows)", *metric_cells(m)])
+            out.append({"mix": name, "seq": seq, "side": "concat", **m})
+            for block in args.blocks:
+                t = time.perf_counter()
+                r = ours_rows(lengths, seq, block)
+                secs = time.perf_counter() - t
+                m = metrics(r, lengths, seq)
+                label = (
+                    f"tokenload best-fit, {'one block' if not block else f'blocks of {block:,}'}"
+                )
+                rows.append([name, f"{seq:,}", label, *metric_cells(m)])
+                out.append(
+                    {"mix": name, "seq": seq, "side": "ours", "block": block, "plan_s": secs, **m}
+                )
+    print(f"\n## padding and cut documents (load {load_label()})\n")
+    print(table(rows, ["mix", "S", "side", *METRIC_HEADER]), flush=True)
+    return out
+
+
+def run_side(python: str, code: str, payload: dict, timeout: int = 3600) -> dict:
+    """One side in a fresh process: its JSON, plus the peak RSS of it and its children."""
+    with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
+        payload = {**payload, "time0": time.time()}
+        proc = subprocess.Popen(
+            [python, "-c", code, json.dumps(payload)],
+            stdout=so,
+            stderr=se,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        so.seek(0)
+        se.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"side failed ({proc.returncode}):\n{se.read()[-3000:]}")
+        got = json.loads(so.read().strip().splitlines()[-1])
+    got["tree_maxrss_mb"] = usage.ru_maxrss / 1024
+    got["load"] = os.getloadavg()[0]
+    return got
+
+
+def olmo_rows(npz, lengths: np.ndarray, seq: int) -> Rows:
+    """OLMo-core's plan (its document-indices, instance-offsets and documents-by-instance
+    arrays) as rows over our documents: its documents are fragments found by its EOS scan."""
+    frags = npz["frags"].reshape(-1, 2)
+    inst = npz["instances"].reshape(-1, 2)
+    docs = npz["docs"]
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    pieces = frags[docs]
+    # the document a fragment belongs to (empty documents share a start with the next one)
+    doc = np.searchsorted(starts, pieces[:, 0], side="right") - 1
+    per_row = inst[:, 1] - inst[:, 0]
+    held = int((pieces[:, 1] - pieces[:, 0]).sum())
+    return Rows(
+        slots=seq,
+        offsets=np.r_[0, np.cumsum(per_row)],
+        doc=doc,
+        start=pieces[:, 0] - starts[doc],
+        length=pieces[:, 1] - pieces[:, 0],
+        dropped=int(lengths.sum()) - held,
+    )
+
+
+def part_peers(args, mixes: dict, work: Path) -> list[dict]:
+    have_peers = os.path.exists(PEERS_PYTHON)
+    if not have_peers:
+        print(f"[peers skipped: {PEERS_PYTHON} not found; see the module docstring]")
+    dataset = packing_accepted()
+    out, rows = [], []
+    for name, prefix in mixes.items():
+        lengths = document_lengths(prefix)
+        eod = eod_id(prefix)
+        npy = work / f"{name}.npy"  # OLMo-core reads raw token arrays named .npy: the .bin's bytes
+        if not npy.exists():
+            npy.symlink_to(prefix + ".bin")
+        offsets = work / f"{name}.offsets.npy"
+        np.save(offsets, np.r_[0, np.cumsum(lengths)])
+        for seq in args.seqs:
+            sides: dict[str, tuple[str, str, dict]] = {
+                "tokenload": (
+                    sys.executable,
+                    OURS,
+                    {
+                        "prefix": prefix,
+                        "block": args.peer_block,
+                        "dataset": dataset,
+                        "samples": max(int(lengths.sum()) // (seq + 1) // 2, MICRO_BATCH),
+                    },
+                ),
+            }
+            if have_peers:
+                for strategy in ("fragment", "truncate"):
+                    sides[f"OLMo-core {strategy}"] = (
+                        PEERS_PYTHON,
+                        OLMO,
+                        {"npy": str(npy), "vocab": VOCAB, "strategy": strategy},
+                    )
+                for bins in args.grain_bins:
+                    sides[f"Grain {bins} bins"] = (
+                        PEERS_PYTHON,
+                        GRAIN,
+                        {
+                            "offsets": str(offsets),
+                            "bin": prefix + ".bin",
+                            "bins": bins,
+                            "max_rows": args.grain_rows,
+                        },
+                    )
+            runs: dict[str, list[dict]] = {s: [] for s in sides}
+            facts: dict[str, dict] = {}
+            names = list(sides)
+            for r in range(args.rounds):
+                for side in names[r % len(names) :] + names[: r % len(names)]:
+                    python, code, extra = sides[side]
+                    folder = Path(tempfile.mkdtemp(prefix="side-", dir=work))
+                    payload = {
+                        "seq": seq,
+                        "eod": eod,
+                        "micro_batch": MICRO_BATCH,
+                        "rows": str(folder / "rows.npz"),
+                        "work": str(folder / "work"),
+                        **extra,
+                    }
+                    got = run_side(python, code, payload)
+                    runs[side].append(got)
+                    print(
+                        f"  {name} S={seq} round {r + 1} {side}:",
+                        json.dumps({k: rounded(v) for k, v in got.items()}),
+                        flush=True,
+                    )
+                    if side not in facts and (folder / "rows.npz").exists():
+                        lens = lengths
+                        with np.load(folder / "rows.npz") as npz:
+                            if side.startswith("OLMo"):
+                                rws = olmo_rows(npz, lengths, seq)
+                            else:
+                                rws = Rows(
+                                    slots=int(npz["slots"]),
+                                    offsets=npz["offsets"],
+                                    doc=npz["doc"],
+                                    start=npz["start"],
+                                    length=npz["length"],
+                                )
+                                seen = np.unique(rws.doc)  # Grain's first rows: their documents
+                                rws.dropped = int(lengths[seen].sum()) - covered_tokens(rws)
+                                if side.startswith("Grain"):
+                                    keep = np.zeros(lengths.size, bool)
+                                    keep[seen] = True
+                                    rws, lens = restrict(rws, keep), lengths[keep]
+                        facts[side] = metrics(rws, lens, seq)
+                    subprocess.run(["rm", "-rf", str(folder)], check=False)
+            for side in names:
+                got = runs[side]
+                m = facts.get(side)
+                first = statistics.median(g["first_s"] for g in got)
+                data = statistics.median(g["pack_s"] for g in got)
+                own = statistics.median(g["rss_first_mb"][0] for g in got)
+                child = statistics.median(g["rss_first_mb"][1] for g in got)
+                cells = [
+                    pct(m["padding"]),
+                    f"{m['cut']:,}",
+                    f"{m['short_cut']:,}",
+                    f"{m['dropped_tokens']:,}",
+                ]
+                if got[0].get("whole_epoch") is False:
+                    cells[0] += f" (first {got[0]['rows_read']:,} rows)"
+                rows.append(
+                    [
+                        name,
+                        f"{seq:,}",
+                        side,
+                        *cells,
+                        f"{first:.2f}",
+                        f"{data:.2f}",
+                        f"{own:,.0f} / {child:,.0f}",
+                        f"{statistics.median(g['load'] for g in got):.1f}",
+                    ]
+                )
+                out.append({"mix": name, "seq": seq, "side": side, "runs": got, "metrics": m})
+    print(f"\n## against the peers (load {load_label()})\n")
+    print(
+        table(
+            rows,
+            [
+                "mix",
+                "S",
+                "side",
+                "padding",
+                "docs cut",
+                "docs <= S cut",
+                "tokens dropped",
+                "first micro-batch s (process start)",
+                "of which plan + read s (imports excluded)",
+                "peak RSS MB at the first micro-batch (process / largest child)",
+                "load",
+            ],
+        ),
+        flush=True,
+    )
+    return out
+
+
+def restrict(rows: Rows, keep: np.ndarray) -> Rows:
+    """The rows as they are, their documents renumbered to those ``keep`` marks (so that the
+    metrics count only documents the rows hold some of: a prefix of Grain's stream)."""
+    new = np.cumsum(keep) - 1
+    return Rows(
+        slots=rows.slots,
+        offsets=rows.offsets,
+        doc=new[rows.doc],
+        start=rows.start,
+        length=rows.length,
+        dropped=rows.dropped,
+    )
+
+
+def covered_tokens(rows: Rows) -> int:
+    """Distinct document tokens the rows hold (pieces of a document may overlap)."""
+    order = np.lexsort((rows.start, rows.doc))
+    d, s = rows.doc[order], rows.start[order]
+    e = s + rows.length[order]
+    if not d.size:
+        return 0
+    prev_same = np.r_[False, d[1:] == d[:-1]]
+    prev_e = np.r_[0, e[:-1]]
+    overlap = np.where(prev_same, np.clip(prev_e - s, 0, None), 0)
+    return int((e - s).sum() - overlap.sum())
+
+
+def part_plan(args) -> list[dict]:
+    from tokenload.index.packing import pack_block
+
+    out, rows = [], []
+    lengths = web_lengths(args.plan_docs, seed=7)
+    for block in args.blocks:
+        size = block or lengths.size
+        for seq in (2048,):
+            t = time.perf_counter()
+            c0 = time.process_time()
+            n = 0
+            deadline = t + args.plan_seconds
+            for b in range(0, lengths.size, size):
+                pack_block(lengths[b : b + size], seq + 1, extra=1)
+                n += min(size, lengths.size - b)
+                if time.perf_counter() > deadline:
+                    break
+            wall, cpu = time.perf_counter() - t, time.process_time() - c0
+            rate = n / wall
+            rows.append(
+                [
+                    f"{size:,}",
+                    f"{seq:,}",
+                    f"{n:,}",
+                    f"{wall:.1f}",
+                    f"{cpu:.1f}",
+                    f"{rate:,.0f}",
+                    f"{n / cpu:,.0f}",
+                    f"{args.plan_docs / rate:,.0f}",
+                    f"{os.getloadavg()[0]:.1f}",
+                ]
+            )
+            out.append({"block": size, "seq": seq, "docs": n, "wall_s": wall, "cpu_s": cpu})
+    print(f"\n## pack_block throughput, web-mix lengths (load {load_label()})\n")
+    print(
+        table(
+            rows,
+            [
+                "block (documents)",
+                "S",
+                "documents packed",
+                "wall s",
+                "CPU s",
+                "documents/s (wall)",
+                "documents/s (CPU)",
+                f"projected s for {args.plan_docs:,}",
+                "load",
+            ],
+        ),
+        flush=True,
+    )
+    if not packing_accepted():
+        print(
+            "\n[computed-order startup/resume and the Megatron-order packed build: not run, "
+            "MegatronDataConfig does not accept packing='best-fit' in this tree]"
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data-dir", default="/tmp/tokenload-bench/packing")
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=["padding", "peers", "plan", "read"],
+        choices=["padding", "peers", "plan", "read"],
+    )
+    ap.add_argument("--mixes", nargs="+", default=["stdlib", "web"], choices=["stdlib", "web"])
+    ap.add_argument("--docs", type=int, default=200_000, help="documents of the web mix")
+    ap.add_argument("--seqs", type=int, nargs="+", default=[2048, 8192])
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="pack_block's block sizes in documents (0: the whole file as one block)",
+    )
+    ap.add_argument(
+        "--peer-block",
+        type=int,
+        default=0,
+        help="tokenload side's block (documents) when the packed dataset is missing",
+    )
+    ap.add_argument("--grain-bins", type=int, nargs="+", default=[16, 256])
+    ap.add_argument(
+        "--grain-rows",
+        type=int,
+        default=5000,
+        help="rows of Grain's stream its metrics count (0: the whole epoch)",
+    )
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--plan-docs", type=int, default=100_000_000)
+    ap.add_argument(
+        "--plan-seconds",
+        type=float,
+        default=60.0,
+        help="stop each pack_block throughput case after this long (a rate still)",
+    )
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    data = Path(args.data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    print(
+        f"load average at start {os.getloadavg()}; {os.cpu_count()} CPUs; "
+        f"packing accepted by MegatronDataConfig: {packing_accepted()}",
+        flush=True,
+    )
+    mixes = {}
+    if "stdlib" in args.mixes:
+        mixes["stdlib"] = make_stdlib(data)
+    if "web" in args.mixes:
+        mixes["web"] = make_web(data, args.docs)
+    for name, prefix in mixes.items():
+        lengths = document_lengths(prefix)
+        print(
+            f"{name}: {lengths.size:,} documents, {int(lengths.sum()):,} tokens, median "
+            f"{np.median(lengths):.0f}, mean {lengths.mean():.0f}, max {lengths.max():,}, "
+            f"> 50k: {(lengths > 50_000).sum()}",
+            flush=True,
+        )
+    results: dict[str, object] = {}
+    if "padding" in args.parts:
+        results["padding"] = part_padding(args, mixes)
+    if "peers" in args.parts:
+        work = data / "peers-work"
+        work.mkdir(exist_ok=True)
+        results["peers"] = part_peers(args, mixes, work)
+    if "plan" in args.parts:
+        results["plan"] = part_plan(args)
+    if "read" in args.parts and not packing_accepted():
+        print("\n[read path: not run, MegatronDataConfig does not accept packing='best-fit']")
+    print(f"\nload average at end {os.getloadavg()}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, default=str))
+
+
+if __name__ == "__main__":
+    main()
