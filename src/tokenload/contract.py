@@ -129,7 +129,7 @@ class RowPieces(NamedTuple):
 class PieceSource(Protocol):
     """A dataset that says what its samples hold (``tokenload.provenance.explain``)."""
 
-    def sample_pieces(self, indices: Sequence[int]) -> RowPieces:
+    def sample_pieces(self, indices: Sequence[int] | np.ndarray) -> RowPieces:
         """The pieces of the ``tokens`` of each sample of ``indices`` (dataset indices)."""
         ...
 

@@ -24,7 +24,7 @@ from ..errors import TokenloadError
 from .vocabulary import error_in_flags
 
 #: Modules under tokenload.cli that register subcommands, in the order ``--help`` lists them.
-COMMANDS = ("demo", "preprocess", "tokenfiles", "cache", "doctor", "state")
+COMMANDS = ("demo", "preprocess", "tokenfiles", "cache", "doctor", "state", "provenance")
 
 #: Exit status when the reader of our output goes away (``tokenload info ... | head``): the one
 #: a shell reports for a process ended by SIGPIPE, as ``cat`` or ``grep`` would be.

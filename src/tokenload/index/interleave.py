@@ -438,6 +438,19 @@ class Interleave:
         source = self._sources[slot].astype(np.int64)
         return source, periods * self.counts[source] + self._ranks[slot]
 
+    def positions(self, source: int, ranks: npt.ArrayLike) -> np.ndarray:
+        """int64 global samples (of this interleave, from 0) that serve ``source``'s samples
+        ``ranks`` (its cursor, from 0): the inverse of ``__call__`` (builds the whole period)."""
+        i = np.asarray(ranks, dtype=np.int64)
+        count = int(self.counts[source])
+        if not i.size:
+            return i.copy()
+        if count == 0 or int(_MIN(i)) < 0:
+            raise IndexError(f"source {source} serves no sample number {int(_MIN(i))} here")
+        slots = np.flatnonzero(self.sources == source)
+        periods, rank = np.divmod(i, count)
+        return periods * self.period + slots[rank]
+
     def consumed(self, samples: int) -> np.ndarray:
         """int64 samples taken from each source by the first ``samples`` global samples."""
         periods, slot = divmod(int(samples), self.period)

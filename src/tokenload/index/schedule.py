@@ -286,6 +286,23 @@ class ScheduledMixture:
                 dst[rows] = src
         return out
 
+    def samples_of(self, source: int, cursors: npt.ArrayLike) -> np.ndarray:
+        """int64 global samples that serve ``source``'s samples ``cursors`` (all epochs and
+        phases): the inverse of ``draw`` (``tokenload.provenance``). A cursor the chain's origin
+        had passed was served before this chain: left out. O(phases) plus a period's table per
+        phase that serves one."""
+        c = np.asarray(cursors, dtype=np.int64).ravel()
+        last = len(self._entries) - 1
+        self._state_at(last)
+        bases = np.array([b[source] for b in self._bases[: last + 1]], dtype=np.int64)
+        phase = np.searchsorted(bases, c, side="right") - 1
+        out = np.full(c.size, -1, dtype=np.int64)
+        for p in distinct(phase[phase >= 0]).tolist():
+            rows = phase == p
+            mix = self.phase(p)
+            out[rows] = mix.start + mix.interleave.positions(source, c[rows] - bases[p])
+        return out[out >= 0]
+
     def state(self, consumed: int) -> MixtureState:
         """Every source's cursor after ``consumed`` global samples (``>= start``)."""
         if consumed < self.start:

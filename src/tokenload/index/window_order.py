@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import ConfigError
 from .permutation import _GOLDEN, _mix
 
-__all__ = ["WindowOrder", "keyed_windows", "source_seed"]
+__all__ = ["WindowOrder", "keyed_positions", "keyed_windows", "source_seed"]
 
 _U64 = 0xFFFFFFFFFFFFFFFF
 _ROUNDS = 6
@@ -116,6 +116,76 @@ def keyed_bijection(
         out[walk] = _network(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
         walk = walk[out[walk] >= _pick(n, walk)]
     return out
+
+
+def _network_inverse(y: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The inverse of ``_network``: its rounds undone in reverse order (round r added
+    ``F_r(R)`` to L modulo L's ring, a for even r, b for odd; R is the next L)."""
+    left, right = np.divmod(y, b)
+    for r in reversed(range(_ROUNDS)):
+        ring = a if r % 2 == 0 else b
+        f = left ^ keys[r]
+        f *= _M1
+        f ^= f >> _S29
+        f *= _M2
+        f >>= _S32
+        f *= ring
+        f >>= _S32
+        left, right = (right + ring - f) % ring, left
+    return left * b + right
+
+
+def keyed_inverse(
+    y: np.ndarray,
+    n: np.ndarray,
+    keys: np.ndarray,
+    rings: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """uint64 positions of elements ``y < n``: the inverse of ``keyed_bijection`` (the network
+    undone, cycle-walking back while the value is ``>= n``), same parameters."""
+    a, b = _rings(n) if rings is None else rings
+    out = _network_inverse(np.asarray(y, dtype=np.uint64), a, b, keys)
+    walk = np.flatnonzero(out >= n)
+    while walk.size:
+        out[walk] = _network_inverse(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
+        walk = walk[out[walk] >= _pick(n, walk)]
+    return out
+
+
+def keyed_positions(
+    windows: np.ndarray,
+    epochs: np.ndarray,
+    num_windows: np.ndarray,
+    seeds: np.ndarray,
+    block_size: int | None,
+) -> np.ndarray:
+    """int64 position of each window in its epoch's order: the inverse of ``keyed_windows``
+    (``keyed_windows(keyed_positions(w, e, ...), e, ...) == w``), vectorized the same way."""
+    w = np.asarray(windows, dtype=np.int64).astype(np.uint64)
+    n = np.atleast_1d(np.asarray(num_windows, dtype=np.uint64))
+    keys = _keys(
+        np.atleast_1d(np.asarray(seeds, dtype=np.uint64)), np.atleast_1d(np.asarray(epochs))
+    )
+    if block_size is None:
+        return keyed_inverse(w, n, keys).astype(np.int64)
+    size = np.uint64(block_size)
+    full, rest = n // size, n % size
+    slot = _mix(keys[0] ^ _SLOT_SALT) % (full + np.uint64(1))
+    gap = slot * size
+    block, inner_window = np.divmod(w, size)
+    in_partial = block >= full
+    with np.errstate(over="ignore"):
+        salt = _mix((block + np.uint64(1)) * _GOLDEN)
+    domain = np.where(in_partial, rest, size)
+    inner = keyed_inverse(inner_window, domain, _mix(keys ^ salt[None, :]))
+    k = gap + inner  # the partial block's positions (the full blocks' below)
+    fulls = np.flatnonzero(~in_partial)
+    if fulls.size:
+        order = keyed_inverse(block[fulls], _pick(full, fulls), _pick(keys, fulls))
+        shifted = order * size + inner[fulls]
+        g, r = _pick(gap, fulls), _pick(rest, fulls)
+        k[fulls] = np.where(shifted >= g, shifted + r, shifted)
+    return k.astype(np.int64)
 
 
 def keyed_windows(
@@ -216,6 +286,15 @@ class WindowOrder:
             rings=self._rings,
         )
         return out.reshape(k.shape)
+
+    def epoch_positions(self, windows: np.ndarray, epochs: np.ndarray) -> np.ndarray:
+        """int64 position of each window (``< n``) in its epoch's order (``epochs``, one per
+        window or one for all): the inverse of ``epoch_windows``, O(1) per window."""
+        w = np.asarray(windows, dtype=np.int64).ravel()
+        if w.size and (int(w.min()) < 0 or int(w.max()) >= self.num_windows):
+            raise IndexError(f"windows must lie in [0, {self.num_windows})")
+        e = np.broadcast_to(np.asarray(epochs, dtype=np.int64), w.shape)
+        return keyed_positions(w, e, self._n, self._seed, self.block_size)
 
     def global_windows(
         self, samples: np.ndarray, bounds: tuple[int, int] | None = None

@@ -43,7 +43,7 @@ from .health import WorkerHealth, read_budget
 from .ledger import Ledger
 from .mapstyle import AnyDataset, loader_dataset
 from .sampler import BatchSampler, CyclicSampler, MicroBatchPlan, PretrainingSampler
-from .state import LoaderState
+from .state import LoaderState, restore_mixture, weights_changes
 from .workers import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -436,7 +436,7 @@ class TokenloadDataLoader:
                 hint="resume at a global-batch boundary, or choose sizes whose product divides the"
                 " global batch",
             )
-        changes = _saved_changes(state.get("weights_changes") if mixture is not None else None)
+        changes = weights_changes(state) if mixture is not None else []
         changed = "same"
         if mixture is not None and self._mixture is not None:
             if isinstance(mixture, dict) and mixture.get("consumed") != loaded.consumed_samples:
@@ -446,14 +446,10 @@ class TokenloadDataLoader:
                     f" {loaded.consumed_samples}",
                     hint="pass the dict saved from loader.state_dict(), unchanged",
                 )
-            # the saved run's set_weights (this loader's own undone first): the blend's schedule
-            # is then the saved chain's, which resume_mixture continues
-            if self._changes:
-                self._mixture.change_weights(self._changes[0][0], None)
-            for start, weights in changes:
-                self._mixture.change_weights(start, weights)
+            # the saved run's set_weights (this loader's own undone first), then its chain
+            undo = self._changes[0][0] if self._changes else None
+            changed = restore_mixture(self._mixture, state, changes, undo)
             self._changes = changes
-            changed = self._mixture.resume_mixture(mixture)
             self.close()  # workers hold the dataset as it was: the next iteration starts new ones
         if "metrics" in state and changed != "sources":
             self._metrics.load_state_dict(state["metrics"])
@@ -483,17 +479,6 @@ def _check_weights(weights: Any, count: int) -> tuple[float, ...]:
             f"set_weights({list(values)}); expected finite weights >= 0, not all 0", hint=hint
         )
     return values
-
-
-def _saved_changes(saved: Any) -> list[tuple[int, tuple[float, ...]]]:
-    """A state's ``weights_changes`` as (start, weights) pairs (none: a run without them)."""
-    try:
-        return [(int(start), tuple(float(w) for w in weights)) for start, weights in saved or []]
-    except (TypeError, ValueError):
-        raise StateError(
-            f"the loader state's weights_changes is {saved!r}; expected [[start, [w, ...]], ...]",
-            hint="pass the dict saved from loader.state_dict(), unchanged",
-        ) from None
 
 
 def _cuda_available() -> bool:

@@ -18,6 +18,7 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..contract import MixtureCursors
 from ..errors import StateError
 
 STATE_VERSION = 1
@@ -114,3 +115,32 @@ def _count(name: str, value: Any, least: int) -> int:
             hint="pass the dict saved from loader.state_dict(), unchanged",
         )
     return int(value)
+
+
+def weights_changes(state: dict[str, Any]) -> list[tuple[int, tuple[float, ...]]]:
+    """A state's ``weights_changes`` (``loader.set_weights``) as (start, weights) pairs."""
+    saved = state.get("weights_changes")
+    try:
+        return [(int(start), tuple(float(w) for w in weights)) for start, weights in saved or []]
+    except (TypeError, ValueError):
+        raise StateError(
+            f"the loader state's weights_changes is {saved!r}; expected [[start, [w, ...]], ...]",
+            hint="pass the dict saved from loader.state_dict(), unchanged",
+        ) from None
+
+
+def restore_mixture(
+    mixture: MixtureCursors,
+    state: dict[str, Any],
+    changes: list[tuple[int, tuple[float, ...]]],
+    undo_from: int | None = None,
+) -> str:
+    """Put a blend where the run that saved ``state`` left it: the changes made since its
+    build from ``undo_from`` on undone, the saved run's ``set_weights`` ``changes`` applied
+    (the blend's schedule is then the saved chain's), and its mixture resumed
+    (``resume_mixture``: ``"same"``, ``"weights"`` or ``"sources"``)."""
+    if undo_from is not None:
+        mixture.change_weights(undo_from, None)
+    for start, weights in changes:
+        mixture.change_weights(start, weights)
+    return mixture.resume_mixture(state["mixture"])

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...contract import RowPieces
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import MOCK_SPLIT, plan_splits
@@ -68,6 +69,7 @@ from ...index.windows import WindowGrid, window_pieces
 from ..config import MegatronDataConfig, as_blend
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, build_items, document_bounds
+from ..pieces import input_pieces, token_windows
 from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
 from .extents import Extent, file_extent, mock_extent
@@ -205,6 +207,45 @@ class ComputedGPTDataset(_Items, OneSourceContract):
         """Each sample's document pieces ``(sequences, first, lengths, first_offsets)``, as
         ``GPTDataset._pieces`` gives them: which sequences the sample spans, where."""
         return self.documents_of(self.windows_of(indices))
+
+    # -- provenance (contract.PieceSource) ------------------------------------------------------
+    def sample_pieces(self, indices: npt.ArrayLike) -> RowPieces:
+        """The document pieces of each sample's ``tokens``."""
+        return self.window_pieces(self.windows_of(indices))
+
+    def window_pieces(self, windows: np.ndarray) -> RowPieces:
+        """The document pieces of windows' input tokens (``pieces.input_pieces``)."""
+        seqs, first, lengths, offsets = self.documents_of(windows)
+        return input_pieces(seqs, first, lengths, offsets, self.item.sequence_length)
+
+    def document_windows(self, document: int) -> np.ndarray:
+        """The windows whose input tokens hold a token of ``document`` (a sequence of the file):
+        its tokens' place in the split's stream, cut by the grid. None outside the split."""
+        e = self.extent
+        if not e.begin <= document < e.end:
+            return np.zeros(0, dtype=np.int64)
+        pointers, lengths, itemsize = self._pointer_array()
+        start = int(pointers[document]) // itemsize - self.grid.first_token
+        stop = start + int(lengths[document])
+        return token_windows(start, stop, self.grid.sequence_length, self.grid.num_windows)
+
+    def cursors_of(self, windows: np.ndarray, cursors: int) -> np.ndarray:
+        """Sorted int64 cursors below ``cursors`` (this source's samples, all epochs) that read
+        ``windows``: each epoch's position of them, by the window order's inverse."""
+        n = self.grid.num_windows
+        if not windows.size or cursors <= 0 or n <= 0:
+            return np.zeros(0, dtype=np.int64)
+        epochs = np.arange(-(-cursors // n), dtype=np.int64)
+        w = np.tile(windows, epochs.size)
+        e = np.repeat(epochs, windows.size)
+        c = e * n + self.order.epoch_positions(w, e)
+        return np.sort(c[c < cursors])
+
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """The dataset indices whose ``tokens`` hold a token of ``document`` (``source`` 0)."""
+        if source != 0:
+            return np.zeros(0, dtype=np.int64)
+        return self.cursors_of(self.document_windows(document), len(self))
 
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
     # reads_in_groups, describe_sources, sample_bytes, blend_index, mixture_cursors: from

@@ -15,10 +15,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ...arrays import distinct
-from ...contract import MixtureCursors
+from ...contract import MixtureCursors, RowPieces
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
 from ..items import Allocator
+from ..pieces import blend_pieces
 from .gpt_dataset import IndexArrays
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
@@ -109,6 +110,28 @@ class BlendedDataset(BlendContract):
         the samples' ``(min, max)``, for a subclass that serves them from other arrays."""
         which = np.asarray(self.dataset_index[idx], dtype=np.int64)
         return which, np.asarray(self.dataset_sample_index[idx], dtype=np.int64)
+
+    # -- provenance (contract.PieceSource) ------------------------------------------------------
+    def sample_pieces(self, indices: npt.ArrayLike) -> RowPieces:
+        """The document pieces of each sample's ``tokens``, numbered by member."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        which, within = self._locate(idx)
+        return blend_pieces(
+            which,
+            distinct(which).tolist(),
+            lambda d, rows: self.datasets[d].sample_pieces(within[rows]),
+        )
+
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """The global samples whose ``tokens`` hold a token of ``document`` of member
+        ``source``: the member's samples of it, then where Megatron's blending arrays draw them
+        (one pass)."""
+        held = self.datasets[source].samples_of(0, document)
+        if not held.size:
+            return held
+        n = len(self)
+        which = np.asarray(self.dataset_index[:n]) == source
+        return np.flatnonzero(which & np.isin(self.dataset_sample_index[:n], held))
 
     def _member_batch(self, d: int, samples: np.ndarray) -> dict[str, Any]:
         try:

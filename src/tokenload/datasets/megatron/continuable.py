@@ -445,6 +445,22 @@ class ContinuableBlendedDataset(BlendedDataset):
             self._lengths_changed()
         return not rebuilt
 
+    # -- provenance (contract.PieceSource) ------------------------------------------------------
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """The global samples of this chain whose ``tokens`` hold a token of ``document`` of
+        member ``source``: the member's samples of it, then where each segment's blending
+        arrays draw them (one pass over each; a source's samples past its prepared order are
+        its next pass, as served)."""
+        held = self.datasets[source].samples_of(0, document)
+        found = [np.zeros(0, dtype=np.int64)]
+        if held.size:
+            for s in self.segments:
+                di = np.asarray(s.di[: s.end - s.start], dtype=np.int64)
+                rows = np.flatnonzero(s.sources[di] == source)
+                within = (s.base[source] + s.dsi[rows]) % self._lengths[source]
+                found.append(s.start + rows[np.isin(within, held)])
+        return np.concatenate(found)
+
     # -- accounting -----------------------------------------------------------------------------
     def source_cursors(self, consumed: int) -> np.ndarray:
         """int64 samples drawn from each member by global ``consumed`` (all phases)."""

@@ -30,11 +30,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import distinct
 from ...byte_source import gather_index
 from ...caches import map_array
+from ...contract import RowPieces
 from ...errors import CacheError
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, build_items, document_bounds
+from ..pieces import input_pieces, no_pieces
 from ..sources import stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
@@ -301,6 +304,45 @@ class GPTDataset(OneSourceContract):
                 "offsets within the sequence",
             )
         return seqs, first, lengths, begin[:, 1], rows
+
+    # -- provenance (contract.PieceSource) ------------------------------------------------------
+    def sample_pieces(self, indices: npt.ArrayLike) -> RowPieces:
+        """The document pieces of each sample's ``tokens`` (documents: the .idx sequence ids
+        of ``document_index``, megatron-core's "document")."""
+        idx = np.asarray(indices, dtype=np.int64).ravel()
+        arrays = self._arrays()
+        return self._sample_pieces(arrays, arrays["shuffle_index"][idx])
+
+    def _sample_pieces(self, arrays: dict[str, np.ndarray], samples: np.ndarray) -> RowPieces:
+        if not samples.size:
+            return no_pieces(0)
+        seqs, first, lengths, offsets, _ = self._pieces(arrays, np.asarray(samples))
+        return input_pieces(_unwrapped(seqs), first, lengths, offsets, self.item.sequence_length)
+
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """The dataset indices whose ``tokens`` hold a token of ``document`` (``source`` 0),
+        from the index arrays: the document's positions in ``document_index`` (one pass), the
+        samples whose ``sample_index`` rows span them (a binary search), their pieces checked,
+        then their places in ``shuffle_index`` (one pass)."""
+        arrays = self._arrays()
+        if source != 0:
+            return np.zeros(0, dtype=np.int64)
+        positions = np.flatnonzero(arrays["document_index"] == document)
+        starts = np.asarray(arrays["sample_index"][:, 0], dtype=np.int64)
+        # sample s spans positions starts[s]..starts[s + 1]
+        lo = np.maximum(np.searchsorted(starts, positions, side="left") - 1, 0)
+        hi = np.minimum(np.searchsorted(starts, positions, side="right") - 1, len(starts) - 2)
+        spans = np.maximum(hi - lo + 1, 0)
+        if not spans.sum():
+            return np.zeros(0, dtype=np.int64)
+        candidates = distinct(
+            np.repeat(lo, spans) + gather_index(np.zeros(spans.size, np.int64), spans)
+        )
+        pieces = self._sample_pieces(arrays, candidates)
+        row = np.repeat(np.arange(candidates.size), np.diff(pieces.offsets))
+        held = candidates[distinct(row[pieces.document == document])]
+        shuffle = arrays["shuffle_index"][: len(self)]
+        return np.flatnonzero(np.isin(shuffle, held))
 
     def _bad_rows(self) -> CacheError:
         return self.indices.corrupt(

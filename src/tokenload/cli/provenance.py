@@ -1,0 +1,220 @@
+"""``tokenload explain`` and ``tokenload where``: the documents of a training step, and the steps
+of a document (``tokenload.provenance``), from the job's data flags (those ``prepare-cache``
+takes) and optionally its loader state (``--state``: skips, schedule, set_weights changes, the
+micro-batch and data-parallel sizes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import ConfigError, require
+from ..megatron_args import batch_flags, blend_flags, blends_of, item_flags
+from .args import at_least, positive
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="the documents (source, document, token range) of every row of a training step",
+        description="Print, for each row of global step --step in rank order (rank, micro-batch,"
+        " row), the pieces of its input tokens: the source (the blend member, 0-based, and its"
+        " prefix), the document (its index in the source's token file) and the token range in"
+        " it. Direct: the step's samples are a function of the step.",
+    )
+    p.add_argument("--step", type=at_least(int, 0), required=True, help="the global step, from 0")
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="print each piece's text too (needs --tokenizer)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="byte|TOKENIZER_JSON",
+        help="decodes --text: 'byte' (tokenload's byte tokenizer) or a tokenizer.json file",
+    )
+    _data_flags(p)
+    p.set_defaults(func=run_explain)
+    w = sub.add_parser(
+        "where",
+        help="every training step whose rows hold a token of a document",
+        description="Print every global step (with rank, micro-batch and row) whose input tokens"
+        " hold a token of --document of --source, by inverting the order (no scan of the steps).",
+    )
+    w.add_argument("--source", type=at_least(int, 0), default=0, help="the blend member, 0-based")
+    w.add_argument(
+        "--document",
+        type=at_least(int, 0),
+        required=True,
+        help="the document's index in that source's token file (Megatron's sequence id)",
+    )
+    _data_flags(w)
+    w.set_defaults(func=run_where)
+
+
+def _data_flags(p: argparse.ArgumentParser) -> None:
+    blend_flags(p)
+    g = p.add_argument_group("order")
+    g.add_argument("--seq-length", type=positive(int), help="tokens per sample (required)")
+    g.add_argument("--seed", type=int, default=1234, help="the shuffles' seed")
+    g.add_argument("--split", help="the --data-path split string (default: '969, 30, 1')")
+    g.add_argument("--order", choices=("megatron", "computed"), default="megatron")
+    g.add_argument(
+        "--data-cache-path",
+        help="the job's index cache folder (Megatron's order; without it the indices are built"
+        " in memory and nothing is written)",
+    )
+    g.add_argument("--per-dataset-sequences-path", metavar="JSON")
+    g.add_argument("--weights-schedule", metavar="JSON_OR_FILE", help="the job's weights_schedule")
+    g.add_argument("--mixture-change", choices=("refuse", "continue"), default="refuse")
+    g.add_argument(
+        "--state",
+        metavar="FILE",
+        help="the loader state the job saved (JSON or a torch checkpoint holding it): its skips,"
+        " mixture changes, micro-batch and data-parallel sizes",
+    )
+    g.add_argument("--state-key", help="which state of a checkpoint that holds several")
+    g.add_argument(
+        "--data-parallel-size",
+        type=positive(int),
+        help="ranks of the job (default: the state's, else 1)",
+    )
+    lengths = p.add_argument_group("batch and length (Megatron's arithmetic)")
+    batch_flags(lengths)
+    lengths.add_argument(
+        "--train-valid-test-num-samples",
+        nargs=3,
+        metavar=("TRAIN", "VALID", "TEST"),
+        help="the samples per split outright ('epoch': one epoch), as prepare-cache takes them",
+    )
+    item_flags(p.add_argument_group("items"))
+
+
+def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]:
+    """The train dataset, the loader state, and the job's sample counts."""
+    from ..datasets import MegatronDataConfig, build_datasets
+    from .cache import _counts, _schedule_from
+    from .state import find_state, read
+
+    if args.seq_length is None:
+        raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
+    if args.global_batch_size is None:
+        raise ConfigError(
+            "--global-batch-size is missing", hint="pass the training job's --global-batch-size"
+        )
+    if (args.train_iters, args.train_samples, args.train_valid_test_num_samples) == (None,) * 3:
+        raise ConfigError(
+            "no training length: expected --train-iters or --train-samples",
+            hint="pass the training job's flag (the order depends on the samples built)",
+        )
+    blend, per_split = blends_of(args)
+    state = None
+    if args.state is not None:
+        state = find_state(read(args.state), args.state, args.state_key)
+    counts = _counts(args)
+    options: dict[str, Any] = {}
+    if args.data_cache_path is not None:
+        options["path_to_cache"] = args.data_cache_path
+    elif args.order == "megatron":
+        options["cache"] = "off"
+    config = MegatronDataConfig(
+        sequence_length=args.seq_length,
+        random_seed=args.seed,
+        blend=blend,
+        blend_per_split=per_split,
+        split=(args.split or "969, 30, 1") if blend is not None else None,
+        add_extra_token=args.add_extra_token,
+        drop_last_partial_validation_sequence=args.drop_last_partial_validation_sequence,
+        mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+        sequences_path=args.per_dataset_sequences_path,
+        weights_schedule=_schedule_from(args.weights_schedule),
+        mixture_change=args.mixture_change,
+        order=args.order,
+        **options,
+    )
+    train = build_datasets(config, list(counts.samples))[0]
+    if train is None:
+        raise ConfigError("the train split is empty", hint="check --split and --data-path")
+    return train, state, counts
+
+
+def _topology(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "global_batch_size": args.global_batch_size,
+        "micro_batch_size": args.micro_batch_size,
+        "dp_size": args.data_parallel_size,
+    }
+
+
+def _names(dataset: Any) -> list[str]:
+    return [m.name for m in dataset.describe_sources().members]
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from ..provenance import explain
+
+    dataset, state, _ = _dataset(args)
+    names = _names(dataset)
+    decode = _decoder(args.tokenizer) if args.text else None
+    rows = explain(dataset, step=args.step, state=state, **_topology(args))
+    print(f"step {args.step}: {len(rows)} rows")
+    print("rank  micro  row  sample  source  document  tokens")
+    for r in rows:
+        for i, p in enumerate(r.pieces):
+            where = (
+                f"{r.rank:4d} {r.micro_batch:6d} {r.row:4d} {r.sample:7d}" if not i else " " * 24
+            )
+            line = (
+                f"{where}  {p.source:2d} {names[p.source]}  {p.document:8d}  [{p.start}, {p.stop})"
+            )
+            print(line)
+            if decode is not None:
+                print(f"{'':26}{json.dumps(decode(names[p.source], p))}")
+    return 0
+
+
+def run_where(args: argparse.Namespace) -> int:
+    from ..provenance import where
+
+    dataset, state, _ = _dataset(args)
+    names = _names(dataset)
+    found = where(
+        dataset, source=args.source, document=args.document, state=state, **_topology(args)
+    )
+    name = names[args.source] if args.source < len(names) else "?"
+    print(
+        f"source {args.source} ({name}), document {args.document}: {len(found.steps)} steps,"
+        f" {len(found.rows)} rows"
+    )
+    if found.rows:
+        print("step  rank  micro  row  sample")
+    for step, r in found.rows:
+        print(f"{step:4d} {r.rank:5d} {r.micro_batch:6d} {r.row:4d} {r.sample:7d}")
+    if found.skipped:
+        print(f"skipped (loader.skip, in no step): samples {found.skipped}")
+    return 0
+
+
+def _decoder(tokenizer: str | None) -> Any:
+    """A function (prefix, piece) -> the piece's text."""
+    if tokenizer is None:
+        raise ConfigError("--text needs --tokenizer", hint="pass --tokenizer byte or a file")
+    from ..format import TokenFile
+
+    files: dict[str, TokenFile] = {}
+
+    def tokens(prefix: str, piece: Any) -> list[int]:
+        if prefix not in files:
+            files[prefix] = TokenFile(prefix)
+        ids = files[prefix].get(piece.document, piece.start, piece.stop - piece.start)
+        return [int(t) for t in ids]
+
+    if tokenizer == "byte":
+        return lambda prefix, piece: bytes(t for t in tokens(prefix, piece) if t < 256).decode(
+            "utf-8", errors="replace"
+        )
+    loaded = require("tokenizers", "hf", "--text with a tokenizer.json").Tokenizer.from_file(
+        tokenizer
+    )
+    return lambda prefix, piece: loaded.decode(tokens(prefix, piece))
