@@ -292,3 +292,34 @@ def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path,
         assert report["documents_per_row"][key] == want
     assert [s["name"] for s in report["sources"]] == [a, b]
     loader.close()
+
+
+@ORDERS
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_killed_worker_is_replaced_and_the_packed_rows_are_the_fault_free_ones(
+    tmp_path, order, method
+) -> None:
+    import os
+    import signal
+
+    a, _ = corpus(tmp_path, 1, 900, seed=15)
+    b, _ = corpus(tmp_path, 2, 900, seed=16)
+    train, _, _ = build_datasets(config(blend=["0.5", a, "0.5", b], order=order), [96, 0, 0])
+    want = train.__getitems__(np.arange(96))["tokens"]
+    loader = build_dataloader(
+        train,
+        micro_batch_size=4,
+        dp_rank=0,
+        dp_size=1,
+        num_workers=2,
+        multiprocessing_context=method,
+    )
+    try:
+        it = iter(loader)
+        got = [np.asarray(next(it)["tokens"]) for _ in range(3)]
+        os.kill(loader.worker_processes[0].pid, signal.SIGKILL)
+        got += [np.asarray(next(it)["tokens"]) for _ in range(21)]
+        assert loader.metrics()["workers"]["restarts"] == 1
+    finally:
+        loader.close()
+    np.testing.assert_array_equal(np.concatenate(got), want)
