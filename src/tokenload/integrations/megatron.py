@@ -28,7 +28,10 @@ through untouched (read from megatron-core 0.19.2's ``megatron/training``):
   ``--num-workers`` worker processes, pinned memory. They hold the fields ``pretrain_gpt.py``'s
   ``get_batch`` reads: ``tokens``, ``labels``, ``loss_mask``, ``position_ids``, plus
   ``attention_mask`` unless ``--no-create-attention-mask-in-dataloader``, ``cu_seqlens`` and
-  ``max_seqlen`` with ``--dataloader-inter-document-masking``, and ``dataset_id`` for a blend.
+  ``max_seqlen`` with ``--dataloader-inter-document-masking`` (the documents' boundaries, from
+  their lengths as megatron-core's ``GPTDataset`` takes them, padded to ``seq_length + 1``
+  entries: the layout its ``get_batch`` broadcasts and merges for the THD path), and
+  ``dataset_id`` for a blend.
 * Ranks that hold no data in Megatron (tensor-parallel rank > 0, middle pipeline stages without
   multi-token-prediction layers: they receive the batch by broadcast) get ``None``, as
   ``pretrain_gpt.py``'s provider gives them; with ``--dataloader-inter-document-masking`` the
