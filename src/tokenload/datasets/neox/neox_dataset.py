@@ -27,6 +27,9 @@ What differs from NeoX, by design:
   no loss there (NeoX trains on the pad zeros). With NeoX's ``pack_impl="packed"``, the only
   packing reproduced, every sample spans ``S + 1`` tokens, so no sample is ever padded;
 * the reset/attention-mask/``cu_seqlens`` options are tokenload's item options (NeoX has none);
+  with ``inter_document_masking`` the boundaries are the samples' document pieces, by the
+  Megatron order's rule (megatron-core's: the documents' lengths, not EOD tokens), which
+  ``GPTDataset.read_batch`` applies;
 * the index arrays are built in memory in every process, so no index cache is read or written:
   NeoX's ``*_indexmap_*.npy`` files, ``path_to_cache``, ``cache`` and ``build_policy`` play no
   part, and no collective is called. Measured on a shared 2-core machine (2 M documents,
