@@ -201,7 +201,8 @@ def test_info_and_verify_on_an_s3_prefix(files, env):
     assert bad.returncode == 1 and "50000" in bad.stdout
 
 
-ORDERS = {"megatron": {}, "computed": {"order": "computed"}, "block": {"order": "computed", "block_size": 8}}
+ORDERS = {"megatron": {}, "computed": {"order": "computed"}, "block": {"order": "computed", "block_size": 8},
+          "megatron-packed": {"packing": "best-fit"}, "computed-packed": {"order": "computed", "packing": "best-fit"}}
 
 
 def _train(prefix: str, cache, order: str):
@@ -231,7 +232,7 @@ def _batches(dataset, **config) -> list[dict]:
         loader.close()
 
 
-@pytest.mark.parametrize("order", ["megatron", "block"])
+@pytest.mark.parametrize("order", ["megatron", "block", "computed-packed"])
 @pytest.mark.parametrize("workers", [(0, None), (2, "fork"), (2, "spawn")])
 def test_loader_batches_equal_the_local_ones(files, order, workers, tmp_path):
     local, remote = files
