@@ -170,7 +170,7 @@ def run_explain(args: argparse.Namespace) -> int:
             )
             print(line)
             if decode is not None:
-                print(f"{'':26}{json.dumps(decode(names[p.source], p))}")
+                print(f"{'':26}text {json.dumps(decode(names[p.source], p))}")
     return 0
 
 
