@@ -124,5 +124,5 @@ def require(module: str, extra: str, feature: str) -> ModuleType:
     except ImportError as exc:
         raise MissingExtraError(
             f"{feature} needs the Python package '{module}', which is not installed ({exc})",
-            hint=f"pip install 'tokenload[{extra}]'",
+            hint=f"tokenload is not on a package index: pip install '.[{extra}]' in its clone",
         ) from None

@@ -17,7 +17,7 @@ def test_executor_ray_without_ray_names_the_extra(tmp_path):
                   "--output-prefix", tmp_path / "out", "--no-progress", env={"PYTHONPATH": str(hidden)})
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
-    assert "ray" in last and "pip install 'tokenload[ray]'" in last
+    assert "ray" in last and "pip install '.[ray]' in its clone" in last
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "site"]
 
 

@@ -45,4 +45,4 @@ def test_the_loader_is_refused_when_built(tmp_path):
     assert len(lines) == 2, result.stdout
     for line in lines:
         assert line.startswith("refused: tokenload's DataLoader needs the Python package 'torch'"), line
-        assert "HINT: pip install 'tokenload[torch]'" in line
+        assert "HINT: tokenload is not on a package index: pip install '.[torch]' in its clone" in line
