@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +150,20 @@ def build_items(
     if padded or pad >= 0 or not extra:
         _clear_padding(text, tokens, labels, loss_mask, pad, extra)
     return out
+
+
+def finish_windows(
+    batch: dict[str, Any], cfg: ItemConfig, alloc: Allocator | None = None
+) -> dict[str, np.ndarray]:
+    """``build_items`` over a ``read_batch`` result: its ``windows``, its ``padded`` flag and the
+    rows' document boundaries (``doc_bounds``) when the read made them."""
+    return build_items(
+        batch["windows"],
+        cfg,
+        padded=bool(batch["padded"]),
+        alloc=alloc,
+        bounds=batch.get("doc_bounds"),
+    )
 
 
 def _clear_padding(

@@ -29,7 +29,7 @@ from ...index.interleave import DEFAULT_PERIOD
 from ...index.mixture import MixtureState
 from ...index.schedule import Schedule, ScheduledMixture, check_schedule, check_schedule_fits
 from ..contract_parts import BlendContract
-from ..items import Allocator, ItemConfig, build_items
+from ..items import Allocator, ItemConfig, finish_windows
 from ..pieces import blend_pieces
 
 __all__ = ["ComputedBlendedDataset"]
@@ -166,9 +166,7 @@ class ComputedBlendedDataset(_Items, BlendContract):
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        bounds = batch.get("doc_bounds")
-        padded = bool(batch["padded"])
-        out = build_items(batch["windows"], self.item, padded=padded, alloc=alloc, bounds=bounds)
+        out = finish_windows(batch, self.item, alloc)
         out["dataset_id"] = batch["dataset_id"]
         return out
 

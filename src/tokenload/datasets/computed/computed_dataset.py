@@ -68,7 +68,7 @@ from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import WindowGrid, window_pieces
 from ..config import MegatronDataConfig, as_blend
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, build_items, document_bounds
+from ..items import Allocator, ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, token_windows
 from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
@@ -175,13 +175,7 @@ class ComputedGPTDataset(_Items, OneSourceContract):
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        return build_items(
-            batch["windows"],
-            self.item,
-            padded=batch["padded"],
-            alloc=alloc,
-            bounds=batch.get("doc_bounds"),
-        )
+        return finish_windows(batch, self.item, alloc)
 
     def _pointer_array(self) -> tuple[np.ndarray, np.ndarray, int]:
         lengths = self.source.sequence_lengths

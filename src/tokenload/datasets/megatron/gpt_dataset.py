@@ -36,7 +36,7 @@ from ...caches import map_array
 from ...contract import RowPieces
 from ...errors import CacheError
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, build_items, document_bounds
+from ..items import Allocator, ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, no_pieces
 from ..sources import stale_facts
 
@@ -228,13 +228,7 @@ class GPTDataset(OneSourceContract):
     ) -> dict[str, np.ndarray]:
         """The item fields of a ``read_batch`` result, in arrays made by ``alloc``
         (``np.empty``)."""
-        return build_items(
-            batch["windows"],
-            self.item,
-            padded=batch["padded"],
-            alloc=alloc,
-            bounds=batch.get("doc_bounds"),
-        )
+        return finish_windows(batch, self.item, alloc)
 
     def _pieces(
         self, arrays: dict[str, np.ndarray], samples: np.ndarray
