@@ -69,7 +69,7 @@ from packing_data import (
     plan_rows,
     web_lengths,
 )
-from packing_sides import GRAIN, OLMO, OURS
+from packing_sides import COMPUTED_START, GRAIN, MEGATRON_BUILD, OLMO, OURS, READ
 
 PEERS_PYTHON = os.environ.get("PEERS_PYTHON", "/tmp/peers-venv/bin/python")
 MICRO_BATCH = 16
@@ -79,13 +79,13 @@ def packing_accepted() -> bool:
     """Whether this tree's ``MegatronDataConfig`` takes ``packing="best-fit"``."""
     from tokenload.datasets import MegatronDataConfig
 
-    try:
-        MegatronDataConfig(sequence_length=8, blend=["x"], packing="best-fit")  # type: ignore[call-arg]
-    except TypeError:
+    if "packing" not in getattr(MegatronDataConfig, "__dataclass_fields__", {}):
         return False
-    except Exception:
-        return "packing" not in MegatronDataConfig.__dataclass_fields__
-    return True
+    try:
+        from tokenload.datasets.config import PACKINGS
+    except ImportError:
+        return True
+    return "best-fit" in PACKINGS
 
 
 def ours_rows(lengths: np.ndarray, seq: int, block: int) -> Rows:
@@ -373,34 +373,33 @@ def part_plan(args) -> list[dict]:
 
     out, rows = [], []
     lengths = web_lengths(args.plan_docs, seed=7)
-    for block in args.blocks:
+    for block in args.plan_blocks:
         size = block or lengths.size
-        for seq in (2048,):
-            t = time.perf_counter()
-            c0 = time.process_time()
-            n = 0
-            deadline = t + args.plan_seconds
-            for b in range(0, lengths.size, size):
-                pack_block(lengths[b : b + size], seq + 1, extra=1)
-                n += min(size, lengths.size - b)
-                if time.perf_counter() > deadline:
-                    break
-            wall, cpu = time.perf_counter() - t, time.process_time() - c0
-            rate = n / wall
-            rows.append(
-                [
-                    f"{size:,}",
-                    f"{seq:,}",
-                    f"{n:,}",
-                    f"{wall:.1f}",
-                    f"{cpu:.1f}",
-                    f"{rate:,.0f}",
-                    f"{n / cpu:,.0f}",
-                    f"{args.plan_docs / rate:,.0f}",
-                    f"{os.getloadavg()[0]:.1f}",
-                ]
-            )
-            out.append({"block": size, "seq": seq, "docs": n, "wall_s": wall, "cpu_s": cpu})
+        seq = 2048
+        t = time.perf_counter()
+        c0 = time.process_time()
+        n = 0
+        deadline = t + args.plan_seconds
+        for b in range(0, lengths.size, size):
+            pack_block(lengths[b : b + size], seq + 1, extra=1)
+            n += min(size, lengths.size - b)
+            if time.perf_counter() > deadline:
+                break
+        wall, cpu = time.perf_counter() - t, time.process_time() - c0
+        rows.append(
+            [
+                f"{size:,}",
+                f"{seq:,}",
+                f"{n:,}",
+                f"{wall:.1f}",
+                f"{cpu:.1f}",
+                f"{n / wall:,.0f}",
+                f"{n / cpu:,.0f}",
+                f"{args.plan_docs / n * cpu:,.0f}",
+                f"{os.getloadavg()[0]:.1f}",
+            ]
+        )
+        out.append({"block": size, "seq": seq, "docs": n, "wall_s": wall, "cpu_s": cpu})
     print(f"\n## pack_block throughput, web-mix lengths (load {load_label()})\n")
     print(
         table(
@@ -413,17 +412,255 @@ def part_plan(args) -> list[dict]:
                 "CPU s",
                 "documents/s (wall)",
                 "documents/s (CPU)",
-                f"projected s for {args.plan_docs:,}",
+                f"projected CPU s for {args.plan_docs:,}",
                 "load",
             ],
         ),
         flush=True,
     )
+    del lengths
     if not packing_accepted():
         print(
             "\n[computed-order startup/resume and the Megatron-order packed build: not run, "
             "MegatronDataConfig does not accept packing='best-fit' in this tree]"
         )
+        return out
+    return out + part_startup(args) + part_build(args)
+
+
+def blend_prefix(args, docs: int) -> tuple[str, int]:
+    """benchmarks/startup_data.py's one-prefix file of ``docs`` documents (made once): its
+    prefix and tokens."""
+    from startup_data import make_blend
+
+    blend = make_blend(args.scale_dir, 1, docs)
+    return blend["prefixes"][0], int(blend["tokens"])
+
+
+def part_startup(args) -> list[dict]:
+    """The computed order's start and resume in fresh processes, concatenated and packed."""
+    seq = 2048
+    cases = []
+    for docs in args.start_docs:
+        prefix, tokens = blend_prefix(args, docs)
+        for at_share in (0.0, args.resume_at):
+            for packing in ("concat", "best-fit"):
+                cases.append((docs, at_share, packing, prefix, tokens))
+    runs: dict[tuple, list[dict]] = {c[:3]: [] for c in cases}
+    for r in range(args.rounds):
+        for docs, at_share, packing, prefix, tokens in cases[r % 2 :] + cases[: r % 2]:
+            payload = {
+                "prefix": prefix,
+                "seq": seq,
+                "packing": packing,
+                "eod": 50256,
+                "samples": tokens // (seq + 1),
+                "at_share": at_share,
+                "micro_batch": MICRO_BATCH,
+            }
+            got = run_side(sys.executable, COMPUTED_START, payload)
+            runs[(docs, at_share, packing)].append(got)
+            print(
+                f"  computed {docs:,} docs at {at_share:g} {packing}:",
+                json.dumps({k: rounded(v) for k, v in got.items()}),
+                flush=True,
+            )
+    rows, out = [], []
+    for key, got in runs.items():
+        docs, at_share, packing = key
+        med = {k: statistics.median(g[k] for g in got) for k in ("first_s", "data_s", "build_s")}
+        rows.append(
+            [
+                f"{docs:,}",
+                "start" if not at_share else f"resume at row {got[0]['at']:,}",
+                packing,
+                f"{med['first_s']:.2f}",
+                f"{med['data_s']:.3f}",
+                f"{med['build_s']:.3f}",
+                f"{statistics.median(g['rss_first_mb'][0] for g in got):,.0f}",
+                f"{statistics.median(g['load'] for g in got):.1f}",
+            ]
+        )
+        out.append({"docs": docs, "at_share": at_share, "packing": packing, "runs": got})
+    print(
+        f"\n## computed order: start and resume, S = {seq} (load {load_label()}; "
+        f"medians of {args.rounds})\n"
+    )
+    print(
+        table(
+            rows,
+            [
+                "documents",
+                "case",
+                "packing",
+                "process start to first micro-batch s",
+                "build + first micro-batch s",
+                "of which build s",
+                "peak RSS MB",
+                "load",
+            ],
+        ),
+        flush=True,
+    )
+    return out
+
+
+def part_build(args) -> list[dict]:
+    """The Megatron order's index build, packed against concatenated, one fresh process each
+    on an empty cache folder (benchmarks/index_scale.py's data, request and measure)."""
+    from startup import NULL_TOKENIZER
+
+    seq = 2048
+    rows, out = [], []
+    for docs in args.build_docs:
+        prefix, tokens = blend_prefix(args, docs)
+        with open(prefix + ".idx", "rb") as f:  # both sides find the .idx in the page cache
+            while f.read(64 << 20):
+                pass
+        runs: dict[str, list[dict]] = {"concat": [], "best-fit": []}
+        for r in range(args.build_rounds):
+            for packing in list(runs)[r % 2 :] + list(runs)[: r % 2]:
+                cache = Path(tempfile.mkdtemp(prefix="build-", dir=args.scale_dir))
+                try:
+                    got = run_side(
+                        sys.executable,
+                        MEGATRON_BUILD,
+                        {
+                            "prefix": prefix,
+                            "seq": seq,
+                            "cache": str(cache),
+                            "policy": args.build_policy,
+                            "tokenizer": NULL_TOKENIZER,
+                            "packing": packing,
+                            "size": tokens // seq // 2,
+                        },
+                    )
+                finally:
+                    subprocess.run(["rm", "-rf", str(cache)], check=False)
+                runs[packing].append(got)
+                print(
+                    f"  megatron build {docs:,} docs {packing}:",
+                    json.dumps({k: rounded(v) for k, v in got.items()}),
+                    flush=True,
+                )
+        for packing, got in runs.items():
+            rows.append(
+                [
+                    f"{docs:,}",
+                    packing,
+                    args.build_policy,
+                    f"{statistics.median(g['s'] for g in got):.1f}",
+                    f"{statistics.median(g['cpu'] for g in got):.1f}",
+                    f"{statistics.median(g['hwm_mb'] for g in got):,.0f}",
+                    f"{got[0]['len']:,}",
+                    f"{statistics.median(g['load'] for g in got):.1f}",
+                ]
+            )
+            out.append({"docs": docs, "packing": packing, "runs": got})
+    print(
+        f"\n## Megatron order: index build, S = {seq}, half an epoch requested "
+        f"(load {load_label()})\n"
+    )
+    print(
+        table(
+            rows,
+            [
+                "documents",
+                "packing",
+                "build_policy",
+                "build s",
+                "CPU s",
+                "peak RSS MB",
+                "samples",
+                "load",
+            ],
+        ),
+        flush=True,
+    )
+    return out
+
+
+def part_read(args, mixes: dict) -> list[dict]:
+    """The loader's first pass, packed against concatenated, on the same web file (module
+    docstring): fresh processes, the file in the page cache, sides alternating per round."""
+    from common import PROBE
+
+    from tokenload.format import warmup_file
+
+    prefix = mixes["web"]
+    lengths = document_lengths(prefix)
+    seq = 2048
+    warmup_file(prefix + ".idx")
+    warmup_file(prefix + ".bin")
+    epoch = int(lengths.sum()) // (seq + 1)
+    sides = [(p, w) for w in args.read_workers for p in ("concat", "best-fit")]
+    runs: dict[tuple, list[dict]] = {s: [] for s in sides}
+    rng = np.random.default_rng(5)
+    for r in range(args.rounds):
+        # a start of its own per round, the same for every side of the round (fresh rows)
+        start = int(rng.integers(0, max(epoch - args.read_samples - 2 * MICRO_BATCH, 1)))
+        start -= start % MICRO_BATCH
+        for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
+            packing, workers = side
+            payload = {
+                "prefix": prefix,
+                "seq": seq,
+                "packing": packing,
+                "eod": eod_id(prefix),
+                "request": epoch,
+                "micro_batch": MICRO_BATCH,
+                "workers": workers,
+                "start": start,
+                "samples": args.read_samples,
+                "probe": PROBE,
+            }
+            got = run_side(sys.executable, READ, payload)
+            runs[side].append(got)
+            print(
+                f"  read round {r + 1} {packing} {workers} workers from {start:,}:",
+                json.dumps({k: rounded(v) for k, v in got.items()}),
+                flush=True,
+            )
+    rows, out = [], []
+    for workers in args.read_workers:
+        concat, packed = runs[("concat", workers)], runs[("best-fit", workers)]
+        ratio = [p["rate"] / c["rate"] for p, c in zip(packed, concat)]
+        cpu = [c["cpu_us"] / p["cpu_us"] for p, c in zip(packed, concat)]
+        for packing, got in (("concat", concat), ("best-fit", packed)):
+            rows.append(
+                [
+                    f"{workers}",
+                    packing,
+                    f"{statistics.median(g['rate'] for g in got):,.0f}",
+                    f"{statistics.median(g['cpu_us'] for g in got):,.0f}",
+                    ""
+                    if packing == "concat"
+                    else f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})",
+                    "" if packing == "concat" else f"{statistics.median(cpu):.2f}",
+                    f"{statistics.median(g['load'] for g in got):.1f}",
+                ]
+            )
+        out.append({"workers": workers, "concat": concat, "best-fit": packed})
+    print(
+        f"\n## loader first pass, computed order, S = {seq}, micro-batch {MICRO_BATCH}, "
+        f"{args.read_samples:,} samples per pass (load {load_label()}; medians of "
+        f"{args.rounds})\n"
+    )
+    print(
+        table(
+            rows,
+            [
+                "workers",
+                "packing",
+                "samples/s",
+                "CPU us per micro-batch",
+                "best-fit / concat samples/s (per round: range)",
+                "by CPU (concat CPU / best-fit CPU)",
+                "load",
+            ],
+        ),
+        flush=True,
+    )
     return out
 
 
@@ -467,6 +704,38 @@ def main() -> None:
         default=60.0,
         help="stop each pack_block throughput case after this long (a rate still)",
     )
+    ap.add_argument(
+        "--plan-blocks",
+        type=int,
+        nargs="+",
+        default=[1 << 16, 1 << 20],
+        help="pack_block's blocks for its throughput (the computed order's and the"
+        " Megatron order's defaults)",
+    )
+    ap.add_argument("--start-docs", type=int, nargs="+", default=[200_000, 5_000_000])
+    ap.add_argument(
+        "--resume-at",
+        type=float,
+        default=0.98,
+        help="the resume's row, as a share of the first epoch's rows",
+    )
+    ap.add_argument("--build-docs", type=int, nargs="+", default=[100_000_000])
+    ap.add_argument("--build-rounds", type=int, default=1)
+    ap.add_argument("--build-policy", default="auto", choices=["auto", "every-rank"])
+    ap.add_argument(
+        "--scale-dir",
+        default="/tmp/tokenload-bench/index-scale",
+        help="benchmarks/startup_data.py's files (shared with index_scale.py)",
+    )
+    ap.add_argument("--read-workers", type=int, nargs="+", default=[0, 2])
+    ap.add_argument(
+        "--read-samples",
+        type=int,
+        default=32768,
+        help="samples per timed pass (the computed order packs a block of 65,536"
+        " documents, ~30k rows at S = 2048, as reading reaches it: a pass this long"
+        " pays at least one)",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     data = Path(args.data_dir)
@@ -498,8 +767,11 @@ def main() -> None:
         results["peers"] = part_peers(args, mixes, work)
     if "plan" in args.parts:
         results["plan"] = part_plan(args)
-    if "read" in args.parts and not packing_accepted():
-        print("\n[read path: not run, MegatronDataConfig does not accept packing='best-fit']")
+    if "read" in args.parts:
+        if not packing_accepted():
+            print("\n[read path: not run, MegatronDataConfig does not accept packing='best-fit']")
+        elif "web" in mixes:
+            results["read"] = part_read(args, mixes)
     print(f"\nload average at end {os.getloadavg()}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, default=str))

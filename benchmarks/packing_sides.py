@@ -190,3 +190,84 @@ np.savez(a["rows"], slots=seq, offsets=np.r_[0, np.cumsum(counts)], doc=piece_do
 print(json.dumps(out))
 """
 )
+
+# The plan cost (packing.py's ``plan`` part), tokenload only, one fresh process per measure:
+# the computed order's build and first micro-batch at row ``at`` (0: a start; near the epoch's
+# end: a resume), ``packing`` "concat" or "best-fit"; payload ``prefix``, ``seq``, ``at``.
+COMPUTED_START = (
+    PRELUDE
+    + r"""
+import numpy as np
+from tokenload.datasets import MegatronDataConfig, build_datasets
+out = {"import_s": time.time() - T_IMPORT}
+t = time.time()
+cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
+                         split="100,0,0", order="computed", packing=a["packing"],
+                         eod_id=a["eod"], pad_id=0)
+ds = build_datasets(cfg, [a["samples"], 0, 0])[0]
+out["build_s"] = time.time() - t
+at = int(a["at_share"] * ds.samples_per_epoch) if a["at_share"] else 0
+batch = ds.__getitems__(np.arange(at, at + a["micro_batch"]))
+out["data_s"] = time.time() - t
+out["first_s"] = elapsed()
+out["at"] = at
+out["epoch_rows"] = int(ds.samples_per_epoch)
+out["rss_first_mb"] = rss_mb()
+print(json.dumps(out))
+"""
+)
+
+# The Megatron order's index build (``build_policy`` "auto": built and written, as one rank of a
+# job that finds no cache; "every-rank": in memory), packed or concatenated, as
+# benchmarks/index_scale.py times it: the build call alone, wall and CPU, and the peak RSS.
+MEGATRON_BUILD = (
+    PRELUDE
+    + r"""
+import resource
+from tokenload.datasets import MegatronDataConfig, build_datasets
+cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
+                         split="100,0,0", path_to_cache=a["cache"], build_policy=a["policy"],
+                         mid_level_dataset_surplus=0.005, tokenizer=a["tokenizer"],
+                         packing=a["packing"])
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF); return r.ru_utime + r.ru_stime
+c0, t0 = cpu(), time.perf_counter()
+ds = build_datasets(cfg, [a["size"], 0, 0])[0]
+t1, c1 = time.perf_counter(), cpu()
+print(json.dumps({"s": t1 - t0, "cpu": c1 - c0, "hwm_mb": hwm_mb(), "len": len(ds)}))
+"""
+)
+
+# The read path (packing.py's ``read`` part): a fresh process builds the computed order's train
+# split of ``prefix`` (``packing`` "concat" or "best-fit") and reads ``samples`` samples from
+# row ``start`` with tokenload's loader (``workers`` processes), its first micro-batch untimed
+# (worker start-up, the first block's plan); then samples/s and CPU per micro-batch (this
+# process and its workers), benchmarks/common.py's PROBE.
+READ = (
+    PRELUDE
+    + r"""
+import numpy as np
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.loader import build_dataloader
+exec(a["probe"])
+cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
+                         split="100,0,0", order="computed", packing=a["packing"],
+                         eod_id=a["eod"], pad_id=a["eod"])
+ds = build_datasets(cfg, [a["request"], 0, 0])[0]
+mb = a["micro_batch"]
+loader = build_dataloader(ds, micro_batch_size=mb, num_workers=a["workers"], dp_rank=0,
+                          dp_size=1, persistent_workers=True, consumed_samples=a["start"])
+it = iter(loader)
+next(it)
+pids = [p.pid for p in loader.worker_processes]
+steps = a["samples"] // mb
+def body():
+    for _ in range(steps):
+        next(it)
+    return steps * mb
+out = timed(body, steps, pids)
+out["padding_in_batch"] = None
+loader.close()
+print(json.dumps(out))
+"""
+)
