@@ -163,9 +163,9 @@ def test_prepare_cache_into_the_bucket_then_a_fresh_job_loads_it(files, referenc
     assert job.returncode == 0, job.stderr
     result = json.loads(job.stdout.splitlines()[-1])
     assert result["digests"] == _digests(reference)
-    # the manifest, 24 cached arrays (6 GPT caches of 3, 3 blends of 2), their 9 sidecars (the
-    # content hashes map_array verifies each array against) and 2 .idx files, each once
-    assert result["stats"]["index_downloads"] == 1 + 24 + 9 + 2
+    # the manifest, 24 cached arrays (6 GPT caches of 3, 3 blends of 2) and 2 .idx files, each
+    # once; no sidecar: map_array verifies each array against the manifest's digests
+    assert result["stats"]["index_downloads"] == 1 + 24 + 2
     assert _names(s3, folder) == names  # the job wrote nothing
 
 
