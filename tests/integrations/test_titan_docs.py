@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 SELECT = ["--module", "my_configs", "--config", "llama3_8b_tokenload"]
 _FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 _SPAN = re.compile(r"`([^`]+)`")
@@ -84,7 +84,10 @@ def parse(tmp_path: Path, arg_lists: list[list[str]]) -> list[dict]:
 
 
 def test_the_extraction_finds_code_spans_and_fenced_lines():
-    page = "run `torchrun -m\ntorchtitan.train --module a --config b`.\n```bash\nx \\\n  --dataloader.seed 1\n```\n"
+    page = (
+        "run `torchrun -m\ntorchtitan.train --module a --config b`.\n"
+        "```bash\nx \\\n  --dataloader.seed 1\n```\n"
+    )
     assert [t for t in code_texts(page) if is_titan_command(t)] == [
         "x    --dataloader.seed 1",
         "torchrun -m torchtitan.train --module a --config b",
