@@ -323,3 +323,21 @@ def test_a_killed_worker_is_replaced_and_the_packed_rows_are_the_fault_free_ones
     finally:
         loader.close()
     np.testing.assert_array_equal(np.concatenate(got), want)
+
+
+@ORDERS
+def test_a_state_of_concatenated_samples_does_not_resume_into_packed_rows(tmp_path, order):
+    from tokenload.errors import StateError
+
+    a, _ = corpus(tmp_path, 1, 400, seed=17)
+    b, _ = corpus(tmp_path, 2, 400, seed=18)
+    blend = ["0.5", a, "0.5", b]
+    concat, _, _ = build_datasets(config(blend=blend, order=order, packing="concat"), [64, 0, 0])
+    packed, _, _ = build_datasets(config(blend=blend, order=order), [64, 0, 0])
+    loader = build_dataloader(concat, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    resumed = build_dataloader(packed, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    with pytest.raises(StateError):
+        resumed.load_state_dict(state)

@@ -107,8 +107,12 @@ class ComputedBlendedDataset(_Items, BlendContract):
 
     @property
     def order_fingerprint(self) -> str:
-        """What every phase of a run must share: seed, block size and item layout."""
+        """What every phase of a run must share: seed, block size and item layout, and for
+        packed rows the packing (a cursor counts rows there, windows otherwise)."""
         text = f"computed-blend|{self.seed}|{self.block_size}|{self.item!r}"
+        if self.packed:
+            rows = self.datasets[0].rows
+            text += f"|packed|best-fit|{rows.block_documents}|{rows.max_documents}"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
