@@ -1,0 +1,117 @@
+"""The check of an index cache without a tokenload sidecar (Megatron wrote it) at scale: seconds
+and peak NumPy memory of ``gpt_cache_mismatches`` on one-epoch GPT arrays of ``--docs``
+documents, this tree's against a baseline copy of ``cache_match.py`` (issue 36, point 16).
+
+Usage: python benchmarks/cache_match_scale.py [--docs 100000000] [--seq 2048] [--rounds 3]
+           [--baseline OLD/cache_match.py] [--ordered]
+
+The arrays are those of a Megatron build of one epoch: documents of mean 1,000 tokens (lengths
+uniform in 1..1999, seed 0), the document index a permutation of them (``--ordered``: in file
+order, as benchmarks/integrity.py has it), sample k at stream position k x S with Megatron's
+convention at document ends, the shuffle a permutation of the samples; both sides must find
+them consistent. Sides alternate within each round in one process, on the same arrays in memory
+(no page cache or disk in the figure). Peak memory is tracemalloc's (NumPy reports its buffers
+to it): the temporaries the check allocates, the arrays themselves excluded.
+
+A baseline is a copy of the module from another commit, e.g.
+``git show 71d25ed:src/tokenload/datasets/megatron/cache_match.py > /tmp/cache_match_old.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from tokenload.datasets.megatron import cache_match
+
+
+def arrays_for(docs: int, seq: int, *, ordered: bool, extra: int = 1):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 2000, size=docs, dtype=np.int32)
+    if ordered:
+        documents = np.arange(docs, dtype=np.int32)
+    else:
+        documents = rng.permutation(docs).astype(np.int32)
+    cum = np.zeros(docs + 1, dtype=np.int64)
+    np.cumsum(lengths[documents], dtype=np.int64, out=cum[1:])
+    samples = int((cum[-1] - extra) // seq)
+    stream = np.arange(samples + 1, dtype=np.int64) * seq
+    pos = np.searchsorted(cum, stream + extra - 1, side="right") - 1  # Megatron's document ends
+    pos[0] = 0
+    sample_index = np.empty((samples + 1, 2), dtype=np.int32)
+    sample_index[:, 0] = pos
+    sample_index[:, 1] = stream - cum[pos]
+    del cum, stream, pos
+    shuffle = rng.permutation(samples).astype(np.uint32 if samples < 2**32 else np.int64)
+    arrays = {"document_index": documents, "sample_index": sample_index, "shuffle_index": shuffle}
+    return arrays, lengths
+
+
+def load(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("cache_match_baseline", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(check) -> tuple[float, float]:
+    """Seconds and peak MiB of traced allocations of one call (which must find no mismatch)."""
+    gc.collect()
+    tracemalloc.start()
+    start = time.perf_counter()
+    reasons = check()
+    seconds = time.perf_counter() - start
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    assert reasons == [], reasons
+    return seconds, peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=100_000_000)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--baseline", help="another commit's cache_match.py, timed beside this one")
+    ap.add_argument("--ordered", action="store_true", help="document index in file order")
+    args = ap.parse_args()
+    made = time.perf_counter()
+    arrays, lengths = arrays_for(args.docs, args.seq, ordered=args.ordered)
+    mib = sum(a.nbytes for a in arrays.values()) / 2**20
+    print(f"{args.docs:,} documents ({'ordered' if args.ordered else 'shuffled'} document index),"
+          f" {arrays['shuffle_index'].size:,} samples of S={args.seq}, arrays {mib:,.0f} MiB +"
+          f" lengths {lengths.nbytes / 2**20:,.0f} MiB (made in {time.perf_counter() - made:.0f}"
+          f" s); nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}", flush=True)
+    sides = {"this tree": cache_match}
+    if args.baseline:
+        sides["baseline"] = load(args.baseline)
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    for r in range(args.rounds):
+        for name, module in (sides.items() if r % 2 == 0 else reversed(sides.items())):
+            got = measure(lambda m=module: m.gpt_cache_mismatches(
+                arrays, lengths, 0, args.docs, sequence_length=args.seq, extra=1))
+            results[name].append(got)
+            print(f"  round {r + 1} {name}: {got[0]:.2f} s, peak {got[1]:,.0f} MiB "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+    print("\n| side | median s | min-max s | peak MiB of temporaries |\n|---|---|---|---|")
+    for name, values in results.items():
+        seconds = [s for s, _ in values]
+        print(f"| {name} | {statistics.median(seconds):.2f} | {min(seconds):.2f}-"
+              f"{max(seconds):.2f} | {max(p for _, p in values):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
