@@ -91,7 +91,8 @@ def configs(p: dict[str, str], work: str) -> dict[str, list[str]]:
                            "--no-create-attention-mask-in-dataloader"],
         # documents without a trailing EOD: megatron-core's boundaries are the documents'
         # lengths (cu_seqlens padded to S + 1, so micro-batches of 2 collate)
-        "inter-document-no-eod": INTER_DOCUMENT + ["--data-path", p["n"]],
+        "inter-document-no-eod": [*INTER_DOCUMENT, "--data-path", p["n"]],
+        "mock-inter-document": [*INTER_DOCUMENT, "--mock-data"],
     }
 
 
