@@ -45,6 +45,7 @@ from .idx import (
     resolve_float_dtype,
 )
 from .legacy import is_legacy, read_legacy
+from .prefixes import folder_message, missing_prefix_hint
 from .sequences import check_counts, header_from_counts
 from .sidecar import read_sidecar, sidecar_path
 
@@ -305,7 +306,7 @@ def _missing_index(exc: OSError, path: str) -> StorageError:
     folder, name = os.path.split(path)
     leftovers = glob.glob(os.path.join(glob.escape(folder or "."), f".{glob.escape(name)}.tmp-*"))
     if not leftovers:
-        return read_error(exc, path, "the index")
+        return missing_prefix_error(exc, path)
     return StorageError(
         f"cannot read the index ({exc.strerror}); its hidden temporary "
         f"{os.path.basename(leftovers[0])}"
@@ -315,6 +316,25 @@ def _missing_index(exc: OSError, path: str) -> StorageError:
         " files could not be put in place here (a read-only folder?); rerun it (a new merge removes"
         " the leftovers), or open the prefix once from an account that may write its folder",
     )
+
+
+def missing_prefix_error(exc: OSError, idx_path: str) -> StorageError:
+    """The error for an ``.idx`` that cannot be opened: for a missing one (a prefix that misses,
+    or a folder given as a prefix) the hint names the nearest existing prefixes."""
+    error = read_error(exc, idx_path, "the index")
+    if not isinstance(exc, FileNotFoundError) or "://" in idx_path:
+        return error
+    prefix = idx_path[: -len(".idx")] if idx_path.endswith(".idx") else idx_path
+    folder = prefix if os.path.isdir(prefix) else prefix.rstrip("/\\")
+    message = folder_message(folder)
+    hint = missing_prefix_hint(folder)
+    if message is None and hint is None:
+        return error
+    missing = StorageError(
+        message or error.message, path=None if message else idx_path, hint=hint or error.hint
+    )
+    missing.strerror = exc.strerror
+    return missing
 
 
 def _check_bin_size(

@@ -29,6 +29,7 @@ import xxhash
 from ...errors import FormatError
 from ...format.idx import FLOAT_CODES, HEADER_SIZE, parse_header
 from ...format.legacy import is_legacy
+from ...format.opening import missing_prefix_error
 from ...format.sequences import SequencesFile, check_counts, check_index_size
 from ...index import split_range
 from ...index.splits import Bookend
@@ -106,8 +107,8 @@ def file_extent(
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     try:
         fd = os.open(local_path(idx_path), os.O_RDONLY)  # a URL's .idx: its local copy
-    except OSError as exc:
-        raise read_error(exc, idx_path, "the index") from None
+    except OSError as exc:  # a missing one: the hint names the nearest existing prefixes
+        raise missing_prefix_error(exc, idx_path) from None
     try:
         entry = None if sequences is None else sequences.entry(prefix)
         source = None if sequences is None else sequences.path  # where the counts come from
