@@ -5,13 +5,14 @@ documents, this tree's against a baseline copy of ``cache_match.py`` (issue 36, 
 Usage: python benchmarks/cache_match_scale.py [--docs 100000000] [--seq 2048] [--rounds 3]
            [--baseline OLD/cache_match.py] [--ordered]
 
-The arrays are those of a Megatron build of one epoch: documents of mean 1,000 tokens (lengths
-uniform in 1..1999, seed 0), the document index a permutation of them (``--ordered``: in file
-order, as benchmarks/integrity.py has it), sample k at stream position k x S with Megatron's
-convention at document ends, the shuffle a permutation of the samples; both sides must find
-them consistent. Sides alternate within each round in one process, on the same arrays in memory
-(no page cache or disk in the figure). Peak memory is tracemalloc's (NumPy reports its buffers
-to it): the temporaries the check allocates, the arrays themselves excluded.
+The arrays are benchmarks/integrity.py's, those of a Megatron build of one epoch: documents of
+mean 1,000 tokens (lengths uniform in 1..1999, seed 0), sample k at stream position k x S with
+Megatron's convention at document ends, the shuffle a permutation of the samples; the document
+index a permutation of the documents, as Megatron's is (``--ordered``: in file order, as
+integrity.py has it); both sides must find them consistent. Sides alternate within each round
+in one process, on the same arrays in memory (no page cache or disk in the figure). Peak memory
+is tracemalloc's (NumPy reports its buffers to it): the temporaries the check allocates, the
+arrays themselves excluded.
 
 A baseline is a copy of the module from another commit, e.g.
 ``git show 71d25ed:src/tokenload/datasets/megatron/cache_match.py > /tmp/cache_match_old.py``.
@@ -34,29 +35,22 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import integrity
+
 from tokenload.datasets.megatron import cache_match
 
 
-def arrays_for(docs: int, seq: int, *, ordered: bool, extra: int = 1):
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(1, 2000, size=docs, dtype=np.int32)
+def arrays_for(docs: int, seq: int, *, ordered: bool):
+    """integrity.py's arrays (document index in file order); unless ``ordered``, the documents
+    renumbered by a random permutation, which shuffles the document index as Megatron's is and
+    keeps the token stream, and so the sample index, as it was."""
+    arrays, lengths = integrity.arrays_for(docs, seq)
     if ordered:
-        documents = np.arange(docs, dtype=np.int32)
-    else:
-        documents = rng.permutation(docs).astype(np.int32)
-    cum = np.zeros(docs + 1, dtype=np.int64)
-    np.cumsum(lengths[documents], dtype=np.int64, out=cum[1:])
-    samples = int((cum[-1] - extra) // seq)
-    stream = np.arange(samples + 1, dtype=np.int64) * seq
-    pos = np.searchsorted(cum, stream + extra - 1, side="right") - 1  # Megatron's document ends
-    pos[0] = 0
-    sample_index = np.empty((samples + 1, 2), dtype=np.int32)
-    sample_index[:, 0] = pos
-    sample_index[:, 1] = stream - cum[pos]
-    del cum, stream, pos
-    shuffle = rng.permutation(samples).astype(np.uint32 if samples < 2**32 else np.int64)
-    arrays = {"document_index": documents, "sample_index": sample_index, "shuffle_index": shuffle}
-    return arrays, lengths
+        return arrays, lengths
+    ids = np.random.default_rng(1).permutation(docs).astype(np.int32)
+    renumbered = np.empty_like(lengths)
+    renumbered[ids] = lengths  # file id ids[j] holds the j-th document of the stream
+    return {**arrays, "document_index": ids}, renumbered
 
 
 def load(path: str) -> ModuleType:
@@ -91,26 +85,37 @@ def main() -> None:
     made = time.perf_counter()
     arrays, lengths = arrays_for(args.docs, args.seq, ordered=args.ordered)
     mib = sum(a.nbytes for a in arrays.values()) / 2**20
-    print(f"{args.docs:,} documents ({'ordered' if args.ordered else 'shuffled'} document index),"
-          f" {arrays['shuffle_index'].size:,} samples of S={args.seq}, arrays {mib:,.0f} MiB +"
-          f" lengths {lengths.nbytes / 2**20:,.0f} MiB (made in {time.perf_counter() - made:.0f}"
-          f" s); nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{args.docs:,} documents ({'ordered' if args.ordered else 'shuffled'} document index),"
+        f" {arrays['shuffle_index'].size:,} samples of S={args.seq}, arrays {mib:,.0f} MiB +"
+        f" lengths {lengths.nbytes / 2**20:,.0f} MiB (made in {time.perf_counter() - made:.0f}"
+        f" s); nproc {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     sides = {"this tree": cache_match}
     if args.baseline:
         sides["baseline"] = load(args.baseline)
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
     for r in range(args.rounds):
-        for name, module in (sides.items() if r % 2 == 0 else reversed(sides.items())):
-            got = measure(lambda m=module: m.gpt_cache_mismatches(
-                arrays, lengths, 0, args.docs, sequence_length=args.seq, extra=1))
+        for name, module in sides.items() if r % 2 == 0 else reversed(sides.items()):
+            got = measure(
+                lambda m=module: m.gpt_cache_mismatches(
+                    arrays, lengths, 0, args.docs, sequence_length=args.seq, extra=1
+                )
+            )
             results[name].append(got)
-            print(f"  round {r + 1} {name}: {got[0]:.2f} s, peak {got[1]:,.0f} MiB "
-                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
+            print(
+                f"  round {r + 1} {name}: {got[0]:.2f} s, peak {got[1]:,.0f} MiB "
+                f"(load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     print("\n| side | median s | min-max s | peak MiB of temporaries |\n|---|---|---|---|")
     for name, values in results.items():
         seconds = [s for s, _ in values]
-        print(f"| {name} | {statistics.median(seconds):.2f} | {min(seconds):.2f}-"
-              f"{max(seconds):.2f} | {max(p for _, p in values):,.0f} |")
+        print(
+            f"| {name} | {statistics.median(seconds):.2f} | {min(seconds):.2f}-"
+            f"{max(seconds):.2f} | {max(p for _, p in values):,.0f} |"
+        )
 
 
 if __name__ == "__main__":
