@@ -135,9 +135,16 @@ class _Layout:
         return Row(rank, micro, row, sample, pieces)
 
 
-def _prepared(dataset: Any, state: dict[str, Any] | None) -> Any:
-    """The dataset the loader reads, put where ``state``'s run left its mixture."""
+def _prepared(dataset: Any, state: dict[str, Any] | None, needs: type, what: str) -> Any:
+    """The dataset the loader reads, put where ``state``'s run left its mixture; a
+    ``ConfigError`` unless it answers the query (the protocol ``needs``)."""
     data = loader_dataset(dataset)
+    if not isinstance(data, needs):
+        raise ConfigError(
+            f"{what} needs a tokenload dataset of the Megatron or computed order; this is a"
+            f" {type(dataset).__name__}",
+            hint="build the data with tokenload.datasets.build_datasets",
+        )
     if state is not None and state.get("mixture") is not None:
         mixture = data.mixture_cursors()
         if mixture is not None:
@@ -160,13 +167,7 @@ def explain(
     (default: one rank reading the whole global batch). Changes ``dataset``'s mixture to the
     state's (build it for the query)."""
     layout = _Layout(dataset, global_batch_size, state, micro_batch_size, dp_size)
-    data = _prepared(dataset, state)
-    if not isinstance(data, PieceSource):
-        raise ConfigError(
-            f"explain needs a tokenload dataset of the Megatron or computed order; this is a"
-            f" {type(dataset).__name__}",
-            hint="build the data with tokenload.datasets.build_datasets",
-        )
+    data = _prepared(dataset, state, PieceSource, "explain")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ConfigError(f"step is {step!r}; expected an int >= 0", hint="pass a global step")
     first = layout.first_sample(step)
@@ -216,13 +217,7 @@ def where(
     of member ``source`` of the blend (0 for one source), with the rows; samples a skip dropped
     are listed apart. Direct (module docstring): no pass over the steps."""
     layout = _Layout(dataset, global_batch_size, state, micro_batch_size, dp_size)
-    data = _prepared(dataset, state)
-    if not isinstance(data, DocumentSamples):
-        raise ConfigError(
-            f"where needs a tokenload dataset of the Megatron or computed order; this is a"
-            f" {type(dataset).__name__}",
-            hint="build the data with tokenload.datasets.build_datasets",
-        )
+    data = _prepared(dataset, state, DocumentSamples, "where")
     members = len(loader_dataset(dataset).describe_sources().members)
     if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < members:
         raise ConfigError(

@@ -80,18 +80,25 @@ def _pick(param: np.ndarray, sel: np.ndarray) -> np.ndarray:
     return param if param.shape[-1] == 1 else param[..., sel]
 
 
+def _round(right: np.ndarray, key: np.ndarray, ring: np.ndarray) -> np.ndarray:
+    """The round function: a multiply-xorshift hash of (R, round key), its high 32 bits scaled
+    into ``[0, ring)``."""
+    f = right ^ key
+    f *= _M1
+    f ^= f >> _S29
+    f *= _M2
+    f >>= _S32
+    f *= ring
+    f >>= _S32
+    return f
+
+
 def _network(x: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """One pass of the Feistel network over ``Z_a x Z_b`` (x < a*b, uint64)."""
     left, right = np.divmod(x, b)
     ring_left, ring_right = a, b
     for r in range(_ROUNDS):
-        f = right ^ keys[r]
-        f *= _M1
-        f ^= f >> _S29
-        f *= _M2
-        f >>= _S32
-        f *= ring_left  # the high 32 bits scaled into [0, ring_left)
-        f >>= _S32
+        f = _round(right, keys[r], ring_left)
         f += left
         f %= ring_left
         left, right = right, f
@@ -124,14 +131,7 @@ def _network_inverse(y: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarr
     left, right = np.divmod(y, b)
     for r in reversed(range(_ROUNDS)):
         ring = a if r % 2 == 0 else b
-        f = left ^ keys[r]
-        f *= _M1
-        f ^= f >> _S29
-        f *= _M2
-        f >>= _S32
-        f *= ring
-        f >>= _S32
-        left, right = (right + ring - f) % ring, left
+        left, right = (right + ring - _round(left, keys[r], ring)) % ring, left
     return left * b + right
 
 
