@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -28,8 +29,10 @@ from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.config.manager import custom_registry
 
+from integrations.lightning_app import RangeDataset, Recorder, trainer
 from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.integrations.lightning import TokenloadDataModule
 from tokenload.integrations.megatron import MegatronLoader, metric_scalars
 from tokenload.integrations.scalars import loader_scalars
 from tokenload.integrations.torchtitan import TokenloadTitanDataLoader
@@ -157,72 +160,26 @@ def test_megatron_restarts_scalar_counts_a_killed_worker(token_dataset):
 STEPS = 8
 
 
-class _RangeDataset:
-    """Sample k is ``[k, k + 1, ...]``: a row's first token names its sample."""
-
-    def __init__(self, n: int, seq_len: int = 4) -> None:
-        self.n, self.seq_len = n, seq_len
-
-    def __len__(self) -> int:
-        return self.n
-
-    @property
-    def fingerprint(self) -> str:
-        return f"range:{self.n}:{self.seq_len}"
-
-    def __getitems__(self, indices) -> dict[str, np.ndarray]:
-        rows = np.asarray(indices, dtype=np.int64)[:, None] + np.arange(self.seq_len + 1)
-        return {"tokens": rows[:, :-1], "labels": rows[:, 1:]}
-
-
 def _fit(make, ckpt_dir=None, ckpt_path=None, accumulate=1):
-    import lightning.pytorch as pl
-
-    class Recorder(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: list[int] = []
-
-        def training_step(self, batch, batch_idx):
-            self.seen += batch["tokens"][:, 0].tolist()
-            return self.layer(torch.ones(batch["tokens"].shape[0], 1)).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    options = dict(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        use_distributed_sampler=False,
-        max_steps=STEPS,
-        accumulate_grad_batches=accumulate,
-    )
+    """The first token of every training row (its sample), and the checkpoints by step."""
+    options: dict = {"max_steps": STEPS, "accumulate_grad_batches": accumulate}
     if ckpt_dir is not None:
         every = pl.callbacks.ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=1, save_top_k=-1)
         options.update(enable_checkpointing=True, callbacks=[every])
     model = Recorder()
-    pl.Trainer(**options).fit(model, make(), ckpt_path=ckpt_path)
+    trainer(**options).fit(model, make(), ckpt_path=ckpt_path)
     ckpts = (
         {} if ckpt_dir is None else {int(p.stem.split("step=")[1]): p for p in ckpt_dir.iterdir()}
     )
-    return model.seen, ckpts
+    return [sample for *_, ids in model.train_seen for sample in ids], ckpts
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
 def test_lightning_resume_without_loader_state_keeps_the_fit_s_offset(tmp_path, caplog, accumulate):
-    from tokenload.integrations.lightning import TokenloadDataModule
-
     offset, mbs, at = 12, 2, 3
     make = functools.partial(
         TokenloadDataModule,
-        train=_RangeDataset(200),
+        train=RangeDataset(200),
         micro_batch_size=mbs,
         consumed_samples=offset,
         num_workers=0,

@@ -20,6 +20,7 @@ import os
 import signal
 import time
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,11 +41,10 @@ def _claim(path: str) -> bool:
     return True
 
 
-class Spinning:
-    """The read of sample ``at`` spins in a pure-Python loop for ever, once."""
+class _Wrapped:
+    """A dataset read through ``self.dataset`` (its length and fingerprint)."""
 
-    def __init__(self, dataset, folder: str, at: int) -> None:
-        self.dataset, self.folder, self.at = dataset, folder, at
+    dataset: Any
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -52,6 +52,16 @@ class Spinning:
     @property
     def fingerprint(self) -> str:
         return self.dataset.fingerprint
+
+    def __getitems__(self, indices):
+        return self.dataset.__getitems__(indices)
+
+
+class Spinning(_Wrapped):
+    """The read of sample ``at`` spins in a pure-Python loop for ever, once."""
+
+    def __init__(self, dataset, folder: str, at: int) -> None:
+        self.dataset, self.folder, self.at = dataset, folder, at
 
     def __getitems__(self, indices):
         if self.at in indices and _claim(os.path.join(self.folder, "spin")):
@@ -61,20 +71,13 @@ class Spinning:
         return self.dataset.__getitems__(indices)
 
 
-class Gated:
+class Gated(_Wrapped):
     """The read of sample ``at`` waits for the file ``gate`` (touched when the training loop
     begins to wait for that batch), then takes ``slow_s`` more: slow, healthy, and started
     before the loop waits, as a read behind a long training step is."""
 
     def __init__(self, dataset, gate: str, at: int, slow_s: float) -> None:
         self.dataset, self.gate, self.at, self.slow_s = dataset, gate, at, slow_s
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    @property
-    def fingerprint(self) -> str:
-        return self.dataset.fingerprint
 
     def __getitems__(self, indices):
         if self.at in indices:
@@ -84,22 +87,12 @@ class Gated:
         return self.dataset.__getitems__(indices)
 
 
-class SlowToLoad:
+class SlowToLoad(_Wrapped):
     """Unpickling takes ``load_s`` of CPU in the worker (heavy imports, a large dataset): a
     spawned worker still starting, busy, not stuck."""
 
     def __init__(self, dataset, load_s: float) -> None:
         self.dataset, self.load_s = dataset, load_s
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    @property
-    def fingerprint(self) -> str:
-        return self.dataset.fingerprint
-
-    def __getitems__(self, indices):
-        return self.dataset.__getitems__(indices)
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
