@@ -1,6 +1,8 @@
 """Reading packed rows (``packing="best-fit"``), shared by the computed and Megatron orders: a
 row's document pieces read in one vectorized call, laid back to back in a window of
-``S + extra`` slots padded with ``pad_id``, with the row's document boundaries."""
+``S + extra`` slots padded with ``pad_id``, with the row's document boundaries
+(``items.finish_windows`` makes the item fields: position ids restart at each document, padding
+has no loss)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .items import Allocator, ItemConfig, build_items, document_bounds
+from .items import ItemConfig, document_bounds
 
-__all__ = ["finish_packed", "read_rows"]
+__all__ = ["read_rows"]
 
 
 def read_rows(
@@ -38,11 +40,3 @@ def read_rows(
         cols = np.arange(flat.size, dtype=np.int64) - np.repeat(row_starts, tokens)
         out[rows, cols] = flat
     return out, document_bounds(length, first, item.sequence_length, 0)
-
-
-def finish_packed(
-    batch: dict[str, Any], item: ItemConfig, alloc: Allocator | None
-) -> dict[str, np.ndarray]:
-    """The item fields of packed windows: position ids restart at every document; padding has
-    no loss."""
-    return build_items(batch["windows"], item, padded=True, alloc=alloc, bounds=batch["doc_bounds"])

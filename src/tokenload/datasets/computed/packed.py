@@ -36,8 +36,8 @@ from ...index.packing import pack_block
 from ...index.permutation import KeyedPermutation
 from ...index.window_order import WindowOrder, source_seed
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig
-from ..packed_rows import finish_packed, read_rows
+from ..items import Allocator, ItemConfig, finish_windows
+from ..packed_rows import read_rows
 from .computed_blend import _Items
 from .extents import Extent
 
@@ -300,7 +300,7 @@ class ComputedPackedDataset(_Items, OneSourceContract):
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        return finish_packed(batch, self.item, alloc)
+        return finish_windows(batch, self.item, alloc)
 
     def plan_pieces(self, indices: npt.ArrayLike) -> PlanPieces:
         """The document pieces each sample's row holds, as the plan lays them (the last may

@@ -38,8 +38,8 @@ from ...index.plan import MidLevelPlan
 from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig
-from ..packed_rows import finish_packed, read_rows
+from ..items import Allocator, ItemConfig, finish_windows
+from ..packed_rows import read_rows
 from .gpt_dataset import IndexArrays
 
 __all__ = ["PACK_BLOCK", "PackedGPTDataset", "build_packed_indices", "packed_member"]
@@ -217,7 +217,7 @@ class PackedGPTDataset(OneSourceContract):
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        return finish_packed(batch, self.item, alloc)
+        return finish_windows(batch, self.item, alloc)
 
     def __getitems__(self, indices: npt.ArrayLike) -> dict[str, np.ndarray]:
         return self.finish_batch(self.read_batch(indices))
