@@ -261,6 +261,7 @@ class PackingCounts:
         self.documents = np.zeros(sources, dtype=np.int64)
         self.padding = np.zeros(sources, dtype=np.int64)
         self.slots = np.zeros(sources, dtype=np.int64)
+        self.rows = np.zeros(sources, dtype=np.int64)
 
     def record(self, batch: Any, ids: np.ndarray | None) -> None:
         positions = _numpy(batch["position_ids"])
@@ -275,10 +276,12 @@ class PackingCounts:
         self.rows_by_documents[: found.size] += found
         n = self.documents.size
         if ids is None:
+            self.rows[0] += per_row.size
             self.documents[0] += int(per_row.sum())
             self.padding[0] += int(padding.sum())
             self.slots[0] += positions.size
         else:
+            self.rows += np.bincount(ids, minlength=n)
             self.documents += np.bincount(ids, weights=per_row, minlength=n).astype(np.int64)
             self.padding += np.bincount(ids, weights=padding, minlength=n).astype(np.int64)
             width = positions.shape[1] if positions.ndim == 2 else 0
@@ -302,7 +305,10 @@ class PackingCounts:
             "sources": [
                 {
                     "name": name,
+                    "rows": int(self.rows[s]),
                     "documents": int(self.documents[s]),
+                    # input slots holding a document's token (the rest is padding)
+                    "tokens": int(self.slots[s] - self.padding[s]),
                     "padding_share": int(self.padding[s]) / int(self.slots[s])
                     if self.slots[s]
                     else None,

@@ -291,6 +291,15 @@ def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path,
         want = int(np.percentile(per_row, q, method="inverted_cdf"))
         assert report["documents_per_row"][key] == want
     assert [s["name"] for s in report["sources"]] == [a, b]
+    ids = np.concatenate([np.asarray(batch["dataset_id"]) for batch in batches])
+    for s, source in enumerate(report["sources"]):
+        assert source["rows"] == int((ids == s).sum())
+        mine = [batch for batch in batches]
+        real = sum(
+            int((windows_of(batch)[np.asarray(batch["dataset_id"]) == s, 1:] != 0).sum())
+            for batch in mine
+        )
+        assert source["tokens"] == real
     loader.close()
 
 
