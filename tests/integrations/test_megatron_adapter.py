@@ -169,3 +169,16 @@ def test_metric_scalars_are_finite_numbers():
     assert "tokenload/data-wait-share" not in out and "tokenload/data-wait-p99-ms" not in out
     assert out["tokenload/source/x/tokens"] == 160 and out["tokenload/repeating-sources"] == 1
     assert all(isinstance(v, float) and math.isfinite(v) for v in out.values())
+
+
+def test_tokenload_packing_flag_makes_rows_of_whole_documents(prefixes):
+    from tokenload.integrations.megatron import add_arguments
+
+    parsed = add_arguments(argparse.ArgumentParser()).parse_args(["--tokenload-packing", "best-fit"])
+    assert parsed.tokenload_packing == "best-fit"
+    default = add_arguments(argparse.ArgumentParser()).parse_args([])
+    assert default.tokenload_packing == "concat"
+    args = megatron_args(data_path=[prefixes[0]], split="100,0,0", tokenload_packing="best-fit")
+    config = data_config_from_args(args, Tokenizer())
+    assert config.packing == "best-fit"
+    assert data_config_from_args(megatron_args(data_path=[prefixes[0]]), Tokenizer()).packing == "concat"

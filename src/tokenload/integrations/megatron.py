@@ -84,7 +84,8 @@ _UNSUPPORTED = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Megatron's ``extra_args_provider``: adds ``--tokenload-dataloader-type single|cyclic``."""
+    """Megatron's ``extra_args_provider``: adds ``--tokenload-dataloader-type single|cyclic`` and
+    ``--tokenload-packing concat|best-fit``."""
     group = parser.add_argument_group("tokenload")
     group.add_argument(
         "--tokenload-dataloader-type",
@@ -92,6 +93,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default="single",
         help="the order of tokenload's loader under --dataloader-type external: Megatron's"
         " single (default) or cyclic sampler",
+    )
+    group.add_argument(
+        "--tokenload-packing",
+        choices=("concat", "best-fit"),
+        default="concat",
+        help="how a sample is made: Megatron's concatenated samples (default) or rows of whole"
+        " documents, best-fit, with position ids (and cu_seqlens under"
+        " --dataloader-inter-document-masking) per document",
     )
     return parser
 
@@ -119,6 +128,7 @@ def data_config_from_args(
         "create_attention_mask": bool(getattr(args, "create_attention_mask_in_dataloader", True)),
         "inter_document_masking": bool(getattr(args, "dataloader_inter_document_masking", False)),
         "mid_level_dataset_surplus": getattr(args, "mid_level_dataset_surplus", 0.005),
+        "packing": getattr(args, "tokenload_packing", "concat"),
     }
     if getattr(args, "mock_data", False):
         fields["split"] = args.split or LEGACY_SPLIT
