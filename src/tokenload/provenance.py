@@ -212,10 +212,13 @@ def where(
     state: dict[str, Any] | None = None,
     micro_batch_size: int | None = None,
     dp_size: int | None = None,
+    steps: int | None = None,
 ) -> Steps:
     """Every global step whose rows hold a token of ``document`` (its index in the token file)
     of member ``source`` of the blend (0 for one source), with the rows; samples a skip dropped
-    are listed apart. Direct (module docstring): no pass over the steps."""
+    are listed apart. ``steps``: the run's training steps (default: every whole step the
+    dataset holds; Megatron's order builds whole epochs, often more than the run draws). Direct
+    (module docstring): no pass over the steps."""
     layout = _Layout(dataset, global_batch_size, state, micro_batch_size, dp_size)
     data = _prepared(dataset, state, DocumentSamples, "where")
     members = len(loader_dataset(dataset).describe_sources().members)
@@ -230,15 +233,16 @@ def where(
     samples = np.sort(np.asarray(data.samples_of(source, document), dtype=np.int64))
     step, position = layout.step_of(samples)
     whole = step * layout.g + layout.g <= _delivered(layout)  # a last partial step: not served
-    served = (step >= 0) & whole
+    served = (step >= 0) & whole & (step < (np.iinfo(np.int64).max if steps is None else steps))
     rows = [
         (int(s), layout.row(int(k), int(p), ()))
         for s, k, p in zip(step[served].tolist(), samples[served].tolist(), position[served])
     ]
+    last = layout.first_sample(steps) if steps is not None else layout.length
     return Steps(
         steps=sorted({s for s, _ in rows}),
         rows=rows,
-        skipped=samples[step < 0].tolist(),
+        skipped=samples[(step < 0) & (samples < last)].tolist(),
     )
 
 

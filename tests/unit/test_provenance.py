@@ -145,6 +145,9 @@ def test_where_lists_the_skipped_samples_and_explain_refuses_bad_queries(prefixe
         state=state,
     )
     assert set(found.skipped) & set(skipped)
+    everywhere = where(build(prefixes, "computed"), source=0, document=5, global_batch_size=G)
+    first = where(build(prefixes, "computed"), source=0, document=5, global_batch_size=G, steps=20)
+    assert first.steps == [s for s in everywhere.steps if s < 20] and everywhere.steps[-1] >= 20
     with pytest.raises(ConfigError, match="global_batch_size"):
         explain(build(prefixes, "computed"), step=0, global_batch_size=6, state=state)
     with pytest.raises(ConfigError, match="source"):

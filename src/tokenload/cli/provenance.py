@@ -177,10 +177,16 @@ def run_explain(args: argparse.Namespace) -> int:
 def run_where(args: argparse.Namespace) -> int:
     from ..provenance import where
 
-    dataset, state, _ = _dataset(args)
+    dataset, state, counts = _dataset(args)
     names = _names(dataset)
+    train = counts.samples[0]  # the run's samples: its steps (None: the whole dataset)
     found = where(
-        dataset, source=args.source, document=args.document, state=state, **_topology(args)
+        dataset,
+        source=args.source,
+        document=args.document,
+        state=state,
+        steps=None if train is None else train // args.global_batch_size,
+        **_topology(args),
     )
     name = names[args.source] if args.source < len(names) else "?"
     print(
