@@ -40,7 +40,14 @@ Bookend = tuple[float, float]
 SplitMatrix = list[Bookend | None]
 """One bookend per split, ``None`` for a split of zero weight."""
 
-_NUMBER = re.compile(r"[.0-9]+")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
+SEPARATORS = (",", "/")
+"""What separates a split's numbers: Megatron's documented comma, and the slash that Megatron-LM's
+legacy parser and GPT-NeoX split on by name (megatron-core reads both the same)."""
+_FORM = (
+    "up to 3 non-negative numbers (train, valid, test) separated by commas, such as '99,1,0' or"
+    " '969, 30, 1' ('/' also separates, as in Megatron: '99/1/0')"
+)
 
 
 def normalize(weights: Sequence[float]) -> list[float]:
@@ -61,31 +68,47 @@ def normalize(weights: Sequence[float]) -> list[float]:
 
 
 def parse_split(split: str) -> list[float]:
-    """Parse a split string (``"99,1,0"``, ``"99/1/0"``, ``"969, 30, 1"``) into 3 weights.
+    """Parse a split string (``"99,1,0"``, ``"969, 30, 1"``, ``"99/1/0"``) into 3 weights.
 
-    The weights are normalized (``normalize``).
-
-    Like Megatron, every run of digits and dots is a number and missing trailing numbers are 0.
-    Unlike Megatron, a minus sign is an error (Megatron silently drops it, turning ``-5`` into 5).
+    The weights are normalized (``normalize``), exactly as megatron-core's
+    ``parse_and_normalize_split`` does: missing trailing numbers are 0. megatron-core takes every
+    run of digits and dots as a number, whatever lies between them; here the numbers must be
+    separated by commas (Megatron's documented form, spaces allowed) or by slashes (the legacy
+    parser's and GPT-NeoX's other separator), so every string accepted here is read as
+    megatron-core reads it, and anything else (``"abc"``, ``"90;10"``, ``"90 10"``, a negative
+    number, which megatron-core turns into a positive one, ``"1e3"``, an empty field) is a
+    ConfigError naming ``split``.
     """
     if not isinstance(split, str):
-        raise ConfigError(f"split is {split!r}; expected a string such as '99,1,0'")
+        raise ConfigError(f"split is {split!r}, expected a string of {_FORM}", field="split")
     if re.search(r"-\s*[.0-9]", split):
         raise ConfigError(
-            f"split {split!r} has a negative number; expected non-negative weights",
-            hint="write the split as three non-negative numbers, e.g. '98,2,0'",
+            f"split is {split!r}, a negative number; expected {_FORM}",
+            hint="write the split as non-negative numbers, e.g. `split='98,2,0'`",
+            field="split",
         )
-    try:
-        values = [float(x) for x in _NUMBER.findall(split)]
-    except ValueError:
+    used = [sep for sep in SEPARATORS if sep in split]
+    parts = split.split(used[0]) if len(used) == 1 else [split]
+    bad = [p for p in parts if not _NUMBER.fullmatch(p.strip())]
+    if bad or len(used) > 1:
+        found = "',' and '/' are mixed" if len(used) > 1 else f"{bad[0].strip()!r} is no number"
         raise ConfigError(
-            f"split {split!r} has a malformed number; expected numbers like '99,1,0'"
-        ) from None
-    if len(values) > len(SPLIT_NAMES):
-        raise ConfigError(
-            f"split {split!r} has {len(values)} numbers; expected at most 3 (train, valid, test)"
+            f"split is {split!r}, expected {_FORM}; {found}",
+            hint="write it as, e.g., `split='99,1,0'`",
+            field="split",
         )
-    values += [0.0] * (len(SPLIT_NAMES) - len(values))
+    if len(parts) > len(SPLIT_NAMES):
+        raise ConfigError(
+            f"split is {split!r}, {len(parts)} numbers; expected at most 3 (train, valid, test)",
+            field="split",
+        )
+    values = [float(p) for p in parts] + [0.0] * (len(SPLIT_NAMES) - len(parts))
+    if not 0 < sum(values) < float("inf"):
+        raise ConfigError(
+            f"split is {split!r}, weights summing to {sum(values)}; expected a positive finite sum",
+            hint="give the training split a positive weight, e.g. `split='99,1,0'`",
+            field="split",
+        )
     return normalize(values)
 
 
