@@ -274,20 +274,30 @@ def test_the_files_last_sequence_is_checked_against_the_end_of_the_bin(chunked):
 
 def test_a_same_size_rewrite_of_a_token_file_is_noticed_under_build_policy_none(tmp_path):
     """docs/SCALE.md: under ``none`` a token file whose ``.bin`` size *or index digest* differs
-    from the manifest's facts is a ``CacheError`` naming it where it opens. Here the size is the
-    same (the documents reordered: same tokens, same count), only the lengths moved."""
+    from the manifest's facts is a ``CacheError`` naming it where it opens (once per process,
+    whatever the batch reads). Here the size is the same: documents 0 and 1 swapped (other
+    lengths, same tokens), and the batch reads a sample away from them, which the per-batch
+    range checks cannot find stale: only the digest can."""
     docs = _documents(9)
     prefix = write_documents(tmp_path / "data", docs)
     cache = tmp_path / "cache"
     cfg = _config(prefix, path_to_cache=str(cache))
-    build_datasets(cfg, [300, 10, 0])
+    built = build_datasets(cfg, [300, 10, 0])[0]
+    away = next(i for i in range(len(built)) if not {0, 1} & set(_documents_of(built, i)))
     sizes = (os.path.getsize(f"{prefix}.bin"), os.path.getsize(f"{prefix}.idx"))
     for ext in (".bin", ".idx", ".json"):
         os.remove(f"{prefix}{ext}")
-    write_documents(prefix, docs[::-1])
+    write_documents(prefix, [docs[1], docs[0], *docs[2:]])
     assert (os.path.getsize(f"{prefix}.bin"), os.path.getsize(f"{prefix}.idx")) == sizes
     loading = MegatronDataConfig(**{**cfg.__dict__, "build_policy": "none"})
-    train = build_datasets(loading, [300, 10, 0])[0]
+    train = pickle.loads(pickle.dumps(build_datasets(loading, [300, 10, 0])[0]))
     with pytest.raises(CacheError, match="index_xxh3_64") as info:
-        _tokens(pickle.loads(pickle.dumps(train)))
+        train.__getitems__([away])
     assert info.value.path == f"{prefix}.idx" and "HINT" in str(info.value)
+
+
+def _documents_of(ds, i: int) -> list[int]:
+    """The documents item ``i`` of a GPT dataset reads (Megatron's three indices)."""
+    s = int(ds.shuffle_index[i])
+    first, last = int(ds.sample_index[s][0]), int(ds.sample_index[s + 1][0])
+    return ds.document_index[first : last + 1].tolist()
