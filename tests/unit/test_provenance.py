@@ -154,3 +154,24 @@ def test_where_lists_the_skipped_samples_and_explain_refuses_bad_queries(prefixe
         where(build(prefixes, "computed"), source=3, document=0, global_batch_size=G)
     with pytest.raises(ConfigError, match="step"):
         explain(build(prefixes, "computed"), step=SIZE, global_batch_size=G)
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_explain_describes_packed_rows_and_where_refuses_them(prefixes, order):
+    cfg = MegatronDataConfig(
+        sequence_length=S,
+        blend=[x for p in prefixes[:2] for x in ("1", p)],
+        split="100,0,0",
+        cache="off",
+        order=order,
+        packing="best-fit",
+    )
+    data = build_datasets(cfg, [200, 0, 0])[0]
+    for step in range(10):
+        rows = explain(data, step=step, global_batch_size=G)
+        tokens = data.__getitems__([r.sample for r in rows])["tokens"].tolist()
+        for r, served in zip(rows, tokens):
+            mine = rebuilt(r)
+            assert mine == served[: len(mine)] and len(r.pieces) >= 1
+    with pytest.raises(ConfigError, match="packed"):
+        where(data, source=0, document=5, global_batch_size=G)

@@ -4,12 +4,24 @@ cut to the S input tokens of a row, and a blend's rows assembled from its member
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..contract import RowPieces
+from ..errors import ConfigError
 
-__all__ = ["blend_pieces", "input_pieces", "no_pieces", "token_windows"]
+__all__ = ["blend_pieces", "input_pieces", "no_pieces", "not_answered", "token_windows"]
+
+
+def not_answered(member: Any) -> ConfigError:
+    """The error of ``where`` on a member that cannot invert its order (packed rows)."""
+    return ConfigError(
+        f"where cannot find a document's samples in a {type(member).__name__} (packed rows are"
+        " not inverted yet); explain answers for it",
+        hint="ask where on the same data built without packing='best-fit', or scan the steps"
+        " with explain",
+    )
 
 
 def no_pieces(rows: int) -> RowPieces:

@@ -19,7 +19,7 @@ from ...contract import MixtureCursors, RowPieces
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
 from ..items import Allocator
-from ..pieces import blend_pieces
+from ..pieces import blend_pieces, not_answered
 from .gpt_dataset import IndexArrays
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
@@ -126,7 +126,10 @@ class BlendedDataset(BlendContract):
         """The global samples whose ``tokens`` hold a token of ``document`` of member
         ``source``: the member's samples of it, then where Megatron's blending arrays draw them
         (one pass)."""
-        held = self.datasets[source].samples_of(0, document)
+        member = self.datasets[source]
+        if not hasattr(member, "samples_of"):
+            raise not_answered(member)
+        held = member.samples_of(0, document)
         if not held.size:
             return held
         n = len(self)

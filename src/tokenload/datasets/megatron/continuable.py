@@ -51,6 +51,7 @@ from ...index.plan import MidLevelPlan, SplitPlan, samples_per_dataset
 from ...index.schedule import Schedule, appended, check_schedule
 from ...index.splits import normalize
 from ..config import MegatronDataConfig, as_blend
+from ..pieces import not_answered
 from .blended import BlendedDataset
 
 logger = logging.getLogger(__name__)
@@ -451,7 +452,10 @@ class ContinuableBlendedDataset(BlendedDataset):
         member ``source``: the member's samples of it, then where each segment's blending
         arrays draw them (one pass over each; a source's samples past its prepared order are
         its next pass, as served)."""
-        held = self.datasets[source].samples_of(0, document)
+        member = self.datasets[source]
+        if not hasattr(member, "samples_of"):
+            raise not_answered(member)
+        held = member.samples_of(0, document)
         found = [np.zeros(0, dtype=np.int64)]
         if held.size:
             for s in self.segments:
