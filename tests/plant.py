@@ -46,7 +46,7 @@ PLANTS: dict[str, Plant] = {
     "spin-counts-as-progress": Plant(
         "tokenload.loader.workers",
         "WorkerPool._recv",
-        "if not self._started[w] and cpu_time(",
+        "if not now.started and cpu_time(",
         "if cpu_time(",
         (f"{W}::test_a_worker_spinning_inside_a_read_is_replaced",),
         "a worker using the CPU counts as progressing even after it started: a busy loop in a"
@@ -55,8 +55,8 @@ PLANTS: dict[str, Plant] = {
     "stall-clock-from-last-message": Plant(
         "tokenload.loader.workers",
         "WorkerPool._recv",
-        "quiet = now - max(began, results.heard, self._heard[w])",
-        "quiet = now - max(results.heard, self._heard[w])",
+        "quiet = clock - max(began, results.heard, now.heard)",
+        "quiet = clock - max(results.heard, now.heard)",
         (f"{W}::test_a_slow_read_after_a_long_training_step_is_not_killed",),
         "the stall clock runs from the worker's last message, not from when the loop began to"
         " wait for its batch",
@@ -166,7 +166,7 @@ PLANTS: dict[str, Plant] = {
     "spawn-start-counted-as-stall": Plant(
         "tokenload.loader.workers",
         "WorkerPool._recv",
-        "if not self._started[w] and cpu_time(",
+        "if not now.started and cpu_time(",
         "if False and cpu_time(",
         (f"{W}::test_a_spawned_worker_that_starts_longer_than_worker_timeout_is_not_killed",),
         "a spawned worker still unpickling its dataset (busy) counts as stalled",
@@ -189,6 +189,34 @@ PLANTS: dict[str, Plant] = {
             "::test_in_range_index_damage_is_a_format_error_on_every_read_path",
         ),
         "the single-sequence read path (the other path) skips the pointer check",
+    ),
+    "ledger-chunk-drops-last": Plant(
+        "tokenload.loader.ledger",
+        "Ledger._blend_counts",
+        "index[at : min(at + _CHUNK, consumed)]",
+        "index[at : min(at + _CHUNK - 1, consumed)]",
+        (f"{M}::test_accounting_follows_consumed_back",),
+        "a Megatron blend's draws counted in chunks miss each full chunk's last sample (visible"
+        " only after a jump of more than a chunk: a resume, a rollback)",
+    ),
+    "interleave-last-chunk-unbuilt": Plant(
+        "tokenload.index.interleave",
+        "Interleave._build",
+        "range(first // _CHUNK, last // _CHUNK + 1)",
+        "range(first // _CHUNK, last // _CHUNK)",
+        (
+            "tests/unit/index/test_interleave_fast.py"
+            "::test_tables_built_by_chunks_are_the_reference_sample_for_sample",
+        ),
+        "the computed blend's schedule tables: the chunk of a read's last slot is not built",
+    ),
+    "lightning-finished-pass-saves-its-length": Plant(
+        "tokenload.integrations.lightning",
+        "_TrainLoader.state_dict",
+        "_PASS_KEY: 0 if self._finished else self._in_pass",
+        "_PASS_KEY: self._in_pass",
+        ("tests/integrations/test_lightning.py::test_resume_continues_exactly",),
+        "Lightning: a checkpoint at the end of an epoch records the finished pass's length",
     ),
     "skip-not-recorded-per-source": Plant(
         "tokenload.loader.ledger",

@@ -19,7 +19,7 @@ import pickle
 import signal
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,21 +55,31 @@ def group_size(prefetch: int) -> int:
     return max(1, min(_GROUP, prefetch // 2))
 
 
-def worker_main(
-    w: int,
-    n: int,
-    dataset: LoaderDataset | None,
-    commands: Channel[Command],
-    results: Channel[Result],
-    slots: int,
-    read_budget: float | None = None,
-) -> None:
+class WorkerStart(NamedTuple):
+    """What a worker process starts with (``worker_main``'s one argument)."""
+
+    worker: int
+    """Its number w: it makes micro-batches w, w + N, ..."""
+    workers: int
+    """N, the pool's number of workers."""
+    dataset: LoaderDataset | None
+    """Inherited under fork; None under spawn and forkserver (it follows through ``commands``)."""
+    commands: Channel[Command]
+    results: Channel[Result]
+    slots: int
+    """Slots of its shared-memory ring (0: every batch through ``results``)."""
+    read_budget: float | None = None
+    """How long its object-storage reads may retry (``health.read_budget``)."""
+
+
+def worker_main(start: WorkerStart) -> None:
+    dataset, commands, results = start.dataset, start.commands, start.results
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     record_stacks()  # where it is stuck, should the training process find it stalled
     _no_wakeup_preemption()
     # object-storage reads retry by time, and end as a StorageError before the watchdog
     # would take this worker for a stalled one
-    retry_reads_for(read_budget)
+    retry_reads_for(start.read_budget)
     parent = os.getppid()  # the training process, or the forkserver that forked this worker
     worker = None
     try:
@@ -82,7 +92,7 @@ def worker_main(
                 dataset = pickle.loads(message.payload)
             except Exception as exc:  # the data's fault: raised in the training process
                 failed = (_picklable(exc), traceback.format_exc())
-        worker = _Worker(w, n, dataset, results, slots, failed)
+        worker = _Worker(start.worker, start.workers, dataset, results, start.slots, failed)
         results.send(Ready(os.getpid()))
         while True:
             count = worker.ready()

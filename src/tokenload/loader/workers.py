@@ -43,6 +43,7 @@ import select
 import time
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -74,12 +75,54 @@ from .messages import (
 )
 from .ring import ConsumerRing
 from .sampler import BatchSampler
-from .worker_main import group_size, worker_main
+from .worker_main import WorkerStart, group_size, worker_main
 
-__all__ = ["WorkerError", "WorkerPool"]
+__all__ = ["Worker", "WorkerError", "WorkerPool", "WorkerProcess"]
 
 _LIVENESS_S = 1.0  # how often a waiting consumer checks that the worker is still there
 _STOP_S = 5.0  # how long close() waits for workers to stop before it kills them
+
+
+@dataclass(eq=False)
+class WorkerProcess:
+    """One worker process and what the training process holds of it. A replacement is a new
+    record, made whole by ``WorkerPool._start``: nothing of the lost process is carried over."""
+
+    process: BaseProcess
+    commands: Channel[Command]
+    results: Channel[Result]
+    heard: float
+    """When bytes last went to the worker (its dataset, a command), or a starting worker was
+    last seen using the CPU (``time.monotonic``)."""
+    ring: ConsumerRing | None = None
+    """Its shared-memory slots, once it has said where (``RingMapped``)."""
+    lent: list[int] = field(default_factory=list)
+    """Its slots in batches handed to the training loop, maybe still referenced."""
+    freed: list[int] = field(default_factory=list)
+    """Its slots that nothing refers to any more, given back with the next credit."""
+    pending: collections.deque[Entry] = field(default_factory=collections.deque)
+    """Micro-batches received, not yet handed out."""
+    credits: int = 0
+    """Batches taken from it since its last credit."""
+    started: bool = False
+    """It said "ready": its dataset is loaded."""
+    cpu: int | None = None
+    """CPU time of a starting worker, last seen (``health.cpu_time``)."""
+
+
+@dataclass(eq=False)
+class Worker:
+    """Worker w of a pool: the process serving it ``now`` (replaced in one assignment) and what
+    outlives a replacement."""
+
+    now: WorkerProcess
+    failed_starts: int = 0
+    """Starts of worker w ended by its own error before "ready" (``health.Fault``)."""
+    delivered: int | None = None
+    """Its last micro-batch of this iteration handed out."""
+    lost: tuple[Fault, float] | None = None
+    """The fault being repaired and when the loop began to wait, until the replacement's first
+    batch arrives."""
 
 
 class WorkerPool:
@@ -105,30 +148,15 @@ class WorkerPool:
         self._dataset = dataset if fork else None  # inherited by a forked worker
         self._payload = None if fork else pickle.dumps(dataset, protocol=pickle.HIGHEST_PROTOCOL)
         self._changes: list[SetWeights] = []  # sent after the payload to a worker started later
-        n = num_workers
-        self.processes: list[BaseProcess] = [None] * n  # type: ignore[list-item]
-        self._commands: list[Channel[Command]] = [None] * n  # type: ignore[list-item]
-        self._results: list[Channel[Result]] = [None] * n  # type: ignore[list-item]
+        self.num_workers = num_workers
+        self._workers: list[Worker] = []  # worker w: its process now, what outlives it
         self._abandoned: list[BaseProcess] = []  # killed, not ended in time (a stuck kernel read)
-        self._rings: list[ConsumerRing | None] = [None] * n
-        self._lent: list[list[int]] = [[] for _ in range(n)]
-        self._freed: list[list[int]] = [[] for _ in range(n)]
-        self._pending: list[collections.deque[Entry]] = [collections.deque() for _ in range(n)]
-        self._credits = [0] * n  # batches taken from each worker since its last credit
-        self._started = [False] * n  # said "ready": its dataset is loaded
-        self._heard = [0.0] * n  # when bytes last went to the worker (its dataset, a command)
-        self._cpu: list[int | None] = [None] * n  # CPU time of a starting worker, last seen
-        self._failed_starts = [0] * n  # starts of worker w ended by its own error before "ready"
         self._ever_started = False  # some worker of this pool has said "ready"
-        self._delivered: list[int | None] = [None] * n  # its last micro-batch of this iteration
-        self._lost: list[tuple[Fault, float] | None] = [None] * n  # fault replaced, wait began
         self._backlog = False  # some worker's pipe has bytes waiting to be written
         self._generation = 0
         self._sampler: BatchSampler | None = None
-        self._finalizer = weakref.finalize(
-            self, _stop, self.processes, self._commands, self._results, self._abandoned
-        )
-        for w in range(n):
+        self._finalizer = weakref.finalize(self, _stop, self._workers, self._abandoned)
+        for w in range(num_workers):
             self._start(w)
 
     @property
@@ -139,6 +167,21 @@ class WorkerPool:
     def alive(self) -> bool:
         """Not closed, and every worker process still running."""
         return self._finalizer.alive and all(p.is_alive() for p in self.processes)
+
+    @property
+    def processes(self) -> list[BaseProcess]:
+        """The worker processes now, worker w's at w."""
+        return [worker.now.process for worker in self._workers]
+
+    @property
+    def _rings(self) -> list[ConsumerRing | None]:
+        """Each worker's ring (None until it has mapped one); read by tests."""
+        return [worker.now.ring for worker in self._workers]
+
+    @property
+    def _lent(self) -> list[list[int]]:
+        """Each worker's slots handed out in batches; read by tests."""
+        return [worker.now.lent for worker in self._workers]
 
     @property
     def generation(self) -> int:
@@ -153,28 +196,30 @@ class WorkerPool:
         return self._batches(sampler, self._generation)
 
     def _batches(self, sampler: BatchSampler, generation: int) -> Iterator[Any]:
-        n = len(self.processes)
+        n, workers = self.num_workers, self._workers
         self._sampler = sampler
         self._reclaim()
-        for w in range(n):
+        for w, worker in enumerate(workers):
+            now = worker.now
             # batches of an abandoned iteration that were received but never handed out
-            self._freed[w].extend(slot for _, slot, _ in self._pending[w] if slot is not None)
-            self._pending[w].clear()
-            self._credits[w] = 0
-            self._delivered[w] = None
+            now.freed.extend(slot for _, slot, _ in now.pending if slot is not None)
+            now.pending.clear()
+            now.credits = 0
+            worker.delivered = None
             self._send(w, Start(generation, sampler, w, self.prefetch, self._take_freed(w)))
         for k in range(len(sampler)):
             if generation != self._generation:
                 raise RuntimeError("a newer iteration of this loader has started; this one is over")
             w = k % n
             slot, batch = self._next(w, generation, k)
+            now = workers[w].now  # after _next, which may have replaced the worker
             if slot is not None:
-                ring = self._rings[w]
+                ring = now.ring
                 assert ring is not None
                 batch = ring.tensors(slot, batch)
-                self._lent[w].append(slot)
-            self._credits[w] += 1
-            if self._credits[w] >= self._group:  # enough for the worker's next read
+                now.lent.append(slot)
+            now.credits += 1
+            if now.credits >= self._group:  # enough for the worker's next read
                 self._reclaim()
                 self._flush(w, generation)
             yield batch
@@ -187,7 +232,7 @@ class WorkerPool:
         change = SetWeights(start, weights)
         if self._payload is not None:  # fork: a replacement inherits the changed dataset
             self._changes.append(change)
-        for w in range(len(self.processes)):
+        for w in range(self.num_workers):
             self._send(w, change)
 
     def close(self) -> None:
@@ -196,33 +241,32 @@ class WorkerPool:
 
     # -- starting and replacing workers ---------------------------------------------------------
     def _start(self, w: int) -> None:
-        """Start worker w (its dataset, under spawn and forkserver, follows through its pipe)."""
+        """Start worker w, or its replacement (its dataset, under spawn and forkserver, follows
+        through its pipe): one new ``WorkerProcess``, whatever the lost one left behind."""
         command_out, command_in = self._ctx.Pipe(duplex=False)
         result_out, result_in = self._ctx.Pipe(duplex=False)
-        commands: Channel[Command] = Channel(command_out)
-        results: Channel[Result] = Channel(result_in)
-        args = (
-            w,
-            len(self.processes),
-            self._dataset,
-            commands,
-            results,
-            self.slots,
-            read_budget(self.health.timeout),
+        start = WorkerStart(
+            worker=w,
+            workers=self.num_workers,
+            dataset=self._dataset,
+            commands=Channel(command_out),
+            results=Channel(result_in),
+            slots=self.slots,
+            read_budget=read_budget(self.health.timeout),
         )
         process = self._ctx.Process(  # type: ignore[attr-defined]  # every context has it
-            target=worker_main, args=args, name=f"tokenload-worker-{w}", daemon=True
+            target=worker_main, args=(start,), name=f"tokenload-worker-{w}", daemon=True
         )
         process.start()
         command_out.close()
         result_in.close()
-        self.processes[w] = process
-        self._commands[w], self._results[w] = Channel(command_in), Channel(result_out)
-        self._commands[w].unblock()
-        self._rings[w], self._lent[w], self._freed[w] = None, [], []
-        self._pending[w].clear()
-        self._credits[w], self._started[w], self._heard[w] = 0, False, time.monotonic()
-        self._cpu[w] = None
+        commands: Channel[Command] = Channel(command_in)
+        commands.unblock()
+        now = WorkerProcess(process, commands, Channel(result_out), heard=time.monotonic())
+        if w < len(self._workers):
+            self._workers[w].now = now
+        else:
+            self._workers.append(Worker(now))
         if self._payload is not None:
             self._send(w, LoadDataset(self._payload))
             for change in self._changes:  # set_weights since the payload was made
@@ -231,56 +275,57 @@ class WorkerPool:
     def _replace(self, w: int, k: int, cause: str, waited_since: float) -> None:
         """Worker w is lost while micro-batch k is awaited: count it (WorkerError past the budget),
         end it, and start a new worker w at micro-batch k."""
-        process = self.processes[w]
+        worker = self._workers[w]
+        process, started = worker.now.process, worker.now.started
         stack = stack_of(process.pid) if cause == "stalled" else None
         if process.is_alive():
             process.kill()  # SIGKILL ends a stopped process too
         process.join(_LIVENESS_S)
-        fault = Fault(w, process.pid, cause, process.exitcode, self._delivered[w], self._started[w])
+        fault = Fault(w, process.pid, cause, process.exitcode, worker.delivered, started)
         fault.stack = stack
-        if self._started[w]:
-            self._failed_starts[w] = 0
+        if started:
+            worker.failed_starts = 0
         elif fault.own_start_error:  # not a signal (that counts against the budget only)
-            self._failed_starts[w] += 1
-        repeated = self._failed_starts[w] > 1 and not self._ever_started
+            worker.failed_starts += 1
+        repeated = worker.failed_starts > 1 and not self._ever_started
         self.health.fault(fault, repeated_start=repeated)
         if process.is_alive():  # in a kernel read that even SIGKILL waits for: reaped at close
             self._abandoned.append(process)
-        self._commands[w].close()
-        self._results[w].close()
-        lost = self._lost[w]
-        self._lost[w] = (fault, lost[1] if lost is not None else waited_since)
+        worker.now.commands.close()
+        worker.now.results.close()
+        lost = worker.lost
+        worker.lost = (fault, lost[1] if lost is not None else waited_since)
         self._start(w)
         self._send(w, Start(self._generation, self._sampler, k, self.prefetch, []))
 
     # -- consumer side of the protocol -----------------------------------------------------------
     def _next(self, w: int, generation: int, k: int) -> tuple[int | None, Any]:
         """(slot, layout) or (None, batch) of micro-batch k, from worker w."""
-        while not self._pending[w]:
+        worker = self._workers[w]
+        while not worker.now.pending:
             self._reclaim()
-            if self._credits[w] or self._freed[w]:  # the worker may be waiting for these
+            if worker.now.credits or worker.now.freed:  # the worker may be waiting for these
                 self._flush(w, generation)
             message = self._recv(w, k)
+            now = worker.now  # after _recv, which may have replaced the worker
             if isinstance(message, Ready):
-                self._started[w] = self._ever_started = True
+                now.started = self._ever_started = True
             elif isinstance(message, RingMapped):
                 self._map_ring(w, k, message)
             elif message.generation != generation:  # left over from an abandoned iteration
                 if isinstance(message, Batches):
-                    self._freed[w].extend(
-                        slot for _, slot, _ in message.entries if slot is not None
-                    )
+                    now.freed.extend(slot for _, slot, _ in message.entries if slot is not None)
             elif isinstance(message, Failed):
                 _raise_from_worker(w, message.step, message.error, message.traceback)
             else:
-                self._pending[w].extend(message.entries)
-                lost = self._lost[w]
+                now.pending.extend(message.entries)
+                lost = worker.lost
                 if lost is not None:  # a replacement's first batches
                     self.health.recovered(lost[0], time.monotonic() - lost[1])
-                    self._lost[w] = None
-        got, slot, batch = self._pending[w].popleft()
+                    worker.lost = None
+        got, slot, batch = worker.now.pending.popleft()
         assert got == k, (got, k)
-        self._delivered[w] = k
+        worker.delivered = k
         return slot, batch
 
     def _recv(self, w: int, k: int) -> Result:
@@ -288,29 +333,31 @@ class WorkerPool:
         for ``worker_timeout`` seconds while micro-batch k is awaited)."""
         began = time.monotonic()
         warned = False
+        worker = self._workers[w]
         while True:
-            results = self._results[w]
+            now = worker.now  # a new one after each replacement
+            results = now.results
             try:
                 if self._wait(w, _LIVENESS_S):
                     return results.recv()
             except EOFError:  # the worker's end of its pipe closed: it exited
-                self.processes[w].join(_LIVENESS_S)
-            now = time.monotonic()
-            if not self.processes[w].is_alive():
+                now.process.join(_LIVENESS_S)
+            clock = time.monotonic()
+            if not now.process.is_alive():
                 self._replace(w, k, "exited", began)
                 continue
             timeout = self.health.timeout
             if timeout is None:
                 continue
-            if not self._started[w] and cpu_time(self.processes[w].pid) != self._cpu[w]:
+            if not now.started and cpu_time(now.process.pid) != now.cpu:
                 # still starting (imports, loading its dataset) and using the CPU: not stuck
-                self._cpu[w], self._heard[w] = cpu_time(self.processes[w].pid), now
-            quiet = now - max(began, results.heard, self._heard[w])
+                now.cpu, now.heard = cpu_time(now.process.pid), clock
+            quiet = clock - max(began, results.heard, now.heard)
             if quiet >= timeout:
                 self._replace(w, k, "stalled", began)
             elif quiet >= timeout / 2 and not warned:
                 warned = True
-                process = self.processes[w]
+                process = now.process
                 stack = stack_of(process.pid)
                 logger.warning(
                     "loader worker %d (pid %s) has sent nothing for %.0f s while the training loop"
@@ -327,30 +374,31 @@ class WorkerPool:
     def _wait(self, w: int, timeout: float) -> bool:
         """Whether a whole message of worker w has arrived, waiting up to ``timeout`` seconds,
         meanwhile writing what waits to be sent to any worker."""
-        results = self._results[w]
+        results = self._workers[w].now.results
         if not self._backlog:
             return results.poll(timeout)
-        owed = [v for v, c in enumerate(self._commands) if c.pending]
+        owed = [worker.now for worker in self._workers if worker.now.commands.pending]
         poller = select.poll()
         poller.register(results.fileno(), select.POLLIN)
-        for v in owed:
-            poller.register(self._commands[v].fileno(), select.POLLOUT)
+        for now in owed:
+            poller.register(now.commands.fileno(), select.POLLOUT)
         poller.poll(timeout * 1000)
-        for v in owed:
+        for now in owed:
             try:
-                if self._commands[v].drain():
-                    self._heard[v] = time.monotonic()
+                if now.commands.drain():
+                    now.heard = time.monotonic()
             except BrokenPipeError:  # that worker is gone: noticed when its batch is awaited
                 pass
-        self._backlog = any(c.pending for c in self._commands)
+        self._backlog = any(worker.now.commands.pending for worker in self._workers)
         return results.poll(0)
 
     def _map_ring(self, w: int, k: int, message: RingMapped) -> None:
+        now = self._workers[w].now
         try:
-            self._rings[w] = ConsumerRing(message.path, message.slot_bytes, message.slots)
+            now.ring = ConsumerRing(message.path, message.slot_bytes, message.slots)
         except FileNotFoundError:  # its memory went with it: the worker died after naming it
-            self.processes[w].join(_LIVENESS_S)
-            if self.processes[w].is_alive():
+            now.process.join(_LIVENESS_S)
+            if now.process.is_alive():
                 raise WorkerError(
                     f"cannot open loader worker {w}'s batch memory {message.path}",
                     hint="pass shared_memory=False to send batches through pipes instead",
@@ -358,7 +406,7 @@ class WorkerPool:
             self._replace(w, k, "exited", time.monotonic())
 
     def _send(self, w: int, message: Command) -> None:
-        commands = self._commands[w]
+        commands = self._workers[w].now.commands
         try:
             commands.send(message)  # never blocks (Channel.unblock)
         except BrokenPipeError:  # the worker is gone: replaced when its next batch is awaited
@@ -368,21 +416,24 @@ class WorkerPool:
 
     def _reclaim(self) -> None:
         """Move lent slots that nothing refers to any more to the free lists."""
-        for w, lent in enumerate(self._lent):
-            ring = self._rings[w]
+        for worker in self._workers:
+            now = worker.now
+            lent, ring = now.lent, now.ring
             if lent and ring is not None:
                 busy = [s for s in lent if ring.in_use(s)]
                 if len(busy) != len(lent):
-                    self._freed[w].extend(s for s in lent if s not in busy)
-                    self._lent[w] = busy
+                    now.freed.extend(s for s in lent if s not in busy)
+                    now.lent = busy
 
     def _flush(self, w: int, generation: int) -> None:
         """Send worker w its credits and freed slots."""
-        self._send(w, Credit(generation, self._credits[w], self._take_freed(w)))
-        self._credits[w] = 0
+        now = self._workers[w].now
+        self._send(w, Credit(generation, now.credits, self._take_freed(w)))
+        now.credits = 0
 
     def _take_freed(self, w: int) -> list[int]:
-        freed, self._freed[w] = self._freed[w], []
+        now = self._workers[w].now
+        freed, now.freed = now.freed, []
         return freed
 
 
@@ -396,32 +447,24 @@ def _raise_from_worker(w: int, k: int | None, exc: BaseException | None, text: s
     raise exc
 
 
-def _stop(
-    processes: list[BaseProcess],
-    commands: list[Channel[Command]],
-    results: list[Channel[Result]],
-    abandoned: list[BaseProcess],
-) -> None:
+def _stop(workers: list[Worker], abandoned: list[BaseProcess]) -> None:
     """Ask every worker to stop; kill those still running after ``_STOP_S`` (a stopped or stuck
     worker cannot answer); close the pipes. Bounded whatever the workers do."""
-    for p, c in zip(processes, commands):
-        if p is None:  # its start failed
-            continue
+    current = [worker.now for worker in workers]
+    for now in current:
         try:
-            c.send(Stop())
+            now.commands.send(Stop())
         except OSError:
             pass
-        if c.pending:  # still reading its dataset (or stuck): nothing to stop gracefully
-            p.kill()
-    processes = [p for p in processes if p is not None]
+        if now.commands.pending:  # still reading its dataset (or stuck): nothing to stop gracefully
+            now.process.kill()
     deadline = time.monotonic() + _STOP_S
-    for p in processes:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in (*processes, *abandoned):
+    for now in current:
+        now.process.join(max(0.0, deadline - time.monotonic()))
+    for p in (*(now.process for now in current), *abandoned):
         if p.is_alive():
             p.kill()
             p.join(_LIVENESS_S)
-    for channels in (commands, results):
-        for channel in channels:
-            if channel is not None:
-                channel.close()
+    for now in current:
+        now.commands.close()
+        now.results.close()
