@@ -29,6 +29,7 @@ Rows are read in the training process's order: the output equals the same rows w
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -211,13 +212,13 @@ class Shard:
         pa = _pyarrow()
         held: list[Any]
         first, held, held_bytes = 1, [], 0
-        for table in self._arrow_batches():
-            if any(c not in table.column_names for c in columns):
+        for table, names in self._batches(columns):
+            if any(c not in names for c in columns):
                 if held:
                     yield first, pa.concat_tables(held)
                     first += sum(t.num_rows for t in held)
                     held, held_bytes = [], 0
-                yield first, {"rows": table.num_rows, "names": sorted(table.column_names)}
+                yield first, {"rows": table.num_rows, "names": sorted(names)}
                 first += table.num_rows
                 continue
             table = table.select(list(columns))
@@ -230,22 +231,39 @@ class Shard:
         if held:
             yield first, pa.concat_tables(held)
 
-    def _arrow_batches(self) -> Iterator[Any]:
-        """The rows as Arrow tables of up to ``_ITER_ROWS`` rows, in the order they are read."""
+    def _batches(self, columns: tuple[str, ...]) -> Iterator[tuple[Any, list[str]]]:
+        """(an Arrow table of up to ``_ITER_ROWS`` rows, the rows' column names), in the order
+        the rows are read."""
         if self.count:
-            return (
-                self.dataset.shard(self.count, self.index)
-                .with_format("arrow")
-                .iter(batch_size=_ITER_ROWS)
-            )
-        # the dataset's own iteration: an Arrow view of the same example iterable, which keeps
-        # the dataset's epoch and loaded state (``with_format`` makes a dataset at epoch 0)
-        view = self.dataset.with_format("arrow")
-        view.set_epoch(self.dataset.epoch)
+            part = self.dataset.shard(self.count, self.index).with_format("arrow")
+            return ((t, t.column_names) for t in part.iter(batch_size=_ITER_ROWS))
         state = getattr(self.dataset, "_starting_state_dict", None)
         if state is not None:
-            view.load_state_dict(state)
-        return view.iter(batch_size=_ITER_ROWS)
+            return self._loaded_rows(state, columns)
+        # the dataset's own iteration: an Arrow view of the same example iterable at the
+        # dataset's epoch (``with_format`` makes a dataset at epoch 0)
+        view = self.dataset.with_format("arrow")
+        view.set_epoch(self.dataset.epoch)
+        return ((t, t.column_names) for t in view.iter(batch_size=_ITER_ROWS))
+
+    def _loaded_rows(
+        self, state: dict, columns: tuple[str, ...]
+    ) -> Iterator[tuple[Any, list[str]]]:
+        """A dataset resumed from a state (``load_state_dict``): its rows one by one, as
+        ``for row in ds`` yields them (datasets' batched iteration does not resume that state:
+        it yields nothing), in Arrow tables of the requested columns."""
+        pa = _pyarrow()
+        view = self.dataset.with_format(None)
+        view.set_epoch(self.dataset.epoch)
+        view.load_state_dict(state)
+        rows = iter(view)
+        while batch := list(itertools.islice(rows, _ITER_ROWS)):
+            names = list(dict.fromkeys(name for row in batch for name in row))
+            present = [c for c in columns if all(c in row for row in batch)]
+            table = pa.table({c: [row[c] for row in batch] for c in present})
+            if not present:  # no column to carry the row count
+                table = pa.table({"_": [None] * len(batch)})
+            yield table, [n for n in names if n in present or n not in columns]
 
 
 _SOURCE_ITERABLES = ("ExamplesIterable", "ArrowExamplesIterable")

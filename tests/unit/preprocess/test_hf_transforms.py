@@ -77,12 +77,18 @@ def test_a_transformed_iterable_is_written_as_it_yields(tmp_path, base, name):
     assert written_texts(tmp_path / "out") == expected
 
 
-def test_a_later_epoch_and_a_split_by_node_are_written_as_they_yield(tmp_path, base):
+def test_a_later_epoch_a_split_by_node_and_a_loaded_state_are_written_as_they_yield(tmp_path, base):
     from datasets.distributed import split_dataset_by_node
 
     epoch = _table("a", ROWS, 3)
     epoch.set_epoch(3)  # a later epoch reorders the shards
-    for i, ds in enumerate([epoch, split_dataset_by_node(base, rank=1, world_size=2)]):
+    read = iter(base)
+    for _ in range(1234):
+        next(read)
+    resumed = _table("a", ROWS, 3)
+    resumed.load_state_dict(base.state_dict())  # rows 1234 onwards
+    nodes = split_dataset_by_node(base, rank=1, world_size=2)
+    for i, ds in enumerate([epoch, nodes, resumed]):
         expected = yielded_texts(ds)
         write(ds, tmp_path / f"out{i}")
         assert written_texts(tmp_path / f"out{i}") == expected
