@@ -243,6 +243,9 @@ class MegatronBuilder:
         )
         if per_split is not None and c.weights_schedule is not None and plans[0] is not None:
             plans[0] = scheduled_plan(plans[0], c.mid_level_dataset_surplus)  # even one source
+        schedule = c.checked_schedule()
+        if schedule is not None and plans[0] is not None and plans[0].size is not None:
+            check_schedule_fits(schedule, plans[0].size)  # before any index is built or written
         matrix = None if split is None else split_matrix(split)
         for name, plan in zip(
             SPLIT_NAMES, plans
@@ -324,8 +327,6 @@ class MegatronBuilder:
         span = size
         in_memory = folder is None or self.role is Role.MEMORY
         schedule = self.config.checked_schedule() if name == "train" else None
-        if schedule is not None and size is not None:  # before any array is built or written
-            check_schedule_fits(schedule, size, split=name)
         parts = None  # a schedule's entries, cached as one: (weights, samples) each
         if size is not None and self._mixture_mode() and in_memory:
             # built in memory for a chain of segments, Megatron's arrays serve only the first
