@@ -33,6 +33,7 @@ epochs are one call: ``Mixture.draw`` costs the same NumPy calls for 1 source as
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import numpy as np
 
@@ -116,11 +117,23 @@ def keyed_bijection(
 
     ``n`` (uint64), ``keys`` (``(rounds, m)``) and ``rings`` (``_rings(n)``, computed when not
     given) hold one entry per element of x, or one for all (size 1 on the last axis)."""
+    return _cycle_walk(_network, x, n, keys, rings)
+
+
+def _cycle_walk(
+    network: Any,
+    x: np.ndarray,
+    n: np.ndarray,
+    keys: np.ndarray,
+    rings: tuple[np.ndarray, np.ndarray] | None,
+) -> np.ndarray:
+    """``network`` (or its inverse) restricted to ``[0, n)``: applied again to the rare values
+    that left it."""
     a, b = _rings(n) if rings is None else rings
-    out = _network(x, a, b, keys)
+    out = network(x, a, b, keys)
     walk = np.flatnonzero(out >= n)
-    while walk.size:  # cycle-walk the rare values that left [0, n)
-        out[walk] = _network(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
+    while walk.size:
+        out[walk] = network(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
         walk = walk[out[walk] >= _pick(n, walk)]
     return out
 
@@ -143,13 +156,7 @@ def keyed_inverse(
 ) -> np.ndarray:
     """uint64 positions of elements ``y < n``: the inverse of ``keyed_bijection`` (the network
     undone, cycle-walking back while the value is ``>= n``), same parameters."""
-    a, b = _rings(n) if rings is None else rings
-    out = _network_inverse(np.asarray(y, dtype=np.uint64), a, b, keys)
-    walk = np.flatnonzero(out >= n)
-    while walk.size:
-        out[walk] = _network_inverse(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
-        walk = walk[out[walk] >= _pick(n, walk)]
-    return out
+    return _cycle_walk(_network_inverse, np.asarray(y, dtype=np.uint64), n, keys, rings)
 
 
 def keyed_positions(
