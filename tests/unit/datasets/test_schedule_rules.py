@@ -71,6 +71,20 @@ def delivered(dataset, names=NAMES, start=0) -> np.ndarray:
     return source
 
 
+def through_loader(dataset, samples: int, dp: int = 2, mbs: int = 4) -> np.ndarray:
+    """The ``dataset_id`` of the first ``samples`` global samples as the loader delivers them to
+    ``dp`` data-parallel ranks (every rank's micro-batches put back in global order)."""
+    from tokenload.loader import build_dataloader
+
+    loaders = [build_dataloader(dataset, micro_batch_size=mbs, dp_rank=r, dp_size=dp,
+                                num_workers=0) for r in range(dp)]
+    iters = [iter(x) for x in loaders]
+    ids = [next(it)["dataset_id"].numpy() for _ in range(samples // (dp * mbs)) for it in iters]
+    for x in loaders:
+        x.close()
+    return np.concatenate(ids)
+
+
 def check_counts(source: np.ndarray, schedule, num_sources: int) -> None:
     """The independent model: over each entry's range ``[start, end)`` of m samples, a source of
     weight w (weights normalized over the entry) is drawn ``m * w`` times within 2 (Megatron's
@@ -113,6 +127,7 @@ def test_issue_34_case_two_sources_one_then_the_other(files, order):
     dataset = train_split(files, order, schedule, per_split=True, names=("a", "b"), **extra)
     source = delivered(dataset, ("a", "b"))
     assert (source[:64] == 0).all() and (source[64:SIZE] == 1).all()
+    np.testing.assert_array_equal(through_loader(dataset, SIZE), source[:SIZE])
 
 
 def test_a_one_source_per_split_blend_with_a_schedule(files):
@@ -135,6 +150,7 @@ def test_a_source_inactive_throughout_is_never_drawn(files, order, per_split):
     source = delivered(dataset)
     assert not (source == 2).any()
     check_counts(source[:SIZE], schedule, len(NAMES))
+    np.testing.assert_array_equal(through_loader(dataset, SIZE), source[:SIZE])
     cursors = dataset.source_cursors(len(dataset))
     assert cursors[2] == 0 and cursors.sum() == len(dataset)
 
