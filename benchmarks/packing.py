@@ -211,6 +211,7 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
     for name, prefix in mixes.items():
         lengths = document_lengths(prefix)
         eod = eod_id(prefix)
+        keep_side = args.sides
         npy = work / f"{name}.npy"  # OLMo-core reads raw token arrays named .npy: the .bin's bytes
         if not npy.exists():
             npy.symlink_to(prefix + ".bin")
@@ -247,6 +248,8 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                             "max_rows": args.grain_rows,
                         },
                     )
+            if keep_side:
+                sides = {k: v for k, v in sides.items() if k in keep_side}
             runs: dict[str, list[dict]] = {s: [] for s in sides}
             facts: dict[str, dict] = {}
             names = list(sides)
@@ -284,7 +287,7 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                                 )
                                 seen = np.unique(rws.doc)  # Grain's first rows: their documents
                                 rws.dropped = int(lengths[seen].sum()) - covered_tokens(rws)
-                                if side.startswith("Grain"):
+                                if got.get("whole_epoch") is False:
                                     keep = np.zeros(lengths.size, bool)
                                     keep[seen] = True
                                     rws, lens = restrict(rws, keep), lengths[keep]
@@ -304,7 +307,12 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                     f"{m['dropped_tokens']:,}",
                 ]
                 if got[0].get("whole_epoch") is False:
+                    # a prefix of the stream: the long documents it began are not finished, so
+                    # cuts and drops are not the epoch's (Grain cuts every document > S, by the
+                    # split it needs, and drops nothing)
                     cells[0] += f" (first {got[0]['rows_read']:,} rows)"
+                    cells[1] = f"{m['cut']:,} in those rows"
+                    cells[3] = "-"
                 rows.append(
                     [
                         name,
@@ -727,6 +735,7 @@ def main() -> None:
         default="/tmp/tokenload-bench/index-scale",
         help="benchmarks/startup_data.py's files (shared with index_scale.py)",
     )
+    ap.add_argument("--sides", nargs="+", help="peers part: only these sides (by table name)")
     ap.add_argument("--read-workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument(
         "--read-samples",

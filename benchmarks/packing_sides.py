@@ -63,8 +63,11 @@ if a.get("dataset"):
     full = build_datasets(cfg, [None, 0, 0])[0]
     n = len(full)
     p = full.plan_pieces(np.arange(n))
+    # the plan names sequences; a document of the file may hold none (an empty text)
+    docs = np.asarray(TokenFile(a["prefix"]).document_indices, dtype=np.int64)
     np.savez(a["rows"], slots=a["seq"] + 1, offsets=np.r_[p.first, p.sequence.size],
-             doc=p.sequence, start=p.start, length=p.length)
+             doc=np.searchsorted(docs, p.sequence, side="right") - 1, start=p.start,
+             length=p.length)
     out["rows_total"] = n
 else:
     from tokenload.index.packing import pack_block
@@ -266,7 +269,6 @@ def body():
         next(it)
     return steps * mb
 out = timed(body, steps, pids)
-out["padding_in_batch"] = None
 loader.close()
 print(json.dumps(out))
 """

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 from ..errors import ConfigError
-from ..index import Blend, parse_blend, parse_split
+from ..index import Blend, parse_blend
 from ..storage import is_url
 from .items import ItemConfig
 from .sources import SourceOptions
@@ -231,8 +231,6 @@ class MegatronDataConfig:
             raise ConfigError(
                 "a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"'
             )
-        if self.split is not None:
-            parse_split(self.split)  # a bad split string fails here, before any file is read
         if self.mock and (self.vocab_size is None or self.eod_id is None):
             raise ConfigError(
                 "mock data needs vocab_size and eod_id", hint="pass the tokenizer's values"

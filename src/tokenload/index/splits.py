@@ -74,10 +74,11 @@ def parse_split(split: str) -> list[float]:
     ``parse_and_normalize_split`` does: missing trailing numbers are 0. megatron-core takes every
     run of digits and dots as a number, whatever lies between them; here the numbers must be
     separated by commas (Megatron's documented form, spaces allowed) or by slashes (the legacy
-    parser's and GPT-NeoX's other separator), so every string accepted here is read as
-    megatron-core reads it, and anything else (``"abc"``, ``"90;10"``, ``"90 10"``, a negative
-    number, which megatron-core turns into a positive one, ``"1e3"``, an empty field) is a
-    ConfigError naming ``split``.
+    parser's and GPT-NeoX's other separator), the whole optionally in one pair of quotes
+    (Megatron-LM's example scripts pass ``--split '99,1,0'`` with its quotes, which megatron-core
+    skips). So every string accepted here is read as megatron-core reads it, and anything else
+    (``"abc"``, ``"90;10"``, ``"90 10"``, a negative number, which megatron-core turns into a
+    positive one, ``"1e3"``, an empty field) is a ConfigError naming ``split``.
     """
     if not isinstance(split, str):
         raise ConfigError(f"split is {split!r}, expected a string of {_FORM}", field="split")
@@ -87,8 +88,11 @@ def parse_split(split: str) -> list[float]:
             hint="write the split as non-negative numbers, e.g. `split='98,2,0'`",
             field="split",
         )
-    used = [sep for sep in SEPARATORS if sep in split]
-    parts = split.split(used[0]) if len(used) == 1 else [split]
+    text = split.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]  # a quoted string reaches Megatron from its own example scripts
+    used = [sep for sep in SEPARATORS if sep in text]
+    parts = text.split(used[0]) if len(used) == 1 else [text]
     bad = [p for p in parts if not _NUMBER.fullmatch(p.strip())]
     if bad or len(used) > 1:
         found = "',' and '/' are mixed" if len(used) > 1 else f"{bad[0].strip()!r} is no number"

@@ -47,7 +47,8 @@ def megatron_split_strings(draw) -> str:
     """Up to 3 numbers, one separator kind (',' or '/'), spaces anywhere around the numbers."""
     numbers = draw(st.lists(_NUMBERS, min_size=1, max_size=3))
     sep = draw(st.sampled_from([",", "/"]))
-    return sep.join(f"{draw(_SPACE)}{n}{draw(_SPACE)}" for n in numbers)
+    quote = draw(st.sampled_from(["", "'", '"']))  # Megatron-LM's scripts pass '99,1,0' quoted
+    return quote + sep.join(f"{draw(_SPACE)}{n}{draw(_SPACE)}" for n in numbers) + quote
 
 
 @given(megatron_split_strings())
@@ -60,7 +61,7 @@ def test_megatrons_forms_are_read_as_megatron_core_reads_them(split):
     assert parse_split(split) == megatron_core_split(split)  # the same floats, bit for bit
 
 
-@given(st.text(alphabet="0123456789.,/ ;|:-_xe\t", max_size=12))
+@given(st.text(alphabet="0123456789.,/ ;|:-_xe\t'", max_size=12))
 def test_any_string_is_megatron_cores_reading_or_a_config_error_naming_split(split):
     try:
         weights = parse_split(split)
@@ -68,7 +69,9 @@ def test_any_string_is_megatron_cores_reading_or_a_config_error_naming_split(spl
         assert exc.field == "split" and exc.message.startswith(f"split is {split!r}")
         return
     assert weights == megatron_core_split(split)
-    assert not set(split) - set("0123456789., /\t")  # only numbers, one separator kind, spaces
+    inner = split.strip().strip("'")  # one pair of enclosing quotes at most
+    assert split.count("'") in (0, 2) and "'" not in inner
+    assert not set(inner) - set("0123456789., /\t")  # only numbers, one separator kind, spaces
     assert not ("," in split and "/" in split)
 
 
@@ -105,3 +108,6 @@ def test_the_documented_forms_are_accepted():
         parse_split("99,1,0") == parse_split("99/1") == parse_split(" 99 , 1 ") == [0.99, 0.01, 0.0]
     )
     assert parse_split("100") == [1.0, 0.0, 0.0]
+    assert parse_split("'99,1,0'") == parse_split('"99,1,0"') == parse_split("99,1,0")
+    with pytest.raises(ConfigError, match="is no number"):
+        parse_split("'99,1,0")  # an unmatched quote
