@@ -19,9 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenload.cli.vocabulary import error_in_flags
-from tokenload.datasets import MegatronDataConfig
+from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import ConfigError
-from tokenload.index.splits import parse_split
+from tokenload.index.splits import parse_split, split_matrix
 
 
 def megatron_core_split(split: str) -> list[float]:
@@ -93,7 +93,7 @@ def test_any_string_is_megatron_cores_reading_or_a_config_error_naming_split(spl
 )
 def test_other_strings_are_refused_naming_split_and_the_form(split, found):
     with pytest.raises(ConfigError) as info:
-        MegatronDataConfig(sequence_length=8, blend=["a"], split=split)  # before any file
+        split_matrix(split)  # what every Megatron-order and computed-order build parses
     exc = info.value
     assert exc.field == "split" and exc.message.startswith(f"split is {split!r}")
     assert found in exc.message
@@ -111,3 +111,11 @@ def test_the_documented_forms_are_accepted():
     assert parse_split("'99,1,0'") == parse_split('"99,1,0"') == parse_split("99,1,0")
     with pytest.raises(ConfigError, match="is no number"):
         parse_split("'99,1,0")  # an unmatched quote
+
+
+@pytest.mark.parametrize("order", ["megatron", "computed"])
+def test_the_builds_refuse_it_naming_split(tmp_path, order):
+    config = MegatronDataConfig(sequence_length=8, blend=["a"], split="90;10", order=order)
+    with pytest.raises(ConfigError) as info:
+        build_datasets(config, [10, 0, 0])  # the split is parsed before any file is opened
+    assert info.value.field == "split" and "'90;10' is no number" in info.value.message
