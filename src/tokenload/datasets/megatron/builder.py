@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -40,7 +39,6 @@ import numpy.random  # with the builder, as Megatron's imports do; not lazily in
 
 from ...caches import (
     blended_identifiers,
-    default_cache_dir,
     describe,
     description_hash,
     gpt_identifiers,
@@ -66,10 +64,11 @@ from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.schedule import check_schedule_fits
 from ...index.splits import SplitMatrix
 from ...metrics import Phases
-from ...storage import is_url, local_folder
 from ..config import MegatronDataConfig, as_blend
 from ..sources import MockSource, file_facts, open_source
 from .blended import BlendedDataset
+from .built import BuiltDataset, BuiltMember, default_folder
+from .built import placeless as _placeless
 from .cache_match import gpt_cache_mismatches
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
 from .continuable import (
@@ -82,6 +81,7 @@ from .continuable import (
 )
 from .gpt_dataset import GPTDataset, IndexArrays
 from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
+from .packed import packed_from_entry, packed_member
 from .policy import Role, missing_cache, prepare_command, resolve
 
 __all__ = [
@@ -119,22 +119,6 @@ class MegatronOptions:
             tokenizer=config.tokenizer,
             mixture_change=config.mixture_change,
         )
-
-
-@dataclass(frozen=True)
-class BuiltDataset:
-    """A dataset the build made, with its build-manifest entry (None when no cache backs it)."""
-
-    dataset: Any
-    entry: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class BuiltMember(BuiltDataset):
-    """A per-prefix (mid-level) dataset, with Megatron's unique identifiers (its cache's
-    description), of which a blend's identifiers are made."""
-
-    identifiers: OrderedDict[str, Any]
 
 
 def build_megatron_datasets(
@@ -287,8 +271,6 @@ class MegatronBuilder:
             digests=dict(entry["digests"]),
         )
         if entry["kind"] == "packed":
-            from .packed import packed_from_entry
-
             return packed_from_entry(self, entry, indices)  # type: ignore[return-value]
         if entry["kind"] == "blended":
             members = [self._from_entry(m) for m in entry["members"]]
@@ -462,8 +444,6 @@ class MegatronBuilder:
     ) -> BuiltMember:
         c, options = self.config, self.options
         if c.packing != "concat":
-            from .packed import packed_member
-
             return packed_member(self, name, mid, split, matrix)
         source = self.source(mid.prefix)
         with self._phase("header_reads"):
@@ -543,26 +523,9 @@ class MegatronBuilder:
         return BuiltMember(dataset, entry, uid)
 
 
-def default_folder(path_to_cache: str | None, prefix: str | None) -> str | None:
-    """Where a prefix's index caches go: ``path_to_cache``, else Megatron's folder beside the
-    token file (a URL's is local, beside its index copy: never a folder named 's3:')."""
-    if path_to_cache is not None or prefix is None:
-        return path_to_cache
-    return default_cache_dir(local_folder(prefix) if is_url(prefix) else prefix)
-
-
 def _three(splits: list[Any]) -> tuple[Any | None, Any | None, Any | None]:
     """The (train, valid, test) tuple of a list of the three splits."""
     return cast("tuple[Any | None, Any | None, Any | None]", tuple(splits))
-
-
-def _placeless(uid: Mapping[str, Any]) -> OrderedDict[str, Any]:
-    """Megatron's identifiers without the token file's path: with the files' content facts,
-    the identity of a dataset that still holds after the files move."""
-    out = OrderedDict(uid)
-    if "dataset_path" in out:
-        out["dataset_path"] = None
-    return out
 
 
 def _empty_split(

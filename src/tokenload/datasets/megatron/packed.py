@@ -40,6 +40,7 @@ from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, finish_windows
 from ..packed_rows import read_rows
+from .built import BuiltMember, default_folder, placeless
 from .gpt_dataset import IndexArrays
 
 __all__ = ["PACK_BLOCK", "PackedGPTDataset", "build_packed_indices", "packed_member"]
@@ -234,8 +235,6 @@ def packed_member(
 ) -> Any:
     """The packed dataset of one prefix's split, through ``builder``'s cache and policy (a
     ``MegatronBuilder``): a ``BuiltMember``."""
-    from .builder import BuiltMember, _placeless, default_folder
-
     c, options = builder.config, builder.options
     source = builder.source(mid.prefix)
     lengths = builder._lengths(mid.prefix)
@@ -281,7 +280,7 @@ def packed_member(
     folder = default_folder(options.path_to_cache, mid.prefix)
     missing = len(builder._cache.missing)
     cached = builder._cache.indices(folder, uid, describe(uid), build, fields, {})
-    identity = description_hash(describe(_placeless(uid))) + repr(sorted(fields.items()))
+    identity = description_hash(describe(placeless(uid))) + repr(sorted(fields.items()))
     # a cache a loading rank misses is reported by the builder, after every split (no rows);
     # arrays this process built may not be in place yet (a group of caches is published last)
     shapes: dict[str, tuple[int, ...]] = {}
