@@ -25,6 +25,8 @@ state dict's ``"metrics"`` entry, so they continue across a resume.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import logging
 import math
@@ -488,13 +490,66 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+class _Default(enum.Enum):
+    """A ``build_dataloader`` keyword not given: ``config``'s value, else ``LoaderConfig``'s."""
+
+    DEFAULT = "default"
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+_DEFAULT = _Default.DEFAULT
+_OPTIONS = frozenset(f.name for f in dataclasses.fields(LoaderConfig))
+
+
 def build_dataloader(
-    dataset: AnyDataset, *, consumed_samples: int = 0, **config: Any
+    dataset: AnyDataset,
+    config: LoaderConfig | None = None,
+    *,
+    consumed_samples: int = 0,
+    micro_batch_size: int | _Default = _DEFAULT,
+    dp_rank: int | _Default | None = _DEFAULT,
+    dp_size: int | _Default | None = _DEFAULT,
+    kind: str | _Default = _DEFAULT,
+    data_sharding: bool | _Default = _DEFAULT,
+    drop_last: bool | _Default = _DEFAULT,
+    num_workers: int | _Default = _DEFAULT,
+    pin_memory: bool | _Default = _DEFAULT,
+    persistent_workers: bool | _Default = _DEFAULT,
+    prefetch_factor: int | _Default | None = _DEFAULT,
+    multiprocessing_context: str | _Default | None = _DEFAULT,
+    shared_memory: bool | _Default = _DEFAULT,
+    worker_timeout: float | _Default | None = _DEFAULT,
+    max_worker_restarts: int | _Default = _DEFAULT,
+    log_metrics_every: int | _Default | None = _DEFAULT,
 ) -> TokenloadDataLoader:
-    """A resumable DataLoader over ``dataset`` for this rank; ``config`` are ``LoaderConfig``
-    fields. ``dataset``: a tokenload dataset (any ``contract.LoaderDataset``), or a map-style
-    one (``__len__`` with ``__getitems__`` or ``__getitem__``)."""
-    return TokenloadDataLoader(dataset, LoaderConfig(**config), consumed_samples=consumed_samples)
+    """A resumable DataLoader over ``dataset`` for this rank. ``dataset``: a tokenload dataset
+    (any ``contract.LoaderDataset``), or a map-style one (``__len__`` with ``__getitems__`` or
+    ``__getitem__``). The options are ``LoaderConfig``'s fields (see there), given as ``config``,
+    as keywords, or both (a keyword replaces ``config``'s field); an option given neither way
+    takes ``LoaderConfig``'s default, and ``micro_batch_size`` has none. Each keyword is typed, so
+    a type checker finds a misspelt one (Python raises ``TypeError`` for it); a bad value is a
+    ``ConfigError``."""
+    given = {k: v for k, v in locals().items() if k in _OPTIONS and v is not _DEFAULT}
+    if config is None:
+        if "micro_batch_size" not in given:
+            raise ConfigError(
+                "build_dataloader got no micro_batch_size (samples per micro-batch on each"
+                " data-parallel rank)",
+                hint="pass micro_batch_size=N, or config=LoaderConfig(micro_batch_size=N, ...)",
+            )
+        config = LoaderConfig(**given)
+    elif not isinstance(config, LoaderConfig):
+        raise ConfigError(
+            f"build_dataloader's config is a {type(config).__name__}, expected a LoaderConfig"
+            " or None",
+            hint="pass the options as keywords (micro_batch_size=..., num_workers=...) or as"
+            " config=LoaderConfig(...)",
+        )
+    elif given:
+        config = dataclasses.replace(config, **given)
+    return TokenloadDataLoader(dataset, config, consumed_samples=consumed_samples)
 
 
 def _fetch_within(budget: float | None, dataset: LoaderDataset, indices: Sequence[int]) -> Any:

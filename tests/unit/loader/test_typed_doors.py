@@ -1,0 +1,128 @@
+"""The loader's typed doors (issue 37): ``build_dataloader`` takes every ``LoaderConfig`` option
+as an explicit typed keyword (a misspelt one is a type error for mypy and a ``TypeError`` for
+Python), or a ``LoaderConfig``, or both; ``loader.metrics()`` is described by
+``loader.report.MetricsReport``, whose keys are checked here against what the loader returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import tempfile
+import textwrap
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenload.errors import ConfigError
+from tokenload.loader import LoaderConfig, build_dataloader
+
+
+class Items:
+    """A map-style dataset: 48 samples of 4 tokens, sample i all i."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int) -> dict:
+        return {"tokens": np.full(4, i, dtype=np.int64)}
+
+
+def test_every_loader_option_is_a_keyword_of_build_dataloader_with_its_type():
+    """No ``**kwargs``: each field of LoaderConfig is a keyword-only parameter whose type is the
+    field's (plus the "not given" marker), so a type checker sees each one."""
+    parameters = inspect.signature(build_dataloader).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    options = {name: p for name, p in parameters.items() if p.kind is p.KEYWORD_ONLY}
+    fields = {f.name: f for f in dataclasses.fields(LoaderConfig)}
+    assert set(options) == set(fields) | {"consumed_samples"}
+    hints = typing.get_type_hints(build_dataloader)
+    config_hints = typing.get_type_hints(LoaderConfig)
+    for name in fields:
+        given = set(typing.get_args(hints[name]) or (hints[name],))
+        declared = set(typing.get_args(config_hints[name]) or (config_hints[name],))
+        assert declared < given and len(given - declared) == 1, name  # the field's type + marker
+
+
+def test_a_misspelt_option_is_a_type_error():
+    with pytest.raises(TypeError, match="num_worker"):
+        build_dataloader(Items(), micro_batch_size=4, num_worker=0)  # type: ignore[call-arg]
+
+
+_SNIPPET = """
+from tokenload.loader import LoaderConfig, build_dataloader
+
+
+class Items:
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict:
+        return {}
+
+
+build_dataloader(Items(), micro_batch_size=4, num_workers=0, worker_timeout=None)
+build_dataloader(Items(), LoaderConfig(micro_batch_size=4), num_workers=0)
+build_dataloader(Items(), micro_batch_size=4, num_worker=0)
+build_dataloader(Items(), micro_batch_size="4")
+"""
+
+
+def test_mypy_finds_a_misspelt_option_and_a_wrong_type(tmp_path):
+    from mypy import api
+
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(textwrap.dedent(_SNIPPET))
+    cache = Path(tempfile.gettempdir()) / "tokenload-test-mypy-cache"  # as test_contract.py's
+    out, err, status = api.run(
+        [
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--python-version=3.10",
+            f"--cache-dir={cache}",
+            str(snippet),
+        ]
+    )
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert status == 1, out + err
+    lines = sorted(int(line.split(":")[1]) for line in errors)
+    assert lines == [15, 16], out  # the two last calls, not the first two
+    assert 'Unexpected keyword argument "num_worker"' in out
+    assert '"micro_batch_size"' in out and '"str"' in out
+
+
+def test_keywords_replace_the_configs_fields_and_defaults_fill_the_rest():
+    config = LoaderConfig(micro_batch_size=4, num_workers=0, dp_rank=0, dp_size=1, drop_last=False)
+    loader = build_dataloader(Items(), config, micro_batch_size=8, kind="cyclic")
+    assert loader.config == dataclasses.replace(config, micro_batch_size=8, kind="cyclic")
+    assert build_dataloader(Items(), config).config == config
+    loader = build_dataloader(Items(), micro_batch_size=4, dp_rank=0, dp_size=1)
+    assert loader.config == LoaderConfig(micro_batch_size=4, dp_rank=0, dp_size=1)
+    # a keyword given as its default value still replaces the config's value
+    assert build_dataloader(Items(), config, num_workers=2).config.num_workers == 2
+    assert build_dataloader(Items(), config, dp_rank=None).config.dp_rank is None
+
+
+def test_batches_are_the_same_through_either_door():
+    config = LoaderConfig(micro_batch_size=4, num_workers=0, dp_rank=0, dp_size=1)
+    by_config = [b["tokens"][:, 0].tolist() for b in build_dataloader(Items(), config)]
+    by_keywords = [
+        b["tokens"][:, 0].tolist()
+        for b in build_dataloader(Items(), micro_batch_size=4, num_workers=0, dp_rank=0, dp_size=1)
+    ]
+    assert by_config == by_keywords == [list(range(k, k + 4)) for k in range(0, 48, 4)]
+
+
+@pytest.mark.parametrize(
+    ("args", "keywords", "match"),
+    [
+        ((), {}, "no micro_batch_size"),
+        ((16,), {}, "config is a int, expected a LoaderConfig"),
+        ((), {"micro_batch_size": 4, "kind": "random"}, "kind is 'random'"),
+        ((LoaderConfig(micro_batch_size=4),), {"num_workers": -1}, "num_workers is -1"),
+    ],
+)
+def test_bad_options_are_config_errors(args, keywords, match):
+    with pytest.raises(ConfigError, match=match):
+        build_dataloader(Items(), *args, **keywords)
