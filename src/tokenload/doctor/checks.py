@@ -28,6 +28,7 @@ from .report import DoctorConfig, Finding, Report
 
 if TYPE_CHECKING:
     from ..datasets import MegatronDataConfig
+    from ..loader.report import WorkersReport
 
 #: Opens + stats per rank above which a startup counts as a burst: a manifest load makes 1-2
 #: (one more with a sequences JSON), a per-dataset cache check about 13 per dataset.
@@ -332,7 +333,7 @@ def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
     step_s = config.step_ms / 1e3
     enough = None
     shares = []
-    health: list[dict] = []
+    health: list[WorkersReport] = []
     for workers in WORKER_COUNTS:
         _, waits = loader_rate(data, config, workers=workers, step_s=step_s, health=health)
         report.waits[workers] = waits
@@ -364,7 +365,7 @@ def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
     _check_worker_faults(health, report)
 
 
-def _check_worker_faults(health: list[dict], report: Report) -> None:
+def _check_worker_faults(health: list[WorkersReport], report: Report) -> None:
     """Loader workers replaced while the doctor measured (issue 24): restarts, stalls, time lost."""
     restarts = sum(h["restarts"] for h in health)
     stalls = sum(h["stalls"] for h in health)

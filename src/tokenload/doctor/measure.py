@@ -18,13 +18,16 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
 
 from ..errors import ConfigError
 from .report import DoctorConfig
+
+if TYPE_CHECKING:
+    from ..loader.report import WorkersReport
 
 READ_DELAY_ENV = "TOKENLOAD_DOCTOR_READ_DELAY_MS"
 #: Files up to this size are digested whole; larger ones by sampled chunks.
@@ -111,7 +114,7 @@ def loader_rate(
     config: DoctorConfig,
     workers: int = 0,
     step_s: float = 0.0,
-    health: list | None = None,
+    health: list[WorkersReport] | None = None,
 ) -> tuple[float, list[float]]:
     """(samples/s of the training loop, the data wait of each step) over ``config.steps`` steps;
     ``health`` receives the loader's ``metrics()["workers"]`` (workers replaced, stalls)."""

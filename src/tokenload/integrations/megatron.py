@@ -60,6 +60,7 @@ from typing import Any
 from ..datasets import MegatronDataConfig, build_datasets
 from ..errors import ConfigError
 from ..loader import TokenloadDataLoader, build_dataloader
+from ..loader.report import MetricsReport
 from ..megatron_args import LEGACY_SPLIT, blends_of
 
 __all__ = [
@@ -294,7 +295,7 @@ class MegatronLoader:
         self.loader.close()
 
 
-def metric_scalars(m: dict[str, Any], prefix: str = "tokenload/") -> dict[str, float]:
+def metric_scalars(m: MetricsReport, prefix: str = "tokenload/") -> dict[str, float]:
     """The loader's ``metrics()`` as flat scalars for a training logger (finite numbers only)."""
     wait = m.get("data_wait", {})
     active = m.get("active_s") or 0.0

@@ -10,12 +10,15 @@ logs the same numbers under the same names.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..loader.report import MetricsReport
 
 __all__ = ["loader_scalars"]
 
 
-def loader_scalars(metrics: dict[str, Any], prefix: str = "tokenload/") -> dict[str, float]:
+def loader_scalars(metrics: MetricsReport, prefix: str = "tokenload/") -> dict[str, float]:
     """Scalars of ``TokenloadDataLoader.metrics()``: data wait share and per-step wait (mean,
     p99), samples/s and tokens/s, consumed samples and epoch, tokens per source, worker restarts
     and stalls (when the loader has workers' health figures)."""

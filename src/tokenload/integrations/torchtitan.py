@@ -43,9 +43,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, StateError, require
+
+if TYPE_CHECKING:
+    from ..loader.report import MetricsReport
 
 require("torchtitan", "torchtitan", "TokenloadTitanDataLoader")
 from torchtitan.components.dataloader import BaseDataLoader  # noqa: E402
@@ -144,7 +147,7 @@ class TokenloadTitanDataLoader(BaseDataLoader):
     def __len__(self) -> int:
         return len(self.loader)
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> MetricsReport:
         """The loader's metrics (``TokenloadDataLoader.metrics``), counted since this process
         built or resumed it."""
         return self.loader.metrics()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -37,6 +37,14 @@ from ..contract import LoaderDataset
 from ..errors import StateError
 from ..metrics import DurationHistogram
 from ..storage import stats as storage_stats
+from .report import (
+    LoaderReport,
+    MetricsReport,
+    PackingReport,
+    SourceReport,
+    StartupReport,
+    WaitReport,
+)
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -150,8 +158,8 @@ class LoaderMetrics:
             self._next_check = consumed + int(left.min()) + 1
 
     # -- export ------------------------------------------------------------------------------------
-    def as_dict(self, *, consumed: int, epoch: int) -> dict[str, Any]:
-        """The metrics as a plain dict of numbers, strings, lists and dicts."""
+    def as_dict(self, *, consumed: int, epoch: int) -> LoaderReport:
+        """The metrics as a plain dict of numbers, strings, lists and dicts (``report.py``)."""
         limits = self._limits
         if limits is None:  # nothing served in this process yet: resolve without a batch
             limits = np.array(self.dataset.epoch_sizes(), dtype=np.int64)
@@ -159,7 +167,7 @@ class LoaderMetrics:
         drawn = self._drawn(consumed)
         # exact: what the job drew (a state that has not served here yet says it too)
         repeating = drawn > limits if self.exact else self.warned
-        sources = []
+        sources: list[SourceReport] = []
         for s, name in enumerate(self.names):
             sources.append(
                 {
@@ -174,8 +182,9 @@ class LoaderMetrics:
                     "repeating": bool(repeating[s]),
                 }
             )
-        wait = self.wait.summary()
+        wait = cast(WaitReport, self.wait.summary())
         wait["share"] = self.wait.total / self.active_s if self.active_s > 0 else None
+        startup = cast(StartupReport, {**self.startup, "phases": dict(self.dataset.startup_phases)})
         return {
             "version": METRICS_VERSION,
             "steps": self.steps,
@@ -186,7 +195,7 @@ class LoaderMetrics:
             "epoch": epoch,
             # from each iteration's start to its latest batch: samples / active_s is the rate
             "active_s": self.active_s,
-            "startup": {**self.startup, "phases": dict(self.dataset.startup_phases)},
+            "startup": startup,
             "data_wait": wait,
             "sources": sources,
             "repeating": [s["name"] for s in sources if s["repeating"]],
@@ -287,7 +296,7 @@ class PackingCounts:
             width = positions.shape[1] if positions.ndim == 2 else 0
             self.slots += np.bincount(ids, minlength=n) * width
 
-    def as_dict(self, names: list[str]) -> dict[str, Any]:
+    def as_dict(self, names: list[str]) -> PackingReport:
         rows = int(self.rows_by_documents.sum())
         cumulative = np.cumsum(self.rows_by_documents)
 
@@ -322,7 +331,7 @@ def _numpy(values: Any) -> np.ndarray:
     return values.numpy() if hasattr(values, "numpy") else np.asarray(values)
 
 
-def summary_line(m: dict[str, Any]) -> str:
+def summary_line(m: LoaderReport | MetricsReport) -> str:
     """One log line of ``as_dict``'s output."""
     wait, startup = m["data_wait"], m["startup"]
 

@@ -44,6 +44,7 @@ from .collate import fetch, to_tensors
 from .health import WorkerHealth, read_budget
 from .ledger import Ledger
 from .mapstyle import AnyDataset, loader_dataset
+from .report import MetricsReport
 from .sampler import BatchSampler, CyclicSampler, MicroBatchPlan, PretrainingSampler
 from .state import LoaderState, restore_mixture, weights_changes
 from .workers import WorkerPool
@@ -374,17 +375,17 @@ class TokenloadDataLoader:
         if value is None:
             self.close()
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> MetricsReport:
         """Startup, data wait and what was served, per source (see ``accounting.py``): counted by
-        this process since the start of the run, continued across a resume."""
+        this process since the start of the run, continued across a resume. A plain dict, whose
+        keys ``report.MetricsReport`` describes."""
         total = self.plan.total_samples
         if self.config.kind == "cyclic":  # its epochs hold only whole groups
             total -= total % self.plan.group
         epoch = self.consumed_samples // total
         out = self._metrics.as_dict(consumed=self.consumed_samples, epoch=epoch)
         # workers replaced, stalls detected, time the loop lost waiting for them (health.py)
-        out["workers"] = self._health.as_dict()
-        return out
+        return {**out, "workers": self._health.as_dict()}
 
     def log_metrics(self, level: int = logging.INFO) -> None:
         """Log a one-line summary of ``metrics()`` (on global rank 0 only)."""

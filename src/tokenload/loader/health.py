@@ -29,9 +29,10 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import cast
 
 from ..errors import TokenloadError
+from .report import FaultReport, WorkersReport
 
 logger = logging.getLogger("tokenload.loader.workers")
 
@@ -68,6 +69,10 @@ class Fault:
             and self.exitcode is not None
             and self.exitcode >= 0
         )
+
+    def as_dict(self) -> FaultReport:
+        """Its fields, less its clock reading ``at``."""
+        return cast(FaultReport, {k: v for k, v in asdict(self).items() if k != "at"})
 
     def how(self) -> str:
         if self.cause == "stalled":
@@ -169,14 +174,14 @@ class WorkerHealth:
             hint=hint,
         )
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> WorkersReport:
         return {
             "restarts": self.restarts,
             "stalls": self.stalls,
             "time_lost_s": self.time_lost_s,
             "max_worker_restarts": self.budget,
             "worker_timeout": self.timeout,
-            "faults": [{k: v for k, v in asdict(f).items() if k != "at"} for f in self.faults],
+            "faults": [f.as_dict() for f in self.faults],
         }
 
 

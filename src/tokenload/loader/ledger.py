@@ -23,12 +23,13 @@ so a source removed at a resume keeps its figures in the state and continues if 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from ..contract import LoaderDataset
 from ..errors import StateError
+from .report import JobReport, JobSourceReport
 
 __all__ = ["Ledger"]
 
@@ -49,7 +50,7 @@ class Ledger:
         self.names = {s.key: s.name for s in sources}
         self.mixture = dataset.mixture_cursors()
         self.skips: list[dict[str, Any]] = []
-        self.remembered: dict[str, dict[str, Any]] = {}
+        self.remembered: dict[str, JobSourceReport] = {}
         """Sources of an earlier run that this dataset lacks (removed at a resume)."""
         self._counted = 0  # Megatron blend: dataset_index counted up to here
         self._counts = np.zeros(len(self.keys), dtype=np.int64)
@@ -99,10 +100,10 @@ class Ledger:
         return out
 
     # -- export ----------------------------------------------------------------------------------
-    def as_dict(self, consumed: int) -> dict[str, Any]:
+    def as_dict(self, consumed: int) -> JobReport:
         """The job's figures after ``consumed`` global samples (plain JSON values)."""
         drawn, skipped, sizes = self.drawn(consumed), self.skipped(), self.epoch_sizes()
-        sources = []
+        sources: list[JobSourceReport] = []
         for k in self.keys:
             sources.append(self._source(k, self.names[k], drawn[k], skipped.get(k, 0), sizes[k]))
         for k, old in self.remembered.items():
@@ -118,7 +119,7 @@ class Ledger:
 
     def _source(
         self, key: str, name: str, drawn: int, skipped: int, per_epoch: int
-    ) -> dict[str, Any]:
+    ) -> JobSourceReport:
         samples = drawn - skipped
         tokens = None if self.sequence_length is None else samples * int(self.sequence_length)
         return {
@@ -159,7 +160,7 @@ class Ledger:
         if isinstance(accounting, dict):
             for s in accounting.get("sources") or []:
                 if isinstance(s, dict) and s.get("source") not in self.names:
-                    self.remembered[str(s.get("source"))] = s
+                    self.remembered[str(s.get("source"))] = cast(JobSourceReport, s)
 
 
 def _int(value: Any) -> int:

@@ -9,14 +9,18 @@ import dataclasses
 import inspect
 import tempfile
 import textwrap
+import types
 import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import write_documents
+from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import ConfigError
 from tokenload.loader import LoaderConfig, build_dataloader
+from tokenload.loader.report import MetricsReport
 
 
 class Items:
@@ -126,3 +130,76 @@ def test_batches_are_the_same_through_either_door():
 def test_bad_options_are_config_errors(args, keywords, match):
     with pytest.raises(ConfigError, match=match):
         build_dataloader(Items(), *args, **keywords)
+
+
+def _conforms(value, hint, where: str) -> list[str]:
+    """Where ``value`` differs from the type ``hint`` (a TypedDict: exactly its keys, each value
+    of its type; lists, dicts, unions and plain types followed down)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if typing.is_typeddict(hint):
+        if not isinstance(value, dict):
+            return [f"{where}: {type(value).__name__}, expected a dict"]
+        hints = typing.get_type_hints(hint)
+        if set(value) != set(hints):
+            return [f"{where}: keys {sorted(value)}, expected {sorted(hints)}"]
+        return [e for k, h in hints.items() for e in _conforms(value[k], h, f"{where}.{k}")]
+    if origin in (typing.Union, types.UnionType):
+        found = [_conforms(value, a, where) for a in args]
+        return [] if any(not f for f in found) else found[0]
+    if hint is typing.Any:
+        return []
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{where}: {type(value).__name__}, expected a list"]
+        return [e for i, v in enumerate(value) for e in _conforms(v, args[0], f"{where}[{i}]")]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{where}: {type(value).__name__}, expected a dict"]
+        return [e for k, v in value.items() for e in _conforms(v, args[1], f"{where}.{k}")]
+    if hint is type(None):
+        return [] if value is None else [f"{where}: {value!r}, expected None"]
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, hint)
+    return [] if ok else [f"{where}: {value!r}, expected {hint}"]
+
+
+def test_the_metrics_report_has_exactly_the_typed_keys_before_and_after_batches(tmp_path):
+    """Every room of ``metrics()``, the packed rows', the job's and the workers' (with a fault)
+    included, has the keys and value types ``loader.report.MetricsReport`` declares."""
+    rng = np.random.default_rng(3)
+    prefixes = [
+        write_documents(
+            tmp_path / f"src{s}", [rng.integers(1, 1000, n) for n in rng.integers(1, 90, 300)]
+        )
+        for s in range(2)
+    ]
+    config = MegatronDataConfig(
+        sequence_length=32,
+        order="computed",
+        packing="best-fit",
+        split="1,0,0",
+        random_seed=7,
+        eod_id=None,
+        blend=["0.5", prefixes[0], "0.5", prefixes[1]],
+    )
+    train, _, _ = build_datasets(config, [64, 0, 0])
+    loader = build_dataloader(train, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=1)
+    try:
+        before = loader.metrics()
+        assert _conforms(before, MetricsReport, "metrics()") == []
+        batches = iter(loader)
+        next(batches)
+        loader.worker_processes[0].kill()  # a fault, so that workers.faults holds one
+        next(batches)
+        loader.skip(8)  # a skip, so that job.skips holds one
+        assert list(batches)
+        after = loader.metrics()
+    finally:
+        loader.close()
+    assert _conforms(after, MetricsReport, "metrics()") == []
+    assert after["packing"] is not None and after["job"] is not None and after["job"]["skips"]
+    assert after["workers"]["faults"] and after["startup"]["first_batch_s"] is not None
