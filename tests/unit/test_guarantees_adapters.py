@@ -267,7 +267,9 @@ SETTINGS = {
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_torchtitan_settings_reach_the_dataset(titan_prefix, tmp_path, setting):
     args, fields, loader_options = SETTINGS[setting]
-    config = _parsed(titan_prefix, [*args, "--dataloader.data_cache_path", str(tmp_path)])
+    megatron = fields.get("order", "megatron") == "megatron"  # a cache folder is that order's
+    cache = ["--dataloader.data_cache_path", str(tmp_path)] if megatron else []
+    config = _parsed(titan_prefix, [*args, *cache])
     default_rows, default_loader, _ = _titan_rows(_parsed(titan_prefix, []))
     rows, loader, batches = _titan_rows(config)
     if setting == "num_samples":  # the samples built (default: one epoch), and the batches
@@ -279,5 +281,5 @@ def test_torchtitan_settings_reach_the_dataset(titan_prefix, tmp_path, setting):
         return
     assert rows == _expected_rows(titan_prefix, loader=loader_options, **fields)
     assert rows != default_rows  # the setting changes what the loader serves
-    if fields.get("order", "megatron") == "megatron":  # Megatron's order caches its indices there
+    if megatron:  # Megatron's order caches its indices there
         assert any(name.endswith("shuffle_index.npy") for name in os.listdir(tmp_path))
