@@ -157,21 +157,33 @@ def test_where_lists_the_skipped_samples_and_explain_refuses_bad_queries(prefixe
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])
-def test_explain_describes_packed_rows_and_where_refuses_them(prefixes, order):
+def test_explain_and_where_on_packed_rows_match_the_rows(prefixes, order):
     cfg = MegatronDataConfig(
         sequence_length=S,
         blend=[x for p in prefixes[:2] for x in ("1", p)],
         split="100,0,0",
-        cache="off",
         order=order,
         packing="best-fit",
+        **({"cache": "off"} if order == "megatron" else {}),
     )
     data = build_datasets(cfg, [200, 0, 0])[0]
-    for step in range(10):
+    steps = 200 // G
+    held = {}  # (source, document) -> steps whose rows' inputs hold a token of it
+    for step in range(steps):
         rows = explain(data, step=step, global_batch_size=G)
-        tokens = data.__getitems__([r.sample for r in rows])["tokens"].tolist()
-        for r, served in zip(rows, tokens):
+        tokens = data.__getitems__([r.sample for r in rows])["tokens"]
+        for r, served in zip(rows, tokens.tolist(), strict=True):
             mine = rebuilt(r)
             assert mine == served[: len(mine)] and len(r.pieces) >= 1
-    with pytest.raises(ConfigError, match="packed"):
-        where(data, source=0, document=5, global_batch_size=G)
+            assert not any(served[len(mine) :])  # padding after the documents
+            real = np.array(served[: len(mine)])
+            source, document, _ = decode(real[real != 0])
+            for key in zip(source.tolist(), document.tolist()):
+                held.setdefault(key, set()).add(step)
+    rng = np.random.default_rng(1)
+    keys = sorted(k for k in held if k[1] > 0)  # token 0 is padding's too: document 0 aside
+    for source, document in [keys[i] for i in rng.choice(len(keys), size=25, replace=False)]:
+        found = where(data, source=source, document=document, global_batch_size=G)
+        assert found.steps == sorted(held[source, document]), (source, document)
+    rare = where(data, source=1, document=119, global_batch_size=G)
+    assert rare.steps == sorted(held.get((1, 119), ()))

@@ -30,7 +30,7 @@ from ...index.mixture import MixtureState
 from ...index.schedule import Schedule, ScheduledMixture, check_schedule, check_schedule_fits
 from ..contract_parts import BlendContract
 from ..items import Allocator, ItemConfig, finish_windows
-from ..pieces import blend_pieces, not_answered
+from ..pieces import blend_pieces
 
 __all__ = ["ComputedBlendedDataset"]
 
@@ -199,10 +199,11 @@ class ComputedBlendedDataset(_Items, BlendContract):
         phase). Cursors served before this chain's origin (a resume that changed the mixture)
         are not this chain's: left out."""
         member = self.datasets[source]
-        if self.packed:
-            raise not_answered(member)
         drawn = int(self.mixture.cursors(len(self))[source])
-        cursors = member.cursors_of(member.document_windows(document), drawn)
+        if self.packed:  # the source's rows holding it
+            cursors = member.rows.document_rows(document, drawn)
+        else:
+            cursors = member.cursors_of(member.document_windows(document), drawn)
         samples = self.mixture.samples_of(source, cursors)
         return np.sort(samples[(samples >= self.mixture.start) & (samples < len(self))])
 

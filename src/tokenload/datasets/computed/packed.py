@@ -190,6 +190,43 @@ class PackedRows:
             left -= ends[-1]
             epoch += 1
 
+    def document_rows(self, sequence: int, drawn: int) -> np.ndarray:
+        """Sorted int64 rows of the source (below ``drawn``) whose inputs hold a token of
+        ``sequence``: its place in each epoch's document order (the keyed order's inverse), the
+        rows of that block holding it, the blocks before it counted once (``locate``)."""
+        doc = int(sequence) - self.extent.begin
+        if not 0 <= doc < self.num_documents or drawn <= 0:
+            return np.zeros(0, dtype=np.int64)
+        if self._order is None:
+            self._order = WindowOrder(self.num_documents, self.seed)
+        found: list[np.ndarray] = []
+        epoch, base = 0, 0
+        while base < drawn:
+            position = int(self._order.epoch_positions(np.array([doc]), np.array([epoch]))[0])
+            block = position // self.block_documents
+            ends = self._ends.setdefault(epoch, [])
+            while len(ends) <= block:
+                self._block(epoch, len(ends))
+            b = self._block(epoch, block)
+            hits = np.flatnonzero(b.sequence == int(sequence))
+            rows = np.searchsorted(b.offsets, hits, side="right") - 1
+            slot = (np.cumsum(b.length) - b.length)[hits] - (
+                np.cumsum(b.length) - b.length
+            )[b.offsets[rows]]
+            rows = rows[slot < self.sequence_length]  # a token of it among the row's inputs
+            found.append(base + (ends[block - 1] if block else 0) + rows)
+            total = self.epoch_rows(epoch)
+            if total is None:  # the epoch's end: only when the draws may reach past it
+                if base + ends[-1] >= drawn:
+                    break
+                while len(ends) < self.num_blocks:
+                    self._block(epoch, len(ends))
+                total = ends[-1]
+            base += total
+            epoch += 1
+        out = np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+        return out[out < drawn]
+
     def pieces(self, rows: npt.ArrayLike) -> PlanPieces:
         """The pieces of the source's ``rows`` (any order, repeats allowed)."""
         wanted = np.asarray(rows, dtype=np.int64).ravel()
@@ -314,6 +351,13 @@ class ComputedPackedDataset(_Items, OneSourceContract):
         p = self.plan_pieces(indices)
         width = self.item.sequence_length
         return input_pieces(p.sequence, p.first, p.length, None, width, starts=p.start)
+
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """``contract.DocumentSamples``: the samples (rows) whose inputs hold a token of
+        ``document`` (``PackedRows.document_rows``)."""
+        if source != 0:
+            return np.zeros(0, dtype=np.int64)
+        return self.rows.document_rows(document, len(self))
 
     def epoch_sizes(self) -> list[int]:
         return [self.samples_per_epoch]

@@ -190,6 +190,26 @@ class PackedGPTDataset(OneSourceContract):
         width = self.item.sequence_length
         return input_pieces(p[:, 0], first, p[:, 2], None, width, starts=p[:, 1])
 
+    def samples_of(self, source: int, document: int) -> np.ndarray:
+        """``contract.DocumentSamples``: the samples whose inputs hold a token of ``document``
+        (a sequence id of the token file), from the plan: one pass over ``piece_index`` for its
+        pieces, their rows (a binary search of ``row_index``), those where it lies among the S
+        inputs, then one pass over ``shuffle_index``."""
+        if source != 0:
+            return np.zeros(0, dtype=np.int64)
+        arrays = self.indices.arrays()
+        table, offsets = arrays["piece_index"], arrays["row_index"]
+        hits = np.flatnonzero(np.asarray(table[:, 0]) == document)
+        if not hits.size:
+            return hits
+        rows = np.searchsorted(offsets, hits, side="right") - 1
+        lengths = np.asarray(table[:, 2], dtype=np.int64)
+        before = np.cumsum(lengths) - lengths  # tokens ahead of each piece, all rows
+        slot = before[hits] - before[np.asarray(offsets[rows], dtype=np.int64)]
+        rows = rows[slot < self.item.sequence_length]
+        shuffle = arrays["shuffle_index"][: len(self)]
+        return np.flatnonzero(np.isin(shuffle, rows))
+
     def _check_pieces(self, pieces: np.ndarray, first: np.ndarray) -> None:
         if not pieces.size:
             return
@@ -235,7 +255,7 @@ def packed_member(
 ) -> Any:
     """The packed dataset of one prefix's split, through ``builder``'s cache and policy (a
     ``MegatronBuilder``): a ``BuiltMember``."""
-    c, options = builder.config, builder.options
+    c, options = builder.data, builder.options
     source = builder.source(mid.prefix)
     lengths = builder._lengths(mid.prefix)
     facts = builder._file_facts(mid.prefix)
