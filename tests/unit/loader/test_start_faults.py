@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing import util
 
 import numpy as np
 import pytest
@@ -30,6 +31,37 @@ MBS = 4
 def dataset(tmp_path):
     write_flat(tmp_path / "train.bin", np.arange(30_000) % 65_000)
     return FlatTokenDataset(tmp_path / "train.bin", FlatDatasetConfig(block_size=16, seed=3))
+
+
+class _SlowStart:
+    """``dataset``, with a start that takes 0.5 s in each worker (right after the fork, or while
+    a spawned worker unpickles it): a kill sent as the worker process is started lands while it
+    starts, before it can say it is ready (a forked worker is otherwise ready within a
+    millisecond, and the kill would find it started)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        util.register_after_fork(self, _SlowStart._starting)  # runs in forked workers
+
+    def _starting(self) -> None:
+        time.sleep(0.5)
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:  # a spawned worker loads its dataset
+        self.__dict__.update(state)
+        self._starting()
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices):
+        return self.dataset.__getitems__(indices)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.dataset.fingerprint
 
 
 def _want(dataset, steps: int) -> list[np.ndarray]:
@@ -68,17 +100,18 @@ def test_a_worker_and_its_replacement_killed_while_starting_are_replaced(dataset
     yet (the case that failed fast); worker 1's replacement dies after worker 0 has started."""
     killed = kill_at_start(worker, 2)
     want = _want(dataset, 12)
-    loader = build_dataloader(dataset, micro_batch_size=MBS, num_workers=2, dp_rank=0, dp_size=1,
-                              multiprocessing_context=method, max_worker_restarts=10)
+    loader = build_dataloader(_SlowStart(dataset), micro_batch_size=MBS, num_workers=2,
+                              dp_rank=0, dp_size=1, multiprocessing_context=method,
+                              max_worker_restarts=10)
     try:
         got = [b["tokens"].numpy() for _, b in zip(range(12), loader)]
         for k, (a, b) in enumerate(zip(got, want)):
             assert np.array_equal(a, b), k
-        assert len(got) == 12 and len(killed) == 2
         health = loader.metrics()["workers"]
-        assert health["restarts"] == 2  # each start killed counts against the budget
+        assert len(got) == 12 and len(killed) == 2, (killed, health)
+        assert health["restarts"] == 2, health  # each start killed counts against the budget
         faults = [(f["worker"], f["pid"], f["exitcode"], f["started"]) for f in health["faults"]]
-        assert faults == [(worker, pid, -9, False) for pid in killed]
+        assert faults == [(worker, pid, -9, False) for pid in killed], health
     finally:
         loader.close()
 
@@ -87,8 +120,9 @@ def test_a_worker_and_its_replacement_killed_while_starting_are_replaced(dataset
 def test_starts_killed_beyond_the_budget_are_a_worker_error_that_names_the_signal(
         dataset, kill_at_start, method):
     kill_at_start(0, 3)
-    loader = build_dataloader(dataset, micro_batch_size=MBS, num_workers=2, dp_rank=0, dp_size=1,
-                              multiprocessing_context=method, max_worker_restarts=2)
+    loader = build_dataloader(_SlowStart(dataset), micro_batch_size=MBS, num_workers=2,
+                              dp_rank=0, dp_size=1, multiprocessing_context=method,
+                              max_worker_restarts=2)
     try:
         with pytest.raises(WorkerError) as info:
             next(iter(loader))
@@ -119,12 +153,13 @@ def test_a_spawned_worker_that_cannot_import_the_main_module_still_fails_fast(tm
     began = time.monotonic()
     done = subprocess.run([sys.executable, "-"], input=_SCRIPT, cwd=tmp_path,
                           capture_output=True, text=True, timeout=200)
-    assert done.returncode != 0
-    assert "WorkerError: loader worker 0" in done.stderr
-    assert "exited with code 1 while starting" in done.stderr
-    assert "1 worker(s) already replaced, max_worker_restarts is 10" in done.stderr
-    assert "its start ended with its own error twice" in done.stderr
-    hint = done.stderr.split("HINT:", 1)[1]
+    error = done.stderr.rsplit("WorkerError", 1)[-1]
+    assert done.returncode != 0, done.stderr
+    assert "WorkerError: loader worker 0" in done.stderr, done.stderr
+    assert "exited with code 1 while starting" in error, error
+    assert "1 worker(s) already replaced, max_worker_restarts is 10" in error, error
+    assert "its start ended with its own error twice" in error, error
+    hint = error.split("HINT:", 1)[1]
     assert "exited with code 1 before it loaded its dataset (its own error, not a signal)" in hint
     assert "__name__ == '__main__'" in hint
     assert time.monotonic() - began < 150
