@@ -7,11 +7,15 @@ at once by torchrun (gloo, CPU), each loading batches in three orders: Megatron'
 cache (``build_policy="none"``: no build, no barrier), the computed order (no cache at all) and
 mock data. Each rank checkpoints its loader after K steps and goes on; then a job on another
 rank count resumes from the checkpoint, and the samples it serves are compared with those of the
-uninterrupted run. One table gives, per order and rank, the time to the first batch (the data
-phase, after imports), samples/s and the share of time spent waiting for data (from
-``loader.metrics()``), and whether the resume was exact.
+uninterrupted run. Then ``tokenload doctor`` measures the same data and draws its picture (a PNG,
+with the ``plot`` extra). One table gives, per order and rank, the time to the first batch (the
+data phase, after imports), samples/s, the share of time spent waiting for data (from
+``loader.metrics()``, and after the first batch), and whether the resume was exact; a legend under
+it says what each column measured. One line per phase before it: the whole output fits a screen.
 
 The work folder is removed at the end unless ``--keep``; after a failure it is kept for its log.
+torchrun's own temporary folders (``torchelastic_*``) are made inside it, so none is left in the
+machine's temporary folder.
 """
 
 from __future__ import annotations
@@ -75,6 +79,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--step-ms", type=at_least(float, 0), default=20.0, help="simulated training step (ms)"
     )
+    p.add_argument(
+        "--plot",
+        default="tokenload-demo-doctor.png",
+        metavar="PNG",
+        help="where the doctor's picture goes (default: %(default)s in the current folder;"
+        " '' for none; needs the plot extra)",
+    )
     p.set_defaults(func=run)
 
 
@@ -118,15 +129,15 @@ def run(args: argparse.Namespace) -> int:
         job,
         args.ranks,
         "run",
-        f"[4/6] {args.ranks} ranks (torchrun, gloo): each order, checkpoint"
-        f" after step {args.checkpoint}, on to step {args.steps}",
+        f"[4/6] {args.ranks} ranks (torchrun, gloo), each order: checkpoint after step"
+        f" {args.checkpoint}, on to step {args.steps}",
     )
     ok = ok and _launch(job, resume, "resume", f"[5/6] {resume} ranks resume from the checkpoint")
     if not ok:
         return 2
-    print("[6/6] results")
+    _doctor(job, args.ranks, args.plot)
     exact = _print_table(work, job, args.ranks, resume)
-    print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
+    print(f"demo finished in {time.perf_counter() - started:.0f} s")
     if args.keep:
         print(f"files are in {folder}{os.sep}")
     else:
@@ -163,10 +174,7 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
     corpus = folder / "stdlib.jsonl"
     print(f"[1/6] sample corpus: the standard library's sources -> {corpus}", flush=True)
     write_stdlib_corpus(corpus, max_bytes=int(args.max_mb * 2**20))
-    print(
-        f"[2/6] tokenize with the built-in byte-level tokenizer ({args.workers} workers)",
-        flush=True,
-    )
+    print(f"[2/6] tokenize, byte-level tokenizer, {args.workers} workers:", end="", flush=True)
     start = time.perf_counter()
     result = preprocess(
         PreprocessConfig(
@@ -180,10 +188,7 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
         progress=False,
     )
     prefix = result.outputs["text"]
-    print(
-        f"      {sum(result.tokens.values()):,} tokens in {time.perf_counter() - start:.2f} s",
-        flush=True,
-    )
+    print(f" {sum(result.tokens.values()):,} tokens in {time.perf_counter() - start:.1f} s")
     sidecar = read_sidecar(prefix)
     assert sidecar is not None  # preprocess wrote it
     tokenizer = sidecar.tokenizer or {}
@@ -205,22 +210,13 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
         "workers": args.loader_workers,
         "step_ms": args.step_ms,
     }
-    print(
-        "[3/6] prepare the index caches once, in one process (tokenload prepare-cache), and the"
-        " sequences JSON (tokenload sequences)",
-        flush=True,
-    )
+    print("[3/6] index caches prepared once, in one process (prepare-cache):", end="", flush=True)
     start = time.perf_counter()
     write_sequences(job["sequences"], {prefix: counts_of(TokenFile(prefix))})
     train, _, _ = build_datasets(order_config(job, "megatron", prepare=True), job["sizes"])
     written = len(os.listdir(job["cache"]))
     assert train is not None  # the demo's split has a train part
-    print(
-        f"      {written} cache files (train: {len(train):,} samples of {args.seq_length}"
-        " tokens) in"
-        f" {time.perf_counter() - start:.2f} s; the ranks load them with build_policy='none'",
-        flush=True,
-    )
+    print(f" {written} files, {len(train):,} samples in {time.perf_counter() - start:.1f} s")
     (work / "job.json").write_text(json.dumps(job))
     return job
 
@@ -228,7 +224,8 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
 def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
     """torchrun with ``ranks`` processes; a failure is one line (and the log kept), not a wall."""
     work = Path(job["work"])
-    print(title, flush=True)
+    print(f"{title}:", end="", flush=True)
+    started = time.perf_counter()
     log = work / f"torchrun-{phase}.log"
     command = [
         sys.executable,
@@ -244,13 +241,19 @@ def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
         "--phase",
         phase,
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # torchrun makes a torchelastic_* folder per run in the temporary folder and leaves it: this
+    # one is in the work folder, which goes with it
+    tmp = work / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=str(tmp))
     with open(log, "wb") as err:
         code = subprocess.run(
-            command, stdout=sys.stdout, stderr=err, env=env, stdin=subprocess.DEVNULL
+            command, stdout=err, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
         ).returncode
     if code == 0:
+        print(f" done in {time.perf_counter() - started:.1f} s", flush=True)
         return True
+    print(flush=True)  # end the phase's line
     # the first rank to fail is the cause; the others fail after it (a closed connection)
     errors = sorted((work / "errors").glob("rank*.txt"), key=lambda p: p.stat().st_mtime_ns)
     what = (
@@ -264,6 +267,43 @@ def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
         flush=True,
     )
     return False
+
+
+def _doctor(job: dict, ranks: int, plot: str) -> None:
+    """``tokenload doctor`` on the demo's data and prepared cache, as the ranks loaded them; its
+    picture (the startup timeline, the data wait per step per worker count) to ``plot``."""
+    from ..doctor import DoctorConfig, diagnose
+    from ..doctor.report import plot as draw
+    from ..errors import MissingExtraError
+
+    print("[6/6] tokenload doctor on this data:", end="", flush=True)
+    start = time.perf_counter()
+    report = diagnose(
+        DoctorConfig(
+            data_path=[job["prefix"]],
+            seq_length=job["seq_length"],
+            data_cache_path=job["cache"],
+            split=job["split"],
+            train_samples=job["sizes"][0],
+            seed=job["seed"],
+            sequences_path=job["sequences"],
+            micro_batch_size=job["global_batch"] // ranks,
+            step_ms=job["step_ms"],
+        )
+    )
+    names = ", ".join(f.check for f in report.problems)
+    found = f" {len(report.problems)} problem(s){f' ({names})' if names else ''}" + (
+        f" in {time.perf_counter() - start:.1f} s"
+    )
+    if not plot:
+        print(found, flush=True)
+        return
+    try:
+        draw(report, plot)
+    except MissingExtraError:
+        print(f"{found}; no picture: pip install '.[plot]' in tokenload's clone adds matplotlib")
+        return
+    print(f"{found}; picture: {os.path.abspath(plot)}", flush=True)
 
 
 def _load(work: Path, phase: str, order: str, ranks: int) -> list[dict]:
@@ -295,9 +335,8 @@ def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
     from .demo_rank import ORDERS
 
     header = (
-        f"{'order':<10}{'rank':>5}{'first batch':>13}{'samples/s':>11}{'data wait':>11}"
-        "   resume exact"
-        f" ({resume} ranks)"
+        f"{'order':<10}{'rank':>4}{'first batch':>13}{'samples/s':>11}{'data wait':>11}"
+        f"{'steady':>8}   resume exact"
     )
     print(header)
     print("-" * len(header))
@@ -307,15 +346,23 @@ def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
         exact = _exact(run, resumed, job)
         every &= all(exact)
         for r in run:
-            rate = r["samples"] / r["active_s"] if r["active_s"] else 0.0
+            rate = r["samples"] / r["loop_s"] if r["loop_s"] else 0.0
             share = "-" if r["wait_share"] is None else f"{r['wait_share']:.1%}"
+            steady = r.get("steady_wait_share")
+            steady_text = "-" if steady is None else f"{steady:.1%}"
             print(
-                f"{order:<10}{r['rank']:>5}{r['first_batch_s']:>11.2f} s{rate:>11.0f}{share:>11}"
-                f"   {'yes' if exact[r['rank']] else 'no'}"
+                f"{order:<10}{r['rank']:>4}{r['first_batch_s']:>11.2f} s{rate:>11.0f}{share:>11}"
+                f"{steady_text:>8}   {'yes' if exact[r['rank']] else 'no'}"
             )
+    per_rank = job["global_batch"] // ranks
+    step_s = job["step_ms"] / 1e3
+    ceiling = f"{per_rank / step_s:,.0f} samples/s" if step_s else "nothing"
     print(
-        f"(samples/s of each rank's training loop with a simulated {job['step_ms']:g} ms step,"
-        f" {job['global_batch'] // ranks} samples of {job['seq_length']} tokens per micro-batch;"
-        f" first batch: datasets + loader + first batch, after imports)"
+        "first batch: the datasets and the loader built, and the first micro-batch (after imports)."
+        f"\nsamples/s: per rank; a simulated {job['step_ms']:g} ms step of {per_rank} samples caps"
+        f" it at {ceiling}.\ndata wait: the share of the loop spent waiting for data"
+        " (loader.metrics()); steady: after batch 1."
+        f"\nresume exact: the samples served after step {job['checkpoint']} equal, in order, those"
+        f" of the {resume}-rank resume."
     )
     return every

@@ -45,7 +45,6 @@ def order_config(job: dict[str, Any], order: str, *, prepare: bool = False) -> M
         sequence_length=job["seq_length"],
         eod_id=job["eod_id"],
         vocab_size=job["vocab_size"],
-        tokenizer=job["tokenizer"],
         random_seed=job["seed"],
     )
     if order == "mock":
@@ -89,27 +88,29 @@ def _run_order(
         loader.load_state_dict(json.loads(state_file.read_text()))
     first_step = checkpoint if phase == "resume" else 0
     served: dict[str, list[str]] = {}
-    first = None
+    first, steady_from, loop_from = None, 0.0, time.perf_counter()
+    waits: list[float] = []  # seconds blocked in next() at each step, the first batch's included
+    batches = iter(loader)
     try:
-        for step, batch in enumerate(loader, start=first_step):
+        for step in range(first_step, steps):
+            asked = time.perf_counter()
+            batch = next(batches, None)
+            got = time.perf_counter()
+            if batch is None:
+                break
+            waits.append(got - asked)
             if first is None:
-                first = time.perf_counter() - start
+                first, steady_from, loop_from = got - start, got, asked
             if step >= checkpoint:
                 served[str(step)] = row_digests(batch["tokens"])
-            if rank == 0:
-                print(f"      rank 0/{world} {order:<8} step {step + 1:>2}/{steps}", flush=True)
             time.sleep(job["step_ms"] / 1e3)  # the training step the data has to keep up with
             if phase == "run" and step + 1 == checkpoint and rank == 0:
                 folder.mkdir(exist_ok=True)
                 tmp = state_file.with_suffix(".tmp")
                 tmp.write_text(json.dumps(loader.state_dict()))
                 tmp.replace(state_file)
-                print(
-                    f"      rank 0/{world} {order:<8} checkpoint saved after step {step + 1}",
-                    flush=True,
-                )
-            if step + 1 == steps:
-                break
+        end = time.perf_counter()
+        steady_s = end - steady_from if first is not None else 0.0
         metrics = loader.metrics()
     finally:
         loader.close()
@@ -122,7 +123,11 @@ def _run_order(
         "first_batch_s": first,
         "samples": metrics["samples"],
         "active_s": metrics["active_s"],
+        # from asking the first batch to the end of the last step (its simulated step included)
+        "loop_s": end - loop_from,
         "wait_share": metrics["data_wait"]["share"],
+        # the share of the steps after the first batch: what a long run's loop waits
+        "steady_wait_share": sum(waits[1:]) / steady_s if steady_s > 0 else None,
         "served": served,
     }
 
