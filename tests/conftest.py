@@ -9,9 +9,10 @@ import tempfile
 import numpy as np
 import pytest
 from hypothesis import settings
-from support import write_documents
 
+from support import write_documents
 from tokenload.format import TokenFileWriter
+
 
 def pytest_configure(config):
     """Everything the tests and the processes they start write to the temporary folder (Ray's

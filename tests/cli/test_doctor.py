@@ -7,8 +7,8 @@ import re
 import shutil
 
 import numpy as np
-from support import run_cli, run_shell, write_documents
 
+from support import run_cli, run_shell, write_documents
 from tokenload.doctor import READ_DELAY_ENV
 
 FAST = ("--split", "100,0,0", "--seq-length", "64", "--steps", "6")

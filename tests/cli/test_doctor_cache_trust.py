@@ -7,8 +7,8 @@ import glob
 import os
 
 import numpy as np
-from support import run_cli, write_documents
 
+from support import run_cli, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 
 FAST = ("--split", "100,0,0", "--seq-length", "64", "--steps", "3", "--train-samples", "200")

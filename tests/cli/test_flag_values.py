@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from support import run_cli, write_documents
 from test_main import subcommands
 
+from support import run_cli, write_documents
 from tokenload.cli.main import build_parser, subcommand_parser
 
 

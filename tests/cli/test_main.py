@@ -9,11 +9,9 @@ import subprocess
 import sys
 
 import pytest
+
 from support import run_cli, write_documents
-
 from tokenload.cli.main import build_parser, subcommand_parser
-
-
 
 
 def subcommands() -> list[str]:

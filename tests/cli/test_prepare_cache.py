@@ -10,10 +10,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-
 import pytest
-from support import FIXTURES, run_cli, run_shell, write_documents
 
+from support import FIXTURES, run_cli, run_shell, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import CacheError
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
 from support import FIXTURES, run_cli, write_documents
 
 NEOX = json.loads((FIXTURES / "neox" / "cases.json").read_text())

@@ -9,8 +9,8 @@ import glob
 
 import numpy as np
 import pytest
-from support import run_shell, write_documents
 
+from support import run_shell, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import CacheError
 

@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 
 from support import run_cli
-
 from tokenload.format import TokenFile, read_sidecar
-
 
 BYTES = ("--tokenizer-type", "ByteTokenizer")
 

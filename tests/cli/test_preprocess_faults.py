@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
+from support import run_cli
 from tokenload.format import TokenFile
 
 BYTES = ("--tokenizer-type", "ByteTokenizer")

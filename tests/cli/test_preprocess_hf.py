@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import datasets
+
 from support import run_cli
 
 datasets.disable_progress_bars()

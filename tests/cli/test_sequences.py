@@ -12,9 +12,9 @@ import subprocess
 import sys
 import termios
 
-from support import FIXTURES, run_cli
 from test_prepare_cache import order_data  # noqa: F401 (a fixture: megatron's order/ token files)
 
+from support import FIXTURES, run_cli
 from tokenload.format import read_sequences
 
 ORDER = json.loads((FIXTURES / "megatron" / "order" / "cases.json").read_text())["data_files"]

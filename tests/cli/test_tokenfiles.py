@@ -6,8 +6,8 @@ import json
 import shutil
 
 import numpy as np
-from support import FIXTURES, run_cli, write_documents
 
+from support import FIXTURES, run_cli, write_documents
 from tokenload.format import TokenFileWriter
 
 LEGACY = FIXTURES / "legacy"
