@@ -17,6 +17,7 @@ import textwrap
 
 import numpy as np
 import pytest
+
 from support import write_documents
 
 from .launch import run_ranks

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+
 from support import write_documents
 
 from .launch import run_ranks

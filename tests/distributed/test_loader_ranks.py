@@ -4,7 +4,6 @@ exactly where an uninterrupted run would be."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 

@@ -4,8 +4,8 @@ test folders (this folder is importable as ``distributed``: tests/ is on pytest'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
