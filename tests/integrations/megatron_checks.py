@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import warnings
-from functools import partial
 
 import numpy as np
 

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.errors import ConfigError
 from tokenload.integrations.megatron import (
     data_config_from_args,

@@ -32,6 +32,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from megatron_boundaries import compare
 
 pytestmark = pytest.mark.timeout(600)

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 import tyro
-from distributed.launch import run_ranks
-from support import write_documents
 from torchtitan.components.dataloader import BaseDataLoader, ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.config.manager import custom_registry
 
+from distributed.launch import run_ranks
+from support import write_documents
 from tokenload.errors import ConfigError, StateError
 from tokenload.integrations.torchtitan import TokenloadTitanDataLoader
 from tokenload.loader import build_dataloader
