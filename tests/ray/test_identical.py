@@ -8,11 +8,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
-from support import run_cli
-
-from tokenload.preprocess import PreprocessConfig, TokenizerSpec, preprocess
-
 from ray_corpus import docs, jsonl_bytes, same_outputs, train_tokenizer
+
+from support import run_cli
+from tokenload.preprocess import PreprocessConfig, TokenizerSpec, preprocess
 
 
 def _cli(*args, env=None):

@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from support import run_cli
-
 from ray_corpus import docs, jsonl_bytes, rerun_resumes, same_outputs
+
+from support import run_cli
 
 
 def _corpus(folder: Path, files: int, docs_per_file: int) -> None:

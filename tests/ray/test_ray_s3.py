@@ -14,10 +14,10 @@ import sys
 import time
 import uuid
 
+from ray_corpus import docs, jsonl_bytes, rerun_resumes
+
 from storage.conftest import BUCKET
 from support import run_cli
-
-from ray_corpus import docs, jsonl_bytes, rerun_resumes
 
 COMMON = ("--tokenizer-type", "ByteTokenizer", "--append-eod", "--no-progress", "--chunk-mb", "0.03")
 
