@@ -13,8 +13,18 @@ import pytest
 
 from tokenload.datasets import build_datasets
 
-from .test_caches_s3 import LENGTH_FLAGS, SIZES, _blend, _config, _folder, _names, _same
-from .test_caches_s3 import env, files, reference  # noqa: F401  (fixtures)
+from .test_caches_s3 import (  # noqa: F401  (env, files, reference: fixtures)
+    LENGTH_FLAGS,
+    SIZES,
+    _blend,
+    _config,
+    _folder,
+    _names,
+    _same,
+    env,
+    files,
+    reference,
+)
 
 
 def _start(args: list[str], env: dict[str, str], cwd) -> subprocess.Popen:
@@ -24,7 +34,7 @@ def _start(args: list[str], env: dict[str, str], cwd) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize("staging", ["shared", "separate"])
-def test_two_prepare_cache_runs_started_together_both_succeed(  # noqa: F811  (fixtures)
+def test_two_prepare_cache_runs_started_together_both_succeed(
         files, reference, s3, env, tmp_path, staging):
     _, remote = files
     for round_ in range(3):  # before the fix: 21 of 26 such pairs failed (shared staging)

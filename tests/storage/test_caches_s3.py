@@ -6,7 +6,6 @@ Lightning DataModule over ``s3://`` prefixes."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import subprocess
@@ -15,8 +14,8 @@ import uuid
 
 import numpy as np
 import pytest
-from support import run_cli
 
+from support import run_cli
 from tokenload import storage
 from tokenload.caches import bucket as cache_remote
 from tokenload.datasets import MegatronDataConfig, build_datasets
@@ -287,7 +286,6 @@ def test_none_on_an_empty_bucket_folder_prints_the_command_that_fills_it(files, 
 
 def test_lightning_trains_on_s3_prefixes_with_the_local_batches(files, monkeypatch):
     from integrations.lightning_app import Recorder, trainer
-
     from tokenload.integrations.lightning import TokenloadDataModule
 
     class Rows(Recorder):

@@ -16,7 +16,7 @@ import s3fs
 from tokenload import storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import chaos  # noqa: E402  (spawned workers find it through sys.path)
+import chaos  # spawned workers find it through sys.path
 
 CASES = [  # method, workers, kind, faults (fault, micro-batch), budget, expected
     ("fork", 2, "megatron", [("kill", 3), ("stop", 6)], 3, "ok"),

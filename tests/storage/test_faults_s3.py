@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import s3fs
 import torch
-from support import run_cli
 
+from support import run_cli
 from tokenload import storage
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import StorageError

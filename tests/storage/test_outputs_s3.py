@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
+from support import run_cli
 from tokenload.errors import StorageError
 from tokenload.format import TokenFile
 from tokenload.preprocess import PreprocessConfig, TokenizerSpec, preprocess
@@ -214,7 +214,7 @@ def test_a_wrong_output_bucket_fails_before_the_merge_and_leaves_no_staging(tmp_
     assert not (tmp_path / "staging").exists() or not list((tmp_path / "staging").iterdir())
 
 
-def test_denied_credentials_on_output_are_a_storage_error(tmp_path, auth_s3):  # noqa: F811
+def test_denied_credentials_on_output_are_a_storage_error(tmp_path, auth_s3):
     corpus = _corpus(tmp_path / "corpus", files=1, docs=10)
     wrong = {"AWS_ENDPOINT_URL": auth_s3, "AWS_ACCESS_KEY_ID": AUTH_KEY, "AWS_SECRET_ACCESS_KEY": "wrong-secret",
              "AWS_DEFAULT_REGION": "us-east-1", "TOKENLOAD_STAGING_DIR": str(tmp_path / "staging")}

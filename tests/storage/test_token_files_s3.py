@@ -12,8 +12,8 @@ import os
 import numpy as np
 import pytest
 import torch
-from support import run_cli, write_documents
 
+from support import run_cli, write_documents
 from tokenload import storage
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.format import TokenFile
@@ -310,7 +310,6 @@ def test_an_index_download_unlike_its_head_is_discarded(files, monkeypatch, s3):
 
 def test_a_full_index_cache_is_one_error_naming_its_variable_not_retried(files, monkeypatch, tmp_path):
     from support import mounted_tmpfs
-
     from tokenload.errors import StorageError
 
     local, remote = files
