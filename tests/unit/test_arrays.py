@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from support import write_small_blend
 
+from support import write_small_blend
 from tokenload.arrays import distinct
 
 

@@ -13,11 +13,19 @@ import textwrap
 
 import numpy as np
 import pytest
-from support import write_small_blend
 
-from tokenload.caches import CacheFiles, CacheState, CacheWriter, check_cache, describe
+from support import write_small_blend
+from tokenload.caches import (
+    CacheFiles,
+    CacheState,
+    CacheWriter,
+    check_cache,
+    describe,
+    gpt_identifiers,
+    list_folder,
+    write_cache,
+)
 from tokenload.caches import files as cache_io
-from tokenload.caches import gpt_identifiers, list_folder, write_cache
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import CacheError
 from tokenload.format import atomic
@@ -72,7 +80,7 @@ def test_nothing_is_in_place_before_publish_then_everything_in_order(tmp_path, m
     writer.write_last(str(tmp_path / "manifest.json"), b"{}")
     names = sorted(os.listdir(tmp_path))
     assert all(n.startswith(".") and ".tmp-" in n for n in names if n != "sub"), names
-    assert not check_cache(one, description=describe(_uid())).state is CacheState.HIT
+    assert check_cache(one, description=describe(_uid())).state is not CacheState.HIT
     assert calls.count("fsync") == 0 and calls.count("syncfs") == 0  # no fsync per file
     writer.publish()
     # one syncfs for the filesystem, one fsync per folder, the manifest's folder once more

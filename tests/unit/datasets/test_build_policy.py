@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-from support import write_documents, write_small_blend
 
 import tokenload.datasets.megatron.builder as builder
-from tokenload.datasets import wait_for_cache_writes, MegatronDataConfig, build_datasets
+from support import write_documents, write_small_blend
+from tokenload.datasets import MegatronDataConfig, build_datasets, wait_for_cache_writes
 from tokenload.datasets.megatron.policy import Role, prepare_command, resolve
 from tokenload.distributed import World
 from tokenload.errors import CacheError, ConfigError

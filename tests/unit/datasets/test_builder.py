@@ -10,8 +10,8 @@ import shutil
 
 import numpy as np
 import pytest
-from support import FIXTURES, megatron_config
 
+from support import FIXTURES, megatron_config
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.datasets.megatron.blended import BlendedDataset
 from tokenload.errors import CacheError, ConfigError

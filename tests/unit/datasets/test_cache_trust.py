@@ -16,8 +16,8 @@ import shutil
 
 import numpy as np
 import pytest
-from support import FIXTURES, megatron_config, write_documents
 
+from support import FIXTURES, megatron_config, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import CacheError, ConfigError, StateError
 from tokenload.loader import build_dataloader

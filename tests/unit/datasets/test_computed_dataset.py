@@ -8,10 +8,14 @@ import json
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.datasets.computed.computed_dataset import ComputedBlendedDataset, ComputedGPTDataset, build_computed_datasets
+from tokenload.datasets.computed.computed_dataset import (
+    ComputedBlendedDataset,
+    ComputedGPTDataset,
+    build_computed_datasets,
+)
 from tokenload.datasets.items import build_items
 from tokenload.errors import ConfigError
 from tokenload.format import TokenFile
@@ -226,6 +230,7 @@ def test_same_token_file_twice_in_a_blend_keeps_two_orders(files):
 @pytest.mark.parametrize("blended", [False, True])
 def test_global_sample_k_is_the_same_on_1_3_and_8_ranks_and_any_worker_count(files, blended):
     import torch
+
     from tokenload.loader import build_dataloader
 
     prefixes = list(files)

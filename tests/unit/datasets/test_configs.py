@@ -14,13 +14,12 @@ import subprocess
 
 import numpy as np
 import pytest
-from support import FIXTURES, write_documents
 
+from support import FIXTURES, write_documents
 from tokenload.datasets import build_datasets
 from tokenload.datasets.config import ImportedConfig
 from tokenload.datasets.megatron_flags import megatron_config_from_args
 from tokenload.datasets.neox.neox_yaml import neox_config_from_yaml
-from tokenload.datasets.neox.neox_dataset import build_neox_datasets
 from tokenload.errors import ConfigError
 from tokenload.index import Blend
 

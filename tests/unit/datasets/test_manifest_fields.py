@@ -9,8 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.datasets.megatron.manifest import manifest_key, manifest_path
 from tokenload.datasets.megatron.policy import Role, resolve

@@ -14,8 +14,8 @@ import json
 
 import numpy as np
 import pytest
-from support import FIXTURES, megatron_config
 
+from support import FIXTURES, megatron_config
 from tokenload.datasets.megatron.blended import BlendedDataset
 from tokenload.datasets.megatron.gpt_dataset import GPTDataset, IndexArrays
 from tokenload.format import TokenFile

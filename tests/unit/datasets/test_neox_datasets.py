@@ -16,8 +16,8 @@ import shutil
 
 import numpy as np
 import pytest
-from support import FIXTURES, write_documents
 
+from support import FIXTURES, write_documents
 from tokenload.datasets import MegatronDataConfig
 from tokenload.datasets.neox.neox_dataset import NeoXGPTDataset, build_neox_datasets
 from tokenload.errors import ConfigError

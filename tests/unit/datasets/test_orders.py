@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import ConfigError
 

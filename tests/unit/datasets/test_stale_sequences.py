@@ -10,8 +10,8 @@ import struct
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import FormatError
 from tokenload.format import TokenFile

@@ -9,10 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support import write_documents
 from tokenload.errors import FormatError
 from tokenload.format import ReadMode, TokenFile
-
-from support import write_documents
 
 
 def _load_everything(prefix, mode="mmap"):

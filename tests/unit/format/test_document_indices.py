@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.errors import FormatError
 from tokenload.format import ReadMode, TokenFile, merge_token_files, verify
 from tokenload.format.idx import encode_index

@@ -16,13 +16,20 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from legacy_files import tntidx_bytes, write_neox_mmidx, write_tntidx
-from support import FIXTURES
 from test_corruption import FUZZ, _fuzz_once
+
+from support import FIXTURES
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import FormatError
-from tokenload.format import ReadMode, TokenFile, TokenFileWriter, check_file, convert_token_file, describe
+from tokenload.format import (
+    ReadMode,
+    TokenFile,
+    TokenFileWriter,
+    check_file,
+    convert_token_file,
+    describe,
+)
 
 LEGACY = FIXTURES / "legacy"
 EXPECTED = json.loads((LEGACY / "expected.json").read_text())["files"]

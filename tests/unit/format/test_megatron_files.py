@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from support import FIXTURES
 
+from support import FIXTURES
 from tokenload.format import ReadMode, TokenFile, TokenFileWriter, merge_token_files
 
 FORMAT = FIXTURES / "megatron" / "format"

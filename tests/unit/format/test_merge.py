@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.errors import ConfigError
 from tokenload.format import TokenFile, merge_token_files, prefixes_in, verify
 

@@ -11,9 +11,8 @@ import time
 
 import numpy as np
 import pytest
-from support import write_documents
 
-from tokenload.errors import StorageError
+from support import write_documents
 from tokenload.format import TokenFile, merge_token_files, read_sidecar, verify
 from tokenload.format.atomic import STALE_AFTER_S, remove_stale_temporaries, temp_path
 

@@ -9,8 +9,8 @@ import pickle
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.errors import ConfigError, FormatError
 from tokenload.format import SequenceCounts, TokenFile, read_sequences, write_sequences
 from tokenload.format import opening as opening_module

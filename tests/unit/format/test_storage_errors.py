@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import mounted_tmpfs, run_cli, write_documents
 
+from support import mounted_tmpfs, run_cli, write_documents
 from tokenload.errors import StorageError
 from tokenload.format import TokenFile, TokenFileWriter, merge_token_files
+
 
 @pytest.fixture
 def full_disk(tmp_path):

@@ -106,10 +106,9 @@ def test_lengths_must_partition_document(tmp_path):
 
 
 def test_failed_writer_leaves_no_files(tmp_path):
-    with pytest.raises(RuntimeError):
-        with TokenFileWriter(tmp_path / "x", np.uint16) as w:
-            w.add_document([1, 2, 3])
-            raise RuntimeError("killed")
+    with pytest.raises(RuntimeError), TokenFileWriter(tmp_path / "x", np.uint16) as w:
+        w.add_document([1, 2, 3])
+        raise RuntimeError("killed")
     assert os.listdir(tmp_path) == []
 
 

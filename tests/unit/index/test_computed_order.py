@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from tokenload.errors import ConfigError, StateError
 from tokenload.format import TokenFile
 from tokenload.index import build_blending_indices
-from tokenload.index.window_order import WindowOrder
 from tokenload.index.interleave import Interleave, period_counts, token_weights
 from tokenload.index.mixture import Mixture, MixtureState, resume
 from tokenload.index.splits import split_matrix, split_ranges
+from tokenload.index.window_order import WindowOrder
 from tokenload.index.windows import WindowGrid, search_right, window_pieces
 
 PRIMES = [3, 5, 7, 13, 31, 97, 127, 257, 1021, 4099, 65537]

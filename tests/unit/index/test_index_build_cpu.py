@@ -12,7 +12,6 @@ from index_reference import (
     assert_same_blend,
     blending_loop,
     document_index_mgrid,
-    exhaustive_loop,
     sample_index_loop,
     shuffle_index_concat,
 )
@@ -22,7 +21,6 @@ from tokenload.index import (
     GPTIndexConfig,
     blending,
     build_blending_indices,
-    build_exhaustive_blending_indices,
     build_gpt_indices,
     check_oversampling,
 )

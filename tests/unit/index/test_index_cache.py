@@ -131,7 +131,7 @@ def test_megatron_built_cache_without_sidecar(tmp_path):
     files = CacheFiles.of(tmp_path, uid)
     for name, arr in _arrays().items():
         np.save(files.array(name), arr, allow_pickle=True)
-    with open(files.description, "wt") as f:
+    with open(files.description, "w") as f:
         f.write(describe(uid))
     check = check_cache(files, description=describe(uid), fields=FIELDS)
     assert check.state is CacheState.HIT and not check.has_sidecar

@@ -16,8 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenload.errors import ConfigError
-from tokenload.index.gpt import GPTIndexConfig, build_gpt_indices
 from tokenload.datasets.neox.neox_indices import (
     NeoXIndices,
     build_neox_blending_indices,
@@ -30,6 +28,8 @@ from tokenload.datasets.neox.neox_indices import (
     neox_split_ranges,
     neox_weights_by_num_docs,
 )
+from tokenload.errors import ConfigError
+from tokenload.index.gpt import GPTIndexConfig, build_gpt_indices
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "neox"
 SPLITS = ("train", "valid", "test")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import chaos  # noqa: E402  (spawned workers find it through sys.path)
+import chaos  # spawned workers find it through sys.path
 
 CASES = [  # method, workers, kind, read mode, faults (fault, micro-batch), budget, expected
     ("fork", 2, "flat", "mmap", [("kill", 3)], 3, "ok"),

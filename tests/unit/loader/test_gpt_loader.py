@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.loader import build_dataloader
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import FIXTURES
 
+from support import FIXTURES
 from tokenload.loader import CyclicSampler, MicroBatchPlan, PretrainingSampler
 
 CASES = json.loads((FIXTURES / "megatron" / "sampler.json").read_text())["cases"]

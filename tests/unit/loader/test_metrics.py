@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 import torch
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import (
     FlatDatasetConfig,
     FlatTokenDataset,

@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-from support import write_documents
 
+from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.datasets.computed.computed_dataset import build_computed_datasets
 from tokenload.errors import StateError

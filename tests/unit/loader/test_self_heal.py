@@ -27,8 +27,8 @@ from tokenload.loader.messages import LoadDataset
 from tokenload.loader.workers import WorkerError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-import chaos  # noqa: E402  (spawned workers find it through sys.path)
-from chaos import FaultyDataset  # noqa: E402
+import chaos  # spawned workers find it through sys.path
+from chaos import FaultyDataset
 
 MBS = 4
 

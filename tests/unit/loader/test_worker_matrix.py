@@ -14,9 +14,14 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from support import write_documents
 
-from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset, MegatronDataConfig, build_datasets
+from support import write_documents
+from tokenload.datasets import (
+    FlatDatasetConfig,
+    FlatTokenDataset,
+    MegatronDataConfig,
+    build_datasets,
+)
 from tokenload.format import write_flat
 from tokenload.loader import build_dataloader
 

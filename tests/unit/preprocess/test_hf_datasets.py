@@ -11,11 +11,10 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from preprocess_texts import make_texts
 
+from preprocess_texts import make_texts
 from tokenload.errors import ConfigError, RecordError
-from tokenload.preprocess import PreprocessConfig, TokenizerSpec, preprocess
-from tokenload.preprocess import hf
+from tokenload.preprocess import PreprocessConfig, TokenizerSpec, hf, preprocess
 from tokenload.preprocess.hf import split_of
 from tokenload.preprocess.inputs import expand_inputs
 
@@ -231,10 +230,9 @@ def test_truncated_arrow_file_is_a_record_error_and_skippable(tmp_path, rows):
 
 def test_arrow_ipc_file_format_reads_too(tmp_path, rows, reference):
     table = pa.Table.from_pylist(rows)
-    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink:
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            for batch in table.to_batches(max_chunksize=70):
-                writer.write_batch(batch)
+    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=70):
+            writer.write_batch(batch)
     run(str(tmp_path / "rows.arrow"), tmp_path / "out", json_keys=("text", "title"),
         chunk_bytes=1024)
     assert same(reference, str(tmp_path / "out"), ("text", "title"))

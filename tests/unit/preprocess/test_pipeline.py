@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from preprocess_texts import make_texts
 
+from preprocess_texts import make_texts
 from tokenload.errors import ConfigError, RecordError
 from tokenload.format import TokenFile, TokenFileWriter, merge_token_files, read_sidecar
 from tokenload.preprocess import PreprocessConfig, TokenizerSpec, load_tokenizer, preprocess

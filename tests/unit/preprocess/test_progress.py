@@ -9,8 +9,13 @@ import time
 
 import pytest
 
-from tokenload.preprocess import ByteTokenizer, PreprocessConfig, TokenizerSpec, preprocess
-from tokenload.preprocess import pipeline
+from tokenload.preprocess import (
+    ByteTokenizer,
+    PreprocessConfig,
+    TokenizerSpec,
+    pipeline,
+    preprocess,
+)
 from tokenload.preprocess.progress import Progress
 
 

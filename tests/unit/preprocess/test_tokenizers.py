@@ -286,7 +286,8 @@ def test_local_model_folder_goes_through_transformers(tmp_path, tokenizer_files,
 def test_a_tokenizer_shipped_as_bytes_encodes_like_the_original(tokenizer_files, texts, tmp_path):
     """The Ray executor sends tokenizer files as bytes; the copy a worker writes and loads gives
     the same ids (file names kept: tiktoken takes its pattern from the name)."""
-    from tokenload.preprocess.ray_worker import local_spec, tokenizer_files as files_of
+    from tokenload.preprocess.ray_worker import local_spec
+    from tokenload.preprocess.ray_worker import tokenizer_files as files_of
 
     for spec in (
         TokenizerSpec(kind="huggingface", model=tokenizer_files["bytelevel"], engine="native"),

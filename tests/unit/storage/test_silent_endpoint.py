@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
-from support import run_cli
 
+from support import run_cli
 from tokenload.errors import ConfigError, StorageError
 from tokenload.storage import remote
 from tokenload.storage.chunks import RemoteBin
@@ -197,14 +197,14 @@ class _HeadOnly(BaseHTTPRequestHandler):
     released = threading.Event()
     gets = 0
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:  # the name http.server calls
         self.send_response(200)
         for name, value in (("Content-Length", "4096"), ("ETag", '"e1"'),
                             ("Last-Modified", "Wed, 02 Dec 2026 04:00:00 GMT")):
             self.send_header(name, value)
         self.end_headers()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:  # the name http.server calls
         type(self).gets += 1
         self.released.wait(30)
         self.close_connection = True

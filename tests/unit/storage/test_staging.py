@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tokenload.storage.owners import host_name
 from tokenload.storage import upload
+from tokenload.storage.owners import host_name
 
 
 @pytest.fixture
