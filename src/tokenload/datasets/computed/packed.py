@@ -210,9 +210,8 @@ class PackedRows:
             b = self._block(epoch, block)
             hits = np.flatnonzero(b.sequence == int(sequence))
             rows = np.searchsorted(b.offsets, hits, side="right") - 1
-            slot = (np.cumsum(b.length) - b.length)[hits] - (
-                np.cumsum(b.length) - b.length
-            )[b.offsets[rows]]
+            before = np.cumsum(b.length) - b.length  # tokens ahead of each piece, all rows
+            slot = before[hits] - before[b.offsets[rows]]
             rows = rows[slot < self.sequence_length]  # a token of it among the row's inputs
             found.append(base + (ends[block - 1] if block else 0) + rows)
             total = self.epoch_rows(epoch)

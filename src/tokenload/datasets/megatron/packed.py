@@ -285,12 +285,12 @@ def packed_member(
     def build() -> dict[str, np.ndarray]:
         made.append(
             build_packed_indices(
-            lengths,
-            documents,
-            num_samples=mid.num_samples,
-            sequence_length=c.sequence_length,
-            extra=extra,
-            seed=c.random_seed,
+                lengths,
+                documents,
+                num_samples=mid.num_samples,
+                sequence_length=c.sequence_length,
+                extra=extra,
+                seed=c.random_seed,
                 max_documents=c.max_documents_per_row,
             )
         )
