@@ -33,7 +33,10 @@ def test_no_cache_under_rank0_is_a_startup_stall_and_its_prepare_command_fixes_i
                   "--train-samples", "200", *FAST)
     assert out.returncode == 1, out.stderr
     stall = _finding(out.stdout, "startup")
-    assert "PROBLEM: no prepared index cache" in stall and "rank 0 builds every index while every other rank waits" in stall
+    assert (
+        "PROBLEM: no prepared index cache" in stall
+        and "rank 0 builds every index while every other rank waits" in stall
+    )
     assert 'build_policy="none"' in stall and 'order="computed"' in stall
     assert "PROBLEM" in _finding(out.stdout, "io-burst") and "sequences JSON" in _finding(out.stdout, "io-burst")
     assert not cache.exists()  # measuring wrote nothing
@@ -75,7 +78,10 @@ def test_slow_storage_is_a_slow_steady_state(tmp_path):
 
 def test_two_hundred_tiny_prefixes_are_advised_to_merge(tmp_path):
     rng = np.random.default_rng(1)
-    prefixes = [write_documents(tmp_path / f"p{i:03d}", [rng.integers(0, 250, 80) for _ in range(4)]) for i in range(200)]
+    prefixes = [
+        write_documents(tmp_path / f"p{i:03d}", [rng.integers(0, 250, 80) for _ in range(4)])
+        for i in range(200)
+    ]
     out = run_cli("doctor", "--data-path", *prefixes, "--order", "computed", *FAST)
     assert out.returncode == 1, out.stderr
     many = _finding(out.stdout, "prefixes")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,10 @@ from tokenload.errors import CacheError
 def packed_job(tmp_path):
     rng = np.random.default_rng(9)
     prefixes = [
-        write_documents(tmp_path / name, [rng.integers(1, 90, size=int(n)).tolist() for n in rng.integers(1, 40, size=400)])
+        write_documents(
+            tmp_path / name,
+            [rng.integers(1, 90, size=int(n)).tolist() for n in rng.integers(1, 40, size=400)],
+        )
         for name in ("a", "b")
     ]
     config = MegatronDataConfig(
@@ -58,9 +62,9 @@ def test_a_damaged_plan_is_refused_under_none(packed_job):
     pieces = glob.glob(str(cache / "*-PackedGPTDataset-train-piece_index.npy"))
     assert len(pieces) == 2  # one per prefix
     for piece in pieces:
-        data = bytearray(open(piece, "rb").read())
+        data = bytearray(Path(piece).read_bytes())
         data[-4:] = (10**6).to_bytes(4, "little")  # the last piece's length, past any document
-        open(piece, "wb").write(bytes(data))
+        Path(piece).write_bytes(bytes(data))
     train = build_datasets(config, sizes)[0]
     with pytest.raises(CacheError, match="piece_index"):
         train.__getitems__(np.arange(len(train)))

@@ -54,8 +54,8 @@ def test_preprocess_writes_megatron_names_and_prints_a_summary(tmp_path):
     assert "skipped  none" in out.stdout and f"output   {prefix}.bin/.idx/.json" in out.stdout
     tf = TokenFile(prefix)
     assert [tf[i].tolist() for i in range(tf.num_sequences)] == [
-        list(b"hello") + [256],
-        list("wörld".encode()) + [256],
+        [*list(b"hello"), 256],
+        [*list("wörld".encode()), 256],
     ]
     assert tf.num_documents == 3
     verify = run_cli("verify", "--hashes", "--vocab-size", "257", prefix)
@@ -89,7 +89,16 @@ def test_bad_input_exits_2_with_file_line_and_reason(tmp_path):
 
 def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", sample_texts(30))
-    plain = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "plain", "--append-eod", "--no-progress")
+    plain = run_cli(
+        "preprocess",
+        *BYTES,
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "plain",
+        "--append-eod",
+        "--no-progress",
+    )
     assert plain.returncode == 0, plain.stderr
     # flags that do not change the bytes: Megatron's contiguous partitions and logging, NeoX's names
     peers = run_cli(
@@ -108,7 +117,16 @@ def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path)
         ("--ftfy",): "ftfy",
     }
     for flags, reason in refused.items():
-        out = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "refused", "--no-progress", *flags)
+        out = run_cli(
+            "preprocess",
+            *BYTES,
+            "--input",
+            src,
+            "--output-prefix",
+            tmp_path / "refused",
+            "--no-progress",
+            *flags,
+        )
         assert out.returncode == 2, (flags, out.stderr)
         assert reason in out.stderr and "HINT" in out.stderr.upper(), (flags, out.stderr)
         assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # one line (and its hint), no traceback

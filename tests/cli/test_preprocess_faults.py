@@ -241,7 +241,11 @@ def test_permission_denied_input_and_tokenizer_say_permissions(tmp_path):
     write_jsonl(src, texts(10, 1))
     tokenizer = Path(train_tokenizer(tmp_path / "t.json"))
     src.chmod(0)
-    line = one_line_error(_without_read_override("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "a"))
+    line = one_line_error(
+        _without_read_override(
+            "preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "a"
+        )
+    )
     assert "in.jsonl: cannot read the input file (Permission denied)" in line
     assert "permissions" in line and "damaged" not in line
     src.chmod(0o644)

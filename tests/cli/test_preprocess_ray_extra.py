@@ -13,8 +13,19 @@ def test_executor_ray_without_ray_names_the_extra(tmp_path):
     (hidden / "ray").mkdir(parents=True)
     (hidden / "ray" / "__init__.py").write_text("raise ImportError('No module named ray')\n")
     (tmp_path / "in.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
-    out = run_cli("preprocess", "--executor", "ray", "--input", tmp_path / "in.jsonl", "--tokenizer-type", "ByteTokenizer",
-                  "--output-prefix", tmp_path / "out", "--no-progress", env={"PYTHONPATH": str(hidden)})
+    out = run_cli(
+        "preprocess",
+        "--executor",
+        "ray",
+        "--input",
+        tmp_path / "in.jsonl",
+        "--tokenizer-type",
+        "ByteTokenizer",
+        "--output-prefix",
+        tmp_path / "out",
+        "--no-progress",
+        env={"PYTHONPATH": str(hidden)},
+    )
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
     assert "ray" in last and "pip install '.[ray]' in its clone" in last

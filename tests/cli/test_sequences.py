@@ -18,7 +18,12 @@ from support import FIXTURES, run_cli
 from tokenload.format import read_sequences
 
 ORDER = json.loads((FIXTURES / "megatron" / "order" / "cases.json").read_text())["data_files"]
-PREPARED = {c["id"]: c for c in json.loads((FIXTURES / "megatron" / "prepare_cache" / "expected.json").read_text())["cases"]}
+PREPARED = {
+    c["id"]: c
+    for c in json.loads((FIXTURES / "megatron" / "prepare_cache" / "expected.json").read_text())[
+        "cases"
+    ]
+}
 
 
 def _header_counts(prefix: str) -> list[int]:
@@ -55,8 +60,12 @@ def test_per_split_paths_and_files(order_data):
     per_split = _sequences(order_data, "--train-data-path", "gold/x", "rand/a", "--valid-data-path", "rand/a",
                            "--test-data-path", "1", "gold/y")
     assert list(per_split)[:3] == ["gold/x", "rand/a", "gold/y"]
-    assert {p: per_split[p] for p in ("gold/x", "rand/a", "gold/y")} == {p: _header_counts(p) for p in ("gold/x", "rand/a", "gold/y")}
-    (order_data / "split.json").write_text(json.dumps({"train": "gold/x rand/a", "valid": ["rand/a"], "test": ["1", "gold/y"]}))
+    assert {p: per_split[p] for p in ("gold/x", "rand/a", "gold/y")} == {
+        p: _header_counts(p) for p in ("gold/x", "rand/a", "gold/y")
+    }
+    (order_data / "split.json").write_text(
+        json.dumps({"train": "gold/x rand/a", "valid": ["rand/a"], "test": ["1", "gold/y"]})
+    )
     assert _sequences(order_data, "--per-split-data-args-path", "split.json") == per_split
     (order_data / "args.txt").write_text("1 rand/c\n2 gold/y\n")
     from_file = _sequences(order_data, "--data-args-path", "args.txt")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -29,18 +30,18 @@ def test_verify_ok_then_detects_vocab_and_hash_problems(small_file):
     bad_vocab = run_cli("verify", "--vocab-size", "9", small_file)
     assert bad_vocab.returncode == 1
     assert "token 9 at position 8 is outside the vocabulary [0, 9)" in bad_vocab.stdout
-    data = bytearray(open(small_file + ".bin", "rb").read())
+    data = bytearray(Path(small_file + ".bin").read_bytes())
     data[0] ^= 1
-    open(small_file + ".bin", "wb").write(bytes(data))
+    Path(small_file + ".bin").write_bytes(bytes(data))
     bad_hash = run_cli("verify", "--hashes", small_file)
     assert bad_hash.returncode == 1 and "xxh3_64 is" in bad_hash.stdout
 
 
 def test_verify_reports_broken_pointers(tmp_path):
     prefix = write_documents(tmp_path / "p", [[1, 2], [3, 4, 5], [6]])
-    idx = bytearray(open(prefix + ".idx", "rb").read())
+    idx = bytearray(Path(prefix + ".idx").read_bytes())
     idx[34 + 12 + 8] = 3  # pointer of sequence 1: 4 -> 3 (bytes)
-    open(prefix + ".idx", "wb").write(bytes(idx))
+    Path(prefix + ".idx").write_bytes(bytes(idx))
     out = run_cli("verify", prefix)
     assert out.returncode == 1
     assert "sequence pointers disagree with the lengths; first at sequence 1: 3, expected 4" in out.stdout
@@ -66,7 +67,9 @@ def test_merge_folder_and_user_error_is_one_line(tmp_path):
 def _sidecar_file(tmp_path, tokens, vocab_size):
     from tokenload.format import TokenFileWriter
 
-    with TokenFileWriter(tmp_path / "s", np.uint16, tokenizer={"name": "t", "vocab_size": vocab_size, "eod_id": 0}) as w:
+    with TokenFileWriter(
+        tmp_path / "s", np.uint16, tokenizer={"name": "t", "vocab_size": vocab_size, "eod_id": 0}
+    ) as w:
         w.add_document(np.asarray(tokens))
     return str(tmp_path / "s")
 
@@ -122,11 +125,11 @@ def test_verify_exit_codes_are_documented_and_kept(tmp_path, small_file):
     help_text = " ".join(run_cli("verify", "--help").stdout.split())
     assert "Exit status: 0 every file valid, 1 a file is invalid, 2 a usage error" in help_text
     assert run_cli("verify", small_file).returncode == 0
-    data = bytearray(open(small_file + ".idx", "rb").read())
+    data = bytearray(Path(small_file + ".idx").read_bytes())
     data[34 + 12 * 4 + 8] = 9  # document_indices[1]: 1 -> 9, past the end
     broken = tmp_path / "broken"
     (tmp_path / "broken.idx").write_bytes(bytes(data))
-    (tmp_path / "broken.bin").write_bytes(open(small_file + ".bin", "rb").read())
+    (tmp_path / "broken.bin").write_bytes(Path(small_file + ".bin").read_bytes())
     assert run_cli("verify", broken).returncode == 1
     assert run_cli("verify", "--vocab-size", "ten", small_file).returncode == 2
     assert run_cli("verify", "--vocab-size", "0", small_file).returncode == 2
@@ -174,7 +177,7 @@ def test_convert_a_legacy_neox_file(tmp_path):
     expected = json.loads((LEGACY / "expected.json").read_text())["files"]["cached"]
     with TokenFileWriter(tmp_path / "ref", np.int32) as w:  # megatron-core's bytes (test_writer.py)
         for doc in expected["documents"]:
-            w.add_document(np.array(sum(doc, []), np.int64), [len(s) for s in doc])
+            w.add_document(np.array([t for s in doc for t in s], np.int64), [len(s) for s in doc])
     for ext in ("idx", "bin"):
         assert (tmp_path / f"new.{ext}").read_bytes() == (tmp_path / f"ref.{ext}").read_bytes(), ext
     assert "format       MMIDIDX" in run_cli("info", tmp_path / "new").stdout
