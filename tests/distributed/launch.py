@@ -12,11 +12,17 @@ import pickle
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 
 def _entry(fn, rank, world_size, store_path, out_path, args, env):
     os.environ.update(env)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     import torch.distributed as dist
 
     try:
@@ -55,7 +61,7 @@ def run_ranks(world_size: int, fn, *args, timeout: float = 120, env: dict | None
         for r, path in enumerate(outs):
             if not os.path.exists(path):
                 raise RuntimeError(f"rank {r} exited with code {procs[r].exitcode} and no result")
-            status, value = pickle.load(open(path, "rb"))
+            status, value = pickle.loads(Path(path).read_bytes())
             if status != "ok":
                 raise RuntimeError(f"rank {r} failed:\n{value}")
             results.append(value)
