@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -431,7 +432,7 @@ def verify(work: str, names: list[str]) -> dict:
         for name in names:
             for path in sorted(os.listdir(work)):
                 if path.startswith(f"{name}-rank") and path.endswith(".json"):
-                    part = json.load(open(os.path.join(work, path)))[split]
+                    part = json.loads(Path(os.path.join(work, path)).read_text())[split]
                     for k, tokens in part.items():
                         if int(k) in seen:
                             raise AssertionError(f"{split} sample {k} served twice")

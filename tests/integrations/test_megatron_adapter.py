@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -42,7 +43,7 @@ def megatron_args(**changes) -> argparse.Namespace:
 class Tokenizer:
     """Megatron's tokenizer as the adapter sees it (its ``pad`` raises when there is none)."""
 
-    unique_identifiers = {"class": "my.Tokenizer", "tokenizer_path": "/t"}
+    unique_identifiers: ClassVar[dict[str, str]] = {"class": "my.Tokenizer", "tokenizer_path": "/t"}
     eod = EOD
     vocab_size = 100
 
@@ -104,7 +105,7 @@ def _loaders(prefixes, kind, **changes):
 
 
 def test_single_ends_where_the_order_ends_and_cyclic_goes_on(prefixes):
-    train, valid, test = _loaders(prefixes, "single", consumed_train_samples=8)
+    train, _valid, _test = _loaders(prefixes, "single", consumed_train_samples=8)
     left = len(train.loader)
     assert left == (len(train.loader.dataset) - 8) // 2
     batches = list(train)  # Megatron's iterator: next() until StopIteration

@@ -34,7 +34,7 @@ EOD = 999
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory):
     rng = np.random.default_rng(7)
-    docs = [list(rng.integers(0, 900, rng.integers(3, 50))) + [EOD] for _ in range(300)]
+    docs = [[*list(rng.integers(0, 900, rng.integers(3, 50))), EOD] for _ in range(300)]
     return write_documents(tmp_path_factory.mktemp("titan") / "corpus", docs)
 
 
@@ -87,7 +87,7 @@ def test_eod_mask_loss_becomes_ignore_index(prefix):
                                              eod_mask_loss=True)
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=Tokenizer(), seq_len=SEQ,
                           local_batch_size=8)
-    inputs, labels = next(iter(loader))
+    _inputs, labels = next(iter(loader))
     plain = build_dataloader(loader.dataset, micro_batch_size=8, num_workers=0, dp_rank=0,
                              dp_size=1)
     batch = next(iter(plain))
@@ -188,14 +188,14 @@ def test_wrong_states_and_config_are_typed_errors(prefix):
         loader.load_state_dict({"tokenload": "{"})
     other = build(0, 1, prefix, 4)
     other.load_state_dict({})  # torchtitan's "nothing saved": a fresh start
-    with pytest.raises(ConfigError, match="dataloader.data_path"):
+    with pytest.raises(ConfigError, match=r"dataloader.data_path"):
         TokenloadTitanDataLoader.Config().build(dp_world_size=1, dp_rank=0, seq_len=SEQ,
                                                 local_batch_size=4)
     longer = TokenloadTitanDataLoader.Config(num_workers=0).build(
         dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4,
         token_dataset=_dataset(prefix, SEQ * 2),
     )
-    with pytest.raises(ConfigError, match="training.seq_len"):
+    with pytest.raises(ConfigError, match=r"training.seq_len"):
         next(iter(longer))
 
 
