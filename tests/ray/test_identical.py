@@ -60,7 +60,7 @@ def test_one_large_file_in_byte_ranges_gives_the_same_bytes_and_bad_record_lines
     one = _cli(*common, "--executor", "processes", "--workers", "2", "--output-prefix", tmp_path / "one")
     assert one.returncode == 0, one.stderr
     same_outputs(tmp_path / "ray_text_document", tmp_path / "one_text_document")
-    skipped = lambda out: [l for l in out.stderr.splitlines() if "skipped" in l]  # noqa: E731
+    skipped = lambda out: [line for line in out.stderr.splitlines() if "skipped" in line]  # noqa: E731
     assert skipped(ray) == skipped(one) and len(skipped(ray)) == 2
     assert f"{big}:7777: malformed_json" in skipped(ray)[0] and f"{big}:11000: not_object" in skipped(ray)[1]
     assert "malformed_json 1, not_object 1" in ray.stdout
@@ -76,7 +76,10 @@ def test_the_api_starts_a_local_cluster_when_given_no_address(tmp_path, monkeypa
         (tmp_path / f"{i}.jsonl").write_bytes(jsonl_bytes(docs(50, i)))
     base = dict(inputs=(str(tmp_path / "*.jsonl"),), tokenizer=TokenizerSpec(kind="byte"), append_eod=True, workers=1)
     result = preprocess(PreprocessConfig(output_prefix=str(tmp_path / "ray"), executor="ray", **base), progress=False)
-    one = preprocess(PreprocessConfig(output_prefix=str(tmp_path / "one"), executor="processes", **base), progress=False)
+    one = preprocess(
+        PreprocessConfig(output_prefix=str(tmp_path / "one"), executor="processes", **base),
+        progress=False,
+    )
     assert (result.documents, result.tokens, result.files) == (one.documents, one.tokens, 3)
     same_outputs(tmp_path / "ray_text_document", tmp_path / "one_text_document")
     import ray

@@ -61,7 +61,7 @@ def test_a_worker_killed_mid_task_is_retried_and_the_output_is_the_same(tmp_path
             killed = pid
             break
         time.sleep(0.01)
-    out, err = run.communicate(timeout=150)
+    _out, err = run.communicate(timeout=150)
     assert killed is not None, f"no task was seen running: {err}"
     assert run.returncode == 0, err
     _reference(corpus, tmp_path / "one")
