@@ -105,7 +105,7 @@ def _start_once(folder: Path, ports: dict, extra: tuple[str, ...], credentials):
         "-s3.port.iceberg=0", "-s3.port.lance=0", *extra,
     ]
     tmpdir = tempfile.mkdtemp(prefix="tokenload-weed-")
-    log = open(folder / "weed.log", "ab")
+    log = open(folder / "weed.log", "ab")  # noqa: SIM115  (the server's output, for its lifetime)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
                             env={**os.environ, "TMPDIR": tmpdir})
     proc.ports, proc.tmpdir = dict(ports), tmpdir
@@ -237,7 +237,9 @@ def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90, c
         except Exception as exc:  # not up yet
             last = exc
             time.sleep(0.5)
-    raise ServerStartError(f"SeaweedFS did not serve bucket {BUCKET} within {timeout}s ({last}):\n{log_path.read_text()[-3000:]}")
+    raise ServerStartError(
+        f"SeaweedFS did not serve bucket {BUCKET} within {timeout}s ({last}):\n{log_path.read_text()[-3000:]}"
+    )
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ def test_two_prepare_cache_runs_started_together_both_succeed(
                 own = {}
             runs.append(_start(args, {**env, **own}, tmp_path))
         results = [(*run.communicate(timeout=300), run.returncode) for run in runs]
-        for out, err, code in results:
+        for _out, err, code in results:
             assert code == 0, (round_, err)
             assert "Traceback" not in err
         names = _names(s3, folder)

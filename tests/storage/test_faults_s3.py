@@ -10,6 +10,7 @@ import logging
 import pickle
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,7 +104,7 @@ def test_object_deleted_mid_run_is_a_storage_error_naming_it(s3_endpoint, tmp_pa
 
 def test_object_truncated_mid_run_is_a_storage_error_naming_it(s3_endpoint, tmp_path, monkeypatch):
     tf, fs, local = _opened(tmp_path, monkeypatch, s3_endpoint, "truncated/c")
-    data = open(local + ".bin", "rb").read()
+    data = Path(local + ".bin").read_bytes()
     fs.pipe(f"{BUCKET}/truncated/c.bin", data[: len(data) // 2])
     with pytest.raises(StorageError) as caught:
         tf[len(tf) - 1]
@@ -116,7 +117,7 @@ def test_object_truncated_mid_run_is_a_storage_error_naming_it(s3_endpoint, tmp_
 def test_object_rewritten_with_the_same_size_is_a_storage_error(s3_endpoint, tmp_path, monkeypatch):
     """Same size, other bytes: only the ETag tells, and each GET's answer is checked against it."""
     tf, fs, local = _opened(tmp_path, monkeypatch, s3_endpoint, "rewritten-same-size/c")
-    data = bytearray(open(local + ".bin", "rb").read())
+    data = bytearray(Path(local + ".bin").read_bytes())
     data[-2:] = b"\x00\x01"
     fs.pipe(f"{BUCKET}/rewritten-same-size/c.bin", bytes(data))
     with pytest.raises(StorageError) as caught:
@@ -135,7 +136,7 @@ def test_object_changed_under_a_chunk_read_in_parts_is_a_storage_error_every_tim
     for name, value in PARTS.items():
         monkeypatch.setenv(name, value)
     tf, fs, local = _opened(tmp_path, monkeypatch, s3_endpoint, f"parts-{change}/c")
-    data = bytearray(open(local + ".bin", "rb").read())
+    data = bytearray(Path(local + ".bin").read_bytes())
     key = f"{BUCKET}/parts-{change}/c.bin"
     if change == "deleted":
         fs.rm(key)

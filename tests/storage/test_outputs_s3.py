@@ -79,7 +79,9 @@ def test_preprocess_to_s3_writes_the_bytes_of_a_local_run(tmp_path, s3, s3_env, 
     # the sidecar in the bucket is read: the tokenizer's vocabulary and the hashes are checked
     assert info["sidecar"]["tokenizer"]["vocab_size"] == 257, info["sidecar"]
     hashes = run_cli("verify", "--hashes", f"{url}_text_document", env=env)
-    assert hashes.returncode == 0 and "xxh3-64 hashes against the sidecar" in hashes.stdout, hashes.stdout + hashes.stderr
+    assert hashes.returncode == 0 and "xxh3-64 hashes against the sidecar" in hashes.stdout, (
+        hashes.stdout + hashes.stderr
+    )
     assert "the sidecar's vocab_size" in hashes.stdout, hashes.stdout
     # nothing left behind: no work prefix or probe in the bucket, no staging folder
     left = sorted(p.rsplit("/", 1)[1] for p in s3.ls(url.removeprefix("s3://").rsplit("/", 1)[0], refresh=True))

@@ -28,11 +28,30 @@ def test_s3_inputs_give_the_same_bytes_as_local_files(tmp_path, s3, s3_env):
     (local / "c.jsonl.gz").write_bytes(gz)
     s3.pipe(f"{BUCKET}/corpus/c.jsonl.gz", gz)
     (tmp_path / "out").mkdir()
-    remote = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", f"s3://{BUCKET}/corpus/", "--output-prefix", tmp_path / "out" / "remote",
-                     "--append-eod", "--no-progress", env=s3_env)
+    remote = run_cli(
+        "preprocess",
+        "--tokenizer-type",
+        "ByteTokenizer",
+        "--input",
+        f"s3://{BUCKET}/corpus/",
+        "--output-prefix",
+        tmp_path / "out" / "remote",
+        "--append-eod",
+        "--no-progress",
+        env=s3_env,
+    )
     assert remote.returncode == 0, remote.stderr
-    here = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", local, "--output-prefix", tmp_path / "out" / "local", "--append-eod",
-                   "--no-progress")
+    here = run_cli(
+        "preprocess",
+        "--tokenizer-type",
+        "ByteTokenizer",
+        "--input",
+        local,
+        "--output-prefix",
+        tmp_path / "out" / "local",
+        "--append-eod",
+        "--no-progress",
+    )
     assert here.returncode == 0, here.stderr
     for ext in (".bin", ".idx"):
         a = (tmp_path / "out" / f"remote_text_document{ext}").read_bytes()
@@ -44,12 +63,31 @@ def test_s3_inputs_give_the_same_bytes_as_local_files(tmp_path, s3, s3_env):
 
 def test_missing_object_and_unreachable_endpoint_are_storage_errors(tmp_path, s3_env):
     (tmp_path / "out").mkdir()
-    missing = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", f"s3://{BUCKET}/nope/*.jsonl", "--output-prefix", tmp_path / "out" / "x",
-                      "--no-progress", env=s3_env)
+    missing = run_cli(
+        "preprocess",
+        "--tokenizer-type",
+        "ByteTokenizer",
+        "--input",
+        f"s3://{BUCKET}/nope/*.jsonl",
+        "--output-prefix",
+        tmp_path / "out" / "x",
+        "--no-progress",
+        env=s3_env,
+    )
     assert missing.returncode == 2 and "no file matches" in missing.stderr
     dead = dict(s3_env, AWS_ENDPOINT_URL="http://127.0.0.1:9")  # discard port: nothing listens
-    down = run_cli("preprocess", "--tokenizer-type", "ByteTokenizer", "--input", f"s3://{BUCKET}/corpus/a.jsonl", "--output-prefix", tmp_path / "out" / "y",
-                   "--no-progress", env=dead, timeout=240)
+    down = run_cli(
+        "preprocess",
+        "--tokenizer-type",
+        "ByteTokenizer",
+        "--input",
+        f"s3://{BUCKET}/corpus/a.jsonl",
+        "--output-prefix",
+        tmp_path / "out" / "y",
+        "--no-progress",
+        env=dead,
+        timeout=240,
+    )
     assert down.returncode == 2, down.stderr
     last = down.stderr.strip().splitlines()[-1]
     assert last.startswith("tokenload preprocess: error: s3://") and "HINT" in last
@@ -87,7 +125,7 @@ def test_a_server_that_dies_while_an_object_streams_is_a_storage_error(tmp_path,
         time.sleep(0.02)
     assert run.poll() is None, run.communicate()
     os.killpg(proc.pid, signal.SIGKILL)
-    stdout, stderr = run.communicate(timeout=240)
+    _stdout, stderr = run.communicate(timeout=240)
     assert run.returncode == 2, stderr
     last = stderr.strip().splitlines()[-1]  # after the client library's INFO lines
     # mid-stream, or at the client's reopen after the server went: one line naming the object

@@ -8,6 +8,7 @@ import itertools
 import json
 import multiprocessing
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,7 +163,7 @@ def test_index_copy_is_keyed_by_etag_and_rewritten_objects_get_a_new_copy(files,
     local, _ = files
     remote = upload(s3, local, "rewritten/c")
     first, downloaded = storage.fetch_copy(remote + ".idx")
-    assert downloaded and open(first, "rb").read() == open(local + ".idx", "rb").read()
+    assert downloaded and Path(first).read_bytes() == Path(local + ".idx").read_bytes()
     assert storage.fetch_copy(remote + ".idx") == (first, False)
     other = corpus(tmp_path, seed=9, count=300)
     upload(s3, other, "rewritten/c")
@@ -344,5 +345,5 @@ def test_a_killed_download_s_temporary_is_removed_by_the_next_download(files, s3
     other = os.path.join(folder, f".other.idx.tmp-{name}")
     open(other, "wb").close()
     got, downloaded = storage.fetch_copy(remote + ".idx")
-    assert downloaded and got == copy and open(copy, "rb").read() == open(local + ".idx", "rb").read()
+    assert downloaded and got == copy and Path(copy).read_bytes() == Path(local + ".idx").read_bytes()
     assert not any(os.path.exists(p) for p in left) and os.path.exists(other)
