@@ -49,7 +49,13 @@ class _Calls:
         self.events: list[tuple[str, str]] = []
         real_fsync, real_replace, real_syncfs = os.fsync, os.replace, atomic.syncfs
         monkeypatch.setattr(atomic.os, "fsync", lambda fd: (self.events.append(("fsync", "")), real_fsync(fd))[1])
-        monkeypatch.setattr(atomic.os, "replace", lambda a, b: (self.events.append(("rename", os.path.basename(b))), real_replace(a, b))[1])
+        monkeypatch.setattr(
+            atomic.os,
+            "replace",
+            lambda a, b: (self.events.append(("rename", os.path.basename(b))), real_replace(a, b))[
+                1
+            ],
+        )
         monkeypatch.setattr(atomic, "syncfs", lambda fd: (self.events.append(("syncfs", "")), real_syncfs(fd))[1])
 
     def count(self, kind):
@@ -92,8 +98,8 @@ def test_nothing_is_in_place_before_publish_then_everything_in_order(tmp_path, m
             "document_index.npy", "sample_index.npy", "shuffle_index.npy", "tokenload.json",
             "description.txt"]
     assert renamed[-1] == "manifest.json"
-    sync_at = [i for i, (k, _) in enumerate(calls.events) if k == "syncfs"][0]
-    first_rename = [i for i, (k, _) in enumerate(calls.events) if k == "rename"][0]
+    sync_at = next(i for i, (k, _) in enumerate(calls.events) if k == "syncfs")
+    first_rename = next(i for i, (k, _) in enumerate(calls.events) if k == "rename")
     assert sync_at < first_rename  # durable before anything is in place
     last_rename = len(calls.events) - 1 - [k for k, _ in calls.events][::-1].index("rename")
     assert calls.events[last_rename - 1][0] == "fsync"  # the caches' folder fsynced before it
