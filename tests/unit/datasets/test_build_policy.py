@@ -65,7 +65,13 @@ def _opens(fn):
     seen: list[str] = []
     state = _opens.__dict__.setdefault("state", {"active": None})
     if not state.get("installed"):
-        sys.addaudithook(lambda ev, args: state["active"] is not None and ev == "open" and state["active"].append(str(args[0])))
+        sys.addaudithook(
+            lambda ev, args: (
+                state["active"] is not None
+                and ev == "open"
+                and state["active"].append(str(args[0]))
+            )
+        )
         state["installed"] = True
     state["active"] = seen
     try:
@@ -113,9 +119,11 @@ def test_node_index_from_the_launcher(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["rank0", "local-rank0"])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_barrier_policy_without_a_process_group_is_a_config_error_before_any_work(data, tmp_path, monkeypatch, policy, rank):
+def test_barrier_policy_without_a_process_group_is_a_config_error_before_any_work(
+    data, tmp_path, monkeypatch, policy, rank
+):
     _world(monkeypatch, rank=rank, world_size=2, local_rank=rank, local_world_size=2)
-    with pytest.raises(ConfigError, match="needs torch.distributed initialised") as info:
+    with pytest.raises(ConfigError, match=r"needs torch.distributed initialised") as info:
         build_datasets(_config(data, tmp_path / "c", build_policy=policy), SIZES)
     assert "build_policy='auto' or 'none'" in str(info.value)
     assert not (tmp_path / "c").exists()

@@ -88,7 +88,11 @@ def test_megatron_cache_folder_loads_with_identical_items(tmp_path, monkeypatch)
         got = ds.__getitems__(list(range(len(rec["items"]))))
         for i, item in enumerate(rec["items"]):
             for field in ("tokens", "labels", "loss_mask", "position_ids", "dataset_id"):
-                np.testing.assert_array_equal(np.asarray(got[field][i]), np.asarray(item[field]), err_msg=f"{name} {i} {field}")
+                np.testing.assert_array_equal(
+                    np.asarray(got[field][i]),
+                    np.asarray(item[field]),
+                    err_msg=f"{name} {i} {field}",
+                )
 
 
 def test_cache_is_reused_and_stale_cache_is_never_silently_used(tmp_path, monkeypatch):
@@ -140,7 +144,9 @@ def test_blend_of_different_dtypes_is_a_config_error(tmp_path):
 
     a = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 20, dtype=np.uint16)
     b = write_documents(tmp_path / "b", [[70000, 2, 3, 4]] * 20, dtype=np.int32)
-    cfg = MegatronDataConfig(sequence_length=4, blend=["1", a, "1", b], split="1,0,0", path_to_cache=str(tmp_path / "c"))
+    cfg = MegatronDataConfig(
+        sequence_length=4, blend=["1", a, "1", b], split="1,0,0", path_to_cache=str(tmp_path / "c")
+    )
     with pytest.raises(ConfigError, match="mixes token dtypes") as info:
         build_datasets(cfg, [10, 0, 0])
     assert "HINT" in str(info.value)

@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,7 +204,7 @@ def test_every_megatron_case_reloads_its_cache_without_sidecars_in_strict_mode(
 
 def _damage_header(path: str) -> None:
     """An unbalanced shape tuple: NumPy's header parser raises tokenize.TokenError on it."""
-    raw = open(path, "rb").read()
+    raw = Path(path).read_bytes()
     head = raw[:128]
     assert b"shape': (" in head
     with open(path, "r+b") as f:
@@ -253,8 +254,8 @@ GPT_DAMAGE = {
     "document_index, bits flipped (negative: NumPy would wrap)": ("document_index", np.invert),
     "document_index past the file": ("document_index", lambda a: a + 1000),
     "sample_index, bits flipped": ("sample_index", np.invert),
-    "sample_index offsets past their sequence": ("sample_index", lambda a: a + [[0, 5000]]),
-    "sample_index positions past the document index": ("sample_index", lambda a: a + [[10**6, 0]]),
+    "sample_index offsets past their sequence": ("sample_index", lambda a: a + np.array([[0, 5000]])),
+    "sample_index positions past the document index": ("sample_index", lambda a: a + np.array([[10**6, 0]])),
     "sample_index, a sample ending before it starts": ("sample_index", lambda a: a[::-1]),
     "shuffle_index, bits flipped": ("shuffle_index", np.invert),
 }
@@ -322,7 +323,7 @@ def test_damaged_values_met_through_the_build_manifest_are_a_cache_error(tmp_pat
     loading = MegatronDataConfig(**{**cfg.__dict__, "build_policy": "none"})  # READ: the manifest
     train = build_datasets(loading, [300, 10, 0])[0]
     shipped = pickle.dumps(train)  # a loader worker maps the arrays itself
-    with pytest.raises(CacheError, match="xxh3-64 is .* the index cache is damaged") as info:
+    with pytest.raises(CacheError, match=r"xxh3-64 is .* the index cache is damaged") as info:
         _tokens(pickle.loads(shipped))
     assert info.value.path == path and "HINT" in str(info.value)
 

@@ -141,7 +141,7 @@ def test_megatron_fast_load_flags_and_the_datasets_they_make(tmp_path):
     got = megatron_config_from_args(argv, world_size=2)
     assert got.sizes == [20, 8, 4] and got.extras["data_parallel_size"] == 2
     assert got.fields["eod_id"] == 99 and got.fields["reset_position_ids"] is True
-    train, valid, test = build_datasets(got.config(), got.sizes)
+    train, _valid, test = build_datasets(got.config(), got.sizes)
     assert len(train) >= 20 and test is None
     fast = megatron_config_from_args([*argv, "--dataloader-fast-cache-load",
                                       "--dataloader-defer-npy-index-mmap",

@@ -53,7 +53,7 @@ def flat_file(tmp_path):
 
 
 def test_windows_cover_each_window_once_per_epoch(flat_file):
-    path, tokens = flat_file
+    path, _tokens = flat_file
     ds = FlatTokenDataset(path, FlatDatasetConfig(block_size=16, seed=3, num_epochs=2))
     n = (60_000 - 1) // 16
     assert len(ds) == 2 * n
@@ -89,7 +89,7 @@ def _fingerprint(path, **config) -> str:
 
 
 def test_fingerprint_is_the_content_not_the_name_or_folder(flat_file, tmp_path):
-    path, tokens = flat_file
+    path, _tokens = flat_file
     first = _fingerprint(path)
     (tmp_path / "elsewhere").mkdir()
     moved = tmp_path / "elsewhere" / "train.bin"

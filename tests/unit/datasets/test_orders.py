@@ -55,5 +55,5 @@ def test_from_megatron_args_is_a_classmethod_giving_a_config_and_sizes(prefix):
         world_size=1,
     )
     assert got.sizes == [40, 24, 8]
-    train, valid, _ = build_datasets(got.config(), got.sizes)
+    train, _valid, _ = build_datasets(got.config(), got.sizes)
     assert len(train) >= 40
