@@ -28,7 +28,7 @@ def children() -> list[int]:
 
 def main() -> None:
     data, prefixes, order, mode, nofile, workers, batches = sys.argv[1:]
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(nofile), hard))
     from tokenload.datasets import MegatronDataConfig, build_datasets
     from tokenload.loader import build_dataloader
@@ -44,7 +44,7 @@ def main() -> None:
     loader = build_dataloader(train, micro_batch_size=mbs, num_workers=int(workers))
     counts, seen = [], 0
     tokens = []
-    for step, batch in enumerate(loader):
+    for _step, batch in enumerate(loader):
         tokens.append(np.asarray(batch["tokens"]).copy())
         seen += 1
         if seen % 10 == 0:

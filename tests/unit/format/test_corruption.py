@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,7 +81,7 @@ def test_truncation_at_every_region_boundary(pair):
     for cut in boundaries:
         with open(prefix + ".idx", "wb") as f:
             f.write(idx[:cut])
-        with pytest.raises(FormatError, match="shorter than|truncated") as info:
+        with pytest.raises(FormatError, match=r"shorter than|truncated") as info:
             _load_everything(prefix)
         assert "HINT:" in str(info.value), cut
 
@@ -96,7 +97,7 @@ def test_trailing_bytes_in_index(pair):
 @pytest.mark.parametrize("delta", [-2, -1, 1, 2, 4])
 def test_bin_size_disagrees_with_index(pair, mode, delta):
     prefix, _ = pair
-    data = open(prefix + ".bin", "rb").read()
+    data = Path(prefix + ".bin").read_bytes()
     with open(prefix + ".bin", "wb") as f:
         f.write(data[:delta] if delta < 0 else data + bytes(delta))
     with pytest.raises(FormatError, match=r"\.bin is") as info:
@@ -155,7 +156,7 @@ def _fuzz_once(prefix, data):
 def test_fuzz_helper_checks_successful_reads(pair):
     """The unmodified index reads back the written documents, so a success is a real check."""
     prefix, idx = pair
-    dtype, sequences, documents = _fuzz_once(prefix, idx)
+    dtype, _sequences, documents = _fuzz_once(prefix, idx)
     assert (dtype, documents) == ("uint16", [[1, 2, 3], [4, 5], [], [6, 7, 8, 9]])
 
 
@@ -189,7 +190,11 @@ def test_fuzz_mutated_valid_index_only_raises_format_error(pair, edits, cut):
 def test_fuzz_array_values_only_raise_format_error(pair, field, index, value):
     prefix, idx = pair
     n, d = 4, 5
-    offset, width, count = {"lengths": (34, 4, n), "pointers": (34 + 4 * n, 8, n), "documents": (34 + 12 * n, 8, d)}[field]
+    offset, width, count = {
+        "lengths": (34, 4, n),
+        "pointers": (34 + 4 * n, 8, n),
+        "documents": (34 + 12 * n, 8, d),
+    }[field]
     at = offset + width * (index % count)
     packed = struct.pack("<i" if width == 4 else "<q", value)
     _fuzz_once(prefix, idx[:at] + packed + idx[at + width :])

@@ -7,6 +7,7 @@ length[i] * itemsize`` and the sidecar's dtype against the header's."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def _swap_lengths(prefix: str) -> int:
 def _move_pointer(prefix: str) -> int:
     """Sequence 3's pointer moved by 4 bytes (2 tokens): still inside the .bin."""
     at = 34 + 4 * N + 8 * 3
-    (pointer,) = struct.unpack("<q", open(prefix + ".idx", "rb").read()[at:at + 8])
+    (pointer,) = struct.unpack("<q", Path(prefix + ".idx").read_bytes()[at:at + 8])
     _patch(prefix, at, struct.pack("<q", pointer + 4))
     return 2  # sequence 2 now ends 4 bytes before sequence 3's pointer: the first gap named
 
@@ -122,7 +123,7 @@ def test_each_chunk_of_pointers_is_checked_on_its_first_use(prefix, mode, monkey
     monkeypatch.setattr(reader, "CHECK_SHIFT", 2)  # chunks of 4 sequences: [0, 4) and [4, 8)
     monkeypatch.setattr(reader, "CHECK_CHUNK", 4)
     at = 34 + 4 * N + 8 * 5
-    (pointer,) = struct.unpack("<q", open(prefix + ".idx", "rb").read()[at:at + 8])
+    (pointer,) = struct.unpack("<q", Path(prefix + ".idx").read_bytes()[at:at + 8])
     _patch(prefix, at, struct.pack("<q", pointer + 2))  # sequence 5's pointer: one token on
     tf = TokenFile(prefix, mode=mode)
     one = np.ones(2, np.int64)

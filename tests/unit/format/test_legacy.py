@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ DOCS = [[[1, 2, 3], [4]], [[]], [], [[70000, 5]]]  # an empty sequence, an empty
 
 
 def _md5(path) -> str:
-    return hashlib.md5(open(path, "rb").read()).hexdigest()
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
 
 
 # -- against GPT-NeoX's own files and readers ------------------------------------------------------
@@ -64,7 +65,7 @@ def test_reads_what_neox_reads(name, mode):
         assert tf.documents_from_sequences and tf.document_indices.tolist() == list(range(len(tf) + 1))
     else:
         assert not tf.documents_from_sequences and tf.document_indices.tolist() == neox["doc_idx"]
-    documents = [sum(doc, []) for doc in meta["documents"]]
+    documents = [[t for s in doc for t in s] for doc in meta["documents"]]
     if tf.documents_from_sequences:
         documents = [seq for doc in meta["documents"] for seq in doc]
     assert [tf.document(d).tolist() for d in range(tf.num_documents)] == documents
@@ -88,7 +89,7 @@ def _writer_bytes(tmp_path, documents, dtype) -> tuple[bytes, bytes]:
     """What tokenload's MMIDIDX writer (megatron-core's bytes) writes for these documents."""
     with TokenFileWriter(tmp_path / "expected", dtype) as w:
         for doc in documents:
-            w.add_document(np.array(sum(doc, []), dtype=dtype), [len(s) for s in doc])
+            w.add_document(np.array([t for s in doc for t in s], dtype=dtype), [len(s) for s in doc])
     return (tmp_path / "expected.idx").read_bytes(), (tmp_path / "expected.bin").read_bytes()
 
 
@@ -164,7 +165,9 @@ def test_megatron_float_codes_still_follow_megatron_core(tmp_path):
     with TokenFileWriter(tmp_path / "m", np.float32) as w:  # megatron-core's code 7
         w.add_document(np.array([0.5, 1.5], np.float32))
     tf = TokenFile(tmp_path / "m", allow_float=True)
-    assert (tf.header.code, tf.dtype) == (7, np.float32) and "megatron-core's table" in describe(str(tmp_path / "m"))["dtype_note"]
+    assert (tf.header.code, tf.dtype) == (7, np.float32) and "megatron-core's table" in describe(
+        str(tmp_path / "m")
+    )["dtype_note"]
 
 
 def test_legacy_element_size_decides_float_codes(tmp_path):
@@ -252,7 +255,7 @@ def test_legacy_truncated_at_every_region_and_padded(legacy):
 @pytest.mark.parametrize("delta", [-4, 4, 8])
 def test_legacy_bin_size_disagrees(legacy, delta):
     prefix, idx = legacy
-    data = open(prefix + ".bin", "rb").read()
+    data = Path(prefix + ".bin").read_bytes()
     with open(prefix + ".bin", "wb") as f:
         f.write(data[:delta] if delta < 0 else data + bytes(delta))
     _expect(prefix, idx, r"\.bin is")
@@ -265,7 +268,11 @@ def test_legacy_has_no_modes(legacy):
 
 def test_fuzz_helper_reads_the_legacy_file(legacy):
     dtype, sequences, documents = _fuzz_once(*legacy)
-    assert (dtype, sequences, documents) == ("int32", [[1, 2, 3], [4], [], [70000, 5]], [[1, 2, 3, 4], [], [], [70000, 5]])
+    assert (dtype, sequences, documents) == (
+        "int32",
+        [[1, 2, 3], [4], [], [70000, 5]],
+        [[1, 2, 3, 4], [], [], [70000, 5]],
+    )
 
 
 @FUZZ

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ def test_merge_equals_single_write(tmp_path):
     assert [p.rsplit("/", 1)[1] for p in prefixes] == ["a", "b", "c"]
     merge_token_files(prefixes, tmp_path / "merged")
     for ext in (".bin", ".idx"):
-        assert (tmp_path / f"merged{ext}").read_bytes() == open(whole + ext, "rb").read()
+        assert (tmp_path / f"merged{ext}").read_bytes() == Path(whole + ext).read_bytes()
     assert verify(str(tmp_path / "merged"), hashes=True) == []
 
 

@@ -135,7 +135,11 @@ def test_which_temporaries_count_as_stale(tmp_path):
     other_host_recent = tmp_path / ".m.bin.tmp-otherhost-1-89abcdef"
     other_host_old = tmp_path / ".m.bin.tmp-otherhost-2-89abcdef"
     legacy_dead = tmp_path / f".m.bin.tmp-{_dead_pid()}-00000000"  # the pre-host naming
-    not_ours = [tmp_path / ".m.bin.tmp-notes", tmp_path / ".mm.bin.tmp-x-1-0123abcd", tmp_path / ".m.idx.tmp-x-1-0123abcd"]
+    not_ours = [
+        tmp_path / ".m.bin.tmp-notes",
+        tmp_path / ".mm.bin.tmp-x-1-0123abcd",
+        tmp_path / ".m.idx.tmp-x-1-0123abcd",
+    ]
     for path in [mine, dead, other_host_recent, other_host_old, legacy_dead, *not_ours]:
         path.write_bytes(b"x")
     day_ago = time.time() - STALE_AFTER_S - 60

@@ -25,7 +25,10 @@ def test_modes_return_identical_arrays(random_file):
         np.testing.assert_array_equal(got, expected, err_msg=str(mode))
         for i in (0, 17, len(docs) - 1):
             np.testing.assert_array_equal(tf[i], docs[i])
-            np.testing.assert_array_equal(tf.get(i, offset=1, length=max(len(docs[i]) - 2, 0)), docs[i][1 : 1 + max(len(docs[i]) - 2, 0)])
+            np.testing.assert_array_equal(
+                tf.get(i, offset=1, length=max(len(docs[i]) - 2, 0)),
+                docs[i][1 : 1 + max(len(docs[i]) - 2, 0)],
+            )
         parts = tf[10:20]
         for got_part, doc in zip(parts, docs[10:20]):
             np.testing.assert_array_equal(got_part, doc)
@@ -131,7 +134,10 @@ def test_read_spans_every_mode_dtype_and_span_length(tmp_path, mode, dtype, mean
     assert wide.dtype == np.int64 and wide.flags.writeable
     np.testing.assert_array_equal(wide, expected.astype(np.int64))
     assert source.read_spans(starts[:0], lengths[:0]).size == 0
-    with pytest.raises(FormatError, match=rf"\[{tokens.size - 5}, {tokens.size + 1}\) is outside the {tokens.size} tokens"):
+    with pytest.raises(
+        FormatError,
+        match=rf"\[{tokens.size - 5}, {tokens.size + 1}\) is outside the {tokens.size} tokens",
+    ):
         source.read_spans(starts, lengths + (np.arange(lengths.size) == lengths.size - 1))
     with pytest.raises(FormatError, match="outside"):
         source.read_spans(np.array([-1, 0]), np.array([1, 1]))

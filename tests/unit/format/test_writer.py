@@ -38,7 +38,10 @@ def test_sidecar_records_counts_and_hashes(small_file):
     assert side.hashes["idx"]["xxh3_64"] == xxhash.xxh3_64(EXAMPLE_IDX).hexdigest()
 
 
-@pytest.mark.parametrize("vocab,expected", [(1000, np.uint16), (65499, np.uint16), (65500, np.int32), (200_000, np.int32)])
+@pytest.mark.parametrize(
+    "vocab,expected",
+    [(1000, np.uint16), (65499, np.uint16), (65500, np.int32), (200_000, np.int32)],
+)
 def test_optimal_dtype_follows_megatron_writer_rule(vocab, expected):
     assert optimal_dtype(vocab) == np.dtype(expected)
 
@@ -178,7 +181,9 @@ def test_tokens_outside_the_dtype_are_refused_not_wrapped(tmp_path, dtype, token
         "add_item": lambda: w.add_item(arr),
         "add_documents": lambda: w.add_documents(arr, np.array([arr.size])),
     }[api]
-    with pytest.raises(FormatError, match=rf"token {bad} does not fit this file's {np.dtype(dtype).name} tokens") as info:
+    with pytest.raises(
+        FormatError, match=rf"token {bad} does not fit this file's {np.dtype(dtype).name} tokens"
+    ) as info:
         call()
     assert "HINT:" in str(info.value)
     w.add_document([5])  # the refused call wrote nothing; the writer goes on
