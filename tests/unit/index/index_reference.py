@@ -19,10 +19,10 @@ def sample_index_loop(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch, 
         n = int(total / seq_length) if total < 0 else total // seq_length  # C truncation
     else:
         f = np.float32(np.int64(total)) / np.float32(seq_length)
-        n = int(math.ceil(float(f)))
+        n = math.ceil(float(f))
     rows = [(0, 0)]
     i, off = 0, 0
-    for k in range(1, n + 1):
+    for _k in range(1, n + 1):
         rem = seq_length + extra
         while rem != 0:
             length = int(sizes[doc_idx[i]]) - off

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -222,7 +224,7 @@ def test_any_worker_split_gives_the_same_samples(cuts, block):
     k = np.arange(2000)
     whole = mix.draw(k)
     bounds = [0, *sorted(cuts), 2000]
-    parts = [mix.draw(k[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = [mix.draw(k[a:b]) for a, b in itertools.pairwise(bounds)]
     np.testing.assert_array_equal(np.concatenate([p.window for p in parts]), whole.window)
     np.testing.assert_array_equal(np.concatenate([p.source for p in parts]), whole.source)
 
@@ -254,7 +256,7 @@ def test_mixture_changes_never_repeat_or_skip_a_sample(phases, block):
         by_epoch: dict[int, list[int]] = {}
         for c, w in items:
             by_epoch.setdefault(c // windows[s], []).append(w)
-        for epoch, ws in by_epoch.items():
+        for _epoch, ws in by_epoch.items():
             assert len(set(ws)) == len(ws)  # no window twice within an epoch
             if len(ws) == windows[s]:
                 assert sorted(ws) == list(range(windows[s]))  # a whole epoch: every window

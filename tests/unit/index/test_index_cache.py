@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,7 +176,7 @@ def test_load_refuses_broken_arrays(tmp_path):
 
 
 def _damage(path: str, old: bytes, new: bytes) -> None:
-    raw = open(path, "rb").read()
+    raw = Path(path).read_bytes()
     assert old in raw[:128]
     with open(path, "wb") as f:
         f.write(raw.replace(old, new, 1))

@@ -55,10 +55,8 @@ def item_text(ix: NeoXIndices, lengths: np.ndarray, index: int, seq_length: int)
     j = int(ix.shuffle_index[int(neox_item_position(index, ix.num_built))])
     (b, bo), (e, eo) = ix.sample_index[j].tolist(), ix.sample_index[j + 1].tolist()
     seqs = [tokens_of(int(d), lengths) for d in ix.document_index[b : e + 1]]
-    if b == e:
-        parts = [seqs[0][bo : eo + 1]]
-    else:
-        parts = [seqs[0][bo:], *seqs[1:-1], seqs[-1][: eo + 1]]
+    one = b == e
+    parts = [seqs[0][bo : eo + 1]] if one else [seqs[0][bo:], *seqs[1:-1], seqs[-1][: eo + 1]]
     text = np.concatenate(parts)[: seq_length + 1]
     return np.pad(text, (0, seq_length + 1 - text.shape[0]))
 

@@ -19,13 +19,14 @@ from tokenload.index.schedule import ScheduledMixture, check_schedule
 SOURCES = ("a", "b", "c", "d")
 WINDOWS = (97, 13, 250, 41)
 PERIOD = 1 << 10
+ALL_SOURCES = range(len(SOURCES))
 
 
 def _chain(schedule, **kw):
     return ScheduledMixture(SOURCES, schedule, WINDOWS, seed=5, period=PERIOD, **kw)
 
 
-def _check_cursors(draws, sources=range(len(SOURCES))):
+def _check_cursors(draws, sources=ALL_SOURCES):
     """Each source's cursors, in global order, are 0, 1, 2, ...: no repeat, no gap."""
     for d in sources:
         mine = draws.cursor[draws.source == d]
