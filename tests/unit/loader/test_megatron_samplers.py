@@ -13,7 +13,13 @@ from tokenload.loader import CyclicSampler, MicroBatchPlan, PretrainingSampler
 CASES = json.loads((FIXTURES / "megatron" / "sampler.json").read_text())["cases"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"t{c['total_samples']}c{c['consumed_samples']}m{c['micro_batch_size']}d{c['data_parallel_size']}")
+@pytest.mark.parametrize(
+    "case",
+    CASES,
+    ids=lambda c: (
+        f"t{c['total_samples']}c{c['consumed_samples']}m{c['micro_batch_size']}d{c['data_parallel_size']}"
+    ),
+)
 def test_matches_megatron(case):
     total, consumed = case["total_samples"], case["consumed_samples"]
     mbs, dp = case["micro_batch_size"], case["data_parallel_size"]

@@ -313,7 +313,7 @@ def test_a_summary_is_logged_every_n_steps_on_rank_0(single, caplog, monkeypatch
     assert len(lines) == 2 and lines[0].startswith("loader: step 5,") and "data wait" in lines[0]
     caplog.clear()
     loader.log_metrics()
-    assert [r.getMessage() for r in caplog.records][0].startswith("loader: step 12,")
+    assert next(r.getMessage() for r in caplog.records).startswith("loader: step 12,")
     caplog.clear()
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")

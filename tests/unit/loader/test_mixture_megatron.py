@@ -79,7 +79,7 @@ def _phases(files, dps=((4, 2), (2, 4), (8, 1))):
 
 
 def test_each_source_continues_its_own_megatron_order_through_changes(files):
-    rows, ks, owners, state, members = _phases(files)
+    rows, ks, owners, _state, members = _phases(files)
     assert ks == list(range(160)) + list(range(224, 416)) + list(range(416, 640))
     # phase 1 is Megatron's own order: the plain (refusing) blend's items
     plain = megatron(files, PHASES[0][0], change="refuse")
@@ -111,7 +111,7 @@ def test_each_source_continues_its_own_megatron_order_through_changes(files):
 
 
 def test_a_schedule_is_the_same_stream_as_the_phases_resumed(files):
-    rows, ks, _, _, _ = _phases(files)
+    rows, _ks, _, _, _ = _phases(files)
     everyone = {"a": 1, "b": 1, "c": 1, "d": 1}  # the schedule replaces these weights
     schedule = [(0, [3, 1, 1, 0]), (160, [1, 0, 3, 0]), (416, [1, 2, 1, 2])]
     dataset = megatron(files, everyone, schedule=schedule, change="refuse")
@@ -356,7 +356,7 @@ def test_a_schedule_caches_every_entrys_blending_as_one_cache(files, tmp_path):
     assert [a.tolist() for a in again._locate(k)] == expected
     assert [a.tolist() for a in first._locate(k)] == expected
     # a resume at entry 2 maps the cached arrays and builds no greedy
-    rows, _, state = run(_scheduled(files, SCHEDULE, cache="off"), 352)
+    _rows, _, state = run(_scheduled(files, SCHEDULE, cache="off"), 352)
     tail, _, _ = run(_scheduled(files, SCHEDULE, cache="off"), 96, state)
     cached_tail, _, _ = run(_scheduled(files, SCHEDULE, path_to_cache=str(folder)), 96, state)
     assert cached_tail == tail

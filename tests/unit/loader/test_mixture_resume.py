@@ -61,7 +61,13 @@ def _run(dataset, steps: int, state=None, *, workers: int):
             assert (within % S == 0).all()
             source = [dataset.datasets[d].extent.grid.first_token for d in batch["dataset_id"].tolist()]
             assert (within - np.array(source) >= 0).all()
-            served += list(zip(files.tolist(), ((within - np.array(source)) // S).tolist(), batch["dataset_id"].tolist()))
+            served += list(
+                zip(
+                    files.tolist(),
+                    ((within - np.array(source)) // S).tolist(),
+                    batch["dataset_id"].tolist(),
+                )
+            )
     state = loaders[0].state_dict()
     assert loaders[1].state_dict()["mixture"] == state["mixture"]  # ranks agree on the cursors
     for loader in loaders:

@@ -383,7 +383,7 @@ class _Unloadable(FaultyDataset):
 def test_a_dataset_that_cannot_be_loaded_in_a_worker_is_raised_typed(dataset, tickets):
     loader = _loader(_Unloadable(dataset, tickets), multiprocessing_context="spawn", num_workers=1)
     try:
-        with pytest.raises(FormatError, match="gone.bin: cannot open") as info:
+        with pytest.raises(FormatError, match=r"gone.bin: cannot open") as info:
             next(iter(loader))
         assert "in loader worker 0, loading the dataset" in "\n".join(info.value.__notes__)
         assert loader.metrics()["workers"]["restarts"] == 0

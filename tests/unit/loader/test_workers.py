@@ -112,7 +112,7 @@ def test_an_error_in_a_worker_is_raised_with_its_type_and_traceback(dataset):
 
 def test_an_exception_that_cannot_be_pickled_still_reaches_the_loop(dataset):
     loader = build_dataloader(FailingOddly(dataset, 3), micro_batch_size=8, num_workers=1, dp_rank=0, dp_size=1)
-    with pytest.raises(WorkerError, match="cannot be pickled(.|\n)*Unpicklable"):
+    with pytest.raises(WorkerError, match=r"cannot be pickled(.|\n)*Unpicklable"):
         list(loader)
     loader.close()
 
@@ -211,7 +211,7 @@ class Unshippable:
 
 def test_a_batch_that_cannot_be_pickled_is_an_error_in_the_loop():
     loader = build_dataloader(Unshippable(), micro_batch_size=2, num_workers=1, dp_rank=0, dp_size=1)
-    with pytest.raises(WorkerError, match="(?s)batch cannot be sent.*pickle.*loader worker 0"):
+    with pytest.raises(WorkerError, match=r"(?s)batch cannot be sent.*pickle.*loader worker 0"):
         list(loader)
     loader.close()
 
@@ -268,7 +268,7 @@ def test_abandoned_iterations_give_their_slots_back(dataset):
                               persistent_workers=True)
     for _ in range(12):
         loader.restart(0)
-        for _, batch in zip(range(5), loader):
+        for _, batch in zip(range(5), loader):  # noqa: B007  (deleted below: no reference kept)
             pass
         del batch
     loader.restart(0)
