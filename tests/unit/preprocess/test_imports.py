@@ -36,12 +36,12 @@ def test_the_import_graph_has_no_cycle():
 
     def visit(node: str, path: list[str]) -> None:
         if node in path:
-            cycle = path[path.index(node):] + [node]
+            cycle = [*path[path.index(node):], node]
             pytest.fail("import cycle: " + " -> ".join(cycle))
         if node in done:
             return
         for nxt in sorted(graph[node]):
-            visit(nxt, path + [node])
+            visit(nxt, [*path, node])
         done.add(node)
 
     for module in MODULES:

@@ -210,13 +210,13 @@ def test_a_changed_input_is_redone_and_a_different_job_is_refused(tmp_path, docs
     Path(files[2]).write_text("oops\n")
     with pytest.raises(RecordError):
         run(files, tmp_path / "out")
-    write_jsonl(Path(files[0]), ["changed"] + docs[1:50])  # changes a finished file
+    write_jsonl(Path(files[0]), ["changed", *docs[1:50]])  # changes a finished file
     write_jsonl(Path(files[2]), docs[100:150])
     with pytest.raises(ConfigError, match=r"settings differ from this run.s \(differs in: append_eod\)"):
         run(files, tmp_path / "out", append_eod=True)
     result = run(files, tmp_path / "out")
     assert result.files_resumed == 1
-    ref = reference(tmp_path / "ref", ["changed"] + docs[1:150], byte_ids, None)
+    ref = reference(tmp_path / "ref", ["changed", *docs[1:150]], byte_ids, None)
     assert same_files(result.outputs["text"], ref)
 
 
@@ -288,7 +288,7 @@ def test_the_tokenizer_is_required():
 
 def test_output_folder_must_exist_and_stale_temporaries_are_removed(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", ["x"])
-    with pytest.raises(ConfigError, match="output folder .* does not exist"):
+    with pytest.raises(ConfigError, match=r"output folder .* does not exist"):
         run([path], tmp_path / "missing" / "out")
     stale = tmp_path / ".out_text_document.bin.tmp-999999-abcd"
     stale.write_bytes(b"left by a killed run")

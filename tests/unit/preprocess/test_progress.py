@@ -4,8 +4,10 @@ in for a slow native encoder, and every redraw of the real bar is recorded."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -31,7 +33,7 @@ class SlowBytes(ByteTokenizer):
 class RecordingProgress(Progress):
     """The real bar, with the time and state of every byte-count move kept."""
 
-    runs: list[RecordingProgress] = []
+    runs: ClassVar[list[RecordingProgress]] = []
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -65,7 +67,7 @@ def test_the_bar_moves_every_second_and_ends_counting_the_file(tmp_path, monkeyp
     preprocess(config, progress=True)
     (bar,) = RecordingProgress.runs
     times = [t for t, _ in bar.moves]
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 1.0, f"the bar stood still for {max(gaps):.1f} s"
     assert [n for _, n in bar.moves] == sorted(n for _, n in bar.moves)
     assert bar.moves[-1][1] == size

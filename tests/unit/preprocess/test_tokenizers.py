@@ -3,8 +3,10 @@ it is used; identity, EOD and dtype follow the rules."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,7 +32,7 @@ EXTRA = [
 
 def split(flat, lengths):
     bounds = np.concatenate(([0], np.cumsum(lengths)))
-    return [flat[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    return [flat[a:b].tolist() for a, b in itertools.pairwise(bounds)]
 
 
 def spec_for(name: str, files: dict[str, str], **kw) -> TokenizerSpec:
@@ -180,7 +182,7 @@ def test_post_processor_bos_follows_add_special_tokens(tokenizer_files):
 
 
 def test_eod_ids_per_kind(tokenizer_files):
-    vocab = json.load(open(tokenizer_files["gpt2_vocab"], encoding="utf-8"))
+    vocab = json.loads(Path(tokenizer_files["gpt2_vocab"]).read_text(encoding="utf-8"))
     assert load_tokenizer(spec_for("bytelevel", tokenizer_files)).eod_id == vocab["<|endoftext|>"]
     assert load_tokenizer(spec_for("gpt2", tokenizer_files)).eod_id == vocab["<|endoftext|>"]
     import sentencepiece as spm
@@ -188,7 +190,7 @@ def test_eod_ids_per_kind(tokenizer_files):
     sp = spm.SentencePieceProcessor(model_file=tokenizer_files["sp_bpe"])
     assert load_tokenizer(spec_for("sp_bpe", tokenizer_files)).eod_id == sp.eos_id()
     tik = load_tokenizer(spec_for("tiktoken", tokenizer_files))
-    nranks = sum(1 for line in open(tokenizer_files["tiktoken"]) if line.strip())
+    nranks = sum(1 for line in Path(tokenizer_files["tiktoken"]).read_text().splitlines() if line.strip())
     assert (tik.eod_id, tik.vocab_size) == (nranks, nranks + 1)
     assert load_tokenizer(spec_for("wordpiece", tokenizer_files)).eod_id is None
     assert load_tokenizer(spec_for("wordpiece", tokenizer_files, eod_token="[SEP]")).eod_id == 1
@@ -211,7 +213,7 @@ def test_tokenizer_config_eos_beside_tokenizer_json(tmp_path, tokenizer_files):
 def test_identity_records_file_hash_and_vocab(tokenizer_files):
     tok = load_tokenizer(spec_for("gpt2", tokenizer_files))
     ident = tok.identity()
-    vocab_bytes = open(tokenizer_files["gpt2_vocab"], "rb").read()
+    vocab_bytes = Path(tokenizer_files["gpt2_vocab"]).read_bytes()
     assert ident["xxh3_64"] == xxhash.xxh3_64(vocab_bytes).hexdigest()
     assert [f["path"] for f in ident["files"]] == [
         tokenizer_files["gpt2_vocab"],
@@ -242,7 +244,7 @@ def test_wrap_puts_affixes_around_every_text():
     flat = rng.integers(0, 100, size=int(lengths.sum()))
     prefix, suffix = np.array([900, 901]), np.array([999])
     out, new_lengths = _wrap(flat, lengths, prefix, suffix)
-    expected = [[900, 901] + doc + [999] for doc in split(flat, lengths)]
+    expected = [[900, 901, *doc, 999] for doc in split(flat, lengths)]
     assert split(out, new_lengths) == expected
 
 
@@ -254,10 +256,10 @@ def test_bad_tokenizer_settings_are_config_errors(tmp_path, tokenizer_files):
     with pytest.raises(ConfigError, match="does not exist"):
         load_tokenizer(TokenizerSpec(kind="hf", model=str(tmp_path / "missing.json")))
     (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="cannot load tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"cannot load tokenizer.json"):
         load_tokenizer(TokenizerSpec(kind="hf", model=str(tmp_path / "bad.json")))
     renamed = tmp_path / "mystery.tiktoken"
-    renamed.write_bytes(open(tokenizer_files["tiktoken"], "rb").read())
+    renamed.write_bytes(Path(tokenizer_files["tiktoken"]).read_bytes())
     with pytest.raises(ConfigError, match="`tiktoken_pattern=`"):
         load_tokenizer(TokenizerSpec(kind="tiktoken", model=str(renamed)))
 
