@@ -7,6 +7,7 @@ only by the SeaweedFS tests before; these run in well under a second."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -168,7 +169,7 @@ def test_two_failed_writers_never_leave_a_cache_that_looks_complete(monkeypatch,
     stale = {REMOTE.description: b"{description}", REMOTE.sidecar: b"{old fields}",
              **{REMOTE.array(a): b"old " + a.encode() for a in REMOTE.arrays}}
     local = _local_cache(tmp_path, sidecar=b"{new fields}")
-    want = {url: open(url.replace(REMOTE.directory, local.directory), "rb").read() for url in stale}
+    want = {url: Path(url.replace(REMOTE.directory, local.directory)).read_bytes() for url in stale}
     for second_fails_at in range(1, 6):
         store = Store(fail_at=first_fails_at)
         store.objects.update(stale)
@@ -193,7 +194,7 @@ def test_each_cache_writer_stages_in_a_folder_of_its_own(monkeypatch, tmp_path):
                 f.write(b"{description}")
     assert not list((tmp_path / "staging").iterdir())  # both removed once done
     writers = [cache_remote.staged_cache(REMOTE) for _ in range(2)]
-    one, two = (w.__enter__() for w in writers)
+    _one, two = (w.__enter__() for w in writers)
     with open(two.description, "wb") as f:
         f.write(b"{description}")
     writers[0].__exit__(None, None, None)

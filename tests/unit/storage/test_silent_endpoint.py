@@ -73,7 +73,7 @@ def _warm(silent: SilentServer, options: StorageOptions) -> int:
     returns the connections made so far."""
     once = dataclasses.replace(options, retries=0)
     for fn in (lambda: remote.info(URL, once), lambda: remote.ranged_get(URL, 0, 10, once)):
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017  (a failed request of each kind, any error)
             remote.call(URL, "warm up", fn, once)
     remote.fail_fast_before_first_contact(None)
     return len(silent.accepted)
