@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..contract import MixtureCursors, SourceInfo, Sources
-from .sources import MockSource
+from ..format import TokenFile
+from .sources import TokenSource
 
 
 class OneSourceContract:
@@ -18,7 +19,7 @@ class OneSourceContract:
     one source (a token file or Megatron's mock sequences, ``self.source``, with its item
     layout ``self.item``) answers alike: Megatron's GPT dataset and the computed order's."""
 
-    source: Any
+    source: TokenSource
     item: Any
 
     reads_in_groups = True
@@ -27,13 +28,13 @@ class OneSourceContract:
     def describe_sources(self) -> Sources:
         """One source: the token file's prefix (``MockSource`` for the mock data)."""
         source = self.source
-        name = type(source).__name__ if isinstance(source, MockSource) else str(source.prefix)
+        name = str(source.prefix) if isinstance(source, TokenFile) else type(source).__name__
         info = SourceInfo(name=name, key=name, sequence_length=self.item.sequence_length)
         return Sources(members=(info,), packed=bool(getattr(self, "packed", False)))
 
     def sample_bytes(self) -> list[int | None]:
         """``window x itemsize`` of the token file (None for the mock data, which reads none)."""
-        if isinstance(self.source, MockSource):
+        if not isinstance(self.source, TokenFile):
             return [None]
         return [self.item.window * np.dtype(self.source.dtype).itemsize]
 

@@ -6,17 +6,16 @@ has no loss)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .items import ItemConfig, document_bounds
+from .sources import TokenSource
 
 __all__ = ["read_rows"]
 
 
 def read_rows(
-    source: Any,
+    source: TokenSource,
     item: ItemConfig,
     first: np.ndarray,
     sequence: np.ndarray,

@@ -1,7 +1,9 @@
 """Where a GPT dataset's sequences come from: a token file, or Megatron's mock sequences.
 
 Both expose ``sequence_lengths`` and ``read_pieces(sequences, offsets, lengths)`` (one vectorized
-read of many sequence slices, concatenated), which is all the sample layer needs. The facts that
+read of many sequence slices, concatenated), which is all the sample layer needs: the
+``TokenSource`` Protocol. What only a token file has (its prefix, dtype, ``.bin`` spans, the facts
+of its content) is read from a ``format.TokenFile``, narrowed with ``isinstance``. The facts that
 identify a token file's content (``file_facts``), recorded with each cache, and their lazy
 re-check where the file opens anyway (``stale_facts``) live here too.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +26,22 @@ from ..storage import file_size, local_path
 
 MOCK_SEQUENCES = 100_000
 MOCK_MAX_LENGTH = 4096
+
+
+class TokenSource(Protocol):
+    """What a dataset reads its sequences through: a ``format.TokenFile`` or a ``MockSource``."""
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        """Tokens per sequence."""
+        ...
+
+    def read_pieces(
+        self, sequences: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dtype: Any = None
+    ) -> np.ndarray:
+        """Concatenated tokens of the pieces ``(sequence, offset, length)`` in one vectorized
+        read, cast to ``dtype`` (a NumPy dtype or scalar type) when one is given."""
+        ...
 
 
 class MockSource:

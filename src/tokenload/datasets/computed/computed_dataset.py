@@ -149,7 +149,7 @@ class ComputedGPTDataset(_Items, OneSourceContract):
     def read_windows(self, windows: np.ndarray) -> np.ndarray:
         """``(B, S + extra)`` tokens of windows, in the file's dtype: one span each."""
         width = self.grid.window
-        if not hasattr(self.source, "read_spans"):  # the mock source reads pieces
+        if not isinstance(self.source, TokenFile):  # the mock source reads pieces
             seqs, first, lengths, offsets = self.documents_of(windows)
             starts = np.zeros_like(lengths)
             starts[first] = offsets
@@ -179,7 +179,7 @@ class ComputedGPTDataset(_Items, OneSourceContract):
 
     def _pointer_array(self) -> tuple[np.ndarray, np.ndarray, int]:
         lengths = self.source.sequence_lengths
-        if hasattr(self.source, "sequence_pointers"):
+        if isinstance(self.source, TokenFile):
             return self.source.sequence_pointers, lengths, self.source.dtype.itemsize
         if self._pointers is None:  # the mock source: sequences back to back, 1 "byte" per token
             self._pointers = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)])

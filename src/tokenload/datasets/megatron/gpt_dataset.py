@@ -35,13 +35,15 @@ from ...byte_source import gather_index
 from ...caches import map_array
 from ...contract import RowPieces
 from ...errors import CacheError
+from ...format import TokenFile
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, no_pieces
-from ..sources import stale_facts
+from ..sources import TokenSource, stale_facts
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
+_INT64 = np.dtype(np.int64)  # padded windows are read as int64
 _INT32, _UINT32 = np.dtype(np.int32), np.dtype(np.uint32)  # `is` is cheaper than ==
 
 
@@ -112,7 +114,7 @@ class GPTDataset(OneSourceContract):
 
     def __init__(
         self,
-        source: Any,
+        source: TokenSource,
         indices: IndexArrays,
         item: ItemConfig,
         *,
@@ -148,6 +150,7 @@ class GPTDataset(OneSourceContract):
             return self.indices.arrays()
         pid = os.getpid()
         if self._checked_pid != pid:
+            assert isinstance(self.source, TokenFile)  # the mock source records no facts
             stale = stale_facts(self.source, self.file_facts or {})
             if stale:
                 raise CacheError(
@@ -201,15 +204,15 @@ class GPTDataset(OneSourceContract):
                 "a negative entry or a sample longer than its window",
                 f"non-negative rows spanning at most {width} tokens",
             )
-        token_starts = getattr(self.source, "token_starts", None)
-        if token_starts is not None:  # token files: spans of the .bin
-            starts = token_starts(seqs)
+        source = self.source
+        if isinstance(source, TokenFile):  # spans of the .bin
+            starts = source.token_starts(seqs)
             starts[first] += first_offsets
-            flat = self.source.read_spans(starts, lengths, None if full else np.int64)
+            flat = source.read_spans(starts, lengths, None if full else _INT64)
         else:
             offsets = np.zeros_like(lengths)
             offsets[first] = first_offsets
-            flat = self.source.read_pieces(seqs, offsets, lengths, None if full else np.int64)
+            flat = source.read_pieces(seqs, offsets, lengths, None if full else np.int64)
         if full:
             batch = {"windows": flat.reshape(idx.size, width), "padded": False}
         else:
