@@ -380,7 +380,7 @@ def part_plan(args) -> list[dict]:
     from tokenload.index.packing import pack_block
 
     out, rows = [], []
-    lengths = web_lengths(args.plan_docs, seed=7)
+    lengths = web_lengths(args.plan_docs if args.plan_blocks else 0, seed=7)
     for block in args.plan_blocks:
         size = block or lengths.size
         seq = 2048
@@ -715,12 +715,12 @@ def main() -> None:
     ap.add_argument(
         "--plan-blocks",
         type=int,
-        nargs="+",
+        nargs="*",
         default=[1 << 16, 1 << 20],
         help="pack_block's blocks for its throughput (the computed order's and the"
         " Megatron order's defaults)",
     )
-    ap.add_argument("--start-docs", type=int, nargs="+", default=[200_000, 5_000_000])
+    ap.add_argument("--start-docs", type=int, nargs="*", default=[200_000, 5_000_000])
     ap.add_argument(
         "--resume-at",
         type=float,

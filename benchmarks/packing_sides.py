@@ -203,7 +203,7 @@ COMPUTED_START = (
 import numpy as np
 from tokenload.datasets import MegatronDataConfig, build_datasets
 out = {"import_s": time.time() - T_IMPORT}
-t = time.time()
+t, c0 = time.time(), time.process_time()
 cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
                          split="100,0,0", order="computed", packing=a["packing"],
                          eod_id=a["eod"], pad_id=0)
@@ -212,6 +212,7 @@ out["build_s"] = time.time() - t
 at = int(a["at_share"] * ds.samples_per_epoch) if a["at_share"] else 0
 batch = ds.__getitems__(np.arange(at, at + a["micro_batch"]))
 out["data_s"] = time.time() - t
+out["data_cpu_s"] = time.process_time() - c0
 out["first_s"] = elapsed()
 out["at"] = at
 out["epoch_rows"] = int(ds.samples_per_epoch)
