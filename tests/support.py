@@ -101,3 +101,27 @@ def mounted_tmpfs(path: Path, options: str):
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def mypy_snippet(folder, source: str) -> tuple[str, int]:
+    """mypy's report and exit status on ``source`` (dedented) written to ``folder``/snippet.py:
+    only the snippet's own errors count (the library's are the static checks' business); the
+    cache outside the repository: about 40 s without it, a few with it."""
+    import tempfile
+    import textwrap
+
+    from mypy import api
+
+    snippet = Path(folder) / "snippet.py"
+    snippet.write_text(textwrap.dedent(source))
+    cache = Path(tempfile.gettempdir()) / "tokenload-test-mypy-cache"
+    out, err, status = api.run(
+        [
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--python-version=3.10",
+            f"--cache-dir={cache}",
+            str(snippet),
+        ]
+    )
+    return out + err, status

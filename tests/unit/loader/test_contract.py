@@ -6,15 +6,12 @@ as it is, without the map-style adapter). A plain map-style dataset is wrapped a
 from __future__ import annotations
 
 import importlib.util
-import tempfile
-import textwrap
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from support import write_documents
+from support import mypy_snippet, write_documents
 from tokenload.contract import BatchSource, Sources
 from tokenload.datasets import (
     FlatDatasetConfig,
@@ -200,20 +197,5 @@ def check(
 def test_each_kind_satisfies_the_protocol_for_mypy(tmp_path):
     """Structural typing: a method with another signature (say ``epoch_sizes(self, k)``) or a
     missing one fails here; ``isinstance`` checks only the names."""
-    from mypy import api
-
-    snippet = tmp_path / "snippet.py"
-    snippet.write_text(textwrap.dedent(_SNIPPET))
-    # only the snippet's own errors count (the library's are the static checks' business); the
-    # cache outside the repository: about 40 s without it, a few with it
-    cache = Path(tempfile.gettempdir()) / "tokenload-test-mypy-cache"
-    out, err, status = api.run(
-        [
-            "--follow-imports=silent",
-            "--ignore-missing-imports",
-            "--python-version=3.10",
-            f"--cache-dir={cache}",
-            str(snippet),
-        ]
-    )
-    assert status == 0, out + err
+    out, status = mypy_snippet(tmp_path, _SNIPPET)
+    assert status == 0, out
