@@ -5,7 +5,7 @@ from __future__ import annotations
 # the config importers register themselves with MegatronDataConfig (from_megatron_args, ...)
 from . import megatron_flags as _megatron_flags  # noqa: F401
 from .build import build_datasets
-from .config import MegatronDataConfig
+from .config import MegatronDataConfig, Splits
 from .flat import FlatDatasetConfig, FlatTokenDataset
 from .items import ItemConfig
 from .megatron import BlendedDataset, GPTDataset, wait_for_cache_writes
@@ -20,6 +20,7 @@ __all__ = [
     "ItemConfig",
     "MegatronDataConfig",
     "MockSource",
+    "Splits",
     "build_datasets",
     "wait_for_cache_writes",
 ]

@@ -1,26 +1,32 @@
 """``build_datasets``: the one entry that builds a configuration's datasets, in its order.
 
-The order (``MegatronDataConfig.order``) picks the package that builds: ``datasets.megatron``
-(Megatron-LM's indices and caches), ``datasets.computed`` (windows in a keyed permutation, no
-index build) or ``datasets.neox`` (GPT-NeoX's order). ``MegatronDataConfig`` holds every field
-flat; the fields of one order only are read here, once, into that order's options record
-(``MegatronOptions``, ``ComputedOptions``, ``NeoxOptions``), which its package takes.
+``MegatronDataConfig`` is the flat façade; ``build_datasets`` converts it once (``typed()``)
+into the shared ``DataConfig`` and the order's record, and the record's type picks the package
+that builds: ``MegatronOptions`` -> ``datasets.megatron`` (Megatron-LM's indices and caches),
+``ComputedOptions`` -> ``datasets.computed`` (windows in a keyed permutation, no index build),
+``NeoxOptions`` -> ``datasets.neox`` (GPT-NeoX's order). Each package reads only those two
+records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from .config import MegatronDataConfig
-from .megatron.builder import MegatronOptions, build_megatron_datasets
+from .config import (
+    ComputedOptions,
+    DataConfig,
+    MegatronDataConfig,
+    MegatronOptions,
+    NeoxOptions,
+    OrderOptions,
+    Splits,
+)
+from .megatron.builder import build_megatron
 
-__all__ = ["build_datasets"]
+__all__ = ["Splits", "build_datasets", "build_typed"]
 
 
-def build_datasets(
-    config: MegatronDataConfig, sizes: Sequence[int | None]
-) -> tuple[Any | None, Any | None, Any | None]:
+def build_datasets(config: MegatronDataConfig, sizes: Sequence[int | None]) -> Splits:
     """The (train, valid, test) datasets of ``config``, as Megatron's builder makes them.
 
     ``sizes`` are the numbers of samples wanted from each split, as Megatron computes them
@@ -37,14 +43,22 @@ def build_datasets(
     weights, the request or all the prefixes' samples if fewer; for ``None``, one epoch.
 
     Call it on every rank: ``config.build_policy`` decides who builds, writes, waits and loads.
-    Every dataset returned carries ``startup_phases`` (seconds per phase of this call).
+    Every dataset returned carries ``startup_phases`` (seconds per phase of this call). The
+    result is a ``Splits`` (a NamedTuple: ``train, valid, test = build_datasets(...)``).
     """
-    if config.order == "computed":
-        from .computed.computed_dataset import ComputedOptions, build_computed_datasets
+    data, order = config.typed()
+    return build_typed(data, order, sizes)
 
-        return build_computed_datasets(config, sizes, ComputedOptions.from_config(config))
-    if config.order == "neox":
-        from .neox.neox_dataset import NeoxOptions, build_neox_datasets
 
-        return build_neox_datasets(config, sizes, NeoxOptions.from_config(config))
-    return build_megatron_datasets(config, sizes, MegatronOptions.from_config(config))
+def build_typed(data: DataConfig, order: OrderOptions, sizes: Sequence[int | None]) -> Splits:
+    """``build_datasets`` of the typed configs: the order's record picks its package."""
+    if isinstance(order, ComputedOptions):
+        from .computed.computed_dataset import build_computed
+
+        return build_computed(data, order, sizes)
+    if isinstance(order, NeoxOptions):
+        from .neox.neox_dataset import build_neox
+
+        return build_neox(data, order, sizes)
+    assert isinstance(order, MegatronOptions)
+    return build_megatron(data, order, sizes)

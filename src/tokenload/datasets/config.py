@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, TypeAlias
 
+from ..contract import LoaderDataset
 from ..errors import ConfigError
 from ..index import Blend, parse_blend
+from ..index.interleave import DEFAULT_PERIOD
+from ..index.schedule import Schedule, check_schedule
 from ..storage import is_url
 from .items import ItemConfig
 from .sources import SourceOptions
@@ -16,10 +19,21 @@ from .sources import SourceOptions
 __all__ = [
     "BUILD_POLICIES",
     "CACHE_POLICIES",
+    "NEOX_DEFAULT_ALPHA",
     "ORDERS",
+    "ComputedOptions",
+    "DataConfig",
+    "Epochs",
     "ImportedConfig",
     "MegatronDataConfig",
+    "MegatronOptions",
+    "NeoxOptions",
+    "OrderOptions",
+    "Splits",
+    "SupportsTyped",
+    "TypedConfig",
     "as_blend",
+    "fields_for_order",
 ]
 
 BUILD_POLICIES = ("auto", "rank0", "local-rank0", "every-rank", "none")
@@ -28,18 +42,214 @@ CACHE_POLICIES = ("auto", "strict", "off")
 ORDERS = ("megatron", "computed", "neox")
 PACKINGS = ("concat", "best-fit")
 MIXTURE_CHANGES = ("refuse", "continue")
+NEOX_DEFAULT_ALPHA = 1.0
+"""GPT-NeoX's default ``weighted_sampler_alpha``."""
+
+Epochs: TypeAlias = int | Sequence[int | None] | None
+"""NeoX's ``train_val_test_epochs``: one int for all splits, or one per split."""
+
+
+# -- the typed configs: one shared data record and one record per order -----------------------
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """What every order reads: the data (blend and split), the seed, the items, the sources and
+    the packing. ``MegatronDataConfig.typed()`` makes it (its flat fields of the same names)."""
+
+    sequence_length: int
+    random_seed: int = 1234
+    blend: Blend | None = None
+    blend_per_split: tuple[Blend | None, ...] | None = None
+    split: str | None = None
+    item: ItemConfig
+    """The item fields (``MegatronDataConfig.item_config()``)."""
+    source: SourceOptions = field(default_factory=SourceOptions)
+    """How a token file (or the mock source) opens (``MegatronDataConfig.source_options()``)."""
+    sequences_path: str | None = None
+    drop_last_partial_validation_sequence: bool = True
+    mid_level_dataset_surplus: float = 0.005
+    packing: str = "concat"
+    max_documents_per_row: int | None = None
+
+    @property
+    def mock(self) -> bool:
+        """No data at all: Megatron's ``--mock-data``."""
+        return self.blend is None and self.blend_per_split is None
+
+    @property
+    def add_extra_token(self) -> bool:
+        return self.item.add_extra_token
+
+
+def _checked(schedule: Schedule | None, order: str) -> None:
+    """A record's schedule must be ``check_schedule``'s own value (the façade checks it once)."""
+    if schedule is not None and check_schedule(schedule) is not schedule:
+        raise ConfigError(
+            f"the {order} order's schedule is {schedule!r}, not a checked schedule",
+            hint="give weights_schedule=... to MegatronDataConfig, or pass"
+            " tokenload.index.schedule.check_schedule(...) here",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MegatronOptions:
+    """Megatron's order: its index caches (``path_to_cache``, ``cache``), who builds them
+    (``build_policy``), the tokenizer identity in the caches' names, what a blend does when its
+    weights change at a resume (``mixture_change``) and the checked ``weights_schedule``."""
+
+    path_to_cache: str | None = None
+    cache: str = "auto"
+    build_policy: str = "auto"
+    tokenizer: Mapping[str, Any] | None = None
+    mixture_change: str = "refuse"
+    schedule: Schedule | None = None
+    """``weights_schedule`` as ``check_schedule`` returned it (ints, float tuples)."""
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_POLICIES:
+            raise ConfigError(
+                f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}",
+                hint="use cache='auto'",
+            )
+        if self.build_policy not in BUILD_POLICIES:
+            raise ConfigError(
+                f"build_policy is {self.build_policy!r}, expected one of {BUILD_POLICIES}",
+                hint="use build_policy='auto' (see docs/SCALE.md for the others)",
+            )
+        if self.build_policy == "none" and self.cache == "off":
+            raise ConfigError(
+                "build_policy='none' loads caches only, but cache='off' reads none",
+                hint="use cache='auto' or 'strict' with build_policy='none', or"
+                " build_policy='every-rank'",
+            )
+        if (
+            self.build_policy == "local-rank0"
+            and self.path_to_cache is not None
+            and is_url(self.path_to_cache)
+        ):
+            raise ConfigError(
+                "build_policy='local-rank0' builds into a node-local cache folder, but"
+                f" path_to_cache is {self.path_to_cache!r}, a bucket every node shares (each node's"
+                " writer would upload"
+                " the same files)",
+                hint="use build_policy='rank0' or 'auto' with a cache in object storage (one"
+                " writer, global rank 0), or 'none' after tokenload prepare-cache; or give"
+                " local-rank0 a local folder",
+            )
+        if self.mixture_change not in MIXTURE_CHANGES:
+            raise ConfigError(
+                f"mixture_change is {self.mixture_change!r}, expected one of {MIXTURE_CHANGES}",
+                hint="use mixture_change='refuse' (Megatron's behaviour) or 'continue'",
+            )
+        _checked(self.schedule, "megatron")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputedOptions:
+    """The computed order: ``block_size`` (B windows per block, None for the flat order),
+    ``period`` (the blend schedule's period; weights resolve to 1/period) and the checked
+    ``weights_schedule``."""
+
+    block_size: int | None = None
+    period: int = DEFAULT_PERIOD
+    schedule: Schedule | None = None
+    """``weights_schedule`` as ``check_schedule`` returned it."""
+
+    def __post_init__(self) -> None:
+        b = self.block_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"block_size is {b!r}; expected a positive int or None (flat order)")
+        _checked(self.schedule, "computed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeoxOptions:
+    """GPT-NeoX's order: the epoch mode and the per-split blends' weights (NeoX's options of
+    the same names)."""
+
+    weight_by_num_documents: bool = False
+    """Blend weights from the files' document counts, raised to ``weighted_sampler_alpha``."""
+    weighted_sampler_alpha: float = NEOX_DEFAULT_ALPHA
+    num_epochs: Epochs = None
+    """NeoX's ``train_val_test_epochs``: one int for all splits, or one per split; a falsy entry
+    means "from the sample count", and 1 where the size is ``None``."""
+
+
+OrderOptions: TypeAlias = MegatronOptions | ComputedOptions | NeoxOptions
+"""One order's record; ``build_datasets`` dispatches on its type."""
+
+
+class Splits(NamedTuple):
+    """What ``build_datasets`` returns: the train, valid and test datasets, each one the loader
+    reads (``contract.LoaderDataset``), None for a split with no data. A tuple: ``train, valid,
+    test = build_datasets(...)`` unpacks it."""
+
+    train: LoaderDataset | None
+    valid: LoaderDataset | None
+    test: LoaderDataset | None
+
+
+class TypedConfig(NamedTuple):
+    """A ``MegatronDataConfig`` as the library reads it: the shared data and the order's record."""
+
+    data: DataConfig
+    order: OrderOptions
+
+    def typed(self) -> TypedConfig:
+        """Itself (``SupportsTyped``)."""
+        return self
+
+
+class SupportsTyped(Protocol):
+    """What the per-order entries and the helpers that callers reach directly take: anything
+    that gives the typed configs (a ``TypedConfig``, or the flat ``MegatronDataConfig`` through
+    its one conversion); they read the typed records only."""
+
+    def typed(self) -> TypedConfig: ...
+
+
+_ORDER_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
+    "path_to_cache": (("megatron",), None),
+    "build_policy": (("megatron",), "auto"),
+    "tokenizer": (("megatron",), None),
+    "mixture_change": (("megatron",), "refuse"),
+    "block_size": (("computed",), None),
+    "weights_schedule": (("megatron", "computed"), None),
+    "weight_by_num_documents": (("neox",), False),
+    "weighted_sampler_alpha": (("neox",), NEOX_DEFAULT_ALPHA),
+    "num_epochs": (("neox",), None),
+    "packing": (("megatron", "computed"), "concat"),
+}
+"""Fields that one order, or two, reads: (the orders, the default every other order needs).
+``cache`` is not one: ``"off"`` (no cache read or written) and ``"auto"`` hold for the orders
+without index caches as they are, and configs give it with every order."""
+
+
+def fields_for_order(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``MegatronDataConfig`` keywords without the order-only ones that their ``order`` (default
+    ``"megatron"``) does not read. For importers and adapters that fill fields for every order
+    from another system's settings (a Megatron job's ``--data-cache-path`` under
+    ``order="computed"``, GPT-NeoX's ``use_shared_fs``): a user's own keywords are not filtered,
+    and one that the order does not read is a ``ConfigError``."""
+    order = fields.get("order", "megatron")
+    return {
+        k: v
+        for k, v in fields.items()
+        if k not in _ORDER_ONLY or order in _ORDER_ONLY[k][0] or order not in ORDERS
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
 class MegatronDataConfig:
     """Everything that decides Megatron's datasets, their order and their items.
 
-    The fields are flat, as users and importers give them. Most are shared by every order; a
-    few belong to one order only and are read once, by ``build_datasets``, into that order's
-    options record: ``path_to_cache``, ``cache``, ``build_policy``, ``tokenizer`` and
-    ``mixture_change`` (``datasets.megatron.MegatronOptions``), ``block_size``
-    (``datasets.computed.ComputedOptions``), ``weight_by_num_documents``,
-    ``weighted_sampler_alpha`` and ``num_epochs`` (``datasets.neox.NeoxOptions``)."""
+    The fields are flat, as users, importers and the CLI give them: the façade of the typed
+    configs, into which ``typed()`` converts it once (``build_datasets`` calls it). Most fields
+    are shared by every order (``DataConfig``); a few belong to one order only, and one given
+    away from its default to an order that does not read it is a ``ConfigError`` naming both:
+    ``path_to_cache``, ``cache``, ``build_policy``, ``tokenizer`` and ``mixture_change``
+    (``MegatronOptions``), ``block_size`` (``ComputedOptions``), ``weight_by_num_documents``,
+    ``weighted_sampler_alpha`` and ``num_epochs`` (``NeoxOptions``); ``weights_schedule`` and
+    ``packing`` belong to the Megatron and computed orders."""
 
     sequence_length: int
     """Tokens per sample (``--seq-length``)."""
@@ -181,48 +391,13 @@ class MegatronDataConfig:
     no ``.idx`` header. A URL is read through the node's local copy cache."""
 
     def __post_init__(self) -> None:
-        if self.cache not in CACHE_POLICIES:
-            raise ConfigError(
-                f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}",
-                hint="use cache='auto'",
-            )
-        if self.build_policy not in BUILD_POLICIES:
-            raise ConfigError(
-                f"build_policy is {self.build_policy!r}, expected one of {BUILD_POLICIES}",
-                hint="use build_policy='auto' (see docs/SCALE.md for the others)",
-            )
-        if self.build_policy == "none" and self.cache == "off":
-            raise ConfigError(
-                "build_policy='none' loads caches only, but cache='off' reads none",
-                hint="use cache='auto' or 'strict' with build_policy='none', or"
-                " build_policy='every-rank'",
-            )
-        if (
-            self.build_policy == "local-rank0"
-            and self.path_to_cache is not None
-            and is_url(self.path_to_cache)
-        ):
-            raise ConfigError(
-                "build_policy='local-rank0' builds into a node-local cache folder, but"
-                f" path_to_cache is {self.path_to_cache!r}, a bucket every node shares (each node's"
-                " writer would upload"
-                " the same files)",
-                hint="use build_policy='rank0' or 'auto' with a cache in object storage (one"
-                " writer, global rank 0), or 'none' after tokenload prepare-cache; or give"
-                " local-rank0 a local folder",
-            )
         if self.order not in ORDERS:
             raise ConfigError(
                 f"order is {self.order!r}, expected one of {ORDERS}",
                 hint="use order='megatron' (the default), 'computed' or 'neox'",
             )
-        if self.block_size is not None and self.order != "computed":
-            raise ConfigError(
-                f"block_size applies to order='computed' only, not {self.order!r}",
-                hint="drop block_size or set order='computed'",
-            )
+        self._check_order_fields()
         self._check_packing()
-        self._check_mixture_fields()
         if self.blend is not None and self.blend_per_split is not None:
             raise ConfigError(
                 "blend and blend_per_split are exclusive", hint="give one of them (as Megatron)"
@@ -235,17 +410,37 @@ class MegatronDataConfig:
             raise ConfigError(
                 "mock data needs vocab_size and eod_id", hint="pass the tokenizer's values"
             )
+        if self.weights_schedule is not None and self.mock:
+            raise ConfigError(
+                "weights_schedule needs a blend", hint="pass blend or blend_per_split"
+            )
+
+    def _check_order_fields(self) -> None:
+        """An order-only field set away from its default under another order is a ConfigError
+        naming both; then the order's record checks the values (``order_options``)."""
+        if self.cache not in CACHE_POLICIES:
+            raise ConfigError(
+                f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}",
+                hint="use cache='auto'",
+            )
+        if self.weights_schedule is not None:
+            check_schedule(self.weights_schedule)  # a bad schedule is named first, for any order
+        for name, (orders, default) in _ORDER_ONLY.items():
+            value = getattr(self, name)
+            if self.order not in orders and value != default:
+                named = " or ".join(repr(o) for o in orders)
+                raise ConfigError(
+                    f"{name} applies to order={named} only, not {self.order!r}"
+                    f" ({name}={value!r} given)",
+                    hint=f"drop {name} or set order={named}",
+                )
+        self.order_options()
 
     def _check_packing(self) -> None:
         if self.packing not in PACKINGS:
             raise ConfigError(
                 f"packing is {self.packing!r}, expected one of {PACKINGS}",
                 hint="use packing='concat' (Megatron's samples) or 'best-fit' (whole documents)",
-            )
-        if self.packing != "concat" and self.order == "neox":
-            raise ConfigError(
-                f"packing={self.packing!r} applies to order='computed' or 'megatron', not 'neox'",
-                hint="drop packing or choose another order",
             )
         cap = self.max_documents_per_row
         if cap is not None:
@@ -260,34 +455,52 @@ class MegatronDataConfig:
                     hint="set packing='best-fit' or drop max_documents_per_row",
                 )
 
-    def _check_mixture_fields(self) -> None:
-        if self.mixture_change not in MIXTURE_CHANGES:
-            raise ConfigError(
-                f"mixture_change is {self.mixture_change!r}, expected one of {MIXTURE_CHANGES}",
-                hint="use mixture_change='refuse' (Megatron's behaviour) or 'continue'",
-            )
-        if self.weights_schedule is None:
-            return
-        from ..index.schedule import check_schedule
+    # -- the one conversion into the typed configs ----------------------------------------------
+    def typed(self) -> TypedConfig:
+        """This config as the library reads it: the shared ``DataConfig`` and its order's
+        record (``build_datasets`` converts once per call and dispatches on the record's type)."""
+        return TypedConfig(self.data_config(), self.order_options())
 
-        # kept as checked (ints, float tuples) for the builders, outside the fields: equality,
-        # repr and replace() see the schedule as given
-        object.__setattr__(self, "_checked_schedule", check_schedule(self.weights_schedule))
-        if self.order == "neox":
-            raise ConfigError(
-                "weights_schedule applies to order='computed' or 'megatron', not 'neox'",
-                hint="set order='computed' or 'megatron', or change the weights at a resume",
-            )
-        if self.mock:
-            raise ConfigError(
-                "weights_schedule needs a blend", hint="pass blend or blend_per_split"
-            )
+    def data_config(self) -> DataConfig:
+        """The fields every order reads, as one ``DataConfig`` (blends parsed)."""
+        per_split = self.blend_per_split
+        return DataConfig(
+            sequence_length=self.sequence_length,
+            random_seed=self.random_seed,
+            blend=as_blend(self.blend),
+            blend_per_split=None if per_split is None else tuple(as_blend(b) for b in per_split),
+            split=self.split,
+            item=self.item_config(),
+            source=self.source_options(),
+            sequences_path=self.sequences_path,
+            drop_last_partial_validation_sequence=self.drop_last_partial_validation_sequence,
+            mid_level_dataset_surplus=self.mid_level_dataset_surplus,
+            packing=self.packing,
+            max_documents_per_row=self.max_documents_per_row,
+        )
 
-    def checked_schedule(self) -> Sequence[tuple[int, tuple[float, ...]]] | None:
-        """``weights_schedule`` as checked when the config was made (None without one)."""
-        if self.weights_schedule is None:
-            return None
-        return cast("Sequence[tuple[int, tuple[float, ...]]]", self.__dict__["_checked_schedule"])
+    def order_options(self, order: str | None = None) -> OrderOptions:
+        """The record of ``order`` (default: this config's own), made of its fields, the
+        ``weights_schedule`` checked. Another order than the config's serves the per-order
+        builders called directly (``build_computed_datasets(config, sizes)``)."""
+        order = self.order if order is None else order
+        schedule = None if self.weights_schedule is None else check_schedule(self.weights_schedule)
+        if order == "computed":
+            return ComputedOptions(block_size=self.block_size, schedule=schedule)
+        if order == "neox":
+            return NeoxOptions(
+                weight_by_num_documents=self.weight_by_num_documents,
+                weighted_sampler_alpha=self.weighted_sampler_alpha,
+                num_epochs=self.num_epochs,
+            )
+        return MegatronOptions(
+            path_to_cache=self.path_to_cache,
+            cache=self.cache,
+            build_policy=self.build_policy,
+            tokenizer=self.tokenizer,
+            mixture_change=self.mixture_change,
+            schedule=schedule,
+        )
 
     @classmethod
     def from_megatron_args(cls, argv: Sequence[str], **options: Any) -> ImportedConfig:
@@ -350,8 +563,11 @@ class ImportedConfig(NamedTuple):
     """Batch sizes, loader settings and tokenizer files: not dataset fields."""
 
     def config(self) -> MegatronDataConfig:
-        """``MegatronDataConfig(**fields)``, every field passed as found."""
-        return MegatronDataConfig(**self.fields)
+        """``MegatronDataConfig(**fields)``, without the fields the imported order does not read
+        (``fields_for_order``: e.g. GPT-NeoX's ``use_shared_fs=False`` is
+        ``build_policy="local-rank0"``, which the Megatron order reads and the NeoX order, built
+        in memory on every rank, does not)."""
+        return MegatronDataConfig(**fields_for_order(self.fields))
 
 
 def as_blend(value: Sequence[str] | str | Blend | None) -> Blend | None:

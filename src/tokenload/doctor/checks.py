@@ -53,6 +53,7 @@ _PACK_BLOCK = 1 << 16
 
 def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
     from ..datasets import MegatronDataConfig
+    from ..datasets.config import fields_for_order
 
     values: dict[str, Any] = dict(
         sequence_length=config.seq_length,
@@ -67,7 +68,8 @@ def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
         sequences_path=config.sequences_path,
     )
     values.update(overrides)
-    return MegatronDataConfig(**values)
+    # the job's cache folder and policy belong to the Megatron order (timed beside the computed)
+    return MegatronDataConfig(**fields_for_order(values))
 
 
 def _sizes(config: DoctorConfig) -> list[int | None]:

@@ -58,6 +58,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..datasets import MegatronDataConfig, build_datasets
+from ..datasets.config import fields_for_order
 from ..errors import ConfigError
 from ..loader import TokenloadDataLoader, build_dataloader
 from ..loader.report import MetricsReport
@@ -147,6 +148,9 @@ def data_config_from_args(
     if getattr(args, "per_dataset_sequences_path", None) is not None:
         fields["sequences_path"] = args.per_dataset_sequences_path
     fields.update(_tokenizer_fields(tokenizer))
+    # the job's flags fill the Megatron order's fields too (its cache folder, tokenizer identity):
+    # not read under another order; an override the order does not read is still a ConfigError
+    fields = fields_for_order({**fields, "order": overrides.get("order", "megatron")})
     fields.update(overrides)
     return MegatronDataConfig(**fields)
 

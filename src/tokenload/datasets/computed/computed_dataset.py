@@ -52,7 +52,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -62,11 +62,10 @@ from ...contract import RowPieces
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import MOCK_SPLIT, plan_splits
-from ...index.interleave import DEFAULT_PERIOD
 from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import WindowGrid, window_pieces
-from ..config import MegatronDataConfig, as_blend
+from ..config import ComputedOptions, DataConfig, Splits, SupportsTyped
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, token_windows
@@ -258,90 +257,81 @@ def _whole_epochs(asked: int | None, per_epoch: int) -> int:
     return epochs * per_epoch
 
 
-@dataclass(frozen=True, kw_only=True)
-class ComputedOptions:
-    """The computed order's own options: ``block_size`` (``MegatronDataConfig.block_size``: B
-    windows per block, None for the flat order) and ``period`` (the blend schedule's period;
-    weights resolve to 1/period)."""
-
-    block_size: int | None = None
-    period: int = DEFAULT_PERIOD
-
-    def __post_init__(self) -> None:
-        b = self.block_size
-        if b is not None and (isinstance(b, bool) or int(b) < 1):
-            raise ConfigError(f"block_size is {b!r}; expected a positive int or None (flat order)")
-
-    @classmethod
-    def from_config(cls, config: MegatronDataConfig) -> ComputedOptions:
-        return cls(block_size=config.block_size)
-
-
-def build_computed_datasets(
-    config: MegatronDataConfig,
-    sizes: Sequence[int | None],
-    options: ComputedOptions | None = None,
-    **fields: Any,
-) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) datasets of ``config`` in the computed order (module docstring).
+def build_computed(
+    data: DataConfig, options: ComputedOptions, sizes: Sequence[int | None]
+) -> Splits:
+    """The (train, valid, test) datasets of ``data`` in the computed order (module docstring;
+    ``build_datasets`` dispatches here on ``ComputedOptions``).
 
     ``sizes`` as in ``build_datasets``: samples wanted per split, ``None`` for one epoch. A
     single file's split holds every sample of the epochs the request needs; a weighted blend
     holds the requested size (Megatron's sum of per-prefix targets), an unweighted blend weighs
-    its sources by their windows and holds the request (one epoch of every source for None).
-    ``options``: the order's own options (``build_datasets`` passes ``ComputedOptions.from_config``;
-    default ``ComputedOptions()``); keywords replace single ones (``block_size=4``). No file is
-    written or kept open; the call needs no other rank.
+    its sources by their windows and holds the request (one epoch of every source for None). No
+    file is written or kept open; the call needs no other rank.
     """
-    options = replace(options or ComputedOptions(), **fields)
     started = time.perf_counter()
-    c = config
+    c = data
     split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
-    per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
     plans = plan_splits(
-        blend=None if c.mock else as_blend(c.blend),
-        blend_per_split=per_split,
+        blend=None if c.mock else c.blend,
+        blend_per_split=None if c.blend_per_split is None else list(c.blend_per_split),
         split=split,
         sizes=list(sizes),
         surplus=c.mid_level_dataset_surplus,
     )
     builder = ComputedBuilder(c, options.block_size)
-    out = [
+    out: list[Any] = [
         None
         if plan is None
-        else builder.split(plan, options.period, c.checked_schedule() if k == 0 else None)
+        else builder.split(plan, options.period, options.schedule if k == 0 else None)
         for k, plan in enumerate(plans)
     ]
     phases = {"header_reads": time.perf_counter() - started}
     for ds in out:
         if ds is not None:
             ds.startup_phases = phases
-    return out[0], out[1], out[2]
+    return Splits(out[0], out[1], out[2])
+
+
+def build_computed_datasets(
+    config: SupportsTyped,
+    sizes: Sequence[int | None],
+    options: ComputedOptions | None = None,
+    **fields: Any,
+) -> Splits:
+    """``build_computed`` of ``config``'s typed records (a ``MegatronDataConfig`` converts, of
+    any order). ``options``: the order's record (default: the config's own, or
+    ``ComputedOptions`` with the config's schedule); keywords replace single fields
+    (``block_size=4``).
+    """
+    data, order = config.typed()
+    if options is None:
+        own = order if isinstance(order, ComputedOptions) else None
+        options = own or ComputedOptions(schedule=getattr(order, "schedule", None))
+    return build_computed(data, replace(options, **fields), sizes)
 
 
 class ComputedBuilder:
     """One ``build_computed_datasets`` call: each source opened once, its splits' extents and
     blends."""
 
-    def __init__(self, config: MegatronDataConfig, block_size: int | None) -> None:
-        self.config = config
-        self.item = config.item_config()
+    def __init__(self, data: DataConfig, block_size: int | None) -> None:
+        self.data = data
+        self.item = data.item
         self.layout = {
-            "sequence_length": config.sequence_length,
-            "extra": int(config.add_extra_token),
+            "sequence_length": data.sequence_length,
+            "extra": int(data.add_extra_token),
         }
         self.block_size = None if block_size is None else int(block_size)
         self.sequences = (
-            None if config.sequences_path is None else read_sequences(config.sequences_path)
+            None if data.sequences_path is None else read_sequences(data.sequences_path)
         )
         self._sources: dict[str | None, Any] = {}
 
     def source(self, prefix: str | None) -> MockSource | TokenFile:
         """A lazy source per prefix (a ``TokenFile`` opens on its first read)."""
         if prefix not in self._sources:
-            self._sources[prefix] = open_source(
-                prefix, self.config.source_options(), self.sequences
-            )
+            self._sources[prefix] = open_source(prefix, self.data.source, self.sequences)
         return self._sources[prefix]
 
     def member(self, mid: MidLevelPlan) -> ComputedGPTDataset:
@@ -354,10 +344,10 @@ class ComputedBuilder:
                 mid.prefix,
                 mid.bookend,
                 self.sequences,
-                read_mode=self.config.read_mode,
+                read_mode=self.data.source.read_mode,
                 **self.layout,
             )
-        if self.config.packing == "best-fit":
+        if self.data.packing == "best-fit":
             return self.packed_member(mid, source, extent)
         n = extent.grid.num_windows
         if n == 0 and mid.num_samples:
@@ -373,7 +363,7 @@ class ComputedBuilder:
             source,
             extent,
             self.item,
-            seed=self.config.random_seed,
+            seed=self.data.random_seed,
             length=_whole_epochs(mid.num_samples, n),
             block_size=self.block_size,
         )
@@ -393,9 +383,9 @@ class ComputedBuilder:
             source,
             extent,
             self.item,
-            seed=self.config.random_seed,
+            seed=self.data.random_seed,
             length=mid.num_samples,
-            max_documents=self.config.max_documents_per_row,
+            max_documents=self.data.max_documents_per_row,
         )
 
     def split(
@@ -444,7 +434,7 @@ class ComputedBuilder:
         return ComputedBlendedDataset(
             members,
             weights,
-            seed=self.config.random_seed,
+            seed=self.data.random_seed,
             length=length,
             block_size=self.block_size,
             period=period,

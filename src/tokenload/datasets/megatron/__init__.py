@@ -11,7 +11,7 @@ reads instead of probing every cache; ``continuable`` is a blend whose weights c
 from __future__ import annotations
 
 from .blended import BlendedDataset
-from .builder import MegatronOptions, build_megatron_datasets
+from .builder import MegatronOptions, build_megatron, build_megatron_datasets
 from .cache_rules import wait_for_cache_writes
 from .gpt_dataset import GPTDataset
 
@@ -19,6 +19,7 @@ __all__ = [
     "BlendedDataset",
     "GPTDataset",
     "MegatronOptions",
+    "build_megatron",
     "build_megatron_datasets",
     "wait_for_cache_writes",
 ]

@@ -31,7 +31,6 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -64,7 +63,7 @@ from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.schedule import check_schedule_fits
 from ...index.splits import SplitMatrix
 from ...metrics import Phases
-from ..config import MegatronDataConfig, as_blend
+from ..config import DataConfig, MegatronOptions, Splits, SupportsTyped, TypedConfig
 from ..sources import MockSource, file_facts, open_source
 from .blended import BlendedDataset
 from .built import BuiltDataset, BuiltMember, default_folder
@@ -90,6 +89,7 @@ __all__ = [
     "BuiltMember",
     "MegatronBuilder",
     "MegatronOptions",
+    "build_megatron",
     "build_megatron_datasets",
 ]
 
@@ -99,47 +99,37 @@ documents: in memory 0.35 s with 1 thread, 0.16-0.24 s with 2, 0.15 s with 4; bu
 writing the caches (fsync-bound) 5.5-5.8 s, 1.5-1.7 s, 0.95 s (8 threads: no better)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class MegatronOptions:
-    """The Megatron order's own fields of a ``MegatronDataConfig`` (see there): its index caches,
-    who builds them, and what a blend does when its weights change at a resume."""
-
-    path_to_cache: str | None = None
-    cache: str = "auto"
-    build_policy: str = "auto"
-    tokenizer: Mapping[str, Any] | None = None
-    mixture_change: str = "refuse"
-
-    @classmethod
-    def from_config(cls, config: MegatronDataConfig) -> MegatronOptions:
-        return cls(
-            path_to_cache=config.path_to_cache,
-            cache=config.cache,
-            build_policy=config.build_policy,
-            tokenizer=config.tokenizer,
-            mixture_change=config.mixture_change,
-        )
+def build_megatron(
+    data: DataConfig, options: MegatronOptions, sizes: Sequence[int | None]
+) -> Splits:
+    """The (train, valid, test) datasets of ``data`` in the Megatron order (``build_datasets``
+    dispatches here on ``MegatronOptions``)."""
+    wait_for_cache_writes()
+    return MegatronBuilder(data, options, World.detect()).build(list(sizes))
 
 
 def build_megatron_datasets(
-    config: MegatronDataConfig, sizes: Sequence[int | None], options: MegatronOptions | None = None
-) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) datasets of ``config`` in the Megatron order (``build_datasets``);
-    ``options`` defaults to ``MegatronOptions.from_config(config)``."""
-    wait_for_cache_writes()
-    options = MegatronOptions.from_config(config) if options is None else options
-    return MegatronBuilder(config, options, World.detect()).build(list(sizes))
+    config: SupportsTyped, sizes: Sequence[int | None], options: MegatronOptions | None = None
+) -> Splits:
+    """``build_megatron`` of ``config``'s typed records (a ``MegatronDataConfig`` converts);
+    ``options`` replaces its order's record (the default: its own, or ``MegatronOptions()``
+    with its schedule for a config of another order)."""
+    data, order = config.typed()
+    if options is None:
+        own = order if isinstance(order, MegatronOptions) else None
+        options = own or MegatronOptions(schedule=getattr(order, "schedule", None))
+    return build_megatron(data, options, sizes)
 
 
 class MegatronBuilder:
     """One ``build_megatron_datasets`` call: the splits' plans, the per-prefix GPT datasets, the
     blends, and the caches and manifest as this process's role says."""
 
-    def __init__(self, config: MegatronDataConfig, options: MegatronOptions, world: World) -> None:
-        self.config = config
+    def __init__(self, data: DataConfig, options: MegatronOptions, world: World) -> None:
+        self.data = data
         self.options = options
         self.world = world
-        self.item = config.item_config()
+        self.item = data.item
         self.sizes: list[int | None] = []
         policy = resolve(options.build_policy, world, options.cache)
         self.role, self.sync = policy.role, policy.barrier
@@ -166,14 +156,14 @@ class MegatronBuilder:
 
     def source(self, prefix: str | None) -> MockSource | TokenFile:
         if prefix not in self._sources:
-            c = self.config
+            c = self.data
             if prefix is not None and c.sequences_path is not None and self._sequences is None:
                 self._sequences = read_sequences(c.sequences_path)
-            self._sources[prefix] = open_source(prefix, c.source_options(), self._sequences)
+            self._sources[prefix] = open_source(prefix, c.source, self._sequences)
         return self._sources[prefix]
 
     # -- the policy around one build ------------------------------------------------------------
-    def build(self, sizes: list[int | None]) -> tuple[Any | None, Any | None, Any | None]:
+    def build(self, sizes: list[int | None]) -> Splits:
         self.sizes = list(sizes)  # a Megatron-order schedule plans each entry (megatron_mixture)
         why = f"build_policy={self.options.build_policy!r}"
         if self.sync and process_group() is None:
@@ -192,42 +182,42 @@ class MegatronBuilder:
         for ds in splits:
             if ds is not None:
                 ds.startup_phases = phases
-        return splits
+        train, valid, test = splits
+        return Splits(train, valid, test)
 
     def _manifest_file(self, sizes: list[int | None]) -> ManifestFile | None:
         folder = self.options.path_to_cache
         if folder is None or self.role is Role.MEMORY:
             return None
-        key = manifest_key(self.config, sizes)
+        key = manifest_key(TypedConfig(self.data, self.options), sizes)
         return ManifestFile(manifest_path(folder, key), key)
 
     def _mixture_mode(self) -> bool:
-        return mixture_mode(self.options.mixture_change, self.config.weights_schedule)
+        return mixture_mode(self.options.mixture_change, self.options.schedule)
 
-    def _build(self, sizes: list[int | None]) -> tuple[Any | None, Any | None, Any | None]:
-        c = self.config
+    def _build(self, sizes: list[int | None]) -> list[Any]:
+        c, schedule = self.data, self.options.schedule
         # a blend whose mixture changes wraps its datasets (continuable): no manifest
         manifest = None if self._mixture_mode() else self._manifest_file(sizes)
         if manifest is not None and self.role is Role.READ:
             with self._phase("index_load"):
                 found = read_manifest(manifest.path, manifest.key)
             if found is not None:
-                return _three([None if e is None else self._from_entry(e) for e in found["splits"]])
+                return [None if e is None else self._from_entry(e) for e in found["splits"]]
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
-        per_split = None if c.blend_per_split is None else [as_blend(b) for b in c.blend_per_split]
+        per_split = None if c.blend_per_split is None else list(c.blend_per_split)
         if per_split is not None:  # a weights_schedule's train blend starts as its first entry
-            per_split[0] = first_entry_blend(c.weights_schedule, per_split[0])
+            per_split[0] = first_entry_blend(schedule, per_split[0])
         plans = plan_splits(
-            blend=None if c.mock else first_entry_blend(c.weights_schedule, as_blend(c.blend)),
+            blend=None if c.mock else first_entry_blend(schedule, c.blend),
             blend_per_split=per_split,
             split=split,
             sizes=sizes,
             surplus=c.mid_level_dataset_surplus,
         )
-        if per_split is not None and c.weights_schedule is not None and plans[0] is not None:
+        if per_split is not None and schedule is not None and plans[0] is not None:
             plans[0] = scheduled_plan(plans[0], c.mid_level_dataset_surplus)  # even one source
-        schedule = c.checked_schedule()
         if schedule is not None and plans[0] is not None and plans[0].size is not None:
             check_schedule_fits(schedule, plans[0].size)  # before any index is built or written
         matrix = None if split is None else split_matrix(split)
@@ -245,7 +235,7 @@ class MegatronBuilder:
                 self.options.build_policy,
                 self._cache.missing,
                 self._cache.folders,
-                prepare_command(c, sizes),
+                prepare_command(TypedConfig(c, self.options), sizes),
             )
         entries = [None if b is None else b.entry for b in built]
         if not (
@@ -259,7 +249,7 @@ class MegatronBuilder:
         elif manifest is not None:
             with self._phase("cache_write"):
                 self._cache.write_manifest(manifest, entries)
-        return _three([None if b is None else b.dataset for b in built])
+        return [None if b is None else b.dataset for b in built]
 
     # -- datasets from a manifest ---------------------------------------------------------------
     def _from_entry(self, entry: Mapping[str, Any]) -> GPTDataset | BlendedDataset:
@@ -308,7 +298,7 @@ class MegatronBuilder:
         fields: dict[str, Any] = {"members": [m.dataset.fingerprint for m in mids]}
         span = size
         in_memory = folder is None or self.role is Role.MEMORY
-        schedule = self.config.checked_schedule() if name == "train" else None
+        schedule = self.options.schedule if name == "train" else None
         parts = None  # a schedule's entries, cached as one: (weights, samples) each
         if size is not None and self._mixture_mode() and in_memory:
             # built in memory for a chain of segments, Megatron's arrays serve only the first
@@ -358,7 +348,8 @@ class MegatronBuilder:
                 return self._mid(name, mid, split, matrix).dataset
 
             dataset = continuable(
-                config=self.config,
+                data=self.data,
+                schedule=self.options.schedule,
                 sizes=self.sizes,
                 name=name,
                 plan=plan,
@@ -442,7 +433,7 @@ class MegatronBuilder:
     def _mid(
         self, name: str, mid: MidLevelPlan, split: str | None, matrix: SplitMatrix | None
     ) -> BuiltMember:
-        c, options = self.config, self.options
+        c, options = self.data, self.options
         if c.packing != "concat":
             return packed_member(self, name, mid, split, matrix)
         source = self.source(mid.prefix)
@@ -521,11 +512,6 @@ class MegatronBuilder:
                 token_file=facts,
             )
         return BuiltMember(dataset, entry, uid)
-
-
-def _three(splits: list[Any]) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) tuple of a list of the three splits."""
-    return cast("tuple[Any | None, Any | None, Any | None]", tuple(splits))
 
 
 def _empty_split(

@@ -50,7 +50,7 @@ from ...index.blends import distinct_sources
 from ...index.plan import MidLevelPlan, SplitPlan, samples_per_dataset
 from ...index.schedule import Schedule, appended, check_schedule
 from ...index.splits import normalize
-from ..config import MegatronDataConfig, as_blend
+from ..config import DataConfig
 from ..pieces import not_answered
 from .blended import BlendedDataset
 
@@ -603,7 +603,8 @@ def _schedule(phase: dict[str, Any]) -> Schedule | None:
 
 def continuable(
     *,
-    config: MegatronDataConfig,
+    data: DataConfig,
+    schedule: Sequence[tuple[int, tuple[float, ...]]] | None,
     sizes: Sequence[int | None],
     name: str,
     plan: SplitPlan,
@@ -618,10 +619,11 @@ def continuable(
     datasets, one per ``plan.datasets``; ``build_member(mid)``: a source's dataset built for
     another number of samples (a source that joins later, or a later phase);
     ``entries_in_blend``: ``blend``'s arrays (a cache) hold every schedule entry's blending
-    one after another (``entry_parts``), not only Megatron's arrays of the first entry."""
-    c = config
+    one after another (``entry_parts``), not only Megatron's arrays of the first entry.
+    ``schedule``: the config's checked ``weights_schedule`` (it applies to the train split)."""
+    c = data
     prefixes = list(_blend_of(c, name).prefixes)
-    schedule = c.checked_schedule() if name == "train" else None
+    schedule = schedule if name == "train" else None
     if schedule is None:
         assert plan.weights is not None  # the builder wraps weighted blends only
         schedule = [(0, tuple(plan.weights))]
@@ -663,7 +665,7 @@ def continuable(
         del spans[0]  # the first entry's are read as Megatron's arrays
     keys = distinct_sources([str(p) for p in prefixes])
     order = hashlib.sha256(
-        f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item_config()!r}".encode()
+        f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item!r}".encode()
     ).hexdigest()[:16]
     return ContinuableBlendedDataset(
         blend,
@@ -755,12 +757,12 @@ def first_entry_blend(schedule: Sequence[Any] | None, blend: Blend | None) -> Bl
     )
 
 
-def _blend_of(config: MegatronDataConfig, name: str) -> Blend:
+def _blend_of(data: DataConfig, name: str) -> Blend:
     """The blend of split ``name``: ``blend`` (cut by ``split``) or its ``blend_per_split``."""
-    if config.blend_per_split is not None:
-        blend = as_blend(config.blend_per_split[SPLIT_NAMES.index(name)])
+    if data.blend_per_split is not None:
+        blend = data.blend_per_split[SPLIT_NAMES.index(name)]
     else:
-        blend = as_blend(config.blend)
+        blend = data.blend
     if blend is None:
         raise ConfigError(
             f"a Megatron-order weights_schedule or mixture_change='continue' needs a blend for"

@@ -32,10 +32,10 @@ from typing import Any
 from ...caches import jsontext
 from ...errors import CacheError
 from ...format.atomic import write_atomic
-from ...index import Blend, parse_blend
+from ...index import Blend
 from ...storage import is_url
 from ...storage.upload import copy_or_none, upload_bytes
-from ..config import MegatronDataConfig
+from ..config import MegatronOptions, SupportsTyped
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -60,40 +60,40 @@ class ManifestFile:
     key: dict[str, Any]
 
 
-def manifest_key(config: MegatronDataConfig, sizes: Sequence[int | None]) -> dict[str, Any]:
+def manifest_key(config: SupportsTyped, sizes: Sequence[int | None]) -> dict[str, Any]:
     """Everything that decides which datasets a build makes and their indices (not the item
-    layout, the read mode or the policies), in JSON form."""
-    mock = config.mock
+    layout, the read mode or the policies), in JSON form, from ``config``'s typed records (a
+    ``MegatronDataConfig`` converts; the builder passes its own)."""
+    data, order = config.typed()
+    tokenizer = order.tokenizer if isinstance(order, MegatronOptions) else None
     return {
-        "blend": _items(config.blend),
+        "blend": _items(data.blend),
         "blend_per_split": None
-        if config.blend_per_split is None
-        else [_items(b) for b in config.blend_per_split],
-        "split": config.split,
+        if data.blend_per_split is None
+        else [_items(b) for b in data.blend_per_split],
+        "split": data.split,
         "sizes": list(sizes),
-        "sequence_length": config.sequence_length,
-        "random_seed": config.random_seed,
-        "tokenizer": None if config.tokenizer is None else dict(config.tokenizer),
-        "add_extra_token": config.add_extra_token,
-        "drop_last_partial_validation_sequence": config.drop_last_partial_validation_sequence,
-        "mid_level_dataset_surplus": config.mid_level_dataset_surplus,
-        "mock": [config.vocab_size, config.eod_id] if mock else None,
+        "sequence_length": data.sequence_length,
+        "random_seed": data.random_seed,
+        "tokenizer": None if tokenizer is None else dict(tokenizer),
+        "add_extra_token": data.add_extra_token,
+        "drop_last_partial_validation_sequence": data.drop_last_partial_validation_sequence,
+        "mid_level_dataset_surplus": data.mid_level_dataset_surplus,
+        "mock": [data.source.vocab_size, data.source.eod_id] if data.mock else None,
         # packed rows are other datasets (a key only when asked: earlier manifests still match)
         **(
-            {"packing": [config.packing, config.max_documents_per_row]}
-            if config.packing != "concat"
+            {"packing": [data.packing, data.max_documents_per_row]}
+            if data.packing != "concat"
             else {}
         ),
     }
 
 
-def _items(blend: Any) -> dict[str, Any] | None:
+def _items(blend: Blend | None) -> dict[str, Any] | None:
     """A blend in one spelling whatever it was given as (``["30", "p"]``, ``"30 p"``, a
     ``Blend``): prefixes as given, weights as floats."""
     if blend is None:
         return None
-    if not isinstance(blend, Blend):
-        blend = parse_blend(blend)
     return {
         "prefixes": list(blend.prefixes),
         "weights": None if blend.weights is None else [float(w) for w in blend.weights],

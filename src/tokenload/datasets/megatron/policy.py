@@ -21,11 +21,12 @@ import json
 import os
 import shlex
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from ...distributed import World
 from ...errors import CacheError
-from ..config import BUILD_POLICIES, MegatronDataConfig
+from ...index import Blend
+from ..config import BUILD_POLICIES, MegatronOptions, SupportsTyped
 
 __all__ = ["BUILD_POLICIES", "PolicyRole", "Role", "missing_cache", "prepare_command", "resolve"]
 
@@ -83,56 +84,60 @@ def missing_cache(
     )
 
 
-def prepare_command(config: MegatronDataConfig, sizes: Sequence[int | None]) -> str:
+def prepare_command(config: SupportsTyped, sizes: Sequence[int | None]) -> str:
     """The ``tokenload prepare-cache`` command line that writes exactly the caches of ``config``
-    for these sample counts: in Megatron's flag names where its arithmetic reaches them (a global
-    batch of 1, so that iterations are samples: train = T, valid = (T // interval + 1) x
-    eval_iters, test = eval_iters; ``--full-validation`` for one epoch of valid), else with the
-    counts given outright (``--train-valid-test-num-samples``)."""
+    (its typed records: a ``MegatronDataConfig`` converts) for these sample counts: in
+    Megatron's flag names where its arithmetic reaches them (a global batch of 1, so that
+    iterations are samples: train = T, valid = (T // interval + 1) x eval_iters, test =
+    eval_iters; ``--full-validation`` for one epoch of valid), else with the counts given
+    outright (``--train-valid-test-num-samples``)."""
+    data, order = config.typed()
+    options = order if isinstance(order, MegatronOptions) else MegatronOptions()
     args = ["tokenload", "prepare-cache"]
-    if config.blend is not None:
-        args += ["--data-path", *_blend_items(config.blend)]
-    elif config.blend_per_split is not None:
+    if data.blend is not None:
+        args += ["--data-path", *_blend_items(data.blend)]
+    elif data.blend_per_split is not None:
         for flag, blend in zip(
-            ("--train-data-path", "--valid-data-path", "--test-data-path"), config.blend_per_split
+            ("--train-data-path", "--valid-data-path", "--test-data-path"), data.blend_per_split
         ):
             if blend is not None:
                 args += [flag, *_blend_items(blend)]
-    if config.split is not None and config.blend is not None:
-        args += ["--split", config.split.replace(" ", "")]
-    args += ["--seq-length", str(config.sequence_length), "--seed", str(config.random_seed)]
-    if config.path_to_cache is not None:
-        args += ["--data-cache-path", config.path_to_cache]
+    if data.split is not None and data.blend is not None:
+        args += ["--split", data.split.replace(" ", "")]
+    args += ["--seq-length", str(data.sequence_length), "--seed", str(data.random_seed)]
+    if options.path_to_cache is not None:
+        args += ["--data-cache-path", options.path_to_cache]
     args += _length_flags(sizes)
-    if config.tokenizer is not None:
-        args += ["--tokenizer-identity", json.dumps(dict(config.tokenizer), separators=(",", ":"))]
-    if not config.add_extra_token:
+    if options.tokenizer is not None:
+        args += ["--tokenizer-identity", json.dumps(dict(options.tokenizer), separators=(",", ":"))]
+    if not data.add_extra_token:
         args.append("--no-add-extra-token")
-    if not config.drop_last_partial_validation_sequence:
+    if not data.drop_last_partial_validation_sequence:
         args.append("--no-drop-last-partial-validation-sequence")
-    if config.mid_level_dataset_surplus != 0.005:
-        args += ["--mid-level-dataset-surplus", repr(config.mid_level_dataset_surplus)]
-    if config.weights_schedule is not None:
-        entries = [[int(s), [float(w) for w in ws]] for s, ws in config.weights_schedule]
+    if data.mid_level_dataset_surplus != 0.005:
+        args += ["--mid-level-dataset-surplus", repr(data.mid_level_dataset_surplus)]
+    if options.schedule is not None:
+        entries = [[s, list(ws)] for s, ws in options.schedule]
         args += ["--weights-schedule", json.dumps(entries, separators=(",", ":"))]
-    if config.packing != "concat":
-        args += ["--packing", config.packing]
-        if config.max_documents_per_row is not None:
-            args += ["--max-documents-per-row", str(config.max_documents_per_row)]
-    folder = config.path_to_cache
+    if data.packing != "concat":
+        args += ["--packing", data.packing]
+        if data.max_documents_per_row is not None:
+            args += ["--max-documents-per-row", str(data.max_documents_per_row)]
+    folder = options.path_to_cache
     if folder is not None and "://" not in folder and not os.path.isdir(folder):
         return f"mkdir -p {shlex.quote(folder)} && {shlex.join(args)}"  # commands make no folder
     return shlex.join(args)
 
 
-def _blend_items(blend: Any) -> list[str]:
-    if isinstance(blend, str):
-        return blend.split()
-    if hasattr(blend, "prefixes"):
-        if blend.weights is None:
-            return list(blend.prefixes)
-        return [x for w, p in zip(blend.weights, blend.prefixes) for x in (repr(w), p)]
-    return [str(x) for x in blend]
+def _blend_items(blend: Blend) -> list[str]:
+    """A blend as ``--data-path`` items: weights as short as they read (``2`` for 2.0)."""
+    if blend.weights is None:
+        return list(blend.prefixes)
+    return [x for w, p in zip(blend.weights, blend.prefixes) for x in (_number(w), p)]
+
+
+def _number(weight: float) -> str:
+    return str(int(weight)) if float(weight).is_integer() else repr(float(weight))
 
 
 def _length_flags(sizes: Sequence[int | None]) -> list[str]:

@@ -43,8 +43,8 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, cast
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -52,8 +52,7 @@ import numpy.typing as npt
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import SPLIT_NAMES, Blend
-from ..config import MegatronDataConfig, as_blend
-from ..items import ItemConfig
+from ..config import NEOX_DEFAULT_ALPHA, DataConfig, Epochs, NeoxOptions, Splits, SupportsTyped
 from ..megatron.blended import BlendedDataset
 from ..megatron.gpt_dataset import GPTDataset, IndexArrays
 from ..sources import SourceOptions, file_facts, open_token_file
@@ -68,32 +67,6 @@ from .neox_indices import (
 )
 
 __all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "NeoxOptions", "build_neox_datasets"]
-
-NEOX_DEFAULT_ALPHA = 1.0
-"""GPT-NeoX's default ``weighted_sampler_alpha``."""
-
-Epochs = int | None | Sequence[int | None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class NeoxOptions:
-    """GPT-NeoX's own options (``MegatronDataConfig`` fields of the same names): the epoch mode
-    and the per-split blends' weights."""
-
-    weight_by_num_documents: bool = False
-    """Blend weights from the files' document counts, raised to ``weighted_sampler_alpha``."""
-    weighted_sampler_alpha: float = NEOX_DEFAULT_ALPHA
-    num_epochs: Epochs = None
-    """NeoX's ``train_val_test_epochs``: one int for all splits, or one per split; a falsy entry
-    means "from the sample count", and 1 where the size is ``None``."""
-
-    @classmethod
-    def from_config(cls, config: MegatronDataConfig) -> NeoxOptions:
-        return cls(
-            weight_by_num_documents=config.weight_by_num_documents,
-            weighted_sampler_alpha=config.weighted_sampler_alpha,
-            num_epochs=config.num_epochs,
-        )
 
 
 class OpenedFile(NamedTuple):
@@ -121,43 +94,52 @@ class NeoXGPTDataset(GPTDataset):
         return super().read_batch(neox_item_position(idx, self.num_built))
 
 
-def build_neox_datasets(
-    config: MegatronDataConfig,
-    sizes: Sequence[int | None],
-    options: NeoxOptions | None = None,
-    **fields: Any,
-) -> tuple[Any | None, Any | None, Any | None]:
-    """The (train, valid, test) datasets of ``config`` in GPT-NeoX's order.
+def build_neox(data: DataConfig, options: NeoxOptions, sizes: Sequence[int | None]) -> Splits:
+    """The (train, valid, test) datasets of ``data`` in GPT-NeoX's order (``build_datasets``
+    dispatches here on ``NeoxOptions``).
 
     ``sizes``: samples per split as NeoX computes them (``train_iters * train_batch_size``,
     ``(train_iters // eval_interval + 1) * eval_iters * train_batch_size``,
-    ``eval_iters * train_batch_size``); ``None`` for NeoX's epoch mode. ``num_epochs``: NeoX's
-    ``train_val_test_epochs`` (one int for all splits, or one per split; a falsy entry means
-    "from the sample count", and 1 where the size is ``None``). ``weight_by_num_documents`` and
-    ``weighted_sampler_alpha``: NeoX's options of the same names for per-split paths. These are
-    ``options`` (``build_datasets`` passes ``NeoxOptions.from_config``; default ``NeoxOptions()``);
-    keywords replace single ones (``num_epochs=2``).
+    ``eval_iters * train_batch_size``); ``None`` for NeoX's epoch mode. ``options.num_epochs``:
+    NeoX's ``train_val_test_epochs`` (one int for all splits, or one per split; a falsy entry
+    means "from the sample count", and 1 where the size is ``None``).
+    ``weight_by_num_documents`` and ``weighted_sampler_alpha``: NeoX's options of the same
+    names for per-split paths.
     """
-    options = replace(options or NeoxOptions(), **fields)
     start = time.perf_counter()
-    _check_config(config)
+    _check_config(data)
     sizes = _three("sizes", sizes)
     epochs = _epochs(options.num_epochs, sizes)
-    opener = _Opener(config.source_options(), config.sequences_path)
-    item = config.item_config()
+    opener = _Opener(data.source, data.sequences_path)
     built: Sequence[NeoXGPTDataset | BlendedDataset | None]
-    if config.blend_per_split is not None:
+    if data.blend_per_split is not None:
         built = [
-            _weighted(opener, item, config, name, blend, sizes[k], epochs[k], options)
-            for k, (name, blend) in enumerate(zip(SPLIT_NAMES, _per_split(config.blend_per_split)))
+            _weighted(opener, data, name, blend, sizes[k], epochs[k], options)
+            for k, (name, blend) in enumerate(zip(SPLIT_NAMES, _per_split(data.blend_per_split)))
         ]
     else:
-        built = _split(opener, item, config, sizes, epochs)
+        built = _split(opener, data, sizes, epochs)
     phases = {"index_build": time.perf_counter() - start}
     for ds in built:
         if ds is not None:
             ds.startup_phases = phases
-    return cast("tuple[Any | None, Any | None, Any | None]", tuple(built))
+    train, valid, test = built
+    return Splits(train, valid, test)
+
+
+def build_neox_datasets(
+    config: SupportsTyped,
+    sizes: Sequence[int | None],
+    options: NeoxOptions | None = None,
+    **fields: Any,
+) -> Splits:
+    """``build_neox`` of ``config``'s typed records (a ``MegatronDataConfig`` converts, of any
+    order). ``options``: the order's record (default: the config's own, or ``NeoxOptions()``);
+    keywords replace single fields (``num_epochs=2``)."""
+    data, order = config.typed()
+    if options is None:
+        options = order if isinstance(order, NeoxOptions) else NeoxOptions()
+    return build_neox(data, replace(options, **fields), sizes)
 
 
 class _Opener:
@@ -179,7 +161,7 @@ class _Opener:
         return self._open[prefix]
 
 
-def _check_config(config: MegatronDataConfig) -> None:
+def _check_config(config: DataConfig) -> None:
     """Refuse what NeoX's order cannot express, rather than give another order silently."""
     if config.mock:
         raise ConfigError(
@@ -221,8 +203,7 @@ def _epochs(num_epochs: Epochs, sizes: list[int | None]) -> list[int | None]:
 
 def _gpt(
     opener: _Opener,
-    item: ItemConfig,
-    config: MegatronDataConfig,
+    config: DataConfig,
     prefix: str,
     documents: np.ndarray,
     num_samples: int | None,
@@ -259,7 +240,7 @@ def _gpt(
     return NeoXGPTDataset(
         source,
         IndexArrays(arrays=arrays),
-        item,
+        config.item,
         identity=identity,
         length=len(ix),
         samples_per_epoch=(ix.tokens_per_epoch - 1) // config.sequence_length,
@@ -267,8 +248,8 @@ def _gpt(
     )
 
 
-def _single_prefix(config: MegatronDataConfig) -> str:
-    blend = as_blend(config.blend)
+def _single_prefix(config: DataConfig) -> str:
+    blend = config.blend
     assert blend is not None  # _check_config: no mock data, and no per-split blends here
     if len(blend.prefixes) != 1:
         raise ConfigError(
@@ -282,8 +263,7 @@ def _single_prefix(config: MegatronDataConfig) -> str:
 
 def _split(
     opener: _Opener,
-    item: ItemConfig,
-    config: MegatronDataConfig,
+    config: DataConfig,
     sizes: list[int | None],
     epochs: list[int | None],
 ) -> list[NeoXGPTDataset | None]:
@@ -293,24 +273,23 @@ def _split(
     return [
         None
         if r is None
-        else _gpt(opener, item, config, prefix, np.arange(*r, dtype=np.int32), sizes[k], epochs[k])
+        else _gpt(opener, config, prefix, np.arange(*r, dtype=np.int32), sizes[k], epochs[k])
         for k, r in enumerate(ranges)
     ]
 
 
-def _per_split(blends: Sequence[Sequence[str] | str | Blend | None]) -> list[Blend | None]:
+def _per_split(blends: Sequence[Blend | None]) -> list[Blend | None]:
     if len(blends) != len(SPLIT_NAMES):
         raise ConfigError(
             f"blend_per_split has {len(blends)} entries; expected 3 "
             "(train, valid, test; None for a split without data)"
         )
-    return [as_blend(b) for b in blends]
+    return list(blends)
 
 
 def _weighted(
     opener: _Opener,
-    item: ItemConfig,
-    config: MegatronDataConfig,
+    config: DataConfig,
     name: str,
     blend: Blend | None,
     size: int | None,
@@ -331,7 +310,6 @@ def _weighted(
     members = [
         _gpt(
             opener,
-            item,
             config,
             p,
             np.arange(opener(p).lengths.shape[0], dtype=np.int32),
