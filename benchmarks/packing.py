@@ -727,7 +727,7 @@ def main() -> None:
         default=0.98,
         help="the resume's row, as a share of the first epoch's rows",
     )
-    ap.add_argument("--build-docs", type=int, nargs="+", default=[100_000_000])
+    ap.add_argument("--build-docs", type=int, nargs="*", default=[100_000_000])
     ap.add_argument("--build-rounds", type=int, default=1)
     ap.add_argument("--build-policy", default="auto", choices=["auto", "every-rank"])
     ap.add_argument(

@@ -39,18 +39,29 @@ def rss_mb():
     import resource
     return [hwm_mb(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024]
 T_IMPORT = time.time()
+def begin():
+    # after a side's imports: its record (with the imports' time) and the clock of its work
+    return {"import_s": time.time() - T_IMPORT}, time.time()
 """
+
+# the peers' sides start alike: quiet, NumPy
+PEER = (
+    PRELUDE
+    + r"""
+import logging, warnings
+warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
+import numpy as np
+"""
+)
 
 OURS = (
     PRELUDE
     + r"""
 import numpy as np
 from tokenload.format import TokenFile
-out = {}
 if a.get("dataset"):
     from tokenload.datasets import MegatronDataConfig, build_datasets
-    out["import_s"] = time.time() - T_IMPORT
-    t = time.time()
+    out, t = begin()
     cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
                              split="100,0,0", order="computed", packing="best-fit",
                              eod_id=a["eod"], pad_id=a["eod"])
@@ -71,8 +82,7 @@ if a.get("dataset"):
     out["rows_total"] = n
 else:
     from tokenload.index.packing import pack_block
-    out["import_s"] = time.time() - T_IMPORT
-    t = time.time()
+    out, t = begin()
     tf = TokenFile(a["prefix"])
     ends = np.zeros(tf.num_sequences + 1, dtype=np.int64)
     np.cumsum(np.asarray(tf.sequence_lengths, dtype=np.int64), out=ends[1:])
@@ -113,15 +123,11 @@ print(json.dumps(out))
 )
 
 OLMO = (
-    PRELUDE
+    PEER
     + r"""
-import logging, warnings
-warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
-import numpy as np
 from olmo_core.data.numpy_dataset import NumpyPackedFSLDataset
 from olmo_core.data.types import LongDocStrategy
-out = {"import_s": time.time() - T_IMPORT}
-t = time.time()
+out, t = begin()
 ds = NumpyPackedFSLDataset(a["npy"], sequence_length=a["seq"], pad_token_id=a["eod"],
                            eos_token_id=a["eod"], vocab_size=a["vocab"], dtype=np.uint16,
                            long_doc_strategy=LongDocStrategy(a["strategy"]))
@@ -144,14 +150,10 @@ print(json.dumps(out))
 )
 
 GRAIN = (
-    PRELUDE
+    PEER
     + r"""
-import logging, warnings
-warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
-import numpy as np
 import grain
-out = {"import_s": time.time() - T_IMPORT}
-t = time.time()
+out, t = begin()
 seq = a["seq"]
 offsets = np.load(a["offsets"])  # document boundaries, tokens
 lengths = np.diff(offsets)
@@ -202,8 +204,8 @@ COMPUTED_START = (
     + r"""
 import numpy as np
 from tokenload.datasets import MegatronDataConfig, build_datasets
-out = {"import_s": time.time() - T_IMPORT}
-t, c0 = time.time(), time.process_time()
+out, t = begin()
+c0 = time.process_time()
 cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
                          split="100,0,0", order="computed", packing=a["packing"],
                          eod_id=a["eod"], pad_id=0)
