@@ -45,10 +45,9 @@ def build(prefixes, order):
         sequence_length=S,
         blend=blend,
         split="100,0,0",
-        cache="off",
         order=order,
         weights_schedule=[(0, [3, 1, 0]), (96, [1, 1, 2])],
-        mixture_change="continue",
+        **({"mixture_change": "continue"} if order == "megatron" else {}),
     )
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 

@@ -6,12 +6,22 @@ has no loss)."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .items import ItemConfig, document_bounds
 from .sources import TokenSource
 
 __all__ = ["read_rows"]
+
+
+@functools.lru_cache(maxsize=8)
+def _slots(width: int) -> np.ndarray:
+    """``arange(width)``, made once per width (read-only: shared)."""
+    out = np.arange(width, dtype=np.int64)
+    out.flags.writeable = False
+    return out
 
 
 def read_rows(
@@ -33,9 +43,8 @@ def read_rows(
     flat = source.read_pieces(sequence, start, length, np.int64)
     out = np.full((batch, item.window), item.pad_id, dtype=np.int64)
     if batch:
+        # each row's tokens are contiguous in flat and start its window: one masked copy, in
+        # row-major order (an index pair per token cost more than a whole concatenated batch)
         tokens = np.add.reduceat(length, first)
-        rows = np.repeat(np.arange(batch, dtype=np.int64), tokens)
-        row_starts = np.cumsum(tokens) - tokens
-        cols = np.arange(flat.size, dtype=np.int64) - np.repeat(row_starts, tokens)
-        out[rows, cols] = flat
+        out[_slots(item.window)[None, :] < tokens[:, None]] = flat
     return out, document_bounds(length, first, item.sequence_length, 0)

@@ -118,7 +118,10 @@ def best_fit_decreasing(
         raise ValueError(f"max_items must be >= 1, got {max_items}")
     if not n:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-    placement = np.argsort(-sizes, kind="stable")  # largest first, ties in block order
+    # largest first, ties in block order; room left as uint16 when it fits: NumPy's stable sort
+    # of 16-bit integers is a radix sort (5-6x faster than int64's at 2^20 items)
+    key = capacity - sizes
+    placement = np.argsort(key.astype(np.uint16) if capacity < 1 << 16 else key, kind="stable")
     sorted_sizes = sizes[placement]
     bounds = np.flatnonzero(np.diff(sorted_sizes)) + 1  # where each size class starts
     class_starts = np.concatenate(([0], bounds)).tolist()

@@ -229,6 +229,19 @@ class PackedRows:
     def pieces(self, rows: npt.ArrayLike) -> PlanPieces:
         """The pieces of the source's ``rows`` (any order, repeats allowed)."""
         wanted = np.asarray(rows, dtype=np.int64).ravel()
+        if wanted.size:  # nearly every batch: its rows in one block, gathered at once
+            low = int(wanted.min())
+            epoch, block, k = self.locate(low)
+            b = self._block(epoch, block)
+            within = wanted - (low - k)
+            if int(within.max()) < b.rows:
+                lo = b.offsets[within]
+                counts = b.offsets[within + 1] - lo
+                first = np.cumsum(counts) - counts
+                at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lo - first, counts)
+                return PlanPieces(
+                    first=first, sequence=b.sequence[at], start=b.start[at], length=b.length[at]
+                )
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         counts = np.empty(wanted.size, dtype=np.int64)
         cache: dict[int, tuple[int, int, int]] = {}
