@@ -216,12 +216,13 @@ def _bound_starts(bounds: np.ndarray, seq: int) -> np.ndarray:
     (boundaries of S and past are ends, never starts). For non-decreasing boundaries this is
     megatron-core's ``position_ids[start:end] = arange(end - start)`` for every pair."""
     batch = bounds.shape[0]
-    values = bounds[:, 1:].astype(np.int64)
-    inside = (values >= 0) & (values < seq)
-    rows = np.broadcast_to(np.arange(batch, dtype=np.int64)[:, None] * seq, values.shape)
-    begins = np.zeros(batch * seq, dtype=np.int64)
-    begins[(rows + values)[inside]] = values[inside]
-    return np.maximum.accumulate(begins.reshape(batch, seq), axis=1)
+    # the inner boundaries only (a few per row): one comparison pass, then small gathers
+    rows, at = np.nonzero(bounds[:, 1:] < seq)
+    values = bounds[rows, at + 1].astype(np.int64)
+    keep = values >= 0
+    begins = np.zeros((batch, seq), dtype=np.int64)
+    begins[rows[keep], values[keep]] = values[keep]
+    return np.maximum.accumulate(begins, axis=1)
 
 
 def _attention_mask(batch: int, seq: int, starts: np.ndarray | None) -> np.ndarray:
