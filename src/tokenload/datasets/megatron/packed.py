@@ -98,23 +98,31 @@ def _pack(
     max_documents: int | None,
     block: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Row offsets and pieces of the documents of ``order``, packed block by block."""
+    """Row offsets and pieces of the documents of ``order``, packed block by block. The pieces
+    are written into one array sized first (each document's piece count follows from its
+    length), so the plan's largest array exists once at the peak, not as parts plus their
+    concatenation."""
+    stride = window - extra
+    total = 0
+    for lo in range(0, order.size, block):  # each document's pieces: full windows and a rest
+        n = lengths[order[lo : lo + block]].astype(np.int64)
+        full = np.where(n > window, (n - extra) // stride, 0)
+        rest = np.where(n > window, n - full * stride > extra, n > 0)
+        total += int(full.sum()) + int(np.count_nonzero(rest))
+    pieces = np.empty((total, 3), dtype=np.int32)
     offsets: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
-    pieces: list[np.ndarray] = []
     base = 0
     for lo in range(0, order.size, block):
         sequences = order[lo : lo + block]
         plan = pack_block(lengths[sequences].astype(np.int64), window, extra, max_documents)
-        part = np.empty((plan.piece_doc.size, 3), dtype=np.int32)
+        part = pieces[base : base + plan.piece_doc.size]
         part[:, 0] = sequences[plan.piece_doc]
         part[:, 1] = plan.piece_start
         part[:, 2] = plan.piece_length
-        pieces.append(part)
         offsets.append(plan.row_offsets[1:] + base)
         base += plan.piece_doc.size
-    return np.concatenate(offsets), (
-        np.concatenate(pieces) if pieces else np.empty((0, 3), dtype=np.int32)
-    )
+    assert base == total  # split_documents' count, twice
+    return np.concatenate(offsets), pieces
 
 
 class PackedGPTDataset(OneSourceContract):
