@@ -207,34 +207,39 @@ class SupportsTyped(Protocol):
     def typed(self) -> TypedConfig: ...
 
 
-_ORDER_ONLY: dict[str, tuple[tuple[str, ...], Any]] = {
-    "path_to_cache": (("megatron",), None),
-    "build_policy": (("megatron",), "auto"),
-    "tokenizer": (("megatron",), None),
-    "mixture_change": (("megatron",), "refuse"),
-    "block_size": (("computed",), None),
-    "weights_schedule": (("megatron", "computed"), None),
-    "weight_by_num_documents": (("neox",), False),
-    "weighted_sampler_alpha": (("neox",), NEOX_DEFAULT_ALPHA),
-    "num_epochs": (("neox",), None),
-    "packing": (("megatron", "computed"), "concat"),
+_ORDER_ONLY: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
+    "build_policy": (("megatron",), ("auto", "every-rank")),
+    "mixture_change": (("megatron", "computed"), ("refuse",)),
+    "block_size": (("computed",), (None,)),
+    "weights_schedule": (("megatron", "computed"), (None,)),
+    "weight_by_num_documents": (("neox",), (False,)),
+    "weighted_sampler_alpha": (("neox",), (NEOX_DEFAULT_ALPHA,)),
+    "num_epochs": (("neox",), (None,)),
+    "packing": (("megatron", "computed"), ("concat",)),
 }
-"""Fields that one order, or two, reads: (the orders, the default every other order needs).
-``cache`` is not one: ``"off"`` (no cache read or written) and ``"auto"`` hold for the orders
-without index caches as they are, and configs give it with every order."""
+"""The fields that some orders only read: (those orders, the values every other order takes,
+being what it does anyway: ``build_policy="every-rank"`` is each rank in memory, the computed
+order always continues a changed mixture, ``mixture_change="continue"`` included). The index
+caches' ``path_to_cache``, ``cache`` and ``tokenizer`` (a part of their names) are read by the
+Megatron order only, but a job gives them whatever its order: the orders without index caches
+ignore them."""
 
 
 def fields_for_order(fields: Mapping[str, Any]) -> dict[str, Any]:
-    """``MegatronDataConfig`` keywords without the order-only ones that their ``order`` (default
-    ``"megatron"``) does not read. For importers and adapters that fill fields for every order
-    from another system's settings (a Megatron job's ``--data-cache-path`` under
-    ``order="computed"``, GPT-NeoX's ``use_shared_fs``): a user's own keywords are not filtered,
-    and one that the order does not read is a ``ConfigError``."""
+    """``MegatronDataConfig`` keywords without the order-only values that their ``order``
+    (default ``"megatron"``) does not take. For importers and adapters that fill fields for every
+    order from another system's settings (a Megatron job's ``--dataloader-fast-cache-load``, i.e.
+    ``build_policy="none"``, under ``order="computed"``; GPT-NeoX's ``use_shared_fs=False``):
+    a user's own keywords are not filtered, and one that the order does not take is a
+    ``ConfigError``."""
     order = fields.get("order", "megatron")
     return {
         k: v
         for k, v in fields.items()
-        if k not in _ORDER_ONLY or order in _ORDER_ONLY[k][0] or order not in ORDERS
+        if k not in _ORDER_ONLY
+        or order in _ORDER_ONLY[k][0]
+        or order not in ORDERS
+        or v in _ORDER_ONLY[k][1]
     }
 
 
@@ -244,12 +249,16 @@ class MegatronDataConfig:
 
     The fields are flat, as users, importers and the CLI give them: the façade of the typed
     configs, into which ``typed()`` converts it once (``build_datasets`` calls it). Most fields
-    are shared by every order (``DataConfig``); a few belong to one order only, and one given
-    away from its default to an order that does not read it is a ``ConfigError`` naming both:
+    are shared by every order (``DataConfig``); the others are its order's record:
     ``path_to_cache``, ``cache``, ``build_policy``, ``tokenizer`` and ``mixture_change``
     (``MegatronOptions``), ``block_size`` (``ComputedOptions``), ``weight_by_num_documents``,
-    ``weighted_sampler_alpha`` and ``num_epochs`` (``NeoxOptions``); ``weights_schedule`` and
-    ``packing`` belong to the Megatron and computed orders."""
+    ``weighted_sampler_alpha`` and ``num_epochs`` (``NeoxOptions``); ``weights_schedule``
+    (Megatron and computed records) and ``packing``. A value that an order cannot take
+    (``_ORDER_ONLY``: ``block_size`` without the computed order, a NeoX option elsewhere, a
+    schedule, packing or ``mixture_change="continue"`` with NeoX, a ``build_policy`` that
+    builds, waits for or loads caches without the Megatron order) is a ``ConfigError`` naming
+    both; the index caches' folder, policy and name (``path_to_cache``, ``cache``,
+    ``tokenizer``) are ignored by the orders that keep no index cache."""
 
     sequence_length: int
     """Tokens per sample (``--seq-length``)."""
@@ -423,16 +432,18 @@ class MegatronDataConfig:
                 f"cache is {self.cache!r}, expected one of {CACHE_POLICIES}",
                 hint="use cache='auto'",
             )
+        MegatronOptions(build_policy=self.build_policy, mixture_change=self.mixture_change)
         if self.weights_schedule is not None:
             check_schedule(self.weights_schedule)  # a bad schedule is named first, for any order
-        for name, (orders, default) in _ORDER_ONLY.items():
+        for name, (orders, elsewhere) in _ORDER_ONLY.items():
             value = getattr(self, name)
-            if self.order not in orders and value != default:
+            if self.order not in orders and value not in elsewhere:
                 named = " or ".join(repr(o) for o in orders)
                 raise ConfigError(
                     f"{name} applies to order={named} only, not {self.order!r}"
                     f" ({name}={value!r} given)",
                     hint=f"drop {name} or set order={named}",
+                    field=name,
                 )
         self.order_options()
 

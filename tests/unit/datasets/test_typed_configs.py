@@ -38,13 +38,11 @@ from tokenload.errors import ConfigError
 from tokenload.index import Blend
 from tokenload.index.schedule import check_schedule
 
-# Which orders read each order-only field, and a value that is not its default: written here
+# Which orders take each order-only field, and a value that no other order takes: written here
 # from the fields' documentation, independently of the library's own table.
 READ_BY = {
-    "path_to_cache": ({"megatron"}, "/cache"),
-    "build_policy": ({"megatron"}, "every-rank"),
-    "tokenizer": ({"megatron"}, {"class": "T"}),
-    "mixture_change": ({"megatron"}, "continue"),
+    "build_policy": ({"megatron"}, "none"),
+    "mixture_change": ({"megatron", "computed"}, "continue"),  # the computed order continues
     "block_size": ({"computed"}, 4),
     "weights_schedule": ({"megatron", "computed"}, [(0, [1.0, 1.0])]),
     "weight_by_num_documents": ({"neox"}, True),
@@ -84,7 +82,14 @@ def test_defaults_of_every_order_only_field_pass_with_every_order(order):
     record = config.typed().order
     expected = {"megatron": MegatronOptions, "computed": ComputedOptions, "neox": NeoxOptions}
     assert type(record) is expected[order]
-    assert _flat(order=order, cache="off").order == order  # cache='off' holds for every order
+    # the index caches' folder, policy and name: ignored by the orders that keep no index cache
+    ignored = _flat(order=order, cache="off", path_to_cache="/c", tokenizer={"class": "T"})
+    assert ignored.order == order
+    assert _flat(order=order, build_policy="every-rank").order == order  # in memory everywhere
+    with pytest.raises(ConfigError, match="build_policy is 'often'"):
+        _flat(order=order, build_policy="often")
+    with pytest.raises(ConfigError, match="mixture_change is 'yes'"):
+        _flat(order=order, mixture_change="yes")
 
 
 def test_the_records_hold_checked_values_and_refuse_unchecked_ones():
@@ -107,7 +112,7 @@ def test_the_records_hold_checked_values_and_refuse_unchecked_ones():
     assert "_checked_schedule" not in vars(config)  # no hidden state on the façade
 
 
-def test_importers_and_adapters_keep_only_what_the_order_reads():
+def test_importers_and_adapters_keep_only_what_the_order_takes():
     fields = {
         "order": "neox",
         "sequence_length": 8,
@@ -118,14 +123,14 @@ def test_importers_and_adapters_keep_only_what_the_order_reads():
         "num_epochs": 1,
     }
     kept = fields_for_order(fields)
-    assert kept == {k: v for k, v in fields.items() if k not in ("build_policy", "path_to_cache")}
+    assert kept == {k: v for k, v in fields.items() if k != "build_policy"}
     assert MegatronDataConfig(**kept).order == "neox"
     megatron = {k: v for k, v in fields.items() if k != "num_epochs"} | {"order": "megatron"}
     assert fields_for_order(megatron) == megatron
     assert fields_for_order(dict(megatron, num_epochs=1)) == megatron
 
 
-def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_cache_folder(tmp_path):
+def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_fast_load(tmp_path):
     from tokenload.integrations.megatron import data_config_from_args
 
     args = argparse.Namespace(
@@ -147,15 +152,11 @@ def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_cache_fold
         mid_level_dataset_surplus=0.005,
     )
     computed = data_config_from_args(args, order="computed")
-    assert (computed.order, computed.path_to_cache, computed.build_policy) == (
-        "computed",
-        None,
-        "auto",
-    )
+    assert (computed.order, computed.build_policy) == ("computed", "auto")
     megatron = data_config_from_args(args)
     assert (megatron.path_to_cache, megatron.build_policy) == (str(tmp_path), "none")
-    with pytest.raises(ConfigError, match="path_to_cache applies to order='megatron'"):
-        data_config_from_args(args, order="computed", path_to_cache=str(tmp_path))
+    with pytest.raises(ConfigError, match="build_policy applies to order='megatron'"):
+        data_config_from_args(args, order="computed", build_policy="none")
 
 
 @pytest.fixture(scope="module")
