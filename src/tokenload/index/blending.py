@@ -95,7 +95,9 @@ def _guess_counts(w: _F64, caps: _I64 | None, starts: _I64) -> _I64:
     short = starts - base.sum(axis=0).astype(np.int64)
     rank = np.argsort(np.argsort(base - quota, axis=0, kind="stable"), axis=0, kind="stable")
     d = w.shape[0]
-    counts = base.astype(np.int64) + (rank < short[None, :]) - (rank >= d + short[None, :])
+    counts: np.ndarray = (
+        base.astype(np.int64) + (rank < short[None, :]) - (rank >= d + short[None, :])
+    )
     return counts
 
 

@@ -242,7 +242,8 @@ def _free_numpy(
     i = np.arange(int(n.sum()), dtype=np.int64) + np.repeat(fv - (np.cumsum(n) - n), n)
     arrivals = np.bincount(i * P // np.repeat(cv, n) - lo, minlength=t - lo)
     h = (lo - int(np.minimum(mv, fv).sum())) + np.concatenate(([0], np.cumsum(1 - arrivals)))
-    return np.maximum.accumulate(np.maximum(h, 0)).tolist()
+    lows: list[int] = np.maximum.accumulate(np.maximum(h, 0)).tolist()
+    return lows
 
 
 def consumed(weights: Sequence[float], samples: int, *, period: int = DEFAULT_PERIOD) -> np.ndarray:
@@ -253,7 +254,8 @@ def consumed(weights: Sequence[float], samples: int, *, period: int = DEFAULT_PE
         raise ValueError(f"samples is {samples}; expected >= 0")
     counts = period_counts(weights, period)
     periods, slot = divmod(int(samples), int(period))
-    return periods * counts + _prefix_counts(counts, int(period), slot)
+    taken: np.ndarray = periods * counts + _prefix_counts(counts, int(period), slot)
+    return taken
 
 
 def consumed_many(
@@ -280,7 +282,8 @@ def consumed_many(
     rows = np.flatnonzero(extra)
     if rows.size:
         m[rows] += _straddlers_served(C[rows], m[rows], t[rows], extra[rows], P)
-    return periods[:, None] * C + m
+    served: np.ndarray = periods[:, None] * C + m
+    return served
 
 
 def _counts_rows(W: np.ndarray, P: int) -> np.ndarray:
@@ -295,7 +298,7 @@ def _counts_rows(W: np.ndarray, P: int) -> np.ndarray:
         period_counts(W[int(np.argmax(bad))] if D else [], P)  # raises its ConfigError
     w = W / totals[:, None]
     exact = w * P
-    counts = np.floor(exact).astype(np.int64)
+    counts: np.ndarray = np.floor(exact).astype(np.int64)
     short = P - counts.sum(axis=1)
     order = np.argsort(counts - exact, axis=1, kind="stable")  # largest remainders first
     rank = np.empty_like(order)
@@ -441,10 +444,11 @@ class Interleave:
     def positions(self, source: int, ranks: npt.ArrayLike) -> np.ndarray:
         """int64 global samples (of this interleave, from 0) that serve ``source``'s samples
         ``ranks`` (its cursor, from 0): the inverse of ``__call__`` (builds the whole period)."""
-        i = np.asarray(ranks, dtype=np.int64)
+        i: np.ndarray = np.asarray(ranks, dtype=np.int64)
         count = int(self.counts[source])
         if not i.size:
-            return i.copy()
+            none: np.ndarray = i.copy()
+            return none
         if count == 0 or int(_MIN(i)) < 0:
             raise IndexError(f"source {source} serves no sample number {int(_MIN(i))} here")
         slots = np.flatnonzero(self.sources == source)
@@ -454,4 +458,5 @@ class Interleave:
     def consumed(self, samples: int) -> np.ndarray:
         """int64 samples taken from each source by the first ``samples`` global samples."""
         periods, slot = divmod(int(samples), self.period)
-        return periods * self.counts + _prefix_counts(self.counts, self.period, slot)
+        taken: np.ndarray = periods * self.counts + _prefix_counts(self.counts, self.period, slot)
+        return taken

@@ -24,7 +24,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 def _mix(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * _M1
     x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
+    mixed: np.ndarray = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def round_keys(seed: int, epoch: int = 0) -> np.ndarray:
@@ -52,7 +53,8 @@ class KeyedPermutation:
         with np.errstate(over="ignore"):
             for key in self._keys:
                 left, right = right, left ^ (_mix(right ^ key) & self._mask)
-        return (left << self._half) | right
+        joined: np.ndarray = (left << self._half) | right
+        return joined
 
     def __call__(self, positions: np.ndarray | int) -> np.ndarray:
         """Elements at ``positions`` (any shape, each in ``[0, n)``), as int64."""

@@ -64,7 +64,8 @@ def normalize(weights: Sequence[float]) -> list[float]:
             f"weights {list(weights)} sum to {float(total)}; expected a positive finite sum",
             hint="give at least one positive weight and no inf/nan",
         )
-    return (w / total).tolist()
+    shares: list[float] = (w / total).tolist()
+    return shares
 
 
 def parse_split(split: str) -> list[float]:

@@ -84,7 +84,7 @@ def _pick(param: np.ndarray, sel: np.ndarray) -> np.ndarray:
 def _round(right: np.ndarray, key: np.ndarray, ring: np.ndarray) -> np.ndarray:
     """The round function: a multiply-xorshift hash of (R, round key), its high 32 bits scaled
     into ``[0, ring)``."""
-    f = right ^ key
+    f: np.ndarray = right ^ key
     f *= _M1
     f ^= f >> _S29
     f *= _M2
@@ -104,7 +104,8 @@ def _network(x: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarray) -> n
         f %= ring_left
         left, right = right, f
         ring_left, ring_right = ring_right, ring_left
-    return left * b + right
+    joined: np.ndarray = left * b + right
+    return joined
 
 
 def keyed_bijection(
@@ -130,7 +131,7 @@ def _cycle_walk(
     """``network`` (or its inverse) restricted to ``[0, n)``: applied again to the rare values
     that left it."""
     a, b = _rings(n) if rings is None else rings
-    out = network(x, a, b, keys)
+    out: np.ndarray = network(x, a, b, keys)
     walk = np.flatnonzero(out >= n)
     while walk.size:
         out[walk] = network(out[walk], _pick(a, walk), _pick(b, walk), _pick(keys, walk))
@@ -145,7 +146,8 @@ def _network_inverse(y: np.ndarray, a: np.ndarray, b: np.ndarray, keys: np.ndarr
     for r in reversed(range(_ROUNDS)):
         ring = a if r % 2 == 0 else b
         left, right = (right + ring - _round(left, keys[r], ring)) % ring, left
-    return left * b + right
+    joined: np.ndarray = left * b + right
+    return joined
 
 
 def keyed_inverse(
@@ -192,7 +194,8 @@ def keyed_positions(
         shifted = order * size + inner[fulls]
         g, r = _pick(gap, fulls), _pick(rest, fulls)
         k[fulls] = np.where(shifted >= g, shifted + r, shifted)
-    return k.astype(np.int64)
+    keyed: np.ndarray = k.astype(np.int64)
+    return keyed
 
 
 def keyed_windows(
@@ -240,7 +243,8 @@ def _blocked(k: np.ndarray, n: np.ndarray, base: np.ndarray, size: np.uint64) ->
     with np.errstate(over="ignore"):
         salt = _mix((block + np.uint64(1)) * _GOLDEN)
     domain = np.where(in_partial, rest, size)
-    return block * size + keyed_bijection(inner, domain, _mix(base ^ salt[None, :]))
+    keyed: np.ndarray = block * size + keyed_bijection(inner, domain, _mix(base ^ salt[None, :]))
+    return keyed
 
 
 class WindowOrder:
