@@ -12,6 +12,7 @@ It does not depend on the file's name or folder, so a run can move to another mo
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -67,10 +68,10 @@ class FlatTokenFile:
             self._source.close()
             self._source = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_source", "_pid")}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._source, self._pid = None, -1
 

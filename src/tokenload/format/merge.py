@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from .atomic import remove_stale_temporaries, require_folder
@@ -110,7 +111,7 @@ def convert_token_file(
 def _write(
     files: list[TokenFile],
     output_prefix: str | os.PathLike[str],
-    metadata: dict | None = None,
+    metadata: dict[str, Any] | None = None,
     dtype_codes: DtypeCodes = "auto",
 ) -> Sidecar:
     dtypes = {}
@@ -166,7 +167,7 @@ def _same_place(a: str, b: str) -> bool:
     return a == b if is_url(a) or is_url(b) else os.path.abspath(a) == os.path.abspath(b)
 
 
-def _common_tokenizer(prefixes: Sequence[str]) -> dict | None:
+def _common_tokenizer(prefixes: Sequence[str]) -> dict[str, Any] | None:
     """The tokenizer identity shared by every input's sidecar, if they all have the same one."""
     identities = []
     for p in prefixes:

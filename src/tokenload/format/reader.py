@@ -12,6 +12,7 @@ checks, in O(1), is ``opening.py``'s. Given the counts of a sequences JSON
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -86,10 +87,10 @@ class TokenFile:
             self._state.bin.close()
             self._state = None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_state"}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._state = None
 
@@ -254,7 +255,7 @@ class TokenFile:
         state = self._state
         if state is None or state.pid != os.getpid():
             state = self._opened()
-        starts = state.pointers[sequences]
+        starts: np.ndarray = state.pointers[sequences]
         verified = state.verified
         if state.unverified and (verified is None or not _ALL(verified[sequences >> CHECK_SHIFT])):
             _check_chunks(state, np.asarray(sequences), self.idx_path)

@@ -69,14 +69,14 @@ class SequencesFile:
             ) from None
 
 
-def sequences_json(entries: Mapping[str, SequenceCounts]) -> dict:
+def sequences_json(entries: Mapping[str, SequenceCounts]) -> dict[str, Any]:
     """The JSON object for ``entries``: Megatron's counts, then tokenload's dtypes."""
     if DTYPES_KEY in entries:
         raise ConfigError(
             f"a prefix is named {DTYPES_KEY!r}, the key that holds the dtypes",
             hint="rename the token file",
         )
-    out: dict = {p: [e.sequence_count, e.document_count] for p, e in entries.items()}
+    out: dict[str, Any] = {p: [e.sequence_count, e.document_count] for p, e in entries.items()}
     dtypes = {p: str(e.dtype) for p, e in entries.items() if e.dtype is not None}
     if dtypes:
         out[DTYPES_KEY] = dtypes
