@@ -64,7 +64,11 @@ class _Chunk:
     __slots__ = ("nbytes", "part_tokens", "parts", "tokens")
 
     def __init__(
-        self, tokens: np.ndarray | None, parts: list[Future], part_tokens: int, nbytes: int
+        self,
+        tokens: np.ndarray | None,
+        parts: list[Future[np.ndarray]],
+        part_tokens: int,
+        nbytes: int,
     ) -> None:
         self.tokens, self.parts, self.part_tokens, self.nbytes = tokens, parts, part_tokens, nbytes
 
@@ -202,7 +206,7 @@ class RemoteBin(CheckedSource):
         self._verify(start, end, len(data), tag)
         return np.frombuffer(data, dtype=self.dtype)
 
-    def _request(self, start: int, end: int, fn: Callable[[], tuple]) -> tuple:
+    def _request(self, start: int, end: int, fn: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
         """``fn()`` through ``call`` (retried); a missing object or a refused range is a change."""
         try:
             return call(self.path, f"read bytes [{start}, {end})", fn, self.options)

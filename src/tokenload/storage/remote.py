@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _STATS: Counter[str] = Counter()
-_FILESYSTEMS: dict[tuple, Any] = {}
+_FILESYSTEMS: dict[tuple[Any, ...], Any] = {}
 _STATS_LOCK = threading.Lock()
 _STAT_NAMES = (
     "gets",
@@ -306,7 +306,8 @@ def _translated(exc: Exception) -> Exception:
         return exc
     from s3fs.errors import translate_boto_error
 
-    return translate_boto_error(exc)
+    translated: Exception = translate_boto_error(exc)
+    return translated
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,8 @@ def object_exists(url: str, options: StorageOptions | None = None) -> bool:
 
     def probe() -> bool:
         try:
-            return fs.info(path, refresh=True).get("type") != "directory"
+            is_file: bool = fs.info(path, refresh=True).get("type") != "directory"
+            return is_file
         except FileNotFoundError:
             return False
 
@@ -170,7 +171,8 @@ def read_object(url: str, options: StorageOptions | None = None) -> bytes | None
 
     def read() -> bytes | None:
         try:
-            return fs.cat_file(path)
+            data: bytes = fs.cat_file(path)
+            return data
         except FileNotFoundError:
             return None
 
