@@ -157,7 +157,8 @@ def array_digests(arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, str]:
 
 def _canonical_fields(fields: Mapping[str, Any] | None) -> dict[str, Any]:
     """``fields`` as they read back from the sidecar's JSON (tuples become lists)."""
-    return jsontext.plain_copy(dict(fields or {}))
+    plain: dict[str, Any] = jsontext.plain_copy(dict(fields or {}))
+    return plain
 
 
 def write_cache(
@@ -337,9 +338,10 @@ def map_array(path: str, digest: str | None = None) -> npt.NDArray[Any]:
             buffer = map_readonly(f.fileno(), size)  # keeps no descriptor open
         if key not in _VERIFIED:
             _verify(shown, buffer.data[offset : offset + nbytes], key, digest)
-        return np.ndarray(
+        mapped: np.ndarray = np.ndarray(
             shape, dtype=dtype, buffer=buffer, offset=offset, order="F" if fortran else "C"
         )
+        return mapped
     except (StorageError, CacheError):
         raise
     except (*_NPY_ERRORS, FormatError) as exc:
