@@ -126,7 +126,7 @@ def _hf_eod(tok: Any, spec: TokenizerSpec, config_eos: str | None) -> int | None
         return spec.eod_id
     names = [spec.eod_token] if spec.eod_token else [n for n in (config_eos, *_EOD_CANDIDATES) if n]
     for name in names:
-        token_id = tok.token_to_id(name)
+        token_id: int | None = tok.token_to_id(name)
         if token_id is not None:
             return token_id
     if spec.eod_token:

@@ -118,7 +118,7 @@ class _FilePlan:
     done: dict[int, PartSummary | None] = field(default_factory=dict)
     """What each finished range (or the whole file, number 0) wrote; None: a damaged range."""
     damaged: str | None = None
-    examples: list = field(default_factory=list)
+    examples: list[tuple[int, BadRecord]] = field(default_factory=list)
 
     @property
     def ranged(self) -> bool:
@@ -235,11 +235,12 @@ class _Driver:
         if self.errors:
             raise self._first_error()
 
-    def _wait(self, pending: dict, tally: list) -> list:
+    def _wait(self, pending: dict[Any, tuple[int, int]], tally: list[Any]) -> list[Any]:
         """The finished tasks: waits for one (at most a tick), then takes every other finished
         one; shows the live counts about every tick."""
         ray = self.ray
         refs = list(pending)
+        ready: list[Any]
         ready, rest = ray.wait(refs, num_returns=1, timeout=_TICK_SECONDS)
         if ready and rest:
             more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
@@ -268,7 +269,8 @@ class _Driver:
 
     def _result(self, ref: Any, where: tuple[int, int]) -> PartResult | None:
         try:
-            return self.ray.get(ref)
+            result: PartResult | None = self.ray.get(ref)
+            return result
         except self.ray.exceptions.TaskCancelledError:
             return None
         except self.ray.exceptions.RayError as exc:
@@ -347,7 +349,7 @@ class _Driver:
             if where > first:
                 self.ray.cancel(ref)
 
-    def _show_live(self, tally: list) -> None:
+    def _show_live(self, tally: list[Any]) -> None:
         """Best effort: the bar still counts every finished task if the actor is unavailable
         (seen under load on 2 cores: an actor cancelled before it started)."""
         if not tally:
@@ -375,8 +377,8 @@ def _file_summary(plan: _FilePlan, keys: tuple[str, ...]) -> FileSummary:
             parts=(),
         )
     ranges = [plan.done[k] for k in range(len(plan.spans))]
-    tokens: Counter = Counter({key: 0 for key in keys})
-    skipped: Counter = Counter()
+    tokens: Counter[str] = Counter({key: 0 for key in keys})
+    skipped: Counter[str] = Counter()
     documents = 0
     for done in ranges:
         assert done is not None  # a damaged range marks the file damaged

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def encode_chunk(task: EncodeTask, chunk: Chunk) -> Encoded:
     )
 
 
-def _flatten_sentences(column: list) -> tuple[list[str], np.ndarray]:
+def _flatten_sentences(column: list[Any]) -> tuple[list[str], np.ndarray]:
     texts: list[str] = []
     counts = np.empty(len(column), dtype=np.int64)
     for d, value in enumerate(column):

@@ -110,7 +110,7 @@ def saved_dataset_files(folder: str) -> list[str] | None:
     return files
 
 
-def _json(path: str) -> dict:
+def _json(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -247,7 +247,7 @@ class Shard:
         return ((t, t.column_names) for t in view.iter(batch_size=_ITER_ROWS))
 
     def _loaded_rows(
-        self, state: dict, columns: tuple[str, ...]
+        self, state: dict[str, Any], columns: tuple[str, ...]
     ) -> Iterator[tuple[Any, list[str]]]:
         """A dataset resumed from a state (``load_state_dict``): its rows one by one, as
         ``for row in ds`` yields them (datasets' batched iteration does not resume that state:
@@ -342,7 +342,7 @@ def _iterable_identity(obj: Any) -> str:
     try:
         from datasets.fingerprint import Hasher
 
-        return Hasher.hash(
+        digest: str = Hasher.hash(
             (
                 obj._ex_iterable,
                 int(obj.epoch),
@@ -350,6 +350,7 @@ def _iterable_identity(obj: Any) -> str:
                 getattr(obj, "_starting_state_dict", None),
             )
         )
+        return digest
     except Exception as exc:  # an unpicklable generator, a changed internal
         log.info("this IterableDataset cannot be hashed (%s): a rerun starts it again", exc)
         return uuid.uuid4().hex

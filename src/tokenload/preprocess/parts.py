@@ -117,7 +117,7 @@ def _encode_part(task: PartTask, folder: str, report: Report | None) -> PartResu
     result = PartResult(task.index, task.k)
     keys = task.encode.keys
     writers = _writers(task, folder)
-    counts: Counter = Counter()
+    counts: Counter[str] = Counter()
     documents = lines = 0
     try:
         for chunk in read_range_chunks(task.file, *task.span, task.chunk_bytes, keys):

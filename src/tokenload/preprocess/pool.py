@@ -21,6 +21,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import replace
+from typing import Any
 
 from ..errors import RecordError
 from .config import PreprocessConfig, TokenizerSpec
@@ -56,7 +57,7 @@ class _FileJob:
         self.parts = parts
         self.marks: Marks | None = None
         self.documents = 0
-        self.skipped: Counter = Counter()
+        self.skipped: Counter[str] = Counter()
         self.damaged: str | None = None
 
     def _begun(self) -> Marks:
@@ -124,7 +125,7 @@ class LocalExecutor(Executor):
         depth = 2 * config.workers + 2
         sizer = ChunkSize(config.chunk_bytes)
         task = encode_task(config, tok)
-        pending: deque = deque()
+        pending: deque[tuple[Any, Any]] = deque()
         order: list[tuple[int, InputFile | None]] = sorted(
             [*todo, *((i, None) for i in output.copies)], key=lambda item: item[0]
         )
@@ -197,7 +198,10 @@ def encode_task(config: PreprocessConfig, tok: TextTokenizer) -> EncodeTask:
 
 
 def _drain_one(
-    pending: deque, summaries: dict[int, FileSummary], bar: Progress, sizer: ChunkSize
+    pending: deque[tuple[Any, Any]],
+    summaries: dict[int, FileSummary],
+    bar: Progress,
+    sizer: ChunkSize,
 ) -> None:
     job, future = pending.popleft()
     if future is None:

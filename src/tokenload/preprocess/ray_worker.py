@@ -73,7 +73,7 @@ def local_spec(spec: TokenizerSpec, files: dict[str, bytes]) -> TokenizerSpec:
     return replace(spec, **changes)
 
 
-def _worker_tokenizer(spec: TokenizerSpec, shipped: list) -> None:
+def _worker_tokenizer(spec: TokenizerSpec, shipped: list[Any]) -> None:
     """Load the tokenizer in this worker process once (cached under the driver's spec)."""
     if spec in _TOKENIZERS:
         return
@@ -88,7 +88,7 @@ def _worker_tokenizer(spec: TokenizerSpec, shipped: list) -> None:
 
 
 # -- the Ray side ---------------------------------------------------------------------------------
-def _run_part(task: PartTask, shipped: list, tally: list) -> PartResult:
+def _run_part(task: PartTask, shipped: list[Any], tally: list[Any]) -> PartResult:
     """The body of a Ray task (``shipped`` and ``tally`` sit in a list so Ray does not fetch the
     tokenizer's bytes for every task, only on a worker's first one)."""
     _worker_tokenizer(task.encode.tokenizer, shipped)

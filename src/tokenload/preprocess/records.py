@@ -58,10 +58,10 @@ class BadRecord(NamedTuple):
 class Parsed:
     """The documents of one chunk: ``columns[k][d]`` is key k's text (or sentence list) of doc d."""
 
-    columns: list[list]
+    columns: list[list[Any]]
     documents: int = 0
     has_lists: bool = False
-    skipped: Counter = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)
     examples: list[BadRecord] = field(default_factory=list)
 
 
@@ -169,7 +169,7 @@ def _not_a_record(line: bytes, number: int, error: Exception, parsed: Parsed, ba
 
 
 def _check_value(
-    value: Any, key: str, record: dict, number: int, bad: _Bad, parsed: Parsed
+    value: Any, key: str, record: dict[str, Any], number: int, bad: _Bad, parsed: Parsed
 ) -> bool:
     """True (after reporting) when ``value`` is not a text; a list of strings is one."""
     if value is _MISSING:
@@ -213,7 +213,7 @@ def _utf8_error(line: bytes) -> str | None:
 def _parse_lines(chunk: Chunk, parsed: Parsed, bad: _Bad) -> None:
     column = parsed.columns[0]
     try:  # the whole chunk at once; line by line only when some line is not UTF-8
-        lines: list = chunk.payload.decode("utf-8").split("\n")
+        lines: list[Any] = chunk.payload.decode("utf-8").split("\n")
         if chunk.payload.endswith(b"\n"):
             lines.pop()
     except UnicodeDecodeError:

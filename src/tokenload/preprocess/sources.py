@@ -240,12 +240,14 @@ def _is_zstd_error(exc: BaseException) -> bool:
 def _open_raw(path: str) -> BinaryIO:
     if is_url(path):
         fsspec = require("fsspec", "s3", f"reading {path}")
-        return _remote(path, "open it", lambda: fsspec.open(path, "rb").open())
+        raw: BinaryIO = _remote(path, "open it", lambda: fsspec.open(path, "rb").open())
+        return raw
     return open(path, "rb")
 
 
 def _decompress(raw_blocks: Iterator[bytes], compression: str) -> Iterator[bytes]:
     """Decompress concatenated gzip members / zstd frames; a stream cut short is an error."""
+    new: Callable[[], Any]
     if compression == "gzip":
         new = lambda: zlib.decompressobj(wbits=31)  # noqa: E731
     else:
