@@ -61,7 +61,7 @@ _LAUNCHER_VARS = (
 )
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     register_prepare_cache(sub)
     register_sequences(sub)
 
@@ -90,7 +90,7 @@ def _open_all(prefixes: list[str], what: str) -> Iterator[tuple[str, TokenFile]]
 
 
 # -- tokenload sequences --------------------------------------------------------------------------
-def register_sequences(sub: argparse._SubParsersAction) -> None:
+def register_sequences(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "sequences",
         help="write the per-dataset sequences JSON (Megatron's --per-dataset-sequences-path)",
@@ -121,7 +121,7 @@ def run_sequences(args: argparse.Namespace) -> int:
 
 
 # -- tokenload prepare-cache ----------------------------------------------------------------------
-def register_prepare_cache(sub: argparse._SubParsersAction) -> None:
+def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "prepare-cache",
         help="build a training job's index caches offline (Megatron's tools/prepare_cache.py)",
@@ -370,9 +370,9 @@ def _build(
     blend: Blend | None,
     per_split: list[Blend | None] | None,
     split: str | None,
-    identity: dict | None,
+    identity: dict[str, Any] | None,
     counts: Batches,
-    schedule: list | None,
+    schedule: list[Any] | None,
 ) -> tuple[Any, Any, Any]:
     from ..datasets import MegatronDataConfig, build_datasets
 
@@ -399,7 +399,7 @@ def _build(
     return build_datasets(config, list(counts.samples))
 
 
-def _schedule_from(text: str | None) -> list | None:
+def _schedule_from(text: str | None) -> list[Any] | None:
     """``--weights-schedule``: JSON text, or a file of it (checked by the config)."""
     if text is None:
         return None
@@ -445,10 +445,10 @@ def _listing(folder: str) -> set[str]:
 def _result(
     args: argparse.Namespace,
     counts: Batches,
-    identity: dict | None,
+    identity: dict[str, Any] | None,
     datasets: tuple[Any, Any, Any],
     written: list[str],
-) -> dict:
+) -> dict[str, Any]:
     lengths = {
         name: None if ds is None else len(ds)
         for name, ds in zip(("train", "valid", "test"), datasets)
@@ -466,9 +466,9 @@ def _result(
 def _report_plan(
     args: argparse.Namespace,
     counts: Batches,
-    identity: dict | None,
+    identity: dict[str, Any] | None,
     split: str | None,
-    schedule: list | None,
+    schedule: list[Any] | None,
 ) -> None:
     if args.json:
         return
@@ -509,7 +509,7 @@ def _report_plan(
         print(f"  note                {names}: item flags, no effect on the caches")
 
 
-def _report_result(args: argparse.Namespace, result: dict, prefixes: int) -> None:
+def _report_result(args: argparse.Namespace, result: dict[str, Any], prefixes: int) -> None:
     if args.json:
         print(json.dumps(result))
         return

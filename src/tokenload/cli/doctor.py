@@ -9,7 +9,7 @@ from .args import positive
 from .vocabulary import to_flags
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "doctor", help="measure the scale guides' checklist on your data and print the fixes"
     )

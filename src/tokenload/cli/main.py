@@ -95,7 +95,8 @@ def subcommand_parser(parser: argparse.ArgumentParser, command: str) -> argparse
     """The parser of subcommand ``command`` in the tree ``build_parser`` made."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]
+            chosen: argparse.ArgumentParser = action.choices[command]
+            return chosen
     raise KeyError(command)
 
 

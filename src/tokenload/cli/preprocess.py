@@ -22,12 +22,12 @@ from .preprocess_flags import add_preprocess_flags, check_preprocess_flags
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     register_preprocess(sub)
     register_corpus(sub)
 
 
-def register_preprocess(sub: argparse._SubParsersAction) -> None:
+def register_preprocess(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "preprocess",
         help="tokenize JSONL/parquet/text into Megatron token files (parallel, resumable)",
@@ -177,7 +177,7 @@ def summary_text(config: PreprocessConfig, result: PreprocessResult) -> str:
     return "\n".join(lines)
 
 
-def register_corpus(sub: argparse._SubParsersAction) -> None:
+def register_corpus(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "corpus",
         help="write a sample JSONL corpus from this Python's standard library sources",

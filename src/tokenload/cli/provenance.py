@@ -14,7 +14,7 @@ from ..megatron_args import batch_flags, blend_flags, blends_of, item_flags
 from .args import at_least, positive
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "explain",
         help="the documents (source, document, token range) of every row of a training step",

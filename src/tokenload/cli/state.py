@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError, StateError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "state",
         help="print the per-source accounting, skips and schedule position of a saved loader state",
@@ -93,7 +93,7 @@ def find_state(value: Any, path: str, key: str | None = None) -> dict[str, Any]:
     )
 
 
-def _states(value: Any, key: str, depth: int) -> Iterator[tuple[str, dict]]:
+def _states(value: Any, key: str, depth: int) -> Iterator[tuple[str, dict[str, Any]]]:
     if not isinstance(value, dict) or depth == 0:
         return
     if "consumed_samples" in value and "fingerprint" in value:

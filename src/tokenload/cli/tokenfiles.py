@@ -19,14 +19,14 @@ _FORMATS = {
 _PREFIX_HELP = "token file: PREFIX, PREFIX.bin or PREFIX.idx (the pair PREFIX.bin + PREFIX.idx)"
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     register_info(sub)
     register_verify(sub)
     register_merge(sub)
     register_convert(sub)
 
 
-def register_info(sub: argparse._SubParsersAction) -> None:
+def register_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "info",
         help="describe token files: counts, dtype, document lengths, sidecar",
@@ -82,7 +82,7 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_verify(sub: argparse._SubParsersAction) -> None:
+def register_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "verify",
         help="check token files: structure, token values, hashes",
@@ -135,7 +135,7 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_merge(sub: argparse._SubParsersAction) -> None:
+def register_merge(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "merge",
         help="concatenate token files (Megatron merge_datasets semantics)",
@@ -176,7 +176,7 @@ def run_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_convert(sub: argparse._SubParsersAction) -> None:
+def register_convert(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "convert",
         help="rewrite a token file as megatron-core's MMIDIDX (legacy TNTIDX, GPT-NeoX files)",
