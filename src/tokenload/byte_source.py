@@ -81,7 +81,7 @@ class CheckedSource:
 
     def _check(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """The spans' ends, once every span is known to lie inside the file."""
-        ends = starts + lengths
+        ends: np.ndarray = starts + lengths
         if starts.size == 0:
             return ends
         n = self.num_tokens
@@ -124,7 +124,8 @@ def gather_index(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     ends = np.cumsum(lengths)
     # Each span contributes arange(s, s+l); as one arange(total) shifted by (s - span_begin).
     shift = np.repeat(starts - (ends - lengths), lengths)
-    return np.arange(total, dtype=np.int64) + shift
+    flat: np.ndarray = np.arange(total, dtype=np.int64) + shift
+    return flat
 
 
 def gather_spans(
@@ -148,4 +149,5 @@ def gather_spans(
         pieces = map(view.__getitem__, map(slice, starts.tolist(), ends.tolist()))
         out = np.frombuffer(bytearray().join(pieces), dtype=tokens.dtype)
         return out if dtype is None else out.astype(dtype)
-    return tokens[gather_index(starts, lengths)]
+    gathered: np.ndarray = tokens[gather_index(starts, lengths)]
+    return gathered

@@ -417,7 +417,8 @@ def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int |
     if args.full_validation:
         return None
     if args.skip_train:
-        return args.eval_iters * eval_gbs
+        samples: int = args.eval_iters * eval_gbs
+        return samples
     if args.eval_interval is None:
         raise ConfigError(
             "no --eval-interval: Megatron sizes the valid split as"
@@ -426,13 +427,14 @@ def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int |
             hint="pass the job's --eval-interval (or --eval-iters 0"
             " --skip-train when it evaluates never)",
         )
-    points = iters // args.eval_interval + 1
+    points: int = iters // args.eval_interval + 1
     if args.start_eval_at_iter is not None:
         points = max(0, points - args.start_eval_at_iter // args.eval_interval)
-    return points * args.eval_iters * eval_gbs
+    eval_iters: int = args.eval_iters
+    return points * eval_iters * eval_gbs
 
 
-def tokenizer_identity(args: argparse.Namespace) -> dict | None:
+def tokenizer_identity(args: argparse.Namespace) -> dict[str, Any] | None:
     """The tokenizer's ``unique_identifiers`` as Megatron writes them into every description."""
     if args.tokenizer_identity is not None:
         if args.tokenizer_type is not None:
@@ -480,7 +482,7 @@ def json_or_file(text: str, flag: str, opening: str, hint: str) -> tuple[Any, st
         raise ConfigError(f"{source} is not JSON ({exc})", hint=hint) from None
 
 
-def _identity_from(text: str) -> dict:
+def _identity_from(text: str) -> dict[str, Any]:
     """JSON text or a file of it; a whole description (with a "tokenizer" key) gives its part."""
     value, source = json_or_file(
         text,

@@ -61,7 +61,7 @@ class DurationHistogram:
         for b, n in enumerate(self.counts):
             seen += n
             if n and seen >= rank:
-                middle = _LOWEST_S * 2.0 ** ((b + 0.5) / _PER_OCTAVE)
+                middle: float = _LOWEST_S * 2.0 ** ((b + 0.5) / _PER_OCTAVE)
                 return min(max(middle, self.low), self.high)
         return self.high
 
