@@ -106,7 +106,8 @@ def mounted_tmpfs(path: Path, options: str):
 def mypy_snippet(folder, source: str) -> tuple[str, int]:
     """mypy's report and exit status on ``source`` (dedented) written to ``folder``/snippet.py:
     only the snippet's own errors count (the library's are the static checks' business); the
-    cache outside the repository: about 40 s without it, a few with it."""
+    cache outside the repository: about 40 s without it, a few with it. The snippet is a user's
+    code: checked with mypy's defaults, not with pyproject.toml's strict settings for tokenload."""
     import tempfile
     import textwrap
 
@@ -117,6 +118,7 @@ def mypy_snippet(folder, source: str) -> tuple[str, int]:
     cache = Path(tempfile.gettempdir()) / "tokenload-test-mypy-cache"
     out, err, status = api.run(
         [
+            "--config-file=",  # none: pyproject.toml's [tool.mypy] is for tokenload's sources
             "--follow-imports=silent",
             "--ignore-missing-imports",
             "--python-version=3.10",
