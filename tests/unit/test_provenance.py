@@ -60,12 +60,12 @@ def decode(tokens):
     return source, document, position
 
 
-def run(prefixes, order, steps):
+def run(prefixes, order, steps, workers=0):
     """Every rank's batches of ``steps`` global steps (2 ranks, micro-batch 2, G = 8), with a
     skip of one global step after step 3 and ``set_weights`` after step 7; the state after."""
     loaders = [
         build_dataloader(
-            build(prefixes, order), micro_batch_size=2, dp_rank=r, dp_size=2, num_workers=0
+            build(prefixes, order), micro_batch_size=2, dp_rank=r, dp_size=2, num_workers=workers
         )
         for r in range(2)
     ]
@@ -82,6 +82,8 @@ def run(prefixes, order, steps):
             for rank, it in enumerate(iters):
                 served[step, rank, micro] = next(it)["tokens"].numpy()
     state = json.loads(json.dumps(loaders[0].state_dict()))
+    for x in loaders:
+        x.close()
     return served, state
 
 
@@ -90,10 +92,10 @@ def rebuilt(row):
     return [token(p.source, p.document, k) for p in row.pieces for k in range(p.start, p.stop)]
 
 
-@pytest.mark.parametrize("order", ["computed", "megatron"])
-def test_explain_and_where_match_the_rows_the_loader_served(prefixes, order):
+@pytest.mark.parametrize(("order", "workers"), [("computed", 2), ("megatron", 2), ("computed", 0)])
+def test_explain_and_where_match_the_rows_the_loader_served(prefixes, order, workers):
     steps = 40
-    served, state = run(prefixes, order, steps)
+    served, state = run(prefixes, order, steps, workers)
     assert [s["samples"] for s in state["skips"]] == [G]
     assert state["weights_changes"] == [[9 * G, [0.0, 1.0, 3.0]]]
     held = {}  # (source, document) -> steps whose rows hold a token of it
