@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -71,7 +72,7 @@ class Recorder(pl.LightningModule):
 
 def trainer(**overrides) -> pl.Trainer:
     """A quiet CPU Trainer for tests."""
-    options = dict(
+    options: dict[str, Any] = dict(
         accelerator="cpu",
         devices=1,
         logger=False,

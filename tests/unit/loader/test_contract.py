@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +44,7 @@ def data(tmp_path_factory):
 
 
 def _kinds(folder, a: str, b: str) -> dict[str, object]:
-    common = dict(sequence_length=SEQ, eod_id=999, path_to_cache=str(folder / "cache"))
+    common: dict[str, Any] = dict(sequence_length=SEQ, eod_id=999, path_to_cache=str(folder / "cache"))
     blend = ["30", a, "70", b]
     configs = {
         "gpt": MegatronDataConfig(blend=[a], split="90,10,0", **common),

@@ -10,6 +10,7 @@ every worker with a bare AssertionError; every earlier loader test passed ``path
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -44,7 +45,7 @@ def prefixes(tmp_path_factory):
 
 
 def _config(kind: str, cache: str, folder, a: str, b: str) -> MegatronDataConfig:
-    common = dict(sequence_length=SEQ, eod_id=999, eod_mask_loss=True)
+    common: dict[str, Any] = dict(sequence_length=SEQ, eod_id=999, eod_mask_loss=True)
     if cache == "path":
         common["path_to_cache"] = str(folder / "cache")
     elif cache == "off":
