@@ -83,7 +83,7 @@ _LIVENESS_S = 1.0  # how often a waiting consumer checks that the worker is stil
 _STOP_S = 5.0  # how long close() waits for workers to stop before it kills them
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class WorkerProcess:
     """One worker process and what the training process holds of it. A replacement is a new
     record, made whole by ``WorkerPool._start``: nothing of the lost process is carried over."""
@@ -110,7 +110,7 @@ class WorkerProcess:
     """CPU time of a starting worker, last seen (``health.cpu_time``)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Worker:
     """Worker w of a pool: the process serving it ``now`` (replaced in one assignment) and what
     outlives a replacement."""
