@@ -130,4 +130,5 @@ class ODMExp3:
         soft = np.exp(scaled - scaled.max())
         eps = self._epsilon(self.step + 1)
         self.weights = (1 - self.k * eps) * soft / soft.sum() + eps
-        return self.weights.tolist()
+        weights: list[float] = self.weights.tolist()
+        return weights

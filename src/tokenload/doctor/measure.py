@@ -43,7 +43,7 @@ class _IOCount:
     hooked = False
 
 
-def _audit(event: str, args: tuple) -> None:
+def _audit(event: str, args: tuple[Any, ...]) -> None:
     if _IOCount.active and event == "open":
         _IOCount.opens += 1
 

@@ -139,10 +139,10 @@ class TokenloadDataModule(_pl.LightningDataModule):
         self._train = loader
         return loader
 
-    def val_dataloader(self) -> _EvalLoader | list:
+    def val_dataloader(self) -> _EvalLoader | list[Any]:
         return self._eval_loader("val")
 
-    def test_dataloader(self) -> _EvalLoader | list:
+    def test_dataloader(self) -> _EvalLoader | list[Any]:
         return self._eval_loader("test")
 
     def state_dict(self) -> dict[str, Any]:
@@ -259,7 +259,7 @@ class TokenloadDataModule(_pl.LightningDataModule):
             return start
         return self.consumed_samples
 
-    def _eval_loader(self, split: str) -> _EvalLoader | list:
+    def _eval_loader(self, split: str) -> _EvalLoader | list[Any]:
         dataset = self.dataset(split)
         if dataset is None:
             return []  # Lightning runs no loop over an empty list of loaders
@@ -350,7 +350,7 @@ class _TrainLoader(_LoaderView):
         left = len(self.loader)
         return left if self._finished else self._in_pass + left
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         # Lightning also calls iter() once just to check the loader is iterable, so a restored
         # pass is only taken up when the first batch is drawn.
         if not self._resumed:  # a new pass, from where the order stands
@@ -359,7 +359,7 @@ class _TrainLoader(_LoaderView):
                 self._on_exhausted(self.loader.consumed_samples, len(self.dataset))
         return self._batches()
 
-    def _batches(self) -> Iterator[dict]:
+    def _batches(self) -> Iterator[dict[str, Any]]:
         if self._resumed:
             self._resumed = False
             self._pass_len = self._in_pass + len(self.loader)
@@ -394,6 +394,6 @@ class _EvalLoader(_LoaderView):
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         self.loader.restart(0)
         return iter(self.loader)
