@@ -159,3 +159,14 @@ def test_packing_figures_against_a_count_of_crossed_boundaries():
     assert (f["concat_cut"], f["concat_cut_short"]) == (cut, cut_short)
     assert f["packed_cut"] == int((lengths > 65).sum())
     assert 0 <= f["padding_share"] < 0.01
+
+
+def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp_path):
+    prefix = _corpus(tmp_path / "data")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "none",
+                  "--train-samples", "200", *FAST)
+    assert out.returncode == 1, out.stdout + out.stderr
+    stall = _finding(out.stdout, "startup")
+    assert "every rank fails at once with a CacheError" in stall and "prepare-cache" in stall

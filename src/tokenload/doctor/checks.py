@@ -144,7 +144,9 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
             )
         _check_cache_trust(config, report)
     else:
-        train, seconds, opens, stats, phases = _timed_build(config, cache="off")
+        # measured as an in-memory build (cache='off'; 'none' with it would be refused)
+        memory = {"build_policy": "auto"} if policy == "none" else {}
+        train, seconds, opens, stats, phases = _timed_build(config, cache="off", **memory)
         what = {
             "none": (
                 "every rank fails at once with a CacheError: build_policy='none' finds no"
