@@ -235,10 +235,10 @@ class PackedRows:
             b = self._block(epoch, block)
             within = wanted - (low - k)
             if int(within.max()) < b.rows:
-                lo = b.offsets[within]
-                counts = b.offsets[within + 1] - lo
+                lows = b.offsets[within]
+                counts = b.offsets[within + 1] - lows
                 first = np.cumsum(counts) - counts
-                at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lo - first, counts)
+                at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lows - first, counts)
                 return PlanPieces(
                     first=first, sequence=b.sequence[at], start=b.start[at], length=b.length[at]
                 )
