@@ -66,7 +66,7 @@ from ...metrics import Phases
 from ..config import DataConfig, MegatronOptions, Splits, SupportsTyped, TypedConfig
 from ..sources import MockSource, file_facts, open_source
 from .blended import BlendedDataset
-from .built import BuiltDataset, BuiltMember, default_folder
+from .built import BuiltDataset, BuiltMember, built_member, default_folder
 from .built import placeless as _placeless
 from .cache_match import gpt_cache_mismatches
 from .cache_rules import IndexCache, wait_for_cache_writes, write_behind
@@ -501,17 +501,17 @@ class MegatronBuilder:
             length=length,
             samples_per_epoch=per_epoch,
         )
-        entry = cached.entry
-        if entry is not None:
-            entry.update(
-                kind="gpt",
-                prefix=mid.prefix,
-                length=length,
-                samples_per_epoch=per_epoch,
-                identity=identity,
-                token_file=facts,
-            )
-        return BuiltMember(dataset, entry, uid)
+        return built_member(
+            dataset,
+            cached.entry,
+            uid,
+            kind="gpt",
+            prefix=mid.prefix,
+            length=length,
+            samples_per_epoch=per_epoch,
+            identity=identity,
+            token_file=facts,
+        )
 
 
 def _empty_split(

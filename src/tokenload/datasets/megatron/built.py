@@ -11,7 +11,7 @@ from typing import Any
 from ...caches import default_cache_dir
 from ...storage import is_url, local_folder
 
-__all__ = ["BuiltDataset", "BuiltMember", "default_folder", "placeless"]
+__all__ = ["BuiltDataset", "BuiltMember", "built_member", "default_folder", "placeless"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,16 @@ class BuiltMember(BuiltDataset):
     description), of which a blend's identifiers are made."""
 
     identifiers: OrderedDict[str, Any]
+
+
+def built_member(
+    dataset: Any, entry: dict[str, Any] | None, uid: OrderedDict[str, Any], **fields: Any
+) -> BuiltMember:
+    """A per-prefix dataset and its manifest entry (None when no cache backs it), completed with
+    ``fields`` (kind, prefix, length, samples per epoch, identity, token file facts, ...)."""
+    if entry is not None:
+        entry.update(fields)
+    return BuiltMember(dataset, entry, uid)
 
 
 def default_folder(path_to_cache: str | None, prefix: str | None) -> str | None:

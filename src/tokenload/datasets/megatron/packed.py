@@ -40,7 +40,7 @@ from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, finish_windows
 from ..packed_rows import read_rows
-from .built import BuiltMember, default_folder, placeless
+from .built import built_member, default_folder, placeless
 from .gpt_dataset import IndexArrays
 
 __all__ = ["PACK_BLOCK", "PackedGPTDataset", "build_packed_indices", "packed_member"]
@@ -326,18 +326,18 @@ def packed_member(
         length=rows,
         samples_per_epoch=per_epoch,
     )
-    entry = cached.entry
-    if entry is not None:
-        entry.update(
-            kind="packed",
-            prefix=mid.prefix,
-            length=rows,
-            samples_per_epoch=per_epoch,
-            identity=identity,
-            token_file=facts,
-            shapes={k: list(v) for k, v in shapes.items()},
-        )
-    return BuiltMember(dataset, entry, uid)
+    return built_member(
+        dataset,
+        cached.entry,
+        uid,
+        kind="packed",
+        prefix=mid.prefix,
+        length=rows,
+        samples_per_epoch=per_epoch,
+        identity=identity,
+        token_file=facts,
+        shapes={k: list(v) for k, v in shapes.items()},
+    )
 
 
 def packed_from_entry(builder: Any, entry: Any, indices: IndexArrays) -> PackedGPTDataset:
