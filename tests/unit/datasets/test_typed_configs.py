@@ -13,11 +13,10 @@ import hashlib
 import json
 import textwrap
 
-import mypy.api
 import numpy as np
 import pytest
 
-from support import write_documents
+from support import mypy_snippet, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.datasets.build import build_typed
 from tokenload.datasets.computed import ComputedGPTDataset
@@ -251,14 +250,10 @@ SNIPPET = textwrap.dedent(
 
 
 def test_reveal_type_of_a_split_is_a_tokenload_type_not_any(tmp_path):
-    path = tmp_path / "snippet.py"
-    path.write_text(SNIPPET)
-    out, err, _ = mypy.api.run(
-        [str(path), "--follow-imports=silent", "--no-error-summary", "--show-traceback"]
-    )
+    out, _ = mypy_snippet(tmp_path, SNIPPET)
     revealed = [
         line.split("Revealed type is ", 1)[1]
         for line in out.splitlines()
         if "Revealed type is" in line
     ]
-    assert revealed == ['"tokenload.contract.LoaderDataset | None"'] * 2, out + err
+    assert revealed == ['"tokenload.contract.LoaderDataset | None"'] * 2, out
