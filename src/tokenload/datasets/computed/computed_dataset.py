@@ -73,7 +73,13 @@ from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
 from .extents import Extent, file_extent, mock_extent
 
-__all__ = ["ComputedBlendedDataset", "ComputedGPTDataset", "build_computed_datasets"]
+__all__ = [
+    "ComputedBlendedDataset",
+    "ComputedGPTDataset",
+    "ComputedOptions",
+    "build_computed",
+    "build_computed_datasets",
+]
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
 

@@ -66,7 +66,13 @@ from .neox_indices import (
     neox_weights_by_num_docs,
 )
 
-__all__ = ["NEOX_DEFAULT_ALPHA", "NeoXGPTDataset", "NeoxOptions", "build_neox_datasets"]
+__all__ = [
+    "NEOX_DEFAULT_ALPHA",
+    "NeoXGPTDataset",
+    "NeoxOptions",
+    "build_neox",
+    "build_neox_datasets",
+]
 
 
 class OpenedFile(NamedTuple):
