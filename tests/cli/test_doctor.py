@@ -135,10 +135,10 @@ def test_packing_is_advised_when_concatenation_cuts_documents_and_not_once_packe
     prefix = _corpus(tmp_path / "data")
     out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
     packing = _finding(out.stdout, "packing")
-    assert "PROBLEM: at --seq-length 64, concatenation cuts" in packing, out.stdout + out.stderr
+    assert "PROBLEM: at sequence length 64, concatenation cuts" in packing, out.stdout + out.stderr
     assert "packing='best-fit'" in packing
     packed = run_cli("doctor", "--data-path", prefix, "--order", "computed", "--packing", "best-fit", *FAST)
-    assert "[packing] ok: at --seq-length 64" in packed.stdout, packed.stdout + packed.stderr
+    assert "[packing] ok: at sequence length 64" in packed.stdout, packed.stdout + packed.stderr
 
 
 def test_packing_figures_against_a_count_of_crossed_boundaries():

@@ -93,12 +93,12 @@ def test_an_output_prefix_naming_no_file_is_refused_and_writes_nothing(tmp_path,
 
 
 def test_every_command_refuses_a_missing_output_folder_and_creates_nothing(tmp_path):
+    """prepare-cache aside: it creates its cache folder, as Megatron's tool does (issue 36,
+    point 15; tests/cli/test_prepare_cache_folder_and_ramp.py)."""
     prefix = write_documents(tmp_path / "p", [[1, 2, 3]] * 40)
     missing = tmp_path / "missing"
     runs = [
         ("sequences", "--data-path", prefix, "--per-dataset-sequences-path", missing / "s.json"),
-        ("prepare-cache", "--data-path", prefix, "--data-cache-path", missing, "--seq-length", "4",
-         "--train-samples", "10", "--eval-iters", "0", "--skip-train"),
         ("convert", prefix, "--output-prefix", missing / "c"),
         ("corpus", "--output", missing / "c.jsonl", "--max-mb", "0.01"),
     ]

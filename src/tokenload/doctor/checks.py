@@ -466,7 +466,7 @@ def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> 
     f = packing_figures(np.concatenate(parts), config.seq_length)
     share = f["concat_cut_short"] / f["short"] if f["short"] else 0.0
     measured = (
-        f"at --seq-length {config.seq_length}, concatenation cuts {f['concat_cut']:,} of"
+        f"at sequence length {config.seq_length}, concatenation cuts {f['concat_cut']:,} of"
         f" {f['documents']:,} documents ({share:.1%} of those that fit one row);"
         f" best-fit packing cuts {f['packed_cut']:,} (only longer ones), pads"
         f" {f['padding_share']:.2%} of the slots, {f['per_row_p50']:.0f} documents per row"

@@ -335,8 +335,8 @@ class TokenloadDataLoader:
                 raise ConfigError(
                     "set_weights on a Megatron-order blend built with mixture_change='refuse':"
                     " its weights are fixed (Megatron's blending arrays)",
-                    hint="build it with MegatronDataConfig(mixture_change='continue')"
-                    " (--mixture-change continue), or use order='computed'",
+                    hint="build it with MegatronDataConfig(mixture_change='continue'),"
+                    " or use order='computed'",
                     field="mixture_change",
                 )
             raise ConfigError(
