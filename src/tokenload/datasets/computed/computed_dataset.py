@@ -64,14 +64,14 @@ from ...format import TokenFile, read_sequences
 from ...index import MOCK_SPLIT, plan_splits
 from ...index.plan import MidLevelPlan, SplitPlan
 from ...index.window_order import WindowOrder, source_seed
-from ...index.windows import WindowGrid, window_pieces
+from ...index.windows import window_pieces
 from ..config import ComputedOptions, DataConfig, Splits, SupportsTyped
 from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, token_windows
 from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
-from .extents import Extent, file_extent, mock_extent
+from .extents import Extent, OnExtent, file_extent, mock_extent
 
 __all__ = [
     "ComputedBlendedDataset",
@@ -84,7 +84,7 @@ __all__ = [
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
 
 
-class ComputedGPTDataset(_Items, OneSourceContract):
+class ComputedGPTDataset(OnExtent, _Items, OneSourceContract):
     """Items of one split of one token file (or of the mock source) in the computed order."""
 
     def __init__(
@@ -107,14 +107,6 @@ class ComputedGPTDataset(_Items, OneSourceContract):
         self.startup_phases = startup_phases or {}
         self._order: WindowOrder | None = None
         self._pointers: np.ndarray | None = None
-
-    @property
-    def identity(self) -> str:
-        return self.extent.identity
-
-    @property
-    def grid(self) -> WindowGrid:
-        return self.extent.grid
 
     @property
     def samples_per_epoch(self) -> int:

@@ -38,7 +38,7 @@ from ...storage import file_size, local_path
 from ...storage.os_errors import read_error
 from ..sources import MockSource, open_token_file
 
-__all__ = ["Extent", "file_extent", "mock_extent"]
+__all__ = ["Extent", "OnExtent", "file_extent", "mock_extent"]
 
 _SAMPLED_LENGTHS = 1024
 """Lengths hashed next to each end of a split for its identity (4 KiB each)."""
@@ -224,3 +224,17 @@ def mock_extent(
     tokens = int(np.sum(lengths[begin:end], dtype=np.int64))
     facts = f"mock|{source.vocab_size}|{source.eod_id}|{begin}|{end}"
     return _extent(begin, end, first, tokens, np.dtype(np.int64), facts, (sequence_length, extra))
+
+
+class OnExtent:
+    """What a dataset over one split's ``extent`` answers from it: its identity and grid."""
+
+    extent: Extent
+
+    @property
+    def identity(self) -> str:
+        return self.extent.identity
+
+    @property
+    def grid(self) -> WindowGrid:
+        return self.extent.grid

@@ -39,7 +39,7 @@ from ..contract_parts import OneSourceContract
 from ..items import Allocator, ItemConfig, finish_windows
 from ..packed_rows import read_rows
 from .computed_blend import _Items
-from .extents import Extent
+from .extents import Extent, OnExtent
 
 __all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "PlanPieces"]
 
@@ -273,7 +273,7 @@ def packed_fingerprint(base: str, rows: PackedRows) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class ComputedPackedDataset(_Items, OneSourceContract):
+class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
     """Packed rows of one split of one token file (or of the mock source) in the computed order:
     sample k is the source's row k (module docstring)."""
 
@@ -306,14 +306,6 @@ class ComputedPackedDataset(_Items, OneSourceContract):
         )
         self._length = length
         self.startup_phases = startup_phases or {}
-
-    @property
-    def identity(self) -> str:
-        return self.extent.identity
-
-    @property
-    def grid(self) -> Any:
-        return self.extent.grid
 
     @property
     def samples_per_epoch(self) -> int:
