@@ -76,7 +76,50 @@ class ItemConfig:
         return self.sequence_length + self.extra
 
 
+NO_START = np.iinfo(np.int32).max
+"""The fill of a ``doc_starts`` matrix past a row's pieces."""
+
+
+def starts_matrix(rows: np.ndarray, slots: np.ndarray, rank: np.ndarray, batch: int) -> np.ndarray:
+    """The ``doc_starts`` layout of pieces given by row, first slot and rank within the row:
+    int32 ``(batch, most pieces in a row)``, each row's pieces' first slots in order (the first
+    0), then ``NO_START``. One row per sample, so it is sliced and gathered like the windows."""
+    width = int(rank.max()) + 1 if rank.size else 1
+    out = np.empty((batch, width), dtype=np.int32)
+    out.fill(NO_START)
+    out[rows, rank] = slots
+    return out
+
+
+def _starts_of(documents: np.ndarray, seq: int) -> np.ndarray:
+    """``(B, seq)`` int64: for each input position, the slot where its document begins, from a
+    ``doc_starts`` matrix (slots of S and past, and the fill, begin no input)."""
+    batch = documents.shape[0]
+    rows, at = np.nonzero(documents < seq)  # row by row, slots rising
+    begins = documents[rows, at].astype(np.int64)
+    sizes = np.empty_like(begins)
+    sizes[:-1] = begins[1:]
+    sizes[:-1][rows[:-1] != rows[1:]] = seq  # a row's last document ends at S
+    sizes[-1:] = seq
+    sizes -= begins
+    return np.repeat(begins, sizes).reshape(batch, seq)
+
+
+def starts_bounds(documents: np.ndarray, seq: int) -> np.ndarray:
+    """int32 ``(B, S + 1)`` boundaries in ``cu_seqlens`` layout (``document_bounds``) from a
+    ``doc_starts`` matrix: 0, each piece's start but the row's first (at most S), then S."""
+    batch, width = documents.shape
+    out = np.empty((batch, seq + 1), dtype=np.int32)
+    out.fill(seq)
+    out[:, 0] = 0
+    inner = min(width, seq + 1)
+    np.minimum(documents[:, 1:inner], seq, out=out[:, 1:inner])
+    return out
+
+
 _INT64, _FLOAT32 = np.dtype(np.int64), np.dtype(np.float32)
+_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+_HEAD = 32  # columns of the boundaries where _bound_starts looks for a row's inner ones first
 
 
 def build_items(
@@ -86,6 +129,8 @@ def build_items(
     padded: bool = True,
     alloc: Allocator | None = None,
     bounds: np.ndarray | None = None,
+    row_tokens: np.ndarray | None = None,
+    documents: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
     padded, else any integer dtype).
@@ -96,8 +141,14 @@ def build_items(
     int32 ``(B, S + 1)`` in ``cu_seqlens`` layout (``document_bounds``): when given, position ids
     restart at every boundary, ``cu_seqlens``/``max_seqlen`` (with ``inter_document_masking``) are
     these boundaries, and a reset attention mask blocks across them; EOD tokens then decide only
-    the loss mask (``eod_mask_loss``).
+    the loss mask (``eod_mask_loss``). ``row_tokens``: the tokens each row holds (packed rows,
+    ``packed_rows.read_rows``); the slots from there on are padding whatever they hold, so the
+    windows may keep the file's dtype, and a token equal to a pad id of 0 or more is padding too,
+    as in a padded window. ``documents``: the rows' document starts (``starts_matrix``), in place
+    of ``bounds`` (the same fields; the boundaries are then made only for ``cu_seqlens``).
     """
+    if documents is not None and bounds is None and cfg.inter_document_masking:
+        bounds = starts_bounds(documents, text.shape[1] - cfg.extra)
     new = alloc or _empty
     pad, extra = cfg.pad_id, cfg.extra
     batch, seq = text.shape[0], text.shape[1] - extra
@@ -111,7 +162,7 @@ def build_items(
         labels[:, :-1] = tokens[:, 1:]
         labels[:, -1] = pad
     masked_by_documents = cfg.create_attention_mask and cfg.reset_attention_mask
-    by_eod = bounds is None and (
+    by_eod = (bounds is None and documents is None) and (
         cfg.reset_position_ids or cfg.inter_document_masking or masked_by_documents
     )
     if by_eod and cfg.eod_id is None:  # inter_document_masking without the documents' lengths
@@ -126,13 +177,18 @@ def build_items(
         loss_mask[is_eod] = 0.0
     position_ids = new((batch, seq), _INT64)
     starts = None  # where each position's document begins
-    if bounds is not None:
+    if documents is not None:
+        starts = _starts_of(documents, seq)
+    elif bounds is not None:
         starts = _bound_starts(bounds, seq)
     elif by_eod:
         assert is_eod is not None  # by_eod
         starts = _segment_starts(is_eod)
     if starts is not None and (
-        bounds is not None or cfg.reset_position_ids or cfg.inter_document_masking
+        bounds is not None
+        or documents is not None
+        or cfg.reset_position_ids
+        or cfg.inter_document_masking
     ):
         np.subtract(_positions(seq)[None, :], starts, out=position_ids)
     else:
@@ -148,21 +204,27 @@ def build_items(
             assert is_eod is not None  # by_eod
             out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
     if padded or pad >= 0 or not extra:
-        _clear_padding(text, tokens, labels, loss_mask, pad, extra)
+        if row_tokens is not None:
+            _clear_short_rows(text, tokens, labels, loss_mask, pad, extra, row_tokens)
+        else:
+            _clear_padding(text, tokens, labels, loss_mask, pad, extra)
     return out
 
 
 def finish_windows(
     batch: dict[str, Any], cfg: ItemConfig, alloc: Allocator | None = None
 ) -> dict[str, np.ndarray]:
-    """``build_items`` over a ``read_batch`` result: its ``windows``, its ``padded`` flag and the
-    rows' document boundaries (``doc_bounds``) when the read made them."""
+    """``build_items`` over a ``read_batch`` result: its ``windows``, its ``padded`` flag, and the
+    rows' document boundaries (``doc_bounds``) or starts (``doc_starts``) and token counts
+    (``row_tokens``) when the read made them."""
     return build_items(
         batch["windows"],
         cfg,
         padded=bool(batch["padded"]),
         alloc=alloc,
         bounds=batch.get("doc_bounds"),
+        row_tokens=batch.get("row_tokens"),
+        documents=batch.get("doc_starts"),
     )
 
 
@@ -185,9 +247,44 @@ def _clear_padding(
         labels[labels == pad] = 0
         return
     is_pad = np.equal(text, pad)
-    np.copyto(loss_mask, 0.0, where=is_pad[:, 1:])
-    np.copyto(labels, 0, where=is_pad[:, 1:])
-    np.copyto(tokens, 0, where=is_pad[:, :-1])
+    _zero_padding(tokens, labels, loss_mask, is_pad[:, 1:], is_pad[:, :-1])
+
+
+def _zero_padding(
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    loss_mask: np.ndarray,
+    label_pad: np.ndarray,
+    token_pad: np.ndarray,
+) -> None:
+    """Padding labels lose their loss and become 0; padding tokens become 0."""
+    np.copyto(loss_mask, 0.0, where=label_pad)
+    np.copyto(labels, 0, where=label_pad)
+    np.copyto(tokens, 0, where=token_pad)
+
+
+def _clear_short_rows(
+    text: np.ndarray,
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    loss_mask: np.ndarray,
+    pad: int,
+    extra: int,
+    row_tokens: np.ndarray,
+) -> None:
+    """``_clear_padding`` where each row's padding is the slots past its ``row_tokens`` (whatever
+    they hold); with a pad id of 0 or more, a token equal to it is padding too, as in a padded
+    window. The same fields as a window padded with the pad id would give."""
+    is_pad = _positions(text.shape[1])[None, :] >= row_tokens[:, None]
+    if pad >= 0:
+        is_pad |= np.equal(text, pad)
+    if extra:
+        label_pad, token_pad = is_pad[:, 1:], is_pad[:, :-1]
+    else:  # the labels are the tokens shifted by one, the last one padding
+        label_pad = np.ones_like(is_pad)
+        label_pad[:, :-1] = is_pad[:, 1:]
+        token_pad = is_pad
+    _zero_padding(tokens, labels, loss_mask, label_pad, token_pad)
 
 
 @functools.lru_cache(maxsize=8)
@@ -216,6 +313,26 @@ def _bound_starts(bounds: np.ndarray, seq: int) -> np.ndarray:
     (boundaries of S and past are ends, never starts). For non-decreasing boundaries this is
     megatron-core's ``position_ids[start:end] = arange(end - start)`` for every pair."""
     batch = bounds.shape[0]
+    head = bounds[:, :_HEAD]
+    if (
+        batch
+        and bounds.shape[1] > _HEAD
+        and _MIN(head[:, -1]) >= seq
+        and not _MAX(np.abs(head[:, 0]))
+        and _MIN(head[:, 1:] >= head[:, :-1], axis=None)
+        and _MIN(bounds[:, _HEAD:], axis=None) >= seq
+    ):
+        # the usual layout (document_bounds): each row's boundaries rise from 0, and its inner
+        # ones (below S) sit in its first columns: each document's start repeated over its
+        # positions, with no pass over the whole matrix but one comparison of its tail
+        rows, at = np.nonzero(head < seq)
+        begins = head[rows, at].astype(np.int64)
+        sizes = np.empty_like(begins)
+        sizes[:-1] = begins[1:]
+        sizes[:-1][rows[:-1] != rows[1:]] = seq  # a row's last document ends at S
+        sizes[-1] = seq
+        sizes -= begins
+        return np.repeat(begins, sizes).reshape(batch, seq)
     # the inner boundaries only (a few per row): one comparison pass, then small gathers
     rows, at = np.nonzero(bounds[:, 1:] < seq)
     values = bounds[rows, at + 1].astype(np.int64)
@@ -229,9 +346,11 @@ def _attention_mask(batch: int, seq: int, starts: np.ndarray | None) -> np.ndarr
     """Causal mask (True = masked), blocked across documents when their ``starts`` are given."""
     causal = np.tril(np.ones((seq, seq), dtype=bool))
     if starts is None:
-        return np.broadcast_to(~causal, (batch, 1, seq, seq)).copy()
+        blocked: np.ndarray = np.broadcast_to(~causal, (batch, 1, seq, seq)).copy()
+        return blocked
     same = starts[:, :, None] == starts[:, None, :]
-    return ~(causal[None] & same)[:, None]
+    masked: np.ndarray = ~(causal[None] & same)[:, None]
+    return masked
 
 
 def _cu_seqlens(is_eod: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

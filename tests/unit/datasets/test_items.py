@@ -99,3 +99,37 @@ def test_fields_match_megatrons_steps_and_are_independent_arrays(pad_id, dtype):
     fields = list(out.values())
     assert not any(np.shares_memory(a, b) for i, a in enumerate(fields) for b in fields[i + 1 :])
     assert not any(np.shares_memory(a, window) for a in fields)
+
+
+def test_position_ids_restart_at_every_boundary_whatever_their_layout():
+    """Position ids from document boundaries: each position counts from the largest boundary at
+    or before it (boundaries of S and past are ends, negative ones are ignored), on the usual
+    layout (rising from 0, inner ones first: the fast path), on rows with more inner boundaries
+    than the fast path looks at, and on unsorted ones."""
+    import numpy as np
+
+    from tokenload.datasets.items import ItemConfig, build_items
+
+    rng = np.random.default_rng(0)
+    for seq in (8, 31, 32, 33, 100):
+        cfg = ItemConfig(sequence_length=seq)
+        for case in range(60):
+            batch = int(rng.integers(1, 6))
+            bounds = np.full((batch, seq + 1), seq, dtype=np.int32)
+            bounds[:, 0] = 0
+            for r in range(batch):
+                k = int(rng.integers(0, seq))
+                inner = np.sort(rng.integers(0, seq + 2, k))
+                if case % 3 == 1:
+                    inner = rng.permutation(inner)  # unsorted
+                if case % 5 == 2 and k:
+                    inner[0] = -3
+                bounds[r, 1 : k + 1] = inner
+            want = np.empty((batch, seq), dtype=np.int64)
+            for r in range(batch):
+                starts = [int(b) for b in bounds[r] if 0 <= b < seq]
+                for p in range(seq):
+                    want[r, p] = p - max(b for b in starts if b <= p)
+            text = rng.integers(0, 50, (batch, seq + 1))
+            got = build_items(text, cfg, padded=False, bounds=bounds)["position_ids"]
+            np.testing.assert_array_equal(got, want, err_msg=f"S={seq} case {case}")

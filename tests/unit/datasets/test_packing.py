@@ -4,6 +4,8 @@ their source, document and position (an independent model: the tokens themselves
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pytest
 
@@ -86,6 +88,7 @@ def runs(window: np.ndarray) -> list[tuple[int, int, int, int, int]]:
 def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path, order) -> None:
     prefix, lengths = corpus(tmp_path, 1, 3000, seed=1)
     train, _, _ = build_datasets(config(blend=[prefix], order=order), [None, 0, 0])
+    assert train is not None
     n = len(train)
     batch = train.__getitems__(np.arange(n))
     windows = windows_of(batch)
@@ -125,6 +128,7 @@ def test_boundaries_position_ids_and_cu_seqlens_follow_the_documents(tmp_path, o
     prefix, _ = corpus(tmp_path, 1, 600, seed=2)
     cfg = config(blend=[prefix], inter_document_masking=True, eod_id=1, order=order)
     train, _, _ = build_datasets(cfg, [200, 0, 0])
+    assert train is not None
     batch = train.__getitems__(np.arange(len(train)))
     _, doc, p = unname(batch["tokens"])
     real = batch["loss_mask"] > 0
@@ -150,6 +154,7 @@ def test_blend_rows_hold_one_source_and_shares_follow_the_weights(tmp_path, orde
     a, _ = corpus(tmp_path, 1, 2000, seed=3)
     b, _ = corpus(tmp_path, 2, 2000, seed=4)
     train, _, _ = build_datasets(config(blend=["0.25", a, "0.75", b], order=order), [400, 0, 0])
+    assert train is not None
     batch = train.__getitems__(np.arange(400))
     src, _, _ = unname(batch["tokens"])
     real = batch["loss_mask"] > 0
@@ -175,6 +180,7 @@ def test_resume_on_fewer_ranks_with_another_micro_batch_gives_the_same_stream(
         per_rank = []
         for rank in range(ranks):
             train, _, _ = build_datasets(cfg, [total, 0, 0])
+            assert train is not None
             loader = build_dataloader(
                 train,
                 consumed_samples=start,
@@ -189,7 +195,7 @@ def test_resume_on_fewer_ranks_with_another_micro_batch_gives_the_same_stream(
                 got.append(np.asarray(next(it)["tokens"]))
             loader.close()
             per_rank.append(got)
-        steps = []
+        steps: list[np.ndarray] = []
         for step in range(len(per_rank[0])):
             steps.extend(per_rank[r][step] for r in range(ranks))
         return [row for mb in steps for row in mb]
@@ -219,6 +225,7 @@ def test_documents_per_row_cap(tmp_path, order) -> None:
     train, _, _ = build_datasets(
         config(blend=[prefix], max_documents_per_row=2, order=order), [100, 0, 0]
     )
+    assert train is not None
     batch = train.__getitems__(np.arange(100))
     starts = (batch["position_ids"] == 0).sum(axis=1)
     assert starts.max() <= 2
@@ -269,13 +276,17 @@ def test_schedule_skip_and_mixture_change_at_a_resume_serve_no_piece_twice(tmp_p
 
 
 @ORDERS
-def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path, order) -> None:
+@pytest.mark.parametrize("cap", [None, 1])  # 1 document per row: most rows padded
+def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path, order, cap):
     a, _ = corpus(tmp_path, 1, 900, seed=13)
     b, _ = corpus(tmp_path, 2, 900, seed=14)
-    train, _, _ = build_datasets(config(blend=["0.5", a, "0.5", b], order=order), [64, 0, 0])
+    cfg = config(blend=["0.5", a, "0.5", b], order=order, max_documents_per_row=cap)
+    train, _, _ = build_datasets(cfg, [64, 0, 0])
+    assert train is not None
     loader = build_dataloader(train, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=0)
     batches = list(loader)
     report = loader.metrics()["packing"]
+    assert report is not None
     # the model: documents (pieces starting in an input slot) and empty label slots, counted
     # from the rows' own tokens
     per_row = [
@@ -287,7 +298,8 @@ def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path,
     assert report["rows"] == 64
     assert report["documents"] == sum(per_row)
     assert report["padding_share"] == pytest.approx(empty / (64 * S))
-    for q, key in ((50, "p50"), (99, "p99")):
+    quantiles: tuple[tuple[int, Literal["p50", "p99"]], ...] = ((50, "p50"), (99, "p99"))
+    for q, key in quantiles:
         want = int(np.percentile(per_row, q, method="inverted_cdf"))
         assert report["documents_per_row"][key] == want
     assert [s["name"] for s in report["sources"]] == [a, b]
@@ -314,6 +326,7 @@ def test_a_killed_worker_is_replaced_and_the_packed_rows_are_the_fault_free_ones
     a, _ = corpus(tmp_path, 1, 900, seed=15)
     b, _ = corpus(tmp_path, 2, 900, seed=16)
     train, _, _ = build_datasets(config(blend=["0.5", a, "0.5", b], order=order), [96, 0, 0])
+    assert train is not None
     want = train.__getitems__(np.arange(96))["tokens"]
     loader = build_dataloader(
         train,
@@ -350,3 +363,111 @@ def test_a_state_of_concatenated_samples_does_not_resume_into_packed_rows(tmp_pa
     resumed = build_dataloader(packed, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
     with pytest.raises(StateError):
         resumed.load_state_dict(state)
+
+
+@pytest.mark.parametrize("extra", [True, False])
+@pytest.mark.parametrize("pad_id", [-1, 0, 5])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"eod_mask_loss": True},
+        {"inter_document_masking": True},
+        {"create_attention_mask": True, "reset_attention_mask": True},
+    ],
+)
+def test_rows_told_by_their_token_counts_give_the_fields_of_pad_filled_windows(
+    extra, pad_id, fields
+) -> None:
+    """Packed rows keep the file's dtype and tell their padding by each row's token count; the
+    item fields equal those of the same rows as int64 windows filled with the pad id (the rule
+    for a padded window), tokens equal to the pad id inside documents included."""
+    from tokenload.datasets.items import ItemConfig, build_items, document_bounds
+    from tokenload.datasets.packed_rows import piece_starts
+
+    rng = np.random.default_rng(pad_id + 1 + 10 * extra)
+    item = ItemConfig(sequence_length=S, add_extra_token=extra, eod_id=3, pad_id=pad_id, **fields)
+    width = item.window
+    row_tokens = rng.integers(1, width + 1, 12)
+    row_tokens[:4] = width  # full rows beside short ones
+    lengths: list[int] = []
+    first: list[int] = []
+    for n in row_tokens.tolist():
+        first.append(len(lengths))
+        cuts = np.sort(rng.choice(np.arange(1, n), size=min(3, n - 1), replace=False))
+        lengths += np.diff(np.concatenate([[0], cuts, [n]])).tolist()
+    compact = rng.integers(0, 8, (row_tokens.size, width)).astype(np.uint16)  # 3 = EOD, 5 = pad
+    compact[np.arange(width)[None, :] >= row_tokens[:, None]] = 0
+    padded = compact.astype(np.int64)
+    padded[np.arange(width)[None, :] >= row_tokens[:, None]] = pad_id
+    bounds = document_bounds(np.array(lengths), np.array(first), S, 0)
+    want = build_items(padded, item, padded=True, bounds=bounds)
+    got = build_items(compact, item, padded=True, bounds=bounds, row_tokens=row_tokens)
+    # the packed read's own form: each piece's row and first slot instead of the boundaries
+    starts = piece_starts(np.array(lengths), np.array(first))
+    fast = build_items(compact, item, padded=True, row_tokens=row_tokens, documents=starts)
+    assert set(got) == set(want) == set(fast)
+    for key in want:
+        assert got[key].dtype == want[key].dtype == fast[key].dtype, key
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        np.testing.assert_array_equal(fast[key], want[key], err_msg=key)
+    assert (got["loss_mask"][:4].sum(axis=1) > 0).all()  # the full rows keep their loss
+
+
+def test_packed_row_bounds_equal_the_documents_rule() -> None:
+    """The packed rows' boundaries (their pieces' starts, ``packed_rows.piece_starts``, made into
+    boundaries by ``items.starts_bounds``) equal ``items.document_bounds`` without the extra
+    token's rule, on rows of one to S + 1 one-token documents and full or short rows."""
+    from tokenload.datasets.items import document_bounds, starts_bounds
+    from tokenload.datasets.packed_rows import piece_starts
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        lengths: list[int] = []
+        first: list[int] = []
+        for _row in range(int(rng.integers(1, 9))):
+            first.append(len(lengths))
+            n = int(rng.choice([W, S, int(rng.integers(1, W + 1))]))
+            k = min(n, int(rng.choice([1, 2, n, int(rng.integers(1, n + 1))])))
+            cuts: np.ndarray | list[int] = (
+                np.sort(rng.choice(np.arange(1, n), size=k - 1, replace=False)) if k > 1 else []
+            )
+            lengths += np.diff(np.concatenate([[0], cuts, [n]])).astype(int).tolist()
+        lengths_a, first_a = np.array(lengths), np.array(first)
+        want = document_bounds(lengths_a, first_a, S, 0)
+        got = starts_bounds(piece_starts(lengths_a, first_a), S)
+        np.testing.assert_array_equal(got, want)
+
+
+@ORDERS
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_blend_s_rows_keep_their_own_boundaries_through_the_loader(tmp_path, order, workers):
+    """Rows of two sources in one micro-batch (the blend merges each source's rows), read by
+    workers that read several micro-batches at once and cut them apart: each row's position ids
+    restart exactly where its cu_seqlens say, at the first token of each of its documents."""
+    a, _ = corpus(tmp_path, 1, 500, seed=21)
+    b, _ = corpus(tmp_path, 2, 500, seed=22)
+    cfg = config(blend=["0.5", a, "0.5", b], order=order, inter_document_masking=True, eod_id=1)
+    train, _, _ = build_datasets(cfg, [96, 0, 0])
+    assert train is not None
+    loader = build_dataloader(train, micro_batch_size=8, num_workers=workers)
+    mixed = 0
+    for batch in loader:
+        ids = np.asarray(batch["dataset_id"])
+        mixed += len(set(ids.tolist())) > 1
+        source, doc, pos = unname(np.asarray(batch["tokens"]))
+        positions, cu = np.asarray(batch["position_ids"]), np.asarray(batch["cu_seqlens"])
+        real = np.asarray(batch["loss_mask"]) > 0
+        for r in range(ids.size):
+            starts = [0] + [
+                i
+                for i in range(1, S)
+                if (doc[r, i], source[r, i]) != (doc[r, i - 1], source[r, i - 1])
+                or pos[r, i] != pos[r, i - 1] + 1
+            ]
+            starts = [i for i in starts if i == 0 or real[r, i - 1]]  # padding starts nothing
+            assert np.flatnonzero(positions[r] == 0).tolist() == starts
+            assert sorted({int(c) for c in cu[r] if 0 < c < S}) == starts[1:]
+            assert (source[r][real[r]] == ids[r] + 1).all()  # one source per row
+    loader.close()
+    assert mixed  # the micro-batches did mix the sources

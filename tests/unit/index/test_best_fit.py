@@ -113,3 +113,28 @@ def test_padding_is_small_on_a_heavy_tailed_mix() -> None:
     lengths = np.maximum(rng.lognormal(np.log(400), 1.3, 20_000).astype(np.int64), 1)
     plan = pack_block(lengths, 2049, 1)
     assert plan.padding / (plan.num_rows * 2049) < 0.01
+
+
+@given(
+    lengths=st.lists(st.integers(0, 70), max_size=40),
+    window=st.integers(2, 17),
+    extra=st.integers(0, 1),
+)
+@settings(max_examples=300, deadline=None)
+def test_split_documents_follows_the_rule_document_by_document(lengths, window, extra) -> None:
+    """Each document, one by one: empty gives no piece; up to the window, one whole piece; longer,
+    full windows every ``window - extra`` tokens, then the rest when it holds an input token."""
+    stride = window - extra
+    want = []
+    for d, n in enumerate(lengths):
+        if n == 0:
+            continue
+        if n <= window:
+            want.append((d, 0, n))
+            continue
+        full = (n - extra) // stride
+        want += [(d, k * stride, window) for k in range(full)]
+        if n - full * stride > extra:
+            want.append((d, full * stride, n - full * stride))
+    got = split_documents(np.array(lengths, dtype=np.int64), window, extra)
+    assert list(zip(got.doc.tolist(), got.start.tolist(), got.length.tolist())) == want

@@ -22,14 +22,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ...arrays import distinct
-from ...contract import MixtureCursors, RowPieces
+from ...contract import Allocator, MixtureCursors, RowPieces
 from ...errors import StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
 from ...index.mixture import MixtureState
 from ...index.schedule import Schedule, ScheduledMixture, check_schedule, check_schedule_fits
 from ..contract_parts import BlendContract
-from ..items import Allocator, ItemConfig, finish_windows
+from ..items import ItemConfig, finish_windows
+from ..packed_rows import merge_packed
 from ..pieces import blend_pieces
 
 __all__ = ["ComputedBlendedDataset"]
@@ -103,7 +104,8 @@ class ComputedBlendedDataset(_Items, BlendContract):
 
     @property
     def item(self) -> ItemConfig:
-        return self.datasets[0].item
+        item: ItemConfig = self.datasets[0].item  # the members share one (checked at __init__)
+        return item
 
     @property
     def order_fingerprint(self) -> str:
@@ -154,18 +156,14 @@ class ComputedBlendedDataset(_Items, BlendContract):
         return bool(getattr(self.datasets[0], "packed", False))
 
     def _read_packed(self, draws: Any) -> dict[str, Any]:
-        n = draws.source.size
-        windows = np.empty((n, self.item.window), dtype=np.int64)
-        bounds = np.empty((n, self.item.sequence_length + 1), np.int32)
-        for d in distinct(draws.source).tolist():
-            rows = draws.source == d
-            windows[rows], bounds[rows] = self.datasets[d].read_rows(draws.cursor[rows])
-        return {
-            "windows": windows,
-            "padded": True,
-            "doc_bounds": bounds,
-            "dataset_id": draws.source,
-        }
+        reads = [
+            (rows, self.datasets[d].read_rows(draws.cursor[rows]))
+            for d in distinct(draws.source).tolist()
+            for rows in [draws.source == d]
+        ]
+        batch = merge_packed(reads, draws.source.size, self.item).batch()
+        batch["dataset_id"] = draws.source
+        return batch
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None

@@ -32,12 +32,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...contract import Allocator
 from ...index.packing import pack_block
 from ...index.permutation import KeyedPermutation
 from ...index.window_order import WindowOrder, source_seed
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, finish_windows
-from ..packed_rows import read_rows
+from ..items import ItemConfig, finish_windows
+from ..packed_rows import PackedRead, read_rows
 from .computed_blend import _Items
 from .extents import Extent, OnExtent
 
@@ -326,8 +327,8 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
         base = f"computed|{self.identity}|{self.seed}|{self.item!r}"
         return packed_fingerprint(base, self.rows)
 
-    def read_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """int64 windows and int32 boundaries of the source's rows (a blend's cursors)."""
+    def read_rows(self, rows: np.ndarray) -> PackedRead:
+        """The windows, token counts and boundaries of the source's rows (a blend's cursors)."""
         p = self.rows.pieces(rows)
         return read_rows(self.source, self.item, p.first, p.sequence, p.start, p.length)
 
@@ -335,8 +336,7 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
         idx = np.asarray(indices, dtype=np.int64).ravel()
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        windows, bounds = self.read_rows(idx)
-        return {"windows": windows, "padded": True, "doc_bounds": bounds}
+        return self.read_rows(idx).batch()
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
@@ -375,4 +375,5 @@ class _Lengths:
         self.source = source
 
     def __call__(self, sequences: np.ndarray) -> np.ndarray:
-        return np.asarray(self.source.sequence_lengths)[sequences]
+        lengths: np.ndarray = np.asarray(self.source.sequence_lengths)[sequences]
+        return lengths

@@ -15,10 +15,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ...arrays import distinct
-from ...contract import MixtureCursors, RowPieces
+from ...contract import Allocator, MixtureCursors, RowPieces
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
-from ..items import Allocator
+from ..packed_rows import merge_starts
 from ..pieces import blend_pieces, not_answered
 from .gpt_dataset import IndexArrays
 
@@ -87,15 +87,25 @@ class BlendedDataset(BlendContract):
         parts = {d: self._member_batch(d, within[r]) for d, r in rows.items()}
         padded = any(p["padded"] for p in parts.values())
         dtypes = {p["windows"].dtype for p in parts.values()}
-        # int64 when padded, when members differ, or for an empty micro-batch
-        dtype = np.int64 if padded or len(dtypes) != 1 else dtypes.pop()
+        # packed rows tell their padding by their token counts, other windows by the pad id
+        counted = all("row_tokens" in p for p in parts.values())
+        # int64 when padded with the pad id, when members differ, or for an empty micro-batch
+        dtype = np.int64 if (padded and not counted) or len(dtypes) != 1 else dtypes.pop()
         width = self.datasets[0].item.window
         windows = np.empty((idx.size, width), dtype=dtype)
         for d, part in parts.items():
             windows[rows[d]] = part["windows"]
         batch = {"windows": windows, "padded": padded, "dataset_id": which}
+        if counted and parts:
+            row_tokens = np.empty(idx.size, dtype=np.int64)
+            for d, part in parts.items():
+                row_tokens[rows[d]] = part["row_tokens"]
+            batch["row_tokens"] = row_tokens
         item = self.datasets[0].item
-        if item.inter_document_masking or getattr(self.datasets[0], "packed", False):
+        if getattr(self.datasets[0], "packed", False):  # packed rows: their pieces' starts
+            starts = [(rows[d], part["doc_starts"]) for d, part in parts.items()]
+            batch["doc_starts"] = merge_starts(starts)
+        elif item.inter_document_masking:
             # each row's document boundaries
             doc_bounds = np.empty((idx.size, item.sequence_length + 1), np.int32)
             for d, part in parts.items():
@@ -129,7 +139,7 @@ class BlendedDataset(BlendContract):
         member = self.datasets[source]
         if not hasattr(member, "samples_of"):
             raise not_answered(member)
-        held = member.samples_of(0, document)
+        held: np.ndarray = member.samples_of(0, document)
         if not held.size:
             return held
         n = len(self)
@@ -138,18 +148,19 @@ class BlendedDataset(BlendContract):
 
     def _member_batch(self, d: int, samples: np.ndarray) -> dict[str, Any]:
         try:
-            return self.datasets[d].read_batch(samples)
+            batch: dict[str, Any] = self.datasets[d].read_batch(samples)
         except IndexError:  # a member refuses only sample numbers past its length
             raise self.indices.corrupt(
                 "dataset_sample_index",
                 f"sample numbers past dataset {d}'s length",
                 f"numbers below {len(self.datasets[d])}",
             ) from None
+        return batch
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
     ) -> dict[str, np.ndarray]:
-        out = self.datasets[0].finish_batch(batch, alloc)
+        out: dict[str, np.ndarray] = self.datasets[0].finish_batch(batch, alloc)
         out["dataset_id"] = batch["dataset_id"]
         return out
 

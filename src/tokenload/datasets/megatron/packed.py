@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ...caches import describe, description_hash, gpt_identifiers
+from ...contract import Allocator
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
 from ...index.epochs import plan_epochs
@@ -38,7 +39,7 @@ from ...index.plan import MidLevelPlan
 from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, finish_windows
+from ..items import ItemConfig, finish_windows
 from ..packed_rows import read_rows
 from .built import built_member, default_folder, placeless
 from .gpt_dataset import IndexArrays
@@ -66,6 +67,7 @@ def build_packed_indices(
     """The packed plan of one split (module docstring): ``row_index``, ``piece_index``,
     ``shuffle_index``."""
     lengths = np.asarray(sequence_lengths)
+    docs = np.asarray(documents)
     tokens = tokens_per_epoch(lengths, documents)
     epochs = plan_epochs(
         tokens_per_epoch=tokens,
@@ -78,7 +80,8 @@ def build_packed_indices(
     while True:
         rng = seeded_random_state(seed)
         order = build_document_index(documents, num_epochs, rng, separate)
-        offsets, pieces = _pack(lengths, order, window, extra, max_documents, block)
+        offsets, pieces = _pack(lengths, order, window, extra, max_documents, block, docs)
+        del order  # the plan's pieces name the sequences: the document index is done with
         rows = offsets.size - 1
         if num_samples is None or rows >= num_samples:
             break
@@ -97,20 +100,25 @@ def _pack(
     extra: int,
     max_documents: int | None,
     block: int,
+    documents: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row offsets and pieces of the documents of ``order``, packed block by block. The pieces
     are written into one array sized first (each document's piece count follows from its
     length), so the plan's largest array exists once at the peak, not as parts plus their
     concatenation."""
-    stride = window - extra
     total = 0
-    for lo in range(0, order.size, block):  # each document's pieces: full windows and a rest
-        n = lengths[order[lo : lo + block]].astype(np.int64)
-        full = np.where(n > window, (n - extra) // stride, 0)
-        rest = np.where(n > window, n - full * stride > extra, n > 0)
-        total += int(full.sum()) + int(np.count_nonzero(rest))
+    if documents is not None and documents.size and order.size % documents.size == 0:
+        # the document index holds each document once per epoch: its pieces, counted once
+        epochs = order.size // documents.size
+        for lo in range(0, documents.size, block):
+            total += epochs * _piece_count(lengths[documents[lo : lo + block]], window, extra)
+    else:
+        for lo in range(0, order.size, block):
+            total += _piece_count(lengths[order[lo : lo + block]], window, extra)
     pieces = np.empty((total, 3), dtype=np.int32)
-    offsets: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+    # each block's pieces per row, as int32 (a row holds at most S + 1 pieces), made into the
+    # int64 offsets at the end: half the memory of int64 offsets per block, then their join
+    counts: list[np.ndarray] = []
     base = 0
     for lo in range(0, order.size, block):
         sequences = order[lo : lo + block]
@@ -119,10 +127,29 @@ def _pack(
         part[:, 0] = sequences[plan.piece_doc]
         part[:, 1] = plan.piece_start
         part[:, 2] = plan.piece_length
-        offsets.append(plan.row_offsets[1:] + base)
+        counts.append(np.diff(plan.row_offsets).astype(np.int32))
         base += plan.piece_doc.size
-    assert base == total  # split_documents' count, twice
-    return np.concatenate(offsets), pieces
+        del plan, part
+    assert base == total  # split_documents' count, and _piece_count's
+    offsets = np.zeros(sum(c.size for c in counts) + 1, dtype=np.int64)
+    end = 1
+    counts.reverse()
+    while counts:  # each part freed once added: the parts shrink as the offsets fill
+        c = counts.pop()
+        np.cumsum(c, out=offsets[end : end + c.size])
+        offsets[end : end + c.size] += offsets[end - 1]
+        end += c.size
+    return offsets, pieces
+
+
+def _piece_count(lengths: np.ndarray, window: int, extra: int) -> int:
+    """Pieces of documents of these lengths (``index.packing.split_documents``' rule): full
+    windows and a rest for each longer than the window, one for each other non-empty one."""
+    stride = window - extra
+    n = lengths[lengths > window].astype(np.int64)  # the long ones (a few): pieces apart
+    full = (n - extra) // stride
+    keep = n - full * stride > extra
+    return int(np.count_nonzero(lengths)) - n.size + int(full.sum()) + int(np.count_nonzero(keep))
 
 
 class PackedGPTDataset(OneSourceContract):
@@ -238,10 +265,8 @@ class PackedGPTDataset(OneSourceContract):
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         first, pieces = self.plan_pieces(indices)
-        windows, bounds = read_rows(
-            self.source, self.item, first, pieces[:, 0], pieces[:, 1], pieces[:, 2]
-        )
-        return {"windows": windows, "padded": True, "doc_bounds": bounds}
+        read = read_rows(self.source, self.item, first, pieces[:, 0], pieces[:, 1], pieces[:, 2])
+        return read.batch()
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
