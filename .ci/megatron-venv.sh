@@ -19,10 +19,10 @@
 # MEGATRON_BASE_PYTHON=/path/to/python3.12 chooses the Python the venv is made from.
 #
 # torch without CUDA: PyPI serves torch for Linux x86_64 only as its CUDA build, which depends on
-# 2.7 GB of nvidia-* wheels; PyTorch's CPU build for 3.12 is not on PyPI. So torch==2.13.0 (the
-# version constraints.txt pins, that of the main venv's CPU wheel) and megatron-core are
-# installed with --no-deps, then their dependencies less CUDA's libraries (triton stays:
-# `import megatron.core` imports it), and
+# 2.7 GB of nvidia-* wheels; PyTorch's CPU build for 3.12 is not on PyPI (and this machine's
+# local wheels are for 3.11). So torch==2.13.0 (the version constraints.txt pins, that of the
+# main venv's CPU wheel), megatron-core and their dependencies are installed by uv (.ci/uv.sh)
+# less CUDA's libraries (nvidia-*, cuda-*; triton stays: `import megatron.core` imports it), and
 # .ci/cuda_stubs.py writes small stand-ins for the CUDA libraries that torch's shared objects
 # link (every function answers "no device"): torch.cuda.is_available() is False, as on any
 # machine without a GPU, and the CPU code is the CUDA build's own.
@@ -103,8 +103,10 @@ if [ "$MODE" = start ]; then
   fi
   mkdir -p "$(dirname "$VENV")"
   rm -f "$STATUS" "$STATUS.tmp"
-  # lowest CPU and disk priority: the build (mostly a download) takes what the steps and tests
-  # running meanwhile leave, so their timings are not disturbed
+  # uv, fetched now if missing (not by the build and .ci/run at the same time)
+  source .ci/uv.sh
+  # lowest CPU and disk priority: the build takes what the steps and tests running meanwhile
+  # leave, so their timings are not disturbed
   LOW=(nice -n 19)
   if command -v ionice >/dev/null 2>&1 && ionice -c 3 true 2>/dev/null; then
     LOW+=(ionice -c 3)
@@ -141,22 +143,26 @@ fi
 # the build itself
 PY=""
 find_python
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+source .ci/uv.sh # $UV, and the sources and constraints pip would use (UV_CONFIG_FILE, ...)
 VPY="$VENV/bin/python"
-PIP=("$VPY" -m pip install -q -c constraints.txt)
-SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+SITE="$VENV/lib/python$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages"
 # a venv made by an earlier version of this script holds CUDA's wheels: start again without them
 if [ -n "$(ls -d "$SITE"/nvidia_* 2>/dev/null)" ]; then
-  rm -rf "$VENV" && "$PY" -m venv "$VENV"
+  rm -rf "$VENV"
 fi
-# 1. torch (the version constraints.txt pins) and megatron-core, without their dependencies
-"${PIP[@]}" --no-deps "torch==2.13.0" "megatron-core==0.19.2"
-# 2. their dependencies less CUDA's libraries (nvidia-*, cuda-*), read from their metadata;
-# tokenload's own, as pyproject.toml lists them; tensorboard for Megatron's TensorBoard writer
-# (the adapter's metrics are read back from its event files)
-mapfile -t DEPS < <("$VPY" .ci/megatron_deps.py torch megatron-core)
-"${PIP[@]}" "${DEPS[@]}" tensorboard
-# 3. the stand-ins for CUDA's libraries (nvidia/cu13/lib, where torch's RPATH looks)
+[ -x "$VPY" ] || "$UV" venv -q --python "$PY" "$VENV"
+# 1. torch (the version constraints.txt pins; that of the main venv's CPU build), megatron-core,
+#    tensorboard (Megatron's TensorBoard writer: the adapter's metrics are read back from its
+#    event files) and tokenload's own dependencies (pyproject.toml), resolved together; then
+#    installed less CUDA's libraries (nvidia-*, cuda-*), which the resolution lists and
+#    --excludes drops. triton stays: megatron-core imports it unguarded
+#    (megatron.core.transformer.moe.ops.paged_stash, reached from `import megatron.core`).
+printf '%s\n' "torch==2.13.0" "megatron-core==0.19.2" tensorboard >"$VENV/requirements.in"
+"$UV" pip compile -q --python "$VPY" --no-header --no-annotate "$VENV/requirements.in" \
+  pyproject.toml | sed -n -E 's/^((nvidia|cuda)-[^=]*)==.*/\1/p' >"$VENV/cuda-excluded.txt"
+"$UV" pip install -q --python "$VPY" --excludes "$VENV/cuda-excluded.txt" \
+  -r "$VENV/requirements.in" -r pyproject.toml
+# 2. the stand-ins for CUDA's libraries (nvidia/cu13/lib, where torch's RPATH looks)
 "$VPY" .ci/cuda_stubs.py "$SITE"
 echo "$(pwd)/src" >"$SITE/tokenload-src.pth"
 "$VPY" - <<'PYEOF'

@@ -21,7 +21,11 @@ def pytest_configure(config):
     in the machine's temporary folder. pytest's own tmp_path folders stay where they were (kept
     only for failed tests: tmp_path_retention_policy)."""
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
-    run_tmp = tempfile.mkdtemp(prefix="tokenload-tests-")
+    # pytest-xdist's workers start with the controller's TMPDIR (its run folder): each worker's
+    # folder goes beside the controller's, not inside it (Ray's socket paths, under its session
+    # folder, must stay within 107 bytes)
+    os.environ.setdefault("TOKENLOAD_TESTS_TMP_PARENT", tempfile.gettempdir())
+    run_tmp = tempfile.mkdtemp(prefix="tokenload-tests-", dir=os.environ["TOKENLOAD_TESTS_TMP_PARENT"])
     config._tokenload_tmp = (run_tmp, os.environ.get("TMPDIR"))
     os.environ["TMPDIR"] = run_tmp
     tempfile.tempdir = None  # the next gettempdir() reads TMPDIR again

@@ -2,6 +2,12 @@
 
 Each rank runs ``fn(rank, world_size, *args)`` after ``init_process_group("gloo")`` through a
 FileStore (no ports to collide); the return values come back as a list indexed by rank.
+
+The ranks are fresh processes, as torchrun's are: not forks of the test process, but children of
+multiprocessing's fork server, which imported torch.distributed once for the whole test run. A
+rank then starts in a fraction of a second instead of importing torch again (about 3 s of CPU
+each), and starts with the test process's environment and
+working folder as they are at the launch, as a spawned process would.
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ import traceback
 from pathlib import Path
 
 
-def _entry(fn, rank, world_size, store_path, out_path, args, env):
+def _entry(fn, rank, world_size, store_path, out_path, args, env, parent):
+    # the test process's environment and folder as they are at the launch (the fork server's
+    # are those of its own start), then the launch's own variables
+    environ, cwd = parent
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    tempfile.tempdir = None  # the next gettempdir() reads TMPDIR again
     os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
@@ -36,15 +49,29 @@ def _entry(fn, rank, world_size, store_path, out_path, args, env):
         pickle.dump(result, f)
 
 
+_CONTEXT: mp.context.ForkServerContext | None = None
+
+
+def _context() -> mp.context.ForkServerContext:
+    """The fork server's context, torch.distributed preloaded there (set once, before the
+    server's first start)."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = mp.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(["torch.distributed"])
+    return _CONTEXT
+
+
 def run_ranks(world_size: int, fn, *args, timeout: float = 120, env: dict | None = None) -> list:
     """Results of ``fn`` on every rank; ranks still running ``timeout`` seconds after the start
     (all together, not each) are killed and raise TimeoutError."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
+    parent = (dict(os.environ), os.getcwd())
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
         outs = [os.path.join(tmp, f"rank{r}.pkl") for r in range(world_size)]
         procs = [
-            ctx.Process(target=_entry, args=(fn, r, world_size, store, outs[r], args, env or {}))
+            ctx.Process(target=_entry, args=(fn, r, world_size, store, outs[r], args, env or {}, parent))
             for r in range(world_size)
         ]
         for p in procs:

@@ -14,6 +14,7 @@ import functools
 import re
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -62,7 +63,9 @@ def src_snippets() -> list[tuple[str, str]]:
                 continue
             if isinstance(node, ast.JoinedStr):
                 text = "".join(
-                    v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+                    # an f-string's pieces: str constants and formatted values
+                    cast(str, v.value) if isinstance(v, ast.Constant)
+                    else "{" + ast.unparse(cast(ast.FormattedValue, v).value) + "}"
                     for v in node.values
                 )
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
@@ -151,8 +154,8 @@ def require_calls() -> list[tuple[str, str, str]]:
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require"
                     and len(node.args) >= 2
                     and all(isinstance(a, ast.Constant) for a in node.args[:2])):
-                out.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.args[0].value,
-                            node.args[1].value))
+                module, extra = (cast(str, cast(ast.Constant, a).value) for a in node.args[:2])
+                out.append((f"{path.relative_to(ROOT)}:{node.lineno}", module, extra))
     return out
 
 
