@@ -21,7 +21,9 @@ step), its mixture chain (a schedule, ``set_weights`` changes, a change at a res
 topology (micro-batch size and data-parallel size, for the rank, micro-batch and row of each
 sample). Steps count the global batches the training loop received: a skip moves the later
 ones. A state whose mixture changed at a resume describes the run from that resume on
-(its chain's origin): earlier steps are answered with the state saved before the change.
+(its chain's origin): earlier steps are answered with the state saved before the change. The
+state is checked against the dataset by the loader's own resume check (``load_state_dict``): one
+saved for other data, another seed or another packing is the ``StateError`` a resume raises.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 from .contract import DocumentSamples, PieceSource
 from .errors import ConfigError, StateError
 from .loader.mapstyle import loader_dataset
-from .loader.state import LoaderState, restore_mixture, weights_changes
+from .loader.state import LoaderState
 
 __all__ = ["Piece", "Row", "Steps", "explain", "where"]
 
@@ -145,11 +147,67 @@ def _prepared(dataset: Any, state: dict[str, Any] | None, needs: type, what: str
             f" {type(dataset).__name__}",
             hint="build the data with tokenload.datasets.build_datasets",
         )
-    if state is not None and state.get("mixture") is not None:
-        mixture = data.mixture_cursors()
-        if mixture is not None:
-            restore_mixture(mixture, state, weights_changes(state))
+    if state is not None:
+        _check_state(data, state)
     return data
+
+
+def _check_state(data: Any, state: dict[str, Any]) -> None:
+    """The loader's own resume check on ``state`` (``TokenloadDataLoader.load_state_dict``: the
+    fingerprint of the data and its order, or for a computed blend its mixture's order) and,
+    as a resume does, ``data``'s mixture put where the state's run left it. A state saved for
+    other data, another seed or another packing is a ``StateError`` here as at a resume: its
+    steps are not this dataset's."""
+    from .loader.dataloader import build_dataloader
+
+    saved = LoaderState.from_dict(state)
+    loader = build_dataloader(
+        data,
+        micro_batch_size=saved.micro_batch_size,
+        dp_rank=0,
+        dp_size=saved.dp_size,
+        num_workers=0,
+    )
+    try:
+        loader.load_state_dict(state)
+    except StateError as exc:
+        raise StateError(exc.message, hint=_refusal_hint(data)) from None
+
+
+def _refusal_hint(data: Any) -> str:
+    """What to do when the loader refuses a state here: this dataset's order and items in words
+    (what a state of another run differs in: packing, sequence length, the item options the
+    fingerprint covers), and the fix."""
+    sources = data.describe_sources()
+    packing = (
+        "packed rows of whole documents (`packing='best-fit'`)"
+        if sources.packed
+        else "concatenated samples (`packing='concat'`)"
+    )
+    lengths = sorted({m.sequence_length for m in sources.members if m.sequence_length})
+    length = f" of {lengths[0]} tokens" if len(lengths) == 1 else ""
+    members = getattr(data, "datasets", None) or [data]
+    item = getattr(data, "item", None) or getattr(members[0], "item", None)
+    items = ""
+    if item is not None:
+        eod = "no EOD id" if item.eod_id is None else f"EOD id {item.eod_id}"
+        on = [
+            words
+            for flag, words in (
+                (item.eod_mask_loss, "EOD loss masking"),
+                (item.reset_position_ids, "position ids reset at EODs"),
+                (item.reset_attention_mask, "attention mask reset at EODs"),
+                (item.create_attention_mask, "an attention mask"),
+                (item.inter_document_masking, "inter-document masking"),
+            )
+            if flag
+        ]
+        items = f", items with {', '.join([eod, *on])}" + ("" if on else " and no item option")
+    return (
+        f"this dataset reads {packing}{length}{items}; a state is answered only by the dataset"
+        " of the run that saved it: build it with that run's packing, `sequence_length=N`,"
+        " `random_seed=N`, item options, token files, blend and split (or pass no state)"
+    )
 
 
 def explain(

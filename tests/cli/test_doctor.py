@@ -170,3 +170,45 @@ def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp
     assert out.returncode == 1, out.stdout + out.stderr
     stall = _finding(out.stdout, "startup")
     assert "every rank fails at once with a CacheError" in stall and "prepare-cache" in stall
+
+
+def test_a_weighted_blend_is_diagnosed_with_and_without_a_train_size(tmp_path):
+    from tokenload.doctor.checks import packing_figures
+    from tokenload.format import TokenFile
+
+    prefixes = [_corpus(tmp_path / "a"), _corpus(tmp_path / "b", documents=300, seed=1)]
+    blend = ["30", prefixes[0], "70", prefixes[1]]
+    runs = [
+        ["--split", "100,0,0", "--train-samples", "200"],
+        ["--split", "90,5,5"],  # no train size: one pass over the blend's train tokens
+    ]
+    for flags in runs:
+        out = run_cli("doctor", "--data-path", *blend, "--seq-length", "64", "--steps", "6", *flags)
+        assert out.returncode in (0, 1) and out.stderr == "", out.stderr
+        assert "[startup]" in out.stdout and "[packing]" in out.stdout
+    lengths = np.concatenate([TokenFile(p).sequence_lengths for p in prefixes])
+    f = packing_figures(lengths, 64)
+    packing = _finding(out.stdout, "packing")
+    stated = (
+        f"concatenation cuts {f['concat_cut']:,} of {f['documents']:,} documents,"
+        f" {f['concat_cut_short']:,} of the {f['short']:,} that fit one row"
+        f" ({f['concat_cut_short'] / f['short']:.1%})"
+    )
+    assert stated in packing, packing
+    median = round(f["per_row_p50"])
+    assert f"{median} document{'s' if median != 1 else ''} per row at the median" in packing
+
+
+def test_documents_per_row_is_singular_for_one(tmp_path):
+    # documents of 40-60 tokens at S = 64: one per row; of 10-20 tokens: several
+    from tokenload.doctor.checks import packing_figures
+
+    rng = np.random.default_rng(2)
+    for low, high, many in ((40, 60, False), (10, 20, True)):
+        documents = [rng.integers(0, 250, rng.integers(low, high)) for _ in range(300)]
+        median = round(packing_figures([len(d) for d in documents], 64)["per_row_p50"])
+        assert (median > 1) == many
+        prefix = write_documents(tmp_path / f"d{low}", documents)
+        out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
+        stated = f"{median} document{'s' if many else ''} per row at the median"
+        assert stated in _finding(out.stdout, "packing"), out.stdout + out.stderr

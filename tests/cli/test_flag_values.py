@@ -13,7 +13,7 @@ from tokenload.cli.main import build_parser, subcommand_parser
 
 
 def numeric_flags() -> list[tuple[str, str, object]]:
-    found = []
+    found: list[tuple[str, str, object]] = []
     for command in subcommands():
         for action in subcommand_parser(build_parser(), command)._actions:
             if not action.option_strings or not callable(action.type):
@@ -34,7 +34,10 @@ def test_the_numeric_flags_are_found():
         assert expected in flags
 
 
-@pytest.mark.parametrize("command,flag,kind", numeric_flags(), ids=lambda v: str(v))
+# ids from names, never a function's repr (its address differs between processes, and so would
+# the test ids that pytest-xdist's workers collect)
+@pytest.mark.parametrize("command,flag,kind", numeric_flags(),
+                         ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", type(v).__name__))
 @pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e999"])
 def test_every_numeric_flag_refuses_non_finite_numbers_or_checks_them_in_one_line(
     command, flag, kind, text

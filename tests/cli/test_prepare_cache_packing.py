@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support import run_shell, write_documents
+from support import run_cli, run_shell, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.errors import CacheError
 
@@ -68,3 +68,22 @@ def test_a_damaged_plan_is_refused_under_none(packed_job):
     train = build_datasets(config, sizes)[0]
     with pytest.raises(CacheError, match="piece_index"):
         train.__getitems__(np.arange(len(train)))
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--max-documents-per-row", "3"], "--packing best-fit"),  # a cap without packed rows
+        (["--split", "90,x,0"], "split"),  # a bad value the configuration refuses
+    ],
+)
+def test_flags_the_configuration_refuses_create_nothing(tmp_path, flags, words):
+    prefix = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 40)
+    cache = tmp_path / "made" / "cache"
+    out = run_cli("prepare-cache", "--data-path", prefix, "--seq-length", 4,
+                  "--train-valid-test-num-samples", 8, 0, 0, "--data-cache-path", cache,
+                  *flags)  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert words in out.stderr and "packing=" not in out.stderr, out.stderr
+    assert out.stdout == ""  # not even the values it would have used
+    assert not (tmp_path / "made").exists()

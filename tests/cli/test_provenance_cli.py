@@ -12,9 +12,25 @@ import pytest
 
 from support import run_cli, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.loader import build_dataloader
 from tokenload.provenance import explain, where
 
 S, G, TRAIN = 16, 8, 160
+
+
+def saved_state(dataset, steps, skip_after=None):
+    """A real loader's state (2 ranks, micro-batch 2: rank 0's) after ``steps`` global steps,
+    with a skip of one global step after step ``skip_after``."""
+    loader = build_dataloader(dataset, micro_batch_size=2, dp_rank=0, dp_size=2, num_workers=0)
+    batches = iter(loader)
+    for step in range(steps):
+        if step == skip_after:
+            loader.skip(samples=G)
+        for _ in range(2):
+            next(batches)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    return state
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +41,12 @@ def data(tmp_path_factory):
     for name in ("a", "b"):
         docs = [rng.integers(97, 123, size=int(n)) for n in rng.integers(5, 50, size=60)]
         prefixes.append(write_documents(tmp / name, docs))
-    state = {
-        "consumed_samples": 24,
-        "fingerprint": "x",
-        "micro_batch_size": 2,
-        "dp_size": 2,
-        "version": 1,
-        "skips": [{"at": 16, "samples": 8, "sources": {}}],
-    }
-    (tmp / "state.json").write_text(json.dumps(state))
-    return tmp, prefixes, state
+    states = {}
+    for order in ("computed", "megatron"):
+        states[order] = saved_state(dataset(prefixes, order), 3, skip_after=2)
+        assert [s["samples"] for s in states[order]["skips"]] == [G]
+        (tmp / f"state-{order}.json").write_text(json.dumps(states[order]))
+    return tmp, prefixes, states
 
 
 def flags(tmp, prefixes, order):
@@ -42,24 +54,27 @@ def flags(tmp, prefixes, order):
         "--data-path", "1", prefixes[0], "1", prefixes[1], "--split", "100,0,0",
         "--seq-length", S, "--global-batch-size", G, "--micro-batch-size", 2,
         "--train-valid-test-num-samples", TRAIN, 0, 0, "--order", order,
-        "--state", tmp / "state.json",
+        "--state", tmp / f"state-{order}.json",
+        "--no-create-attention-mask-in-dataloader",  # the Python config's default, in flags
     ]  # fmt: skip
 
 
-def dataset(prefixes, order):
+def dataset(prefixes, order, **options):
     cfg = MegatronDataConfig(
         sequence_length=S,
         blend=["1", prefixes[0], "1", prefixes[1]],
         split="100,0,0",
         cache="off",
         order=order,
+        **options,
     )
     return build_datasets(cfg, [TRAIN, 0, 0])[0]
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])
 def test_explain_and_where_print_the_librarys_answers(data, order):
-    tmp, prefixes, state = data
+    tmp, prefixes, states = data
+    state = states[order]
     done = run_cli("explain", "--step", 2, *flags(tmp, prefixes, order), "--text",
                    "--tokenizer", "byte")  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -99,3 +114,51 @@ def test_bad_input_is_one_line_and_exit_2(data):
     assert "source" in done.stderr and "Traceback" not in done.stderr
     done = run_cli("explain", "--step", 0, *flags(tmp, prefixes, "computed")[2:])  # no data
     assert done.returncode == 2 and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_packed_rows_are_answered_with_packing_and_a_packed_state_refused_without(
+    data, tmp_path, order
+):
+    _, prefixes, _ = data
+    packed = {"packing": "best-fit", "max_documents_per_row": 3, "inter_document_masking": True}
+    state = saved_state(dataset(prefixes, order, **packed), 3)
+    (tmp_path / f"state-{order}.json").write_text(json.dumps(state))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    base = [*flags(tmp_path, prefixes, order)]
+    base += ["--data-cache-path", cache] if order == "megatron" else []  # the computed: none
+    job = ["--packing", "best-fit", "--max-documents-per-row", 3,
+           "--dataloader-inter-document-masking"]  # fmt: skip
+    rows = explain(dataset(prefixes, order, **packed), step=1, global_batch_size=G, state=state)
+    assert any(len(r.pieces) > 1 for r in rows)  # packed rows: several documents in some
+    done = run_cli("explain", "--step", 1, *base, *job)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()[2:]
+    assert len(printed) == sum(len(r.pieces) for r in rows)
+    for line, p in zip(printed, [p for r in rows for p in r.pieces]):
+        assert f"{p.document:8d}  [{p.start}, {p.stop})" in line
+    source, document = rows[0].pieces[0].source, rows[0].pieces[0].document
+    done = run_cli("where", "--source", source, "--document", document, *base, *job)
+    assert done.returncode == 0, done.stderr
+    assert any(x.split()[:1] == ["1"] for x in done.stdout.splitlines()[2:])  # step 1 holds it
+    others = (
+        ([], "--packing concat"),  # concatenated samples
+        (job[:2] + job[4:], "--packing best-fit"),  # no cap
+        (job[:4], "items with no EOD id and no item option"),  # no inter-document masking
+    )
+    for other, words in others:
+        for command in (["explain", "--step", 1], ["where", "--document", document]):
+            done = run_cli(*command, *base, *other)
+            assert done.returncode == 2 and "Traceback" not in done.stderr
+            assert "state" in done.stderr and words in done.stderr, done.stderr
+            assert "`" not in done.stderr  # the fields written as flags
+    assert list(cache.iterdir()) == []  # the queries only read the cache folder
+
+
+def test_a_cap_without_packing_is_refused_in_flags(data):
+    tmp, prefixes, _ = data
+    done = run_cli("explain", "--step", 0, *flags(tmp, prefixes, "megatron"),
+                   "--max-documents-per-row", 3)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "--packing best-fit" in done.stderr and "packing=" not in done.stderr

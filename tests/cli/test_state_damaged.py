@@ -38,6 +38,7 @@ def state(tmp_path_factory) -> dict:
         weights_schedule=[(0, [1, 1, 0]), (48, [0, 1, 2])],
     )
     train = build_datasets(config, [400, 0, 0])[0]
+    assert train is not None
     loader = build_dataloader(train, micro_batch_size=4, num_workers=0)
     loader.skip(samples=8)
     it = iter(loader)

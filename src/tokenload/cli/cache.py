@@ -163,20 +163,7 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
         " the first entry leaves out and every entry's blending arrays (one cache) are prepared"
         " too",
     )
-    g.add_argument(
-        "--packing",
-        choices=("concat", "best-fit"),
-        default="concat",
-        help="the job's MegatronDataConfig(packing=...): 'best-fit' prepares the packed rows'"
-        " plan (rows of whole documents) instead of Megatron's sample index",
-    )
-    g.add_argument(
-        "--max-documents-per-row",
-        type=positive(int),
-        default=None,
-        metavar="N",
-        help="the job's max_documents_per_row (with --packing best-fit)",
-    )
+    packing_flags(g)
     g.add_argument(
         "--mock-data", action="store_true", help="refused: mock data has no caches to prepare"
     )
@@ -203,6 +190,36 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=run_prepare_cache)
 
 
+def packing_flags(g: argparse._ArgumentGroup) -> None:
+    """``--packing`` and ``--max-documents-per-row``: the job's packing (prepare-cache, explain,
+    where)."""
+    g.add_argument(
+        "--packing",
+        choices=("concat", "best-fit"),
+        default="concat",
+        help="the job's MegatronDataConfig(packing=...): 'best-fit' reads rows of whole"
+        " documents (its own plan and caches) instead of Megatron's concatenated samples",
+    )
+    g.add_argument(
+        "--max-documents-per-row",
+        type=positive(int),
+        default=None,
+        metavar="N",
+        help="the job's max_documents_per_row (with --packing best-fit)",
+    )
+
+
+def check_packing_flags(args: argparse.Namespace) -> None:
+    """A cap on documents per row without packed rows is refused in the flags' words, before
+    anything is read or created."""
+    if args.max_documents_per_row is not None and args.packing != "best-fit":
+        raise ConfigError(
+            f"--max-documents-per-row {args.max_documents_per_row} applies to --packing"
+            f" best-fit only; --packing is {args.packing}",
+            hint="add --packing best-fit (the job's packing), or drop --max-documents-per-row",
+        )
+
+
 def run_prepare_cache(args: argparse.Namespace) -> int:
     if args.neox_config:
         return _prepare_neox(args)
@@ -217,18 +234,20 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
             hint="pass the job's --data-path (Megatron's prepare_cache.py refuses it too)",
         )
     _require(args)
+    check_packing_flags(args)
     schedule = _schedule_from(args.weights_schedule)  # a malformed one is refused before any work
     blend, per_split = blends_of(args)
     counts = _counts(args)
     identity = tokenizer_identity(args)
     split = (args.split or LEGACY_SPLIT) if blend is not None else None
+    config = _config(args, blend, per_split, split, identity, schedule)  # checked: nothing made
     _report_plan(args, counts, identity, split, schedule)
     prefixes = _prefixes(blend, per_split)
     for _ in _open_all(prefixes, "checking token files"):
         pass
     _make_cache_folder(args.data_cache_path)  # once every input is checked, as a build makes it
     before = _listing(args.data_cache_path)
-    datasets = _build(args, blend, per_split, split, identity, counts, schedule)
+    datasets = _build(config, counts)
     result = _result(
         args, counts, identity, datasets, sorted(_listing(args.data_cache_path) - before)
     )
@@ -365,21 +384,21 @@ def _counts(args: argparse.Namespace) -> Batches:
     )
 
 
-def _build(
+def _config(
     args: argparse.Namespace,
     blend: Blend | None,
     per_split: list[Blend | None] | None,
     split: str | None,
     identity: dict[str, Any] | None,
-    counts: Batches,
     schedule: list[Any] | None,
-) -> tuple[Any, Any, Any]:
-    from ..datasets import MegatronDataConfig, build_datasets
+) -> Any:
+    """The job's configuration, checked (a bad value fails here, before anything is created)."""
+    from ..datasets import MegatronDataConfig
+    from ..index.splits import parse_split
 
-    # one process of rank 0, whatever launcher started it (as Megatron's tool)
-    for name in _LAUNCHER_VARS:
-        os.environ.pop(name, None)
-    config = MegatronDataConfig(
+    if split is not None:
+        parse_split(split)  # the build reads it after the folder is made
+    return MegatronDataConfig(
         sequence_length=args.seq_length,
         random_seed=args.seed,
         blend=blend,
@@ -396,6 +415,14 @@ def _build(
         max_documents_per_row=args.max_documents_per_row,
         build_policy="rank0",
     )
+
+
+def _build(config: Any, counts: Batches) -> tuple[Any, Any, Any]:
+    from ..datasets import build_datasets
+
+    # one process of rank 0, whatever launcher started it (as Megatron's tool)
+    for name in _LAUNCHER_VARS:
+        os.environ.pop(name, None)
     return build_datasets(config, list(counts.samples))
 
 

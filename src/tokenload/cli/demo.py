@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError
 from .args import at_least, positive
@@ -37,7 +38,7 @@ from .args import at_least, positive
 GLOBAL_BATCH = 16
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo", help="run the main job on N local ranks on the Python standard library's sources"
     )
@@ -163,7 +164,7 @@ def _clean(folder: Path, created: bool) -> None:
             path.unlink()
 
 
-def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
+def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, Any]:
     """Corpus, token files, caches and sequences JSON; the job description the ranks read."""
     from ..datasets import build_datasets
     from ..format import TokenFile, read_sidecar
@@ -221,7 +222,7 @@ def _prepare(args: argparse.Namespace, folder: Path, work: Path) -> dict:
     return job
 
 
-def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
+def _launch(job: dict[str, Any], ranks: int, phase: str, title: str) -> bool:
     """torchrun with ``ranks`` processes; a failure is one line (and the log kept), not a wall."""
     work = Path(job["work"])
     print(f"{title}:", end="", flush=True)
@@ -269,7 +270,7 @@ def _launch(job: dict, ranks: int, phase: str, title: str) -> bool:
     return False
 
 
-def _doctor(job: dict, ranks: int, plot: str) -> None:
+def _doctor(job: dict[str, Any], ranks: int, plot: str) -> None:
     """``tokenload doctor`` on the demo's data and prepared cache, as the ranks loaded them; its
     picture (the startup timeline, the data wait per step per worker count) to ``plot``."""
     from ..doctor import DoctorConfig, diagnose
@@ -306,14 +307,16 @@ def _doctor(job: dict, ranks: int, plot: str) -> None:
     print(f"{found}; picture: {os.path.abspath(plot)}", flush=True)
 
 
-def _load(work: Path, phase: str, order: str, ranks: int) -> list[dict]:
+def _load(work: Path, phase: str, order: str, ranks: int) -> list[dict[str, Any]]:
     return [
         json.loads((work / "results" / f"{phase}-{order}-rank{r}.json").read_text())
         for r in range(ranks)
     ]
 
 
-def _exact(run: list[dict], resumed: list[dict], job: dict) -> list[bool]:
+def _exact(
+    run: list[dict[str, Any]], resumed: list[dict[str, Any]], job: dict[str, Any]
+) -> list[bool]:
     """Per rank of the uninterrupted run: whether the samples it served after the checkpoint are,
     position for position, those the resumed job served there (both cut the same global batch)."""
     per_rank = job["global_batch"] // len(run)
@@ -331,7 +334,7 @@ def _exact(run: list[dict], resumed: list[dict], job: dict) -> list[bool]:
     return ok
 
 
-def _print_table(work: Path, job: dict, ranks: int, resume: int) -> bool:
+def _print_table(work: Path, job: dict[str, Any], ranks: int, resume: int) -> bool:
     from .demo_rank import ORDERS
 
     header = (

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--train-samples",
         type=positive(int),
         default=None,
-        help="samples of the train split, as the job asks them (default: one epoch)",
+        help="samples of the train split, as the job asks them (default: one epoch; for a"
+        " weighted blend one pass over its train tokens, valid and test built empty)",
     )
     p.add_argument("--seed", type=int, default=1234, help="the job's --seed")
     p.add_argument(

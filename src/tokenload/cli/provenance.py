@@ -6,12 +6,14 @@ micro-batch and data-parallel sizes)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
-from ..errors import ConfigError, require
+from ..errors import CacheError, ConfigError, require
 from ..megatron_args import batch_flags, blend_flags, blends_of, item_flags
 from .args import at_least, positive
+from .cache import packing_flags
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,10 +64,11 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--order", choices=("megatron", "computed"), default="megatron")
     g.add_argument(
         "--data-cache-path",
-        help="the job's index cache folder (Megatron's order; without it the indices are built"
-        " in memory and nothing is written)",
+        help="the job's index cache folder (Megatron's order): its prepared caches are loaded,"
+        " never written; without them (or it) the indices are built in memory",
     )
     g.add_argument("--per-dataset-sequences-path", metavar="JSON")
+    packing_flags(g)
     g.add_argument("--weights-schedule", metavar="JSON_OR_FILE", help="the job's weights_schedule")
     g.add_argument("--mixture-change", choices=("refuse", "continue"), default="refuse")
     g.add_argument(
@@ -88,13 +91,27 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
         metavar=("TRAIN", "VALID", "TEST"),
         help="the samples per split outright ('epoch': one epoch), as prepare-cache takes them",
     )
-    item_flags(p.add_argument_group("items"))
+    items = p.add_argument_group(
+        "items (the loader state's fingerprint covers them: give the job's, as it gave them)"
+    )
+    item_flags(items)
+    items.add_argument(
+        "--eod-id",
+        type=at_least(int, 0),
+        metavar="N",
+        help="the job's eod_id (MegatronDataConfig(eod_id=...); the tokenizer's end of document)",
+    )
+    items.add_argument(
+        "--dataloader-inter-document-masking",
+        action="store_true",
+        help="the job's inter_document_masking (cu_seqlens per document)",
+    )
 
 
 def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]:
     """The train dataset, the loader state, and the job's sample counts."""
     from ..datasets import MegatronDataConfig, build_datasets
-    from .cache import _counts, _schedule_from
+    from .cache import _counts, _schedule_from, check_packing_flags
     from .state import find_state, read
 
     if args.seq_length is None:
@@ -108,13 +125,18 @@ def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]
             "no training length: expected --train-iters or --train-samples",
             hint="pass the training job's flag (the order depends on the samples built)",
         )
+    check_packing_flags(args)
     blend, per_split = blends_of(args)
     state = None
     if args.state is not None:
         state = find_state(read(args.state), args.state, args.state_key)
     counts = _counts(args)
     options: dict[str, Any] = {}
-    if args.data_cache_path is not None:
+    if args.order == "megatron" and args.data_cache_path is not None:
+        # read-only: the job's prepared caches are loaded, never written (a query whose flags
+        # name another order, e.g. another packing, must not add that order's caches there)
+        options.update(path_to_cache=args.data_cache_path, build_policy="none")
+    elif args.data_cache_path is not None:
         options["path_to_cache"] = args.data_cache_path
     elif args.order == "megatron":
         options["cache"] = "off"
@@ -127,13 +149,27 @@ def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]
         add_extra_token=args.add_extra_token,
         drop_last_partial_validation_sequence=args.drop_last_partial_validation_sequence,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
+        eod_id=args.eod_id,
+        eod_mask_loss=args.eod_mask_loss,
+        reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask,
+        create_attention_mask=not args.no_create_attention_mask_in_dataloader,  # as Megatron
+        inter_document_masking=args.dataloader_inter_document_masking,
         sequences_path=args.per_dataset_sequences_path,
         weights_schedule=_schedule_from(args.weights_schedule),
         mixture_change=args.mixture_change,
         order=args.order,
+        packing=args.packing,
+        max_documents_per_row=args.max_documents_per_row,
         **options,
     )
-    train = build_datasets(config, list(counts.samples))[0]
+    try:
+        train = build_datasets(config, list(counts.samples))[0]
+    except CacheError:  # none prepared for these flags: built in memory, nothing written
+        if config.build_policy != "none":
+            raise
+        memory = dataclasses.replace(config, path_to_cache=None, build_policy="auto", cache="off")
+        train = build_datasets(memory, list(counts.samples))[0]
     if train is None:
         raise ConfigError("the train split is empty", hint="check --split and --data-path")
     return train, state, counts

@@ -1,6 +1,7 @@
 """``tokenload state STATE_FILE``: what a saved loader state says about the job's data: global
 samples consumed, the weights schedule's position, the skips, and per source the samples drawn,
-skipped and delivered, tokens and epoch (``loader.ledger``; the same whatever the topology).
+skipped and delivered, token slots (samples x sequence length, a packed row's padding
+included) and epoch (``loader.ledger``; the same whatever the topology).
 
 The file is the JSON of ``loader.state_dict()``, or a checkpoint (JSON, or a ``torch.save`` file
 read with ``weights_only=True``) that holds it somewhere in nested dicts."""
@@ -225,7 +226,7 @@ def format_state(state: dict[str, Any]) -> str:
     spans = f" ({spans})" if spans else ""
     lines.append(f"skipped: {job.get('skipped_samples', 0)} samples{spans}")
     lines.append(
-        f"{'source':<40} {'drawn':>10} {'skipped':>8} {'samples':>10} {'tokens':>13} {'epoch':>5}"
+        f"{'source':<40} {'drawn':>10} {'skipped':>8} {'samples':>10} {'slots':>13} {'epoch':>5}"
     )
     for s in job.get("sources") or []:
         name = str(s.get("name") or s.get("source"))
@@ -236,6 +237,10 @@ def format_state(state: dict[str, Any]) -> str:
             f"{name:<40} {s['drawn']:>10} {s['skipped']:>8} {s['samples']:>10}"
             f" {tokens:>13} {s['epoch']:>5}{note}"
         )
+    lines.append(
+        "slots: token positions delivered (samples x sequence length; the state's 'tokens'),"
+        " a packed row's padding included; loader.metrics()['packing'] counts the padding apart"
+    )
     return "\n".join(lines)
 
 

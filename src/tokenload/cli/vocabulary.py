@@ -67,6 +67,11 @@ FLAGS: dict[str, str | tuple[str, Callable[[str], str]]] = {
     # MegatronDataConfig (tokenload prepare-cache)
     "path_to_cache": "--data-cache-path",
     "mid_level_dataset_surplus": "--mid-level-dataset-surplus",
+    # MegatronDataConfig (prepare-cache, explain, where, doctor)
+    "sequence_length": "--seq-length",
+    "random_seed": "--seed",
+    "packing": "--packing",
+    "max_documents_per_row": "--max-documents-per-row",
     # merge_token_files (tokenload merge) shares output_prefix with preprocess; check_file (verify)
     "vocab_size": "--vocab-size",
 }

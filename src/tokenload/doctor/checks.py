@@ -73,7 +73,32 @@ def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
 
 
 def _sizes(config: DoctorConfig) -> list[int | None]:
-    return [config.train_samples, None, None]
+    """The sizes the doctor builds with (it measures the train split). Plain prefixes: the
+    job's ``train_samples`` (None: one epoch), valid and test one epoch each (None), as
+    ``build_datasets`` takes them. A weighted blend needs an int size per split: valid and test
+    are 0 (built empty), and without ``train_samples`` the train size is one pass over the
+    blend's train tokens: every prefix's tokens times the split's train share, over
+    ``seq_length`` (what a job whose train length is one epoch of its data would ask)."""
+    from ..index import parse_blend
+
+    blend = parse_blend(config.data_path)
+    if blend is None or blend.weights is None:
+        return [config.train_samples, None, None]
+    train = config.train_samples
+    if train is None:
+        train = _one_pass(config, blend.prefixes)
+    return [train, 0, 0]
+
+
+def _one_pass(config: DoctorConfig, prefixes: tuple[str, ...]) -> int:
+    """Samples of ``seq_length`` tokens in the train split of every prefix, summed (at least
+    one)."""
+    from ..format import TokenFile
+    from ..index.splits import parse_split
+
+    share = parse_split(config.split)[0]
+    tokens = sum(TokenFile(prefix).num_tokens for prefix in prefixes)
+    return max(1, int(tokens * share) // config.seq_length)
 
 
 def _timed_build(
@@ -83,9 +108,10 @@ def _timed_build(
     from ..datasets import build_datasets
 
     data_config = _data_config(config, **overrides)
+    sizes = _sizes(config)  # before the count: a weighted blend's may read headers
     with count_io() as io:
         start = time.perf_counter()
-        train, _, _ = build_datasets(data_config, _sizes(config))
+        train, _, _ = build_datasets(data_config, sizes)
         seconds = time.perf_counter() - start
     if train is None:
         raise ConfigError(
@@ -465,11 +491,14 @@ def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> 
         parts.append(np.asarray(lengths[:PACKING_SAMPLE], dtype=np.int64))
     f = packing_figures(np.concatenate(parts), config.seq_length)
     share = f["concat_cut_short"] / f["short"] if f["short"] else 0.0
+    median = f"{f['per_row_p50']:.0f}"
     measured = (
         f"at sequence length {config.seq_length}, concatenation cuts {f['concat_cut']:,} of"
-        f" {f['documents']:,} documents ({share:.1%} of those that fit one row);"
+        f" {f['documents']:,} documents, {f['concat_cut_short']:,} of the {f['short']:,} that"
+        f" fit one row ({share:.1%});"
         f" best-fit packing cuts {f['packed_cut']:,} (only longer ones), pads"
-        f" {f['padding_share']:.2%} of the slots, {f['per_row_p50']:.0f} documents per row"
+        f" {f['padding_share']:.2%} of the slots,"
+        f" {median} document{'' if median == '1' else 's'} per row at the median"
         f" (p99 {f['per_row_p99']:.0f})"
     )
     helps = config.packing == "concat" and share >= PACKING_HELPS_SHARE

@@ -20,7 +20,9 @@ class DoctorConfig:
     data_cache_path: str | None = None
     split: str = "969, 30, 1"
     train_samples: int | None = None
-    """Samples of the train split (None: one epoch, as ``build_datasets``)."""
+    """Samples of the train split (None: one epoch, as ``build_datasets``; for a weighted blend,
+    one pass over its train tokens). A weighted blend's valid and test are built with size 0:
+    the doctor measures the train split."""
     seed: int = 1234
     build_policy: str = "auto"
     order: str = "megatron"
