@@ -109,7 +109,7 @@ def options(order: str, variant: str, args) -> dict:
     cache = getattr(args, "cache", "off")
     if cache == "off":
         extra["cache"] = "off"
-    elif cache == "path":
+    elif cache == "path" and order == "megatron":  # the computed order keeps no index cache
         extra["path_to_cache"] = str(Path(args.prefixes[0]).parent / "cache")
     # "default": cache="auto" without path_to_cache (members cached beside their token files)
     blend = [x for w, p in zip((5, 3, 2), args.prefixes) for x in (str(w), p)]

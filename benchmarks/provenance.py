@@ -54,7 +54,8 @@ def build(paths: list[str], order: str, args: argparse.Namespace):
         cache="off",
         order=order,
         weights_schedule=[(0, [1, 1]), (args.train // 3, [1, 3])],
-        mixture_change="continue",
+        # the Megatron order's option (the computed order always continues)
+        **({"mixture_change": "continue"} if order == "megatron" else {}),
     )
     return build_datasets(cfg, [args.train, 0, 0])[0]
 

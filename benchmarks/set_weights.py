@@ -43,7 +43,8 @@ def _blend(paths: list[str], order: str, train: int, seq: int):
         split="100,0,0",
         cache="off",
         order=order,
-        mixture_change="continue",
+        # the Megatron order's option (the computed order always continues)
+        **({"mixture_change": "continue"} if order == "megatron" else {}),
     )
     return build_datasets(cfg, [train, 0, 0])[0]
 

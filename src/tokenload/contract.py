@@ -150,11 +150,11 @@ class BatchSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def __getitems__(self, indices: Sequence[int]) -> Any:
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> Any:
         """One micro-batch in one call (``finish_batch(read_batch(indices))``)."""
         ...
 
-    def read_batch(self, indices: Sequence[int]) -> Batch:
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """The raw part of a micro-batch (index lookups and reads). Arrays with a row per sample
         may be cut by rows: a worker reads several micro-batches in one call when
         ``reads_in_groups``."""

@@ -41,7 +41,7 @@ def config(folder: str, cache_folder: str | None, **overrides):
 
 def digests(splits) -> list[str | None]:
     """md5 of every item's tokens of each split, in index order."""
-    out = []
+    out: list[str | None] = []
     for ds in splits:
         if ds is None:
             out.append(None)
@@ -59,7 +59,9 @@ class _Probe:
         import torch.distributed as dist
 
         self.dist, self.root = dist, root
-        self.forbid, self.calls, self.writes = False, [], set()
+        self.forbid = False
+        self.calls: list[str] = []
+        self.writes: set[str] = set()
         self.originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
         for name, fn in self.originals.items():
             setattr(dist, name, self._wrap(name, fn))
@@ -83,6 +85,7 @@ class _Probe:
 
     def run(self, forbid: bool, fn):
         self.forbid, self.calls, self.writes = forbid, [], set()
+        result: tuple[object, ...]
         try:
             result = ("ok", fn())
         except Exception as exc:  # every rank reports its own outcome

@@ -52,7 +52,8 @@ def _dataset(paths, order, weights, schedule):
     blend = [x for name, w in weights.items() for x in (str(w), paths[name])]
     cfg = MegatronDataConfig(sequence_length=S, blend=blend, split="100,0,0", cache="off",
                              eod_id=0, order=order, weights_schedule=schedule,
-                             mixture_change="continue")
+                             # the Megatron order's choice (the computed order always continues)
+                             **({"mixture_change": "continue"} if order == "megatron" else {}))
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 
 

@@ -33,7 +33,8 @@ def _dataset(paths, order, schedule):
         eod_id=0,
         order=order,
         weights_schedule=schedule,
-        mixture_change="continue",
+        # the Megatron order's choice (the computed order always continues)
+        **({"mixture_change": "continue"} if order == "megatron" else {}),
     )
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 

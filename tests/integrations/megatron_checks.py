@@ -27,6 +27,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -239,7 +240,7 @@ def parity(work: str) -> dict:
 
     init_process()
     prefixes = write_corpus(work)
-    report = {}
+    report: dict[str, Any] = {}
     for name, argv in configs(prefixes, work).items():
         mcache, tcache = os.path.join(work, name, "megatron"), os.path.join(work, name, "tokenload")
         kind = "cyclic" if "cyclic" in argv else "single"
@@ -254,7 +255,7 @@ def parity(work: str) -> dict:
         recorder = WandbRecorder()
         global_vars._GLOBAL_WANDB_WRITER = recorder
         ours = loaders(train_valid_test_datasets_provider, args, sizes)
-        entry = {"sizes": list(sizes)}
+        entry: dict[str, Any] = {"sizes": list(sizes)}
         for split, a, b in zip(("train", "valid", "test"), ours, theirs):
             count, keys = compare(a, b, limit=40 if kind == "cyclic" else 500)
             entry[split] = count
@@ -375,7 +376,7 @@ def run_phase(work: str, name: str, iters: int, load: str | None) -> None:
 
     train, valid, _ = loaders(train_valid_test_datasets_provider, args,
                               get_train_valid_test_num_samples())
-    seen = {"train": {}, "valid": {}}
+    seen: dict[str, dict[int, list[int]]] = {"train": {}, "valid": {}}
     mbs = args.micro_batch_size
     for _ in range(iters):
         start = args.consumed_train_samples
@@ -426,7 +427,7 @@ def verify(work: str, names: list[str]) -> dict:
     from megatron.training.training import get_train_valid_test_num_samples
 
     datasets = reference_provider(get_train_valid_test_num_samples())
-    report = {}
+    report: dict[str, Any] = {}
     for split, ds in (("train", datasets[0]), ("valid", datasets[1])):
         seen: dict[int, list[int]] = {}
         for name in names:
@@ -451,7 +452,7 @@ def verify(work: str, names: list[str]) -> dict:
 def tensorboard_scalars(folder: str) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out = {}
+    out: dict[str, Any] = {}
     for root, _, files in os.walk(folder):
         if any(f.startswith("events.") for f in files):
             acc = EventAccumulator(root, size_guidance={"scalars": 0})

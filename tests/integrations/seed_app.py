@@ -196,7 +196,9 @@ class TinyLM(pl.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
         if not self.pids:
-            workers = self.trainer.train_dataloader.loader.worker_processes
+            served = self.trainer.train_dataloader
+            assert served is not None
+            workers = served.loader.worker_processes
             self.pids = {"rank": os.getpid()}
             self.pids.update({f"worker{w}": p.pid for w, p in enumerate(workers)})
         for role, pid in self.pids.items():
@@ -222,6 +224,8 @@ class TinyLM(pl.LightningModule):
             for role, s in self.samples.items()
         }
         first, last = self.step_times[0], self.step_times[-1]
+        assert self.factory.called_at is not None and self.train_start is not None
+        assert self.first_batch is not None
         return {
             "file_bytes": os.path.getsize(self.scenario.path),
             "setup_s": self.train_start - self.factory.called_at,

@@ -30,7 +30,9 @@ class KillingRecorder(Recorder):
         return super().training_step(batch, batch_idx)
 
     def on_train_end(self) -> None:
-        health = self.trainer.train_dataloader.loader.metrics()["workers"]
+        served = self.trainer.train_dataloader
+        assert served is not None
+        health = served.loader.metrics()["workers"]
         self.train_seen.append(["restarts", health["restarts"]])
         super().on_train_end()
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(HERE.parent))
 
 def _load(path: Path):
     spec = importlib.util.spec_from_file_location("weed_conftest", path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

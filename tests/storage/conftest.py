@@ -108,7 +108,7 @@ def _start_once(folder: Path, ports: dict, extra: tuple[str, ...], credentials):
     log = open(folder / "weed.log", "ab")  # noqa: SIM115  (the server's output, for its lifetime)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
                             env={**os.environ, "TMPDIR": tmpdir})
-    proc.ports, proc.tmpdir = dict(ports), tmpdir
+    proc.ports, proc.tmpdir = dict(ports), tmpdir  # type: ignore[attr-defined]  # the handle carries them
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     try:
         _wait_for_bucket(endpoint, proc, folder / "weed.log", credentials=credentials)

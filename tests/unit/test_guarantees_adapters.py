@@ -244,6 +244,7 @@ def _expected_rows(prefix, steps: int = 4, *, loader=None, num_samples=None, **f
     fields = {"split": "100,0,0", **fields}
     cfg = MegatronDataConfig(sequence_length=SEQ, blend=[prefix], eod_id=EOD, **fields)
     dataset = build_datasets(cfg, [num_samples, 0, 0])[0]
+    assert dataset is not None
     plain = build_dataloader(
         dataset, micro_batch_size=4, dp_rank=1, dp_size=2, num_workers=0, **(loader or {})
     )

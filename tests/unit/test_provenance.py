@@ -13,7 +13,7 @@ import pytest
 
 from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.errors import ConfigError
+from tokenload.errors import ConfigError, StateError
 from tokenload.loader import build_dataloader
 from tokenload.provenance import explain, where
 
@@ -188,3 +188,36 @@ def test_explain_and_where_on_packed_rows_match_the_rows(prefixes, order):
         assert found.steps == sorted(held[source, document]), (source, document)
     rare = where(data, source=1, document=119, global_batch_size=G)
     assert rare.steps == sorted(held.get((1, 119), ()))
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_a_state_of_another_packing_or_seed_is_refused_as_the_loader_refuses_it(prefixes, order):
+    def data(**options):
+        cfg = MegatronDataConfig(
+            sequence_length=S,
+            blend=[x for p in prefixes[:2] for x in ("1", p)],
+            split="100,0,0",
+            order=order,
+            **({"cache": "off"} if order == "megatron" else {}),
+            **options,
+        )
+        return build_datasets(cfg, [200, 0, 0])[0]
+
+    loader = build_dataloader(data(packing="best-fit"), micro_batch_size=2, num_workers=0)
+    batches = iter(loader)
+    for _ in range(4):
+        next(batches)
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    rows = explain(data(packing="best-fit"), step=1, global_batch_size=G, state=state)
+    assert [r.sample for r in rows] == list(range(G, 2 * G))  # the packed run's own: answered
+    for other, words in (({}, "packing='concat'"), ({"packing": "best-fit", "random_seed": 7}, "")):
+        resume = build_dataloader(data(**other), micro_batch_size=2, num_workers=0)
+        with pytest.raises(StateError) as resumed:
+            resume.load_state_dict(state)
+        with pytest.raises(StateError) as explained:
+            explain(data(**other), step=1, global_batch_size=G, state=state)
+        with pytest.raises(StateError) as found:
+            where(data(**other), source=0, document=1, global_batch_size=G, state=state)
+        assert explained.value.message == found.value.message == resumed.value.message
+        assert words in explained.value.hint and "random_seed" in explained.value.hint

@@ -208,8 +208,11 @@ class SupportsTyped(Protocol):
 
 
 _ORDER_ONLY: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
+    "path_to_cache": (("megatron",), (None,)),
+    "cache": (("megatron",), ("auto", "off")),
+    "tokenizer": (("megatron",), (None,)),
     "build_policy": (("megatron",), ("auto", "every-rank")),
-    "mixture_change": (("megatron", "computed"), ("refuse",)),
+    "mixture_change": (("megatron",), ("refuse",)),
     "block_size": (("computed",), (None,)),
     "weights_schedule": (("megatron", "computed"), (None,)),
     "weight_by_num_documents": (("neox",), (False,)),
@@ -217,21 +220,23 @@ _ORDER_ONLY: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {
     "num_epochs": (("neox",), (None,)),
     "packing": (("megatron", "computed"), ("concat",)),
 }
-"""The fields that some orders only read: (those orders, the values every other order takes,
-being what it does anyway: ``build_policy="every-rank"`` is each rank in memory, the computed
-order always continues a changed mixture, ``mixture_change="continue"`` included). The index
-caches' ``path_to_cache``, ``cache`` and ``tokenizer`` (a part of their names) are read by the
-Megatron order only, but a job gives them whatever its order: the orders without index caches
-ignore them."""
+"""The fields that some orders only read: (those orders, the values every other order takes).
+The others take the default, and the two values that say what they do anyway: no index cache
+read or written (``cache="off"``) and each rank building in memory (``build_policy="every-rank"``).
+Anything else given to an order that does not read it is a ``ConfigError`` naming the field and
+the order: the index caches' folder (``path_to_cache``), ``cache="strict"`` and the tokenizer
+identity in the caches' names are the Megatron order's; so is ``mixture_change``, which chooses
+how a Megatron-order blend meets a resume under other weights (the computed order always
+continues, and reads no such option)."""
 
 
 def fields_for_order(fields: Mapping[str, Any]) -> dict[str, Any]:
     """``MegatronDataConfig`` keywords without the order-only values that their ``order``
     (default ``"megatron"``) does not take. For importers and adapters that fill fields for every
-    order from another system's settings (a Megatron job's ``--dataloader-fast-cache-load``, i.e.
-    ``build_policy="none"``, under ``order="computed"``; GPT-NeoX's ``use_shared_fs=False``):
-    a user's own keywords are not filtered, and one that the order does not take is a
-    ``ConfigError``."""
+    order from another system's settings (a Megatron job's ``--data-cache-path``, tokenizer
+    identity and ``--dataloader-fast-cache-load``, i.e. ``build_policy="none"``, under
+    ``order="computed"``; GPT-NeoX's ``use_shared_fs=False``): a user's own keywords are not
+    filtered, and one that the order does not take is a ``ConfigError``."""
     order = fields.get("order", "megatron")
     return {
         k: v
@@ -253,12 +258,33 @@ class MegatronDataConfig:
     ``path_to_cache``, ``cache``, ``build_policy``, ``tokenizer`` and ``mixture_change``
     (``MegatronOptions``), ``block_size`` (``ComputedOptions``), ``weight_by_num_documents``,
     ``weighted_sampler_alpha`` and ``num_epochs`` (``NeoxOptions``); ``weights_schedule``
-    (Megatron and computed records) and ``packing``. A value that an order cannot take
-    (``_ORDER_ONLY``: ``block_size`` without the computed order, a NeoX option elsewhere, a
-    schedule, packing or ``mixture_change="continue"`` with NeoX, a ``build_policy`` that
-    builds, waits for or loads caches without the Megatron order) is a ``ConfigError`` naming
-    both; the index caches' folder, policy and name (``path_to_cache``, ``cache``,
-    ``tokenizer``) are ignored by the orders that keep no index cache."""
+    (Megatron and computed records) and ``packing``. An option given to an order that does not
+    read it (``_ORDER_ONLY``: ``path_to_cache``, ``cache="strict"``, ``tokenizer``,
+    ``mixture_change`` or a ``build_policy`` that builds, waits for or loads caches without the
+    Megatron order; ``block_size`` without the computed order; a NeoX option elsewhere; a
+    schedule or packing with NeoX) is a ``ConfigError`` naming both and what to do. The orders
+    without index caches take ``cache="off"`` and ``build_policy="every-rank"``: what they do
+    anyway. A keyword that is no field (``seed=``) is a ``ConfigError`` naming the nearest
+    fields."""
+
+    def __new__(cls, *args: Any, **fields: Any) -> MegatronDataConfig:
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if unknown:
+            import difflib
+
+            known = sorted(cls.__dataclass_fields__)
+            near = [difflib.get_close_matches(k, known, n=2, cutoff=0.5) for k in unknown]
+            if unknown == ["seed"]:
+                near = [["random_seed"]]
+            said = "; ".join(
+                f"{k!r}: did you mean {' or '.join(n)}?" if n else f"{k!r}: no such field"
+                for k, n in zip(unknown, near, strict=True)
+            )
+            raise ConfigError(
+                f"MegatronDataConfig has no field {', '.join(map(repr, unknown))} ({said})",
+                hint="help(tokenload.datasets.MegatronDataConfig) lists its fields",
+            )
+        return super().__new__(cls)
 
     sequence_length: int
     """Tokens per sample (``--seq-length``)."""
@@ -441,8 +467,8 @@ class MegatronDataConfig:
                 named = " or ".join(repr(o) for o in orders)
                 raise ConfigError(
                     f"{name} applies to order={named} only, not {self.order!r}"
-                    f" ({name}={value!r} given)",
-                    hint=f"drop {name} or set order={named}",
+                    f" ({name}={value!r} given; the {self.order!r} order does not read it)",
+                    hint=f"drop {name} for order={self.order!r}, or set order={named}",
                     field=name,
                 )
         self.order_options()

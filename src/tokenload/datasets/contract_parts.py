@@ -11,6 +11,7 @@ import numpy as np
 
 from ..contract import MixtureCursors, SourceInfo, Sources
 from ..format import TokenFile
+from .items import ItemConfig
 from .sources import TokenSource
 
 
@@ -20,7 +21,7 @@ class OneSourceContract:
     layout ``self.item``) answers alike: Megatron's GPT dataset and the computed order's."""
 
     source: TokenSource
-    item: Any
+    item: ItemConfig
 
     reads_in_groups = True
     """A loader worker may read several micro-batches with one ``read_batch``."""

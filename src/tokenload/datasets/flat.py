@@ -18,12 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ..arrays import distinct
-from ..contract import MixtureCursors, SourceInfo, Sources
+from ..contract import Allocator, MixtureCursors, SourceInfo, Sources
 from ..errors import ConfigError
 from ..format import FlatTokenFile, ReadMode
 from ..format.flat_file import content_fingerprint
 from ..index.permutation import KeyedPermutation
-from .items import Allocator
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import FormatError
 
@@ -263,7 +264,7 @@ def sequence_pointers(lengths: np.ndarray, itemsize: int) -> np.ndarray:
 
 
 def encode_index(
-    dtype: np.dtype,
+    dtype: npt.DTypeLike,
     lengths: np.ndarray,
     documents: np.ndarray,
     modes: np.ndarray | None = None,

@@ -12,7 +12,7 @@ checks, in O(1), is ``opening.py``'s. Given the counts of a sequences JSON
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, SupportsIndex, overload
 
 import numpy as np
 
@@ -190,7 +190,14 @@ class TokenFile:
             raise _pointer_gap(state, np.array([index]), self.idx_path)
         return state.bin.read(pointer // state.itemsize + offset, length)
 
-    def __getitem__(self, key: int | slice) -> np.ndarray | list[np.ndarray]:
+    @overload
+    def __getitem__(self, key: SupportsIndex) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, key: SupportsIndex | slice) -> np.ndarray | list[np.ndarray]:
+        """Sequence ``key``'s tokens; a slice (step 1): the list of its sequences' tokens."""
         if isinstance(key, slice):
             return self._slice(key)
         return self.get(key.__index__())

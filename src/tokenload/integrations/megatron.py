@@ -252,12 +252,12 @@ class MegatronLoader:
         self._writers = writers
         self._gbs = global_batch_size
         self._interval = max(1, int(log_interval))
-        self._batches: Iterator[dict] | None = None
+        self._batches: Iterator[dict[str, Any]] | None = None
 
     def __iter__(self) -> MegatronLoader:
         return self
 
-    def __next__(self) -> dict:
+    def __next__(self) -> dict[str, Any]:
         if self._batches is None:
             self._batches = iter(self.loader)
         try:

@@ -78,7 +78,8 @@ class TokenloadTitanDataLoader(BaseDataLoader):
         num_samples: int | None = None
         """Training samples to build (steps x global batch); None: one epoch."""
         data_cache_path: str | None = None
-        """Megatron's --data-cache-path (order megatron)."""
+        """Megatron's --data-cache-path, read by order megatron (a job config names it once for
+        either order: the computed order, which keeps no index cache, is built without it)."""
         eod_mask_loss: bool = False
         """Megatron's --eod-mask-loss: no loss on EOD tokens."""
         document_positions: bool = True
@@ -197,6 +198,7 @@ def _titan_batch(batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
 
 def _build_dataset(config: Any, seq_len: int, tokenizer: Any) -> Any:
     from ..datasets import MegatronDataConfig, build_datasets
+    from ..datasets.config import fields_for_order
 
     blend = list(config.data_path) or ([config.dataset_path] if config.dataset_path else [])
     if not blend:
@@ -206,7 +208,7 @@ def _build_dataset(config: Any, seq_len: int, tokenizer: Any) -> Any:
             " prefixes), e.g. --dataloader.data_path /data/corpus_text_document",
         )
     eod = getattr(tokenizer, "eos_id", None)
-    data_config = MegatronDataConfig(
+    fields: dict[str, Any] = dict(
         sequence_length=seq_len,
         random_seed=config.seed,
         blend=blend,
@@ -218,6 +220,7 @@ def _build_dataset(config: Any, seq_len: int, tokenizer: Any) -> Any:
         inter_document_masking=config.document_positions,
         packing=config.packing,
     )
+    data_config = MegatronDataConfig(**fields_for_order(fields))
     train, _, _ = build_datasets(data_config, [config.num_samples, 0, 0])
     if train is None:
         raise ConfigError(

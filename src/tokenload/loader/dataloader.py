@@ -488,7 +488,7 @@ def _cuda_available() -> bool:
     """Pinning needs a CUDA device (torch's DataLoader likewise skips it without one)."""
     import torch
 
-    return torch.cuda.is_available()
+    return bool(torch.cuda.is_available())  # torch is Any to mypy (not analysed)
 
 
 class _Default(enum.Enum):

@@ -78,7 +78,7 @@ class Ledger:
             part = np.asarray(index[at : min(at + _CHUNK, consumed)], dtype=np.int64)
             self._counts += np.bincount(part, minlength=self._counts.size)
         self._counted = consumed
-        return self._counts.copy()
+        return np.array(self._counts)  # a copy (mypy reads ndarray.copy() here as Any)
 
     def epoch_sizes(self) -> dict[str, int]:
         if self._epochs is None:

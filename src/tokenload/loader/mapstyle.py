@@ -27,7 +27,14 @@ from ..contract import (
     Sources,
 )
 
-__all__ = ["AnyDataset", "BatchMapDataset", "MapDataset", "MapStyleDataset", "loader_dataset"]
+__all__ = [
+    "AnyDataset",
+    "BatchMapDataset",
+    "GroupReader",
+    "MapDataset",
+    "MapStyleDataset",
+    "loader_dataset",
+]
 
 
 class MapDataset(Protocol):
@@ -44,6 +51,15 @@ class BatchMapDataset(Protocol):
     def __len__(self) -> int: ...
 
     def __getitems__(self, indices: Sequence[int]) -> Any: ...
+
+
+class GroupReader(Protocol):
+    """A dataset that reads a micro-batch in two stages, as a contract dataset does (a wrapper of
+    a tokenload dataset, say)."""
+
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch: ...
+
+    def finish_batch(self, batch: Batch, alloc: Allocator | None = None) -> Batch: ...
 
 
 AnyDataset = LoaderDataset | BatchMapDataset | MapDataset
@@ -66,6 +82,7 @@ class MapStyleDataset:
         self._vectorized = hasattr(dataset, "__getitems__")
         self.reads_in_groups = hasattr(dataset, "read_batch") and hasattr(dataset, "finish_batch")
         """A dataset with ``read_batch``/``finish_batch``: workers read micro-batches in groups."""
+        self._groups: GroupReader | None = dataset if self.reads_in_groups else None
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -83,20 +100,23 @@ class MapStyleDataset:
         phases = getattr(self.dataset, "startup_phases", None)
         return dict(phases) if isinstance(phases, dict) else {}
 
-    def __getitems__(self, indices: Sequence[int]) -> Any:
+    def __getitems__(self, indices: Sequence[int] | np.ndarray) -> Any:
         """Its ``__getitems__`` (as torch's DataLoader calls it), else a list of its items."""
         if self._vectorized:
             return self.dataset.__getitems__(indices)
         return [self.dataset[i] for i in indices]
 
-    def read_batch(self, indices: Sequence[int]) -> Batch:
-        if self.reads_in_groups:
-            return self.dataset.read_batch(indices)
-        return self.__getitems__(indices)
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        if self._groups is not None:
+            return self._groups.read_batch(indices)
+        # a vectorized dataset's dict of arrays; else the list of items that collate.to_tensors
+        # turns into one (the contract's one read type names the dict)
+        batch: Batch = self.__getitems__(indices)
+        return batch
 
     def finish_batch(self, batch: Batch, alloc: Allocator | None = None) -> Batch:
-        if self.reads_in_groups:
-            return self.dataset.finish_batch(batch, alloc)
+        if self._groups is not None:
+            return self._groups.finish_batch(batch, alloc)
         return batch
 
     def describe_sources(self) -> Sources:

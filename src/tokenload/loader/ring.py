@@ -209,7 +209,9 @@ class _SlotTensors:
     """The tensors over one slot for one layout: a view per field, and the slot storage's Python
     object with the reference counts they leave when nothing else refers to the slot."""
 
-    def __init__(self, layout: Layout, fields: dict, storage: Any, use_count: Any) -> None:
+    def __init__(
+        self, layout: Layout, fields: dict[str, Any], storage: Any, use_count: Any
+    ) -> None:
         self.layout, self.fields, self.storage, self._use_count = layout, fields, storage, use_count
         self._address = storage._cdata
         self._idle_uses = self._idle_refs = 0

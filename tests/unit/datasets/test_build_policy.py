@@ -46,7 +46,8 @@ def reference(data):
 
 
 def _world(monkeypatch, **kw) -> None:
-    monkeypatch.setattr(builder.World, "detect", classmethod(lambda cls: World(**kw)))
+    # builder.World is this class: the builder's World.detect() answers kw
+    monkeypatch.setattr(World, "detect", classmethod(lambda cls: World(**kw)))
 
 
 class _Barriers:

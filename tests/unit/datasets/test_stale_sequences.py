@@ -32,6 +32,7 @@ def _config(prefix, order, **kw) -> MegatronDataConfig:
 
 def _read(cfg) -> None:
     train = build_datasets(cfg, [50, 5, 0])[0]
+    assert train is not None
     train.__getitems__([0, 1, 2])
 
 

@@ -40,8 +40,11 @@ from tokenload.index.schedule import check_schedule
 # Which orders take each order-only field, and a value that no other order takes: written here
 # from the fields' documentation, independently of the library's own table.
 READ_BY = {
+    "path_to_cache": ({"megatron"}, "/cache"),
+    "cache": ({"megatron"}, "strict"),
+    "tokenizer": ({"megatron"}, {"class": "T"}),
     "build_policy": ({"megatron"}, "none"),
-    "mixture_change": ({"megatron", "computed"}, "continue"),  # the computed order continues
+    "mixture_change": ({"megatron"}, "continue"),
     "block_size": ({"computed"}, 4),
     "weights_schedule": ({"megatron", "computed"}, [(0, [1.0, 1.0])]),
     "weight_by_num_documents": ({"neox"}, True),
@@ -81,10 +84,9 @@ def test_defaults_of_every_order_only_field_pass_with_every_order(order):
     record = config.typed().order
     expected = {"megatron": MegatronOptions, "computed": ComputedOptions, "neox": NeoxOptions}
     assert type(record) is expected[order]
-    # the index caches' folder, policy and name: ignored by the orders that keep no index cache
-    ignored = _flat(order=order, cache="off", path_to_cache="/c", tokenizer={"class": "T"})
-    assert ignored.order == order
-    assert _flat(order=order, build_policy="every-rank").order == order  # in memory everywhere
+    # what every order does anyway: no index cache read or written, each rank in memory
+    assert _flat(order=order, cache="off").order == order
+    assert _flat(order=order, build_policy="every-rank").order == order
     with pytest.raises(ConfigError, match="build_policy is 'often'"):
         _flat(order=order, build_policy="often")
     with pytest.raises(ConfigError, match="mixture_change is 'yes'"):
@@ -122,7 +124,7 @@ def test_importers_and_adapters_keep_only_what_the_order_takes():
         "num_epochs": 1,
     }
     kept = fields_for_order(fields)
-    assert kept == {k: v for k, v in fields.items() if k != "build_policy"}
+    assert kept == {k: v for k, v in fields.items() if k not in ("build_policy", "path_to_cache")}
     assert MegatronDataConfig(**kept).order == "neox"
     megatron = {k: v for k, v in fields.items() if k != "num_epochs"} | {"order": "megatron"}
     assert fields_for_order(megatron) == megatron
@@ -151,7 +153,11 @@ def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_fast_load(
         mid_level_dataset_surplus=0.005,
     )
     computed = data_config_from_args(args, order="computed")
-    assert (computed.order, computed.build_policy) == ("computed", "auto")
+    assert (computed.order, computed.path_to_cache, computed.build_policy) == (
+        "computed",
+        None,
+        "auto",
+    )
     megatron = data_config_from_args(args)
     assert (megatron.path_to_cache, megatron.build_policy) == (str(tmp_path), "none")
     with pytest.raises(ConfigError, match="build_policy applies to order='megatron'"):

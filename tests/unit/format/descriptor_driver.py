@@ -37,10 +37,12 @@ def main() -> None:
     blend = [x for name in names for x in ("1", name)]
     config = MegatronDataConfig(
         sequence_length=16, blend=blend, split="100,0,0", order=order, read_mode=mode,
-        path_to_cache=os.path.join(data, f"cache-{order}-{mode}"),
+        # index caches are the Megatron order's; the computed order reads none
+        path_to_cache=os.path.join(data, f"cache-{order}-{mode}") if order == "megatron" else None,
     )
     mbs, steps = 16, int(batches)
     train = build_datasets(config, [mbs * steps, 0, 0])[0]
+    assert train is not None
     loader = build_dataloader(train, micro_batch_size=mbs, num_workers=int(workers))
     counts, seen = [], 0
     tokens = []

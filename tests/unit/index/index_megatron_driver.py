@@ -76,7 +76,7 @@ def _blend(raw) -> Blend | None:
     return Blend(prefixes=tuple(prefixes), weights=None if weights is None else tuple(weights))
 
 
-def build_config(config: dict, lengths: dict[str, np.ndarray], tokenizer=NULL_TOKENIZER,
+def build_config(config: dict, lengths: dict[str | None, np.ndarray], tokenizer=NULL_TOKENIZER,
                  class_name: str = "GPTDataset") -> dict[str, Built | None]:
     """Build every split of a fixture ``config``; raises ConfigError where Megatron fails."""
     blend = _blend(config["blend"])

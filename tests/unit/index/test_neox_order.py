@@ -92,15 +92,17 @@ def test_split_datasets_match_neox(cid: str) -> None:
     lengths = LENGTHS[case["data_path"]]
     assert neox_split_boundaries(case["split"], lengths.shape[0]) == case["boundaries"]
     ranges = neox_split_ranges(case["split"], lengths.shape[0])
-    names = []
+    names: list[str] = []
     for k, name in enumerate(SPLITS):
         rec = case["splits"][name]
         assert (ranges[k] is None) == (rec is None), name
         if rec is None:
             continue
+        span = ranges[k]
+        assert span is not None
         ix = build_neox_gpt_indices(
             lengths,
-            np.arange(*ranges[k], dtype=np.int32),
+            np.arange(*span, dtype=np.int32),
             num_samples=case["num_samples"][k],
             sequence_length=case["seq_length"],
             seed=case["seed"],
@@ -134,7 +136,7 @@ def blend_weights(case: dict, split: str) -> list[float]:
 @pytest.mark.parametrize("cid", by_kind("weighted"))
 def test_weighted_blends_match_neox(cid: str) -> None:
     case = CASES[cid]
-    names = []
+    names: list[str] = []
     for k, split in enumerate(SPLITS):
         rec = case["splits"][split]
         weights, counts = neox_blend_num_samples(blend_weights(case, split), case["num_samples"][k])

@@ -44,15 +44,16 @@ def data(tmp_path_factory):
 
 
 def _kinds(folder, a: str, b: str) -> dict[str, object]:
-    common: dict[str, Any] = dict(sequence_length=SEQ, eod_id=999, path_to_cache=str(folder / "cache"))
+    common: dict[str, Any] = dict(sequence_length=SEQ, eod_id=999)
+    cached = dict(common, path_to_cache=str(folder / "cache"))  # the Megatron order's caches
     blend = ["30", a, "70", b]
     configs = {
-        "gpt": MegatronDataConfig(blend=[a], split="90,10,0", **common),
-        "blended": MegatronDataConfig(blend=blend, split="98,2,0", **common),
+        "gpt": MegatronDataConfig(blend=[a], split="90,10,0", **cached),
+        "blended": MegatronDataConfig(blend=blend, split="98,2,0", **cached),
         "continuable": MegatronDataConfig(
-            blend=blend, split="98,2,0", mixture_change="continue", **common
+            blend=blend, split="98,2,0", mixture_change="continue", **cached
         ),
-        "mock": MegatronDataConfig(vocab_size=1000, **common),
+        "mock": MegatronDataConfig(vocab_size=1000, **cached),
         "computed": MegatronDataConfig(blend=[a], split="90,10,0", order="computed", **common),
         "computed_blend": MegatronDataConfig(
             blend=blend, split="98,2,0", order="computed", **common
@@ -62,8 +63,10 @@ def _kinds(folder, a: str, b: str) -> dict[str, object]:
             blend_per_split=[blend, [b], None], order="neox", **common
         ),
     }
-    sizes = {"gpt": [None, None, 0], "computed": [None, None, 0], "neox": [200, 10, 0]}
-    out = {kind: build_datasets(c, sizes.get(kind, [200, 10, 0]))[0] for kind, c in configs.items()}
+    sizes: dict[str, list[int | None]] = {
+        "gpt": [None, None, 0], "computed": [None, None, 0], "neox": [200, 10, 0]
+    }
+    out: dict[str, object] = {kind: build_datasets(c, sizes.get(kind, [200, 10, 0]))[0] for kind, c in configs.items()}
     out["flat"] = FlatTokenDataset(folder / "flat.bin", FlatDatasetConfig(block_size=SEQ))
     return out
 

@@ -45,7 +45,8 @@ def _dataset(files, order, schedule, change):
         eod_id=0,
         order=order,
         weights_schedule=[list(e) for e in schedule],
-        mixture_change=change,
+        # the Megatron order's choice (the computed order always continues)
+        **({"mixture_change": change} if order == "megatron" else {}),
     )
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 

@@ -38,7 +38,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-def _merge_pairs(model: dict) -> list[tuple[str, str]]:
+def _merge_pairs(model: dict) -> list[tuple[str, ...]]:
     return [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
 
 

@@ -30,7 +30,7 @@ from tokenload.preprocess import (
 from tokenload.preprocess.inputs import expand_inputs, shard_files
 from tokenload.preprocess.parts import PartTask, encode_part
 from tokenload.preprocess.pool import encode_task
-from tokenload.preprocess.summaries import Totals
+from tokenload.preprocess.summaries import FileSummary, Totals
 from tokenload.preprocess.workdir import open_workdir
 
 BYTES = TokenizerSpec(kind="byte")
@@ -62,6 +62,7 @@ def same(a: str, b: str, exts=EXTS) -> bool:
 def via_parts(cfg: PreprocessConfig) -> dict[str, str]:
     """The outputs as the parts path makes them: each file a part of its own (Ray's task body,
     ``encode_part``), then the parts concatenated by ``outputs._write_outputs``."""
+    assert cfg.tokenizer is not None
     tok = load_tokenizer(cfg.tokenizer)
     files = shard_files(
         expand_inputs(cfg.inputs, cfg.input_format, cfg.range_bytes),
@@ -76,7 +77,7 @@ def via_parts(cfg: PreprocessConfig) -> dict[str, str]:
             i, 0, file, (0, -1), work.location, f"{i:06d}", encode_task(cfg, tok), cfg.chunk_bytes
         )
         result = encode_part(task)
-        assert result.summary is not None, result
+        assert isinstance(result.summary, FileSummary), result  # a whole file is one part
         summaries.append(result.summary)
     outputs._write_outputs(cfg, tok, work, summaries, Totals.of(summaries, cfg.json_keys))
     work.remove()

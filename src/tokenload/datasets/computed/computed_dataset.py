@@ -53,12 +53,12 @@ import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ...contract import RowPieces
+from ...contract import Allocator, RowPieces
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import MOCK_SPLIT, plan_splits
@@ -67,11 +67,14 @@ from ...index.window_order import WindowOrder, source_seed
 from ...index.windows import window_pieces
 from ..config import ComputedOptions, DataConfig, Splits, SupportsTyped
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, document_bounds, finish_windows
+from ..items import ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, token_windows
 from ..sources import MockSource, open_source
 from .computed_blend import ComputedBlendedDataset, _Items
 from .extents import Extent, OnExtent, file_extent, mock_extent
+
+if TYPE_CHECKING:
+    from .packed import ComputedPackedDataset
 
 __all__ = [
     "ComputedBlendedDataset",
@@ -324,7 +327,7 @@ class ComputedBuilder:
         self.sequences = (
             None if data.sequences_path is None else read_sequences(data.sequences_path)
         )
-        self._sources: dict[str | None, Any] = {}
+        self._sources: dict[str | None, MockSource | TokenFile] = {}
 
     def source(self, prefix: str | None) -> MockSource | TokenFile:
         """A lazy source per prefix (a ``TokenFile`` opens on its first read)."""
@@ -332,7 +335,7 @@ class ComputedBuilder:
             self._sources[prefix] = open_source(prefix, self.data.source, self.sequences)
         return self._sources[prefix]
 
-    def member(self, mid: MidLevelPlan) -> ComputedGPTDataset:
+    def member(self, mid: MidLevelPlan) -> ComputedGPTDataset | ComputedPackedDataset:
         source = self.source(mid.prefix)
         if mid.prefix is None:
             assert isinstance(source, MockSource)
@@ -366,7 +369,9 @@ class ComputedBuilder:
             block_size=self.block_size,
         )
 
-    def packed_member(self, mid: MidLevelPlan, source: Any, extent: Extent) -> Any:
+    def packed_member(
+        self, mid: MidLevelPlan, source: MockSource | TokenFile, extent: Extent
+    ) -> ComputedPackedDataset:
         """Rows of whole documents of one split (``packing="best-fit"``)."""
         from .packed import ComputedPackedDataset
 
@@ -391,7 +396,7 @@ class ComputedBuilder:
         plan: SplitPlan,
         period: int,
         schedule: Sequence[tuple[int, Sequence[float]]] | None = None,
-    ) -> ComputedGPTDataset | ComputedBlendedDataset:
+    ) -> ComputedGPTDataset | ComputedPackedDataset | ComputedBlendedDataset:
         members = [self.member(mid) for mid in plan.datasets]
         if not plan.blended:
             if schedule is not None:

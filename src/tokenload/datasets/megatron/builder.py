@@ -133,7 +133,7 @@ class MegatronBuilder:
         self.sizes: list[int | None] = []
         policy = resolve(options.build_policy, world, options.cache)
         self.role, self.sync = policy.role, policy.barrier
-        self._sources: dict[str | None, Any] = {}
+        self._sources: dict[str | None, MockSource | TokenFile] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
         self._facts: dict[str | None, dict[str, Any] | None] = {}
         self._sequences: SequencesFile | None = None
@@ -435,7 +435,8 @@ class MegatronBuilder:
     ) -> BuiltMember:
         c, options = self.data, self.options
         if c.packing != "concat":
-            return packed_member(self, name, mid, split, matrix)
+            packed: BuiltMember = packed_member(self, name, mid, split, matrix)
+            return packed
         source = self.source(mid.prefix)
         with self._phase("header_reads"):
             lengths = self._lengths(mid.prefix)

@@ -246,7 +246,9 @@ class IndexCache:
             logger.info("no build manifest written beside a complete cache: %s", exc)
 
 
-def _matched(check: CacheCheck, consistent: Callable[[dict], list[str]]) -> CacheCheck:
+def _matched(
+    check: CacheCheck, consistent: Callable[[dict[str, np.ndarray]], list[str]]
+) -> CacheCheck:
     """A sidecar-less hit checked against the token file: stale when its arrays do not fit."""
     reasons = consistent({name: map_array(path) for name, path in check.arrays.items()})
     if not reasons:

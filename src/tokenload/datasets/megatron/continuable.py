@@ -252,7 +252,7 @@ class ContinuableBlendedDataset(BlendedDataset):
         self._firsts = _first_entries(plans)  # source -> its first entry of positive weight
         self._chain(0, np.zeros(len(members), dtype=np.int64))
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["rebuild"] = None  # a worker reads; only the training process resumes (and rebuilds)
         return state

@@ -33,11 +33,11 @@ import numpy.typing as npt
 from ...arrays import distinct
 from ...byte_source import gather_index
 from ...caches import map_array
-from ...contract import RowPieces
+from ...contract import Allocator, RowPieces
 from ...errors import CacheError
 from ...format import TokenFile
 from ..contract_parts import OneSourceContract
-from ..items import Allocator, ItemConfig, document_bounds, finish_windows
+from ..items import ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, no_pieces
 from ..sources import TokenSource, stale_facts
 
@@ -101,7 +101,7 @@ class IndexArrays:
             "again: cache='auto' rebuilds them",
         )
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # Cached arrays travel as paths (each process maps them itself); built ones travel as data.
         state = dict(self.__dict__)
         if self.paths is not None:
@@ -181,8 +181,8 @@ class GPTDataset(OneSourceContract):
 
     def windows(self, indices: npt.ArrayLike) -> np.ndarray:
         """int64 ``(B, S + extra)`` token windows of dataset indices, padded with ``pad_id``."""
-        batch = self.read_batch(indices)
-        return batch["windows"].astype(np.int64, copy=False)
+        windows: np.ndarray = self.read_batch(indices)["windows"]
+        return windows.astype(np.int64, copy=False)
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
