@@ -274,7 +274,12 @@ def _clear_short_rows(
 ) -> None:
     """``_clear_padding`` where each row's padding is the slots past its ``row_tokens`` (whatever
     they hold); with a pad id of 0 or more, a token equal to it is padding too, as in a padded
-    window. The same fields as a window padded with the pad id would give."""
+    window. The same fields as a window padded with the pad id would give. When every row is
+    full (nearly every micro-batch: best-fit leaves few rows short), that is ``_clear_padding``."""
+    if row_tokens.size and int(_MIN(row_tokens)) >= text.shape[1]:
+        if pad >= 0 or not extra:
+            _clear_padding(text, tokens, labels, loss_mask, pad, extra)
+        return
     is_pad = _positions(text.shape[1])[None, :] >= row_tokens[:, None]
     if pad >= 0:
         is_pad |= np.equal(text, pad)

@@ -10,14 +10,55 @@ import numpy as np
 
 from ..contract import Allocator, LoaderDataset
 
+PACKING_COUNTS = "_tokenload_packing_counts"
+"""A field that packed micro-batches carry from where they are made (a worker) to the loader,
+which takes it out before handing the batch over (``accounting.PackingCounts``): int64
+``(2, B)``, each row's documents (pieces beginning among its S inputs), then its padding label
+slots. Counted from the read's own ``row_tokens`` and ``doc_starts``, so the training process
+does not search the finished fields for them."""
 
-def fetch(dataset: LoaderDataset, indices: Sequence[int], alloc: Allocator | None = None) -> Any:
+
+def fetch(
+    dataset: LoaderDataset,
+    indices: Sequence[int],
+    alloc: Allocator | None = None,
+    *,
+    packed: bool = False,
+) -> Any:
     """One micro-batch of ``dataset``: its ``__getitems__`` (as torch's DataLoader calls it).
-    With ``alloc``, a dataset that reads in two stages (``reads_in_groups``, like tokenload's)
-    builds its fields in arrays from it."""
-    if alloc is not None and dataset.reads_in_groups:
-        return dataset.finish_batch(dataset.read_batch(indices), alloc)
+    A dataset that reads in two stages (``reads_in_groups``, like tokenload's) is read, then
+    finished by ``finish``, when ``alloc`` is given (its fields made in arrays from it) or its
+    rows are ``packed`` (``describe_sources``: their counts made with them)."""
+    if dataset.reads_in_groups and (alloc is not None or packed):
+        return finish(dataset, dataset.read_batch(indices), alloc)
     return dataset.__getitems__(indices)
+
+
+def finish(dataset: LoaderDataset, read: Any, alloc: Allocator | None = None) -> Any:
+    """``dataset.finish_batch`` of a ``read_batch`` result; packed rows (a read with
+    ``row_tokens``) also get their ``PACKING_COUNTS``."""
+    out = dataset.finish_batch(read, alloc)
+    row_tokens = read.get("row_tokens") if isinstance(read, dict) else None
+    if row_tokens is not None and isinstance(out, dict) and "tokens" in out:
+        out[PACKING_COUNTS] = packing_counts(
+            read["doc_starts"], row_tokens, int(out["tokens"].shape[1]), alloc
+        )
+    return out
+
+
+def packing_counts(
+    doc_starts: np.ndarray, row_tokens: np.ndarray, seq: int, alloc: Allocator | None = None
+) -> np.ndarray:
+    """``PACKING_COUNTS`` of packed rows: S inputs each, ``row_tokens`` tokens in their window
+    and their pieces' first slots (``items.starts_matrix``). Label slot i holds the window's
+    token i + 1, so the slots from ``row_tokens - 1`` on are padding (with or without the extra
+    token: without it, the last label is padding in every row)."""
+    batch = row_tokens.shape[0]
+    out = (alloc or _empty)((2, batch), np.dtype(np.int64))
+    np.add.reduce(doc_starts < seq, axis=1, out=out[0])
+    np.subtract(seq + 1, row_tokens, out=out[1])  # a row holds 1 to S + extra tokens
+    np.minimum(out[1], seq, out=out[1])
+    return out
 
 
 def to_tensors(batch: Any) -> Any:
@@ -35,3 +76,7 @@ def to_tensors(batch: Any) -> Any:
     from torch.utils.data import default_collate
 
     return default_collate(batch)
+
+
+def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    return np.empty(shape, dtype=dtype)

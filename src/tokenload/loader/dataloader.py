@@ -40,7 +40,7 @@ from ..distributed import World
 from ..errors import ConfigError, StateError, require
 from ..storage.options import read_retry_window, retry_reads_for
 from .accounting import LoaderMetrics, summary_line
-from .collate import fetch, to_tensors
+from .collate import PACKING_COUNTS, fetch, to_tensors
 from .health import WorkerHealth, read_budget
 from .ledger import Ledger
 from .mapstyle import AnyDataset, loader_dataset
@@ -206,7 +206,8 @@ class TokenloadDataLoader:
         batches: Iterator[Any]
         if self.config.num_workers == 0:
             budget = read_budget(self.config.worker_timeout)  # as workers do (health.py)
-            batches = (_fetch_within(budget, self._data, indices) for indices in sampler)
+            packed = self._metrics.packing is not None
+            batches = (_fetch_within(budget, self._data, indices, packed) for indices in sampler)
         else:
             pool = self._workers()
             batches = pool.batches(sampler)
@@ -216,6 +217,7 @@ class TokenloadDataLoader:
         asked, handed = started, started
         try:
             for batch in batches:
+                counts = batch.pop(PACKING_COUNTS, None) if isinstance(batch, dict) else None
                 batch = to_tensors(batch)
                 if pin:
                     batch = {
@@ -228,7 +230,7 @@ class TokenloadDataLoader:
                     step if cyclic else min(step, total - self.consumed_samples)
                 )
                 now = time.perf_counter()
-                metrics.record(batch, now - asked, now - handed, self.consumed_samples)
+                metrics.record(batch, now - asked, now - handed, self.consumed_samples, counts)
                 handed = now
                 if every is not None and metrics.steps % every == 0:
                     self.log_metrics()
@@ -553,12 +555,14 @@ def build_dataloader(
     return TokenloadDataLoader(dataset, config, consumed_samples=consumed_samples)
 
 
-def _fetch_within(budget: float | None, dataset: LoaderDataset, indices: Sequence[int]) -> Any:
+def _fetch_within(
+    budget: float | None, dataset: LoaderDataset, indices: Sequence[int], packed: bool
+) -> Any:
     """``fetch`` with object-storage reads retried for ``budget`` seconds, in this process only
     while the loader reads: the rest of the training process keeps its own retry setting."""
     before = read_retry_window()
     retry_reads_for(budget)
     try:
-        return fetch(dataset, indices)
+        return fetch(dataset, indices, packed=packed)
     finally:
         retry_reads_for(before)

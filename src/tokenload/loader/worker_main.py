@@ -26,7 +26,7 @@ import numpy as np
 from ..contract import Allocator, Batch, LoaderDataset
 from ..storage.options import retry_reads_for
 from .channel import Channel
-from .collate import fetch
+from .collate import fetch, finish
 from .health import WorkerError, record_stacks
 from .messages import (
     Batches,
@@ -146,6 +146,7 @@ class _Worker:
         self.generation, self.credits, self.target = -1, 0, 1
         self.work: Iterator[tuple[int, list[int]]] | None = None
         self.two_stage = dataset is not None and dataset.reads_in_groups
+        self.packed = dataset is not None and self.two_stage and dataset.describe_sources().packed
 
     def handle(self, message: Start | Credit) -> None:
         self.free.extend(message.freed)
@@ -223,11 +224,14 @@ class _Worker:
         )
         allocs += [None] * (len(index_lists) - len(allocs))
         if len(index_lists) == 1 or not self.two_stage:
-            return [fetch(self.dataset, idx, alloc) for idx, alloc in zip(index_lists, allocs)]
+            return [
+                fetch(self.dataset, idx, alloc, packed=self.packed)
+                for idx, alloc in zip(index_lists, allocs)
+            ]
         sizes = [len(idx) for idx in index_lists]
         raw = self.dataset.read_batch([i for idx in index_lists for i in idx])
         parts = _split_rows(raw, sizes)
-        return [self.dataset.finish_batch(part, alloc) for part, alloc in zip(parts, allocs)]
+        return [finish(self.dataset, part, alloc) for part, alloc in zip(parts, allocs)]
 
 
 def _split_rows(raw: Batch, sizes: list[int]) -> list[Batch]:

@@ -276,15 +276,22 @@ def test_schedule_skip_and_mixture_change_at_a_resume_serve_no_piece_twice(tmp_p
 
 
 @ORDERS
-@pytest.mark.parametrize("cap", [None, 1])  # 1 document per row: most rows padded
-def test_loader_metrics_count_documents_and_padding_of_the_rows_served(tmp_path, order, cap):
+@pytest.mark.parametrize(
+    ("cap", "workers"),
+    [(None, 0), (1, 0), (None, 2), (1, 2)],  # cap 1: most rows padded; workers count them there
+)
+def test_loader_metrics_count_documents_and_padding_of_the_rows_served(
+    tmp_path, order, cap, workers
+):
     a, _ = corpus(tmp_path, 1, 900, seed=13)
     b, _ = corpus(tmp_path, 2, 900, seed=14)
     cfg = config(blend=["0.5", a, "0.5", b], order=order, max_documents_per_row=cap)
     train, _, _ = build_datasets(cfg, [64, 0, 0])
     assert train is not None
-    loader = build_dataloader(train, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=0)
+    loader = build_dataloader(train, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=workers)
     batches = list(loader)
+    loader.close()
+    assert not any(k.startswith("_") for batch in batches for k in batch), "a private field"
     report = loader.metrics()["packing"]
     assert report is not None
     # the model: documents (pieces starting in an input slot) and empty label slots, counted

@@ -107,10 +107,11 @@ class PackedRows:
         self._ends: dict[int, list[int]] = {}  # epoch -> cumulative rows of its packed blocks
         self._blocks: OrderedDict[tuple[int, int], _Block] = OrderedDict()
         self._order: WindowOrder | None = None
+        self._last: tuple[int, int, int, int] | None = None  # (first row, rows, epoch, block)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_ends", "_blocks", "_order"):
+        for key in ("_ends", "_blocks", "_order", "_last"):
             state.pop(key)
         return state
 
@@ -232,9 +233,15 @@ class PackedRows:
         wanted = np.asarray(rows, dtype=np.int64).ravel()
         if wanted.size:  # nearly every batch: its rows in one block, gathered at once
             low = int(wanted.min())
-            epoch, block, k = self.locate(low)
+            last = self._last
+            if last is not None and 0 <= low - last[0] < last[1]:  # the block read last
+                first_row, _, epoch, block = last
+            else:
+                epoch, block, k = self.locate(low)
+                first_row = low - k
             b = self._block(epoch, block)
-            within = wanted - (low - k)
+            self._last = (first_row, b.rows, epoch, block)
+            within = wanted - first_row
             if int(within.max()) < b.rows:
                 lows = b.offsets[within]
                 counts = b.offsets[within + 1] - lows
