@@ -48,7 +48,6 @@ WORKER_COUNTS = (0, 1, 2, 4)
 PACKING_HELPS_SHARE = 0.10
 #: Documents per prefix the packing check measures (their lengths only: no token is read).
 PACKING_SAMPLE = 1 << 20
-_PACK_BLOCK = 1 << 16
 
 
 def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
@@ -449,6 +448,7 @@ def packing_figures(lengths: Any, sequence_length: int, extra: int = 1) -> dict[
     the documents longer than a row."""
     import numpy as np
 
+    from ..datasets.computed.packed import DEFAULT_BLOCK_DOCUMENTS as block
     from ..index.packing import pack_block
 
     n = np.asarray(lengths, dtype=np.int64)
@@ -460,8 +460,8 @@ def packing_figures(lengths: Any, sequence_length: int, extra: int = 1) -> dict[
     short = n <= window
     rows: list[np.ndarray] = []
     padding = slots = 0
-    for lo in range(0, n.size, _PACK_BLOCK):
-        plan = pack_block(n[lo : lo + _PACK_BLOCK], window, extra)
+    for lo in range(0, n.size, block):  # blocks of the computed order's packing
+        plan = pack_block(n[lo : lo + block], window, extra)
         rows.append(np.diff(plan.row_offsets))
         padding += plan.padding
         slots += plan.num_rows * window

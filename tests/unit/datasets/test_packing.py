@@ -478,3 +478,30 @@ def test_a_blend_s_rows_keep_their_own_boundaries_through_the_loader(tmp_path, o
             assert (source[r][real[r]] == ids[r] + 1).all()  # one source per row
     loader.close()
     assert mixed  # the micro-batches did mix the sources
+
+
+def test_rows_read_together_in_any_order_equal_rows_read_one_by_one(tmp_path) -> None:
+    """The computed order's rows gathered in one read across many blocks, in a shuffled order with
+    repeats (the path that packs, forgets and packs again the blocks it keeps only a few of), are
+    the rows read one at a time by a fresh dataset."""
+    from tokenload.datasets.computed.packed import ComputedPackedDataset
+
+    prefix, _ = corpus(tmp_path, 1, 900, seed=21)
+    train, _, _ = build_datasets(config(blend=[prefix]), [100, 0, 0])
+    assert isinstance(train, ComputedPackedDataset)
+
+    def small_blocks() -> ComputedPackedDataset:  # blocks of 64 documents: ~15 of them
+        return ComputedPackedDataset(
+            train.source, train.extent, train.item, seed=7, length=None, block_documents=64
+        )
+
+    together, alone = small_blocks(), small_blocks()
+    assert together.rows.num_blocks >= 10
+    rows = np.random.default_rng(3).permutation(len(together))[:120]
+    rows = np.concatenate([rows, rows[:7]])  # repeats too
+    got = together.read_batch(rows)
+    for i, row in enumerate(rows.tolist()):
+        one = alone.read_batch([row])
+        assert int(got["row_tokens"][i]) == int(one["row_tokens"][0])
+        n = int(one["row_tokens"][0])
+        assert np.array_equal(got["windows"][i, :n], one["windows"][0, :n])

@@ -10,7 +10,7 @@ after epoch. So row c of the source depends on the data, the seed and S only: ne
 micro-batch sizes or workers, and a state resumes anywhere as in the unpacked order.
 
 **Startup is O(1).** Nothing is packed when the dataset is built. A block is packed when a row
-of it is first read, in the process that reads it (0.1-0.3 s per block of 65,536 documents);
+of it is first read, in the process that reads it (~23 ms per block of 131,072 documents);
 each process keeps the row counts of the blocks it has packed (one int each) and the plans of
 the last few. Finding row c needs the row counts of every block before it: a resume at row c
 packs the blocks before c once (their counts), which is the price of a plan made as rows are
@@ -44,11 +44,16 @@ from .extents import Extent, OnExtent
 
 __all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "PlanPieces"]
 
-DEFAULT_BLOCK_DOCUMENTS = 1 << 16
-"""Documents packed together: at S = 2,048 on a web-text mix the padding is ~0.003% and a block
-packs in 0.1-0.3 s (benchmarks/README.md, "Packing")."""
+DEFAULT_BLOCK_DOCUMENTS = 1 << 17
+"""Documents packed together. Packing a block costs a fixed ~15 ms of NumPy calls (one pass per
+token count) plus O(documents): at S = 2,048 on a web-text mix, ~23 ms for 131,072 documents
+(0.38 us per row, against 0.67 with blocks of 65,536), with less padding (benchmarks/README.md,
+"Packing")."""
 
-_KEPT_BLOCKS = 8
+_KEPT_BLOCKS = 2
+"""Packed blocks a process keeps per source: the one being read and the one before (a batch may
+straddle them). A block of 131,072 web-text documents keeps ~2 MB (int32 pieces), so a blend of
+100 sources keeps ~0.4 GB per process at most."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class PlanPieces:
 @dataclass(frozen=True)
 class _Block:
     offsets: np.ndarray  # CSR over the pieces, rows in serving order
-    sequence: np.ndarray
+    sequence: np.ndarray  # the pieces, as narrow as their values allow (_narrow)
     start: np.ndarray
     length: np.ndarray
 
@@ -161,10 +166,10 @@ class PackedRows:
             np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], per_row)
         )
         found = _Block(
-            offsets=offsets,
-            sequence=sequences[plan.piece_doc[take]],
-            start=plan.piece_start[take],
-            length=plan.piece_length[take],
+            offsets=_narrow(offsets),
+            sequence=_narrow(sequences[plan.piece_doc[take]]),
+            start=_narrow(plan.piece_start[take]),
+            length=_narrow(plan.piece_length[take]),
         )
         ends = self._ends.setdefault(epoch, [])
         if block == len(ends):
@@ -212,7 +217,7 @@ class PackedRows:
             b = self._block(epoch, block)
             hits = np.flatnonzero(b.sequence == int(sequence))
             rows = np.searchsorted(b.offsets, hits, side="right") - 1
-            before = np.cumsum(b.length) - b.length  # tokens ahead of each piece, all rows
+            before = np.cumsum(b.length, dtype=np.int64) - b.length  # tokens ahead, all rows
             slot = before[hits] - before[b.offsets[rows]]
             rows = rows[slot < self.sequence_length]  # a token of it among the row's inputs
             found.append(base + (ends[block - 1] if block else 0) + rows)
@@ -243,24 +248,30 @@ class PackedRows:
             self._last = (first_row, b.rows, epoch, block)
             within = wanted - first_row
             if int(within.max()) < b.rows:
-                lows = b.offsets[within]
+                lows = b.offsets[within].astype(np.int64)
                 counts = b.offsets[within + 1] - lows
                 first = np.cumsum(counts) - counts
                 at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lows - first, counts)
                 return PlanPieces(
-                    first=first, sequence=b.sequence[at], start=b.start[at], length=b.length[at]
+                    first=first,
+                    sequence=b.sequence[at].astype(np.int64),
+                    start=b.start[at].astype(np.int64),
+                    length=b.length[at].astype(np.int64),
                 )
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # rows in rising order, so that each block is packed once however the rows are spread
+        empty_part = (np.empty(0, dtype=np.int64),) * 3
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [empty_part] * wanted.size
         counts = np.empty(wanted.size, dtype=np.int64)
         cache: dict[int, tuple[int, int, int]] = {}
-        for i, r in enumerate(wanted.tolist()):
+        for i in np.argsort(wanted, kind="stable").tolist():
+            r = int(wanted[i])
             where = cache.get(r)
             if where is None:
                 where = cache[r] = self.locate(r)
             epoch, block, k = where
             b = self._block(epoch, block)
             lo, hi = int(b.offsets[k]), int(b.offsets[k + 1])
-            parts.append((b.sequence[lo:hi], b.start[lo:hi], b.length[lo:hi]))
+            parts[i] = (b.sequence[lo:hi], b.start[lo:hi], b.length[lo:hi])
             counts[i] = hi - lo
         first = np.zeros(wanted.size, dtype=np.int64)
         if wanted.size:
@@ -270,10 +281,18 @@ class PackedRows:
             return PlanPieces(first=first, sequence=empty, start=empty, length=empty)
         return PlanPieces(
             first=first,
-            sequence=np.concatenate([p[0] for p in parts]),
-            start=np.concatenate([p[1] for p in parts]),
-            length=np.concatenate([p[2] for p in parts]),
+            sequence=np.concatenate([p[0] for p in parts]).astype(np.int64),
+            start=np.concatenate([p[1] for p in parts]).astype(np.int64),
+            length=np.concatenate([p[2] for p in parts]).astype(np.int64),
         )
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """int32 when every value fits (nearly always: sequence ids, tokens within a document),
+    else int64."""
+    if not values.size or (int(values.max()) < 1 << 31 and int(values.min()) >= -(1 << 31)):
+        return values.astype(np.int32)
+    return values.astype(np.int64, copy=False)
 
 
 def packed_fingerprint(base: str, rows: PackedRows) -> str:
