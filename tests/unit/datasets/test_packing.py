@@ -485,6 +485,7 @@ def test_rows_read_together_in_any_order_equal_rows_read_one_by_one(tmp_path) ->
     repeats (the path that packs, forgets and packs again the blocks it keeps only a few of), are
     the rows read one at a time by a fresh dataset."""
     from tokenload.datasets.computed.packed import ComputedPackedDataset
+    from tokenload.datasets.items import NO_START
 
     prefix, _ = corpus(tmp_path, 1, 900, seed=21)
     train, _, _ = build_datasets(config(blend=[prefix]), [100, 0, 0])
@@ -497,11 +498,15 @@ def test_rows_read_together_in_any_order_equal_rows_read_one_by_one(tmp_path) ->
 
     together, alone = small_blocks(), small_blocks()
     assert together.rows.num_blocks >= 10
-    rows = np.random.default_rng(3).permutation(len(together))[:120]
-    rows = np.concatenate([rows, rows[:7]])  # repeats too
-    got = together.read_batch(rows)
-    for i, row in enumerate(rows.tolist()):
-        one = alone.read_batch([row])
-        assert int(got["row_tokens"][i]) == int(one["row_tokens"][0])
-        n = int(one["row_tokens"][0])
-        assert np.array_equal(got["windows"][i, :n], one["windows"][0, :n])
+    shuffled = np.random.default_rng(3).permutation(len(together))[:120]
+    shuffled = np.concatenate([shuffled, shuffled[:7]])  # repeats too
+    consecutive = np.arange(5, 35)  # one slice of the block's pieces
+    for rows in (shuffled, consecutive, consecutive[::-1]):
+        got = together.read_batch(rows)
+        for i, row in enumerate(rows.tolist()):
+            one = alone.read_batch([row])
+            assert int(got["row_tokens"][i]) == int(one["row_tokens"][0])
+            n = int(one["row_tokens"][0])
+            assert np.array_equal(got["windows"][i, :n], one["windows"][0, :n])
+            mine, single = got["doc_starts"][i], one["doc_starts"][0]
+            assert np.array_equal(mine[mine != NO_START], single[single != NO_START])

@@ -50,6 +50,7 @@ token count) plus O(documents): at S = 2,048 on a web-text mix, ~23 ms for 131,0
 (0.38 us per row, against 0.67 with blocks of 65,536), with less padding (benchmarks/README.md,
 "Packing")."""
 
+_ALL = np.logical_and.reduce
 _KEPT_BLOCKS = 2
 """Packed blocks a process keeps per source: the one being read and the one before (a batch may
 straddle them). A block of 131,072 web-text documents keeps ~2 MB (int32 pieces), so a blend of
@@ -247,7 +248,22 @@ class PackedRows:
             b = self._block(epoch, block)
             self._last = (first_row, b.rows, epoch, block)
             within = wanted - first_row
-            if int(within.max()) < b.rows:
+            top = int(within.max())
+            n = within.size
+            if (
+                top < b.rows
+                and top - int(within[0]) == n - 1
+                and bool(_ALL(within[1:] > within[:-1]))
+            ):
+                # consecutive rows (a micro-batch of one source): their pieces are one slice
+                lo, hi = int(b.offsets[top - n + 1]), int(b.offsets[top + 1])
+                return PlanPieces(
+                    first=b.offsets[top - n + 1 : top + 1] - np.int64(lo),
+                    sequence=b.sequence[lo:hi].astype(np.int64),
+                    start=b.start[lo:hi].astype(np.int64),
+                    length=b.length[lo:hi].astype(np.int64),
+                )
+            if top < b.rows:
                 lows = b.offsets[within].astype(np.int64)
                 counts = b.offsets[within + 1] - lows
                 first = np.cumsum(counts) - counts
