@@ -111,6 +111,23 @@ def test_a_megatron_jobs_import_under_another_order_keeps_only_what_that_order_r
         assert other.eod_id == megatron.eod_id  # what every order reads is kept
 
 
+def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_fast_load(tmp_path):
+    from tokenload.integrations.megatron import data_config_from_args
+
+    args = _megatron_args(str(tmp_path))
+    args.dataloader_fast_cache_load = True
+    computed = data_config_from_args(args, order="computed")
+    assert (computed.order, computed.path_to_cache, computed.build_policy) == (
+        "computed",
+        None,
+        "auto",
+    )
+    megatron = data_config_from_args(args)
+    assert (megatron.path_to_cache, megatron.build_policy) == (str(tmp_path), "none")
+    with pytest.raises(ConfigError, match="build_policy applies to order='megatron'"):
+        data_config_from_args(args, order="computed", build_policy="none")
+
+
 def _megatron_args(cache: str) -> argparse.Namespace:
     return argparse.Namespace(
         seq_length=16,

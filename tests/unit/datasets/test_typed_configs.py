@@ -7,7 +7,6 @@ versions wrote (a prepared folder still loads)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -129,39 +128,6 @@ def test_importers_and_adapters_keep_only_what_the_order_takes():
     megatron = {k: v for k, v in fields.items() if k != "num_epochs"} | {"order": "megatron"}
     assert fields_for_order(megatron) == megatron
     assert fields_for_order(dict(megatron, num_epochs=1)) == megatron
-
-
-def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_fast_load(tmp_path):
-    from tokenload.integrations.megatron import data_config_from_args
-
-    args = argparse.Namespace(
-        seq_length=16,
-        seed=1234,
-        data_path=["p"],
-        data_args_path=None,
-        train_data_path=None,
-        valid_data_path=None,
-        test_data_path=None,
-        per_split_data_args_path=None,
-        split="9,1,0",
-        mock_data=False,
-        data_cache_path=str(tmp_path),
-        mmap_bin_files=True,
-        dataloader_fast_cache_load=True,
-        dataloader_defer_npy_index_mmap=False,
-        per_dataset_sequences_path=None,
-        mid_level_dataset_surplus=0.005,
-    )
-    computed = data_config_from_args(args, order="computed")
-    assert (computed.order, computed.path_to_cache, computed.build_policy) == (
-        "computed",
-        None,
-        "auto",
-    )
-    megatron = data_config_from_args(args)
-    assert (megatron.path_to_cache, megatron.build_policy) == (str(tmp_path), "none")
-    with pytest.raises(ConfigError, match="build_policy applies to order='megatron'"):
-        data_config_from_args(args, order="computed", build_policy="none")
 
 
 @pytest.fixture(scope="module")
