@@ -99,6 +99,7 @@ def split_documents(lengths: np.ndarray, window: int, extra: int) -> Pieces:
     parts = full + (rest > extra)
     counts[long] = parts
     doc = np.repeat(np.arange(lengths.size, dtype=np.int64), counts)
+    del counts  # (a block's temporaries are dropped as soon as done with: they set its peak)
     start = np.zeros(doc.size, dtype=np.int64)
     length = lengths[doc]
     if long.size:
@@ -129,22 +130,31 @@ def best_fit_decreasing(
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     # largest first, ties in block order; room left as uint16 when it fits: NumPy's stable sort
     # of 16-bit integers is a radix sort (5-6x faster than int64's at 2^20 items)
-    key = capacity - sizes
-    placement = np.argsort(key.astype(np.uint16) if capacity < 1 << 16 else key, kind="stable")
+    if capacity < 1 << 16:  # written as uint16 directly: no int64 copy beside the sort's own
+        key = np.subtract(capacity, sizes, out=np.empty(n, dtype=np.uint16), casting="unsafe")
+    else:
+        key = capacity - sizes
+    placement = np.argsort(key, kind="stable")
+    del key
     sorted_sizes = sizes[placement]
     bounds = np.flatnonzero(np.diff(sorted_sizes)) + 1  # where each size class starts
     class_starts = np.concatenate(([0], bounds)).tolist()
     class_ends = np.concatenate((bounds, [n])).tolist()
-    rooms = _Rooms(capacity, smallest=int(sorted_sizes[-1]), max_items=max_items, rows=n)
+    class_sizes = sorted_sizes[class_starts].tolist()
+    del sorted_sizes, bounds
+    rooms = _Rooms(capacity, smallest=class_sizes[-1], max_items=max_items, rows=n)
     # each class's rows and counts, in placement order: laid out once at the end
     touched: list[np.ndarray] = []
     got: list[np.ndarray] = []
-    for lo, hi in zip(class_starts, class_ends, strict=True):
-        rows, counts = rooms.place(int(sorted_sizes[lo]), hi - lo)
+    for s, lo, hi in zip(class_sizes, class_starts, class_ends, strict=True):
+        rows, counts = rooms.place(s, hi - lo)
         touched.append(rows)
         got.append(counts)
+    del rooms
+    in_order = np.repeat(np.concatenate(touched), np.concatenate(got))
+    del touched, got
     row_of = np.empty(n, dtype=np.int64)
-    row_of[placement] = np.repeat(np.concatenate(touched), np.concatenate(got))
+    row_of[placement] = in_order
     return row_of, placement
 
 
@@ -306,28 +316,43 @@ def pack_block(
 ) -> PackPlan:
     """The rows of one block of documents (``lengths``, in block order): module docstring."""
     pieces = split_documents(lengths, window, extra)
-    row_of, placement = best_fit_decreasing(pieces.length, window, max_docs)
+    doc, start, length = pieces.doc, pieces.start, pieces.length
+    del pieces  # each array dropped once laid out in row order (they set the block's peak)
+    row_of, placement = best_fit_decreasing(length, window, max_docs)
+    per_row = np.bincount(row_of, minlength=int(row_of.max()) + 1 if row_of.size else 0)
     # rows in the order they were opened; each row's pieces in placement order: one sort of
     # unique keys (row, rank in placement), so any sort gives the same order and NumPy's SIMD
     # sort serves (4x faster than a lexsort of the two at 2^20 pieces)
     n = placement.size
     if n < 1 << 31:
-        key = row_of[placement] * n + np.arange(n, dtype=np.int64)
+        key = row_of[placement]
+        del row_of
+        key *= n
+        key += np.arange(n, dtype=np.int64)
         key.sort()
-        order = placement[key % n] if n else row_of
+        np.remainder(key, n, out=key)
+        order = placement[key]
+        del key
     else:  # keys would overflow
         rank = np.empty(n, dtype=np.int64)
         rank[placement] = np.arange(n, dtype=np.int64)
         order = np.lexsort((rank, row_of))
-    per_row = np.bincount(row_of, minlength=int(row_of.max()) + 1 if row_of.size else 0)
+        del rank, row_of
+    del placement
     offsets = np.zeros(per_row.size + 1, dtype=np.int64)
     np.cumsum(per_row, out=offsets[1:])
+    piece_doc = doc[order]
+    del doc
+    piece_start = start[order]
+    del start
+    piece_length = length[order]
+    del length, order
     lengths = np.asarray(lengths, dtype=np.int64)
     return PackPlan(
         window=int(window),
         row_offsets=offsets,
-        piece_doc=pieces.doc[order],
-        piece_start=pieces.start[order],
-        piece_length=pieces.length[order],
+        piece_doc=piece_doc,
+        piece_start=piece_start,
+        piece_length=piece_length,
         cut_documents=int(np.count_nonzero(lengths > window)),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -138,3 +140,20 @@ def test_split_documents_follows_the_rule_document_by_document(lengths, window, 
             want.append((d, full * stride, n - full * stride))
     got = split_documents(np.array(lengths, dtype=np.int64), window, extra)
     assert list(zip(got.doc.tolist(), got.start.tolist(), got.length.tolist())) == want
+
+
+@pytest.mark.parametrize("window, cap", [(2049, None), (2049, 4), (8193, None)])
+def test_pack_block_holds_few_arrays_of_its_pieces_at_its_peak(window, cap) -> None:
+    """One block's packing is the Megatron-order build's working set beside the plan: its int64
+    arrays of pieces (doc, start, length, placement, rows, the sort key, the result) are dropped
+    as soon as done with: at most 10 of them live at once (8.6-9.7 here; 11.8-13.4 when each
+    lived to the end of its function)."""
+    rng = np.random.default_rng(0)
+    lengths = np.maximum(rng.lognormal(np.log(400), 1.3, 1 << 16).astype(np.int64), 1)
+    tracemalloc.start()
+    try:
+        plan = pack_block(lengths, window, 1, cap)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 10 * 8 * plan.piece_doc.size, peak / plan.piece_doc.size

@@ -11,12 +11,24 @@ planned and everything is built again: the plan depends on the data, the seed, S
 only, never on ranks, micro-batches or workers.
 
 The plan is an index cache like Megatron's (``PackedGPTDataset`` caches, beside them under the
-same folder rules, never read by Megatron): ``row_index`` (int64, rows + 1: row r holds pieces
-``row_index[r]..row_index[r + 1]``), ``piece_index`` (int32, pieces x 3: sequence, first
-token, tokens) and ``shuffle_index`` (Megatron's dtype rule). It is built, written, loaded,
-checked and listed in the build manifest by the same build policies as the concatenated
-order's caches, so ``tokenload prepare-cache --packing best-fit`` prepares it and
-``build_policy="none"`` loads it. Every value is range-checked as batches use it.
+same folder rules, never read by Megatron), 4 bytes per piece (layout ``PLAN_LAYOUT``):
+
+* ``row_index``: rows + 1 offsets (int32, int64 past 2^31 - 1 pieces): row r holds pieces
+  ``row_index[r]..row_index[r + 1]``;
+* ``piece_index``: int32 per piece. An entry ``s >= 0`` is the last piece of sequence s, whose
+  start and length follow from the sequence's length L: all of it when L <= W = S + extra, else
+  the rest ``[m * S, L)`` after its m = (L - extra) // S full windows. An entry ``-1 - j`` is the
+  full window ``(s, e) = window_index[j]``: tokens ``[e - W, e)`` of sequence s;
+* ``window_index``: uint32 (windows, 2), the full windows of cut documents (one row each) by
+  sequence and end (the end where the last-piece rule then gives the window: see ``_pieces``);
+* ``shuffle_index``: Megatron's dtype rule.
+
+It is built, written, loaded, checked and listed in the build manifest by the same build
+policies as the concatenated order's caches, so ``tokenload prepare-cache --packing best-fit``
+prepares it and ``build_policy="none"`` loads it. Every value is range-checked as batches use
+it. The build holds the document index, the plan and one block's packing at its peak: each
+plan array is sized first and filled in place (``_pack``), and the split's document ids are an
+array only while the document index is drawn.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import numpy.typing as npt
 
 from ...caches import describe, description_hash, gpt_identifiers
 from ...contract import Allocator
+from ...errors import CacheError, ConfigError
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
 from ...index.epochs import plan_epochs
@@ -50,12 +63,19 @@ PACK_BLOCK = 1 << 20
 """Entries of the document index packed together: a block of 2^20 documents packs in about a
 second on this machine, with ~0.001% padding at S = 2,048 on a web-text mix."""
 
+PLAN_LAYOUT = "last-piece+windows"
+"""The plan's arrays as the module docstring lays them out (in the cache's identity: a plan of
+another layout, such as the earlier ``(sequence, start, length)`` rows, is never read as this)."""
+
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_WINDOWS_MAX = 1 << 31
+"""Full windows a plan can number: ``piece_index`` names window j by ``-1 - j`` (int32)."""
 
 
 def build_packed_indices(
     sequence_lengths: np.ndarray,
-    documents: np.ndarray,
+    documents: npt.ArrayLike | range,
     *,
     num_samples: int | None,
     sequence_length: int,
@@ -65,10 +85,19 @@ def build_packed_indices(
     block: int = PACK_BLOCK,
 ) -> dict[str, np.ndarray]:
     """The packed plan of one split (module docstring): ``row_index``, ``piece_index``,
-    ``shuffle_index``."""
+    ``window_index``, ``shuffle_index``. ``documents``: the split's sequence ids, an array or a
+    ``range`` (made into an array only while the document index is drawn, then dropped: at 100M
+    documents, 400 MB the packing does not hold)."""
     lengths = np.asarray(sequence_lengths)
-    docs = np.asarray(documents)
-    tokens = tokens_per_epoch(lengths, documents)
+    ids: np.ndarray | range
+    if isinstance(documents, range) and documents.step == 1:
+        ids = documents
+    else:
+        ids = np.asarray(documents)
+    if isinstance(ids, range):  # one run of ids: summed in place
+        tokens = int(np.sum(lengths[ids.start : ids.stop], dtype=np.int64))
+    else:
+        tokens = tokens_per_epoch(lengths, ids)
     epochs = plan_epochs(
         tokens_per_epoch=tokens,
         num_samples=num_samples,
@@ -79,18 +108,18 @@ def build_packed_indices(
     window = sequence_length + extra
     while True:
         rng = seeded_random_state(seed)
-        order = build_document_index(documents, num_epochs, rng, separate)
-        offsets, pieces = _pack(lengths, order, window, extra, max_documents, block, docs)
+        docs = np.arange(ids.start, ids.stop, dtype=np.int32) if isinstance(ids, range) else ids
+        order = build_document_index(docs, num_epochs, rng, separate)
+        del docs
+        plan = _pack(lengths, order, window, extra, max_documents, block, ids)
         del order  # the plan's pieces name the sequences: the document index is done with
-        rows = offsets.size - 1
+        rows = plan["row_index"].size - 1
         if num_samples is None or rows >= num_samples:
             break
+        del plan
         num_epochs, separate = num_epochs + 1, False
-    return {
-        "row_index": offsets,
-        "piece_index": pieces,
-        "shuffle_index": build_shuffle_index(rows, rows, rng),
-    }
+    plan["shuffle_index"] = build_shuffle_index(rows, rows, rng)
+    return plan
 
 
 def _pack(
@@ -100,56 +129,74 @@ def _pack(
     extra: int,
     max_documents: int | None,
     block: int,
-    documents: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Row offsets and pieces of the documents of ``order``, packed block by block. The pieces
-    are written into one array sized first (each document's piece count follows from its
-    length), so the plan's largest array exists once at the peak, not as parts plus their
-    concatenation."""
-    total = 0
-    if documents is not None and documents.size and order.size % documents.size == 0:
+    documents: np.ndarray | range | None = None,
+) -> dict[str, np.ndarray]:
+    """``row_index``, ``piece_index`` and ``window_index`` of the documents of ``order``, packed
+    block by block (module docstring). Each array is sized first (each document's pieces and
+    full windows follow from its length) and filled in place: the plan exists once at the peak,
+    never as parts plus their concatenation."""
+    total = windows = 0
+    if documents is not None and len(documents) and order.size % len(documents) == 0:
         # the document index holds each document once per epoch: its pieces, counted once
-        epochs = order.size // documents.size
-        for lo in range(0, documents.size, block):
-            total += epochs * _piece_count(lengths[documents[lo : lo + block]], window, extra)
+        epochs = order.size // len(documents)
+        for lo in range(0, len(documents), block):
+            if isinstance(documents, range):  # one run of ids: a slice, no gather
+                ids = documents[lo : lo + block]
+                some = lengths[ids.start : ids.stop]
+            else:
+                some = lengths[documents[lo : lo + block]]
+            p, w = _piece_count(some, window, extra)
+            total, windows = total + epochs * p, windows + epochs * w
     else:
         for lo in range(0, order.size, block):
-            total += _piece_count(lengths[order[lo : lo + block]], window, extra)
-    pieces = np.empty((total, 3), dtype=np.int32)
-    # each block's pieces per row, as int32 (a row holds at most S + 1 pieces), made into the
-    # int64 offsets at the end: half the memory of int64 offsets per block, then their join
-    counts: list[np.ndarray] = []
-    base = 0
+            p, w = _piece_count(lengths[order[lo : lo + block]], window, extra)
+            total, windows = total + p, windows + w
+    if windows > _WINDOWS_MAX:
+        raise ConfigError(
+            f"the packed plan holds {windows:,} full windows of cut documents; expected at most "
+            f"{_WINDOWS_MAX:,} (piece_index names them by negative int32 numbers)",
+            hint="use fewer epochs or a longer sequence_length, or split the token file",
+        )
+    pieces = np.empty(total, dtype=np.int32)
+    cut = np.empty((windows, 2), dtype=np.uint32)
+    # rows <= pieces: sized for every piece in its own row; the pages past the last row are
+    # never written (never resident), then cut off in place
+    offsets = np.empty(total + 1, dtype=np.int32 if total <= _INT32_MAX else np.int64)
+    offsets[0] = 0
+    base = rows = w = 0
     for lo in range(0, order.size, block):
         sequences = order[lo : lo + block]
-        plan = pack_block(lengths[sequences].astype(np.int64), window, extra, max_documents)
+        sizes = lengths[sequences].astype(np.int64)
+        plan = pack_block(sizes, window, extra, max_documents)
         part = pieces[base : base + plan.piece_doc.size]
-        part[:, 0] = sequences[plan.piece_doc]
-        part[:, 1] = plan.piece_start
-        part[:, 2] = plan.piece_length
-        counts.append(np.diff(plan.row_offsets).astype(np.int32))
+        np.take(sequences, plan.piece_doc, out=part)
+        # the full windows of cut documents (a whole document of exactly W tokens is not one)
+        at = np.flatnonzero(plan.piece_length == window)
+        at = at[sizes[plan.piece_doc[at]] > window]
+        if at.size:
+            cut[w : w + at.size, 0] = part[at]
+            cut[w : w + at.size, 1] = plan.piece_start[at] + window  # its end
+            part[at] = -1 - np.arange(w, w + at.size, dtype=np.int64)
+            w += at.size
+        offsets[rows + 1 : rows + 1 + plan.num_rows] = plan.row_offsets[1:] + base
+        rows += plan.num_rows
         base += plan.piece_doc.size
-        del plan, part
-    assert base == total  # split_documents' count, and _piece_count's
-    offsets = np.zeros(sum(c.size for c in counts) + 1, dtype=np.int64)
-    end = 1
-    counts.reverse()
-    while counts:  # each part freed once added: the parts shrink as the offsets fill
-        c = counts.pop()
-        np.cumsum(c, out=offsets[end : end + c.size])
-        offsets[end : end + c.size] += offsets[end - 1]
-        end += c.size
-    return offsets, pieces
+        del plan, part, sizes
+    assert base == total and w == windows  # split_documents' counts, and _piece_count's
+    offsets.resize(rows + 1, refcheck=False)  # in place: nothing else refers to it
+    return {"row_index": offsets, "piece_index": pieces, "window_index": cut}
 
 
-def _piece_count(lengths: np.ndarray, window: int, extra: int) -> int:
-    """Pieces of documents of these lengths (``index.packing.split_documents``' rule): full
-    windows and a rest for each longer than the window, one for each other non-empty one."""
+def _piece_count(lengths: np.ndarray, window: int, extra: int) -> tuple[int, int]:
+    """Pieces, and of them full windows, of documents of these lengths
+    (``index.packing.split_documents``' rule): full windows and a rest for each longer than
+    the window, one for each other non-empty one."""
     stride = window - extra
     n = lengths[lengths > window].astype(np.int64)  # the long ones (a few): pieces apart
     full = (n - extra) // stride
     keep = n - full * stride > extra
-    return int(np.count_nonzero(lengths)) - n.size + int(full.sum()) + int(np.count_nonzero(keep))
+    fulls = int(full.sum())
+    return int(np.count_nonzero(lengths)) - n.size + fulls + int(np.count_nonzero(keep)), fulls
 
 
 class PackedGPTDataset(OneSourceContract):
@@ -186,8 +233,16 @@ class PackedGPTDataset(OneSourceContract):
 
     def plan_pieces(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's pieces: ``(first, pieces)``, the flat index of each sample's first
-        piece and the ``(sequence, start, length)`` rows of ``piece_index``, every value
-        checked (a damaged plan is a ``CacheError`` naming its file)."""
+        piece and the ``(sequence, start, length)`` of each piece (int64, pieces x 3, from
+        ``piece_index`` and ``window_index``), every value checked (a damaged plan is a
+        ``CacheError`` naming its file)."""
+        first, seq, start, length = self._plan(indices)
+        return first, np.array((seq, start, length), dtype=np.int64).T
+
+    def _plan(self, indices: npt.ArrayLike) -> tuple[np.ndarray, ...]:
+        """``plan_pieces`` as columns: ``first``, then each piece's sequence, start and length.
+        It runs per batch on a few dozen pieces, so it makes as few NumPy calls as the checks
+        allow (each costs about a microsecond here, whatever its size)."""
         idx = np.asarray(indices, dtype=np.int64).ravel()
         arrays = self.indices.arrays()
         shuffle, offsets, table = (
@@ -196,14 +251,16 @@ class PackedGPTDataset(OneSourceContract):
             arrays["piece_index"],
         )
         try:
-            rows = shuffle[idx].astype(np.int64)
+            rows = shuffle[idx]
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
-        if rows.size and (_MIN(rows) < 0 or _MAX(rows) >= offsets.size - 1):
+        signed = rows.dtype.kind == "i"  # (Megatron's rule gives uint32 below 2^32 rows)
+        rows = rows.astype(np.int64)  # (indexing by int64 is the fast path)
+        if rows.size and ((signed and _MIN(rows) < 0) or _MAX(rows) >= offsets.size - 1):
             raise self.indices.corrupt(
                 "shuffle_index", "row numbers out of range", f"0..{offsets.size - 2}"
             )
-        lo, hi = offsets[rows], offsets[rows + 1]
+        lo, hi = offsets[rows].astype(np.int64), offsets[rows + 1].astype(np.int64)
         counts = hi - lo
         if rows.size and (_MIN(counts) < 1 or _MIN(lo) < 0 or _MAX(hi) > len(table)):
             raise self.indices.corrupt(
@@ -213,9 +270,58 @@ class PackedGPTDataset(OneSourceContract):
             )
         first = np.cumsum(counts) - counts
         at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lo - first, counts)
-        pieces = np.asarray(table[at], dtype=np.int64)
-        self._check_pieces(pieces, first)
-        return first, pieces
+        seq, start, length = self._pieces(table[at], arrays["window_index"])
+        if seq.size and _MAX(np.add.reduceat(length, first)) > self.item.window:
+            raise self._damaged("piece_index")
+        return first, seq, start, length
+
+    def _pieces(self, entries: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Sequence, start and length (int64) of ``piece_index`` entries (module docstring),
+        each checked against the token file's sequences."""
+        seq = entries.astype(np.int64)
+        if not seq.size:
+            return seq, seq, seq
+        W, extra = self.item.window, self.item.extra
+        stride = W - extra
+        negative = (seq < 0).nonzero()[0]  # full windows (in most batches: 1 row in 6)
+        win = negative if negative.size else None
+        if win is not None:
+            try:
+                pair = cuts[~seq[win]]  # window j is entry -1 - j, that is ~j
+            except IndexError:
+                raise self._damaged("piece_index") from None
+            seq[win] = pair[:, 0]  # (unsigned: a damaged one is past the sequences, not below)
+        try:  # every entry is a sequence number >= 0 now
+            n = self.source.sequence_lengths[seq].astype(np.int64)
+        except IndexError:
+            lengths = self.source.sequence_lengths
+            bad = win is not None and _MAX(pair[:, 0]) >= len(lengths)  # a window's sequence
+            raise self._damaged("window_index" if bad else "piece_index") from None
+        if win is not None:  # a window ends at its end, within its sequence
+            ends = pair[:, 1]
+            if _MIN(n[win] - ends) < 0:
+                raise self._damaged("window_index")
+            n[win] = ends
+        # the last piece of a sequence of L tokens (or of a window ending at L) starts at the
+        # last multiple of S below L - extra (0 at least): all of it when L <= W, else the
+        # rest after the (L - extra) // S full windows (a rest is kept only when it holds more
+        # than ``extra`` tokens, so L - extra is then never a multiple of S); a window ends at
+        # k * S + W, so it starts at k * S and holds W tokens
+        start = np.maximum(n, extra + 1)
+        start -= extra + 1
+        start //= stride
+        start *= stride
+        length = n - start
+        if _MIN(length) < 1:
+            raise self._damaged("piece_index")
+        return seq, start, length
+
+    def _damaged(self, name: str) -> CacheError:
+        return self.indices.corrupt(
+            name,
+            "a piece outside its sequence or a row longer than its window",
+            f"pieces within the token file's sequences, at most {self.item.window} tokens per row",
+        )
 
     def sample_pieces(self, indices: npt.ArrayLike) -> Any:
         """The pieces of each row's ``tokens`` (``contract.PieceSource``, for provenance)."""
@@ -228,44 +334,32 @@ class PackedGPTDataset(OneSourceContract):
     def samples_of(self, source: int, document: int) -> np.ndarray:
         """``contract.DocumentSamples``: the samples whose inputs hold a token of ``document``
         (a sequence id of the token file), from the plan: one pass over ``piece_index`` for its
-        pieces, their rows (a binary search of ``row_index``), those where it lies among the S
-        inputs, then one pass over ``shuffle_index``."""
+        pieces (the document itself, or its full windows' numbers in ``window_index``), their
+        rows (a binary search of ``row_index``), those where it lies among the S inputs (the
+        pieces ahead of it in its row decoded), then one pass over ``shuffle_index``."""
         if source != 0:
             return np.zeros(0, dtype=np.int64)
         arrays = self.indices.arrays()
-        table, offsets = arrays["piece_index"], arrays["row_index"]
-        hits = np.flatnonzero(np.asarray(table[:, 0]) == document)
+        table, offsets, cuts = arrays["piece_index"], arrays["row_index"], arrays["window_index"]
+        windows = np.flatnonzero(np.asarray(cuts[:, 0]) == document)
+        if windows.size:
+            hits = np.flatnonzero(np.isin(table, [document, *(-1 - windows).tolist()]))
+        else:
+            hits = np.flatnonzero(np.asarray(table) == document)
         if not hits.size:
             return hits
         rows = np.searchsorted(offsets, hits, side="right") - 1
-        lengths = np.asarray(table[:, 2], dtype=np.int64)
-        before = np.cumsum(lengths) - lengths  # tokens ahead of each piece, all rows
-        slot = before[hits] - before[np.asarray(offsets[rows], dtype=np.int64)]
+        ahead = hits - offsets[rows]  # pieces ahead of each hit in its row
+        at = np.arange(int(ahead.sum()), dtype=np.int64) + np.repeat(hits - np.cumsum(ahead), ahead)
+        tokens = np.concatenate(([0], np.cumsum(self._pieces(table[at], cuts)[2])))
+        ends = np.cumsum(ahead)
+        slot = tokens[ends] - tokens[ends - ahead]
         rows = rows[slot < self.item.sequence_length]
         shuffle = arrays["shuffle_index"][: len(self)]
         return np.flatnonzero(np.isin(shuffle, rows))
 
-    def _check_pieces(self, pieces: np.ndarray, first: np.ndarray) -> None:
-        if not pieces.size:
-            return
-        lengths = self.source.sequence_lengths
-        seq, start, length = pieces[:, 0], pieces[:, 1], pieces[:, 2]
-        bad = _MIN(seq) < 0 or _MAX(seq) >= len(lengths) or _MIN(start) < 0 or _MIN(length) < 1
-        if not bad:
-            ends = start + length
-            bad = bool((ends > lengths[seq]).any())
-            bad = bad or bool(_MAX(np.add.reduceat(length, first)) > self.item.window)
-        if bad:
-            raise self.indices.corrupt(
-                "piece_index",
-                "a piece outside its sequence or a row longer than its window",
-                f"pieces within the token file's sequences, at most {self.item.window} tokens"
-                " per row",
-            )
-
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        first, pieces = self.plan_pieces(indices)
-        read = read_rows(self.source, self.item, first, pieces[:, 0], pieces[:, 1], pieces[:, 2])
+        read = read_rows(self.source, self.item, *self._plan(indices))
         return read.batch()
 
     def finish_batch(
@@ -306,11 +400,11 @@ def packed_member(
     )
     uid["packing"] = OrderedDict(
         rule="best-fit",
+        layout=PLAN_LAYOUT,
         block=PACK_BLOCK,
         max_documents_per_row=c.max_documents_per_row,
         add_extra_token=c.add_extra_token,
     )
-    documents = np.arange(beg, end, dtype=np.int32)
     extra = int(c.add_extra_token)
 
     made: list[dict[str, np.ndarray]] = []  # the arrays, when this process builds them
@@ -319,7 +413,7 @@ def packed_member(
         made.append(
             build_packed_indices(
                 lengths,
-                documents,
+                range(beg, end),  # an array only while the document index is drawn
                 num_samples=mid.num_samples,
                 sequence_length=c.sequence_length,
                 extra=extra,

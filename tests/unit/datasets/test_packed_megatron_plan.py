@@ -1,0 +1,226 @@
+"""The Megatron order's packed plan (``datasets.megatron.packed``): its 4-byte-per-piece layout
+names exactly the pieces ``pack_block`` makes of Megatron's document index, the build holds the
+document index, the plan and one block's packing at its peak, and damaged values of the plan are
+a ``CacheError`` naming the array they came from (tests/unit/datasets/test_packing.py checks the
+rows served through both orders)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from support import write_documents
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.datasets.megatron.gpt_dataset import IndexArrays
+from tokenload.datasets.megatron.packed import PackedGPTDataset, build_packed_indices
+from tokenload.errors import CacheError
+from tokenload.index.document import build_document_index
+from tokenload.index.epochs import plan_epochs
+from tokenload.index.gpt import seeded_random_state
+from tokenload.index.packing import pack_block
+
+
+def lengths_with_every_case(n: int, window: int, extra: int, seed: int) -> np.ndarray:
+    """Short documents, long ones cut into windows (with and without a rest), empty ones, and
+    ones of exactly ``window`` tokens (whole, never cut)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(rng.lognormal(np.log(window / 3), 1.2, n).astype(np.int64), 0)
+    at = rng.permutation(n)
+    stride = window - extra
+    lengths[at[:20]] = 0
+    lengths[at[20:40]] = window
+    lengths[at[40:60]] = 3 * stride + extra  # three full windows, a rest of ``extra`` (dropped)
+    lengths[at[60:80]] = 2 * stride + extra + 1  # two full windows and a rest of one input
+    return lengths
+
+
+def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, block):
+    """Each row's (sequence, start, length) pieces straight from ``pack_block`` over the
+    document index, with one more epoch while the rows fall short (the module docstring)."""
+    window = seq + extra
+    docs = np.asarray(documents, dtype=np.int32)
+    epochs = plan_epochs(
+        tokens_per_epoch=int(lengths[docs].sum()),
+        num_samples=num_samples,
+        sequence_length=seq,
+        extra=extra,
+    )
+    num_epochs, separate = epochs.num_epochs, epochs.separate_final_epoch
+    while True:
+        order = build_document_index(docs, num_epochs, seeded_random_state(seed), separate)
+        rows: list[list[tuple[int, int, int]]] = []
+        for lo in range(0, order.size, block):
+            ids = order[lo : lo + block]
+            plan = pack_block(lengths[ids], window, extra, cap)
+            for r in range(plan.num_rows):
+                a, b = plan.row_offsets[r], plan.row_offsets[r + 1]
+                rows.append(
+                    [
+                        (int(ids[d]), int(s), int(n))
+                        for d, s, n in zip(
+                            plan.piece_doc[a:b],
+                            plan.piece_start[a:b],
+                            plan.piece_length[a:b],
+                            strict=True,
+                        )
+                    ]
+                )
+        if num_samples is None or len(rows) >= num_samples:
+            return rows
+        num_epochs, separate = num_epochs + 1, False
+
+
+def decoded_rows(plan, lengths, seq, extra):
+    """The plan's rows by the layout of the module docstring, decoded entry by entry."""
+    window = seq + extra
+    offsets, table, cuts = plan["row_index"], plan["piece_index"], plan["window_index"]
+    rows = []
+    for r in range(offsets.size - 1):
+        row = []
+        for e in table[offsets[r] : offsets[r + 1]].tolist():
+            if e < 0:  # a full window, by (sequence, end)
+                s, end = cuts[-1 - e].tolist()
+                row.append((s, end - window, window))
+            else:  # the last piece: whole, or the rest after the full windows
+                n = int(lengths[e])
+                full = (n - extra) // seq if n > window else 0
+                row.append((e, full * seq, n - full * seq))
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "seq, extra, cap, num_samples, block",
+    [
+        (16, 1, None, None, 1 << 20),
+        (16, 1, None, 4_000, 700),  # several blocks, more than one epoch
+        (24, 0, None, 900, 512),
+        (16, 1, 3, 1_500, 1 << 10),  # at most 3 pieces per row
+    ],
+)
+def test_the_plan_names_exactly_the_pieces_pack_block_makes(seq, extra, cap, num_samples, block):
+    lengths = lengths_with_every_case(2_000, seq + extra, extra, seed=seq + extra)
+    beg, end = 50, 1_950
+    kwargs = dict(num_samples=num_samples, sequence_length=seq, extra=extra, seed=3)
+    plan = build_packed_indices(lengths, range(beg, end), max_documents=cap, block=block, **kwargs)
+    assert plan["piece_index"].dtype == np.int32 and plan["piece_index"].ndim == 1
+    assert plan["window_index"].dtype == np.uint32 and plan["window_index"].shape[1] == 2
+    assert plan["row_index"].dtype == np.int32 and plan["row_index"][0] == 0
+    assert (plan["piece_index"] < 0).sum() == len(plan["window_index"]) > 0
+    want = reference_pieces(
+        lengths,
+        np.arange(beg, end),
+        num_samples=num_samples,
+        seq=seq,
+        extra=extra,
+        seed=3,
+        cap=cap,
+        block=block,
+    )
+    assert decoded_rows(plan, lengths, seq, extra) == want
+    # the ids as an array: the same plan
+    same = build_packed_indices(
+        lengths, np.arange(beg, end, dtype=np.int32), max_documents=cap, block=block, **kwargs
+    )
+    assert plan.keys() == same.keys()
+    for name, array in plan.items():
+        np.testing.assert_array_equal(array, same[name])
+        assert array.dtype == same[name].dtype
+
+
+def test_the_build_holds_the_document_index_the_plan_and_one_block_at_its_peak():
+    lengths = lengths_with_every_case(300_000, 257, 1, seed=4)
+    block = 1 << 14
+    tracemalloc.start()
+    try:
+        plan = build_packed_indices(
+            lengths.astype(np.int32),
+            range(0, lengths.size),
+            num_samples=None,
+            sequence_length=256,
+            extra=1,
+            seed=1,
+            block=block,
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    held = sum(a.nbytes for a in plan.values())
+    assert plan["piece_index"].nbytes == 4 * plan["row_index"][-1]  # 4 bytes per piece
+    order = 4 * lengths.size  # the document index (int32)
+    # one block's packing costs ~130 bytes per document (pack_block's int64 arrays): the plan
+    # is never held twice (parts and their concatenation) nor at 12 bytes per piece
+    assert peak <= held + order + 200 * block, (peak, held, order)
+
+
+@pytest.fixture
+def packed(tmp_path):
+    """A packed dataset over arrays in memory (no cache file, so no digests: only the range
+    checks stand between a damaged value and a batch), on documents some of which are cut."""
+    rng = np.random.default_rng(2)
+    lengths = [int(n) for n in rng.integers(1, 60, size=300)]
+    lengths[7] = 0
+    lengths[11] = 100  # cut: full windows and a rest
+    prefix = write_documents(tmp_path / "a", [rng.integers(1, 999, size=n) for n in lengths])
+    config = MegatronDataConfig(
+        sequence_length=16, blend=[prefix], split="1,0,0", packing="best-fit", eod_id=None
+    )
+    built = build_datasets(config, [None, 0, 0])[0]
+    assert isinstance(built, PackedGPTDataset)
+    arrays = {name: np.array(a) for name, a in built.indices.arrays().items()}  # writable
+    assert arrays["window_index"].size
+    data = PackedGPTDataset(
+        built.source,
+        IndexArrays(arrays=arrays),
+        built.item,
+        identity=built.identity,
+        length=len(built),
+        samples_per_epoch=built.samples_per_epoch,
+    )
+    return data, arrays, lengths
+
+
+def test_samples_of_a_cut_document_are_those_whose_inputs_hold_its_tokens(packed):
+    data, _, lengths = packed
+    samples = np.arange(len(data))
+    first, pieces = data.plan_pieces(samples)
+    ends = np.append(first[1:], len(pieces))
+    for document in (11, 0, 7, int(np.argmax(lengths))):
+        want = []
+        for k in samples:
+            slot = 0
+            for s, _, n in pieces[first[k] : ends[k]].tolist():
+                if s == document and slot < data.item.sequence_length:
+                    want.append(int(k))
+                    break
+                slot += n
+        got = data.samples_of(0, document)
+        assert got.tolist() == want, document
+    assert len(data.samples_of(0, 11)) >= 6  # 100 tokens: 6 full windows (and a rest)
+
+
+def test_damaged_values_are_a_cache_error_naming_their_array(packed):
+    data, arrays, lengths = packed
+    table, cuts = arrays["piece_index"], arrays["window_index"]
+    everything = np.arange(len(data))
+    data.__getitems__(everything)  # whole, it serves
+    cases = [
+        (table, int(np.flatnonzero(table < 0)[0]), -1 - len(cuts), "piece_index"),
+        (table, int(np.flatnonzero(table >= 0)[0]), len(lengths), "piece_index"),
+        (table, int(np.flatnonzero(table >= 0)[0]), 7, "piece_index"),  # an empty document
+        (cuts[:, 0], 0, len(lengths), "window_index"),  # a sequence past the file
+        (cuts[:, 1], 0, lengths[int(cuts[0, 0])] + 1, "window_index"),  # past its sequence
+    ]
+    for array, at, value, name in cases:
+        kept = array[at]
+        array[at] = value
+        try:
+            with pytest.raises(CacheError, match=name):
+                data.__getitems__(everything)
+            with pytest.raises(CacheError, match=name):
+                data.plan_pieces(everything)
+        finally:
+            array[at] = kept
+    data.__getitems__(everything)
