@@ -70,6 +70,8 @@ class WorkerStart(NamedTuple):
     """Slots of its shared-memory ring (0: every batch through ``results``)."""
     read_budget: float | None = None
     """How long its object-storage reads may retry (``health.read_budget``)."""
+    plan_folder: str | None = None
+    """Where the pool's workers share the plans they make (a dataset's ``share_plans``)."""
 
 
 def worker_main(start: WorkerStart) -> None:
@@ -92,6 +94,9 @@ def worker_main(start: WorkerStart) -> None:
                 dataset = pickle.loads(message.payload)
             except Exception as exc:  # the data's fault: raised in the training process
                 failed = (_picklable(exc), traceback.format_exc())
+        share = getattr(dataset, "share_plans", None)
+        if share is not None and start.plan_folder is not None and failed is None:
+            share(start.plan_folder)
         worker = _Worker(start.worker, start.workers, dataset, results, start.slots, failed)
         results.send(Ready(os.getpid()))
         while True:

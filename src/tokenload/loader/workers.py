@@ -38,8 +38,11 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import os
 import pickle
 import select
+import shutil
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -155,7 +158,8 @@ class WorkerPool:
         self._backlog = False  # some worker's pipe has bytes waiting to be written
         self._generation = 0
         self._sampler: BatchSampler | None = None
-        self._finalizer = weakref.finalize(self, _stop, self._workers, self._abandoned)
+        self._plans = _plan_folder(dataset)
+        self._finalizer = weakref.finalize(self, _stop, self._workers, self._abandoned, self._plans)
         for w in range(num_workers):
             self._start(w)
 
@@ -253,6 +257,7 @@ class WorkerPool:
             results=Channel(result_in),
             slots=self.slots,
             read_budget=read_budget(self.health.timeout),
+            plan_folder=self._plans,
         )
         process = self._ctx.Process(  # type: ignore[attr-defined]  # every context has it
             target=worker_main, args=(start,), name=f"tokenload-worker-{w}", daemon=True
@@ -447,9 +452,24 @@ def _raise_from_worker(w: int, k: int | None, exc: BaseException | None, text: s
     raise exc
 
 
-def _stop(workers: list[Worker], abandoned: list[BaseProcess]) -> None:
+def _plan_folder(dataset: LoaderDataset) -> str | None:
+    """A new folder where the workers share the plans they make (packed rows of the computed
+    order: ``datasets.computed.shared_plans``), in shared memory where there is some; None when
+    the dataset makes none or no folder can be made (each worker then plans alone)."""
+    if getattr(dataset, "share_plans", None) is None or not dataset.describe_sources().packed:
+        return None
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    try:
+        return tempfile.mkdtemp(prefix="tokenload-plans-", dir=base)
+    except OSError:
+        return None
+
+
+def _stop(workers: list[Worker], abandoned: list[BaseProcess], plans: str | None = None) -> None:
     """Ask every worker to stop; kill those still running after ``_STOP_S`` (a stopped or stuck
-    worker cannot answer); close the pipes. Bounded whatever the workers do."""
+    worker cannot answer); close the pipes and remove the plans' folder. Bounded whatever the
+    workers do."""
     current = [worker.now for worker in workers]
     for now in current:
         try:
@@ -468,3 +488,5 @@ def _stop(workers: list[Worker], abandoned: list[BaseProcess]) -> None:
     for now in current:
         now.commands.close()
         now.results.close()
+    if plans is not None:
+        shutil.rmtree(plans, ignore_errors=True)

@@ -149,6 +149,14 @@ class ComputedBlendedDataset(_Items, BlendContract):
             batch["doc_bounds"] = doc_bounds
         return batch
 
+    def share_plans(self, folder: str | None) -> None:
+        """Packed members share their blocks with the other processes given ``folder``
+        (``shared_plans``)."""
+        for member in self.datasets:
+            share = getattr(member, "share_plans", None)
+            if share is not None:
+                share(folder)
+
     @property
     def packed(self) -> bool:
         """Members of packed rows (``packing="best-fit"``): a source serves its row at the

@@ -41,6 +41,7 @@ from ..items import ItemConfig, finish_windows
 from ..packed_rows import PackedRead, read_rows
 from .computed_blend import _Items
 from .extents import Extent, OnExtent
+from .shared_plans import PlanArrays, SharedPlans
 
 __all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "PlanPieces"]
 
@@ -114,10 +115,11 @@ class PackedRows:
         self._blocks: OrderedDict[tuple[int, int], _Block] = OrderedDict()
         self._order: WindowOrder | None = None
         self._last: tuple[int, int, int, int] | None = None  # (first row, rows, epoch, block)
+        self._shared: SharedPlans | None = None  # the loader's workers' (share)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_ends", "_blocks", "_order", "_last"):
+        for key in ("_ends", "_blocks", "_order", "_last", "_shared"):
             state.pop(key)
         return state
 
@@ -148,12 +150,73 @@ class PackedRows:
         positions = np.arange(lo, hi, dtype=np.int64)
         return self._order.epoch_windows(positions, epoch) + self.extent.begin
 
+    def share(self, folder: str | None) -> None:
+        """Read and publish packed blocks in ``folder``, shared with the other processes given
+        it (a loader's workers: ``shared_plans``); None: pack alone."""
+        self._shared = None if folder is None else SharedPlans(folder)
+
+    def _plan_key(self, epoch: int, block: int) -> str:
+        """What names a block among every plan a loader's workers may share: the source (its
+        seed is keyed by the split's identity), the packing's parameters and the block."""
+        return (
+            f"{self.seed}|{self.window}|{self.extra}|{self.block_documents}|"
+            f"{self.max_documents}|{self.num_documents}|{epoch}|{block}"
+        )
+
+    def _note_rows(self, epoch: int, block: int, rows: int) -> None:
+        ends = self._ends.setdefault(epoch, [])
+        if block == len(ends):
+            ends.append((ends[-1] if ends else 0) + rows)
+
+    def _rows_of(self, epoch: int, block: int) -> int:
+        """Rows of a block: from a block this process holds, else as published by another
+        process, else packed here."""
+        held = self._blocks.get((epoch, block))
+        if held is not None:
+            return held.rows
+        if self._shared is not None:
+            rows = self._shared.rows(self._plan_key(epoch, block))
+            if rows is not None:
+                self._note_rows(epoch, block, rows)
+                return rows
+        return self._block(epoch, block).rows
+
     def _block(self, epoch: int, block: int) -> _Block:
         key = (epoch, block)
         found = self._blocks.get(key)
         if found is not None:
             self._blocks.move_to_end(key)
             return found
+        shared = self._shared
+        if shared is None:
+            found = self._pack(epoch, block)
+        else:
+            name = self._plan_key(epoch, block)
+            loaded = shared.load(name)
+            if loaded is None:
+                lock = shared.claim(name)  # another worker may be packing it: wait for it
+                try:
+                    loaded = shared.load(name)
+                    if loaded is None:
+                        found = self._pack(epoch, block)
+                        shared.store(
+                            name,
+                            PlanArrays(found.offsets, found.sequence, found.start, found.length),
+                        )
+                finally:
+                    shared.release(lock)
+            if loaded is not None:
+                found = _Block(*loaded)
+            if block >= 2:  # every worker has moved past it
+                shared.drop(self._plan_key(epoch, block - 2))
+        assert found is not None
+        self._note_rows(epoch, block, found.rows)
+        self._blocks[key] = found
+        if len(self._blocks) > _KEPT_BLOCKS:
+            self._blocks.popitem(last=False)
+        return found
+
+    def _pack(self, epoch: int, block: int) -> _Block:
         sequences = self._documents(epoch, block)
         lengths = np.asarray(self._lengths(sequences), dtype=np.int64)
         plan = pack_block(lengths, self.window, self.extra, self.max_documents)
@@ -166,19 +229,12 @@ class PackedRows:
         take = np.repeat(plan.row_offsets[:-1][rows], per_row) + (
             np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], per_row)
         )
-        found = _Block(
+        return _Block(
             offsets=_narrow(offsets),
             sequence=_narrow(sequences[plan.piece_doc[take]]),
             start=_narrow(plan.piece_start[take]),
             length=_narrow(plan.piece_length[take]),
         )
-        ends = self._ends.setdefault(epoch, [])
-        if block == len(ends):
-            ends.append((ends[-1] if ends else 0) + found.rows)
-        self._blocks[key] = found
-        if len(self._blocks) > _KEPT_BLOCKS:
-            self._blocks.popitem(last=False)
-        return found
 
     def locate(self, row: int) -> tuple[int, int, int]:
         """(epoch, block, row within the block) of the source's row ``row`` (all epochs): the
@@ -191,7 +247,7 @@ class PackedRows:
         while True:
             ends = self._ends.setdefault(epoch, [])
             while (not ends or ends[-1] <= left) and len(ends) < self.num_blocks:
-                self._block(epoch, len(ends))  # counts the next block
+                self._rows_of(epoch, len(ends))  # counts the next block
             if ends[-1] > left:
                 block = bisect.bisect_right(ends, left)
                 return epoch, block, left - (ends[block - 1] if block else 0)
@@ -214,7 +270,7 @@ class PackedRows:
             block = position // self.block_documents
             ends = self._ends.setdefault(epoch, [])
             while len(ends) <= block:
-                self._block(epoch, len(ends))
+                self._rows_of(epoch, len(ends))
             b = self._block(epoch, block)
             hits = np.flatnonzero(b.sequence == int(sequence))
             rows = np.searchsorted(b.offsets, hits, side="right") - 1
@@ -227,7 +283,7 @@ class PackedRows:
                 if base + ends[-1] >= drawn:
                     break
                 while len(ends) < self.num_blocks:
-                    self._block(epoch, len(ends))
+                    self._rows_of(epoch, len(ends))
                 total = ends[-1]
             base += total
             epoch += 1
@@ -368,6 +424,11 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
     def fingerprint(self) -> str:
         base = f"computed|{self.identity}|{self.seed}|{self.item!r}"
         return packed_fingerprint(base, self.rows)
+
+    def share_plans(self, folder: str | None) -> None:
+        """Share packed blocks with the other processes given ``folder`` (``shared_plans``: a
+        loader's workers); None: pack alone."""
+        self.rows.share(folder)
 
     def read_rows(self, rows: np.ndarray) -> PackedRead:
         """The windows, token counts and boundaries of the source's rows (a blend's cursors)."""

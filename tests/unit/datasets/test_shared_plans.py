@@ -1,0 +1,187 @@
+"""The computed order's packed blocks shared by a loader's workers (``shared_plans``): a block
+packed by one process is read by the others, never packed twice, and never read back damaged;
+a process waits for another only so long, a killed one's lock dies with it, and the folder goes
+with the workers."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenload.datasets import build_datasets
+from tokenload.datasets.computed import packed as packed_module
+from tokenload.datasets.computed import shared_plans
+from tokenload.datasets.computed.packed import ComputedPackedDataset
+from tokenload.datasets.computed.shared_plans import SharedPlans
+from tokenload.loader import build_dataloader
+from unit.datasets.test_packing import config, corpus
+
+
+def _dataset(tmp_path: Path) -> ComputedPackedDataset:
+    prefix, _ = corpus(tmp_path, 1, 900, seed=31)
+    train, _, _ = build_datasets(config(blend=[prefix]), [100, 0, 0])
+    assert isinstance(train, ComputedPackedDataset)
+    return ComputedPackedDataset(
+        train.source, train.extent, train.item, seed=7, length=None, block_documents=64
+    )
+
+
+def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a block was packed again")
+
+    monkeypatch.setattr(packed_module, "pack_block", refuse)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "doc_starts"))
+
+
+def test_a_block_packed_by_one_process_is_read_by_the_others(tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
+    first.share_plans(str(folder))
+    second.share_plans(str(folder))
+    late = len(alone) - 20  # past the first blocks: a resume's search counts them
+    rows = [np.arange(0, 16), np.arange(late, late + 16)]
+    want = [alone.read_batch(r) for r in rows]
+    got = [first.read_batch(r) for r in rows]
+    assert all(_same(g, w) for g, w in zip(got, want, strict=True))
+    assert list(folder.glob("*.plan")), "nothing was published"
+    _no_packing(monkeypatch)  # the second process finds every block, and every count, there
+    for r, w in zip(rows, want, strict=True):
+        assert _same(second.read_batch(r), w)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "header only"])
+def test_a_damaged_block_is_packed_again_not_read(tmp_path, monkeypatch, damage) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
+    first.share_plans(str(folder))
+    second.share_plans(str(folder))
+    rows = np.arange(0, 16)
+    want = alone.read_batch(rows)
+    first.read_batch(rows)
+    len(second)  # its counts, read from the folder
+    plan = Path(SharedPlans(str(folder))._path(second.rows._plan_key(0, 0), "plan"))
+    data = plan.read_bytes()
+    if damage == "flipped":  # a bit of the arrays: the digest no longer matches
+        broken = bytearray(data)
+        broken[-5] ^= 0x10
+        plan.write_bytes(bytes(broken))
+    elif damage == "truncated":
+        plan.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        plan.write_bytes(b"")
+    else:
+        plan.write_bytes(data[: shared_plans._HEADER.size])
+    packed = []
+    real = packed_module.pack_block  # type: ignore[attr-defined]  # patched where it is used
+
+    def spy(*args, **kwargs):
+        packed.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(packed_module, "pack_block", spy)
+    assert _same(second.read_batch(rows), want)
+    assert packed == [1], "the damaged block was read instead of packed again"
+
+
+def test_waiting_for_another_process_is_bounded(tmp_path, monkeypatch) -> None:
+    """A process that holds a block's lock and never publishes (stuck) holds the others back
+    for WAIT_S only: they pack the block themselves."""
+    monkeypatch.setattr(shared_plans, "WAIT_S", 0.3)
+    store = SharedPlans(str(tmp_path))
+    key = "block"
+    holder = os.open(store._path(key, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        began = time.monotonic()
+        assert store.claim(key) is None
+        assert 0.25 < time.monotonic() - began < 5
+    finally:
+        os.close(holder)
+    fd = store.claim(key)  # free again
+    assert fd is not None
+    store.release(fd)
+
+
+def test_a_killed_process_s_lock_dies_with_it(tmp_path) -> None:
+    store = SharedPlans(str(tmp_path))
+    key = "block"
+    pid = os.fork()
+    if pid == 0:  # the child takes the lock, says so, and waits to be killed
+        try:
+            fd = store.claim(key)
+            Path(tmp_path, "held").write_text(str(fd is not None))
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(tmp_path, "held").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert Path(tmp_path, "held").read_text() == "True"
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        began = time.monotonic()
+        fd = store.claim(key)
+        assert fd is not None and time.monotonic() - began < 1.0
+        store.release(fd)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def test_a_folder_that_cannot_be_written_leaves_each_process_packing_alone(tmp_path) -> None:
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first, alone = _dataset(tmp_path), _dataset(tmp_path)
+    first.share_plans(str(folder))
+    folder.chmod(0o500)  # read-only (root ignores it: then the folder is removed instead)
+    if os.access(folder, os.W_OK):
+        folder.chmod(0o700)
+        folder.rmdir()
+    try:
+        rows = np.arange(20, 36)
+        assert _same(first.read_batch(rows), alone.read_batch(rows))
+    finally:
+        if folder.exists():
+            folder.chmod(0o700)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_share_blocks_serve_the_same_rows_and_leave_no_folder(tmp_path, context) -> None:
+    prefix, _ = corpus(tmp_path, 1, 900, seed=33)
+    train, _, _ = build_datasets(config(blend=[prefix]), [96, 0, 0])
+    assert train is not None
+    alone = build_dataloader(train, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    want = [b["tokens"].numpy().copy() for b in alone]
+    fresh, _, _ = build_datasets(config(blend=[prefix]), [96, 0, 0])  # nothing packed yet
+    assert fresh is not None
+    loader = build_dataloader(
+        fresh,
+        micro_batch_size=4,
+        dp_rank=0,
+        dp_size=1,
+        num_workers=2,
+        multiprocessing_context=context,
+    )
+    got = [b["tokens"].numpy().copy() for b in loader]
+    folder = loader._pool._plans if loader._pool is not None else None
+    assert folder is not None and os.path.isdir(folder)
+    assert any(name.endswith(".rows") for name in os.listdir(folder)), "no block was shared"
+    loader.close()
+    assert not os.path.exists(folder)
+    assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
