@@ -61,7 +61,7 @@ import numpy.typing as npt
 import xxhash
 
 from tokenload.caches import jsontext
-from tokenload.caches.names import BLENDED_ARRAYS, GPT_ARRAYS, CacheFiles
+from tokenload.caches.names import BLENDED_ARRAYS, GPT_ARRAYS, PACKED_ARRAYS, CacheFiles
 from tokenload.errors import CacheError, FormatError, StorageError
 from tokenload.format.atomic import WriteGroup
 from tokenload.format.descriptors import map_readonly
@@ -383,7 +383,8 @@ def recorded_digest(path: str) -> str | None:
     (a URL: from its node-local copy); None without a sidecar (Megatron wrote the cache) or a
     recorded hash (a sidecar written before hashes were recorded)."""
     base = path.rsplit("/", 1)[-1]
-    name = next((n for n in (*GPT_ARRAYS, *BLENDED_ARRAYS) if base.endswith(f"-{n}.npy")), None)
+    names = (*GPT_ARRAYS, *BLENDED_ARRAYS, *PACKED_ARRAYS)  # (a packed plan's too)
+    name = next((n for n in names if base.endswith(f"-{n}.npy")), None)
     if name is None:
         return None
     sidecar = path[: -len(f"-{name}.npy")] + "-tokenload.json"

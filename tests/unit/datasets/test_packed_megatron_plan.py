@@ -224,3 +224,30 @@ def test_damaged_values_are_a_cache_error_naming_their_array(packed):
         finally:
             array[at] = kept
     data.__getitems__(everything)
+
+
+@pytest.mark.parametrize("array", ["row_index", "piece_index", "window_index"])
+def test_a_plan_array_mapped_without_a_manifest_is_checked_against_its_sidecar(tmp_path, array):
+    """Arrays past ``VERIFY_AT_CHECK_BYTES`` (a 100M-document plan's ``piece_index`` is 400 MB)
+    are verified when first mapped, against the digest the cache's sidecar records: a value
+    damaged within range (which no range check can see) is a ``CacheError`` naming the file."""
+    from tokenload.caches import files
+
+    rng = np.random.default_rng(4)
+    prefix = write_documents(tmp_path / "a", [rng.integers(1, 99, size=n) for n in [40] * 50])
+    config = MegatronDataConfig(
+        sequence_length=16,
+        blend=[prefix],
+        split="1,0,0",
+        packing="best-fit",
+        eod_id=None,
+        path_to_cache=str(tmp_path / "cache"),
+    )
+    build_datasets(config, [None, 0, 0])
+    (path,) = tmp_path.joinpath("cache").glob(f"*-PackedGPTDataset-train-{array}.npy")
+    data = bytearray(path.read_bytes())
+    data[-4], data[-8] = data[-8], data[-4]  # two entries swapped (a valid value each)
+    path.write_bytes(bytes(data))
+    files._VERIFIED.clear()  # as a fresh process
+    with pytest.raises(CacheError, match=array):
+        files.map_array(str(path))
