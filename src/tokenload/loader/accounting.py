@@ -96,7 +96,7 @@ class LoaderMetrics:
         """One batch handed to the training loop after ``wait_s`` in ``__next__``, ``interval_s``
         after the one before; ``consumed`` is the job's ``consumed_samples`` after it.
         ``packing``: packed rows' documents and padding, as made with the batch
-        (``collate.PACKING_COUNTS``); without it, they are found in the batch's fields."""
+        (``collate.PACKING_COUNTS``: the loader's fetch makes them for every packed batch)."""
         rows, width = _rows_and_width(batch)
         if self._limits is None:
             self._resolve(batch, width)
@@ -114,7 +114,7 @@ class LoaderMetrics:
             counts = np.bincount(ids, minlength=len(self.names))
             self.samples += counts
             self.tokens += counts * width
-        if self.packing is not None:
+        if self.packing is not None and packing is not None:
             self.packing.record(batch, ids, packing)
         # one comparison per batch until a source could have passed its epoch (the vector check
         # cost ~6 us of the ~12 a batch's accounting took)
@@ -287,19 +287,12 @@ class PackingCounts:
         # per batch not yet added up: (documents per row, padding per row, source per row, width)
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]] = []
 
-    def record(self, batch: Any, ids: np.ndarray | None, counts: Any = None) -> None:
-        """Count a batch's rows: ``counts`` (``collate.PACKING_COUNTS``: each row's documents,
-        then its padding label slots), else found in its fields: position ids that are 0, and the
-        run of label slots at a row's end cleared to the pad with no loss."""
+    def record(self, batch: Any, ids: np.ndarray | None, counts: Any) -> None:
+        """Count a batch's rows from ``counts`` (``collate.PACKING_COUNTS``: each row's
+        documents, then its padding label slots)."""
         positions = batch["position_ids"]
-        rows, width = (positions.shape[0], positions.shape[1]) if positions.ndim == 2 else (0, 0)
-        if counts is not None:
-            per_row, padding = _numpy(counts)
-        else:
-            found_in = _numpy(positions)
-            # flatnonzero and bincount: 2x faster than a per-row count_nonzero
-            per_row = np.bincount(np.flatnonzero(found_in == 0) // max(width, 1), minlength=rows)
-            padding = _trailing_padding(_numpy(batch["loss_mask"]), _numpy(batch["labels"]))
+        width = positions.shape[1] if positions.ndim == 2 else 0
+        per_row, padding = _numpy(counts)
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
         kept = None if ids is None else np.array(ids)
         self._pending.append((np.array(per_row), np.array(padding), kept, width))
@@ -359,23 +352,6 @@ class PackingCounts:
                 for s, name in enumerate(names)
             ],
         }
-
-
-def _trailing_padding(loss: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Per row, the padding label slots: a packed row's padding follows its tokens, so it is the
-    run of slots at the row's end whose label is the cleared pad (0) with no loss. Only rows whose
-    last slot is such are looked at (nearly none: best-fit leaves few rows short)."""
-    padding = np.zeros(loss.shape[0], dtype=np.int64)
-    if loss.ndim != 2 or not loss.shape[1]:
-        return padding
-    short = np.flatnonzero((loss[:, -1] == 0) & (labels[:, -1] == 0))
-    if short.size:
-        cleared = (loss[short] == 0) & (labels[short] == 0)
-        # the first slot of the trailing run: after the last slot that is not cleared
-        kept = cleared.shape[1] - np.argmax(~cleared[:, ::-1], axis=1)
-        kept[cleared.all(axis=1)] = 0
-        padding[short] = cleared.shape[1] - kept
-    return padding
 
 
 def _numpy(values: Any) -> np.ndarray:

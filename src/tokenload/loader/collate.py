@@ -54,7 +54,8 @@ def packing_counts(
     token i + 1, so the slots from ``row_tokens - 1`` on are padding (with or without the extra
     token: without it, the last label is padding in every row)."""
     batch = row_tokens.shape[0]
-    out = (alloc or _empty)((2, batch), np.dtype(np.int64))
+    shape, dtype = (2, batch), np.dtype(np.int64)
+    out = np.empty(shape, dtype=dtype) if alloc is None else alloc(shape, dtype)
     np.add.reduce(doc_starts < seq, axis=1, out=out[0])
     np.subtract(seq + 1, row_tokens, out=out[1])  # a row holds 1 to S + extra tokens
     np.minimum(out[1], seq, out=out[1])
@@ -76,7 +77,3 @@ def to_tensors(batch: Any) -> Any:
     from torch.utils.data import default_collate
 
     return default_collate(batch)
-
-
-def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    return np.empty(shape, dtype=dtype)

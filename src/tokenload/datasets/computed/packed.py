@@ -83,6 +83,14 @@ class _Block:
     def rows(self) -> int:
         return len(self.offsets) - 1
 
+    def columns(self, at: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sequence, start and length of the pieces ``at``, as int64."""
+        return (
+            self.sequence[at].astype(np.int64),
+            self.start[at].astype(np.int64),
+            self.length[at].astype(np.int64),
+        )
+
 
 class PackedRows:
     """Rows of one source's split, in the order the packed source serves them (module
@@ -313,23 +321,14 @@ class PackedRows:
             ):
                 # consecutive rows (a micro-batch of one source): their pieces are one slice
                 lo, hi = int(b.offsets[top - n + 1]), int(b.offsets[top + 1])
-                return PlanPieces(
-                    first=b.offsets[top - n + 1 : top + 1] - np.int64(lo),
-                    sequence=b.sequence[lo:hi].astype(np.int64),
-                    start=b.start[lo:hi].astype(np.int64),
-                    length=b.length[lo:hi].astype(np.int64),
-                )
+                first = b.offsets[top - n + 1 : top + 1] - np.int64(lo)
+                return PlanPieces(first, *b.columns(slice(lo, hi)))
             if top < b.rows:
                 lows = b.offsets[within].astype(np.int64)
                 counts = b.offsets[within + 1] - lows
                 first = np.cumsum(counts) - counts
                 at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lows - first, counts)
-                return PlanPieces(
-                    first=first,
-                    sequence=b.sequence[at].astype(np.int64),
-                    start=b.start[at].astype(np.int64),
-                    length=b.length[at].astype(np.int64),
-                )
+                return PlanPieces(first, *b.columns(at))
         # rows in rising order, so that each block is packed once however the rows are spread
         empty_part = (np.empty(0, dtype=np.int64),) * 3
         parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [empty_part] * wanted.size
@@ -343,7 +342,7 @@ class PackedRows:
             epoch, block, k = where
             b = self._block(epoch, block)
             lo, hi = int(b.offsets[k]), int(b.offsets[k + 1])
-            parts[i] = (b.sequence[lo:hi], b.start[lo:hi], b.length[lo:hi])
+            parts[i] = b.columns(slice(lo, hi))
             counts[i] = hi - lo
         first = np.zeros(wanted.size, dtype=np.int64)
         if wanted.size:
@@ -351,12 +350,7 @@ class PackedRows:
         if not parts:
             empty = np.empty(0, dtype=np.int64)
             return PlanPieces(first=first, sequence=empty, start=empty, length=empty)
-        return PlanPieces(
-            first=first,
-            sequence=np.concatenate([p[0] for p in parts]).astype(np.int64),
-            start=np.concatenate([p[1] for p in parts]).astype(np.int64),
-            length=np.concatenate([p[2] for p in parts]).astype(np.int64),
-        )
+        return PlanPieces(first, *(np.concatenate(column) for column in zip(*parts)))
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
