@@ -47,6 +47,12 @@ Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 worker passes one that places the fields straight into shared memory)."""
 
 
+PIECE_FIRST, PIECE_LENGTH = "piece_first", "piece_length"
+"""Keys of a packed ``read_batch`` result: int64 each row's first piece (a row per sample), and
+every piece's tokens, flat, row after row (not a row per sample). Cutting such a result by rows
+cuts the pieces with them (``loader.worker_main``)."""
+
+
 @dataclass(frozen=True)
 class SourceInfo:
     """One source of a dataset as the loader's accounting names it (cheap: no file is opened)."""
@@ -156,8 +162,8 @@ class BatchSource(Protocol):
 
     def read_batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         """The raw part of a micro-batch (index lookups and reads). Arrays with a row per sample
-        may be cut by rows: a worker reads several micro-batches in one call when
-        ``reads_in_groups``."""
+        may be cut by rows (``PIECE_FIRST``/``PIECE_LENGTH`` with them): a worker reads several
+        micro-batches in one call when ``reads_in_groups``."""
         ...
 
     def finish_batch(self, batch: Batch, alloc: Allocator | None = None) -> Batch:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import Allocator  # items take it from the loader's contract
+from ..contract import PIECE_FIRST, PIECE_LENGTH, Allocator  # the loader's contract
 from ..errors import ConfigError
 
 
@@ -91,18 +91,79 @@ def starts_matrix(rows: np.ndarray, slots: np.ndarray, rank: np.ndarray, batch: 
     return out
 
 
-def _starts_of(documents: np.ndarray, seq: int) -> np.ndarray:
-    """``(B, seq)`` int64: for each input position, the slot where its document begins, from a
-    ``doc_starts`` matrix (slots of S and past, and the fill, begin no input)."""
-    batch = documents.shape[0]
-    rows, at = np.nonzero(documents < seq)  # row by row, slots rising
-    begins = documents[rows, at].astype(np.int64)
-    sizes = np.empty_like(begins)
-    sizes[:-1] = begins[1:]
-    sizes[:-1][rows[:-1] != rows[1:]] = seq  # a row's last document ends at S
-    sizes[-1:] = seq
-    sizes -= begins
-    return np.repeat(begins, sizes).reshape(batch, seq)
+@functools.lru_cache(maxsize=4)
+def _count(n: int) -> np.ndarray:
+    """``arange(n)`` (read-only: shared), grown in powers of two."""
+    out = np.arange(n, dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
+def _upto(n: int) -> np.ndarray:
+    return _count(max(1024, 1 << (n - 1).bit_length()))[:n]
+
+
+def _pieces_per_row(first: np.ndarray, total: int) -> np.ndarray:
+    """int64 pieces of each row, from each row's first piece (every row has one)."""
+    count = np.empty(first.size, dtype=np.int64)
+    count[:-1] = first[1:]
+    count[-1:] = total
+    count -= first
+    return count
+
+
+def _row_slots_of(length: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """int64 slot where each piece begins in its row (pieces flat, row after row)."""
+    slot = np.cumsum(length)
+    slot -= length  # each piece's first token among all the rows'
+    slot -= np.repeat(slot[first], count)
+    return slot
+
+
+def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Each row's pieces' first slots (``starts_matrix``), from the pieces' lengths flat
+    (``first``: each row's first piece; every row has one)."""
+    batch, total = first.size, length.size
+    length = np.asarray(length, dtype=np.int64)
+    count = _pieces_per_row(first, total)
+    slot = _row_slots_of(length, first, count)
+    rank = _upto(total) - np.repeat(first, count)
+    return starts_matrix(np.repeat(_upto(batch), count), slot, rank, batch)
+
+
+def _piece_positions(
+    first: np.ndarray, length: np.ndarray, row_tokens: np.ndarray, window: int, out: np.ndarray
+) -> None:
+    """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
+    0 at its first slot, and a row's padding goes on counting its last piece's (as
+    ``document_bounds``: a short sample's shortfall joins its last part). Each row's pieces
+    are laid from its slot 0 (rows of up to ``window`` tokens), the inputs' in the narrowest
+    integer type that holds a slot, then converted once into ``out``."""
+    batch, seq = out.shape
+    if not batch:
+        return
+    count = _pieces_per_row(first, length.size)
+    slot = _row_slots_of(length, first, count).astype(_slot_type(window))
+    sizes = np.array(length, dtype=np.int64)
+    # a row's last piece reaches its S-th slot: its padding counts on (the label slot past S,
+    # when the piece begins there, leaves it no input: size 0)
+    sizes[first + count - 1] += seq - row_tokens
+    laid = np.repeat(slot, sizes).reshape(batch, seq)
+    np.subtract(_row_slots(batch, seq), laid, out=laid)
+    np.copyto(out, laid)
+
+
+def _slot_type(seq: int) -> np.dtype:
+    """int16 when every slot of a row fits (S < 32,768), else int32."""
+    return np.dtype(np.int16) if seq < 1 << 15 else np.dtype(np.int32)
+
+
+@functools.lru_cache(maxsize=8)
+def _row_slots(batch: int, seq: int) -> np.ndarray:
+    """``(batch, seq)``: each row's ``arange(seq)`` in ``_slot_type`` (read-only: shared)."""
+    out = np.tile(np.arange(seq, dtype=_slot_type(seq)), (batch, 1))
+    out.flags.writeable = False
+    return out
 
 
 def starts_bounds(documents: np.ndarray, seq: int) -> np.ndarray:
@@ -130,7 +191,7 @@ def build_items(
     alloc: Allocator | None = None,
     bounds: np.ndarray | None = None,
     row_tokens: np.ndarray | None = None,
-    documents: np.ndarray | None = None,
+    pieces: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
     padded, else any integer dtype).
@@ -144,11 +205,15 @@ def build_items(
     the loss mask (``eod_mask_loss``). ``row_tokens``: the tokens each row holds (packed rows,
     ``packed_rows.read_rows``); the slots from there on are padding whatever they hold, so the
     windows may keep the file's dtype, and a token equal to a pad id of 0 or more is padding too,
-    as in a padded window. ``documents``: the rows' document starts (``starts_matrix``), in place
-    of ``bounds`` (the same fields; the boundaries are then made only for ``cu_seqlens``).
+    as in a padded window. ``pieces``: packed rows' pieces, ``(first, length)`` (int64: each
+    row's first piece, every piece's tokens, flat, row after row, laid back to back from each
+    row's slot 0; needs ``row_tokens``), in place of ``bounds`` (the same fields; the boundaries
+    are then made only for ``cu_seqlens``).
     """
-    if documents is not None and bounds is None and cfg.inter_document_masking:
-        bounds = starts_bounds(documents, text.shape[1] - cfg.extra)
+    if pieces is not None and row_tokens is None:
+        raise ValueError("build_items(pieces=) needs row_tokens")
+    if pieces is not None and bounds is None and cfg.inter_document_masking:
+        bounds = starts_bounds(piece_starts(pieces[1], pieces[0]), text.shape[1] - cfg.extra)
     new = alloc or _empty
     pad, extra = cfg.pad_id, cfg.extra
     batch, seq = text.shape[0], text.shape[1] - extra
@@ -162,7 +227,7 @@ def build_items(
         labels[:, :-1] = tokens[:, 1:]
         labels[:, -1] = pad
     masked_by_documents = cfg.create_attention_mask and cfg.reset_attention_mask
-    by_eod = (bounds is None and documents is None) and (
+    by_eod = (bounds is None and pieces is None) and (
         cfg.reset_position_ids or cfg.inter_document_masking or masked_by_documents
     )
     if by_eod and cfg.eod_id is None:  # inter_document_masking without the documents' lengths
@@ -177,22 +242,23 @@ def build_items(
         loss_mask[is_eod] = 0.0
     position_ids = new((batch, seq), _INT64)
     starts = None  # where each position's document begins
-    if documents is not None:
-        starts = _starts_of(documents, seq)
-    elif bounds is not None:
-        starts = _bound_starts(bounds, seq)
-    elif by_eod:
-        assert is_eod is not None  # by_eod
-        starts = _segment_starts(is_eod)
-    if starts is not None and (
-        bounds is not None
-        or documents is not None
-        or cfg.reset_position_ids
-        or cfg.inter_document_masking
-    ):
-        np.subtract(_positions(seq)[None, :], starts, out=position_ids)
+    if pieces is not None:
+        assert row_tokens is not None  # checked above
+        _piece_positions(pieces[0], pieces[1], row_tokens, text.shape[1], position_ids)
+        if masked_by_documents:
+            starts = _positions(seq)[None, :] - position_ids
     else:
-        np.copyto(position_ids, _positions(seq))
+        if bounds is not None:
+            starts = _bound_starts(bounds, seq)
+        elif by_eod:
+            assert is_eod is not None  # by_eod
+            starts = _segment_starts(is_eod)
+        if starts is not None and (
+            bounds is not None or cfg.reset_position_ids or cfg.inter_document_masking
+        ):
+            np.subtract(_positions(seq)[None, :], starts, out=position_ids)
+        else:
+            np.copyto(position_ids, _positions(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
         out["attention_mask"] = _attention_mask(batch, seq, starts if masked_by_documents else None)
@@ -215,8 +281,8 @@ def finish_windows(
     batch: dict[str, Any], cfg: ItemConfig, alloc: Allocator | None = None
 ) -> dict[str, np.ndarray]:
     """``build_items`` over a ``read_batch`` result: its ``windows``, its ``padded`` flag, and the
-    rows' document boundaries (``doc_bounds``) or starts (``doc_starts``) and token counts
-    (``row_tokens``) when the read made them."""
+    rows' document boundaries (``doc_bounds``) or pieces (``piece_first``, ``piece_length``) and
+    token counts (``row_tokens``) when the read made them."""
     return build_items(
         batch["windows"],
         cfg,
@@ -224,7 +290,7 @@ def finish_windows(
         alloc=alloc,
         bounds=batch.get("doc_bounds"),
         row_tokens=batch.get("row_tokens"),
-        documents=batch.get("doc_starts"),
+        pieces=(batch[PIECE_FIRST], batch[PIECE_LENGTH]) if PIECE_FIRST in batch else None,
     )
 
 
@@ -406,9 +472,14 @@ def document_bounds(
     keep = at < inner[row]
     over = inner > seq - 1
     if over.any():
-        keep &= ~over[row] | (lengths > 0)
-        kept = np.cumsum(keep)
-        at = kept - 1 - (kept - keep)[first][row]
+        # megatron-core fails here; these rows are taken as if their empty parts (but the last)
+        # were not there, which leaves at most S - 1 inner boundaries when they fit a window
+        kept = ~over[row] | (lengths > 0) | (at == counts[row] - 1)
+        if not kept.all():
+            fewer = np.bincount(row[kept], minlength=batch)
+            starts = np.zeros(batch, dtype=np.int64)
+            np.cumsum(fewer[:-1], out=starts[1:])
+            return document_bounds(lengths[kept], starts, sequence_length, extra)
     ends = np.cumsum(lengths)
     before = (ends - lengths)[first]  # tokens of the pieces ahead of each sample
     out[row[keep], at[keep] + 1] = ends[keep] - before[row[keep]]

@@ -11,18 +11,18 @@ row's token count (``row_tokens``), not by a pad value, so the windows keep the 
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .items import NO_START, ItemConfig, starts_matrix
+from ..contract import PIECE_FIRST, PIECE_LENGTH
+from .items import ItemConfig, piece_starts
 from .sources import TokenSource
 
 __all__ = [
     "PackedRead",
     "merge_packed",
-    "merge_starts",
+    "merge_pieces",
     "piece_starts",
     "read_rows",
 ]
@@ -35,8 +35,16 @@ class PackedRead(NamedTuple):
     """``(B, S + extra)`` tokens, in the source's dtype; the slots past a row's tokens hold 0."""
     row_tokens: np.ndarray
     """int64 tokens each row holds (its window's slots from there on are padding)."""
-    documents: np.ndarray
-    """Where each row's pieces begin (``items.starts_matrix``): its document boundaries."""
+    first: np.ndarray
+    """int64 index of each row's first piece in ``length`` (every row has one)."""
+    length: np.ndarray
+    """int64 tokens of every piece, flat, row after row: laid back to back from each row's slot
+    0, they are its document boundaries."""
+
+    @property
+    def documents(self) -> np.ndarray:
+        """Where each row's pieces begin (``items.starts_matrix``)."""
+        return piece_starts(self.length, self.first)
 
     def batch(self) -> dict[str, Any]:
         """The ``read_batch`` result that ``items.finish_windows`` takes."""
@@ -45,7 +53,8 @@ class PackedRead(NamedTuple):
             "padded": bool(self.row_tokens.size)
             and int(self.row_tokens.min()) < self.windows.shape[1],
             "row_tokens": self.row_tokens,
-            "doc_starts": self.documents,
+            PIECE_FIRST: self.first,
+            PIECE_LENGTH: self.length,
         }
 
 
@@ -57,21 +66,22 @@ def read_rows(
     start: np.ndarray,
     length: np.ndarray,
 ) -> PackedRead:
-    """The windows, token counts and document starts of rows whose pieces are given flat
-    (``first``: each row's first piece; every row has one, and no row holds more than
-    ``S + extra`` tokens).
+    """The windows, token counts and pieces of rows whose pieces are given flat (``first``: each
+    row's first piece; every row has one, and no row holds more than ``S + extra`` tokens).
 
-    The boundaries the starts give (``items.starts_bounds``) are the ends of every piece but a
-    row's last (its end, like the padding after it, is the row's end S): the layout of
-    ``items.document_bounds`` without the extra token's rule, since a packed row's last slot
-    holds a label only, whichever document it belongs to.
+    The boundaries the pieces give (``items.starts_bounds`` of ``piece_starts``) are the ends of
+    every piece but a row's last (its end, like the padding after it, is the row's end S): the
+    layout of ``items.document_bounds`` without the extra token's rule, since a packed row's last
+    slot holds a label only, whichever document it belongs to.
     """
     batch, width = first.size, item.window
     flat = source.read_pieces(sequence, start, length)
+    length = np.asarray(length, dtype=np.int64)
+    first = np.asarray(first, dtype=np.int64)
     if not batch:
         empty = np.zeros(0, dtype=np.int64)
-        return PackedRead(flat.reshape(0, width), empty, np.zeros((0, 1), dtype=np.int32))
-    tokens = _ADD_AT(np.asarray(length, dtype=np.int64), first)
+        return PackedRead(flat.reshape(0, width), empty, empty, empty)
+    tokens = _ADD_AT(length, first)
     if flat.size == batch * width:  # every row full: its pieces back to back are the windows
         windows = flat.reshape(batch, width)
     else:
@@ -80,39 +90,28 @@ def read_rows(
         for row, n in enumerate(tokens.tolist()):
             windows[row, :n] = flat[begin : begin + n]
             begin += n
-    return PackedRead(windows, tokens, piece_starts(length, first))
+    return PackedRead(windows, tokens, first, length)
 
 
 _ADD_AT = np.add.reduceat
 
 
-@functools.lru_cache(maxsize=4)
-def _count(n: int) -> np.ndarray:
-    """``arange(n)`` (read-only: shared), grown in powers of two."""
-    out = np.arange(n, dtype=np.int64)
-    out.flags.writeable = False
-    return out
-
-
-def _upto(n: int) -> np.ndarray:
-    return _count(max(1024, 1 << (n - 1).bit_length()))[:n]
-
-
-def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
-    """Each row's pieces' first slots (``items.starts_matrix``), from the pieces' lengths flat
-    (``first``: each row's first piece; every row has one)."""
-    batch, total = first.size, length.size
-    length = np.asarray(length, dtype=np.int64)
-    count = np.empty(batch, dtype=np.int64)  # pieces per row
-    count[:-1] = first[1:]
-    count[-1] = total
-    count -= first
-    row = np.repeat(_upto(batch), count)
-    base = first[row]
-    slot = np.cumsum(length)
-    slot -= length  # each piece's first token among all the rows'
-    slot -= slot[base]
-    return starts_matrix(row, slot, _upto(total) - base, batch)
+def merge_pieces(
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], batch: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(first, length)`` of a micro-batch of ``batch`` rows whose rows come from several parts,
+    each ``(mask of the rows it fills, its rows' first pieces, its pieces' lengths)``."""
+    counts = np.zeros(batch, dtype=np.int64)
+    for rows, first, length in parts:
+        counts[rows] = np.diff(first, append=length.size)
+    merged_first = np.zeros(batch, dtype=np.int64)
+    np.cumsum(counts[:-1], out=merged_first[1:])
+    merged = np.empty(int(counts.sum()), dtype=np.int64)
+    for rows, first, length in parts:
+        each = np.diff(first, append=length.size)
+        to = np.arange(length.size, dtype=np.int64) + np.repeat(merged_first[rows] - first, each)
+        merged[to] = length
+    return merged_first, merged
 
 
 def merge_packed(
@@ -127,16 +126,5 @@ def merge_packed(
     tokens = np.empty(batch, dtype=np.int64)
     for rows, read in reads:
         windows[rows], tokens[rows] = read.windows, read.row_tokens
-    return PackedRead(windows, tokens, merge_starts([(rows, r.documents) for rows, r in reads]))
-
-
-def merge_starts(parts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
-    """The ``doc_starts`` matrix of a micro-batch whose rows come from several parts, each with
-    the boolean mask of the rows it fills (the widest part's width)."""
-    batch = parts[0][0].size if parts else 0
-    width = max((d.shape[1] for _, d in parts), default=1)
-    out = np.empty((batch, width), dtype=np.int32)
-    out.fill(NO_START)
-    for rows, d in parts:
-        out[rows, : d.shape[1]] = d
-    return out
+    first, length = merge_pieces([(rows, r.first, r.length) for rows, r in reads], batch)
+    return PackedRead(windows, tokens, first, length)

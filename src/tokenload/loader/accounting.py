@@ -284,18 +284,16 @@ class PackingCounts:
         self.padding = np.zeros(sources, dtype=np.int64)
         self.slots = np.zeros(sources, dtype=np.int64)
         self.rows = np.zeros(sources, dtype=np.int64)
-        # per batch not yet added up: (documents per row, padding per row, source per row, width)
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, int]] = []
+        # per batch not yet added up: ((documents, padding) per row, source per row, width)
+        self._pending: list[tuple[np.ndarray, np.ndarray | None, int]] = []
 
     def record(self, batch: Any, ids: np.ndarray | None, counts: Any) -> None:
         """Count a batch's rows from ``counts`` (``collate.PACKING_COUNTS``: each row's
         documents, then its padding label slots)."""
-        positions = batch["position_ids"]
-        width = positions.shape[1] if positions.ndim == 2 else 0
-        per_row, padding = _numpy(counts)
+        shape = batch["position_ids"].shape
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
         kept = None if ids is None else np.array(ids)
-        self._pending.append((np.array(per_row), np.array(padding), kept, width))
+        self._pending.append((_numpy(counts).copy(), kept, shape[1] if len(shape) == 2 else 0))
         if len(self._pending) >= self._FOLD:
             self._fold()
 
@@ -304,13 +302,13 @@ class PackingCounts:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        per_row = np.concatenate([p[0] for p in pending]).astype(np.int64, copy=False)
-        padding = np.concatenate([p[1] for p in pending]).astype(np.int64, copy=False)
+        counts = np.concatenate([p[0] for p in pending], axis=1).astype(np.int64, copy=False)
+        per_row, padding = counts
         n = self.documents.size
         ids = np.concatenate(
-            [np.zeros(p[0].size, dtype=np.int64) if p[2] is None else p[2] for p in pending]
+            [np.zeros(p[0].shape[1], dtype=np.int64) if p[1] is None else p[1] for p in pending]
         ).astype(np.int64, copy=False)
-        width = np.concatenate([np.full(p[0].size, p[3], dtype=np.int64) for p in pending])
+        width = np.concatenate([np.full(p[0].shape[1], p[2], dtype=np.int64) for p in pending])
         found = np.bincount(per_row)
         if found.size > self.rows_by_documents.size:
             grown = np.zeros(found.size, dtype=np.int64)

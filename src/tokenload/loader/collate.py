@@ -8,13 +8,13 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import Allocator, LoaderDataset
+from ..contract import PIECE_FIRST, PIECE_LENGTH, Allocator, LoaderDataset
 
 PACKING_COUNTS = "_tokenload_packing_counts"
 """A field that packed micro-batches carry from where they are made (a worker) to the loader,
 which takes it out before handing the batch over (``accounting.PackingCounts``): int64
 ``(2, B)``, each row's documents (pieces beginning among its S inputs), then its padding label
-slots. Counted from the read's own ``row_tokens`` and ``doc_starts``, so the training process
+slots. Counted from the read's own ``row_tokens`` and pieces, so the training process
 does not search the finished fields for them."""
 
 
@@ -41,22 +41,34 @@ def finish(dataset: LoaderDataset, read: Any, alloc: Allocator | None = None) ->
     row_tokens = read.get("row_tokens") if isinstance(read, dict) else None
     if row_tokens is not None and isinstance(out, dict) and "tokens" in out:
         out[PACKING_COUNTS] = packing_counts(
-            read["doc_starts"], row_tokens, int(out["tokens"].shape[1]), alloc
+            read[PIECE_FIRST],
+            read[PIECE_LENGTH],
+            row_tokens,
+            int(out["tokens"].shape[1]),
+            alloc,
         )
     return out
 
 
 def packing_counts(
-    doc_starts: np.ndarray, row_tokens: np.ndarray, seq: int, alloc: Allocator | None = None
+    first: np.ndarray,
+    length: np.ndarray,
+    row_tokens: np.ndarray,
+    seq: int,
+    alloc: Allocator | None = None,
 ) -> np.ndarray:
     """``PACKING_COUNTS`` of packed rows: S inputs each, ``row_tokens`` tokens in their window
-    and their pieces' first slots (``items.starts_matrix``). Label slot i holds the window's
-    token i + 1, so the slots from ``row_tokens - 1`` on are padding (with or without the extra
-    token: without it, the last label is padding in every row)."""
+    and their pieces flat (``first``: each row's first piece; ``length``: every piece's tokens).
+    Label slot i holds the window's token i + 1, so the slots from ``row_tokens - 1`` on are
+    padding (with or without the extra token: without it, the last label is padding in every
+    row)."""
     batch = row_tokens.shape[0]
     shape, dtype = (2, batch), np.dtype(np.int64)
     out = np.empty(shape, dtype=dtype) if alloc is None else alloc(shape, dtype)
-    np.add.reduce(doc_starts < seq, axis=1, out=out[0])
+    if batch:  # a row's pieces, less its last when that begins at slot S (the label slot)
+        np.subtract(first[1:], first[:-1], out=out[0, :-1])
+        out[0, -1] = length.size - first[-1]
+        out[0] -= (row_tokens - length[first + out[0] - 1]) >= seq
     np.subtract(seq + 1, row_tokens, out=out[1])  # a row holds 1 to S + extra tokens
     np.minimum(out[1], seq, out=out[1])
     return out

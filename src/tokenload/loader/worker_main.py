@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..contract import Allocator, Batch, LoaderDataset
+from ..contract import PIECE_FIRST, PIECE_LENGTH, Allocator, Batch, LoaderDataset
 from ..storage.options import retry_reads_for
 from .channel import Channel
 from .collate import fetch, finish
@@ -241,20 +241,26 @@ class _Worker:
 
 def _split_rows(raw: Batch, sizes: list[int]) -> list[Batch]:
     """``read_batch`` output of several micro-batches, cut back into one per micro-batch (arrays
-    with a row per sample are sliced, other values shared)."""
+    with a row per sample are sliced, packed rows' pieces with their rows, other values
+    shared)."""
     total = sum(sizes)
+    first = raw.get(PIECE_FIRST)
     parts = []
     begin = 0
     for size in sizes:
         end = begin + size
-        parts.append(
-            {
-                k: v[begin:end]
-                if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total
-                else v
-                for k, v in raw.items()
-            }
-        )
+        part = {
+            k: v[begin:end] if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total else v
+            for k, v in raw.items()
+            if k != PIECE_LENGTH
+        }
+        if first is not None:
+            pieces = int(raw[PIECE_LENGTH].size)
+            low = int(first[begin]) if begin < total else pieces
+            high = int(first[end]) if end < total else pieces
+            part[PIECE_FIRST] = first[begin:end] - low
+            part[PIECE_LENGTH] = raw[PIECE_LENGTH][low:high]
+        parts.append(part)
         begin = end
     return parts
 

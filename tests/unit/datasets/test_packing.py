@@ -390,7 +390,6 @@ def test_rows_told_by_their_token_counts_give_the_fields_of_pad_filled_windows(
     item fields equal those of the same rows as int64 windows filled with the pad id (the rule
     for a padded window), tokens equal to the pad id inside documents included."""
     from tokenload.datasets.items import ItemConfig, build_items, document_bounds
-    from tokenload.datasets.packed_rows import piece_starts
 
     rng = np.random.default_rng(pad_id + 1 + 10 * extra)
     item = ItemConfig(sequence_length=S, add_extra_token=extra, eod_id=3, pad_id=pad_id, **fields)
@@ -410,9 +409,9 @@ def test_rows_told_by_their_token_counts_give_the_fields_of_pad_filled_windows(
     bounds = document_bounds(np.array(lengths), np.array(first), S, 0)
     want = build_items(padded, item, padded=True, bounds=bounds)
     got = build_items(compact, item, padded=True, bounds=bounds, row_tokens=row_tokens)
-    # the packed read's own form: each piece's row and first slot instead of the boundaries
-    starts = piece_starts(np.array(lengths), np.array(first))
-    fast = build_items(compact, item, padded=True, row_tokens=row_tokens, documents=starts)
+    # the packed read's own form: each row's pieces instead of the boundaries
+    pieces = (np.array(first), np.array(lengths))
+    fast = build_items(compact, item, padded=True, row_tokens=row_tokens, pieces=pieces)
     assert set(got) == set(want) == set(fast)
     for key in want:
         assert got[key].dtype == want[key].dtype == fast[key].dtype, key
@@ -485,7 +484,6 @@ def test_rows_read_together_in_any_order_equal_rows_read_one_by_one(tmp_path) ->
     repeats (the path that packs, forgets and packs again the blocks it keeps only a few of), are
     the rows read one at a time by a fresh dataset."""
     from tokenload.datasets.computed.packed import ComputedPackedDataset
-    from tokenload.datasets.items import NO_START
 
     prefix, _ = corpus(tmp_path, 1, 900, seed=21)
     train, _, _ = build_datasets(config(blend=[prefix]), [100, 0, 0])
@@ -508,5 +506,13 @@ def test_rows_read_together_in_any_order_equal_rows_read_one_by_one(tmp_path) ->
             assert int(got["row_tokens"][i]) == int(one["row_tokens"][0])
             n = int(one["row_tokens"][0])
             assert np.array_equal(got["windows"][i, :n], one["windows"][0, :n])
-            mine, single = got["doc_starts"][i], one["doc_starts"][0]
-            assert np.array_equal(mine[mine != NO_START], single[single != NO_START])
+            mine, single = row_pieces(got, i), row_pieces(one, 0)
+            assert np.array_equal(mine, single)
+
+
+def row_pieces(read: dict, row: int) -> np.ndarray:
+    """The token counts of a read's row's pieces (``read_batch``'s ``piece_first`` and
+    ``piece_length``)."""
+    first, length = read["piece_first"], read["piece_length"]
+    end = first[row + 1] if row + 1 < first.size else length.size
+    return np.asarray(length[first[row] : end])

@@ -40,7 +40,7 @@ def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _same(a: dict, b: dict) -> bool:
-    return all(np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "doc_starts"))
+    return all(np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "piece_first", "piece_length"))
 
 
 def test_a_block_packed_by_one_process_is_read_by_the_others(tmp_path, monkeypatch) -> None:

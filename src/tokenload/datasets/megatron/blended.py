@@ -15,10 +15,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ...arrays import distinct
-from ...contract import Allocator, MixtureCursors, RowPieces
+from ...contract import PIECE_FIRST, PIECE_LENGTH, Allocator, MixtureCursors, RowPieces
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
-from ..packed_rows import merge_starts
+from ..packed_rows import merge_pieces
 from ..pieces import blend_pieces, not_answered
 from .gpt_dataset import IndexArrays
 
@@ -103,8 +103,8 @@ class BlendedDataset(BlendContract):
             batch["row_tokens"] = row_tokens
         item = self.datasets[0].item
         if getattr(self.datasets[0], "packed", False):  # packed rows: their pieces' starts
-            starts = [(rows[d], part["doc_starts"]) for d, part in parts.items()]
-            batch["doc_starts"] = merge_starts(starts)
+            pieces = [(rows[d], part[PIECE_FIRST], part[PIECE_LENGTH]) for d, part in parts.items()]
+            batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
         elif item.inter_document_masking:
             # each row's document boundaries
             doc_bounds = np.empty((idx.size, item.sequence_length + 1), np.int32)
