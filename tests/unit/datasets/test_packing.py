@@ -516,3 +516,30 @@ def row_pieces(read: dict, row: int) -> np.ndarray:
     first, length = read["piece_first"], read["piece_length"]
     end = first[row + 1] if row + 1 < first.size else length.size
     return np.asarray(length[first[row] : end])
+
+
+@ORDERS
+@pytest.mark.parametrize("sources", [1, 2])
+def test_a_grouped_read_cut_by_rows_gives_each_micro_batch_its_own_read(
+    tmp_path, order, sources
+) -> None:
+    """A worker reads several micro-batches in one ``read_batch`` and cuts the result by rows
+    (``worker_main._split_rows``): each part, pieces included (they are not a row per sample),
+    equals the micro-batch read alone, an empty one too; on a blend the merged pieces too."""
+    from tokenload.loader.worker_main import _split_rows
+
+    a, _ = corpus(tmp_path, 1, 400, seed=31)
+    b, _ = corpus(tmp_path, 2, 400, seed=32)
+    blend = [a] if sources == 1 else ["0.5", a, "0.5", b]
+    train, _, _ = build_datasets(config(blend=blend, order=order), [80, 0, 0])
+    assert train is not None
+    lists = [list(range(0, 8)), [], list(range(40, 45)), list(range(8, 16)), [3, 1, 2]]
+    raw = train.read_batch([i for idx in lists for i in idx])
+    parts = _split_rows(raw, [len(idx) for idx in lists])
+    for idx, part in zip(lists, parts):
+        one = train.read_batch(idx)
+        for key in ("windows", "row_tokens", "piece_first", "piece_length"):
+            np.testing.assert_array_equal(part[key], one[key], err_msg=key)
+        finished, alone = train.finish_batch(part), train.finish_batch(one)
+        for key in alone:
+            np.testing.assert_array_equal(finished[key], alone[key], err_msg=key)

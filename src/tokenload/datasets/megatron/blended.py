@@ -96,13 +96,14 @@ class BlendedDataset(BlendContract):
         for d, part in parts.items():
             windows[rows[d]] = part["windows"]
         batch = {"windows": windows, "padded": padded, "dataset_id": which}
-        if counted and parts:
+        packed = bool(getattr(self.datasets[0], "packed", False))
+        if counted and (parts or packed):  # packed rows: even an empty micro-batch's
             row_tokens = np.empty(idx.size, dtype=np.int64)
             for d, part in parts.items():
                 row_tokens[rows[d]] = part["row_tokens"]
             batch["row_tokens"] = row_tokens
         item = self.datasets[0].item
-        if getattr(self.datasets[0], "packed", False):  # packed rows: their pieces' starts
+        if packed:  # packed rows: their pieces
             pieces = [(rows[d], part[PIECE_FIRST], part[PIECE_LENGTH]) for d, part in parts.items()]
             batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
         elif item.inter_document_masking:
