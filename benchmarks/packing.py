@@ -301,6 +301,8 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                 own = statistics.median(g["rss_first_mb"][0] for g in got)
                 child = statistics.median(g["rss_first_mb"][1] for g in got)
                 cells = [
+                    f"{m['rows']:,} ({m['rows_over_floor']:+,})",
+                    f"{m['inputs_per_token']:.6f}",
                     pct(m["padding"]),
                     f"{m['cut']:,}",
                     f"{m['short_cut']:,}",
@@ -310,9 +312,10 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                     # a prefix of the stream: the long documents it began are not finished, so
                     # cuts and drops are not the epoch's (Grain cuts every document > S, by the
                     # split it needs, and drops nothing)
-                    cells[0] += f" (first {got[0]['rows_read']:,} rows)"
-                    cells[1] = f"{m['cut']:,} in those rows"
-                    cells[3] = "-"
+                    cells[1] = "-"  # a prefix of the documents: not the epoch's cost
+                    cells[2] += f" (first {got[0]['rows_read']:,} rows)"
+                    cells[3] = f"{m['cut']:,} in those rows"
+                    cells[5] = "-"
                 rows.append(
                     [
                         name,
@@ -334,6 +337,8 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                 "mix",
                 "S",
                 "side",
+                "rows (over the fewest that hold its pieces)",
+                "input positions per document token (rows x S / tokens)",
                 "padding",
                 "docs cut",
                 "docs <= S cut",

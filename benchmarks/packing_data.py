@@ -163,8 +163,15 @@ def metrics(rows: Rows, lengths: np.ndarray, seq: int) -> dict:
     ends[d[last]] = e[last]
     incomplete = ends != lengths
     incomplete[d[gaps]] = True
+    floor = -(-held // rows.slots) if rows.slots else 0
     return {
         "rows": n_rows,
+        # the fewest rows of this width that can hold these pieces (any packer's bound)
+        "rows_over_floor": n_rows - floor,
+        # what a trainer computes per token of data: S input positions a row, whatever the
+        # row's slots (tokenload's S + 1 slots give S inputs and S targets; a row of S slots
+        # gives S inputs and S - 1 targets)
+        "inputs_per_token": n_rows * seq / max(int(lengths.sum()), 1),
         "padding": 1 - held / max(n_rows * rows.slots, 1),
         "cut": int(cut.sum()),
         "short_cut": int((cut & short).sum()),
