@@ -100,6 +100,7 @@ def _count(n: int) -> np.ndarray:
 
 
 def _upto(n: int) -> np.ndarray:
+    """``arange(n)`` int64, a view of a shared read-only array."""
     return _count(max(1024, 1 << (n - 1).bit_length()))[:n]
 
 
@@ -246,7 +247,7 @@ def build_items(
         assert row_tokens is not None  # checked above
         _piece_positions(pieces[0], pieces[1], row_tokens, text.shape[1], position_ids)
         if masked_by_documents:
-            starts = _positions(seq)[None, :] - position_ids
+            starts = _upto(seq)[None, :] - position_ids
     else:
         if bounds is not None:
             starts = _bound_starts(bounds, seq)
@@ -256,9 +257,9 @@ def build_items(
         if starts is not None and (
             bounds is not None or cfg.reset_position_ids or cfg.inter_document_masking
         ):
-            np.subtract(_positions(seq)[None, :], starts, out=position_ids)
+            np.subtract(_upto(seq)[None, :], starts, out=position_ids)
         else:
-            np.copyto(position_ids, _positions(seq))
+            np.copyto(position_ids, _upto(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
         out["attention_mask"] = _attention_mask(batch, seq, starts if masked_by_documents else None)
@@ -346,7 +347,7 @@ def _clear_short_rows(
         if pad >= 0 or not extra:
             _clear_padding(text, tokens, labels, loss_mask, pad, extra)
         return
-    is_pad = _positions(text.shape[1])[None, :] >= row_tokens[:, None]
+    is_pad = _upto(text.shape[1])[None, :] >= row_tokens[:, None]
     if pad >= 0:
         is_pad |= np.equal(text, pad)
     if extra:
@@ -356,14 +357,6 @@ def _clear_short_rows(
         label_pad[:, :-1] = is_pad[:, 1:]
         token_pad = is_pad
     _zero_padding(tokens, labels, loss_mask, label_pad, token_pad)
-
-
-@functools.lru_cache(maxsize=8)
-def _positions(seq: int) -> np.ndarray:
-    """``arange(seq)``, made once per length (read-only: it is shared)."""
-    out = np.arange(seq, dtype=np.int64)
-    out.flags.writeable = False
-    return out
 
 
 def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -543,3 +543,25 @@ def test_a_grouped_read_cut_by_rows_gives_each_micro_batch_its_own_read(
         finished, alone = train.finish_batch(part), train.finish_batch(one)
         for key in alone:
             np.testing.assert_array_equal(finished[key], alone[key], err_msg=key)
+
+
+def test_the_packing_counts_kept_for_metrics_do_not_hold_the_workers_ring_slots(tmp_path) -> None:
+    """The loader keeps each packed batch's counts until it adds them up (every 64 batches): it
+    keeps copies, so a batch the training loop has dropped gives its worker's ring slot back."""
+    prefix, _ = corpus(tmp_path, 1, 900, seed=41)
+    train, _, _ = build_datasets(config(blend=[prefix]), [400, 0, 0])
+    assert train is not None
+    loader = build_dataloader(train, micro_batch_size=4, num_workers=2)
+    try:
+        for seen, batch in enumerate(loader, start=1):
+            del batch
+            if seen == 40:
+                break
+        assert loader._pool is not None
+        loader._pool._reclaim()
+        lent = sum(len(slots) for slots in loader._pool._lent)
+        assert lent <= 2, lent  # the slot of the batch just taken, at most
+        packing = loader.metrics()["packing"]
+        assert packing is not None and packing["rows"] == 40 * 4
+    finally:
+        loader.close()

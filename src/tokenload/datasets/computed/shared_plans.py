@@ -63,14 +63,17 @@ class SharedPlans:
         return os.path.join(self.folder, f"{name}.{kind}")
 
     # -- blocks -----------------------------------------------------------------------------------
-    def load(self, key: str) -> PlanArrays | None:
-        """The block published under ``key``, or None (missing, or not a whole valid block)."""
+    def _read(self, key: str, kind: str) -> bytes | None:
         try:
-            with open(self._path(key, "plan"), "rb") as f:
-                data = f.read()
+            with open(self._path(key, kind), "rb") as f:
+                return f.read()
         except OSError:
             return None
-        return _decode(data)
+
+    def load(self, key: str) -> PlanArrays | None:
+        """The block published under ``key``, or None (missing, or not a whole valid block)."""
+        data = self._read(key, "plan")
+        return None if data is None else _decode(data)
 
     def store(self, key: str, plan: PlanArrays) -> None:
         """Publish ``plan`` under ``key`` and its row count (nothing on a write failure)."""
@@ -92,12 +95,8 @@ class SharedPlans:
     # -- row counts -------------------------------------------------------------------------------
     def rows(self, key: str) -> int | None:
         """The row count published for block ``key``, or None."""
-        try:
-            with open(self._path(key, "rows"), "rb") as f:
-                data = f.read()
-        except OSError:
-            return None
-        if len(data) != 16 or data[:8] != _MAGIC:
+        data = self._read(key, "rows")
+        if data is None or len(data) != 16 or data[:8] != _MAGIC:
             return None
         (count,) = struct.unpack("<q", data[8:])
         return count if count >= 0 else None
