@@ -121,7 +121,8 @@ def test_a_killed_process_s_lock_dies_with_it(tmp_path) -> None:
     if pid == 0:  # the child takes the lock, says so, and waits to be killed
         try:
             fd = store.claim(key)
-            Path(tmp_path, "held").write_text(str(fd is not None))
+            Path(tmp_path, "held.tmp").write_text(str(fd is not None))
+            os.replace(Path(tmp_path, "held.tmp"), Path(tmp_path, "held"))  # seen whole or not
             time.sleep(60)
         finally:
             os._exit(0)
