@@ -138,17 +138,24 @@ def _piece_positions(
     """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
     0 at its first slot, and a row's padding goes on counting its last piece's (as
     ``document_bounds``: a short sample's shortfall joins its last part). Each row's pieces
-    are laid from its slot 0 (rows of up to ``window`` tokens), the inputs' in the narrowest
-    integer type that holds a slot, then converted once into ``out``."""
+    are laid from its slot 0 (rows of up to ``window`` tokens). Each piece's input positions
+    (its row's last piece taking the padding, or losing the label-only slot S) make every row's
+    sum S, so a piece's first slot is its offset among all the rows' positions modulo S; the
+    slots are laid in the narrowest integer type that holds one, then converted once into
+    ``out``."""
     batch, seq = out.shape
     if not batch:
         return
-    count = _pieces_per_row(first, length.size)
-    slot = _row_slots_of(length, first, count).astype(_slot_type(window))
     sizes = np.array(length, dtype=np.int64)
-    # a row's last piece reaches its S-th slot: its padding counts on (the label slot past S,
-    # when the piece begins there, leaves it no input: size 0)
-    sizes[first + count - 1] += seq - row_tokens
+    last = np.empty(batch, dtype=np.int64)
+    last[:-1] = first[1:]
+    last[-1] = length.size
+    last -= 1
+    sizes[last] += seq - row_tokens
+    begin = np.cumsum(sizes)
+    begin -= sizes
+    slot = np.empty(begin.size, dtype=_slot_type(window))
+    np.remainder(begin, seq, out=slot, casting="unsafe")
     laid = np.repeat(slot, sizes).reshape(batch, seq)
     np.subtract(_row_slots(batch, seq), laid, out=laid)
     np.copyto(out, laid)

