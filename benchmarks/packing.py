@@ -304,6 +304,8 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                     f"{m['rows']:,} ({m['rows_over_floor']:+,})",
                     f"{m['inputs_per_token']:.6f}",
                     pct(m["padding"]),
+                    f"{100 * m['padded_inputs']:.4f}%",
+                    f"{100 * m['masked_labels']:.4f}%",
                     f"{m['cut']:,}",
                     f"{m['short_cut']:,}",
                     f"{m['dropped_tokens']:,}",
@@ -311,11 +313,11 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                 if got[0].get("whole_epoch") is False:
                     # a prefix of the stream: the long documents it began are not finished, so
                     # cuts and drops are not the epoch's (Grain cuts every document > S, by the
-                    # split it needs, and drops nothing)
+                    # split it needs, and drops nothing); the per-row measures are of those rows
                     cells[1] = "-"  # a prefix of the documents: not the epoch's cost
                     cells[2] += f" (first {got[0]['rows_read']:,} rows)"
-                    cells[3] = f"{m['cut']:,} in those rows"
-                    cells[5] = "-"
+                    cells[5] = f"{m['cut']:,} in those rows"
+                    cells[7] = "-"
                 rows.append(
                     [
                         name,
@@ -339,7 +341,9 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
                 "side",
                 "rows (over the fewest that hold its pieces)",
                 "input positions per document token (rows x S / tokens)",
-                "padding",
+                "padding (empty slots of the side's own slots)",
+                "padded input positions (of rows x S)",
+                "masked label positions (loss_mask 0, of rows x S: loader.metrics()'s padding)",
                 "docs cut",
                 "docs <= S cut",
                 "tokens dropped",

@@ -14,13 +14,27 @@ EOS id, sees the same documents as the ``.idx``; its raw ``.npy`` format is the 
 Both are made once in ``DATA/`` and reused.
 
 Metrics, computed the same way for every side from the rows it made (document index, first token
-within the document, tokens): ``padding`` = empty token slots / all token slots; a document is
+within the document, tokens); pieces lie back to back from slot 0 of their row, so a row holding
+``held`` tokens fills its slots ``[0, held)``. ``padding`` = empty token slots / all token slots,
+of the side's own slots (tokenload's rows have S + 1: S inputs and the extra label token; a row of
+S slots has S inputs and S - 1 targets), so it is not the same quantity on both kinds of row. The
+like-for-like measures: ``padded_inputs`` = input positions (a row's first S slots) that hold no
+document token, ``max(0, S - held)`` a row, over rows x S; ``masked_labels`` = label positions
+whose loss is masked because no document token is there to predict (the padding's ``loss_mask``
+0: what ``loader.metrics()`` counts as padding), over rows x S: label slot ``i`` (``i`` in
+``[0, S)``) predicts the row's token ``i + 1``, which exists when ``i + 1 < min(held, slots)``, so
+a row has ``min(held - 1, S, slots - 1)`` loss-bearing labels (``min(held - 1, S)`` for S + 1
+slots; ``min(held - 1, S - 1)`` for S: such a row's last label has nothing to predict, as
+OLMo-core's ``get_labels`` pads it with its ignore index) and the rest of its S are masked.
+Both layouts then mask ``S + 1 - held`` labels a row: rows x (S + 1) - tokens in all. A document is
 *cut* when its tokens lie in more than one row; ``short cut`` counts the cut documents of at most S
 tokens (the goal: 0). For concatenation the rows are Megatron's windows over the documents
 concatenated in a seeded random order: row k holds stream tokens ``[k*S, k*S + S + 1)`` (inputs
 the first S, labels shifted by one), so a document is cut when its input tokens fall in two rows
-(``start // S != (end - 1) // S``); concatenation has no padding, and drops the stream's last
-partial window.
+(``start // S != (end - 1) // S``); concatenation has no padding (``padded_inputs`` 0), and drops
+the stream's last partial window. Its rows are counted as S slots of input tokens (the label token
+a window shares with the next is the next row's first input), so ``masked_labels`` counts
+one a row where Megatron's windows mask none: read it for packed rows only.
 """
 
 from __future__ import annotations
@@ -137,13 +151,21 @@ class Rows:
 
 
 def metrics(rows: Rows, lengths: np.ndarray, seq: int) -> dict:
-    """Padding share, cut documents (all / of <= ``seq`` tokens), tokens dropped, documents per
-    row (p50, p99); and the documents whose tokens the pieces do not all hold (``incomplete_docs``:
-    a gap, a truncation, or the tail concatenation drops)."""
+    """Padding share (of the side's own slots), padded input positions and masked label
+    positions (like for like across row widths; module docstring), cut documents (all /
+    of <= ``seq`` tokens), tokens dropped, documents per row (p50, p99); and the documents whose
+    tokens the pieces do not all hold (``incomplete_docs``: a gap, a truncation, or the tail
+    concatenation drops)."""
     n_rows = len(rows.offsets) - 1
     per_row = np.diff(rows.offsets)
     piece_row = np.repeat(np.arange(n_rows, dtype=np.int64), per_row)
     held = int(rows.length.sum())
+    # tokens each row holds, laid from its slot 0: inputs are slots [0, seq), label slot i
+    # (i < seq) holds token i + 1 of the row
+    row_held = np.bincount(piece_row, weights=rows.length, minlength=n_rows).astype(np.int64)
+    padded_inputs = int(np.maximum(seq - row_held, 0).sum())
+    targets = int(np.clip(np.minimum(row_held - 1, min(seq, rows.slots - 1)), 0, None).sum())
+    positions = max(n_rows * seq, 1)
     # a document is cut when its pieces lie in more than one row
     pairs = np.unique(rows.doc * (n_rows + 1) + piece_row)
     rows_per_doc = np.bincount(pairs // (n_rows + 1), minlength=lengths.size)
@@ -173,6 +195,10 @@ def metrics(rows: Rows, lengths: np.ndarray, seq: int) -> dict:
         # gives S inputs and S - 1 targets)
         "inputs_per_token": n_rows * seq / max(int(lengths.sum()), 1),
         "padding": 1 - held / max(n_rows * rows.slots, 1),
+        # like for like whatever the row's slots: input positions holding no token, and label
+        # positions with nothing to predict (loss_mask 0), each of rows x S
+        "padded_inputs": padded_inputs / positions,
+        "masked_labels": 1 - targets / positions,
         "cut": int(cut.sum()),
         "short_cut": int((cut & short).sum()),
         "long_docs": int((~short).sum()),
