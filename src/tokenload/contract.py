@@ -52,6 +52,15 @@ PIECE_FIRST, PIECE_LENGTH = "piece_first", "piece_length"
 every piece's tokens, flat, row after row (not a row per sample). Cutting such a result by rows
 cuts the pieces with them (``loader.worker_main``)."""
 
+PIECE_SLOT, PIECE_INPUTS, ROW_DOCUMENTS = "piece_slot", "piece_inputs", "row_documents"
+"""Optional keys of a packed ``read_batch`` result, made with the plan: each piece's first slot in
+its row and the input positions it covers (its tokens; a row's last piece, the rest of the row's
+S inputs), flat like ``PIECE_LENGTH``; and each row's documents among its inputs (a row per
+sample). Position ids and the packing counts are then laid from them instead of worked out."""
+
+PIECE_KEYS = (PIECE_LENGTH, PIECE_SLOT, PIECE_INPUTS)
+"""The keys of a packed read that hold a value per piece (cut with their rows' pieces)."""
+
 
 @dataclass(frozen=True)
 class SourceInfo:

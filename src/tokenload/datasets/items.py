@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_LENGTH, Allocator  # the loader's contract
+from ..contract import (  # the loader's contract
+    PIECE_FIRST,
+    PIECE_INPUTS,
+    PIECE_LENGTH,
+    PIECE_SLOT,
+    Allocator,
+)
 from ..errors import ConfigError
 
 
@@ -133,7 +139,12 @@ def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
 
 
 def _piece_positions(
-    first: np.ndarray, length: np.ndarray, row_tokens: np.ndarray, window: int, out: np.ndarray
+    first: np.ndarray,
+    length: np.ndarray,
+    row_tokens: np.ndarray,
+    window: int,
+    out: np.ndarray,
+    laid_out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
     0 at its first slot, and a row's padding goes on counting its last piece's (as
@@ -142,9 +153,14 @@ def _piece_positions(
     (its row's last piece taking the padding, or losing the label-only slot S) make every row's
     sum S, so a piece's first slot is its offset among all the rows' positions modulo S; the
     slots are laid in the narrowest integer type that holds one, then converted once into
-    ``out``."""
+    ``out``. ``laid_out``: the plan's (slot, input positions) per piece, which make them
+    directly (``packed_rows.piece_layout``)."""
     batch, seq = out.shape
     if not batch:
+        return
+    if laid_out is not None:  # the plan's slots and input positions per piece
+        slot, sizes = laid_out
+        _lay_positions(slot, sizes, out)
         return
     sizes = np.array(length, dtype=np.int64)
     last = np.empty(batch, dtype=np.int64)
@@ -156,8 +172,15 @@ def _piece_positions(
     begin -= sizes
     slot = np.empty(begin.size, dtype=_slot_type(window))
     np.remainder(begin, seq, out=slot, casting="unsafe")
-    laid = np.repeat(slot, sizes).reshape(batch, seq)
-    np.subtract(_row_slots(batch, seq), laid, out=laid)
+    _lay_positions(slot, sizes, out)
+
+
+def _lay_positions(slot: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None:
+    """``out`` (``(B, S)`` int64) from each piece's first slot in its row and the input
+    positions it covers (a row's sum S): one repeat in the slots' narrow type, converted once."""
+    batch, seq = out.shape
+    laid = slot.repeat(sizes).reshape(batch, seq)
+    np.subtract(_row_slots(batch, seq, laid.dtype), laid, out=laid)
     np.copyto(out, laid)
 
 
@@ -167,9 +190,9 @@ def _slot_type(seq: int) -> np.dtype:
 
 
 @functools.lru_cache(maxsize=8)
-def _row_slots(batch: int, seq: int) -> np.ndarray:
-    """``(batch, seq)``: each row's ``arange(seq)`` in ``_slot_type`` (read-only: shared)."""
-    out = np.tile(np.arange(seq, dtype=_slot_type(seq)), (batch, 1))
+def _row_slots(batch: int, seq: int, dtype: np.dtype) -> np.ndarray:
+    """``(batch, seq)``: each row's ``arange(seq)`` in ``dtype`` (read-only: shared)."""
+    out = np.tile(np.arange(seq, dtype=dtype), (batch, 1))
     out.flags.writeable = False
     return out
 
@@ -200,6 +223,7 @@ def build_items(
     bounds: np.ndarray | None = None,
     row_tokens: np.ndarray | None = None,
     pieces: tuple[np.ndarray, np.ndarray] | None = None,
+    laid_out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
     padded, else any integer dtype).
@@ -216,7 +240,8 @@ def build_items(
     as in a padded window. ``pieces``: packed rows' pieces, ``(first, length)`` (int64: each
     row's first piece, every piece's tokens, flat, row after row, laid back to back from each
     row's slot 0; needs ``row_tokens``), in place of ``bounds`` (the same fields; the boundaries
-    are then made only for ``cu_seqlens``).
+    are then made only for ``cu_seqlens``). ``laid_out``: with ``pieces``, the plan's first slot
+    and input positions per piece (``packed_rows.piece_layout``), which give the position ids.
     """
     if pieces is not None and row_tokens is None:
         raise ValueError("build_items(pieces=) needs row_tokens")
@@ -252,7 +277,7 @@ def build_items(
     starts = None  # where each position's document begins
     if pieces is not None:
         assert row_tokens is not None  # checked above
-        _piece_positions(pieces[0], pieces[1], row_tokens, text.shape[1], position_ids)
+        _piece_positions(pieces[0], pieces[1], row_tokens, text.shape[1], position_ids, laid_out)
         if masked_by_documents:
             starts = _upto(seq)[None, :] - position_ids
     else:
@@ -299,6 +324,7 @@ def finish_windows(
         bounds=batch.get("doc_bounds"),
         row_tokens=batch.get("row_tokens"),
         pieces=(batch[PIECE_FIRST], batch[PIECE_LENGTH]) if PIECE_FIRST in batch else None,
+        laid_out=(batch[PIECE_SLOT], batch[PIECE_INPUTS]) if PIECE_SLOT in batch else None,
     )
 
 

@@ -11,21 +11,57 @@ row's token count (``row_tokens``), not by a pad value, so the windows keep the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_LENGTH
+from ..contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_DOCUMENTS
 from .items import ItemConfig, piece_starts
 from .sources import TokenSource
 
 __all__ = [
     "PackedRead",
+    "PieceLayout",
     "merge_packed",
     "merge_pieces",
+    "piece_layout",
     "piece_starts",
     "read_rows",
 ]
+
+
+class PieceLayout(NamedTuple):
+    """Where a plan lays its pieces in their rows, made once per plan (``piece_layout``) so that
+    reads need not work it out: position ids are laid from ``slot`` and ``inputs``, the packing
+    counts take ``documents``."""
+
+    slot: np.ndarray
+    """Each piece's first slot in its row (0 for a row's first), flat like the pieces."""
+    inputs: np.ndarray
+    """Input positions each piece covers: its tokens, but for a row's last piece the rest of the
+    row's S inputs (its padding with it; 0 when it begins at slot S, the label-only slot)."""
+    documents: np.ndarray
+    """Each row's pieces with a token among its inputs (a row per sample)."""
+
+
+def piece_layout(offsets: np.ndarray, length: np.ndarray, seq: int) -> PieceLayout:
+    """The ``PieceLayout`` of rows given as CSR ``offsets`` over their pieces' ``length`` (every
+    row has a piece; no row holds more than S + 1 tokens): 2-byte slots while S + 1 < 32,768."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    tokens = np.asarray(length, dtype=np.int64)
+    small = np.int16 if seq + 1 < 1 << 15 else np.int32
+    if offsets.size < 2:
+        empty = np.zeros(0, dtype=small)
+        return PieceLayout(empty, empty, np.zeros(0, dtype=np.int32))
+    heads, last = offsets[:-1], offsets[1:] - 1
+    begin = np.cumsum(tokens)
+    begin -= tokens
+    slot = begin - np.repeat(begin[heads], np.diff(offsets))
+    inputs = tokens.copy()
+    inputs[last] = seq - slot[last]
+    documents = (np.diff(offsets) - (inputs[last] == 0)).astype(np.int32)
+    return PieceLayout(slot.astype(small), inputs.astype(small), documents)
 
 
 class PackedRead(NamedTuple):
@@ -40,6 +76,8 @@ class PackedRead(NamedTuple):
     length: np.ndarray
     """int64 tokens of every piece, flat, row after row: laid back to back from each row's slot
     0, they are its document boundaries."""
+    layout: PieceLayout | None = None
+    """The pieces' places in their rows when the plan made them (``piece_layout``)."""
 
     @property
     def documents(self) -> np.ndarray:
@@ -48,7 +86,7 @@ class PackedRead(NamedTuple):
 
     def batch(self) -> dict[str, Any]:
         """The ``read_batch`` result that ``items.finish_windows`` takes."""
-        return {
+        out = {
             "windows": self.windows,
             "padded": bool(self.row_tokens.size)
             and int(self.row_tokens.min()) < self.windows.shape[1],
@@ -56,6 +94,9 @@ class PackedRead(NamedTuple):
             PIECE_FIRST: self.first,
             PIECE_LENGTH: self.length,
         }
+        if self.layout is not None:
+            out[PIECE_SLOT], out[PIECE_INPUTS], out[ROW_DOCUMENTS] = self.layout
+        return out
 
 
 def read_rows(
@@ -65,6 +106,7 @@ def read_rows(
     sequence: np.ndarray,
     start: np.ndarray,
     length: np.ndarray,
+    layout: PieceLayout | None = None,
 ) -> PackedRead:
     """The windows, token counts and pieces of rows whose pieces are given flat (``first``: each
     row's first piece; every row has one, and no row holds more than ``S + extra`` tokens).
@@ -80,7 +122,7 @@ def read_rows(
     first = np.asarray(first, dtype=np.int64)
     if not batch:
         empty = np.zeros(0, dtype=np.int64)
-        return PackedRead(flat.reshape(0, width), empty, empty, empty)
+        return PackedRead(flat.reshape(0, width), empty, empty, empty, layout)
     tokens = _ADD_AT(length, first)
     if flat.size == batch * width:  # every row full: its pieces back to back are the windows
         windows = flat.reshape(batch, width)
@@ -90,28 +132,35 @@ def read_rows(
         for row, n in enumerate(tokens.tolist()):
             windows[row, :n] = flat[begin : begin + n]
             begin += n
-    return PackedRead(windows, tokens, first, length)
+    return PackedRead(windows, tokens, first, length, layout)
 
 
 _ADD_AT = np.add.reduceat
 
 
 def merge_pieces(
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]], batch: int
-) -> tuple[np.ndarray, np.ndarray]:
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    batch: int,
+    columns: Sequence[tuple[np.ndarray, ...]] | None = None,
+) -> tuple[np.ndarray, ...]:
     """``(first, length)`` of a micro-batch of ``batch`` rows whose rows come from several parts,
-    each ``(mask of the rows it fills, its rows' first pieces, its pieces' lengths)``."""
+    each ``(mask of the rows it fills, its rows' first pieces, its pieces' lengths)``; with
+    ``columns`` (per part, more per-piece arrays), those merged too, after ``length``."""
     counts = np.zeros(batch, dtype=np.int64)
     for rows, first, length in parts:
         counts[rows] = np.diff(first, append=length.size)
     merged_first = np.zeros(batch, dtype=np.int64)
     np.cumsum(counts[:-1], out=merged_first[1:])
-    merged = np.empty(int(counts.sum()), dtype=np.int64)
-    for rows, first, length in parts:
+    total = int(counts.sum())
+    merged = [np.empty(total, dtype=np.int64)]
+    if columns:
+        merged += [np.empty(total, dtype=c.dtype) for c in columns[0]]
+    for i, (rows, first, length) in enumerate(parts):
         each = np.diff(first, append=length.size)
         to = np.arange(length.size, dtype=np.int64) + np.repeat(merged_first[rows] - first, each)
-        merged[to] = length
-    return merged_first, merged
+        for out, values in zip(merged, (length, *(columns[i] if columns else ())), strict=True):
+            out[to] = values
+    return (merged_first, *merged)
 
 
 def merge_packed(
@@ -126,5 +175,19 @@ def merge_packed(
     tokens = np.empty(batch, dtype=np.int64)
     for rows, read in reads:
         windows[rows], tokens[rows] = read.windows, read.row_tokens
-    first, length = merge_pieces([(rows, r.first, r.length) for rows, r in reads], batch)
-    return PackedRead(windows, tokens, first, length)
+    parts = [(rows, r.first, r.length) for rows, r in reads]
+    layouts = [r.layout for _, r in reads]
+    if not reads:  # no row
+        first, length = merge_pieces(parts, batch)
+        empty = piece_layout(np.zeros(1, dtype=np.int64), length, item.sequence_length)
+        return PackedRead(windows, tokens, first, length, empty)
+    if any(lay is None for lay in layouts):
+        first, length = merge_pieces(parts, batch)
+        return PackedRead(windows, tokens, first, length)
+    columns = [(lay.slot, lay.inputs) for lay in layouts if lay is not None]
+    first, length, slot, inputs = merge_pieces(parts, batch, columns)
+    documents = np.empty(batch, dtype=np.int32)
+    for (rows, _), lay in zip(reads, layouts, strict=True):
+        assert lay is not None
+        documents[rows] = lay.documents
+    return PackedRead(windows, tokens, first, length, PieceLayout(slot, inputs, documents))

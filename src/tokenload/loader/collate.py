@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_LENGTH, Allocator, LoaderDataset
+from ..contract import PIECE_FIRST, PIECE_LENGTH, ROW_DOCUMENTS, Allocator, LoaderDataset
 
 PACKING_COUNTS = "_tokenload_packing_counts"
 """A field that packed micro-batches carry from where they are made (a worker) to the loader,
@@ -46,6 +46,7 @@ def finish(dataset: LoaderDataset, read: Any, alloc: Allocator | None = None) ->
             row_tokens,
             int(out["tokens"].shape[1]),
             alloc,
+            read.get(ROW_DOCUMENTS),
         )
     return out
 
@@ -56,6 +57,7 @@ def packing_counts(
     row_tokens: np.ndarray,
     seq: int,
     alloc: Allocator | None = None,
+    documents: np.ndarray | None = None,
 ) -> np.ndarray:
     """``PACKING_COUNTS`` of packed rows: S inputs each, ``row_tokens`` tokens in their window
     and their pieces flat (``first``: each row's first piece; ``length``: every piece's tokens).
@@ -65,7 +67,9 @@ def packing_counts(
     batch = row_tokens.shape[0]
     shape, dtype = (2, batch), np.dtype(np.int64)
     out = np.empty(shape, dtype=dtype) if alloc is None else alloc(shape, dtype)
-    if batch:  # a row's pieces, less its last when that begins at slot S (the label slot)
+    if documents is not None:  # as the plan counted them (``ROW_DOCUMENTS``)
+        np.copyto(out[0], documents)
+    elif batch:  # a row's pieces, less its last when that begins at slot S (the label slot)
         np.subtract(first[1:], first[:-1], out=out[0, :-1])
         out[0, -1] = length.size - first[-1]
         out[0] -= (row_tokens - length[first + out[0] - 1]) >= seq

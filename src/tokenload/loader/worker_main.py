@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_LENGTH, Allocator, Batch, LoaderDataset
+from ..contract import PIECE_FIRST, PIECE_KEYS, PIECE_LENGTH, Allocator, Batch, LoaderDataset
 from ..storage.options import retry_reads_for
 from .channel import Channel
 from .collate import fetch, finish
@@ -252,14 +252,16 @@ def _split_rows(raw: Batch, sizes: list[int]) -> list[Batch]:
         part = {
             k: v[begin:end] if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total else v
             for k, v in raw.items()
-            if k != PIECE_LENGTH
+            if k not in PIECE_KEYS
         }
         if first is not None:
             pieces = int(raw[PIECE_LENGTH].size)
             low = int(first[begin]) if begin < total else pieces
             high = int(first[end]) if end < total else pieces
             part[PIECE_FIRST] = first[begin:end] - low
-            part[PIECE_LENGTH] = raw[PIECE_LENGTH][low:high]
+            for key in PIECE_KEYS:
+                if key in raw:
+                    part[key] = raw[key][low:high]
         parts.append(part)
         begin = end
     return parts

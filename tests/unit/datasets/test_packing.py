@@ -538,11 +538,43 @@ def test_a_grouped_read_cut_by_rows_gives_each_micro_batch_its_own_read(
     parts = _split_rows(raw, [len(idx) for idx in lists])
     for idx, part in zip(lists, parts):
         one = train.read_batch(idx)
-        for key in ("windows", "row_tokens", "piece_first", "piece_length"):
+        assert set(part) == set(one)
+        for key in set(one) - {"padded"}:  # (a part keeps its read's flag: True is safe)
+            # the plan's layout of the pieces (computed order) is cut with them too
             np.testing.assert_array_equal(part[key], one[key], err_msg=key)
         finished, alone = train.finish_batch(part), train.finish_batch(one)
         for key in alone:
             np.testing.assert_array_equal(finished[key], alone[key], err_msg=key)
+
+
+@pytest.mark.parametrize("extra", [True, False])
+@pytest.mark.parametrize("sources", [1, 2])
+def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_pieces(
+    tmp_path, extra, sources
+) -> None:
+    """The computed order's plan carries each piece's slot and input positions and each row's
+    documents (``packed_rows.piece_layout``); the position ids and packing counts made from them
+    equal those worked out from the pieces alone (short rows, a last piece on the label-only
+    slot, a blend's merged rows, rows from two blocks)."""
+    from tokenload.contract import PIECE_INPUTS, PIECE_SLOT, ROW_DOCUMENTS
+    from tokenload.loader.collate import PACKING_COUNTS, finish
+
+    a, _ = corpus(tmp_path, 1, 400, seed=31)
+    b, _ = corpus(tmp_path, 2, 400, seed=32)
+    blend = [a] if sources == 1 else ["0.5", a, "0.5", b]
+    cfg = config(blend=blend, add_extra_token=extra, inter_document_masking=True)
+    train, _, _ = build_datasets(cfg, [150, 0, 0])
+    assert train is not None
+    laid = 0
+    for idx in (list(range(0, 16)), list(range(16, 150)), [149, 3, 77, 3]):
+        raw = train.read_batch(idx)
+        laid += PIECE_SLOT in raw
+        bare = {k: v for k, v in raw.items() if k not in (PIECE_SLOT, PIECE_INPUTS, ROW_DOCUMENTS)}
+        got, want = finish(train, raw), finish(train, bare)
+        assert set(got) == set(want) and PACKING_COUNTS in got
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert laid >= 2
 
 
 def test_the_packing_counts_kept_for_metrics_do_not_hold_the_workers_ring_slots(tmp_path) -> None:

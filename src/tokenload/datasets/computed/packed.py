@@ -38,7 +38,7 @@ from ...index.permutation import KeyedPermutation
 from ...index.window_order import WindowOrder, source_seed
 from ..contract_parts import OneSourceContract
 from ..items import ItemConfig, finish_windows
-from ..packed_rows import PackedRead, read_rows
+from ..packed_rows import PackedRead, PieceLayout, piece_layout, read_rows
 from .computed_blend import _Items
 from .extents import Extent, OnExtent
 from .shared_plans import PlanArrays, SharedPlans
@@ -70,6 +70,8 @@ class PlanPieces:
     """int64 first token of the piece within its sequence."""
     length: np.ndarray
     """int64 tokens of the piece."""
+    layout: PieceLayout | None = None
+    """The pieces' places in their rows (``packed_rows.piece_layout``), as the block made them."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,20 @@ class _Block:
     sequence: np.ndarray  # the pieces, as narrow as their values allow (_narrow)
     start: np.ndarray
     length: np.ndarray
+    layout: PieceLayout  # made from offsets and length (not published: made again on reading)
+
+    @classmethod
+    def of(cls, arrays: PlanArrays, seq: int) -> _Block:
+        return cls(*arrays, layout=piece_layout(arrays.offsets, arrays.length, seq))
 
     @property
     def rows(self) -> int:
         return len(self.offsets) - 1
+
+    def laid(self, at: slice | np.ndarray, rows: slice | np.ndarray) -> PieceLayout:
+        """The layout of the pieces ``at``, which are those of the rows ``rows``."""
+        lay = self.layout
+        return PieceLayout(lay.slot[at], lay.inputs[at], lay.documents[rows])
 
     def columns(self, at: slice | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The sequence, start and length of the pieces ``at``, as int64."""
@@ -233,7 +245,7 @@ class PackedRows:
             finally:
                 shared.release(lock)
         if loaded is not None:
-            found = _Block(*loaded)
+            found = _Block.of(loaded, self.sequence_length)
         if block >= 2:  # every worker has moved past it
             shared.drop(self._plan_key(epoch, block - 2))
         return found
@@ -266,12 +278,13 @@ class PackedRows:
         take = np.repeat(plan.row_offsets[:-1][rows], per_row) + (
             np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], per_row)
         )
-        return _Block(
+        arrays = PlanArrays(
             offsets=_narrow(offsets),
             sequence=_narrow(sequences[plan.piece_doc[take]]),
             start=_narrow(plan.piece_start[take]),
             length=_narrow(plan.piece_length[take]),
         )
+        return _Block.of(arrays, self.sequence_length)
 
     def locate(self, row: int) -> tuple[int, int, int]:
         """(epoch, block, row within the block) of the source's row ``row`` (all epochs): the
@@ -353,16 +366,18 @@ class PackedRows:
                 # consecutive rows (a micro-batch of one source): their pieces are one slice
                 lo, hi = int(b.offsets[top - n + 1]), int(b.offsets[top + 1])
                 first = b.offsets[top - n + 1 : top + 1] - np.int64(lo)
-                return PlanPieces(first, *b.columns(slice(lo, hi)))
+                span = slice(lo, hi)
+                rows_at = slice(top - n + 1, top + 1)
+                return PlanPieces(first, *b.columns(span), layout=b.laid(span, rows_at))
             if top < b.rows:
                 lows = b.offsets[within].astype(np.int64)
                 counts = b.offsets[within + 1] - lows
                 first = np.cumsum(counts) - counts
                 at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lows - first, counts)
-                return PlanPieces(first, *b.columns(at))
+                return PlanPieces(first, *b.columns(at), layout=b.laid(at, within))
         # rows in rising order, so that each block is packed once however the rows are spread
-        empty_part = (np.empty(0, dtype=np.int64),) * 3
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = [empty_part] * wanted.size
+        parts: list[tuple[np.ndarray, ...]] = [()] * wanted.size
+        laid: list[PieceLayout] = [self._no_layout] * wanted.size
         counts = np.empty(wanted.size, dtype=np.int64)
         cache: dict[int, tuple[int, int, int]] = {}
         for i in np.argsort(wanted, kind="stable").tolist():
@@ -374,14 +389,22 @@ class PackedRows:
             b = self._block(epoch, block)
             lo, hi = int(b.offsets[k]), int(b.offsets[k + 1])
             parts[i] = b.columns(slice(lo, hi))
+            laid[i] = b.laid(slice(lo, hi), slice(k, k + 1))
             counts[i] = hi - lo
         first = np.zeros(wanted.size, dtype=np.int64)
         if wanted.size:
             np.cumsum(counts[:-1], out=first[1:])
         if not parts:
             empty = np.empty(0, dtype=np.int64)
-            return PlanPieces(first=first, sequence=empty, start=empty, length=empty)
-        return PlanPieces(first, *(np.concatenate(column) for column in zip(*parts)))
+            return PlanPieces(first, empty, empty, empty, layout=self._no_layout)
+        sequence, start, length = (np.concatenate(column) for column in zip(*parts))
+        layout = PieceLayout(*(np.concatenate(column) for column in zip(*laid)))
+        return PlanPieces(first, sequence, start, length, layout=layout)
+
+    @property
+    def _no_layout(self) -> PieceLayout:
+        """The layout of no row."""
+        return piece_layout(np.zeros(1, dtype=np.int64), np.zeros(0), self.sequence_length)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -458,7 +481,7 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
     def read_rows(self, rows: np.ndarray) -> PackedRead:
         """The windows, token counts and boundaries of the source's rows (a blend's cursors)."""
         p = self.rows.pieces(rows)
-        return read_rows(self.source, self.item, p.first, p.sequence, p.start, p.length)
+        return read_rows(self.source, self.item, p.first, p.sequence, p.start, p.length, p.layout)
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         idx = np.asarray(indices, dtype=np.int64).ravel()

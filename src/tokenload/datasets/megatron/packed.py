@@ -359,7 +359,8 @@ class PackedGPTDataset(OneSourceContract):
         return np.flatnonzero(np.isin(shuffle, rows))
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        read = read_rows(self.source, self.item, *self._plan(indices))
+        first, sequence, start, length = self._plan(indices)
+        read = read_rows(self.source, self.item, first, sequence, start, length)
         return read.batch()
 
     def finish_batch(
