@@ -30,7 +30,9 @@ the item-by-item rule (tests/unit/test_packing.py checks it against a direct imp
 
 from __future__ import annotations
 
+import array
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,7 +158,14 @@ def best_fit_decreasing(
     touched: list[np.ndarray] = [np.arange(alone, dtype=np.int64)]
     got: list[np.ndarray] = [np.ones(alone, dtype=np.int64)]
     for s, lo, hi in zip(class_sizes[big:], class_starts[big:], class_ends[big:], strict=True):
-        rows, counts = rooms.place(s, hi - lo)
+        if max_items is None:
+            rooms.place(s, hi - lo)  # its rows and counts kept by rooms (``placed``)
+        else:
+            rows, counts = rooms._place_capped(s, hi - lo)
+            touched.append(rows)
+            got.append(counts)
+    if max_items is None:
+        rows, counts = rooms.placed()
         touched.append(rows)
         got.append(counts)
     del rooms
@@ -182,6 +191,8 @@ class _Rooms:
         self.open: list[int] = []  # the rooms of the buckets that hold rows, rising
         self.count = np.zeros(rows, dtype=np.int64) if max_items is not None else None
         self.opened = 0
+        self.rows_out: list[np.ndarray] = []  # place's rows, then its runs (placed): the
+        self.runs = array.array("q")  # rows of each run, then what each takes and the last
 
     def _take(self, r: int) -> np.ndarray:
         chunks = self.buckets[r]
@@ -225,13 +236,11 @@ class _Rooms:
         for s, lo, hi in zip(sizes, starts, ends, strict=True):
             self._put(fresh[lo:hi], self.capacity - s)
 
-    def place(self, s: int, left: int) -> tuple[np.ndarray, np.ndarray]:
-        """Place ``left`` items of size ``s``: the rows that take them, in the order BFD visits
-        them, and how many each takes."""
-        if self.count is not None:
-            return self._place_capped(s, left)
-        rows_out: list[np.ndarray] = []
-        got_out: list[np.ndarray] = []
+    def place(self, s: int, left: int) -> None:
+        """Place ``left`` items of size ``s`` (no cap on items per row): the rows that take them,
+        in the order BFD visits them, and how many each takes are kept for ``placed``, as runs
+        of rows that take ``per`` items each but the run's last, which takes ``last``."""
+        rows_out, runs = self.rows_out, self.runs
         # the buckets from room s up: rows are filed back only below the bucket being read, so
         # walking up from each bucket read visits those that held rows when the class began
         at = self._after(s - 1) if left else None
@@ -249,9 +258,12 @@ class _Rooms:
                 left -= per * rows.size
             self._keep(r, rest)
             rows_out.append(use)
-            got_out.append(self._got(use.size, per, last))
-            self._put(use[:-1], r - per * s)
-            self._put(use[-1:], r - last * s)
+            runs.extend((use.size, per, last))
+            if last == per:
+                self._put(use, r - per * s)
+            else:
+                self._put(use[:-1], r - per * s)
+                self._put(use[-1:], r - last * s)
             if not left:
                 break
             at = self._after(r)
@@ -262,19 +274,21 @@ class _Rooms:
             last = left - per * (new - 1)
             self.opened += new
             rows_out.append(fresh)
-            got_out.append(self._got(new, per, last))
-            self._put(fresh[:-1], self.capacity - per * s)
-            self._put(fresh[-1:], self.capacity - last * s)
-        if len(rows_out) == 1:
-            return rows_out[0], got_out[0]
-        return np.concatenate(rows_out), np.concatenate(got_out)
+            runs.extend((new, per, last))
+            if last == per:
+                self._put(fresh, self.capacity - per * s)
+            else:
+                self._put(fresh[:-1], self.capacity - per * s)
+                self._put(fresh[-1:], self.capacity - last * s)
 
-    @staticmethod
-    def _got(n: int, per: int, last: int) -> np.ndarray:
-        got = np.empty(n, dtype=np.int64)  # (np.full adds a Python-level wrapper: ~1 us)
-        got.fill(per)
-        got[-1] = last
-        return got
+    def placed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows ``place`` gave items to, in order, and how many each took."""
+        if not self.runs:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        n, per, last = np.frombuffer(self.runs, dtype=np.int64).reshape(-1, 3).T
+        counts = np.repeat(per, n)
+        counts[np.cumsum(n) - 1] = last
+        return np.concatenate(self.rows_out), counts
 
     def _place_capped(self, s: int, left: int) -> tuple[np.ndarray, np.ndarray]:
         """``place`` with a cap on items per row (rows of one bucket may take different counts)."""
@@ -337,13 +351,25 @@ class _Rooms:
 
 
 def pack_block(
-    lengths: np.ndarray, window: int, extra: int = 1, max_docs: int | None = None
+    lengths: np.ndarray,
+    window: int,
+    extra: int = 1,
+    max_docs: int | None = None,
+    row_order: Callable[[int], np.ndarray] | None = None,
 ) -> PackPlan:
-    """The rows of one block of documents (``lengths``, in block order): module docstring."""
+    """The rows of one block of documents (``lengths``, in block order): module docstring.
+    ``row_order``: given the number of rows, the row laid out at each place (a permutation):
+    the plan's rows are then in that order instead of the order they were opened."""
     pieces = split_documents(lengths, window, extra)
     doc, start, length = pieces.doc, pieces.start, pieces.length
     del pieces  # each array dropped once laid out in row order (they set the block's peak)
     row_of, placement = best_fit_decreasing(length, window, max_docs)
+    if row_order is not None and row_of.size:
+        order_of_rows = row_order(int(row_of.max()) + 1)
+        place = np.empty_like(order_of_rows)
+        place[order_of_rows] = np.arange(order_of_rows.size, dtype=place.dtype)
+        row_of = place[row_of]  # each piece's row, numbered by its place
+        del place, order_of_rows
     per_row = np.bincount(row_of, minlength=int(row_of.max()) + 1 if row_of.size else 0)
     # rows in the order they were opened; each row's pieces in placement order: one sort of
     # unique keys (row, rank in placement), so any sort gives the same order and NumPy's SIMD

@@ -157,3 +157,30 @@ def test_pack_block_holds_few_arrays_of_its_pieces_at_its_peak(window, cap) -> N
     finally:
         tracemalloc.stop()
     assert peak <= 10 * 8 * plan.piece_doc.size, peak / plan.piece_doc.size
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 80), max_size=60), st.integers(2, 24), st.integers(0, 2**32))
+def test_pack_block_lays_its_rows_in_the_order_asked(lengths, window, seed) -> None:
+    """``row_order`` lays out the same rows (each with its pieces in the same order) at the places
+    the permutation gives, as reordering the plan's rows afterwards would."""
+    plain = pack_block(np.array(lengths, dtype=np.int64), window, 1)
+    asked: list[np.ndarray] = []
+
+    def order(rows: int) -> np.ndarray:
+        asked.append(np.random.default_rng(seed).permutation(rows))
+        return asked[-1]
+
+    laid = pack_block(np.array(lengths, dtype=np.int64), window, 1, row_order=order)
+    assert laid.num_rows == plain.num_rows
+    if not plain.num_rows:
+        return
+    (perm,) = asked
+
+    def row(plan, r: int) -> list[tuple[int, int, int]]:
+        lo, hi = int(plan.row_offsets[r]), int(plan.row_offsets[r + 1])
+        cols = (plan.piece_doc, plan.piece_start, plan.piece_length)
+        return list(zip(*(c[lo:hi].tolist() for c in cols), strict=True))
+
+    for place, r in enumerate(perm.tolist()):
+        assert row(laid, place) == row(plain, r)

@@ -268,21 +268,17 @@ class PackedRows:
     def _pack(self, epoch: int, block: int) -> _Block:
         sequences = self._documents(epoch, block)
         lengths = np.asarray(self._lengths(sequences), dtype=np.int64)
-        plan = pack_block(lengths, self.window, self.extra, self.max_documents)
-        # the rows of the block in a keyed order of their own
-        order = KeyedPermutation(plan.num_rows, self.seed, epoch * self.num_blocks + block)
-        rows = order(np.arange(plan.num_rows, dtype=np.int64))
-        per_row = np.diff(plan.row_offsets)[rows]
-        offsets = np.zeros(plan.num_rows + 1, dtype=np.int64)
-        np.cumsum(per_row, out=offsets[1:])
-        take = np.repeat(plan.row_offsets[:-1][rows], per_row) + (
-            np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], per_row)
-        )
+        key = epoch * self.num_blocks + block
+
+        def keyed(rows: int) -> np.ndarray:  # the rows of the block in a keyed order of their own
+            return KeyedPermutation(rows, self.seed, key)(np.arange(rows, dtype=np.int64))
+
+        plan = pack_block(lengths, self.window, self.extra, self.max_documents, row_order=keyed)
         arrays = PlanArrays(
-            offsets=_narrow(offsets),
-            sequence=_narrow(sequences[plan.piece_doc[take]]),
-            start=_narrow(plan.piece_start[take]),
-            length=_narrow(plan.piece_length[take]),
+            offsets=_narrow(plan.row_offsets),
+            sequence=_narrow(sequences[plan.piece_doc]),
+            start=_narrow(plan.piece_start),
+            length=_narrow(plan.piece_length),
         )
         return _Block.of(arrays, self.sequence_length)
 
