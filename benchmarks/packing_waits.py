@@ -2,12 +2,14 @@
 concatenated (benchmarks/README.md, "Packing", the read path).
 
 Usage: python benchmarks/packing_waits.py [--prefix DATA/web_200000] [--workers 2] [--start 39056]
-                                          [--steps 2047] [--rounds 2]
+                                          [--steps 2047] [--rounds 2] [--step-ms 0]
 
 The web mix of benchmarks/packing.py (made by it), the computed order at S = 2,048, micro-batches
 of 16. Each side runs in a fresh process (the file warmed into the page cache first), sides
 alternating per round: the loader from row ``--start``, its first micro-batch untimed, then
-``--steps`` calls of ``next()``, each timed. Reported per side: the whole pass, the longest wait
+``--steps`` calls of ``next()``, each timed, with ``--step-ms`` of sleep after each (a training
+step: the workers then have time between micro-batches, as they do in training). Reported per
+side: the whole pass, the longest wait
 and where it fell (a block packed while the workers wait shows as one wait of tens of ms), the mean
 wait per eighth of the pass, and each process's user and system CPU and minor faults over the pass
 (``/proc/PID/stat``: the training process, then each worker).
@@ -51,11 +53,13 @@ for _ in range(a["steps"]):
     t = time.perf_counter()
     next(it)
     waits.append(time.perf_counter() - t)
+    if a["step_s"]:
+        time.sleep(a["step_s"])
 after = [usage(p) for p in pids]
 loader.close()
 w = np.array(waits) * 1e6
 print(json.dumps({
-    "pass_ms": round(w.sum() / 1e3, 1),
+    "pass_ms": round(w.sum() / 1e3, 1),  # the waits only (the steps' sleep not counted)
     "longest_wait_ms": round(w.max() / 1e3, 2),
     "at_step": int(w.argmax()),
     "mean_wait_us_per_eighth": [int(c.mean()) for c in np.array_split(w, 8)],
@@ -74,6 +78,7 @@ def main() -> None:
     ap.add_argument("--start", type=int, default=39056)
     ap.add_argument("--steps", type=int, default=2047)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--step-ms", type=float, default=0.0)
     args = ap.parse_args()
     sides = ["concat", "best-fit"]
     for r in range(args.rounds):
@@ -84,6 +89,7 @@ def main() -> None:
                 "workers": args.workers,
                 "start": args.start,
                 "steps": args.steps,
+                "step_s": args.step_ms / 1e3,
             }
             got = (
                 subprocess.run(

@@ -10,7 +10,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -20,17 +19,16 @@ from tokenload.datasets.computed import packed as packed_module
 from tokenload.datasets.computed import shared_plans
 from tokenload.datasets.computed.packed import ComputedPackedDataset
 from tokenload.datasets.computed.shared_plans import SharedPlans
-from tokenload.index.packing import pack_block
 from tokenload.loader import build_dataloader
 from unit.datasets.test_packing import config, corpus
 
 
-def _dataset(tmp_path: Path, length: int | None = None) -> ComputedPackedDataset:
+def _dataset(tmp_path: Path) -> ComputedPackedDataset:
     prefix, _ = corpus(tmp_path, 1, 900, seed=31)
     train, _, _ = build_datasets(config(blend=[prefix]), [100, 0, 0])
     assert isinstance(train, ComputedPackedDataset)
     return ComputedPackedDataset(
-        train.source, train.extent, train.item, seed=7, length=length, block_documents=64
+        train.source, train.extent, train.item, seed=7, length=None, block_documents=64
     )
 
 
@@ -42,9 +40,7 @@ def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _same(a: dict, b: dict) -> bool:
-    return all(
-        np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "piece_first", "piece_length")
-    )
+    return all(np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "piece_first", "piece_length"))
 
 
 def test_a_block_packed_by_one_process_is_read_by_the_others(tmp_path, monkeypatch) -> None:
@@ -116,99 +112,6 @@ def test_waiting_for_another_process_is_bounded(tmp_path, monkeypatch) -> None:
     fd = store.claim(key)  # free again
     assert fd is not None
     store.release(fd)
-
-
-def _published(dataset: ComputedPackedDataset, folder: Path, epoch: int, block: int) -> bool:
-    return SharedPlans(str(folder)).rows(dataset.rows._plan_key(epoch, block)) is not None
-
-
-def _row(dataset: ComputedPackedDataset, epoch: int, block: int, half: bool) -> int:
-    """The source's first row of ``block`` of ``epoch`` (``half``: the first past its half),
-    counted unshared."""
-    rows = dataset.rows
-    base = 0
-    for e in range(epoch):
-        rows.locate(base)
-        while rows.epoch_rows(e) is None:
-            rows.locate(rows._ends[e][-1] + base)
-        base += rows.epoch_rows(e) or 0
-    ends = [0]
-    while len(ends) <= block + 1:
-        rows.locate(base + ends[-1])
-        ends = [0, *rows._ends[epoch]]
-    return base + ends[block] + ((ends[block + 1] - ends[block]) // 2 + 1 if half else 0)
-
-
-def test_past_half_a_block_its_next_one_is_packed_ahead_for_the_other_workers(
-    tmp_path, monkeypatch
-) -> None:
-    """With shared plans (a loader's workers), the process that reads past half of a block packs
-    and publishes the next one (the next epoch's first after the last), so the others read it
-    when they get there instead of waiting while one packs it; what is served does not change."""
-    folder = tmp_path / "plans"
-    folder.mkdir()
-    many = 10**6  # no length to count: only the blocks read are packed
-    first, second, alone = (_dataset(tmp_path, many) for _ in range(3))
-    blocks = alone.rows.num_blocks
-    assert blocks >= 3
-    first.share_plans(str(folder))
-    second.share_plans(str(folder))
-
-    def same(reader: ComputedPackedDataset, start: int) -> bool:
-        rows = np.arange(start, start + 2)
-        return _same(reader.read_batch(rows), alone.read_batch(rows))
-
-    mid, next_one = _row(alone, 0, 0, half=True), _row(alone, 0, 1, half=False)
-    late, next_epoch = _row(alone, 0, blocks - 1, half=True), _row(alone, 1, 0, half=False)
-    assert same(first, 0)
-    assert not _published(first, folder, 0, 1), "packed ahead before half of the block was read"
-    assert same(first, mid)
-    assert _published(first, folder, 0, 1), "the next block was not packed ahead"
-    want = alone.read_batch(np.arange(next_one, next_one + 2))
-    with monkeypatch.context() as m:
-        _no_packing(m)  # the other process finds the next block published
-        assert _same(second.read_batch(np.arange(next_one, next_one + 2)), want)
-    assert same(first, late)
-    assert _published(first, folder, 1, 0), "the next epoch's first block was not packed ahead"
-    want = alone.read_batch(np.arange(next_epoch, next_epoch + 2))
-    with monkeypatch.context() as m:
-        _no_packing(m)
-        assert _same(second.read_batch(np.arange(next_epoch, next_epoch + 2)), want)
-
-
-def test_packing_ahead_never_waits_for_a_process_packing_that_block(tmp_path, monkeypatch) -> None:
-    """While another process holds the next block's lock (it is packing it), a process past half
-    of a block goes on at once, neither waiting nor packing that block itself."""
-    folder = tmp_path / "plans"
-    folder.mkdir()
-    first, alone = _dataset(tmp_path, 10**6), _dataset(tmp_path, 10**6)
-    first.share_plans(str(folder))
-    first.read_batch(np.arange(0, 2))  # block 0 packed and published
-    mid, later = _row(alone, 0, 0, half=True), _row(alone, 0, 1, half=True)
-    want = [alone.read_batch(np.arange(r, r + 2)) for r in (mid, later)]
-    packs: list[int] = []
-    real = pack_block
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        packs.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(packed_module, "pack_block", counted)
-    store = SharedPlans(str(folder))
-    holder = store.claim(first.rows._plan_key(0, 1), wait=False)
-    assert holder is not None
-
-    def no_wait(seconds: float) -> None:
-        raise AssertionError("waited for the process packing the next block")
-
-    monkeypatch.setattr(time, "sleep", no_wait)  # (the module's ``time``)
-    try:
-        assert _same(first.read_batch(np.arange(mid, mid + 2)), want[0])
-        assert packs == [] and not _published(first, folder, 0, 1)
-    finally:
-        store.release(holder)
-    assert _same(first.read_batch(np.arange(later, later + 2)), want[1])  # packed when needed
-    assert packs == [1, 1]  # block 1 when needed, then block 2 ahead (past half of block 1)
 
 
 def test_a_killed_process_s_lock_dies_with_it(tmp_path) -> None:

@@ -136,11 +136,10 @@ class PackedRows:
         self._order: WindowOrder | None = None
         self._last: tuple[int, int, int, int] | None = None  # (first row, rows, epoch, block)
         self._shared: SharedPlans | None = None  # the loader's workers' (share)
-        self._ahead_of: tuple[int, int] | None = None  # the block whose next one was seen to
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_ends", "_blocks", "_order", "_last", "_shared", "_ahead_of"):
+        for key in ("_ends", "_blocks", "_order", "_last", "_shared"):
             state.pop(key)
         return state
 
@@ -211,8 +210,7 @@ class PackedRows:
         if self._shared is None:
             found = self._pack(epoch, block)
         else:
-            found = self._shared_block(epoch, block, wait=True)
-            assert found is not None  # (waiting, it is packed here when no other process can)
+            found = self._shared_block(epoch, block)
         self._hold(epoch, block, found)
         return found
 
@@ -222,19 +220,16 @@ class PackedRows:
         if len(self._blocks) > _KEPT_BLOCKS:
             self._blocks.popitem(last=False)
 
-    def _shared_block(self, epoch: int, block: int, *, wait: bool) -> _Block | None:
+    def _shared_block(self, epoch: int, block: int) -> _Block:
         """A block from the plans the loader's workers share: as published, else packed here
-        under its lock and published. ``wait=False``: None when another process holds the lock
-        (it is packing the block)."""
+        under its lock (waiting while another process packs it) and published."""
         shared = self._shared
         assert shared is not None
         name = self._plan_key(epoch, block)
         found = None
         loaded = shared.load(name)
         if loaded is None:
-            lock = shared.claim(name, wait=wait)  # another worker may be packing it
-            if lock is None and not wait:
-                return None
+            lock = shared.claim(name)  # another worker may be packing it: wait for it
             try:
                 loaded = shared.load(name)
                 if loaded is None:
@@ -248,22 +243,8 @@ class PackedRows:
             found = _Block.of(loaded, self.sequence_length)
         if block >= 2:  # every worker has moved past it
             shared.drop(self._plan_key(epoch, block - 2))
+        assert found is not None
         return found
-
-    def _pack_ahead(self, epoch: int, block: int) -> None:
-        """With a loader's workers sharing plans, pack the block after ``(epoch, block)`` now,
-        unless it is published or another worker is packing it. Workers take turns on
-        micro-batches: a block packed when first needed stalls them all (the others wait for
-        its plan), one packed ahead costs the same CPU while the others go on serving."""
-        self._ahead_of = (epoch, block)
-        after = (epoch, block + 1) if block + 1 < self.num_blocks else (epoch + 1, 0)
-        if self._shared is None or after in self._blocks:
-            return
-        if self._shared.rows(self._plan_key(*after)) is not None:
-            return  # published: read when needed
-        found = self._shared_block(*after, wait=False)
-        if found is not None:
-            self._hold(*after, found)
 
     def _pack(self, epoch: int, block: int) -> _Block:
         sequences = self._documents(epoch, block)
@@ -352,8 +333,6 @@ class PackedRows:
             within = wanted - first_row
             top = int(within.max())
             n = within.size
-            if self._shared is not None and 2 * top >= b.rows and self._ahead_of != (epoch, block):
-                self._pack_ahead(epoch, block)  # past half of the block: its next one
             if (
                 top < b.rows
                 and top - int(within[0]) == n - 1

@@ -6,10 +6,7 @@ packed row costs beyond its tokens (21 ms for a block of 131,072 web-text docume
 S = 2,048, 51 ms at S = 8,192). A loader's N workers all read rows of the same blocks (worker w
 makes micro-batches w, w + N, ...), so without sharing each block is packed N times. With a
 folder given by the loader (``share_plans``), the first worker that needs a block packs it under
-an exclusive lock and publishes it; the others wait for the lock, then read it. The first worker
-to read past half of a block packs the next one then (``PackedRows._pack_ahead``, never waiting
-for a lock another holds), so at the boundary the others read it instead of all waiting while one
-packs it (with 2 workers that wait was ~25 ms of stalled loader per block). A block's row
+an exclusive lock and publishes it; the others wait for the lock, then read it. A block's row
 count is published too, so a resume's search for its first row (``PackedRows.locate``) packs
 each earlier block once among all the workers.
 
@@ -108,16 +105,15 @@ class SharedPlans:
         self._publish(self._path(key, "rows"), _MAGIC + struct.pack("<q", rows))
 
     # -- who packs --------------------------------------------------------------------------------
-    def claim(self, key: str, *, wait: bool = True) -> int | None:
+    def claim(self, key: str) -> int | None:
         """Wait until this process may pack block ``key``: a locked file descriptor (pass it to
         ``release``), or None when the block was published meanwhile or no lock can be had
-        within ``WAIT_S`` (then this process packs it unlocked). ``wait=False``: None at once
-        when another process holds the lock."""
+        within ``WAIT_S`` (then this process packs it unlocked)."""
         try:
             fd = os.open(self._path(key, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         except OSError:
             return None
-        deadline = time.monotonic() + WAIT_S if wait else 0.0
+        deadline = time.monotonic() + WAIT_S
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
