@@ -10,7 +10,7 @@ after epoch. So row c of the source depends on the data, the seed and S only: ne
 micro-batch sizes or workers, and a state resumes anywhere as in the unpacked order.
 
 **Startup is O(1).** Nothing is packed when the dataset is built. A block is packed when a row
-of it is first read, in the process that reads it (~23 ms per block of 131,072 documents);
+of it is first read, in the process that reads it (~20 ms per block of 131,072 documents);
 each process keeps the row counts of the blocks it has packed (one int each) and the plans of
 the last few. Finding row c needs the row counts of every block before it: a resume at row c
 packs the blocks before c once (their counts), which is the price of a plan made as rows are
@@ -46,10 +46,10 @@ from .shared_plans import PlanArrays, SharedPlans
 __all__ = ["DEFAULT_BLOCK_DOCUMENTS", "ComputedPackedDataset", "PackedRows", "PlanPieces"]
 
 DEFAULT_BLOCK_DOCUMENTS = 1 << 17
-"""Documents packed together. Packing a block costs a fixed ~15 ms of NumPy calls (one pass per
-token count) plus O(documents): at S = 2,048 on a web-text mix, ~23 ms for 131,072 documents
-(0.38 us per row, against 0.67 with blocks of 65,536), with less padding (benchmarks/README.md,
-"Packing")."""
+"""Documents packed together. Packing a block costs a fixed part of NumPy calls (a few per
+token count of at most half a row) plus O(documents): at S = 2,048 on a web-text mix, ~20 ms for
+131,072 documents (0.33 us per row; 0.67 with blocks of 65,536 before best-fit's later
+speedups), with less padding (benchmarks/README.md, "Packing")."""
 
 _ALL = np.logical_and.reduce
 _KEPT_BLOCKS = 2
