@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -138,41 +138,64 @@ def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
     return starts_matrix(np.repeat(_upto(batch), count), slot, rank, batch)
 
 
+class PieceLayout(NamedTuple):
+    """Where a plan lays its pieces in their rows, made once per plan (``piece_layout``) so that
+    reads need not work it out: position ids are laid from ``slot`` and ``inputs``, the packing
+    counts take ``documents``."""
+
+    slot: np.ndarray
+    """Each piece's first slot in its row (0 for a row's first), flat like the pieces."""
+    inputs: np.ndarray
+    """Input positions each piece covers: its tokens, but for a row's last piece the rest of the
+    row's S inputs (its padding with it; 0 when it begins at slot S, the label-only slot)."""
+    documents: np.ndarray
+    """Each row's pieces with a token among its inputs (a row per sample)."""
+
+
+def piece_layout(
+    offsets: np.ndarray, length: np.ndarray, seq: int, *, documents: bool = True
+) -> PieceLayout:
+    """The ``PieceLayout`` of rows given as CSR ``offsets`` over their pieces' ``length`` (every
+    row has a piece; no row holds more than S + 1 tokens): 2-byte slots while S + 1 < 32,768.
+    ``documents=False``: the slots and input positions only (``documents`` left empty)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    small = np.int16 if seq + 1 < 1 << 15 else np.int32
+    if offsets.size < 2:
+        empty = np.zeros(0, dtype=small)
+        return PieceLayout(empty, empty, np.zeros(0, dtype=np.int32))
+    heads, last, count = offsets[:-1], offsets[1:] - 1, np.diff(offsets)
+    inputs = np.array(length, dtype=np.int64)
+    begin = np.cumsum(inputs)
+    begin -= inputs
+    slot = begin - begin[heads].repeat(count)
+    inputs[last] = seq - slot[last]
+    per_row = np.zeros(0, dtype=np.int32)
+    if documents:
+        per_row = (count - (inputs[last] == 0)).astype(np.int32)
+    return PieceLayout(slot.astype(small), inputs.astype(small), per_row)
+
+
 def _piece_positions(
     first: np.ndarray,
     length: np.ndarray,
-    row_tokens: np.ndarray,
-    window: int,
     out: np.ndarray,
     laid_out: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> None:
     """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
     0 at its first slot, and a row's padding goes on counting its last piece's (as
     ``document_bounds``: a short sample's shortfall joins its last part). Each row's pieces
-    are laid from its slot 0 (rows of up to ``window`` tokens). Each piece's input positions
-    (its row's last piece taking the padding, or losing the label-only slot S) make every row's
-    sum S, so a piece's first slot is its offset among all the rows' positions modulo S; the
-    slots are laid in the narrowest integer type that holds one, then converted once into
-    ``out``. ``laid_out``: the plan's (slot, input positions) per piece, which make them
-    directly (``packed_rows.piece_layout``)."""
+    are laid from its slot 0 (rows of up to S + 1 tokens). ``laid_out``: the plan's (slot,
+    input positions) per piece (``piece_layout``), else they are made here."""
     batch, seq = out.shape
     if not batch:
         return
-    if laid_out is not None:  # the plan's slots and input positions per piece
-        slot, sizes = laid_out
-        _lay_positions(slot, sizes, out)
-        return
-    sizes = np.array(length, dtype=np.int64)
-    last = np.empty(batch, dtype=np.int64)
-    last[:-1] = first[1:]
-    last[-1] = length.size
-    last -= 1
-    sizes[last] += seq - row_tokens
-    begin = np.cumsum(sizes)
-    begin -= sizes
-    slot = np.empty(begin.size, dtype=_slot_type(window))
-    np.remainder(begin, seq, out=slot, casting="unsafe")
-    _lay_positions(slot, sizes, out)
+    if laid_out is None:
+        offsets = np.empty(batch + 1, dtype=np.int64)
+        offsets[:-1] = first
+        offsets[-1] = length.size
+        layout = piece_layout(offsets, length, seq, documents=False)
+        laid_out = layout.slot, layout.inputs
+    _lay_positions(*laid_out, out)
 
 
 def _lay_positions(slot: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None:
@@ -182,11 +205,6 @@ def _lay_positions(slot: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None
     laid = slot.repeat(sizes).reshape(batch, seq)
     np.subtract(_row_slots(batch, seq, laid.dtype), laid, out=laid)
     np.copyto(out, laid)
-
-
-def _slot_type(seq: int) -> np.dtype:
-    """int16 when every slot of a row fits (S < 32,768), else int32."""
-    return np.dtype(np.int16) if seq < 1 << 15 else np.dtype(np.int32)
 
 
 @functools.lru_cache(maxsize=8)
@@ -241,7 +259,7 @@ def build_items(
     row's first piece, every piece's tokens, flat, row after row, laid back to back from each
     row's slot 0; needs ``row_tokens``), in place of ``bounds`` (the same fields; the boundaries
     are then made only for ``cu_seqlens``). ``laid_out``: with ``pieces``, the plan's first slot
-    and input positions per piece (``packed_rows.piece_layout``), which give the position ids.
+    and input positions per piece (``piece_layout``), which give the position ids.
     """
     if pieces is not None and row_tokens is None:
         raise ValueError("build_items(pieces=) needs row_tokens")
@@ -276,8 +294,7 @@ def build_items(
     position_ids = new((batch, seq), _INT64)
     starts = None  # where each position's document begins
     if pieces is not None:
-        assert row_tokens is not None  # checked above
-        _piece_positions(pieces[0], pieces[1], row_tokens, text.shape[1], position_ids, laid_out)
+        _piece_positions(pieces[0], pieces[1], position_ids, laid_out)
         if masked_by_documents:
             starts = _upto(seq)[None, :] - position_ids
     else:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_DOCUMENTS
-from .items import ItemConfig, piece_starts
+from .items import ItemConfig, PieceLayout, piece_layout, piece_starts
 from .sources import TokenSource
 
 __all__ = [
@@ -29,39 +29,6 @@ __all__ = [
     "piece_starts",
     "read_rows",
 ]
-
-
-class PieceLayout(NamedTuple):
-    """Where a plan lays its pieces in their rows, made once per plan (``piece_layout``) so that
-    reads need not work it out: position ids are laid from ``slot`` and ``inputs``, the packing
-    counts take ``documents``."""
-
-    slot: np.ndarray
-    """Each piece's first slot in its row (0 for a row's first), flat like the pieces."""
-    inputs: np.ndarray
-    """Input positions each piece covers: its tokens, but for a row's last piece the rest of the
-    row's S inputs (its padding with it; 0 when it begins at slot S, the label-only slot)."""
-    documents: np.ndarray
-    """Each row's pieces with a token among its inputs (a row per sample)."""
-
-
-def piece_layout(offsets: np.ndarray, length: np.ndarray, seq: int) -> PieceLayout:
-    """The ``PieceLayout`` of rows given as CSR ``offsets`` over their pieces' ``length`` (every
-    row has a piece; no row holds more than S + 1 tokens): 2-byte slots while S + 1 < 32,768."""
-    offsets = np.asarray(offsets, dtype=np.int64)
-    tokens = np.asarray(length, dtype=np.int64)
-    small = np.int16 if seq + 1 < 1 << 15 else np.int32
-    if offsets.size < 2:
-        empty = np.zeros(0, dtype=small)
-        return PieceLayout(empty, empty, np.zeros(0, dtype=np.int32))
-    heads, last = offsets[:-1], offsets[1:] - 1
-    begin = np.cumsum(tokens)
-    begin -= tokens
-    slot = begin - np.repeat(begin[heads], np.diff(offsets))
-    inputs = tokens.copy()
-    inputs[last] = seq - slot[last]
-    documents = (np.diff(offsets) - (inputs[last] == 0)).astype(np.int32)
-    return PieceLayout(slot.astype(small), inputs.astype(small), documents)
 
 
 class PackedRead(NamedTuple):
