@@ -110,30 +110,29 @@ def _upto(n: int) -> np.ndarray:
     return _count(max(1024, 1 << (n - 1).bit_length()))[:n]
 
 
-def _pieces_per_row(first: np.ndarray, total: int) -> np.ndarray:
-    """int64 pieces of each row, from each row's first piece (every row has one)."""
-    count = np.empty(first.size, dtype=np.int64)
-    count[:-1] = first[1:]
-    count[-1:] = total
-    count -= first
-    return count
+def _offsets(first: np.ndarray, total: int) -> np.ndarray:
+    """int64 CSR offsets of rows over ``total`` pieces, from each row's first piece."""
+    offsets = np.empty(first.size + 1, dtype=np.int64)
+    offsets[:-1] = first
+    offsets[-1] = total
+    return offsets
 
 
-def _row_slots_of(length: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """int64 slot where each piece begins in its row (pieces flat, row after row)."""
+def _row_slots_of(offsets: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """int64 slot where each piece begins in its row (pieces flat, row after row, laid back to
+    back from each row's slot 0; rows as CSR ``offsets``), and each row's piece count."""
+    count = np.diff(offsets)
     slot = np.cumsum(length)
     slot -= length  # each piece's first token among all the rows'
-    slot -= np.repeat(slot[first], count)
-    return slot
+    slot -= slot[offsets[:-1]].repeat(count)
+    return slot, count
 
 
 def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
     """Each row's pieces' first slots (``starts_matrix``), from the pieces' lengths flat
     (``first``: each row's first piece; every row has one)."""
     batch, total = first.size, length.size
-    length = np.asarray(length, dtype=np.int64)
-    count = _pieces_per_row(first, total)
-    slot = _row_slots_of(length, first, count)
+    slot, count = _row_slots_of(_offsets(first, total), np.asarray(length, dtype=np.int64))
     rank = _upto(total) - np.repeat(first, count)
     return starts_matrix(np.repeat(_upto(batch), count), slot, rank, batch)
 
@@ -163,11 +162,9 @@ def piece_layout(
     if offsets.size < 2:
         empty = np.zeros(0, dtype=small)
         return PieceLayout(empty, empty, np.zeros(0, dtype=np.int32))
-    heads, last, count = offsets[:-1], offsets[1:] - 1, np.diff(offsets)
+    last = offsets[1:] - 1
     inputs = np.array(length, dtype=np.int64)
-    begin = np.cumsum(inputs)
-    begin -= inputs
-    slot = begin - begin[heads].repeat(count)
+    slot, count = _row_slots_of(offsets, inputs)
     inputs[last] = seq - slot[last]
     per_row = np.zeros(0, dtype=np.int32)
     if documents:
@@ -190,10 +187,7 @@ def _piece_positions(
     if not batch:
         return
     if laid_out is None:
-        offsets = np.empty(batch + 1, dtype=np.int64)
-        offsets[:-1] = first
-        offsets[-1] = length.size
-        layout = piece_layout(offsets, length, seq, documents=False)
+        layout = piece_layout(_offsets(first, length.size), length, seq, documents=False)
         laid_out = layout.slot, layout.inputs
     _lay_positions(*laid_out, out)
 
