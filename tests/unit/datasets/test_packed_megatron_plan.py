@@ -7,6 +7,7 @@ rows served through both orders)."""
 from __future__ import annotations
 
 import tracemalloc
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -51,8 +52,12 @@ def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, 
     while True:
         order = build_document_index(docs, num_epochs, seeded_random_state(seed), separate)
         rows: list[list[tuple[int, int, int]]] = []
-        for lo in range(0, order.size, block):
-            ids = order[lo : lo + block]
+        # a separate final epoch's documents are packed on their own
+        final = (num_epochs - 1) * docs.size if separate and num_epochs > 1 else order.size
+        spans = [(lo, min(lo + block, final)) for lo in range(0, final, block)]
+        spans += [(lo, min(lo + block, order.size)) for lo in range(final, order.size, block)]
+        for lo, hi in spans:
+            ids = order[lo:hi]
             plan = pack_block(lengths[ids], window, extra, cap)
             for r in range(plan.num_rows):
                 a, b = plan.row_offsets[r], plan.row_offsets[r + 1]
@@ -69,7 +74,9 @@ def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, 
                 )
         if num_samples is None or len(rows) >= num_samples:
             return rows
-        num_epochs, separate = num_epochs + 1, False
+        # one more epoch, separate when the request takes under 80% of an epoch's rows from it
+        separate = num_samples - len(rows) < int(0.8 * (len(rows) // num_epochs))
+        num_epochs += 1
 
 
 def decoded_rows(plan, lengths, seq, extra):
@@ -128,6 +135,65 @@ def test_the_plan_names_exactly_the_pieces_pack_block_makes(seq, extra, cap, num
     for name, array in plan.items():
         np.testing.assert_array_equal(array, same[name])
         assert array.dtype == same[name].dtype
+
+
+def served_before_a_repeat(plan, lengths, seq, extra) -> tuple[int, int]:
+    """(distinct pieces, rows) served in the shuffle index's order before a piece comes twice."""
+    rows = decoded_rows(plan, lengths, seq, extra)
+    seen: set[tuple[int, int, int]] = set()
+    for at, r in enumerate(plan["shuffle_index"].tolist()):
+        for piece in rows[r]:
+            if piece in seen:
+                return len(seen), at
+            seen.add(piece)
+    return len(seen), len(rows)
+
+
+@pytest.mark.parametrize("share", [1.3, 1.0, 2.5])
+def test_a_separate_final_epoch_is_served_last(share):
+    # Megatron's separate final epoch (the request takes < 80% of its last epoch, as with 1.3
+    # and 2.5 epochs, and with the epoch added when packed rows fall short of a 1.0 request):
+    # its documents fill rows of their own, shuffled apart and served last; with 2 epochs in
+    # all, the first epoch's rows thus serve every piece once before any repeats
+    seq, extra, block = 16, 1, 300
+    lengths = lengths_with_every_case(1_000, seq + extra, extra, seed=7)
+    documents = range(0, 1_000)
+    one = build_packed_indices(
+        lengths, documents, num_samples=None, sequence_length=seq, extra=extra, seed=5, block=block
+    )
+    pieces = sum(len(row) for row in decoded_rows(one, lengths, seq, extra))
+    epoch_rows = one["row_index"].size - 1
+    tokens = int(lengths.sum())
+    num_samples = int(share * epoch_rows) if share != 1.0 else (tokens - extra) // seq
+    plan = build_packed_indices(
+        lengths,
+        documents,
+        num_samples=num_samples,
+        sequence_length=seq,
+        extra=extra,
+        seed=5,
+        block=block,
+    )
+    total = plan["row_index"].size - 1
+    assert total >= num_samples > epoch_rows * (share - 0.05)
+    order = plan["shuffle_index"].astype(np.int64)
+    # the final epoch's rows: the longest tail of the shuffle index that is a shuffle of the
+    # last rows
+    tail = next(
+        t
+        for t in range(1, total)
+        if order[t:].min() == t and np.array_equal(np.sort(order[t:]), np.arange(t, total))
+    )
+    assert 0.5 * epoch_rows < total - tail < 1.05 * epoch_rows
+    rows = decoded_rows(plan, lengths, seq, extra)
+    epochs = round(share + 0.5) if share != 1.0 else 2
+    head = Counter(piece for r in range(tail) for piece in rows[r])
+    assert len(head) == pieces and set(head.values()) == {epochs - 1}
+    final = Counter(piece for r in range(tail, total) for piece in rows[r])
+    assert set(final.values()) == {1} and len(final) == pieces
+    if epochs == 2:
+        distinct, served = served_before_a_repeat(plan, lengths, seq, extra)
+        assert distinct == pieces and served >= tail
 
 
 def test_the_build_holds_the_document_index_the_plan_and_one_block_at_its_peak():

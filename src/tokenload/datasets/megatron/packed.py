@@ -5,7 +5,9 @@ request (``index.epochs``) and its shuffled document index (``index.document``, 
 ``RandomState`` draws as ``GPTDataset``). Consecutive blocks of ``PACK_BLOCK`` entries of that
 index are packed by ``index.packing.pack_block`` (best-fit decreasing; a document of at most
 S + extra tokens is never cut), and the rows are shuffled by Megatron's shuffle rule with the
-same generator, continued. When packing leaves fewer rows than the request (rows hold whole
+same generator, continued. When Megatron's plan has a separate final epoch (the request takes less
+than 80% of the last epoch), that epoch's documents are packed into rows of their own, shuffled
+apart and served last, as Megatron serves its samples: every piece once before any repeats. When packing leaves fewer rows than the request (rows hold whole
 documents, so a few more tokens per row go unused than with concatenation), one more epoch is
 planned and everything is built again: the plan depends on the data, the seed, S and the request
 only, never on ranks, micro-batches or workers.
@@ -45,7 +47,7 @@ from ...contract import Allocator
 from ...errors import CacheError, ConfigError
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
-from ...index.epochs import plan_epochs
+from ...index.epochs import SEPARATE_THRESHOLD, plan_epochs
 from ...index.gpt import seeded_random_state
 from ...index.packing import pack_block
 from ...index.plan import MidLevelPlan
@@ -66,6 +68,12 @@ second on this machine, with ~0.001% padding at S = 2,048 on a web-text mix."""
 PLAN_LAYOUT = "last-piece+windows"
 """The plan's arrays as the module docstring lays them out (in the cache's identity: a plan of
 another layout, such as the earlier ``(sequence, start, length)`` rows, is never read as this)."""
+
+EPOCH_RULE = "final-epoch-apart"
+"""How the plan treats Megatron's separate final epoch (in the cache's identity): its documents
+packed into rows of their own, shuffled apart and served last. Plans made before this rule mixed
+the final epoch's rows with the others (a piece could repeat before every piece was served) and
+are never read as plans of this rule."""
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -111,14 +119,21 @@ def build_packed_indices(
         docs = np.arange(ids.start, ids.stop, dtype=np.int32) if isinstance(ids, range) else ids
         order = build_document_index(docs, num_epochs, rng, separate)
         del docs
-        plan = _pack(lengths, order, window, extra, max_documents, block, ids)
+        # a separate final epoch is packed apart: no row mixes its documents with earlier ones
+        final = (num_epochs - 1) * len(ids) if separate and num_epochs > 1 else order.size
+        plan, sans_final = _pack(lengths, order, window, extra, max_documents, block, ids, final)
         del order  # the plan's pieces name the sequences: the document index is done with
         rows = plan["row_index"].size - 1
         if num_samples is None or rows >= num_samples:
             break
         del plan
-        num_epochs, separate = num_epochs + 1, False
-    plan["shuffle_index"] = build_shuffle_index(rows, rows, rng)
+        # Megatron's 80% rule on the rows this many epochs gave: the epoch added is separate
+        # when the request takes less than 80% of an epoch's rows from it
+        per_epoch = rows // num_epochs
+        num_epochs += 1
+        separate = num_samples - rows < int(SEPARATE_THRESHOLD * per_epoch)
+    # Megatron's shuffle rule: a separate final epoch's rows are shuffled apart and served last
+    plan["shuffle_index"] = build_shuffle_index(sans_final if separate else rows, rows, rng)
     return plan
 
 
@@ -130,11 +145,14 @@ def _pack(
     max_documents: int | None,
     block: int,
     documents: np.ndarray | range | None = None,
-) -> dict[str, np.ndarray]:
+    final: int | None = None,
+) -> tuple[dict[str, np.ndarray], int]:
     """``row_index``, ``piece_index`` and ``window_index`` of the documents of ``order``, packed
-    block by block (module docstring). Each array is sized first (each document's pieces and
-    full windows follow from its length) and filled in place: the plan exists once at the peak,
-    never as parts plus their concatenation."""
+    block by block (module docstring), and the rows of its entries before ``final`` (a separate
+    final epoch's first entry: no block spans it). Each array is sized first (each document's
+    pieces and full windows follow from its length) and filled in place: the plan exists once at
+    the peak, never as parts plus their concatenation."""
+    final = order.size if final is None else final
     total = windows = 0
     if documents is not None and len(documents) and order.size % len(documents) == 0:
         # the document index holds each document once per epoch: its pieces, counted once
@@ -163,9 +181,13 @@ def _pack(
     # never written (never resident), then cut off in place
     offsets = np.empty(total + 1, dtype=np.int32 if total <= _INT32_MAX else np.int64)
     offsets[0] = 0
-    base = rows = w = 0
-    for lo in range(0, order.size, block):
-        sequences = order[lo : lo + block]
+    base = rows = w = sans_final = 0
+    spans = [(lo, min(lo + block, final)) for lo in range(0, final, block)]
+    spans += [(lo, min(lo + block, order.size)) for lo in range(final, order.size, block)]
+    for lo, hi in spans:
+        if lo == final:
+            sans_final = rows
+        sequences = order[lo:hi]
         sizes = lengths[sequences].astype(np.int64)
         plan = pack_block(sizes, window, extra, max_documents)
         part = pieces[base : base + plan.piece_doc.size]
@@ -184,7 +206,9 @@ def _pack(
         del plan, part, sizes
     assert base == total and w == windows  # split_documents' counts, and _piece_count's
     offsets.resize(rows + 1, refcheck=False)  # in place: nothing else refers to it
-    return {"row_index": offsets, "piece_index": pieces, "window_index": cut}
+    if final == order.size:
+        sans_final = rows
+    return {"row_index": offsets, "piece_index": pieces, "window_index": cut}, sans_final
 
 
 def _piece_count(lengths: np.ndarray, window: int, extra: int) -> tuple[int, int]:
@@ -402,6 +426,7 @@ def packed_member(
     uid["packing"] = OrderedDict(
         rule="best-fit",
         layout=PLAN_LAYOUT,
+        epochs=EPOCH_RULE,
         block=PACK_BLOCK,
         max_documents_per_row=c.max_documents_per_row,
         add_extra_token=c.add_extra_token,
