@@ -145,8 +145,10 @@ def _recorded_header(facts: Any) -> Any:
 
 
 def _digest(data: Any) -> str:
-    """xxh3-64 (hex) of an array's data bytes as ``numpy.save`` writes them (C order)."""
-    return xxhash.xxh3_64_hexdigest(np.ascontiguousarray(data).data.cast("B"))
+    """xxh3-64 (hex) of an array's data bytes as ``numpy.save`` writes them (C order); an empty
+    array's are no bytes (a memoryview of a shape with a 0 cannot be cast to bytes)."""
+    array = np.ascontiguousarray(data)
+    return xxhash.xxh3_64_hexdigest(array.data.cast("B") if array.size else b"")
 
 
 def array_digests(arrays: Mapping[str, npt.NDArray[Any]]) -> dict[str, str]:

@@ -101,6 +101,19 @@ def test_write_load_and_hit(tmp_path):
     assert not [p for p in os.listdir(files.directory) if ".tmp" in p]
 
 
+def test_an_empty_array_is_written_checked_and_loaded(tmp_path):
+    # as a packed plan's window_index is (0, 2) when no document is cut
+    uid = _gold()
+    files = CacheFiles.of(tmp_path / "cache", uid)
+    arrays = {**_arrays(), "sample_index": np.zeros((0, 2), dtype=np.int32)}
+    write_cache(files, description=describe(uid), arrays=arrays, fields=FIELDS)
+    check = check_cache(files, description=describe(uid), fields=FIELDS)
+    assert check.state is CacheState.HIT and check.reasons == ()
+    loaded = load_cache(files)
+    assert loaded["sample_index"].shape == (0, 2) and loaded["sample_index"].dtype == np.int32
+    assert cache_io.array_digests({"e": np.zeros(0)}) != cache_io.array_digests({"e": np.zeros(1)})
+
+
 def test_stale_when_the_hash_forgets_something(tmp_path):
     uid = _gold()
     files = CacheFiles.of(tmp_path, uid)
