@@ -220,6 +220,31 @@ def test_packing_options_are_checked() -> None:
 
 
 @ORDERS
+def test_a_split_of_only_empty_documents_has_no_row(tmp_path, order) -> None:
+    empty = write_documents(tmp_path / "empty", [[]] * 3, dtype=np.int32)
+    with pytest.raises(ConfigError, match="no tokens|0 tokens"):
+        build_datasets(config(order=order, blend=[empty]), [10, 0, 0])
+    train, _, _ = build_datasets(config(order=order, blend=[empty]), [None, None, None])
+    assert len(train) == 0  # no request: an empty dataset (it used to search for a row forever)
+
+
+@pytest.mark.parametrize("order", ["megatron"])
+def test_rows_of_short_documents_only_are_cached_and_loaded(tmp_path, order) -> None:
+    # no document is cut: the plan has no full window (an empty array in the cache)
+    prefix = write_documents(
+        tmp_path / "short", [named(1, d, 1 + d % 9) for d in range(60)], dtype=np.int32
+    )
+    cache = str(tmp_path / "cache")
+    served = []
+    for policy in ("auto", "auto", "none"):
+        cfg = config(order=order, blend=[prefix], path_to_cache=cache, build_policy=policy)
+        train, _, _ = build_datasets(cfg, [40, 0, 0])
+        served.append(windows_of(train.__getitems__(np.arange(40))))
+    assert served[0].shape == (40, W) and (served[0] == served[1]).all()
+    assert (served[0] == served[2]).all()
+
+
+@ORDERS
 def test_documents_per_row_cap(tmp_path, order) -> None:
     prefix, _ = corpus(tmp_path, 1, 800, seed=8)
     train, _, _ = build_datasets(

@@ -375,11 +375,12 @@ class ComputedBuilder:
         """Rows of whole documents of one split (``packing="best-fit"``)."""
         from .packed import ComputedPackedDataset
 
-        if extent.end <= extent.begin and mid.num_samples:
+        if extent.grid.num_tokens == 0 and mid.num_samples:  # no document, or only empty ones
+            held = "no document" if extent.end <= extent.begin else "only empty documents"
             raise ConfigError(
-                f"the {mid.split} split of {mid.prefix or 'the mock data'} holds no document"
-                f" (sequences {extent.begin}..{extent.end}), but {mid.num_samples} samples"
-                " were requested",
+                f"the {mid.split} split of {mid.prefix or 'the mock data'} holds {held}"
+                f" (sequences {extent.begin}..{extent.end}, 0 tokens), but {mid.num_samples}"
+                " samples were requested",
                 hint=f"change the split string or ask for no {mid.split} samples",
             )
         return ComputedPackedDataset(

@@ -154,7 +154,7 @@ class PackedRows:
     @property
     def estimated_rows(self) -> int:
         """Rows per epoch, estimated (packing leaves well under 1% of a row empty on average)."""
-        return max(1, -(-self.extent.grid.num_tokens // self.window))
+        return -(-self.extent.grid.num_tokens // self.window)  # 0 only for a split of 0 tokens
 
     def epoch_rows(self, epoch: int) -> int | None:
         """Rows of epoch ``epoch`` when this process has packed all of it, else None."""
@@ -268,8 +268,8 @@ class PackedRows:
         blocks before it are packed once per process (their row counts are kept)."""
         if row < 0:
             raise IndexError("rows must be >= 0")
-        if self.num_documents == 0:
-            raise IndexError("the split holds no document")
+        if self.extent.grid.num_tokens == 0:  # no row in any epoch: nothing to search for
+            raise IndexError("the split holds no token")
         epoch, left = 0, int(row)
         while True:
             ends = self._ends.setdefault(epoch, [])
@@ -435,6 +435,8 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
         return self.rows.epoch_rows(0) or self.rows.estimated_rows
 
     def __len__(self) -> int:
+        if self._length is None and self.extent.grid.num_tokens == 0:
+            self._length = 0  # no document, or only empty ones: no row
         if self._length is None:  # one epoch: every block of epoch 0 packed once
             self.rows.locate(0)
             while self.rows.epoch_rows(0) is None:
