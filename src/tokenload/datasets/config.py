@@ -491,6 +491,14 @@ class MegatronDataConfig:
                     "max_documents_per_row applies to packing='best-fit' only",
                     hint="set packing='best-fit' or drop max_documents_per_row",
                 )
+        if self.packing == "best-fit" and self.block_size is not None:
+            raise ConfigError(
+                f"block_size applies to packing='concat' only (block_size={self.block_size!r}"
+                " given): it groups the computed order's windows, and packed rows are planned"
+                " in blocks of documents of their own",
+                hint="drop block_size, or set packing='concat'",
+                field="block_size",
+            )
 
     # -- the one conversion into the typed configs ----------------------------------------------
     def typed(self) -> TypedConfig:

@@ -289,8 +289,24 @@ def build_items(
     starts = None  # where each position's document begins
     if pieces is not None:
         _piece_positions(pieces[0], pieces[1], position_ids, laid_out)
-        if masked_by_documents:
+        # Megatron's EOD rule on top of the documents: with reset_position_ids or a reset
+        # attention mask (and no inter_document_masking, whose boundaries are the documents'),
+        # an EOD token inside a document also starts a new segment, as in a concatenated sample;
+        # the row's padding still goes on counting its last document (an EOD before it starts
+        # nothing)
+        eod_rule = (
+            (cfg.reset_position_ids or masked_by_documents)
+            and not cfg.inter_document_masking
+            and cfg.eod_id is not None
+        )
+        if masked_by_documents or eod_rule:
             starts = _upto(seq)[None, :] - position_ids
+        if eod_rule:
+            assert starts is not None and row_tokens is not None  # pieces come with row_tokens
+            held_eod = (tokens == cfg.eod_id) & (_upto(seq)[None, :] < row_tokens[:, None] - 1)
+            np.maximum(starts, _segment_starts(held_eod), out=starts)
+            if cfg.reset_position_ids:
+                np.subtract(_upto(seq)[None, :], starts, out=position_ids)
     else:
         if bounds is not None:
             starts = _bound_starts(bounds, seq)

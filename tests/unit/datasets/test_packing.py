@@ -217,6 +217,48 @@ def test_packing_options_are_checked() -> None:
         config(packing="concat", max_documents_per_row=4)
     with pytest.raises(ConfigError, match="max_documents_per_row"):
         config(max_documents_per_row=0)
+    with pytest.raises(ConfigError, match="block_size applies to packing='concat'"):
+        config(block_size=64)
+    assert config(packing="concat", block_size=64, blend=["a/b"]).block_size == 64
+
+
+@ORDERS
+@pytest.mark.parametrize("pad_id", [0, 1])
+def test_reset_position_ids_and_attention_mask_keep_megatron_s_eod_rule(
+    tmp_path, order, pad_id
+) -> None:
+    # without inter_document_masking, an EOD inside a document starts a segment too (as in a
+    # concatenated sample); the padding (even when it is the EOD id) does not
+    eod = 1
+    rng = np.random.default_rng(3)
+    docs = []
+    for d in range(150):
+        doc = rng.integers(2, 500, int(rng.integers(1, 30)))
+        doc[rng.random(doc.size) < 0.1] = eod  # EODs inside, and at some ends
+        docs.append(doc)
+    prefix = write_documents(tmp_path / "eods", docs, dtype=np.int32)
+    base = dict(order=order, blend=[prefix], eod_id=eod)
+    # the reference: the same rows with pad id 0 (no token is 0), positions per document only
+    plain = build_datasets(config(**base, pad_id=0), [60, 0, 0])[0].__getitems__(np.arange(60))
+    flags = dict(reset_position_ids=True, reset_attention_mask=True, create_attention_mask=True)
+    reset = build_datasets(config(**base, pad_id=pad_id, **flags), [60, 0, 0])[0]
+    reset = reset.__getitems__(np.arange(60))
+    seq = plain["tokens"].shape[1]
+    at = np.arange(seq)
+    documents = at - plain["position_ids"]  # where each position's document begins
+    for r in range(60):
+        row = plain["tokens"][r]
+        held = int(np.flatnonzero(row)[-1]) + 1  # the row's tokens, then its padding (0)
+        after_eod = np.zeros(seq, dtype=np.int64)
+        for j in range(1, seq):
+            new_segment = j < held and row[j - 1] == eod  # none in the padding
+            after_eod[j] = j if new_segment else after_eod[j - 1]
+        starts = np.maximum(documents[r], after_eod)
+        assert (reset["position_ids"][r] == at - starts).all(), r
+        same = starts[:, None] == starts[None, :]
+        causal = np.tril(np.ones((seq, seq), dtype=bool))
+        assert (reset["attention_mask"][r, 0] == ~(causal & same)).all(), r
+    assert (reset["position_ids"] != plain["position_ids"]).any()  # the rule changed something
 
 
 @ORDERS
@@ -438,10 +480,15 @@ def test_rows_told_by_their_token_counts_give_the_fields_of_pad_filled_windows(
     pieces = (np.array(first), np.array(lengths))
     fast = build_items(compact, item, padded=True, row_tokens=row_tokens, pieces=pieces)
     assert set(got) == set(want) == set(fast)
+    # rows told by their pieces also keep Megatron's EOD rule with a reset attention mask
+    # (test_reset_position_ids_and_attention_mask_keep_megatron_s_eod_rule); the boundaries
+    # given here are the documents' only
+    eod_rule = fields.get("reset_attention_mask", False)
     for key in want:
         assert got[key].dtype == want[key].dtype == fast[key].dtype, key
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-        np.testing.assert_array_equal(fast[key], want[key], err_msg=key)
+        if not (eod_rule and key == "attention_mask"):
+            np.testing.assert_array_equal(fast[key], want[key], err_msg=key)
     assert (got["loss_mask"][:4].sum(axis=1) > 0).all()  # the full rows keep their loss
 
 
