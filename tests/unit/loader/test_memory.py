@@ -20,6 +20,7 @@ run with a wrapper that keeps every batch it reads shows the measurement does se
 
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -118,3 +119,40 @@ def test_the_probe_sees_a_leak(dataset):
     for pid, rows in _run(dataset, samples, "fork", keep=True).items():
         grew = _growth_kb(rows, samples)
         assert grew > 5_000, f"worker {pid}: a leak of ~9 MB after warm-up showed as {grew} kB"
+
+
+class CollectingProbe(MemoryProbe):
+    """Runs one full garbage collection in the worker, at its third batch, and reports the
+    worker's Private_Dirty just before and just after it (kB)."""
+
+    def __getitems__(self, indices):
+        batch = self.dataset.__getitems__(indices)
+        self.calls = getattr(self, "calls", 0) + 1
+        (before,) = _status_kb("Private_Dirty")
+        if self.calls == 3:
+            gc.collect()
+        (after,) = _status_kb("Private_Dirty")
+        n = len(indices)
+        return {**batch, "grew": np.full(n, after - before), "pid": np.full(n, os.getpid())}
+
+
+def test_a_forked_worker_s_collection_does_not_copy_the_training_process_s_objects(dataset):
+    # Objects a forked worker inherits share the training process's pages; a collection that
+    # scanned them would write to each one and copy every page holding one (the workers freeze
+    # them at start)
+    held = [[i] for i in range(600_000)]  # ~50 MB of tracked objects in the training process
+    loader = build_dataloader(
+        CollectingProbe(dataset),
+        micro_batch_size=MBS,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=False,
+    )
+    grew = {}
+    for step, batch in enumerate(loader):
+        grew[int(batch["pid"][0])] = max(grew.get(int(batch["pid"][0]), 0), int(batch["grew"][0]))
+        if step == 10:
+            break
+    assert len(held) == 600_000 and len(grew) == 2
+    for pid, kb in grew.items():
+        assert kb < 4_096, f"worker {pid}: one collection made {kb} kB of its memory private"
