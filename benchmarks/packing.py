@@ -32,9 +32,11 @@ Parts:
   process's build and first micro-batch) at ``--docs`` and 5M documents and a resume near the end
   of a 5M-document epoch, and the Megatron order's packed index build against today's
   concatenated build (``--build-docs``; benchmarks/index_scale.py's data and measure).
-* ``read``: once packing is accepted, the loader's first-pass samples/s (a fresh process, file in
-  the page cache, fresh random samples, benchmarks/loader.py's regime) with packing against
-  concatenation on the same web file, computed order, 0 and 2 workers.
+* ``read``: once packing is accepted, the loader's first-pass samples/s (a fresh process, fresh
+  random samples) with packing against concatenation on the same web file, computed order, 0 and
+  2 workers, in two regimes (``--read-cache``): ``cold``, the file out of the page cache as each
+  side starts (``drop_caches`` as root, else ``posix_fadvise`` DONTNEED: the first epoch users
+  read), and ``warm``, the file in the page cache (benchmarks/loader.py's first pass).
 
 The machine is shared (2 cores): each part prints the load average next to its figures.
 """
@@ -599,16 +601,22 @@ def part_build(args) -> list[dict]:
 
 def part_read(args, mixes: dict) -> list[dict]:
     """The loader's first pass, packed against concatenated, on the same web file (module
-    docstring): fresh processes, the file in the page cache, sides alternating per round."""
-    from common import PROBE
+    docstring): fresh processes, sides alternating per round, the file in the page cache
+    (``warm``) or out of it (``cold``: evicted by each side's process before it starts)."""
+    return [got for cache in args.read_cache for got in _read_regime(args, mixes["web"], cache)]
+
+
+def _read_regime(args, prefix: str, cache: str) -> list[dict]:
+    from common import PROBE, cold_method
 
     from tokenload.format import warmup_file
 
-    prefix = mixes["web"]
     lengths = document_lengths(prefix)
     seq = 2048
-    warmup_file(prefix + ".idx")
-    warmup_file(prefix + ".bin")
+    evict = cold_method([prefix + ".bin", prefix + ".idx"]) if cache == "cold" else None
+    if cache == "cold" and evict is None:
+        print("  cold read regime: this machine can neither drop caches nor fadvise; skipped")
+        return []
     epoch = int(lengths.sum()) // (seq + 1)
     sides = [(p, w) for w in args.read_workers for p in ("concat", "best-fit")]
     runs: dict[tuple, list[dict]] = {s: [] for s in sides}
@@ -619,7 +627,11 @@ def part_read(args, mixes: dict) -> list[dict]:
         start -= start % MICRO_BATCH
         for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
             packing, workers = side
+            if cache == "warm":
+                warmup_file(prefix + ".idx")
+                warmup_file(prefix + ".bin")
             payload = {
+                "cold": cache == "cold",
                 "prefix": prefix,
                 "seq": seq,
                 "packing": packing,
@@ -634,7 +646,7 @@ def part_read(args, mixes: dict) -> list[dict]:
             got = run_side(sys.executable, READ, payload)
             runs[side].append(got)
             print(
-                f"  read round {r + 1} {packing} {workers} workers from {start:,}:",
+                f"  read {cache} round {r + 1} {packing} {workers} workers from {start:,}:",
                 json.dumps({k: rounded(v) for k, v in got.items()}),
                 flush=True,
             )
@@ -657,10 +669,15 @@ def part_read(args, mixes: dict) -> list[dict]:
                     f"{statistics.median(g['load'] for g in got):.1f}",
                 ]
             )
-        out.append({"workers": workers, "concat": concat, "best-fit": packed})
+        out.append({"cache": cache, "workers": workers, "concat": concat, "best-fit": packed})
+    regime = (
+        "file in the page cache"
+        if cache == "warm"
+        else f"file out of the page cache ({evict}) as each side starts"
+    )
     print(
         f"\n## loader first pass, computed order, S = {seq}, micro-batch {MICRO_BATCH}, "
-        f"{args.read_samples:,} samples per pass (load {load_label()}; medians of "
+        f"{args.read_samples:,} samples per pass, {regime} (load {load_label()}; medians of "
         f"{args.rounds})\n"
     )
     print(
@@ -747,12 +764,20 @@ def main() -> None:
     ap.add_argument("--sides", nargs="+", help="peers part: only these sides (by table name)")
     ap.add_argument("--read-workers", type=int, nargs="+", default=[0, 2])
     ap.add_argument(
+        "--read-cache",
+        nargs="+",
+        default=["cold", "warm"],
+        choices=["cold", "warm"],
+        help="the token file out of the page cache as each side starts (the first epoch users"
+        " read), or in it",
+    )
+    ap.add_argument(
         "--read-samples",
         type=int,
         default=32768,
-        help="samples per timed pass (the computed order packs a block of 65,536"
-        " documents, ~30k rows at S = 2048, as reading reaches it: a pass this long"
-        " pays at least one)",
+        help="samples per timed pass (the computed order packs a block of 131,072"
+        " documents, ~60k rows at S = 2048, as reading reaches it: most passes this long"
+        " pay one)",
     )
     ap.add_argument("--out")
     args = ap.parse_args()

@@ -256,6 +256,8 @@ import numpy as np
 from tokenload.datasets import MegatronDataConfig, build_datasets
 from tokenload.loader import build_dataloader
 exec(a["probe"])
+if a.get("cold"):  # the token file out of the page cache (this process has mapped nothing yet)
+    drop_caches([a["prefix"] + ".bin", a["prefix"] + ".idx"])
 cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
                          split="100,0,0", order="computed", packing=a["packing"],
                          eod_id=a["eod"], pad_id=a["eod"])

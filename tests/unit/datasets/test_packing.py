@@ -232,17 +232,20 @@ def test_reset_position_ids_and_attention_mask_keep_megatron_s_eod_rule(
     eod = 1
     rng = np.random.default_rng(3)
     docs = []
-    for d in range(150):
+    for _ in range(150):
         doc = rng.integers(2, 500, int(rng.integers(1, 30)))
         doc[rng.random(doc.size) < 0.1] = eod  # EODs inside, and at some ends
         docs.append(doc)
     prefix = write_documents(tmp_path / "eods", docs, dtype=np.int32)
     base = dict(order=order, blend=[prefix], eod_id=eod)
     # the reference: the same rows with pad id 0 (no token is 0), positions per document only
-    plain = build_datasets(config(**base, pad_id=0), [60, 0, 0])[0].__getitems__(np.arange(60))
     flags = dict(reset_position_ids=True, reset_attention_mask=True, create_attention_mask=True)
-    reset = build_datasets(config(**base, pad_id=pad_id, **flags), [60, 0, 0])[0]
-    reset = reset.__getitems__(np.arange(60))
+    served = []
+    for fields in (dict(pad_id=0), dict(pad_id=pad_id, **flags)):
+        train, _, _ = build_datasets(config(**base, **fields), [60, 0, 0])
+        assert train is not None
+        served.append(train.__getitems__(np.arange(60)))
+    plain, reset = served
     seq = plain["tokens"].shape[1]
     at = np.arange(seq)
     documents = at - plain["position_ids"]  # where each position's document begins
@@ -264,10 +267,10 @@ def test_reset_position_ids_and_attention_mask_keep_megatron_s_eod_rule(
 @ORDERS
 def test_a_split_of_only_empty_documents_has_no_row(tmp_path, order) -> None:
     empty = write_documents(tmp_path / "empty", [[]] * 3, dtype=np.int32)
-    with pytest.raises(ConfigError, match="no tokens|0 tokens"):
+    with pytest.raises(ConfigError, match=r"no tokens|0 tokens"):
         build_datasets(config(order=order, blend=[empty]), [10, 0, 0])
     train, _, _ = build_datasets(config(order=order, blend=[empty]), [None, None, None])
-    assert len(train) == 0  # no request: an empty dataset (it used to search for a row forever)
+    assert train is not None and len(train) == 0  # no request: an empty dataset (it used to search for a row forever)
 
 
 @pytest.mark.parametrize("order", ["megatron"])
@@ -281,6 +284,7 @@ def test_rows_of_short_documents_only_are_cached_and_loaded(tmp_path, order) -> 
     for policy in ("auto", "auto", "none"):
         cfg = config(order=order, blend=[prefix], path_to_cache=cache, build_policy=policy)
         train, _, _ = build_datasets(cfg, [40, 0, 0])
+        assert train is not None
         served.append(windows_of(train.__getitems__(np.arange(40))))
     assert served[0].shape == (40, W) and (served[0] == served[1]).all()
     assert (served[0] == served[2]).all()

@@ -5,12 +5,13 @@ request (``index.epochs``) and its shuffled document index (``index.document``, 
 ``RandomState`` draws as ``GPTDataset``). Consecutive blocks of ``PACK_BLOCK`` entries of that
 index are packed by ``index.packing.pack_block`` (best-fit decreasing; a document of at most
 S + extra tokens is never cut), and the rows are shuffled by Megatron's shuffle rule with the
-same generator, continued. When Megatron's plan has a separate final epoch (the request takes less
-than 80% of the last epoch), that epoch's documents are packed into rows of their own, shuffled
-apart and served last, as Megatron serves its samples: every piece once before any repeats. When packing leaves fewer rows than the request (rows hold whole
-documents, so a few more tokens per row go unused than with concatenation), one more epoch is
-planned and everything is built again: the plan depends on the data, the seed, S and the request
-only, never on ranks, micro-batches or workers.
+same generator, continued. When Megatron's plan has a separate final epoch (the request takes
+less than 80% of the last epoch), that epoch's documents are packed into rows of their own,
+shuffled apart and served last, as Megatron serves its samples (with two epochs: every piece once
+before any repeats). When packing leaves fewer rows than the request (rows hold whole documents,
+so a few more tokens per row go unused than with concatenation), one more epoch is planned, by
+the same 80% rule on the rows the epochs gave, and everything is built again: the plan depends
+on the data, the seed, S and the request only, never on ranks, micro-batches or workers.
 
 The plan is an index cache like Megatron's (``PackedGPTDataset`` caches, beside them under the
 same folder rules, never read by Megatron), 4 bytes per piece (layout ``PLAN_LAYOUT``):
