@@ -228,6 +228,7 @@ class LoaderMetrics:
             "samples": self.samples.tolist(),
             "tokens": self.tokens.tolist(),
             "repeating": self.warned.tolist(),
+            "packing": None if self.packing is None else self.packing.state_dict(),
         }
 
     def load_state_dict(self, state: Any) -> None:
@@ -250,6 +251,10 @@ class LoaderMetrics:
             steps, active = state["steps"], float(state["active_s"])
             wait = DurationHistogram()
             wait.load_state_dict(state["data_wait"])
+            packing = None
+            if self.packing is not None and state.get("packing") is not None:
+                packing = PackingCounts(n)  # a state saved before it was kept: from zero
+                packing.load_state_dict(state["packing"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(
                 f"loader state 'metrics' is malformed ({exc!r}) for a loader of {n} source(s)",
@@ -264,6 +269,8 @@ class LoaderMetrics:
                 " 'metrics' entry to restart the counters",
             )
         self.samples, self.tokens = samples, tokens
+        if packing is not None:
+            self.packing = packing
         self.warned = np.array(warned, dtype=bool)
         self._next_check = 0  # the next batch checks
         self.steps, self.active_s, self.wait = steps, active, wait
@@ -319,6 +326,24 @@ class PackingCounts:
         self.documents += np.bincount(ids, weights=per_row, minlength=n).astype(np.int64)
         self.padding += np.bincount(ids, weights=padding, minlength=n).astype(np.int64)
         self.slots += np.bincount(ids, weights=width, minlength=n).astype(np.int64)
+
+    _KEYS = ("rows_by_documents", "documents", "padding", "slots", "rows")
+
+    def state_dict(self) -> dict[str, list[int]]:
+        """The totals, every batch counted so far included."""
+        self._fold()
+        return {key: getattr(self, key).tolist() for key in self._KEYS}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue the totals of ``state`` (ValueError, TypeError or KeyError when it is not
+        ``state_dict``'s for as many sources)."""
+        for key in self._KEYS:
+            values = np.array(state[key], dtype=np.int64)
+            if key != "rows_by_documents" and values.shape != self.rows.shape:
+                raise ValueError(f"packing {key} of {values.shape}, expected {self.rows.shape}")
+            if values.ndim != 1 or (values < 0).any():
+                raise ValueError(f"packing {key} {state[key]!r}: expected counts")
+            setattr(self, key, values)
 
     def as_dict(self, names: list[str]) -> PackingReport:
         self._fold()

@@ -394,6 +394,33 @@ def test_loader_metrics_count_documents_and_padding_of_the_rows_served(
 
 
 @ORDERS
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_metrics_of_packed_rows_continue_across_a_resume(tmp_path, order, workers) -> None:
+    a, _ = corpus(tmp_path, 1, 900, seed=13)
+    b, _ = corpus(tmp_path, 2, 900, seed=14)
+    train, _, _ = build_datasets(config(blend=["0.5", a, "0.5", b], order=order), [96, 0, 0])
+    assert train is not None
+    kw = dict(micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=workers)
+    whole = build_dataloader(train, **kw)
+    list(whole)
+    want = whole.metrics()["packing"]
+    whole.close()
+    first = build_dataloader(train, **kw)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    first.close()
+    resumed = build_dataloader(train, **kw)
+    resumed.load_state_dict(state)
+    list(resumed)
+    got = resumed.metrics()["packing"]
+    resumed.close()
+    assert want is not None and got is not None and want["rows"] == 96
+    assert got == want  # rows, documents, padding and each source's, as if never interrupted
+
+
+@ORDERS
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_killed_worker_is_replaced_and_the_packed_rows_are_the_fault_free_ones(
     tmp_path, order, method
