@@ -394,6 +394,22 @@ def test_loader_metrics_count_documents_and_padding_of_the_rows_served(
 
 
 @ORDERS
+def test_an_epoch_of_rows_is_the_plan_s_and_reading_it_is_no_repeat(tmp_path, order) -> None:
+    prefix, _ = corpus(tmp_path, 1, 900, seed=13)
+    train, _, _ = build_datasets(config(blend=[prefix], order=order), [None, None, None])
+    assert train is not None
+    rows = len(train)  # one epoch of rows, as planned
+    assert train.epoch_sizes() == [rows]
+    loader = build_dataloader(train, micro_batch_size=1, dp_rank=0, dp_size=1, num_workers=0)
+    served = list(loader)
+    report = loader.metrics()
+    loader.close()
+    assert len(served) == rows and report["repeating"] == []
+    pieces = [piece[:4] for batch in served for piece in runs(windows_of(batch)[0])]
+    assert len(pieces) == len(set(pieces))
+
+
+@ORDERS
 @pytest.mark.parametrize("workers", [0, 2])
 def test_loader_metrics_of_packed_rows_continue_across_a_resume(tmp_path, order, workers) -> None:
     a, _ = corpus(tmp_path, 1, 900, seed=13)

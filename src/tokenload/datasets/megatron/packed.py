@@ -212,6 +212,21 @@ def _pack(
     return {"row_index": offsets, "piece_index": pieces, "window_index": cut}, sans_final
 
 
+def _rows_per_epoch(
+    lengths: np.ndarray, rows: int, shapes: dict[str, tuple[int, ...]], seq: int, extra: int
+) -> int:
+    """Rows of one epoch of the split whose documents have ``lengths``: the plan's rows over its
+    epochs (it holds every piece of an epoch once per epoch; exact for one epoch), else (no
+    plan in this process yet) the tokens over a row's slots."""
+    window = seq + extra
+    pieces = shapes["piece_index"][0] if "piece_index" in shapes else 0
+    per_epoch = _piece_count(lengths, window, extra)[0]
+    if rows and pieces and per_epoch:
+        return max(1, rows // max(1, pieces // per_epoch))
+    tokens = int(np.sum(lengths, dtype=np.int64))
+    return max(1, -(-tokens // window))
+
+
 def _piece_count(lengths: np.ndarray, window: int, extra: int) -> tuple[int, int]:
     """Pieces, and of them full windows, of documents of these lengths
     (``index.packing.split_documents``' rule): full windows and a rest for each longer than
@@ -462,8 +477,7 @@ def packed_member(
         arrays = made[-1] if made else cached.indices.arrays()
         shapes = {k: tuple(v.shape) for k, v in arrays.items()}
     rows = shapes["shuffle_index"][0] if shapes else 0
-    tokens = int(np.sum(lengths[beg:end], dtype=np.int64))
-    per_epoch = max(1, -(-tokens // (c.sequence_length + extra)))
+    per_epoch = _rows_per_epoch(lengths[beg:end], rows, shapes, c.sequence_length, extra)
     dataset = PackedGPTDataset(
         source,
         cached.indices,
