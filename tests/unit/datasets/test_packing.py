@@ -11,7 +11,7 @@ import pytest
 
 from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.errors import ConfigError
+from tokenload.errors import CacheError, ConfigError
 from tokenload.loader import build_dataloader
 
 S = 32
@@ -271,6 +271,24 @@ def test_a_split_of_only_empty_documents_has_no_row(tmp_path, order) -> None:
         build_datasets(config(order=order, blend=[empty]), [10, 0, 0])
     train, _, _ = build_datasets(config(order=order, blend=[empty]), [None, None, None])
     assert train is not None and len(train) == 0  # no request: an empty dataset (it used to search for a row forever)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize("folder", [None, "cache"])
+def test_a_blend_s_missing_caches_are_a_cache_error_under_build_policy_none(
+    tmp_path, weighted, folder
+) -> None:
+    a, _ = corpus(tmp_path, 1, 300, seed=13)
+    b, _ = corpus(tmp_path, 2, 300, seed=14)
+    blend = ["0.3", a, "0.7", b] if weighted else [a, b]
+    cfg = config(
+        order="megatron",
+        blend=blend,
+        build_policy="none",
+        path_to_cache=None if folder is None else str(tmp_path / folder),
+    )
+    with pytest.raises(CacheError, match="missing"):
+        build_datasets(cfg, [200, 0, 0])
 
 
 @pytest.mark.parametrize("order", ["megatron"])

@@ -478,6 +478,11 @@ def packed_member(
         shapes = {k: tuple(v.shape) for k, v in arrays.items()}
     rows = shapes["shuffle_index"][0] if shapes else 0
     per_epoch = _rows_per_epoch(lengths[beg:end], rows, shapes, c.sequence_length, extra)
+    if not shapes:
+        # the cache is missing here (reported by the builder after every split, a CacheError):
+        # until then the split counts as the rows asked for (a plan holds at least those), or an
+        # epoch's, so that no check of a blend's sizes fails first with a wrong cause
+        rows = per_epoch if mid.num_samples is None else int(mid.num_samples)
     dataset = PackedGPTDataset(
         source,
         cached.indices,
