@@ -141,18 +141,20 @@ def test_packing_is_advised_when_concatenation_cuts_documents_and_not_once_packe
     assert "[packing] ok: at sequence length 64" in packed.stdout, packed.stdout + packed.stderr
 
 
-def test_packing_figures_against_a_count_of_crossed_boundaries():
+def test_packing_figures_against_a_count_of_documents_no_sample_holds_whole():
     from tokenload.doctor.checks import packing_figures
 
     rng = np.random.default_rng(4)
     lengths = rng.integers(0, 200, 3000)
     f = packing_figures(lengths, 64)
-    # the model: walk the stream, a document is cut when a multiple of 64 falls inside it
+    # the model: walk the stream; Megatron's sample k holds its tokens [64k, 64k + 65) (the last
+    # one as a label only), and a document is cut when no sample holds all of it
     position, cut, cut_short = 0, 0, 0
     for n in lengths.tolist():
         if n == 0:
             continue
-        crosses = any(position < k * 64 < position + n for k in range(position // 64 + 1, (position + n) // 64 + 1))
+        whole = any(k * 64 <= position and position + n <= k * 64 + 65 for k in range(position // 64 + 1))
+        crosses = not whole
         cut += crosses
         cut_short += crosses and n <= 65
         position += n

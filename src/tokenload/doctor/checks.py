@@ -443,9 +443,10 @@ def check_prefixes(prefixes: list[str], report: Report) -> None:
 def packing_figures(lengths: Any, sequence_length: int, extra: int = 1) -> dict[str, float]:
     """What concatenation and best-fit packing do to documents of these lengths (in file order):
     the documents each cuts, of all and of those that fit one row (at most S + extra tokens),
-    best-fit's padding share and its documents per row (p50, p99). Concatenation cuts a document
-    that crosses a multiple of S in the stream (Megatron's sample boundaries); packing cuts only
-    the documents longer than a row."""
+    best-fit's padding share and its documents per row (p50, p99). Concatenation's sample k holds
+    the stream's tokens ``[k * S, k * S + S + extra)`` (Megatron's samples), so it cuts a document
+    that no sample holds whole: one ending past the window of the last sample starting at or
+    before it; packing cuts only the documents longer than a row."""
     import numpy as np
 
     from ..datasets.computed.packed import DEFAULT_BLOCK_DOCUMENTS as block
@@ -456,7 +457,7 @@ def packing_figures(lengths: Any, sequence_length: int, extra: int = 1) -> dict[
     window = sequence_length + extra
     ends = np.cumsum(n)
     starts = ends - n
-    cut = starts // sequence_length != (ends - 1) // sequence_length
+    cut = ends > starts // sequence_length * sequence_length + window
     short = n <= window
     rows: list[np.ndarray] = []
     padding = slots = 0
