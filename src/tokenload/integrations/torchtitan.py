@@ -18,7 +18,8 @@ Read from torchtitan 0.3.0's ``Trainer.__init__``, ``batch_generator`` and check
   only where ``positions == 0`` (``get_document_mask_mod``, ``create_varlen_metadata_for_document``
   in ``models/common/attention.py``), so its flex and varlen attention mask each document, and
   RoPE sees per-document positions, as with torchtitan's own text loader. With
-  ``document_positions=False`` they are ``0..seq_len-1`` on every row (one document per row).
+  ``document_positions=False`` they are ``0..seq_len-1`` on every row (one document per row),
+  except with ``packing="best-fit"``, whose rows' positions restart at every document always.
 * The checkpointer saves ``{"dataloader": this}`` with ``torch.distributed.checkpoint``, which
   calls ``state_dict()`` on every rank and keeps one copy of a key that several ranks save (it
   assumes replicated values), and on load asks every rank for the keys its own ``state_dict()``
@@ -84,7 +85,8 @@ class TokenloadTitanDataLoader(BaseDataLoader):
         """Megatron's --eod-mask-loss: no loss on EOD tokens."""
         document_positions: bool = True
         """``positions`` restart at every document (the token files' document lengths), so
-        torchtitan's flex/varlen attention masks documents; False: 0..seq_len-1 on every row."""
+        torchtitan's flex/varlen attention masks documents; False: 0..seq_len-1 on every row
+        (not with ``packing="best-fit"``: packed rows' positions restart at every document)."""
         packing: str = "concat"
         """How rows are made of documents (``MegatronDataConfig.packing``): ``concat``
         (Megatron's samples) or ``best-fit`` (whole documents, padded)."""

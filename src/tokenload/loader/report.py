@@ -122,7 +122,7 @@ class PackingSourceReport(TypedDict):
     rows: int
     documents: int
     tokens: int
-    """Input slots holding a document's token (the rest is padding)."""
+    """Label slots holding a document's token: S a row, less its padding label slots."""
     padding_share: float | None
 
 
