@@ -20,8 +20,10 @@ run with a wrapper that keeps every batch it reads shows the measurement does se
 
 from __future__ import annotations
 
-import gc
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -121,38 +123,76 @@ def test_the_probe_sees_a_leak(dataset):
         assert grew > 5_000, f"worker {pid}: a leak of ~9 MB after warm-up showed as {grew} kB"
 
 
-class CollectingProbe(MemoryProbe):
-    """Runs one full garbage collection in the worker, at its third batch, and reports the
-    worker's Private_Dirty just before and just after it (kB)."""
+COLLECTING = r"""
+import gc, json, os, sys
+import numpy as np
+from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset
+from tokenload.loader import build_dataloader
+
+
+def private_kb():
+    with open("/proc/self/smaps_rollup") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+
+
+class Collecting:
+    # one full garbage collection in the worker, at its third batch; Private_Dirty (kB) just
+    # before and just after it, with the batch
+    def __init__(self, dataset):
+        self.dataset, self.calls = dataset, 0
+
+    def __len__(self):
+        return len(self.dataset)
+
+    @property
+    def fingerprint(self):
+        return self.dataset.fingerprint
 
     def __getitems__(self, indices):
         batch = self.dataset.__getitems__(indices)
-        self.calls = getattr(self, "calls", 0) + 1
-        (before,) = _status_kb("Private_Dirty")
+        self.calls += 1
+        before = private_kb()
         if self.calls == 3:
             gc.collect()
-        (after,) = _status_kb("Private_Dirty")
+        grew = private_kb() - before
         n = len(indices)
-        return {**batch, "grew": np.full(n, after - before), "pid": np.full(n, os.getpid())}
+        return {**batch, "grew": np.full(n, grew), "pid": np.full(n, os.getpid())}
+
+
+path, frozen = sys.argv[1], sys.argv[2] == "frozen"
+if not frozen:  # the control: workers that do not freeze what they inherit
+    gc.freeze = lambda: None
+held = [[i] for i in range(600_000)]  # ~50 MB of tracked objects in the training process
+gc.collect()
+dataset = FlatTokenDataset(path, FlatDatasetConfig(block_size=64, seed=1))
+loader = build_dataloader(Collecting(dataset), micro_batch_size=200, num_workers=2,
+                          multiprocessing_context="fork", persistent_workers=False)
+grew = {}
+for step, batch in enumerate(loader):
+    pid = int(batch["pid"][0])
+    grew[pid] = max(grew.get(pid, 0), int(batch["grew"][0]))
+    if step == 10:
+        break
+print(json.dumps(sorted(grew.values())))
+"""
 
 
 def test_a_forked_worker_s_collection_does_not_copy_the_training_process_s_objects(dataset):
     # Objects a forked worker inherits share the training process's pages; a collection that
     # scanned them would write to each one and copy every page holding one (the workers freeze
-    # them at start)
-    held = [[i] for i in range(600_000)]  # ~50 MB of tracked objects in the training process
-    loader = build_dataloader(
-        CollectingProbe(dataset),
-        micro_batch_size=MBS,
-        num_workers=2,
-        multiprocessing_context="fork",
-        persistent_workers=False,
-    )
-    grew = {}
-    for step, batch in enumerate(loader):
-        grew[int(batch["pid"][0])] = max(grew.get(int(batch["pid"][0]), 0), int(batch["grew"][0]))
-        if step == 10:
-            break
-    assert len(held) == 600_000 and len(grew) == 2
-    for pid, kb in grew.items():
-        assert kb < 4_096, f"worker {pid}: one collection made {kb} kB of its memory private"
+    # them at start). A fresh training process (this test's own holds whatever earlier tests
+    # left), holding ~50 MB of objects; the control's workers do not freeze.
+    def run(mode: str) -> list[int]:
+        out = subprocess.run(
+            [sys.executable, "-c", COLLECTING, str(dataset.path), mode],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    frozen, control = run("frozen"), run("control")
+    assert len(frozen) == len(control) == 2
+    assert min(control) > 20_000, f"the control's collection copied only {control} kB"
+    assert max(frozen) < 4_096, f"one collection made {frozen} kB of a worker's memory private"
