@@ -477,3 +477,38 @@ def test_an_empty_split_fails_before_any_cache_is_written(tmp_path):
     with pytest.raises(ConfigError, match="test split"):
         build_datasets(cfg, [20, 2, 3])
     assert not [p for p in cache.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_blend_s_cache_serves_every_item_layout(tmp_path, packing, caplog):
+    # the blend's arrays change with no item field: a cache written with one layout is a hit,
+    # never rebuilt nor refused, with another (each member's own cache is one already)
+    a = write_documents(tmp_path / "a", _documents(1), dtype=np.int32)
+    b = write_documents(tmp_path / "b", _documents(2), dtype=np.int32)
+    cache = str(tmp_path / "cache")
+
+    def build(**fields):
+        cfg = MegatronDataConfig(
+            sequence_length=SEQ,
+            blend=["0.3", a, "0.7", b],
+            split="1,0,0",
+            packing=packing,
+            path_to_cache=cache,
+            eod_id=1,
+            **fields,
+        )
+        train = build_datasets(cfg, [100, 0, 0])[0]
+        assert train is not None
+        return train.__getitems__(list(range(100)))
+
+    plain = build()
+    written = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(cache, "*Blended*"))}
+    assert written
+    with caplog.at_level("INFO", logger="tokenload"):
+        masked = build(cache="strict", inter_document_masking=True, eod_mask_loss=True)
+        again = build(build_policy="none", reset_position_ids=True)
+    assert not [r for r in caplog.records if "stale" in r.getMessage()]
+    assert written == {p: os.path.getmtime(p) for p in written}  # nothing rewritten
+    for served in (masked, again):
+        assert (served["tokens"] == plain["tokens"]).all()
+        assert (served["dataset_id"] == plain["dataset_id"]).all()

@@ -25,6 +25,7 @@ Missing prefixes of a blend build in threads (NumPy's sorts and shuffles release
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -295,7 +296,7 @@ class MegatronBuilder:
 
         # Megatron caches a blend only under an explicit path_to_cache.
         folder = self.options.path_to_cache
-        fields: dict[str, Any] = {"members": [m.dataset.fingerprint for m in mids]}
+        fields: dict[str, Any] = {"members": [_index_identity(m.dataset) for m in mids]}
         span = size
         in_memory = folder is None or self.role is Role.MEMORY
         schedule = self.options.schedule if name == "train" else None
@@ -528,3 +529,14 @@ def _empty_split(
         hint="change the split string (e.g. '98,2,0' on a small file leaves the valid split "
         f"empty), ask for no {name} samples, or give the {name} split more data",
     )
+
+
+def _index_identity(dataset: Any) -> str:
+    """What a blend's cache records of a member: the identity of its indices (its own cache's
+    description and token file), not of its item fields (``inter_document_masking``,
+    ``eod_mask_loss``, ...), which change no index: a blend cached under one item layout serves
+    them all, as each member's own cache does."""
+    identity = getattr(dataset, "identity", None)
+    if not isinstance(identity, str):
+        return str(dataset.fingerprint)
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
