@@ -251,9 +251,9 @@ class LoaderMetrics:
             steps, active = state["steps"], float(state["active_s"])
             wait = DurationHistogram()
             wait.load_state_dict(state["data_wait"])
-            packing = None
+            packing = None  # none in the state (saved before they were kept): from zero
             if self.packing is not None and state.get("packing") is not None:
-                packing = PackingCounts(n)  # a state saved before it was kept: from zero
+                packing = PackingCounts(n)
                 packing.load_state_dict(state["packing"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(
