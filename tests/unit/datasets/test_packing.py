@@ -11,7 +11,7 @@ import pytest
 
 from support import write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.errors import CacheError, ConfigError
+from tokenload.errors import CacheError, ConfigError, StateError
 from tokenload.loader import build_dataloader
 
 S = 32
@@ -452,6 +452,9 @@ def test_loader_metrics_of_packed_rows_continue_across_a_resume(tmp_path, order,
     resumed.close()
     assert want is not None and got is not None and want["rows"] == 96
     assert got == want  # rows, documents, padding and each source's, as if never interrupted
+    state["metrics"]["packing"]["rows"] = [1]  # a blend of two sources: counts of one
+    with pytest.raises(StateError, match="packing rows"):
+        build_dataloader(train, **kw).load_state_dict(state)
 
 
 @ORDERS
