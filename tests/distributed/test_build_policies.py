@@ -116,7 +116,9 @@ def rank_run(rank, world_size, folder):
     out = {}
     try:
         out["every-rank"] = probe.run(True, build(os.path.join(folder, "unused"), build_policy="every-rank"))
-        out["none-missing"] = probe.run(True, build(os.path.join(shared, "rank0"), build_policy="none"))
+        # a folder of its own: a fast rank's later rank0 build fills shared/rank0 while a slow
+        # rank may still be at this step
+        out["none-missing"] = probe.run(True, build(os.path.join(shared, "never"), build_policy="none"))
         out["auto"] = probe.run(True, build(os.path.join(shared, "auto"), build_policy="auto"))
         out["auto-hit"] = probe.run(True, build(os.path.join(shared, "auto"), build_policy="auto"))
         out["rank0"] = probe.run(False, build(os.path.join(shared, "rank0"), build_policy="rank0"))
