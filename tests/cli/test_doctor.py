@@ -214,3 +214,26 @@ def test_documents_per_row_is_singular_for_one(tmp_path):
         out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
         stated = f"{median} document{'s' if many else ''} per row at the median"
         assert stated in _finding(out.stdout, "packing"), out.stdout + out.stderr
+
+
+def test_io_burst_advice_for_the_computed_order_is_what_applies_to_it():
+    from tokenload.doctor.checks import _check_io
+    from tokenload.doctor.report import DoctorConfig, Report
+
+    def finding(**fields):
+        report = Report()
+        config = DoctorConfig(seq_length=64, order="computed", **fields)
+        _check_io(config, 10, 3, report)
+        (found,) = report.findings
+        return found
+
+    bare = finding(data_path=["a"])
+    assert bare.problem and "sequences JSON" in bare.fix and "build_policy" not in bare.fix
+    # with the sequences JSON, one prefix is as few opens as the computed order makes
+    least = finding(data_path=["a"], sequences_path="seq.json")
+    assert not least.problem and "least" in least.measured
+    blend = finding(data_path=["0.3", "a", "0.7", "b"], sequences_path="seq.json")
+    assert blend.problem and "merge" in blend.fix and "build_policy" not in blend.fix
+    megatron = Report()
+    _check_io(DoctorConfig(data_path=["a"], seq_length=64), 10, 3, megatron)
+    assert "build_policy" in megatron.findings[0].fix  # the Megatron order's deferred loading

@@ -263,11 +263,33 @@ def _stall(policy: str, seconds: float, computed_s: float, what: str, command: s
     )
 
 
+def _is_weight(entry: str) -> bool:
+    try:
+        float(entry)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_io(config: DoctorConfig, opens: int, stats: int, report: Report) -> None:
     where = f"{opens} opens and {stats} stats per rank in build_datasets"
+    computed = config.order == "computed"
+    prefixes = sum(not _is_weight(p) for p in config.data_path)
+    if computed and opens + stats > IO_BURST_LIMIT and config.sequences_path and prefixes <= 1:
+        # nothing left to take: the computed order reads a few entries of each .idx per split
+        # (no index cache, so no deferred loading), and one file is as few as files get
+        report.findings.append(
+            Finding(
+                "io-burst",
+                False,
+                f"{where}: the computed order's least for one prefix (a few .idx entries per"
+                " split, no index to load)",
+            )
+        )
+        return
     if opens + stats > IO_BURST_LIMIT:
         missing = []
-        if config.build_policy != "none":
+        if config.build_policy != "none" and not computed:
             missing.append(
                 'deferred index loading (build_policy="none" on a prepared cache: one manifest'
                 " read, the arrays mapped on first use)"
@@ -278,6 +300,8 @@ def _check_io(config: DoctorConfig, opens: int, stats: int, report: Report) -> N
                 " --per-dataset-sequences-path FILE`, then sequences_path=FILE: no .idx header read"
                 " per file)"
             )
+        if computed and prefixes > 1:
+            missing.append("merge the prefixes (`tokenload merge`: fewer files to open)")
         fix = "; ".join(missing) or "merge the prefixes (fewer files to open)"
         report.findings.append(
             Finding(
