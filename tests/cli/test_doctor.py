@@ -237,3 +237,31 @@ def test_io_burst_advice_for_the_computed_order_is_what_applies_to_it():
     megatron = Report()
     _check_io(DoctorConfig(data_path=["a"], seq_length=64), 10, 3, megatron)
     assert "build_policy" in megatron.findings[0].fix  # the Megatron order's deferred loading
+
+
+def test_read_mode_advice_follows_the_median_of_alternating_measurements(tmp_path, monkeypatch):
+    from tokenload.doctor import checks
+    from tokenload.doctor.report import DoctorConfig, Report
+
+    prefix = _corpus(tmp_path / "data")
+    seen: list[tuple[str, int]] = []
+
+    def verdict(rates):
+        seen.clear()
+
+        def rate(prefix, mode, window, seed=0):
+            seen.append((mode, seed))
+            return rates[mode][len([m for m, _ in seen if m == mode]) - 1]
+
+        monkeypatch.setattr(checks, "window_read_rate", rate)
+        report = Report()
+        checks._check_read_modes(DoctorConfig(data_path=[prefix], seq_length=64), [prefix], report)
+        return report.findings[0]
+
+    # one mmap pass 20x slower than the others (a busy moment): no advice
+    calm = verdict({"mmap": [15_000, 300_000, 310_000], "pread": [320_000, 330_000, 315_000]})
+    assert not calm.problem
+    assert [m for m, _ in seen] == ["mmap", "pread", "pread", "mmap", "mmap", "pread"]
+    assert len({s for _, s in seen}) == 6  # every measurement at places of its own
+    slow = verdict({"mmap": [100_000, 90_000, 300_000], "pread": [320_000, 330_000, 315_000]})
+    assert slow.problem and "pread" in slow.fix

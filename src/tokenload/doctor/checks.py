@@ -37,6 +37,8 @@ IO_BURST_LIMIT = 4
 SLOW_RATIO = 0.5
 #: A read mode this many times slower than the other is worth switching.
 READ_MODE_RATIO = 1.5
+#: Measurements of each read mode, alternating, whose median is compared.
+READ_MODE_ROUNDS = 3
 #: Prefixes from which their number, when they are small, is a finding.
 MANY_PREFIXES = 64
 #: Megatron's advice: at least this much per token file.
@@ -359,9 +361,14 @@ def check_steady_state(
 
 def _check_read_modes(config: DoctorConfig, prefixes: list[str], report: Report) -> None:
     largest = max(prefixes, key=lambda p: file_size(p + ".bin"))
-    rates = {
-        mode: window_read_rate(largest, mode, config.seq_length + 1) for mode in ("mmap", "pread")
-    }
+    # each mode 3 times, alternating, each time at places of its own (neither reads what the
+    # other brought into the page cache): the median of each, not one noisy pass
+    runs: dict[str, list[float]] = {"mmap": [], "pread": []}
+    for round_ in range(READ_MODE_ROUNDS):
+        for mode in ("mmap", "pread") if round_ % 2 == 0 else ("pread", "mmap"):
+            seed = 2 * round_ + (mode == "pread")
+            runs[mode].append(window_read_rate(largest, mode, config.seq_length + 1, seed=seed))
+    rates = {mode: statistics.median(r) for mode, r in runs.items()}
     other = "pread" if config.read_mode == "mmap" else "mmap"
     mine = rates.get(config.read_mode, rates["mmap"])
     slow = rates[other] > READ_MODE_RATIO * mine

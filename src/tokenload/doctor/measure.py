@@ -147,15 +147,18 @@ def loader_rate(
     return (served / elapsed if elapsed > 0 and served > 0 else 0.0), waits
 
 
-def window_read_rate(prefix: str, mode: str, window: int, reads: int = 64, batch: int = 8) -> float:
-    """Training windows per second read at random places of ``prefix``'s ``.bin`` in ``mode``."""
+def window_read_rate(
+    prefix: str, mode: str, window: int, reads: int = 64, batch: int = 8, seed: int = 0
+) -> float:
+    """Training windows per second read at random places of ``prefix``'s ``.bin`` in ``mode``
+    (the places drawn with ``seed``)."""
     from ..format import TokenFile
 
     source = TokenFile(prefix, mode=mode)
     total = source.num_tokens
     if total <= window:
         return math.inf
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     starts = rng.integers(0, total - window, size=reads, dtype=np.int64)
     lengths = np.full(batch, window, dtype=np.int64)
     source.read_spans(starts[:1], lengths[:1])  # open (and map) outside the timing
