@@ -512,3 +512,35 @@ def test_a_blend_s_cache_serves_every_item_layout(tmp_path, packing, caplog):
     for served in (masked, again):
         assert (served["tokens"] == plain["tokens"]).all()
         assert (served["dataset_id"] == plain["dataset_id"]).all()
+
+
+def test_a_packed_plan_without_its_sidecar_is_never_used(tmp_path):
+    # only tokenload writes packed plans, always with a sidecar of digests: without it a flipped
+    # bit would be a valid-looking row, so the plan is stale (rebuilt, or a CacheError)
+    prefix = write_documents(tmp_path / "a", _documents(1, count=300), dtype=np.int32)
+    cache = str(tmp_path / "cache")
+
+    def rows(**fields):
+        cfg = MegatronDataConfig(
+            sequence_length=SEQ,
+            blend=[prefix],
+            split="1,0,0",
+            packing="best-fit",
+            path_to_cache=cache,
+            **fields,
+        )
+        train = build_datasets(cfg, [200, 0, 0])[0]
+        assert train is not None
+        return train.__getitems__(list(range(200)))["tokens"]
+
+    want = rows()
+    os.remove(_cache_file(cache, "tokenload.json"))
+    shuffled = _cache_file(cache, "shuffle_index.npy")
+    data = bytearray(Path(shuffled).read_bytes())
+    data[-8] ^= 1  # another row, still in range
+    Path(shuffled).write_bytes(bytes(data))
+    with pytest.raises(CacheError, match="sidecar"):
+        rows(cache="strict")
+    assert (rows() == want).all()  # auto: rebuilt, with its sidecar
+    assert os.path.exists(_cache_file(cache, "tokenload.json"))
+    assert (rows(build_policy="none") == want).all()

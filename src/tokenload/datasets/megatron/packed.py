@@ -212,6 +212,16 @@ def _pack(
     return {"row_index": offsets, "piece_index": pieces, "window_index": cut}, sans_final
 
 
+def _unchecked(arrays: dict[str, np.ndarray]) -> list[str]:
+    """Why a packed plan found without its sidecar is never used: only tokenload writes these
+    caches, always with a sidecar of digests, and the plan cannot be checked otherwise (a flipped
+    bit in a row's pieces is still a valid-looking row); the cache is then stale."""
+    return [
+        f"a packed plan ({', '.join(sorted(arrays))}) is used only with the tokenload sidecar"
+        " written with it, whose digests are the only check of its values"
+    ]
+
+
 def _rows_per_epoch(
     lengths: np.ndarray, rows: int, shapes: dict[str, tuple[int, ...]], seq: int, extra: int
 ) -> int:
@@ -468,7 +478,7 @@ def packed_member(
     fields = {"add_extra_token": c.add_extra_token, "token_file": facts}
     folder = default_folder(options.path_to_cache, mid.prefix)
     missing = len(builder._cache.missing)
-    cached = builder._cache.indices(folder, uid, describe(uid), build, fields, {})
+    cached = builder._cache.indices(folder, uid, describe(uid), build, fields, {}, _unchecked)
     identity = description_hash(describe(placeless(uid))) + repr(sorted(fields.items()))
     # a cache a loading rank misses is reported by the builder, after every split (no rows);
     # arrays this process built may not be in place yet (a group of caches is published last)
