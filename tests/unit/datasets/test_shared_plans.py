@@ -95,6 +95,34 @@ def test_a_damaged_block_is_packed_again_not_read(tmp_path, monkeypatch, damage)
     assert packed == [1], "the damaged block was read instead of packed again"
 
 
+@pytest.mark.parametrize("damage", ["count", "another key's", "short"])
+def test_a_damaged_row_count_is_counted_again_not_read(tmp_path, damage) -> None:
+    # a wrong count moves every later row of the source: a resume's search would serve others
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
+    first.share_plans(str(folder))
+    second.share_plans(str(folder))
+    late = len(alone) - 20
+    rows = np.arange(late, late + 16)
+    want = alone.read_batch(rows)
+    first.read_batch(rows)  # publishes the counts of every block before it
+    shared = SharedPlans(str(folder))
+    keys = [first.rows._plan_key(0, b) for b in range(3)]
+    path = Path(shared._path(keys[0], "rows"))
+    data = path.read_bytes()
+    assert shared.rows(keys[0]) is not None
+    if damage == "count":  # magic kept, the count less 7
+        count = int.from_bytes(data[8:16], "little") - 7
+        path.write_bytes(data[:8] + count.to_bytes(8, "little") + data[16:])
+    elif damage == "another key's":
+        path.write_bytes(Path(shared._path(keys[1], "rows")).read_bytes())
+    else:
+        path.write_bytes(data[:16])
+    assert shared.rows(keys[0]) is None
+    assert _same(second.read_batch(rows), want)
+
+
 def test_waiting_for_another_process_is_bounded(tmp_path, monkeypatch) -> None:
     """A process that holds a block's lock and never publishes (stuck) holds the others back
     for WAIT_S only: they pack the block themselves."""

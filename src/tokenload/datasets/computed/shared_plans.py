@@ -11,7 +11,8 @@ count is published too, so a resume's search for its first row (``PackedRows.loc
 each earlier block once among all the workers.
 
 Nothing here can change what is served: a block read back is checked (magic, length, xxh64 of
-its bytes, then its arrays' shapes and offsets) and anything else is packed again; a block is
+its bytes, then its arrays' shapes and offsets) and anything else is packed again; a row count
+carries an xxh64 of its block's key and itself, and any other is counted again; a block is
 written to a temporary name and renamed, so a half-written block is never seen; a process that
 waited past ``WAIT_S`` for another one (stuck, or killed with the lock held: the lock dies with
 it) packs the block itself; and every failure to write (a full or read-only folder) leaves the
@@ -39,6 +40,7 @@ WAIT_S = 10.0
 
 _MAGIC = b"TLPLAN1\0"
 _HEADER = struct.Struct("<8sQQ")  # magic, payload bytes, xxh64 of the payload
+_ROWS = struct.Struct("<8sqQ")  # magic, a block's row count, xxh64 of its key and the count
 _POLL_S = 0.001
 
 
@@ -94,15 +96,18 @@ class SharedPlans:
 
     # -- row counts -------------------------------------------------------------------------------
     def rows(self, key: str) -> int | None:
-        """The row count published for block ``key``, or None."""
+        """The row count published for block ``key``, or None (missing, or not a whole count
+        published for this key: its xxh64 over the key and the count)."""
         data = self._read(key, "rows")
-        if data is None or len(data) != 16 or data[:8] != _MAGIC:
+        if data is None or len(data) != _ROWS.size:
             return None
-        (count,) = struct.unpack("<q", data[8:])
-        return count if count >= 0 else None
+        magic, count, digest = _ROWS.unpack(data)
+        if magic != _MAGIC or count < 0 or digest != _rows_digest(key, count):
+            return None
+        return int(count)
 
     def store_rows(self, key: str, rows: int) -> None:
-        self._publish(self._path(key, "rows"), _MAGIC + struct.pack("<q", rows))
+        self._publish(self._path(key, "rows"), _ROWS.pack(_MAGIC, rows, _rows_digest(key, rows)))
 
     # -- who packs --------------------------------------------------------------------------------
     def claim(self, key: str) -> int | None:
@@ -144,6 +149,10 @@ class SharedPlans:
                 os.unlink(temporary)
             except OSError:
                 pass
+
+
+def _rows_digest(key: str, rows: int) -> int:
+    return xxhash.xxh64_intdigest(key.encode() + struct.pack("<q", rows))
 
 
 def _decode(data: bytes) -> PlanArrays | None:
