@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import logging
 import math
 import os
@@ -78,6 +79,7 @@ __all__ = [
     "map_array",
     "recorded_digest",
     "write_cache",
+    "write_failure",
 ]
 
 logger = logging.getLogger(__name__)
@@ -275,11 +277,26 @@ class CacheWriter:
 
 def _write_failed(exc: OSError, path: str | None) -> CacheError:
     return CacheError(
-        f"cannot write the index cache ({exc.strerror or exc}); expected a writable folder",
+        f"cannot write the index cache ({write_failure(exc, path)}); expected a writable folder"
+        " with room for it",
         path=path,
         hint="point the cache at a writable folder on a filesystem every rank can read "
-        "(`path_to_cache=`), or build the indices in memory",
+        "(`path_to_cache=`, `--data-cache-path`), or build the indices in memory",
     )
+
+
+def write_failure(exc: OSError, path: str | None) -> str:
+    """What a failed write found: the OS's words, and when the filesystem has (next to) no room
+    left, that (a short write, as ``numpy.save``'s, has no errno)."""
+    reason = str(exc.strerror or exc)
+    if exc.errno == errno.ENOSPC:
+        return f"{reason}: the filesystem is full"
+    try:
+        stats = os.statvfs(os.path.dirname(os.path.abspath(path)) if path else ".")
+    except OSError:
+        return reason
+    free = stats.f_bavail * stats.f_frsize
+    return f"{reason}: the filesystem is full ({free:,} bytes free)" if free < 1 << 20 else reason
 
 
 def _npy_writer(array: np.ndarray) -> Callable[[BinaryIO], None]:

@@ -223,3 +223,19 @@ def test_non_integer_cache_array_is_stale(tmp_path):
     check = check_cache(files, description=describe(_gold()))
     assert check.state is CacheState.STALE
     assert "expected an integer dtype" in "; ".join(check.reasons)
+
+
+def test_a_failed_write_says_when_the_filesystem_is_full(tmp_path, monkeypatch):
+    import errno
+
+    path = str(tmp_path / "x.npy")
+    full = OSError(errno.ENOSPC, "No space left on device")
+    assert "the filesystem is full" in cache_io.write_failure(full, path)
+    short = OSError("4386 requested and 992 written")  # numpy's short write: no errno
+    assert cache_io.write_failure(short, path) == "4386 requested and 992 written"  # room left
+
+    class Stats:
+        f_bavail, f_frsize = 3, 4096
+
+    monkeypatch.setattr(cache_io.os, "statvfs", lambda folder: Stats())
+    assert "the filesystem is full (12,288 bytes free)" in cache_io.write_failure(short, path)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...caches import jsontext
+from ...caches.files import write_failure
 from ...errors import CacheError
 from ...format.atomic import write_atomic
 from ...index import Blend
@@ -187,7 +188,9 @@ def write_manifest(
             write(path, text)
     except OSError as exc:
         raise CacheError(
-            f"cannot write the build manifest ({exc.strerror or exc}); expected a writable folder",
+            f"cannot write the build manifest ({write_failure(exc, path)}); expected a writable"
+            " folder with room for it",
             path=path,
-            hint="point path_to_cache at a writable folder every rank can read",
+            hint="point path_to_cache (`--data-cache-path`) at a writable folder every rank can"
+            " read",
         ) from None
