@@ -32,6 +32,16 @@ def _dataset(tmp_path: Path) -> ComputedPackedDataset:
     )
 
 
+def _sharing(tmp_path: Path) -> tuple[Path, ComputedPackedDataset, ComputedPackedDataset, ComputedPackedDataset]:
+    """A plans folder, two datasets sharing it (two processes' worth) and one packing alone."""
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
+    first.share_plans(str(folder))
+    second.share_plans(str(folder))
+    return folder, first, second, alone
+
+
 def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a block was packed again")
@@ -44,11 +54,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def test_a_block_packed_by_one_process_is_read_by_the_others(tmp_path, monkeypatch) -> None:
-    folder = tmp_path / "plans"
-    folder.mkdir()
-    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
-    first.share_plans(str(folder))
-    second.share_plans(str(folder))
+    folder, first, second, alone = _sharing(tmp_path)
     late = len(alone) - 20  # past the first blocks: a resume's search counts them
     rows = [np.arange(0, 16), np.arange(late, late + 16)]
     want = [alone.read_batch(r) for r in rows]
@@ -62,11 +68,7 @@ def test_a_block_packed_by_one_process_is_read_by_the_others(tmp_path, monkeypat
 
 @pytest.mark.parametrize("damage", ["flipped", "truncated", "empty", "header only"])
 def test_a_damaged_block_is_packed_again_not_read(tmp_path, monkeypatch, damage) -> None:
-    folder = tmp_path / "plans"
-    folder.mkdir()
-    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
-    first.share_plans(str(folder))
-    second.share_plans(str(folder))
+    folder, first, second, alone = _sharing(tmp_path)
     rows = np.arange(0, 16)
     want = alone.read_batch(rows)
     first.read_batch(rows)
@@ -98,11 +100,7 @@ def test_a_damaged_block_is_packed_again_not_read(tmp_path, monkeypatch, damage)
 @pytest.mark.parametrize("damage", ["count", "another key's", "short"])
 def test_a_damaged_row_count_is_counted_again_not_read(tmp_path, damage) -> None:
     # a wrong count moves every later row of the source: a resume's search would serve others
-    folder = tmp_path / "plans"
-    folder.mkdir()
-    first, second, alone = _dataset(tmp_path), _dataset(tmp_path), _dataset(tmp_path)
-    first.share_plans(str(folder))
-    second.share_plans(str(folder))
+    folder, first, second, alone = _sharing(tmp_path)
     late = len(alone) - 20
     rows = np.arange(late, late + 16)
     want = alone.read_batch(rows)
