@@ -265,18 +265,13 @@ def _stall(policy: str, seconds: float, computed_s: float, what: str, command: s
     )
 
 
-def _is_weight(entry: str) -> bool:
-    try:
-        float(entry)
-    except ValueError:
-        return False
-    return True
-
-
 def _check_io(config: DoctorConfig, opens: int, stats: int, report: Report) -> None:
     where = f"{opens} opens and {stats} stats per rank in build_datasets"
     computed = config.order == "computed"
-    prefixes = sum(not _is_weight(p) for p in config.data_path)
+    from ..index import parse_blend
+
+    blend = parse_blend(config.data_path)
+    prefixes = 0 if blend is None else len(set(blend.prefixes))
     if computed and opens + stats > IO_BURST_LIMIT and config.sequences_path and prefixes <= 1:
         # nothing left to take: the computed order reads a few entries of each .idx per split
         # (no index cache, so no deferred loading), and one file is as few as files get
