@@ -1,7 +1,8 @@
 """Megatron-LM's training flags that decide a job's data, as argparse groups, and their
 arithmetic: the blend flags (``--data-path``, per-split paths, args files), the batch and length
 flags with Megatron's sample counts (``validate_args`` + ``update_train_iters`` +
-``get_train_valid_test_num_samples``, a ``--rampup-batch-size`` ramp included), the item flags,
+``get_train_valid_test_num_samples`` of megatron-core 0.19.2, a ``--step-batch-size-schedule``
+included; ``--rampup-batch-size`` accepted and ignored, as there), the item flags,
 and the tokenizer identity that enters every cache name. Shared by ``tokenload prepare-cache`` and
 ``MegatronDataConfig.from_megatron_args`` (a leaf of the package: it imports only ``errors`` and
 ``index``).
@@ -15,7 +16,10 @@ line prints its flag, ``--prepare-cache-world-size``).
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
+import logging
 import math
 import os
 from collections.abc import Callable
@@ -26,6 +30,8 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .index import Blend
+
+logger = logging.getLogger(__name__)
 
 
 def positive(kind: Callable[[str], int | float]) -> Callable[[str], int | float]:
@@ -164,15 +170,20 @@ def batch_flags(g: argparse._ActionsContainer) -> None:
     length.add_argument(
         "--train-samples",
         type=at_least(int, 0),
-        help="training samples (iterations = samples // global batch, or through the ramp)",
+        help="training samples (iterations = samples // global batch, or by the schedule)",
+    )
+    g.add_argument(
+        "--step-batch-size-schedule",
+        metavar="'THRESHOLD:BS ...'",
+        help="the global batch per step from a count of consumed tokens (samples without a"
+        " sequence length), e.g. '0:256 1B:512' (megatron-core's; replaces --global-batch-size)",
     )
     g.add_argument(
         "--rampup-batch-size",
         nargs=3,
-        type=positive(int),
+        type=int,
         metavar=("START", "INCREMENT", "SAMPLES"),
-        help="the global batch grows from START by INCREMENT to --global-batch-size over SAMPLES"
-        " samples (needs --train-samples; changes the iterations, never the order)",
+        help="deprecated and ignored, as in megatron-core 0.19 (use --step-batch-size-schedule)",
     )
     g.add_argument(
         "--eval-iters", type=at_least(int, 0), default=100, help="iterations per evaluation"
@@ -239,73 +250,153 @@ def tokenizer_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--null-tokenizer-pad-id", type=int, default=-1, help="NullTokenizer's pad id")
 
 
+_SCHEDULE_FLAG = "--step-batch-size-schedule"
+_SCHEDULE_FORM = (
+    "space- or comma-separated THRESHOLD:BATCH entries, the first at threshold 0, thresholds"
+    " strictly increasing, numbers with an optional K, M, B or T suffix (e.g. '0:256 2.5B:512')"
+)
+_SUFFIXES = (("T", 1_000_000_000_000), ("B", 1_000_000_000), ("M", 1_000_000), ("K", 1_000))
+
+
 @dataclass(frozen=True)
-class Ramp:
-    """Megatron's ``--rampup-batch-size START INCREMENT SAMPLES``: the global batch of a step is
-    ``START + INCREMENT x int(consumed / (SAMPLES / increments))`` while the samples consumed
-    before it are at most ``SAMPLES``, then ``global_batch_size`` (megatron-core's
-    ``RampupBatchsizeNumMicroBatchesCalculator.update``, which ``update_num_microbatches`` calls
-    before every step with ``consumed_train_samples``). The ramp changes how many micro-batches a
-    step takes, never which sample comes next: the order is a function of the samples consumed.
+class StepBatchSchedule:
+    """megatron-core 0.19.2's ``--step-batch-size-schedule "THRESHOLD:BS ..."``
+    (``StepBatchsizeNumMicroBatchesCalculator``): the global batch of a step is the batch of the
+    last entry whose threshold is at most the samples consumed before the step. Thresholds are
+    tokens when the job has a sequence length (megatron.training passes ``--seq-length``:
+    ``threshold // seq_length`` samples), samples otherwise. ``update_num_microbatches`` sets the
+    batch before every step from ``consumed_train_samples``; the schedule changes how many
+    micro-batches a step takes, never which sample comes next (the order is a function of the
+    samples consumed).
 
-    Walking the steps goes one stage of constant batch at a time (a few hundred stages, however
-    many steps), each stage's end found with Megatron's own float expression."""
+    ``steps`` holds ``(threshold in samples, global batch)`` pairs as megatron-core parses and
+    sorts them. Walking the steps goes one entry at a time (however many steps), with whole-number
+    arithmetic that gives the step-by-step loop's counts."""
 
-    start: int
-    increment: int
-    samples: int
-    global_batch_size: int
+    text: str
+    """The flag's value as given."""
+    seq_length: int | None
+    """Thresholds are tokens (converted with ``//``) when set, samples when None."""
+    steps: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def parse(cls, text: str, seq_length: int | None = None) -> StepBatchSchedule:
+        """megatron-core's ``_parse_schedule`` and ``_validate_schedule``; where it raises
+        (``ValueError``, ``OverflowError``, ``AssertionError``, ``ZeroDivisionError``), a
+        ConfigError that says which entry and why."""
+        flag = f"{_SCHEDULE_FLAG} {text!r}"
+        if seq_length is not None and seq_length <= 0:
+            raise ConfigError(
+                f"{flag} with --seq-length {seq_length}: token thresholds need a positive"
+                " sequence length",
+                hint="pass the job's --seq-length",
+            )
+        steps = []
+        for entry in text.strip().replace(",", " ").split():
+            if ":" not in entry:
+                raise ConfigError(
+                    f"{flag}: entry {entry!r} has no ':'; expected {_SCHEDULE_FORM}",
+                    hint="write each entry as THRESHOLD:BATCH, e.g. '0:256 2.5B:512'",
+                )
+            threshold_text, batch_text = entry.split(":", 1)
+            threshold = _schedule_number(threshold_text, "threshold", entry, flag)
+            batch = _schedule_number(batch_text, "batch", entry, flag)
+            if seq_length is not None:
+                threshold = threshold // seq_length
+            steps.append((threshold, batch))
+        steps.sort(key=lambda step: step[0])
+        unit = "samples" if seq_length is None else f"samples: tokens // --seq-length {seq_length}"
+        if not steps:
+            raise ConfigError(
+                f"{flag} has no entry; expected {_SCHEDULE_FORM}",
+                hint="give at least '0:BATCH', or drop the flag and pass --global-batch-size",
+            )
+        if steps[0][0] != 0:
+            raise ConfigError(
+                f"{flag}: the smallest threshold is {steps[0][0]} ({unit}); expected 0"
+                " (megatron-core asserts the schedule starts at 0)",
+                hint="begin the schedule with an entry '0:BATCH'",
+            )
+        for (before, _), (after, _) in itertools.pairwise(steps):
+            if after <= before:
+                raise ConfigError(
+                    f"{flag}: two thresholds are both {after} ({unit}); expected strictly"
+                    " increasing thresholds (megatron-core asserts them)",
+                    hint="give every entry its own threshold (token thresholds less than"
+                    " --seq-length apart fall on the same sample)",
+                )
+        for threshold, batch in steps:
+            if batch <= 0:
+                raise ConfigError(
+                    f"{flag}: the batch at threshold {threshold} ({unit}) is {batch}; expected"
+                    " a positive batch (megatron-core asserts it; a fraction is truncated)",
+                    hint="give every entry a batch of at least 1",
+                )
+        return cls(text, seq_length, tuple(steps))
 
     @property
-    def _per_increment(self) -> float:
-        """Megatron's ``rampup_samples_per_increment`` (a float)."""
-        return self.samples / ((self.global_batch_size - self.start) // self.increment)
+    def global_batch_size(self) -> int:
+        """The last entry's batch (megatron-core's calculator's ``global_batch_size``)."""
+        return self.steps[-1][1]
 
     def batch_at(self, consumed: int) -> int:
-        """The global batch of the step that starts after ``consumed`` samples."""
-        if consumed > self.samples:
-            return self.global_batch_size
-        return self.start + int(consumed / self._per_increment) * self.increment
+        """The global batch of the step that starts after ``consumed`` samples
+        (``update_num_microbatches(consumed)`` + ``get_current_global_batch_size()``)."""
+        at = bisect.bisect_right([t for t, _ in self.steps], consumed) - 1
+        return self.steps[max(at, 0)][1]
 
-    def _stage_end(self, consumed: int) -> int:
-        """The smallest count above ``consumed`` at which the batch changes or the ramp ends."""
-        if consumed >= self.samples:
-            return self.samples + 1
-        per, stage = self._per_increment, int(consumed / self._per_increment)
-        end = max(consumed + 1, math.ceil((stage + 1) * per))
-        while int(end / per) <= stage:  # float rounding: Megatron's expression decides
-            end += 1
-        while end - 1 > consumed and int((end - 1) / per) > stage:
-            end -= 1
-        return min(end, self.samples + 1)
-
-    def _walk(self, most: int | None) -> tuple[int, int]:
-        """(steps, consumed) after the ramp's steps (those that start at or below ``samples``),
-        or after ``most`` steps if fewer."""
+    def _walk(self, samples: int | None, iterations: int | None) -> tuple[int, int]:
+        """(steps, consumed) after stepping while fewer than ``samples`` are consumed, or after
+        ``iterations`` steps."""
+        thresholds = [t for t, _ in self.steps]
         steps = consumed = 0
-        while consumed <= self.samples and (most is None or steps < most):
-            batch = self.batch_at(consumed)
-            n = -(-(self._stage_end(consumed) - consumed) // batch)
-            if most is not None:
-                n = min(n, most - steps)
+        while (samples is None or consumed < samples) and (
+            iterations is None or steps < iterations
+        ):
+            at = max(bisect.bisect_right(thresholds, consumed) - 1, 0)
+            batch = self.steps[at][1]
+            limits = [x for x in (samples,) if x is not None]
+            if at + 1 < len(self.steps):
+                limits.append(self.steps[at + 1][0])
+            n = -(-(min(limits) - consumed) // batch) if limits else 0
+            if iterations is not None:
+                n = iterations - steps if not limits else min(n, iterations - steps)
             steps, consumed = steps + n, consumed + n * batch
         return steps, consumed
 
-    def ramp_end(self) -> tuple[int, int]:
-        """(steps, samples consumed) of the ramp: its last step starts at or below ``samples``."""
-        return self._walk(None)
-
     def consumed_samples(self, iterations: int) -> int:
-        """Megatron's ``consumed_train_samples`` after ``iterations`` training steps (what a
-        resume from an iteration passes as ``consumed_samples``)."""
-        steps, consumed = self._walk(iterations)
-        return consumed + (iterations - steps) * self.global_batch_size
+        """The samples consumed by ``iterations`` training steps: Megatron's
+        ``consumed_train_samples`` then (what a resume from that iteration passes as
+        ``consumed_samples``), as long as every step's batch is a multiple of micro batch x
+        data-parallel size (Megatron's training loop asserts it at each step)."""
+        return self._walk(None, iterations)[1]
+
+    def batch_of_step(self, iteration: int) -> int:
+        """The global batch of training step ``iteration`` (counted from 0)."""
+        return self.batch_at(self.consumed_samples(iteration))
 
     def train_iters(self, train_samples: int) -> int:
-        """Megatron's ``update_train_iters``: the ramp's steps, then whole constant batches of
-        what remains of ``train_samples`` (a last partial batch dropped)."""
-        steps, consumed = self.ramp_end()
-        return steps + (train_samples - consumed) // self.global_batch_size
+        """megatron-core 0.19.2's ``update_train_iters`` with a schedule: steps while fewer than
+        ``train_samples`` are consumed (the last one may go past it)."""
+        return self._walk(train_samples, None)[0]
+
+
+def _schedule_number(text: str, what: str, entry: str, flag: str) -> int:
+    """megatron-core's ``_parse_numeric_value``: ``int(float(number) * suffix)``."""
+    value = text.strip().upper()
+    multiplier = 1
+    for suffix, factor in _SUFFIXES:
+        if value.endswith(suffix):
+            multiplier, value = factor, value[:-1]
+            break
+    try:
+        return int(float(value) * multiplier)
+    except (ValueError, OverflowError):
+        raise ConfigError(
+            f"{flag}: the {what} {text!r} of entry {entry!r} is not a finite number; expected"
+            f" {_SCHEDULE_FORM}",
+            hint="write numbers such as 0, 512, 2.5B or 100M",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -318,12 +409,14 @@ class Batches:
     train_iters: int
     samples: tuple[int | None, int | None, int | None]
     """(train, valid, test); valid None with --full-validation (one epoch)."""
-    rampup_batch_size: Ramp | None = None
-    """``--rampup-batch-size``: the global batch per step, and the samples consumed by a step."""
+    step_batch_size_schedule: StepBatchSchedule | None = None
+    """``--step-batch-size-schedule``: the global batch per step, and the samples consumed by a
+    step (``global_batch_size`` is then Megatron's ``micro x data-parallel size``, which sizes
+    the valid and test splits and a ``--train-iters`` job's train split)."""
 
 
 def batches(args: argparse.Namespace) -> Batches:
-    """Megatron's ``validate_args`` + ``update_train_iters`` +
+    """megatron-core 0.19.2's ``validate_args`` + ``update_train_iters`` +
     ``get_train_valid_test_num_samples``."""
     model = (
         args.tensor_model_parallel_size
@@ -338,6 +431,8 @@ def batches(args: argparse.Namespace) -> Batches:
             hint="pass the job's `world_size=` and parallel sizes",
         )
     dp = world // model
+    _warn_rampup(args)
+    schedule = _schedule(args)
     gbs = args.global_batch_size
     if gbs is None:
         if args.micro_batch_size is None:
@@ -352,14 +447,27 @@ def batches(args: argparse.Namespace) -> Batches:
             f" {args.micro_batch_size} x data-parallel size {dp}",
             hint="check the job's batch flags",
         )
-    ramp = _ramp(args, gbs, dp)
-    if ramp is not None:
-        iters = ramp.train_iters(args.train_samples)
-    elif args.train_iters is not None:
+    if args.train_iters is not None:
         iters = args.train_iters
+    elif schedule is not None:
+        iters = schedule.train_iters(args.train_samples)
     else:
         iters = args.train_samples // gbs
     train = args.train_samples if args.train_samples is not None else iters * gbs
+    if schedule is not None and args.train_iters is not None:
+        consumed = schedule.consumed_samples(iters)
+        if consumed > train:
+            logger.warning(
+                "%s with --train-iters %d: megatron-core sizes the train split as iterations x"
+                " micro batch x data-parallel size = %d samples (and so does tokenload), but the"
+                " schedule's %d steps consume %d; Megatron's train data ends first. Pass"
+                " --train-samples to size the split for the schedule",
+                _SCHEDULE_FLAG,
+                iters,
+                train,
+                iters,
+                consumed,
+            )
     eval_gbs = args.eval_global_batch_size or gbs
     return Batches(
         world,
@@ -367,50 +475,42 @@ def batches(args: argparse.Namespace) -> Batches:
         gbs,
         iters,
         (train, _valid_samples(args, iters, eval_gbs), args.eval_iters * eval_gbs),
-        ramp,
+        schedule,
     )
 
 
-def _ramp(args: argparse.Namespace, gbs: int, dp: int) -> Ramp | None:
-    """``--rampup-batch-size`` checked as Megatron checks it (``validate_args`` and the
-    calculator's asserts), and as its training loop will (each step's batch a multiple of
-    micro batch x data-parallel size)."""
+def _warn_rampup(args: argparse.Namespace) -> None:
+    """megatron-core 0.19 accepts ``--rampup-batch-size``, warns that it is deprecated and
+    ignores it: every count is the one without it."""
     given = getattr(args, "rampup_batch_size", None)
-    if given is None:
+    if given is not None:
+        logger.warning(
+            "--rampup-batch-size %s is ignored, as in megatron-core 0.19 (deprecated there: it"
+            " accepts the flag and trains constant batches); the counts are those without it. For"
+            " a batch that grows during training use --step-batch-size-schedule",
+            " ".join(map(str, given)),
+        )
+
+
+def _schedule(args: argparse.Namespace) -> StepBatchSchedule | None:
+    """``--step-batch-size-schedule`` checked as ``validate_args`` checks it, parsed with the
+    job's sequence length as megatron.training's ``set_global_variables`` passes it."""
+    text = getattr(args, "step_batch_size_schedule", None)
+    if text is None:
         return None
-    start, increment, samples = given
-    flag = f"--rampup-batch-size {start} {increment} {samples}"
-    if args.train_samples is None:
+    if args.global_batch_size is not None:
         raise ConfigError(
-            f"{flag} is given with --train-iters; Megatron expects no batch-size rampup for"
-            " iteration-based training",
-            hint="pass the job's --train-samples instead of --train-iters, as Megatron requires",
+            f"{_SCHEDULE_FLAG} and --global-batch-size are given together; megatron-core refuses"
+            " the pair (the schedule gives each step's global batch)",
+            hint=f"drop --global-batch-size, or drop {_SCHEDULE_FLAG} for a constant batch",
         )
-    if start >= gbs or (gbs - start) % increment:
+    if args.micro_batch_size is None:
         raise ConfigError(
-            f"{flag}: the ramp from {start} to the global batch size {gbs} is not a whole number"
-            f" of increments of {increment} (Megatron asserts it)",
-            hint="check the job's --rampup-batch-size against its --global-batch-size",
+            f"{_SCHEDULE_FLAG} needs --micro-batch-size (megatron-core asserts it): the valid and"
+            " test splits are sized with micro batch x data-parallel size",
+            hint="pass the job's --micro-batch-size",
         )
-    group = None if args.micro_batch_size is None else args.micro_batch_size * dp
-    if group is not None and (start % group or increment % group):
-        raise ConfigError(
-            f"{flag}: a step's global batch ({start}, {start + increment}, ...) is not a multiple"
-            f" of micro batch size {args.micro_batch_size} x data-parallel size {dp} = {group}"
-            " (Megatron's training loop asserts it at every step)",
-            hint="use a start and an increment that are multiples of micro batch x data-parallel"
-            " size",
-        )
-    ramp = Ramp(start, increment, samples, gbs)
-    steps, consumed = ramp.ramp_end()
-    if consumed > args.train_samples:
-        raise ConfigError(
-            f"{flag}: the ramp's {steps} steps consume {consumed} samples, more than"
-            f" --train-samples {args.train_samples} (Megatron would count"
-            f" {ramp.train_iters(args.train_samples)} iterations and run past the train split)",
-            hint="pass the job's flags: a ramp shorter than the training",
-        )
-    return ramp
+    return StepBatchSchedule.parse(text, getattr(args, "seq_length", None))
 
 
 def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int | None:

@@ -1,9 +1,10 @@
 """`tokenload prepare-cache`, run as a real command (issue 36, points 14 and 15): a missing
 ``--data-cache-path`` is created, with its parents, as Megatron's prepare_cache.py and a build
 with ``path_to_cache`` create it (the same files as into a folder made beforehand; nothing made
-when the command fails on its inputs; a file in the way is a one-line error), and
-``--rampup-batch-size`` gives Megatron's sample counts (a step-by-step port of Megatron-LM's
-``update_train_iters`` here)."""
+when the command fails on its inputs; a file in the way is a one-line error), and the batch flags
+give megatron-core 0.19.2's sample counts: ``--rampup-batch-size`` accepted with a warning and
+ignored, ``--step-batch-size-schedule`` followed (the values below are megatron-core's own, from
+its parse_args + validate_args + update_train_iters + get_train_valid_test_num_samples)."""
 
 from __future__ import annotations
 
@@ -57,28 +58,36 @@ def test_a_failing_command_creates_no_folder_and_a_file_in_the_way_is_one_line(p
         assert "[HINT:" in lines[0] and "Traceback" not in out.stderr
 
 
-def _megatron_train_iters(start, increment, samples, gbs, train_samples):
-    """Megatron-LM's update_train_iters with its ramp calculator, step by step."""
-    per_increment = samples / ((gbs - start) // increment)
-    iterations = consumed = 0
-    while consumed <= samples:
-        consumed += start + int(consumed / per_increment) * increment
-        iterations += 1
-    return iterations + (train_samples - consumed) // gbs
+RAMP = ["--micro-batch-size", "2", "--global-batch-size", "8", "--rampup-batch-size", "2", "2",
+        "100", "--eval-interval", "10", "--eval-iters", "2"]
 
 
-@pytest.mark.parametrize("ramp, gbs, train", [((2, 2, 100), 8, 400), ((4, 4, 37), 16, 900)])
-def test_a_ramp_gives_megatrons_counts(prefix, tmp_path, ramp, gbs, train):
-    out = _prepare(prefix, tmp_path / "c", "--global-batch-size", str(gbs),
-                   "--rampup-batch-size", *map(str, ramp), "--train-samples", str(train),
-                   "--eval-interval", "10", "--eval-iters", "2", "--micro-batch-size", "2")
+@pytest.mark.parametrize("length", [["--train-samples", "400"], ["--train-iters", "50"]])
+def test_a_ramp_is_ignored_with_a_warning_as_in_megatron_core(prefix, tmp_path, length):
+    out = _prepare(prefix, tmp_path / "c", *RAMP, *length)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.splitlines()[-1])
-    iters = _megatron_train_iters(*ramp, gbs, train)
-    assert result["train_iters"] == iters
-    assert result["train_valid_test_num_samples"] == [train, (iters // 10 + 1) * 2 * gbs, 2 * gbs]
-    assert result["rampup_batch_size"]["start"] == ramp[0]
-    refused = _prepare(prefix, tmp_path / "d", "--global-batch-size", str(gbs),
-                       "--rampup-batch-size", *map(str, ramp), "--train-iters", "50",
-                       "--eval-interval", "10")
-    assert refused.returncode == 2 and "iteration-based" in refused.stderr
+    assert result["train_iters"] == 50  # megatron-core 0.19.2: 50 either way
+    assert result["train_valid_test_num_samples"] == [400, 96, 16]
+    assert result["step_batch_size_schedule"] is None
+    assert "--rampup-batch-size 2 2 100 is ignored, as in megatron-core 0.19" in out.stderr
+
+
+@pytest.mark.parametrize("length, world, iters, sizes", [
+    (["--train-samples", "400"], "1", 52, [400, 24, 4]),
+    (["--train-iters", "30"], "2", 30, [120, 32, 8]),  # train = iters x micro x dp, as Megatron
+])
+def test_a_step_schedule_gives_megatron_cores_counts(prefix, tmp_path, length, world, iters,
+                                                      sizes):
+    """'0:4 42:8' with --seq-length 4: 42 tokens are 10 samples."""
+    out = _prepare(prefix, tmp_path / "c", "--micro-batch-size", "2", "--step-batch-size-schedule",
+                   "0:4 42:8", "--eval-interval", "10", "--eval-iters", "2",
+                   "--prepare-cache-world-size", world, *length)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["train_iters"] == iters and result["train_valid_test_num_samples"] == sizes
+    assert result["step_batch_size_schedule"] == {"text": "0:4 42:8", "seq_length": 4,
+                                                  "steps": [[0, 4], [10, 8]]}
+    refused = _prepare(prefix, tmp_path / "d", "--micro-batch-size", "2", "--global-batch-size",
+                       "8", "--step-batch-size-schedule", "0:4 42:8", *length)
+    assert refused.returncode == 2 and "--global-batch-size are given together" in refused.stderr

@@ -77,8 +77,6 @@ _TOKENIZER_VALUE_FLAGS = (
 """Tokenizer files and options: recorded in ``extras["tokenizer"]`` (tokenload reads token ids,
 it loads no tokenizer)."""
 
-_BATCH_SCHEDULES = ("--step-batch-size-schedule",)
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are ConfigErrors, not a usage message and ``SystemExit``."""
@@ -117,15 +115,6 @@ def _check_leftovers(leftovers: list[str]) -> None:
     for token in leftovers:
         if token.startswith("--"):
             current = token.split("=", 1)[0]
-            if current in _BATCH_SCHEDULES:
-                raise ConfigError(
-                    f"{current} changes the global batch during training; tokenload computes the "
-                    "samples per split from a constant --global-batch-size or a"
-                    " --rampup-batch-size ramp (Megatron refuses the schedule with"
-                    " --global-batch-size)",
-                    hint="write a linear ramp as --rampup-batch-size, or compute the sizes and"
-                    " pass them to build_datasets",
-                )
             if current not in MEGATRON_NON_DATA_FLAGS:
                 raise ConfigError(
                     f"unknown Megatron flag {current}: neither a data flag tokenload maps nor a "
@@ -135,6 +124,37 @@ def _check_leftovers(leftovers: list[str]) -> None:
                 )
         elif current is None:
             raise ConfigError(f"stray argument {token!r} before any flag; expected --flags only")
+
+
+def _check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """A value after a known flag's own values is an unrecognized argument to Megatron's parser
+    (``parse_args`` exits on it), as when a shell splits an unquoted
+    ``--step-batch-size-schedule "0:16 2.4B:320"``; ``parse_known_args`` alone would pass it on
+    as a value of some earlier unknown flag. After an unknown flag any number of values may
+    follow (its arity is Megatron's, not known here)."""
+    room: float | None = None  # values the current flag still takes; None: any
+    flag = None
+    for token in argv:
+        if token.startswith("--"):
+            flag, given, _ = token.partition("=")
+            action = parser._option_string_actions.get(flag)
+            if action is None:
+                room = None
+            elif given:
+                room = 0
+            elif action.nargs in ("*", "+"):
+                room = float("inf")
+            else:
+                room = 1 if action.nargs in (None, "?") else int(action.nargs)
+        elif room is not None:
+            if room <= 0:
+                raise ConfigError(
+                    f"Megatron flags: unrecognized argument {token!r} after {flag} and its"
+                    " value (Megatron's parser refuses it too)",
+                    hint="quote a value that holds spaces, e.g. --step-batch-size-schedule"
+                    ' "0:16 2.4B:320", so that it reaches the job as one argument',
+                )
+            room -= 1
 
 
 def megatron_config_from_args(
@@ -147,7 +167,9 @@ def megatron_config_from_args(
     process's world); ``eod_id``: the tokenizer's end-of-document id, needed by ``--mock-data``
     and the EOD flags unless the tokenizer is ``NullTokenizer`` (its EOD is known).
     """
-    args, leftovers = _megatron_parser().parse_known_args(list(argv))
+    parser = _megatron_parser()
+    _check_strays(parser, argv)
+    args, leftovers = parser.parse_known_args(list(argv))
     _check_leftovers(leftovers)
     if args.seq_length is None:
         raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
@@ -191,8 +213,10 @@ def megatron_config_from_args(
         "micro_batch_size": args.micro_batch_size,
         "data_parallel_size": counts.data_parallel_size,
         "train_iters": counts.train_iters,
-        # --rampup-batch-size: each step's global batch and the samples consumed by a step
-        "rampup_batch_size": counts.rampup_batch_size,
+        # --step-batch-size-schedule: each step's global batch and the samples consumed by a step
+        "step_batch_size_schedule": counts.step_batch_size_schedule,
+        # --rampup-batch-size as given: ignored by every count, as in megatron-core 0.19
+        "rampup_batch_size": args.rampup_batch_size,
         "num_workers": args.num_workers,
         "dataloader_type": args.dataloader_type or "single",
         "tokenizer": _megatron_tokenizer_files(args),

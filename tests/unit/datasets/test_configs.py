@@ -8,6 +8,7 @@ the command line, and the flags after ``pretrain_gpt.py`` go to the importer.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 import subprocess
@@ -94,24 +95,56 @@ def test_llama3_script_with_data_needs_the_eod_only_for_eod_flags(tmp_path):
     assert masked.fields["eod_mask_loss"] and masked.fields["eod_id"] == 128001
 
 
-@pytest.mark.parametrize(("script", "flag"), [
-    ("train_gpt3_175b_distributed.sh", "--step-batch-size-schedule"),
-    ("train_gpt3_175b_distributed.fa0dcc4.sh", "--rampup-batch-size"),
-])
-def test_gpt3_175b_scripts_are_refused_naming_the_batch_schedule(tmp_path, script, flag):
-    """Both published versions pair a batch schedule with flags Megatron refuses it with."""
-    argv = script_argv(tmp_path, script, "ckpt", "tb", "vocab.json", "merges.txt", "/d/pile")
-    with pytest.raises(ConfigError, match=flag):
+def test_gpt3_175b_script_is_refused_naming_the_schedule_as_megatron_refuses_it(tmp_path):
+    """The published script expands its schedule unquoted: bash splits it, and megatron-core
+    0.19.2's parser exits on "unrecognized arguments: 2.4B:320 ..."; quoted, it pairs the
+    schedule with --global-batch-size, which megatron-core's validate_args refuses (ValueError).
+    Quoted and without --global-batch-size it imports with megatron-core's counts: train = iters
+    x micro x dp (12), the schedule's steps from 2.4B tokens = 1,171,875 samples of 2048 tokens."""
+    argv = script_argv(tmp_path, "train_gpt3_175b_distributed.sh", "ckpt", "tb", "vocab.json",
+                       "merges.txt", "/d/pile")
+    with pytest.raises(ConfigError, match="unrecognized argument '2.4B:320' after"
+                                          " --step-batch-size-schedule") as caught:
         megatron_config_from_args(argv, world_size=1536)
-    without = []
-    for token in argv:  # the same script without its schedule parses
-        if token.startswith("--"):
-            skipping = token == flag
-        if not skipping:
-            without.append(token)
-    got = megatron_config_from_args(without, world_size=1536)  # tensor 8 x pipeline 16: 12 dp
-    assert got.fields["split"] == "949,50,1" and got.sizes[0] == 500_000 * 1536
+    assert "quote" in caught.value.hint
+    at = argv.index("--step-batch-size-schedule") + 1
+    quoted = [*argv[:at], " ".join(argv[at:at + 6]), *argv[at + 6:]]
+    with pytest.raises(ConfigError, match="--step-batch-size-schedule and --global-batch-size"):
+        megatron_config_from_args(quoted, world_size=1536)
+    at = quoted.index("--global-batch-size")
+    got = megatron_config_from_args([*quoted[:at], *quoted[at + 2:]], world_size=1536)
+    assert got.fields["split"] == "949,50,1" and got.sizes == [6_000_000, 60_120, 120]
+    schedule = got.extras["step_batch_size_schedule"]
+    assert schedule.steps == ((0, 16), (1_171_875, 320), (2_343_750, 624), (3_515_625, 928),
+                              (4_687_500, 1232), (5_859_375, 1536))
+    assert schedule.consumed_samples(100_000) == 35_046_688  # megatron-core's loop
     assert got.extras["tokenizer"] == {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
+
+
+@pytest.mark.parametrize(("argv", "stray"), [
+    (["--seq-length", "8", "9"], "'9' after --seq-length"),
+    (["--eod-mask-loss", "yes"], "'yes' after --eod-mask-loss"),
+    (["--seed=3", "4"], "'4' after --seed"),
+    (["--rampup-batch-size", "1", "2", "3", "4"], "'4' after --rampup-batch-size"),
+])
+def test_a_value_after_a_known_flags_values_is_refused_as_megatron_refuses_it(argv, stray):
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--num-layers", "2"]
+    assert megatron_config_from_args([*base, "--seq-length", "8"], world_size=1).sizes[0] == 12
+    with pytest.raises(ConfigError, match=f"unrecognized argument {stray}"):
+        megatron_config_from_args([*base, "--seq-length", "8", *argv], world_size=1)
+
+
+def test_gpt3_175b_script_before_the_schedule_imports_with_its_ramp_ignored(tmp_path, caplog):
+    """Its --rampup-batch-size 16 16 5859375 with --train-iters: megatron-core 0.19.2 warns that
+    the flag is deprecated and trains constant batches of 1536 (counts from its own code)."""
+    argv = script_argv(tmp_path, "train_gpt3_175b_distributed.fa0dcc4.sh", "ckpt", "tb",
+                       "vocab.json", "merges.txt", "/d/pile")
+    with caplog.at_level(logging.WARNING, logger="tokenload"):
+        got = megatron_config_from_args(argv, world_size=1536)  # tensor 8 x pipeline 16: 12 dp
+    assert got.sizes == [768_000_000, 7_695_360, 15_360]
+    assert got.extras["rampup_batch_size"] == [16, 16, 5_859_375]
+    assert "--rampup-batch-size 16 16 5859375 is ignored" in caplog.text
 
 
 @pytest.mark.parametrize(("extra", "match"), [

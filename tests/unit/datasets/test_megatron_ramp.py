@@ -1,16 +1,28 @@
-"""``--rampup-batch-size START INCREMENT SAMPLES`` imported with Megatron's arithmetic (issue 36,
-point 14): the training iterations (``update_train_iters``), the valid split's size that follows
-from them, and the samples consumed after each step, against a step-by-step port of Megatron-LM's
-own code written here (megatron-core 0.19.2, the reference venv's, no longer ramps: its
-calculator ignores the flag, so the port follows the last Megatron-LM that did:
-``RampupBatchsizeNumMicroBatchesCalculator.update``, ``update_train_iters``, and the training
-loop's ``consumed_train_samples += batch`` after ``update_num_microbatches``). Megatron refuses a
-ramp with ``--train-iters``, and so does the importer. The ramp never changes the order: a loader
-that takes each step's micro-batches from ``consumed_samples`` serves the unramped stream."""
+"""The batch flags that change or used to change the global batch during training, imported as
+megatron-core 0.19.2 reads them (its ``parse_args`` + ``validate_args`` +
+``init_num_microbatches_calculator`` + ``update_train_iters`` +
+``get_train_valid_test_num_samples``):
+
+* ``--step-batch-size-schedule "THRESHOLD:BS ..."``: the iterations, the sizes, the global batch
+  at a consumed count and the samples consumed after N steps, against megatron-core's own values
+  recorded in tests/fixtures/megatron/batch_schedule/expected.json (random schedules of 1-5
+  entries with K suffixes, thresholds in tokens that are no multiple of the sequence length or of
+  a batch, GPT-3's published token schedules, ``--train-iters`` jobs, every malformed string
+  megatron-core raises on: a ConfigError here);
+* ``--rampup-batch-size START INC SAMPLES``: deprecated in megatron-core 0.19, accepted with any
+  integers, warned about and ignored by every count (with ``--train-samples`` and with
+  ``--train-iters``).
+
+The schedule changes how many micro-batches a step takes, never which sample comes next: a
+loader that takes each step's micro-batches from ``consumed_samples`` serves the constant-batch
+stream."""
 
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,158 +32,165 @@ from tokenload.datasets import build_datasets
 from tokenload.datasets.megatron_flags import megatron_config_from_args
 from tokenload.errors import ConfigError
 from tokenload.loader import build_dataloader
+from tokenload.megatron_args import StepBatchSchedule
+
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "megatron" / "batch_schedule" / "expected.json"
+CASES = json.loads(FIXTURE.read_text())["cases"]
 
 
-class MegatronRamp:
-    """Megatron-LM's ramp, one step at a time, as its code does it."""
-
-    def __init__(self, start, increment, samples, global_batch_size):
-        self.start, self.increment, self.samples = start, increment, samples
-        self.gbs = global_batch_size
-        num_increments = (global_batch_size - start) // increment
-        self.rampup_samples_per_increment = samples / num_increments
-
-    def current_global_batch_size(self, consumed):
-        if consumed > self.samples:
-            return self.gbs
-        steps = int(consumed / self.rampup_samples_per_increment)
-        return self.start + steps * self.increment
-
-    def update_train_iters(self, train_samples):
-        iterations = consumed = 0
-        while consumed <= self.samples:
-            consumed += self.current_global_batch_size(consumed)
-            iterations += 1
-        iterations += (train_samples - consumed) // self.gbs
-        return iterations
-
-    def ramp_steps(self):
-        """The steps of update_train_iters' ramp phase."""
-        return self.update_train_iters(0) - (0 - self.consumed_after_ramp()) // self.gbs
-
-    def consumed_after_ramp(self):
-        consumed = 0
-        while consumed <= self.samples:
-            consumed += self.current_global_batch_size(consumed)
-        return consumed
-
-    def consumed_after(self, iterations):
-        consumed = 0
-        for _ in range(iterations):
-            consumed += self.current_global_batch_size(consumed)
-        return consumed
+def _import(argv, world=1):
+    return megatron_config_from_args(["--data-path", "p", *argv], world_size=world)
 
 
-def _flags(ramp, gbs, train, *, mbs=1, interval=50, eval_iters=3):
-    return [
-        "--data-path",
-        "p",
-        "--seq-length",
-        "8",
-        "--micro-batch-size",
-        str(mbs),
-        "--global-batch-size",
-        str(gbs),
-        "--rampup-batch-size",
-        *map(str, ramp),
-        "--train-samples",
-        str(train),
-        "--eval-interval",
-        str(interval),
-        "--eval-iters",
-        str(eval_iters),
-    ]
+def _label(case):
+    return " ".join(case["argv"])[:120]
 
 
-def _cases():
-    """Ramps of every shape: per-increment sample counts whole and fractional (Megatron's float
-    division decides each boundary), one increment or many, long and short ramps."""
-    rng = np.random.default_rng(36)
-    out = [
-        ((16, 16, 5_859_375), 1536, 300_000_000, 16),  # GPT-3 175B's published ramp, dp 16
-        ((2, 2, 10), 4, 100, 2),
-        ((1, 1, 7), 8, 1000, 1),
-        ((3, 3, 1), 6, 50, 3),
-    ]
-    for _ in range(40):
-        group = int(rng.integers(1, 5))
-        start = group * int(rng.integers(1, 6))
-        increment = group * int(rng.integers(1, 4))
-        gbs = start + increment * int(rng.integers(1, 12))
-        samples = int(rng.integers(1, 20_000))
-        train = samples + int(rng.integers(gbs, 50_000))
-        out.append(((start, increment, samples), gbs, train, group))
-    return out
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}" for i in range(len(CASES))])
+def test_counts_and_steps_equal_megatron_cores(case, caplog):
+    if "megatron_error" in case:
+        with pytest.raises(ConfigError):
+            _import(case["argv"], case["world"])
+        return
+    with caplog.at_level(logging.WARNING, logger="tokenload"):
+        got = _import(case["argv"], case["world"])
+    assert got.extras["train_iters"] == case["train_iters"], _label(case)
+    assert got.sizes == case["sizes"], _label(case)
+    assert got.extras["global_batch_size"] == case["global_batch_size"]
+    warned = any("--rampup-batch-size" in r.getMessage() for r in caplog.records)
+    assert warned == case["warned_rampup"]
+    schedule = got.extras["step_batch_size_schedule"]
+    if "schedule" not in case:
+        assert schedule is None
+        return
+    assert [list(step) for step in schedule.steps] == case["schedule"]
+    for consumed, batch in case["batch_at"]:
+        assert schedule.batch_at(consumed) == batch, consumed
+    for iterations, consumed in case["consumed_after"]:
+        assert schedule.consumed_samples(iterations) == consumed, iterations
 
 
-@pytest.mark.parametrize("ramp, gbs, train, group", _cases())
-def test_iterations_sizes_and_consumed_samples_follow_megatron(ramp, gbs, train, group):
-    got = megatron_config_from_args(_flags(ramp, gbs, train, mbs=group), world_size=1)
-    reference = MegatronRamp(*ramp, gbs)
-    iters = reference.update_train_iters(train)
-    assert got.extras["train_iters"] == iters
-    assert got.sizes == [train, (iters // 50 + 1) * 3 * gbs, 3 * gbs]  # valid from the ramp's iters
-    imported = got.extras["rampup_batch_size"]
-    assert (imported.start, imported.increment, imported.samples) == ramp
-    ramp_steps = reference.ramp_steps()
-    checked = sorted({0, 1, 2, ramp_steps // 2, ramp_steps - 1, ramp_steps, ramp_steps + 5, iters})
-    for k in checked:
-        consumed = reference.consumed_after(k)
-        assert imported.consumed_samples(k) == consumed, k
-        assert imported.batch_at(consumed) == reference.current_global_batch_size(consumed)
+def test_the_fixture_covers_what_it_claims():
+    """Errors, schedules with token thresholds, --train-iters jobs and ignored ramps are there."""
+    errors = [c for c in CASES if "megatron_error" in c]
+    schedules = [c for c in CASES if "schedule" in c]
+    assert len(errors) >= 25 and len(schedules) >= 80
+    assert any("--train-iters" in c["argv"] for c in schedules)
+    assert sum(c.get("warned_rampup", False) for c in CASES) >= 4
+    assert any(c["schedule"][-1][0] > 10**8 for c in schedules)  # GPT-3's 250B tokens
 
 
-def test_every_step_of_a_ramp_matches_megatron():
-    reference = MegatronRamp(8, 8, 10_001, 64)
-    ramp = megatron_config_from_args(_flags((8, 8, 10_001), 64, 50_000, mbs=8), world_size=1)
-    imported = ramp.extras["rampup_batch_size"]
-    consumed = 0
-    for k in range(400):
-        assert imported.consumed_samples(k) == consumed, k
-        consumed += reference.current_global_batch_size(consumed)
+BRIEF = ["--micro-batch-size", "2", "--global-batch-size", "8", "--rampup-batch-size", "4", "4",
+         "1000", "--eval-iters", "2", "--eval-interval", "50", "--seq-length", "8"]
 
 
-def test_a_ramp_without_train_samples_is_refused_as_megatron_refuses_it():
-    flags = _flags((16, 16, 5000), 64, 100_000)
-    iters = [f if f != "--train-samples" else "--train-iters" for f in flags]
-    with pytest.raises(ConfigError, match="--rampup-batch-size 16 16 5000") as caught:
-        megatron_config_from_args(iters, world_size=1)
-    assert "--train-samples" in caught.value.hint and "iteration-based" in caught.value.message
+@pytest.mark.parametrize("length, iters, sizes", [
+    (["--train-samples", "5000"], 625, [5000, 208, 16]),  # the old ramp arithmetic gave 750
+    (["--train-iters", "100"], 100, [800, 48, 16]),  # refused before
+])
+def test_a_ramp_is_ignored_with_a_warning_as_megatron_core_019_does(caplog, length, iters, sizes):
+    with caplog.at_level(logging.WARNING, logger="tokenload"):
+        got = _import([*BRIEF, *length])
+    assert got.extras["train_iters"] == iters and got.sizes == sizes
+    assert got.extras["rampup_batch_size"] == [4, 4, 1000]  # as given
+    assert got.extras["step_batch_size_schedule"] is None
+    [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    message = record.getMessage()
+    assert "--rampup-batch-size 4 4 1000 is ignored" in message
+    assert "megatron-core 0.19" in message and "--step-batch-size-schedule" in message
+    assert record.name == "tokenload.megatron_args"
 
 
-@pytest.mark.parametrize(
-    "ramp, gbs, mbs, world, match",
-    [
-        ((16, 16, 100), 40, 1, 1, "whole number of increments"),
-        ((64, 16, 100), 64, 1, 1, "whole number of increments"),  # no increment at all
-        ((12, 6, 100), 36, 4, 1, "not a multiple of micro batch size 4"),
-        ((16, 16, 100), 64, 1, 12, "x data-parallel size 12"),
-        ((4, 4, 10_000), 8, 1, 1, "more than --train-samples"),
-    ],
-)
-def test_ramps_megatron_cannot_run_are_config_errors(ramp, gbs, mbs, world, match):
-    with pytest.raises(ConfigError, match=match):
-        megatron_config_from_args(_flags(ramp, gbs, 1000, mbs=mbs), world_size=world)
+def test_ramp_values_are_any_integers_as_megatron_parses_them():
+    flags = [*BRIEF, "--train-samples", "5000"]
+    at = flags.index("--rampup-batch-size") + 1
+    flags[at : at + 3] = ["0", "-4", "7"]
+    assert _import(flags).sizes == [5000, 208, 16]
+    flags[at + 1] = "x"
+    with pytest.raises(ConfigError, match="--rampup-batch-size: invalid int value: 'x'"):
+        _import(flags)
 
 
-@pytest.mark.parametrize("bad", ["0", "-4", "x"])
-def test_ramp_values_must_be_positive_integers(bad):
-    flags = _flags((4, 4, 100), 8, 1000)
-    at = flags.index("--rampup-batch-size") + 2
-    with pytest.raises(ConfigError, match="rampup-batch-size"):
-        megatron_config_from_args([*flags[:at], bad, *flags[at + 1 :]], world_size=1)
+SCHEDULE = ["--micro-batch-size", "2", "--seq-length", "8", "--eval-iters", "2",
+            "--eval-interval", "50", "--train-samples", "5000"]
 
 
-def test_the_ramp_changes_the_micro_batches_per_step_never_the_order(tmp_path):
-    """Steps of a ramp take batch_at(consumed) / micro batch micro-batches from the loader; their
-    samples, concatenated, are the constant-batch run's; a resume at step k from
-    consumed_samples(k) continues it."""
+def test_a_schedule_in_tokens_gives_megatrons_steps():
+    """'0:4 100:8' with --seq-length 8: 100 tokens are 12 samples (megatron-core's ``//``); the
+    batch is 4 while fewer than 12 samples are consumed: 3 steps of 4, then 8 (value checked with
+    megatron-core 0.19.2: 627 iterations, sizes [5000, 52, 4], valid/test by micro x dp = 2)."""
+    got = _import([*SCHEDULE, "--step-batch-size-schedule", "0:4 100:8"])
+    schedule = got.extras["step_batch_size_schedule"]
+    assert schedule.steps == ((0, 4), (12, 8)) and schedule.seq_length == 8
+    assert [schedule.batch_of_step(k) for k in range(5)] == [4, 4, 4, 8, 8]
+    assert [schedule.consumed_samples(k) for k in range(5)] == [0, 4, 8, 12, 20]
+    assert got.extras["train_iters"] == 3 + (5000 - 12 + 7) // 8 == 627
+    assert got.sizes == [5000, 52, 4] and got.extras["global_batch_size"] == 2
+    assert schedule.global_batch_size == 8
+
+
+def test_entries_may_come_in_any_order_and_take_suffixes():
+    schedule = StepBatchSchedule.parse("2.5k:16, 0:4 1K:8", None)
+    assert schedule.steps == ((0, 4), (1000, 8), (2500, 16))
+    assert StepBatchSchedule.parse("0:4 1.5M:8 2b:16 3T:32", 10).steps == (
+        (0, 4), (150_000, 8), (200_000_000, 16), (300_000_000_000, 32))
+
+
+def test_walking_by_entries_equals_megatrons_step_by_step_loop():
+    """update_train_iters' loop (one step at a time) on schedules whose thresholds fall inside a
+    batch, on them and past the train samples."""
+    rng = np.random.default_rng(19)
+    for _ in range(200):
+        n = int(rng.integers(1, 5))
+        thresholds = [0, *sorted(rng.choice(np.arange(1, 300), n - 1, replace=False).tolist())]
+        batches = rng.integers(1, 17, n).tolist()
+        schedule = StepBatchSchedule(
+            "", None, tuple(zip(thresholds, batches, strict=True)))
+        for train in (0, 1, int(rng.integers(1, 600))):
+            consumed = iterations = 0
+            while consumed < train:
+                consumed += schedule.batch_at(consumed)
+                iterations += 1
+            assert schedule.train_iters(train) == iterations
+            assert schedule.consumed_samples(iterations) == consumed
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", "has no entry"),
+    ("0:4 8", "entry '8' has no ':'"),
+    ("0:4 1x:8", "the threshold '1x' of entry '1x:8' is not a finite number"),
+    ("0:4 16:inf", "the batch 'inf'"),
+    ("16:4", r"the smallest threshold is 2 \(samples: tokens // --seq-length 8\); expected 0"),
+    ("0:4 7:8", r"two thresholds are both 0 \(samples: tokens // --seq-length 8\)"),
+    ("0:4 16:0.5", "is 0; expected a positive batch"),
+])
+def test_schedules_megatron_core_refuses_are_config_errors(text, match):
+    with pytest.raises(ConfigError, match=match) as caught:
+        _import([*SCHEDULE, "--step-batch-size-schedule", text])
+    assert caught.value.hint
+
+
+def test_a_schedule_with_a_global_batch_size_or_without_a_micro_batch_is_refused():
+    with pytest.raises(ConfigError, match="--global-batch-size are given together") as caught:
+        _import([*SCHEDULE, "--step-batch-size-schedule", "0:4", "--global-batch-size", "4"])
+    assert "drop --global-batch-size" in caught.value.hint
+    no_micro = SCHEDULE[2:]
+    assert "--micro-batch-size" not in no_micro
+    with pytest.raises(ConfigError, match="needs --micro-batch-size"):
+        _import([*no_micro, "--step-batch-size-schedule", "0:4"])
+
+
+def test_the_schedule_changes_the_micro_batches_per_step_never_the_order(tmp_path):
+    """Steps take batch_of_step(k) / micro batch micro-batches from the loader; their samples,
+    concatenated, are the constant-batch run's; a resume at step k from consumed_samples(k)
+    continues it."""
     docs = [np.arange(i, i + 20 + i % 13) % 997 for i in range(300)]
     prefix = write_documents(tmp_path / "d", docs)
-    flags = _flags((2, 2, 30), 8, 200, mbs=2)
-    flags[flags.index("p")] = prefix
-    got = megatron_config_from_args([*flags, "--split", "100,0,0"], world_size=1)
-    ramp = got.extras["rampup_batch_size"]
+    flags = ["--data-path", prefix, "--split", "100,0,0", "--seq-length", "8",
+             "--micro-batch-size", "2", "--step-batch-size-schedule", "0:2 80:4 200:8",
+             "--train-samples", "200", "--eval-iters", "0", "--eval-interval", "50"]
+    got = megatron_config_from_args(flags, world_size=1)
+    schedule = got.extras["step_batch_size_schedule"]
     train = build_datasets(got.config(), got.sizes)[0]
 
     def samples(loader, count):
@@ -179,14 +198,14 @@ def test_the_ramp_changes_the_micro_batches_per_step_never_the_order(tmp_path):
 
     plain = samples(build_dataloader(train, micro_batch_size=2, num_workers=0), 100)
     loader = iter(build_dataloader(train, micro_batch_size=2, num_workers=0))
-    ramped, consumed, steps = [], 0, 0
+    stepped, consumed, steps = [], 0, 0
     while consumed < 150:
-        batch = ramp.batch_at(consumed)
-        ramped += samples(loader, batch // 2)
+        batch = schedule.batch_of_step(steps)
+        stepped += samples(loader, batch // 2)
         consumed, steps = consumed + batch, steps + 1
-        assert consumed == ramp.consumed_samples(steps)
-    assert ramped == plain[:consumed] and steps > 5
-    k = steps // 2  # a resume in the ramp: Megatron's checkpoint at step k
-    at = ramp.consumed_samples(k)
+        assert consumed == schedule.consumed_samples(steps)
+    assert stepped == plain[:consumed] and {schedule.batch_at(c) for c in (0, 10, 25)} == {2, 4, 8}
+    k = steps // 2  # a resume: Megatron's checkpoint at step k
+    at = schedule.consumed_samples(k)
     resumed = build_dataloader(train, micro_batch_size=2, num_workers=0, consumed_samples=at)
     assert samples(resumed, 10) == plain[at : at + 20]
