@@ -489,22 +489,38 @@ def test_a_killed_worker_is_replaced_and_the_packed_rows_are_the_fault_free_ones
     np.testing.assert_array_equal(np.concatenate(got), want)
 
 
-@ORDERS
-def test_a_state_of_concatenated_samples_does_not_resume_into_packed_rows(tmp_path, order):
-    from tokenload.errors import StateError
-
+@pytest.mark.parametrize(
+    "order, change", [("computed", None), ("megatron", "refuse"), ("megatron", "continue")]
+)
+def test_a_state_of_another_packing_does_not_resume(tmp_path, order, change):
+    """Concatenated samples, packed rows and packed rows under another cap count different
+    things: a state of one is refused by the others (with mixture_change="continue" too, which
+    accepts other weights), and resumes into its own."""
     a, _ = corpus(tmp_path, 1, 400, seed=17)
     b, _ = corpus(tmp_path, 2, 400, seed=18)
     blend = ["0.5", a, "0.5", b]
-    concat, _, _ = build_datasets(config(blend=blend, order=order, packing="concat"), [64, 0, 0])
-    packed, _, _ = build_datasets(config(blend=blend, order=order), [64, 0, 0])
-    loader = build_dataloader(concat, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
-    it = iter(loader)
-    next(it)
-    state = loader.state_dict()
-    resumed = build_dataloader(packed, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
-    with pytest.raises(StateError):
-        resumed.load_state_dict(state)
+    extra = {} if change is None else {"mixture_change": change}
+    kinds = [{"packing": "concat"}, {}, {"max_documents_per_row": 2}]
+    datasets = [
+        build_datasets(config(blend=blend, order=order, **kind, **extra), [64, 0, 0])[0]
+        for kind in kinds
+    ]
+    for i, saved in enumerate(datasets):
+        loader = build_dataloader(saved, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        want = next(it)["tokens"].numpy()
+        for j, other in enumerate(datasets):
+            resumed = build_dataloader(
+                other, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0
+            )
+            if i == j:
+                resumed.load_state_dict(state)
+                np.testing.assert_array_equal(next(iter(resumed))["tokens"].numpy(), want)
+            else:
+                with pytest.raises(StateError):
+                    resumed.load_state_dict(state)
 
 
 @pytest.mark.parametrize("extra", [True, False])

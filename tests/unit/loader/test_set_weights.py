@@ -140,6 +140,41 @@ def test_set_weights_twice_at_one_point_and_with_no_workers(files, order):
     assert got == expected
 
 
+def _plain(files, order, weights=(3, 1, 1, 1)):
+    """A factory of a weighted blend with no weights_schedule (its weights in ``blend``)."""
+
+    def make():
+        blend = [x for w, name in zip(weights, NAMES) for x in (str(w), files[name])]
+        cfg = MegatronDataConfig(
+            sequence_length=S,
+            blend=blend,
+            split="100,0,0",
+            cache="off",
+            eod_id=0,
+            order=order,
+            **({"mixture_change": "continue"} if order == "megatron" else {}),
+        )
+        return build_datasets(cfg, [SIZE, 0, 0])[0]
+
+    return make
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+@pytest.mark.parametrize("weights", [[1, 2, 1, 2], [0, 1, 3, 0], [3, 1, 0, 0]])
+def test_set_weights_before_the_first_batch_is_the_declared_schedule(files, order, weights):
+    """A change at sample 0 replaces the first entry (the Megatron order then builds its arrays:
+    those it was built with are the replaced weights'), with a weights_schedule or the blend's
+    own weights; a resume of that run on another topology continues it."""
+    for make in (dataset(files, order), _plain(files, order)):
+        expected, ids, _ = serve(dataset(files, order, [(0, weights)]), 12)
+        got, got_ids, state = serve(make, 6, changes={0: weights}, save_at=6)
+        assert got_ids == ids[: 6 * GROUP], order
+        assert got == expected[: 6 * GROUP]
+        assert {i for i, w in enumerate(weights) if w} == set(ids)
+        tail, _, _ = serve(make, 6 * GROUP // 6, dp=3, mbs=2, state=state)
+        assert got + tail == expected
+
+
 def test_bad_weights_are_refused_before_anything_changes(files):
     for order in ("computed", "megatron"):
         plain, _, _ = serve(dataset(files, order), 8)

@@ -249,6 +249,9 @@ class ContinuableBlendedDataset(BlendedDataset):
         """An entry's ``EntryPlan`` from its weights (``change_weights``)."""
         self.declared = (self.schedule, list(plans), dict(self.entry_spans))
         """The schedule, plans and cached spans the blend was built with."""
+        self.megatron_plan = plans[0]
+        """The first entry's plan as built, whose blending arrays are Megatron's (``megatron``):
+        a ``set_weights`` at sample 0 replaces the first entry, whose arrays are then built."""
         self._firsts = _first_entries(plans)  # source -> its first entry of positive weight
         self._chain(0, np.zeros(len(members), dtype=np.int64))
 
@@ -294,8 +297,9 @@ class ContinuableBlendedDataset(BlendedDataset):
             # The greedy is prefix-stable (step i does not depend on the size), so a segment of
             # entry e, which starts the greedy at step 0, is a prefix of the entry's arrays:
             # Megatron's own for the first entry (built for its blend), the cache's for a later
-            # one; only a later entry without a cache folder builds its segment's.
-            if e == 0:
+            # one; only a later entry without a cache folder, or a first one that set_weights
+            # replaced at sample 0, builds its segment's.
+            if e == 0 and entry is self.megatron_plan:
                 di, dsi = self.megatron.dataset_index, self.megatron.dataset_sample_index
             elif e in self.entry_spans:
                 at, n = self.entry_spans[e]
@@ -572,7 +576,8 @@ def _parse(state: Any, order: str) -> tuple[int, dict[str, dict[str, int]], dict
         found = state.get("order") if isinstance(state, dict) else type(state).__name__
         raise StateError(
             f"the mixture state was saved for order {found!r}; this blend's is {order!r}",
-            hint="resume with the seed, split, sequence length and item options of the saved run",
+            hint="resume with the seed, split, sequence length, item options and packing of the"
+            " saved run",
         )
     try:
         consumed = int(state["consumed"])
@@ -664,8 +669,12 @@ def continuable(
             at += n
         del spans[0]  # the first entry's are read as Megatron's arrays
     keys = distinct_sources([str(p) for p in prefixes])
+    # what a saved cursor counts: a packed source's samples are rows of whole documents, so a
+    # state of another packing (or cap) is another order (concatenation's text is unchanged,
+    # so that its states saved before packing existed still resume)
+    packed = "" if c.packing == "concat" else f"|{c.packing}|{c.max_documents_per_row}"
     order = hashlib.sha256(
-        f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item!r}".encode()
+        f"megatron-blend|{name}|{c.random_seed}|{c.split}|{c.item!r}{packed}".encode()
     ).hexdigest()[:16]
     return ContinuableBlendedDataset(
         blend,
