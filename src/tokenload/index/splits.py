@@ -12,12 +12,15 @@ deliberately naive.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from tokenload.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SPLIT_NAMES",
@@ -40,13 +43,14 @@ Bookend = tuple[float, float]
 SplitMatrix = list[Bookend | None]
 """One bookend per split, ``None`` for a split of zero weight."""
 
-_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
-SEPARATORS = (",", "/")
-"""What separates a split's numbers: Megatron's documented comma, and the slash that Megatron-LM's
-legacy parser and GPT-NeoX split on by name (megatron-core reads both the same)."""
+_NUMBER = re.compile(r"[.0-9]+")
+"""megatron-core's reading of a split string: every run of ASCII digits and dots is a number,
+whatever lies between them."""
+_PLAIN = re.compile(r"[0-9.,/:\s'\"]*")
+"""Characters whose reading needs no warning: numbers, separators, spaces, quotes."""
 _FORM = (
-    "up to 3 non-negative numbers (train, valid, test) separated by commas, such as '99,1,0' or"
-    " '969, 30, 1' ('/' also separates, as in Megatron: '99/1/0')"
+    "up to 3 non-negative numbers (train, valid, test) such as '99,1,0' or '969, 30, 1'"
+    " (megatron-core reads every run of digits and dots as a number, whatever separates them)"
 )
 
 
@@ -69,52 +73,72 @@ def normalize(weights: Sequence[float]) -> list[float]:
 
 
 def parse_split(split: str) -> list[float]:
-    """Parse a split string (``"99,1,0"``, ``"969, 30, 1"``, ``"99/1/0"``) into 3 weights.
+    """Parse a split string (``"99,1,0"``, ``"969, 30, 1"``, ``"99 1"``, ``"99/1"``) into 3
+    weights exactly as megatron-core 0.19.2's ``parse_and_normalize_split`` does.
 
-    The weights are normalized (``normalize``), exactly as megatron-core's
-    ``parse_and_normalize_split`` does: missing trailing numbers are 0. megatron-core takes every
-    run of digits and dots as a number, whatever lies between them; here the numbers must be
-    separated by commas (Megatron's documented form, spaces allowed) or by slashes (the legacy
-    parser's and GPT-NeoX's other separator), the whole optionally in one pair of quotes
-    (Megatron-LM's example scripts pass ``--split '99,1,0'`` with its quotes, which megatron-core
-    skips). So every string accepted here is read as megatron-core reads it, and anything else
-    (``"abc"``, ``"90;10"``, ``"90 10"``, a negative number, which megatron-core turns into a
-    positive one, ``"1e3"``, an empty field) is a ConfigError naming ``split``.
+    Every run of ASCII digits and dots is a number (``float`` of it), whatever lies between the
+    runs; missing trailing numbers are 0; the weights are normalized (``normalize``). So
+    ``"99:1"``, ``"99 1 0"`` and ``"'99,1,0'"`` (with the quotes Megatron-LM's example scripts
+    pass) are ``[0.99, 0.01, 0.0]``, and so is what megatron-core reads the same way: ``"-1,2"``
+    is ``[1, 2]`` and ``"1e3"`` is ``[1, 3]`` (a warning says so when a character other than
+    digits, dots, separators, spaces and quotes is skipped). Where megatron-core raises (a run
+    ``float`` cannot read such as ``"1.2.3"``, more than 3 numbers) or builds nothing it can use
+    (weights summing to 0, as for ``""`` or ``"abc"``, whose NaN fractions make its builder
+    raise; or to infinity, which it turns into no split at all), a ConfigError naming
+    ``split``.
     """
     if not isinstance(split, str):
         raise ConfigError(f"split is {split!r}, expected a string of {_FORM}", field="split")
-    if re.search(r"-\s*[.0-9]", split):
+    runs = _NUMBER.findall(split)
+    values = []
+    for run in runs:
+        try:
+            values.append(float(run))
+        except ValueError:
+            raise ConfigError(
+                f"split is {split!r}, expected {_FORM}; {run!r} is no number (megatron-core's"
+                " float() refuses it)",
+                hint="write it as, e.g., `split='99,1,0'`",
+                field="split",
+            ) from None
+    if len(values) > len(SPLIT_NAMES):
         raise ConfigError(
-            f"split is {split!r}, a negative number; expected {_FORM}",
-            hint="write the split as non-negative numbers, e.g. `split='98,2,0'`",
-            field="split",
-        )
-    text = split.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]  # a quoted string reaches Megatron from its own example scripts
-    used = [sep for sep in SEPARATORS if sep in text]
-    parts = text.split(used[0]) if len(used) == 1 else [text]
-    bad = [p for p in parts if not _NUMBER.fullmatch(p.strip())]
-    if bad or len(used) > 1:
-        found = "',' and '/' are mixed" if len(used) > 1 else f"{bad[0].strip()!r} is no number"
-        raise ConfigError(
-            f"split is {split!r}, expected {_FORM}; {found}",
+            f"split is {split!r}, {len(values)} numbers; expected at most 3 (train, valid, test;"
+            " megatron-core asserts it)",
             hint="write it as, e.g., `split='99,1,0'`",
             field="split",
         )
-    if len(parts) > len(SPLIT_NAMES):
-        raise ConfigError(
-            f"split is {split!r}, {len(parts)} numbers; expected at most 3 (train, valid, test)",
-            field="split",
+    values += [0.0] * (len(SPLIT_NAMES) - len(values))
+    with np.errstate(over="ignore"):
+        total = float(np.sum(np.array(values, dtype=np.float64)))
+    if not 0 < total < float("inf"):
+        outcome = (
+            "its fractions would all be 0 and it would build no split"
+            if total > 0
+            else "its fractions would be NaN, and its build fails"
         )
-    values = [float(p) for p in parts] + [0.0] * (len(SPLIT_NAMES) - len(parts))
-    if not 0 < sum(values) < float("inf"):
         raise ConfigError(
-            f"split is {split!r}, weights summing to {sum(values)}; expected a positive finite sum",
+            f"split is {split!r}, read as the weights {values} summing to {total}; expected a"
+            f" positive finite sum (megatron-core: {outcome})",
             hint="give the training split a positive weight, e.g. `split='99,1,0'`",
             field="split",
         )
+    if not _PLAIN.fullmatch(split):
+        _warn_skipped(split, tuple(values))
     return normalize(values)
+
+
+def _warn_skipped(split: str, values: tuple[float, ...]) -> None:
+    """What megatron-core's reading skipped."""
+    skipped = sorted(set(_PLAIN.sub("", _NUMBER.sub("", split))))
+    logger.warning(
+        "split %r is read as megatron-core reads it, the weights %s: %s between the numbers"
+        " is skipped (a '-' is no sign, an 'e' no exponent); write the split as numbers"
+        " separated by commas, e.g. '99,1,0'",
+        split,
+        list(values),
+        ", ".join(repr(c) for c in skipped),
+    )
 
 
 def split_matrix(split: str) -> SplitMatrix:
