@@ -139,17 +139,23 @@ def test_mock_matches_megatron():
                 assert got["labels"][i].tolist() == item["labels"]
 
 
-def test_blend_of_different_dtypes_is_a_config_error(tmp_path):
-    from support import write_documents
-
-    a = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 20, dtype=np.uint16)
-    b = write_documents(tmp_path / "b", [[70000, 2, 3, 4]] * 20, dtype=np.int32)
-    cfg = MegatronDataConfig(
-        sequence_length=4, blend=["1", a, "1", b], split="1,0,0", path_to_cache=str(tmp_path / "c")
-    )
-    with pytest.raises(ConfigError, match="mixes token dtypes") as info:
-        build_datasets(cfg, [10, 0, 0])
-    assert "HINT" in str(info.value)
+def test_a_blend_of_uint16_and_int32_files_serves_megatron_cores_samples(tmp_path):
+    """megatron-core 0.19.2 builds a blend whose token files differ in dtype (each IndexedDataset
+    reads its own) and returns int64 tokens: tokenload serves the same samples, also int64 (its
+    40 samples recorded in fixtures/megatron/mixed_dtype_blend.json), with and without a cache."""
+    expected = json.loads((FIXTURES / "megatron" / "mixed_dtype_blend.json").read_text())
+    fmt = FIXTURES / "megatron" / "format"
+    u16, i32 = str(fmt / "random_u16"), str(fmt / "int32_large")
+    for options in ({"cache": "off"}, {"path_to_cache": str(tmp_path / "c")}):
+        cfg = MegatronDataConfig(sequence_length=4, random_seed=1234, split="100,0,0",
+                                 blend=["1.0", u16, "1.0", i32], **options)
+        train = build_datasets(cfg, [40, 0, 0])[0]
+        assert len(train) == len(expected["samples"])
+        got = train.__getitems__(list(range(len(train))))
+        assert str(got["tokens"].dtype) == expected["token_dtype"] == str(train[1]["tokens"].dtype)
+        assert [[t.tolist(), lab.tolist()] for t, lab in zip(got["tokens"], got["labels"],
+                                                              strict=True)] == expected["samples"]
+        assert max(map(max, got["tokens"].tolist())) > 65535  # the int32 file's samples are there
 
 
 def test_unwritable_cache_folder_is_a_config_error(tmp_path):
@@ -163,3 +169,27 @@ def test_unwritable_cache_folder_is_a_config_error(tmp_path):
         build_datasets(cfg, [10, 0, 0])
     assert isinstance(info.value, CacheError) and "HINT" in str(info.value)
     assert build_datasets(MegatronDataConfig(**{**cfg.__dict__, "cache": "off"}), [10, 0, 0])[0] is not None
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_mixed_dtype_blend_loads_as_the_same_blend_in_one_dtype(tmp_path, packing):
+    """The loader's micro-batches of a uint16 + int32 blend equal those of the same tokens written
+    as two int32 files (the order depends on no dtype), in both packings."""
+    from support import write_documents
+    from tokenload.loader import build_dataloader
+
+    rng = np.random.default_rng(4)
+    docs = [rng.integers(0, 65535, int(rng.integers(1, 30))).tolist() for _ in range(120)]
+    wide = [rng.integers(0, 200_000, int(rng.integers(1, 30))).tolist() for _ in range(120)]
+    b = write_documents(tmp_path / "b", wide, dtype=np.int32)
+    batches = []
+    for dtype in (np.uint16, np.int32):
+        a = write_documents(tmp_path / f"a-{np.dtype(dtype).name}", docs, dtype=dtype)
+        cfg = MegatronDataConfig(sequence_length=16, blend=["1", a, "2", b], split="100,0,0",
+                                 packing=packing, cache="off")
+        loader = build_dataloader(build_datasets(cfg, [200, 0, 0])[0], micro_batch_size=4,
+                                  num_workers=0)
+        batches.append([{k: (str(v.dtype), v.tolist()) for k, v in batch.items()
+                         if hasattr(v, "dtype")} for batch in loader])
+    assert batches[0] == batches[1] and len(batches[0]) >= 50
+    assert {b["tokens"][0] for b in batches[0]} == {"torch.int64"}

@@ -283,7 +283,7 @@ class MegatronBuilder:
         self, name: str, plan: SplitPlan, split: str | None, matrix: SplitMatrix | None
     ) -> BuiltDataset:
         with self._phase("header_reads"):
-            self._check_dtypes(name, [mid.prefix for mid in plan.datasets])
+            self._open_members([mid.prefix for mid in plan.datasets])
         mids = self._mids(name, plan, split, matrix)
         if not plan.blended:
             return BuiltDataset(mids[0].dataset, mids[0].entry)
@@ -410,16 +410,14 @@ class MegatronBuilder:
             self._facts[prefix] = None if prefix is None else file_facts(self._token_file(prefix))
         return self._facts[prefix]
 
-    def _check_dtypes(self, name: str, prefixes: list[str | None]) -> None:
-        """A blend mixes token files of one dtype only: another dtype means another tokenizer."""
-        dtypes = {p: self._token_file(p).dtype for p in prefixes if p is not None}
-        if len(set(dtypes.values())) > 1:
-            listing = ", ".join(f"{p} ({d})" for p, d in dtypes.items())
-            raise ConfigError(
-                f"the {name} blend mixes token dtypes: {listing}",
-                hint="blend only token files made with the same tokenizer"
-                " (re-tokenize the odd ones out)",
-            )
+    def _open_members(self, prefixes: list[str | None]) -> None:
+        """Open the token file of each member of a split. A blend may mix token dtypes (uint16
+        and int32 files), as megatron-core's: each of its IndexedDatasets reads its own dtype,
+        and every sample comes out as int64 tokens (the same tokenizer can give both: Megatron's
+        reader picks uint16 up to a vocabulary of 65,536, its writer int32 from 65,500)."""
+        for prefix in prefixes:
+            if prefix is not None:
+                self._token_file(prefix)
 
     def _check_not_empty(self, name: str, mid: MidLevelPlan, split: str | None) -> None:
         """ConfigError when the split of ``mid`` holds no tokens but samples are asked of it."""
