@@ -103,7 +103,7 @@ def test_gpt3_175b_script_is_refused_naming_the_schedule_as_megatron_refuses_it(
     x micro x dp (12), the schedule's steps from 2.4B tokens = 1,171,875 samples of 2048 tokens."""
     argv = script_argv(tmp_path, "train_gpt3_175b_distributed.sh", "ckpt", "tb", "vocab.json",
                        "merges.txt", "/d/pile")
-    with pytest.raises(ConfigError, match="unrecognized argument '2.4B:320' after"
+    with pytest.raises(ConfigError, match=r"unrecognized argument '2\.4B:320' after"
                                           " --step-batch-size-schedule") as caught:
         megatron_config_from_args(argv, world_size=1536)
     assert "quote" in caught.value.hint
