@@ -91,3 +91,20 @@ def test_a_step_schedule_gives_megatron_cores_counts(prefix, tmp_path, length, w
     refused = _prepare(prefix, tmp_path / "d", "--micro-batch-size", "2", "--global-batch-size",
                        "8", "--step-batch-size-schedule", "0:4 42:8", *length)
     assert refused.returncode == 2 and "--global-batch-size are given together" in refused.stderr
+
+
+def test_the_plan_shows_a_schedule_and_explicit_sizes_refuse_it(prefix, tmp_path):
+    """The printed plan names each step's batch (not only micro x dp, which sizes the other
+    splits); explicit sizes with a batch schedule or ramp give the sizes twice: refused."""
+    shown = run_cli("prepare-cache", "--data-path", prefix, "--split", "90,5,5", "--seq-length",
+                    "4", "--data-cache-path", tmp_path / "c", "--micro-batch-size", "2",
+                    "--step-batch-size-schedule", "0:4 42:8", "--train-iters", "20",
+                    "--eval-interval", "10", "--eval-iters", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert "batch schedule      4 from sample 0, 8 from sample 10" in shown.stdout
+    assert "global batch size   2 (valid and test: micro x dp)" in shown.stdout
+    for flag in (["--step-batch-size-schedule", "0:4 42:8"], ["--rampup-batch-size", "2", "2", "8"]):
+        refused = _prepare(prefix, tmp_path / "d", "--train-valid-test-num-samples", "80", "8",
+                           "8", *flag)
+        assert refused.returncode == 2
+        assert f"--train-valid-test-num-samples and {flag[0]} both give" in refused.stderr

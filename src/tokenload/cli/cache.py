@@ -333,6 +333,8 @@ def _require(args: argparse.Namespace) -> None:
                 "eval_interval",
                 "global_batch_size",
                 "micro_batch_size",
+                "step_batch_size_schedule",
+                "rampup_batch_size",
                 "full_validation",
                 "skip_train",
             )
@@ -503,7 +505,13 @@ def _report_plan(
     print("preparing index caches with these values (Megatron's arithmetic):")
     print(f"  world size          {counts.world_size}")
     print(f"  data-parallel size  {counts.data_parallel_size}")
-    print(f"  global batch size   {counts.global_batch_size}")
+    by_step = counts.step_batch_size_schedule
+    if by_step is not None:  # each step's batch; Megatron sizes the other splits by micro x dp
+        steps = ", ".join(f"{batch} from sample {start}" for start, batch in by_step.steps)
+        print(f"  batch schedule      {steps}")
+        print(f"  global batch size   {counts.global_batch_size} (valid and test: micro x dp)")
+    else:
+        print(f"  global batch size   {counts.global_batch_size}")
     print(f"  train iterations    {counts.train_iters}")
     shown = ["one epoch" if n is None else n for n in (train, valid, test)]
     print(f"  samples             train {shown[0]}, valid {shown[1]}, test {shown[2]}")
