@@ -46,7 +46,14 @@ from .ledger import Ledger
 from .mapstyle import AnyDataset, loader_dataset
 from .report import MetricsReport
 from .sampler import BatchSampler, CyclicSampler, MicroBatchPlan, PretrainingSampler
-from .state import LoaderState, restore_mixture, weights_changes
+from .state import (
+    LoaderState,
+    Topology,
+    continue_topologies,
+    restore_mixture,
+    topology_history,
+    weights_changes,
+)
 from .workers import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -156,6 +163,11 @@ class TokenloadDataLoader:
             drop_last=config.drop_last,
         )
         self.consumed_samples = consumed_samples
+        # (first global sample, micro_batch_size, dp_size) of each topology the run served with
+        # (state.topology_history): a loader started at consumed_samples knows its own only
+        self._topologies: list[Topology] = [
+            (consumed_samples, config.micro_batch_size, self.dp_size)
+        ]
         self._pool: WorkerPool | None = None
         # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
         self.ledger = self._metrics.ledger = Ledger(self._data, in_order=config.kind == "single")
@@ -404,6 +416,7 @@ class TokenloadDataLoader:
         state["metrics"] = self._metrics.state_dict()
         state["skips"] = self.ledger.state_dict()
         state["accounting"] = self.ledger.as_dict(self.consumed_samples)
+        state["topologies"] = [list(t) for t in self._topologies]
         if self._mixture is not None and self._mixture_resumable:
             state["mixture"] = self._mixture.mixture_state(self.consumed_samples)
             state["weights_changes"] = [[start, list(w)] for start, w in self._changes]
@@ -417,7 +430,9 @@ class TokenloadDataLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue at the saved ``consumed_samples``, with the saved metrics counters (a state
-        without them, from an older tokenload, keeps this loader's)."""
+        without them, from an older tokenload, keeps this loader's) and the saved topology
+        history, this loader's micro-batch size and data-parallel size added from there when they
+        differ (``state.topology_history``)."""
         loaded = LoaderState.from_dict(state)
         mixture = state.get("mixture") if self._mixture_resumable else None
         if mixture is None:
@@ -441,6 +456,12 @@ class TokenloadDataLoader:
                 hint="resume at a global-batch boundary, or choose sizes whose product divides the"
                 " global batch",
             )
+        topologies = continue_topologies(
+            topology_history(state),
+            loaded.consumed_samples,
+            self.config.micro_batch_size,
+            self.dp_size,
+        )
         changes = weights_changes(state) if mixture is not None else []
         changed = "same"
         if mixture is not None and self._mixture is not None:
@@ -464,6 +485,7 @@ class TokenloadDataLoader:
             )
         self.ledger.load_state_dict(state.get("skips") or [], state.get("accounting"))
         self.consumed_samples = loaded.consumed_samples
+        self._topologies = topologies
 
 
 def _check_weights(weights: Any, count: int) -> tuple[float, ...]:

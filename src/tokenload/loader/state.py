@@ -9,11 +9,14 @@ weights and sources may change between runs (``TokenloadDataLoader.load_state_di
 Beside these fields the loader's state dict carries ``"skips"`` (each ``loader.skip``: where, how
 many samples, and how many of each source) and ``"accounting"`` (the job's per-source drawn,
 skipped and delivered samples, tokens and epochs: ``ledger.py``; informational, recomputed on
-load, printed by ``tokenload state``).
+load, printed by ``tokenload state``), and ``"topologies"`` (``topology_history``: the global
+sample from which each micro-batch size and data-parallel size served, for
+``tokenload.provenance``).
 """
 
 from __future__ import annotations
 
+import itertools
 import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,6 +25,14 @@ from ..contract import MixtureCursors
 from ..errors import StateError
 
 STATE_VERSION = 1
+
+TOPOLOGIES_KEPT = 64
+"""Topologies a state's history keeps (one is added per resume on another topology): past it the
+oldest are dropped, and the history then starts later (what served before its first entry is
+not recorded)."""
+
+Topology = tuple[int, int, int]
+"""(first global sample it served, micro_batch_size, dp_size)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,3 +155,59 @@ def restore_mixture(
     for start, weights in changes:
         mixture.change_weights(start, weights)
     return mixture.resume_mixture(state["mixture"])
+
+
+def topology_history(state: dict[str, Any]) -> list[Topology]:
+    """The topologies the run that saved ``state`` served with (``state["topologies"]``): each
+    one's first global sample, micro-batch size and data-parallel size, in order, the last the
+    state's own. A history whose first entry starts after sample 0 does not record the topology of
+    the samples before it. A state without one (saved by a tokenload before it kept one) records
+    only its topology at the save, not whether the run resumed on another one before (a resume
+    that kept micro_batch_size x dp_size leaves no trace in it): its history starts at its
+    ``consumed_samples``. ``StateError`` for a malformed history."""
+    saved = LoaderState.from_dict(state)
+    own = (saved.micro_batch_size, saved.dp_size)
+    raw = state.get("topologies")
+    if raw is None:
+        return [(saved.consumed_samples, *own)]
+    hint = "pass the dict saved from loader.state_dict(), unchanged"
+    try:
+        history = [(int(t[0]), int(t[1]), int(t[2])) for t in raw if len(t) == 3]
+        whole = len(history) == len(raw) and all(
+            isinstance(x, numbers.Integral) and not isinstance(x, bool) for t in raw for x in t
+        )
+    except (TypeError, ValueError, KeyError, IndexError):
+        whole = False
+    if not whole or not history:
+        raise StateError(
+            f"the loader state's topologies is {raw!r}; expected [[first sample,"
+            " micro_batch_size, dp_size], ...]",
+            hint=hint,
+        )
+    starts = [t[0] for t in history]
+    if starts[0] < 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+        raise StateError(
+            f"the loader state's topologies start at samples {starts}; expected increasing"
+            " samples >= 0",
+            hint=hint,
+        )
+    if any(m < 1 or d < 1 for _, m, d in history) or history[-1][1:] != own:
+        raise StateError(
+            f"the loader state's topologies are {history} (first sample, micro_batch_size,"
+            f" dp_size); expected sizes >= 1, the last micro_batch_size={own[0]},"
+            f" dp_size={own[1]} as the state's",
+            hint=hint,
+        )
+    return history
+
+
+def continue_topologies(
+    history: list[Topology], consumed: int, micro_batch_size: int, dp_size: int
+) -> list[Topology]:
+    """``history`` continued by a loader that resumes at global sample ``consumed`` with
+    ``micro_batch_size`` and ``dp_size``: unchanged on the same topology, else the entries from
+    ``consumed`` on replaced by the new topology (at most ``TOPOLOGIES_KEPT``, the newest)."""
+    if history and history[-1][1:] == (micro_batch_size, dp_size):
+        return history
+    kept = [t for t in history if t[0] < consumed]
+    return [*kept, (consumed, micro_batch_size, dp_size)][-TOPOLOGIES_KEPT:]

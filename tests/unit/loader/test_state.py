@@ -149,3 +149,50 @@ def test_a_moved_flat_file_resumes_and_a_same_size_one_does_not(dataset, tmp_pat
     write_flat(other, np.random.default_rng(3).integers(0, 60_000, size=4_001))
     with pytest.raises(StateError, match="fingerprint"):
         _loader(_dataset(other)).load_state_dict(state)
+
+
+def test_the_state_keeps_the_topology_history_of_elastic_resumes(dataset):
+    state = _state(dataset, 3, micro_batch_size=4, dp_size=2)  # 3 micro-batch steps of 8
+    assert state["topologies"] == [[0, 4, 2]]
+    same = _loader(dataset, micro_batch_size=4, dp_size=2)
+    same.load_state_dict(state)
+    _rows(same, 1)
+    assert same.state_dict()["topologies"] == [[0, 4, 2]]  # the same topology: no entry
+    other = _loader(dataset, micro_batch_size=1, dp_size=4)
+    other.load_state_dict(same.state_dict())
+    _rows(other, 2)
+    again = other.state_dict()
+    assert again["consumed_samples"] == 40 and again["topologies"] == [[0, 4, 2], [32, 1, 4]]
+    # an older tokenload's state (no history): known from its save on, not guessed before it
+    old = {k: v for k, v in state.items() if k != "topologies"}
+    resumed = _loader(dataset, micro_batch_size=2, dp_size=2)
+    resumed.load_state_dict(old)
+    assert resumed.state_dict()["topologies"] == [[24, 2, 2]]
+    # a loader started at consumed_samples without a state knows its own topology from there
+    assert _loader(dataset, consumed_samples=16).state_dict()["topologies"] == [[16, 4, 1]]
+
+
+def test_the_topology_history_is_bounded_and_checked(dataset):
+    loader = _loader(dataset, micro_batch_size=1, dp_size=2)
+    for n in range(70):  # 70 resumes, each on another topology: 2 x 1, then 1 x 2, ...
+        state = loader.state_dict()
+        loader = _loader(dataset, micro_batch_size=1 + (n + 1) % 2, dp_size=1 + n % 2)
+        loader.load_state_dict(state)
+        _rows(loader, 1)
+    history = loader.state_dict()["topologies"]
+    assert len(history) == 64  # TOPOLOGIES_KEPT: the oldest dropped, its start moves on
+    assert history[0][0] > 0 and history[-1] == [loader.consumed_samples - 2, 1, 2]
+    state = loader.state_dict()
+    for bad, words in (
+        ([[0, 1]], "expected \\[\\[first sample"),
+        ("[[0, 4, 1]]", "expected \\[\\[first sample"),
+        ([[0, 1.0, 2]], "expected \\[\\[first sample"),
+        ([[8, 1, 1], [4, 1, 2]], "expected increasing"),
+        ([[0, 1, 1]], "the last micro_batch_size=1, dp_size=2"),
+        ([[0, 0, 2]], "expected sizes >= 1"),
+    ):
+        with pytest.raises(StateError, match=words) as info:
+            _loader(dataset, micro_batch_size=1, dp_size=2).load_state_dict(
+                {**state, "topologies": bad}
+            )
+        assert "unchanged" in info.value.hint
