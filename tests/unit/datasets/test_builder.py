@@ -193,3 +193,40 @@ def test_a_mixed_dtype_blend_loads_as_the_same_blend_in_one_dtype(tmp_path, pack
                          if hasattr(v, "dtype")} for batch in loader])
     assert batches[0] == batches[1] and len(batches[0]) >= 50
     assert {b["tokens"][0] for b in batches[0]} == {"torch.int64"}
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_the_computed_order_serves_a_mixed_dtype_blend(tmp_path, packing):
+    """The computed order blends uint16 and int32 files too (its sources are keyed by their
+    content, dtype included, so the same tokens in another dtype are another order: here each
+    row is checked against its source). Source a's tokens are below 1,000, b's from 70,000 (int32
+    only); every row holds tokens of its dataset_id's source only, and a concatenated row is a
+    stretch of that source's token stream."""
+    from support import write_documents
+    from tokenload.loader import build_dataloader
+
+    rng = np.random.default_rng(5)
+    docs = {
+        0: [rng.integers(1, 1000, int(rng.integers(1, 30))).tolist() for _ in range(150)],
+        1: [rng.integers(70_000, 200_000, int(rng.integers(1, 30))).tolist() for _ in range(150)],
+    }
+    a = write_documents(tmp_path / "a", docs[0], dtype=np.uint16)
+    b = write_documents(tmp_path / "b", docs[1], dtype=np.int32)
+    cfg = MegatronDataConfig(sequence_length=16, blend=["1", a, "2", b], split="100,0,0",
+                             packing=packing, order="computed", eod_id=None)
+    loader = build_dataloader(build_datasets(cfg, [240, 0, 0])[0], micro_batch_size=4,
+                              num_workers=0)
+    streams = {d: np.concatenate([np.array(x, dtype=np.int64) for x in docs[d]]) for d in docs}
+    stretches = {d: {tuple(streams[d][i : i + 16]) for i in range(streams[d].size - 15)}
+                 for d in docs}
+    rows = 0
+    for batch in loader:
+        for tokens, source, mask in zip(batch["tokens"].numpy(), batch["dataset_id"].numpy(),
+                                        batch["loss_mask"].numpy()):
+            held = tokens[mask > 0] if packing == "best-fit" else tokens
+            low, high = (1, 999) if source == 0 else (70_000, 199_999)
+            assert ((held >= low) & (held <= high)).all(), (source, held)
+            if packing == "concat":
+                assert tuple(tokens) in stretches[int(source)]
+            rows += 1
+    assert rows == 240 and str(batch["tokens"].dtype) == "torch.int64"

@@ -209,9 +209,6 @@ def test_errors_are_config_errors(files, tmp_path):
         build_computed_datasets(_config([prefix], sequence_length=100_000), [10, 10, 10])
     with pytest.raises(ConfigError, match="block_size"):
         build_computed_datasets(_config([prefix]), [10, 10, 10], block_size=0)
-    other = write_documents(tmp_path / "wide", _documents(3, 100), dtype=np.int32)
-    with pytest.raises(ConfigError, match="mixes token dtypes"):
-        build_computed_datasets(_config(["1", prefix, "1", other]), [10, 10, 10])
     ds = build_computed_datasets(_config([prefix]), [10, 10, 10])[0]
     with pytest.raises(IndexError):
         ds.read_batch([len(ds)])

@@ -134,7 +134,9 @@ class ComputedBlendedDataset(_Items, BlendContract):
             return self._read_packed(draws)
         width = self.item.window
         present = distinct(draws.source).tolist()
-        dtype = self.datasets[present[0]].extent.dtype if present else np.dtype(np.int64)
+        # the members' common dtype (a blend may mix uint16 and int32 files, as Megatron's may)
+        dtypes = [self.datasets[d].extent.dtype for d in present]
+        dtype = np.result_type(*dtypes) if dtypes else np.dtype(np.int64)
         windows = np.empty((idx.size, width), dtype=dtype)
         masking = self.item.inter_document_masking
         seq = self.item.sequence_length

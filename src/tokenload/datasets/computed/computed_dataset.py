@@ -406,16 +406,6 @@ class ComputedBuilder:
                     hint="drop weights_schedule or list the sources in blend",
                 )
             return members[0]
-        dtypes = {m.extent.dtype for m in members}
-        if len(dtypes) > 1:
-            listing = ", ".join(
-                f"{mid.prefix} ({m.extent.dtype})" for mid, m in zip(plan.datasets, members)
-            )
-            raise ConfigError(
-                f"the {plan.split} blend mixes token dtypes: {listing}",
-                hint="blend only token files made with the same tokenizer"
-                " (re-tokenize the odd ones out)",
-            )
         windows = [
             m.samples_per_epoch if getattr(m, "packed", False) else m.grid.num_windows
             for m in members
