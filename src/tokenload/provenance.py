@@ -17,18 +17,25 @@ document index, then the shuffle index and the blend's arrays). docs/PROVENANCE.
 costs.
 
 ``state`` is a loader state (``loader.state_dict()``): its skips (skipped samples are in no
-step), its mixture chain (a schedule, ``set_weights`` changes, a change at a resume) and its
-topology (micro-batch size and data-parallel size, for the rank, micro-batch and row of each
-sample). Steps count the global batches the training loop received: a skip moves the later
-ones. A state whose mixture changed at a resume describes the run from that resume on
-(its chain's origin): earlier steps are answered with the state saved before the change. The
+step; a skip may fall between the micro-batches of a step), its mixture chain (a schedule,
+``set_weights`` changes, a change at a resume) and its topology history (the micro-batch size
+and data-parallel size each sample was served with, across resumes on other topologies:
+``loader.state.topology_history``; for the rank, micro-batch and row of each sample). Steps
+count the global batches the training loop received: a skip moves the later ones. Samples
+served before the history's first entry (a state of an older tokenload, which recorded only
+its topology at the save) have no known rank: ``explain`` refuses their steps with a
+``StateError`` and ``where`` lists them apart (``Steps.unplaced``) with a note, unless both
+sizes are given. A state whose mixture changed at a resume describes the run from that resume
+on (its chain's origin): ``explain`` refuses earlier steps with a ``StateError``, ``where`` says
+in a note which steps it leaves out; ask with the state saved before the change. The
 state is checked against the dataset by the loader's own resume check (``load_state_dict``): one
 saved for other data, another seed or another packing is the ``StateError`` a resume raises.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,7 +43,7 @@ import numpy as np
 from .contract import DocumentSamples, PieceSource
 from .errors import ConfigError, StateError
 from .loader.mapstyle import loader_dataset
-from .loader.state import LoaderState
+from .loader.state import TOPOLOGIES_KEPT, LoaderState, topology_history
 
 __all__ = ["Piece", "Row", "Steps", "explain", "where"]
 
@@ -70,15 +77,31 @@ class Steps:
     """Where a document went: the global steps and the samples (rows) that hold its tokens."""
 
     steps: list[int]
-    """Sorted distinct global steps."""
+    """Sorted distinct global steps (those of ``rows`` and of ``unplaced``)."""
     rows: list[tuple[int, Row]]
     """(step, row) of every sample that holds a token of it, in order."""
     skipped: list[int]
     """Global samples that held it but were skipped (``loader.skip``): in no step."""
+    unplaced: list[tuple[int, int]] = field(default_factory=list)
+    """(step, global sample) of samples that hold it in a step whose topology the state does not
+    record (``notes`` says why): their rank, micro-batch and row are not known."""
+    first_sample: int = 0
+    """The first global sample the answer covers: a state whose mixture changed at a resume
+    describes the run from there on (0: the whole run)."""
+    notes: list[str] = field(default_factory=list)
+    """What the answer does not cover, in words (empty: nothing left out)."""
+
+
+def _integer(name: str, value: Any, least: int, hint: str) -> int:
+    """``value`` (a Python or NumPy integer) as an int >= ``least``; else a ``ConfigError`` that
+    says what was found and expected."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ConfigError(f"{name} is {value!r}; expected an int >= {least}", hint=hint, field=name)
+    return int(value)
 
 
 class _Layout:
-    """Global steps <-> global samples for a loader state: batch size, topology, skips."""
+    """Global steps <-> global samples for a loader state: batch size, topologies, skips."""
 
     def __init__(
         self,
@@ -88,35 +111,75 @@ class _Layout:
         micro_batch_size: int | None,
         dp_size: int | None,
     ) -> None:
-        g = global_batch_size
-        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
-            raise ConfigError(
-                f"global_batch_size is {g!r}; expected a positive int",
-                hint="pass the run's global batch size in samples",
-                field="global_batch_size",
-            )
-        saved = LoaderState.from_dict(state) if state is not None else None
-        mbs = micro_batch_size or (saved.micro_batch_size if saved else g)
-        dp = dp_size or (saved.dp_size if saved else 1)
-        if g % (mbs * dp):
-            raise ConfigError(
-                f"global_batch_size {g} is not a multiple of micro_batch_size {mbs} x dp_size {dp}",
-                hint="pass the run's global batch size, micro-batch size and data-parallel size",
-                field="global_batch_size",
-            )
-        self.g, self.mbs, self.dp = g, mbs, dp
+        g = _integer(
+            "global_batch_size",
+            global_batch_size,
+            1,
+            "pass the run's global batch size in samples",
+        )
+        topology_hint = (
+            "pass the run's micro-batch size and data-parallel size (positive ints), or None to"
+            " take the state's (without a state: one rank reading the whole global batch)"
+        )
+        mbs = (
+            None
+            if micro_batch_size is None
+            else _integer("micro_batch_size", micro_batch_size, 1, topology_hint)
+        )
+        dp = None if dp_size is None else _integer("dp_size", dp_size, 1, topology_hint)
+        named = None
+        if state is None:
+            history = [(0, g if mbs is None else mbs, 1 if dp is None else dp)]
+        else:  # the state's topologies; the sizes given place the samples before its history
+            history = topology_history(state)
+            if mbs is not None or dp is not None:
+                _, last_mbs, last_dp = history[-1]
+                named = (0, last_mbs if mbs is None else mbs, last_dp if dp is None else dp)
+        for start, m, d in [*([named] if named else []), *history]:
+            if g % (m * d):
+                since = f" (the state's topology from global sample {start})" if start else ""
+                raise ConfigError(
+                    f"global_batch_size {g} is not a multiple of micro_batch_size {m} x dp_size"
+                    f" {d}{since}",
+                    hint="pass the run's global batch size, micro-batch size and data-parallel"
+                    " size",
+                    field="global_batch_size",
+                )
+        if named and history[0][0] and mbs is not None and dp is not None:
+            history = [named, *history]
+        self.g = g
+        self.topologies = history
+        self.starts = np.array([t[0] for t in history], dtype=np.int64)
         self.skips = sorted(
             (int(s["at"]), int(s["samples"])) for s in (state or {}).get("skips") or []
         )
         self.length = len(dataset)
 
-    def first_sample(self, step: int) -> int:
-        """The global sample step ``step`` starts at (skips before it passed over)."""
-        k = step * self.g
+    @property
+    def known_from(self) -> int:
+        """The first global sample whose topology is known (the history's first entry)."""
+        return int(self.starts[0])
+
+    def step_samples(self, step: int) -> np.ndarray:
+        """The G global samples step ``step`` received, in the order served: the step's
+        delivered positions, each moved past the skips at or before it (a skip may fall between
+        the micro-batches of a step)."""
+        k = np.arange(step * self.g, step * self.g + self.g, dtype=np.int64)
+        for at, samples in self.skips:
+            k = np.where(k >= at, k + samples, k)
+        return k
+
+    def global_of(self, delivered: int) -> int:
+        """The global sample the training loop received as its ``delivered``-th (from 0)."""
+        k = delivered
         for at, samples in self.skips:
             if at <= k:
                 k += samples
         return k
+
+    def delivered(self, sample: int) -> int:
+        """Samples the training loop received before global sample ``sample``."""
+        return sample - sum(min(n, max(sample - at, 0)) for at, n in self.skips)
 
     def step_of(self, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(step, position in the step) of each served global sample; -1 for a skipped one."""
@@ -130,11 +193,34 @@ class _Layout:
         return np.where(skipped, -1, step), position
 
     def row(self, sample: int, position: int, pieces: tuple[Piece, ...]) -> Row:
-        """Rank, micro-batch and row of the sample at ``position`` of its global step."""
-        group = self.mbs * self.dp
-        micro, within = divmod(position, group)
-        rank, row = divmod(within, self.mbs)
+        """Rank, micro-batch and row of the sample at ``position`` of its global step, by the
+        topology in force at ``sample`` (``placed`` first)."""
+        _, mbs, dp = self.topologies[int(np.searchsorted(self.starts, sample, side="right")) - 1]
+        micro, within = divmod(int(position), mbs * dp)
+        rank, row = divmod(within, mbs)
         return Row(rank, micro, row, sample, pieces)
+
+    def placed(self, sample: int) -> bool:
+        """Whether the state records the topology that served global sample ``sample``."""
+        return sample >= self.known_from
+
+
+_UNPLACED_HINT = (
+    "pass both micro_batch_size= and dp_size= of the run that served it (the CLI's"
+    " --micro-batch-size and --data-parallel-size): they place the samples before the state's"
+    " topology history; or pass the loader state saved before that sample"
+)
+
+
+def _unplaced_why(layout: _Layout) -> str:
+    """Why the rows of samples before the state's topology history have no known place."""
+    return (
+        f"the loader state records the micro-batch and data-parallel sizes only from global"
+        f" sample {layout.known_from} on (a state saved by a tokenload before it kept a topology"
+        " history, a loader started at consumed_samples without a state, or a history past its"
+        f" {TOPOLOGIES_KEPT} newest entries), and the run may have served the samples before it"
+        " on another topology, whose ranks and micro-batches differ"
+    )
 
 
 def _prepared(dataset: Any, state: dict[str, Any] | None, needs: type, what: str) -> Any:
@@ -221,22 +307,24 @@ def explain(
 ) -> list[Row]:
     """The rows of global step ``step`` (from 0) in rank order (rank, then its micro-batches,
     then their rows), each with the pieces of its ``tokens``. ``state``: the loader's state
-    (module docstring); ``micro_batch_size``/``dp_size`` name the topology when no state does
-    (default: one rank reading the whole global batch). Changes ``dataset``'s mixture to the
-    state's (build it for the query)."""
+    (module docstring): each step is laid out with the topology the state's history records for
+    it. ``micro_batch_size``/``dp_size``: without a state, the topology of every step (default:
+    one rank reading the whole global batch); with one, both given, the topology of the samples
+    before its history (a state that does not record them). Changes ``dataset``'s mixture to
+    the state's (build it for the query). ``StateError`` for a step the state cannot answer
+    (before its mixture chain, or before the first sample whose topology it records)."""
     layout = _Layout(dataset, global_batch_size, state, micro_batch_size, dp_size)
     data = _prepared(dataset, state, PieceSource, "explain")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ConfigError(f"step is {step!r}; expected an int >= 0", hint="pass a global step")
-    first = layout.first_sample(step)
-    if first + global_batch_size > layout.length:
+    step = _integer("step", step, 0, "pass a global step of the run, from 0")
+    if step * layout.g + layout.g > _delivered(layout):
+        first, last = (layout.global_of(step * layout.g + i) for i in (0, layout.g - 1))
         raise ConfigError(
-            f"step {step} holds samples {first}..{first + global_batch_size - 1}; the dataset"
-            f" holds {layout.length}",
+            f"step {step} holds samples {first}..{last}; the dataset holds {layout.length}",
             hint="ask for a step of the run, with its global batch size",
             field="step",
         )
-    samples = np.arange(first, first + global_batch_size, dtype=np.int64)
+    samples = layout.step_samples(step)
+    first, last = int(samples[0]), int(samples[-1])
     try:
         p = data.sample_pieces(samples)
     except IndexError as exc:  # before the chain of a state whose mixture changed at a resume
@@ -244,6 +332,12 @@ def explain(
             f"step {step} is before the state's mixture chain ({exc})",
             hint="pass the loader state saved before the mixture changed (or none)",
         ) from None
+    if not layout.placed(first):
+        raise StateError(
+            f"step {step} (global samples {first}..{last}) was served before global sample"
+            f" {layout.known_from}; {_unplaced_why(layout)}",
+            hint=_UNPLACED_HINT,
+        )
     rows = []
     for i, k in enumerate(samples.tolist()):
         lo, hi = int(p.offsets[i]), int(p.offsets[i + 1])
@@ -276,32 +370,110 @@ def where(
     of member ``source`` of the blend (0 for one source), with the rows; samples a skip dropped
     are listed apart. ``steps``: the run's training steps (default: every whole step the
     dataset holds; Megatron's order builds whole epochs, often more than the run draws). Direct
-    (module docstring): no pass over the steps."""
+    (module docstring): no pass over the steps. What the state cannot answer is said in
+    ``Steps.notes``: the steps before a mixture change at a resume (``Steps.first_sample``), and
+    the rank, micro-batch and row of samples served before the state's topology history
+    (``Steps.unplaced``)."""
     layout = _Layout(dataset, global_batch_size, state, micro_batch_size, dp_size)
     data = _prepared(dataset, state, DocumentSamples, "where")
     members = len(loader_dataset(dataset).describe_sources().members)
-    if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < members:
+    if (
+        isinstance(source, bool)
+        or not isinstance(source, numbers.Integral)
+        or not 0 <= source < members
+    ):
         raise ConfigError(
             f"source is {source!r}; the dataset has {members} source(s), numbered from 0",
             hint="pass the member's 0-based position in the blend",
             field="source",
         )
-    if isinstance(document, bool) or not isinstance(document, int) or document < 0:
-        raise ConfigError(f"document is {document!r}; expected an int >= 0", hint="")
+    source = int(source)
+    document = _integer(
+        "document", document, 0, "pass the document's index in the source's token file, from 0"
+    )
+    count = _documents(data, source, members)
+    if count is not None and document >= count:
+        raise ConfigError(
+            f"document is {document}; source {source}'s token file holds {count} documents"
+            f" (sequences), numbered 0..{count - 1}",
+            hint="pass a document index of that token file (for Megatron's order the sequence"
+            " id in its .idx), or another --source",
+            field="document",
+        )
+    if steps is not None:
+        steps = _integer("steps", steps, 0, "pass the run's training steps, or None for all")
     samples = np.sort(np.asarray(data.samples_of(source, document), dtype=np.int64))
     step, position = layout.step_of(samples)
     whole = step * layout.g + layout.g <= _delivered(layout)  # a last partial step: not served
-    served = (step >= 0) & whole & (step < (np.iinfo(np.int64).max if steps is None else steps))
-    rows = [
-        (int(s), layout.row(int(k), int(p), ()))
-        for s, k, p in zip(step[served].tolist(), samples[served].tolist(), position[served])
-    ]
-    last = layout.first_sample(steps) if steps is not None else layout.length
+    bound = layout.length if steps is None else min(steps, layout.length)
+    served = (step >= 0) & whole & (step < bound)
+    rows, unplaced = [], []
+    for s, k, p in zip(step[served].tolist(), samples[served].tolist(), position[served]):
+        if layout.placed(k):
+            rows.append((s, layout.row(k, p, ())))
+        else:
+            unplaced.append((s, k))
+    last = (
+        layout.length if steps is None else min(layout.global_of(steps * layout.g), layout.length)
+    )
+    notes = []
+    origin = _chain_origin(data, state, layout.length)
+    covered = -(-layout.delivered(origin) // layout.g)  # the first step wholly in the chain
+    if origin and (steps is None or steps > 0):
+        notes.append(
+            f"steps before {covered} (global samples before {origin}) are not covered: the"
+            f" loader state's mixture changed at the resume at global sample {origin}, and its"
+            " chain starts there; ask with the loader state saved before the change for them"
+        )
+    if unplaced:
+        notes.append(
+            f"the rank, micro-batch and row of {len(unplaced)} sample(s) (steps"
+            f" {sorted({s for s, _ in unplaced})}) are not known: {_unplaced_why(layout)}; to"
+            f" place them, {_UNPLACED_HINT}"
+        )
     return Steps(
-        steps=sorted({s for s, _ in rows}),
+        steps=sorted({s for s, _ in rows} | {s for s, _ in unplaced}),
         rows=rows,
         skipped=samples[(step < 0) & (samples < last)].tolist(),
+        unplaced=unplaced,
+        first_sample=origin,
+        notes=notes,
     )
+
+
+def _documents(data: Any, source: int, members: int) -> int | None:
+    """Documents (sequences) of member ``source``'s token file, or None when the dataset does
+    not say (then any document >= 0 is asked)."""
+    blended = getattr(data, "datasets", None)
+    member = blended[source] if isinstance(blended, list) and len(blended) == members else data
+    lengths = getattr(getattr(member, "source", None), "sequence_lengths", None)
+    return None if lengths is None else len(lengths)
+
+
+def _chain_origin(data: Any, state: dict[str, Any] | None, length: int) -> int:
+    """The first global sample of the state's mixture chain: 0, or for a state whose mixture
+    changed at a resume, that resume's (``sample_pieces`` refuses the samples before it with an
+    ``IndexError``). A binary search of at most log2(consumed) one-sample reads."""
+    if state is None or state.get("mixture") is None or not length:
+        return 0
+
+    def answered(k: int) -> bool:
+        try:
+            data.sample_pieces(np.array([k], dtype=np.int64))
+        except IndexError:
+            return False
+        return True
+
+    if answered(0):
+        return 0
+    consumed = LoaderState.from_dict(state).consumed_samples
+    lo, hi = 0, min(consumed, length - 1)  # lo refused; the chain starts at or before consumed
+    if not answered(hi):
+        return consumed
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if answered(mid) else (mid, hi)
+    return hi
 
 
 def _delivered(layout: _Layout) -> int:

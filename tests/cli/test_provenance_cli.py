@@ -162,3 +162,54 @@ def test_a_cap_without_packing_is_refused_in_flags(data):
                    "--max-documents-per-row", 3)  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "--packing best-fit" in done.stderr and "packing=" not in done.stderr
+
+
+def test_where_says_what_the_state_cannot_answer_and_refuses_a_document_past_the_file(
+    data, tmp_path
+):
+    _, prefixes, states = data
+    # the run served 3 steps of blend 1:1, then resumed on blend 1:3 (a new mixture chain)
+    loader = build_dataloader(dataset(prefixes, "computed"), micro_batch_size=2, dp_rank=0,
+                              dp_size=2, num_workers=0)  # fmt: skip
+    batches = iter(loader)
+    for _ in range(6):
+        next(batches)
+    weighted = ["--data-path", "1", prefixes[0], "3", prefixes[1]]
+    other = MegatronDataConfig(sequence_length=S, blend=weighted[1:], split="100,0,0",
+                               cache="off", order="computed")  # fmt: skip
+    resumed = build_dataloader(build_datasets(other, [TRAIN, 0, 0])[0], micro_batch_size=2,
+                               dp_rank=0, dp_size=2, num_workers=0)  # fmt: skip
+    resumed.load_state_dict(loader.state_dict())
+    loader.close()
+    batches = iter(resumed)
+    for _ in range(2):
+        next(batches)
+    (tmp_path / "state-computed.json").write_text(json.dumps(resumed.state_dict()))
+    resumed.close()
+    base = flags(tmp_path, prefixes, "computed")
+    base[1:5] = weighted[1:]
+    done = run_cli("where", "--source", 0, "--document", 1, *base)
+    assert done.returncode == 0, done.stderr
+    notes = [x for x in done.stdout.splitlines() if x.startswith("note: ")]
+    assert len(notes) == 1 and "steps before 3 (global samples before 24) are not covered" in notes[0]
+    assert "(from global sample 24 on)" in done.stdout.splitlines()[0]
+    # a state of an older tokenload (no topology history): the steps, their ranks unknown
+    old = {k: v for k, v in states["computed"].items() if k != "topologies"}
+    (tmp_path / "state-computed.json").write_text(json.dumps(old))
+    base = flags(tmp_path, prefixes, "computed")
+    first = explain(dataset(prefixes, "computed"), step=0, global_batch_size=G, micro_batch_size=2,
+                    dp_size=2)  # fmt: skip
+    document = first[0].pieces[0].document
+    done = run_cli("where", "--source", first[0].pieces[0].source, "--document", document, *base)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any(x.split()[:4] == ["0", "?", "?", "?"] for x in lines), done.stdout
+    assert any(x.startswith("note: ") and "only from global sample 32" in x for x in lines)
+    done = run_cli("explain", "--step", 0, *base)
+    assert done.returncode == 2 and "only from global sample 32" in done.stderr
+    done = run_cli("explain", "--step", 0, *base, "--data-parallel-size", 2)  # both sizes given
+    assert done.returncode == 0, done.stderr
+    # a document past the token file (60 documents): one line, exit 2
+    done = run_cli("where", "--source", 1, "--document", 60, *base)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "holds 60 documents" in done.stderr and "numbered 0..59" in done.stderr

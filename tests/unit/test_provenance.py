@@ -39,14 +39,14 @@ def prefixes(tmp_path_factory):
     return out
 
 
-def build(prefixes, order):
+def build(prefixes, order, schedule=((0, [3, 1, 0]), (96, [1, 1, 2]))):
     blend = [x for p in prefixes for x in ("1", p)]
     cfg = MegatronDataConfig(
         sequence_length=S,
         blend=blend,
         split="100,0,0",
         order=order,
-        weights_schedule=[(0, [3, 1, 0]), (96, [1, 1, 2])],
+        weights_schedule=list(schedule),
         **({"mixture_change": "continue"} if order == "megatron" else {}),
     )
     return build_datasets(cfg, [SIZE, 0, 0])[0]
@@ -221,3 +221,196 @@ def test_a_state_of_another_packing_or_seed_is_refused_as_the_loader_refuses_it(
             where(data(**other), source=0, document=1, global_batch_size=G, state=state)
         assert explained.value.message == found.value.message == resumed.value.message
         assert words in explained.value.hint and "random_seed" in explained.value.hint
+
+
+def serve(phases, skips=()):
+    """The rows the loaders served, phase by phase: each phase ``(make, dp, mbs, steps)``
+    resumes from the state the last one saved, on ``dp`` ranks of micro-batch ``mbs`` reading
+    ``make()``; ``skips``: ``(step, micro-batch, samples)``, skipped on every rank before that
+    micro-batch. ``{(step, rank, micro-batch, row): tokens}`` and the last state."""
+    served, state, step = {}, None, 0
+    skipped = {(s, m): n for s, m, n in skips}
+    for make, dp, mbs, steps in phases:
+        loaders = []
+        for rank in range(dp):
+            loader = build_dataloader(
+                make(), micro_batch_size=mbs, dp_rank=rank, dp_size=dp, num_workers=0
+            )
+            if state is not None:
+                loader.load_state_dict(state)
+            loaders.append(loader)
+        iters = [iter(x) for x in loaders]
+        for _ in range(steps):
+            for micro in range(G // (mbs * dp)):
+                if (step, micro) in skipped:
+                    for x in loaders:
+                        x.skip(samples=skipped[step, micro])
+                for rank, it in enumerate(iters):
+                    for row, tokens in enumerate(next(it)["tokens"].numpy().tolist()):
+                        served[step, rank, micro, row] = tokens
+            step += 1
+        state = json.loads(json.dumps(loaders[0].state_dict()))
+        for x in loaders:
+            x.close()
+    return served, state
+
+
+def assert_explained(make, served, steps, state, **topology):
+    """``explain`` of each of ``steps`` lists the rows served, at the rank, micro-batch and row
+    that received them, each rebuilding its tokens."""
+    for step in steps:
+        rows = explain(make(), step=step, global_batch_size=G, state=state, **topology)
+        assert sorted((r.rank, r.micro_batch, r.row) for r in rows) == sorted(
+            k[1:] for k in served if k[0] == step
+        ), step
+        for r in rows:
+            assert rebuilt(r) == served[step, r.rank, r.micro_batch, r.row], (step, r)
+
+
+def held_by(served, source, document):
+    """(step, rank, micro-batch, row) of every served row holding a token of the document."""
+    out = []
+    for key, tokens in served.items():
+        s, d, _ = decode(tokens)
+        if ((s == source) & (d == document)).any():
+            out.append(key)
+    return sorted(out)
+
+
+def where_rows(found, steps):
+    return sorted((s, r.rank, r.micro_batch, r.row) for s, r in found.rows if s < steps)
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_steps_before_an_elastic_resume_keep_the_topology_they_ran_with(prefixes, order):
+    # 2 ranks x micro-batch 2, then 4 x 1 (the same samples per micro-batch step: nothing but
+    # the history tells them apart), then 1 x 4; G = 8 is two micro-batch steps on each
+    def make():
+        return build(prefixes, order)
+
+    served, state = serve([(make, 2, 2, 4), (make, 4, 1, 3), (make, 1, 4, 2)])
+    assert state["topologies"] == [[0, 2, 2], [32, 1, 4], [56, 4, 1]]
+    assert_explained(make, served, range(9), state)
+    rng = np.random.default_rng(5)
+    keys = sorted({k for t in served.values() for k in zip(*decode(t)[:2], strict=True)})
+    for source, document in [keys[i] for i in rng.choice(len(keys), size=12, replace=False)]:
+        found = where(make(), source=source, document=document, global_batch_size=G, state=state)
+        assert where_rows(found, 9) == held_by(served, source, document), (source, document)
+        assert not found.unplaced and not found.notes
+
+
+def test_a_state_without_the_topology_history_says_it_cannot_place_earlier_steps(prefixes):
+    def make():
+        return build(prefixes, "computed")
+
+    served, state = serve([(make, 2, 2, 4), (make, 4, 1, 3)])
+    old = {k: v for k, v in state.items() if k != "topologies"}  # as an older tokenload saved
+    with pytest.raises(StateError, match="only from global sample 56") as refused:
+        explain(make(), step=1, global_batch_size=G, state=old)
+    assert "micro_batch_size= and dp_size=" in refused.value.hint
+    rows = explain(make(), step=7, global_batch_size=G, state=old)  # from its save on: its own
+    assert [(r.rank, r.micro_batch, r.row) for r in rows][:3] == [(0, 0, 0), (0, 1, 0), (1, 0, 0)]
+    # both sizes given: they place the samples before the state's history
+    assert_explained(make, served, range(4), old, micro_batch_size=2, dp_size=2)
+    source, document = (int(x[0]) for x in decode(served[1, 1, 1, 1])[:2])
+    found = where(make(), source=source, document=document, global_batch_size=G, state=old)
+    held = held_by(served, source, document)
+    assert sorted({k[0] for k in held}) == [s for s in found.steps if s < 7]
+    assert {s for s, _ in found.unplaced} == {k[0] for k in held}
+    assert not found.rows or min(s for s, _ in found.rows) >= 7
+    assert len(found.notes) == 1 and "global sample 56" in found.notes[0]
+    # a loader that resumes such a state on another topology records where it began
+    loader = build_dataloader(make(), micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=0)
+    loader.load_state_dict(old)
+    assert loader.state_dict()["topologies"] == [[56, 8, 1]]
+    loader.close()
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_explain_places_the_rows_after_a_skip_between_the_micro_batches_of_a_step(
+    prefixes, order
+):
+    def make():
+        return build(prefixes, order)
+
+    # step 1's second micro-batch step comes after a skip of 4 samples (one micro-batch step)
+    served, state = serve([(make, 2, 2, 5)], skips=[(1, 1, 4)])
+    assert [(s["at"], s["samples"]) for s in state["skips"]] == [(12, 4)]
+    assert_explained(make, served, range(5), state)
+    rows = explain(make(), step=1, global_batch_size=G, state=state)
+    assert sorted(r.sample for r in rows) == [8, 9, 10, 11, 16, 17, 18, 19]
+    source, document = (int(x[0]) for x in decode(served[1, 0, 1, 0])[:2])
+    found = where(make(), source=source, document=document, global_batch_size=G, state=state)
+    assert where_rows(found, 5) == held_by(served, source, document)
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_where_names_the_steps_before_a_mixture_change_at_a_resume(prefixes, order):
+    def before():
+        return build(prefixes, order)
+
+    def after():  # other weights from the resume on: a new mixture chain
+        return build(prefixes, order, schedule=[(0, [1, 1, 1])])
+
+    served, state = serve([(before, 2, 2, 5), (after, 2, 2, 4)])
+    keys = sorted({k for t in served.values() for k in zip(*decode(t)[:2], strict=True)})
+    only_before = [
+        k for k in keys if {s for s, *_ in held_by(served, *k)} <= {0, 1, 2, 3, 4}
+    ]
+    assert only_before
+    for source, document in only_before[:5]:
+        found = where(after(), source=source, document=document, global_batch_size=G, state=state)
+        assert [s for s in found.steps if s < 9] == [] and found.first_sample == 5 * G
+        assert len(found.notes) == 1
+        assert "steps before 5 (global samples before 40) are not covered" in found.notes[0]
+    for source, document in keys[::7]:
+        found = where(after(), source=source, document=document, global_batch_size=G, state=state)
+        assert where_rows(found, 9) == [k for k in held_by(served, source, document) if k[0] >= 5]
+    with pytest.raises(StateError, match="before the state's mixture chain"):
+        explain(after(), step=4, global_batch_size=G, state=state)
+    assert_explained(after, served, range(5, 9), state)
+
+
+def test_where_refuses_a_document_past_the_token_file_with_the_range(prefixes):
+    for document in (120, 10**9, 2**63):  # the token files hold 120 documents each
+        with pytest.raises(ConfigError, match=r"holds 120 documents .*numbered 0\.\.119") as e:
+            where(build(prefixes, "megatron"), source=1, document=document, global_batch_size=G)
+        assert e.value.field == "document" and "token file" in e.value.hint
+    last = [
+        where(build(prefixes, "computed"), source=s, document=119, global_batch_size=G).steps
+        for s in range(SOURCES)
+    ]
+    assert any(last)  # the last document is in range: answered
+
+
+def test_bad_sizes_and_query_values_are_config_errors_with_what_to_do(prefixes):
+    data = build(prefixes, "computed")
+    for sizes, name in (
+        ({"micro_batch_size": 0}, "micro_batch_size is 0"),
+        ({"dp_size": 0, "micro_batch_size": 0}, "micro_batch_size is 0"),
+        ({"dp_size": 0}, "dp_size is 0"),
+        ({"micro_batch_size": -2, "dp_size": -4}, "micro_batch_size is -2"),
+        ({"micro_batch_size": 2.0}, "micro_batch_size is 2.0"),
+    ):
+        for query in (explain, where):
+            asked = {"step": 0} if query is explain else {"source": 0, "document": 1}
+            with pytest.raises(ConfigError, match=name) as e:
+                query(data, global_batch_size=G, **asked, **sizes)
+            assert "expected an int >= 1" in e.value.message and e.value.hint
+    for asked, name in (
+        ({"steps": -1}, "steps is -1"),
+        ({"document": -1}, "document is -1"),
+        ({"document": "3"}, "document is '3'"),
+    ):
+        with pytest.raises(ConfigError, match=name) as e:
+            where(data, source=0, global_batch_size=G, **{"document": 1, **asked})
+        assert "expected an int >= 0" in e.value.message and e.value.hint
+    # NumPy integers are integers
+    rows = explain(data, step=np.int64(3), global_batch_size=np.int64(G), dp_size=np.int32(2),
+                   micro_batch_size=np.int64(2))  # fmt: skip
+    assert rows == explain(data, step=3, global_batch_size=G, dp_size=2, micro_batch_size=2)
+    assert {r.rank for r in rows} == {0, 1}
+    found = where(data, source=np.int64(0), document=np.uint16(5), global_batch_size=G,
+                  steps=np.int64(20))  # fmt: skip
+    assert found == where(data, source=0, document=5, global_batch_size=G, steps=20)
+    assert found.steps

@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "where",
         help="every training step whose rows hold a token of a document",
         description="Print every global step (with rank, micro-batch and row) whose input tokens"
-        " hold a token of --document of --source, by inverting the order (no scan of the steps).",
+        " hold a token of --document of --source, by inverting the order (no scan of the steps);"
+        " 'note:' lines say what the state cannot answer (the steps before a mixture change at a"
+        " resume; the rank of rows served before the first topology the state records).",
     )
     w.add_argument("--source", type=at_least(int, 0), default=0, help="the blend member, 0-based")
     w.add_argument(
@@ -81,7 +83,8 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--data-parallel-size",
         type=positive(int),
-        help="ranks of the job (default: the state's, else 1)",
+        help="ranks of the job (default: the state's, step by step, else 1); this or"
+        " --micro-batch-size given, they name every step's topology in place of the state's",
     )
     lengths = p.add_argument_group("batch and length (Megatron's arithmetic)")
     batch_flags(lengths)
@@ -225,16 +228,22 @@ def run_where(args: argparse.Namespace) -> int:
         **_topology(args),
     )
     name = names[args.source] if args.source < len(names) else "?"
+    unplaced = f", {len(found.unplaced)} rows of unknown rank" if found.unplaced else ""
+    covered = f" (from global sample {found.first_sample} on)" if found.first_sample else ""
     print(
         f"source {args.source} ({name}), document {args.document}: {len(found.steps)} steps,"
-        f" {len(found.rows)} rows"
+        f" {len(found.rows)} rows{unplaced}{covered}"
     )
-    if found.rows:
+    if found.rows or found.unplaced:
         print("step  rank  micro  row  sample")
     for step, r in found.rows:
         print(f"{step:4d} {r.rank:5d} {r.micro_batch:6d} {r.row:4d} {r.sample:7d}")
+    for step, sample in found.unplaced:  # the state does not record their topology
+        print(f"{step:4d} {'?':>5} {'?':>6} {'?':>4} {sample:7d}")
     if found.skipped:
         print(f"skipped (loader.skip, in no step): samples {found.skipped}")
+    for note in found.notes:
+        print(f"note: {note}")
     return 0
 
 
