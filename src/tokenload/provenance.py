@@ -34,9 +34,12 @@ saved for other data, another seed or another packing is the ``StateError`` a re
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,7 +48,7 @@ from .errors import ConfigError, StateError
 from .loader.mapstyle import loader_dataset
 from .loader.state import TOPOLOGIES_KEPT, LoaderState, topology_history
 
-__all__ = ["Piece", "Row", "Steps", "explain", "where"]
+__all__ = ["BatchSchedule", "Piece", "Row", "Steps", "explain", "where"]
 
 
 @dataclass(frozen=True)
@@ -100,23 +103,68 @@ def _integer(name: str, value: Any, least: int, hint: str) -> int:
     return int(value)
 
 
+class BatchSchedule(Protocol):
+    """A global batch that changes with the samples received (``megatron_args.
+    StepBatchSchedule``, megatron-core's ``--step-batch-size-schedule``): ``(threshold in
+    samples, batch)`` pairs from threshold 0."""
+
+    @property
+    def steps(self) -> Sequence[tuple[int, int]]: ...
+
+
+def _step_segments(global_batch_size: int | BatchSchedule) -> list[tuple[int, int, int]]:
+    """``(first step, samples received before it, batch)`` of each run of steps of one global
+    batch: one for a constant batch (an int); for a batch schedule (an object with ``steps``,
+    ``(threshold in samples, batch)`` pairs from threshold 0, as megatron-core's
+    ``--step-batch-size-schedule`` gives them: ``megatron_args.StepBatchSchedule``), a step's
+    batch is that of the last threshold at or below the samples received before it."""
+    entries = getattr(global_batch_size, "steps", None)
+    hint = "pass the run's global batch size in samples, or its StepBatchSchedule"
+    if entries is None:
+        return [(0, 0, _integer("global_batch_size", global_batch_size, 1, hint))]
+    try:
+        pairs = [(int(t), int(b)) for t, b in entries]
+    except (TypeError, ValueError):
+        pairs = []
+    if (
+        not pairs
+        or pairs[0][0] != 0
+        or any(b < 1 for _, b in pairs)
+        or any(a[0] >= b[0] for a, b in itertools.pairwise(pairs))
+    ):
+        raise ConfigError(
+            f"global_batch_size's schedule is {entries!r}; expected (threshold, batch) pairs from"
+            " threshold 0, thresholds increasing, batches >= 1",
+            hint=hint,
+            field="global_batch_size",
+        )
+    thresholds = [t for t, _ in pairs]
+    segments: list[tuple[int, int, int]] = []
+    step = received = 0
+    while True:
+        i = bisect.bisect_right(thresholds, received) - 1
+        batch = pairs[i][1]
+        segments.append((step, received, batch))
+        if i + 1 == len(pairs):
+            return segments
+        n = -(-(thresholds[i + 1] - received) // batch)  # steps until one passes the threshold
+        step, received = step + n, received + n * batch
+
+
 class _Layout:
     """Global steps <-> global samples for a loader state: batch size, topologies, skips."""
 
     def __init__(
         self,
         dataset: Any,
-        global_batch_size: int,
+        global_batch_size: int | BatchSchedule,
         state: dict[str, Any] | None,
         micro_batch_size: int | None,
         dp_size: int | None,
     ) -> None:
-        g = _integer(
-            "global_batch_size",
-            global_batch_size,
-            1,
-            "pass the run's global batch size in samples",
-        )
+        self.segments = _step_segments(global_batch_size)
+        g = int(self.segments[0][2])  # the first step's batch (a constant batch: every step's)
+        batches = sorted({int(b) for _, _, b in self.segments})
         topology_hint = (
             "pass the run's micro-batch size and data-parallel size (positive ints), or None to"
             " take the state's (without a state: one rank reading the whole global batch)"
@@ -136,18 +184,22 @@ class _Layout:
                 _, last_mbs, last_dp = history[-1]
                 named = (0, last_mbs if mbs is None else mbs, last_dp if dp is None else dp)
         for start, m, d in [*([named] if named else []), *history]:
-            if g % (m * d):
+            odd = [b for b in batches if b % (m * d)]
+            if odd:
                 since = f" (the state's topology from global sample {start})" if start else ""
                 raise ConfigError(
-                    f"global_batch_size {g} is not a multiple of micro_batch_size {m} x dp_size"
-                    f" {d}{since}",
+                    f"global_batch_size {odd[0]} is not a multiple of micro_batch_size {m} x"
+                    f" dp_size {d}{since}",
                     hint="pass the run's global batch size, micro-batch size and data-parallel"
                     " size",
                     field="global_batch_size",
                 )
         if named and history[0][0] and mbs is not None and dp is not None:
             history = [named, *history]
-        self.g = g
+        first_steps, first_samples, sizes = zip(*self.segments, strict=True)
+        self._first_step = np.array(first_steps, dtype=np.int64)
+        self._first_sample = np.array(first_samples, dtype=np.int64)
+        self._size = np.array(sizes, dtype=np.int64)
         self.topologies = history
         self.starts = np.array([t[0] for t in history], dtype=np.int64)
         self.skips = sorted(
@@ -160,11 +212,30 @@ class _Layout:
         """The first global sample whose topology is known (the history's first entry)."""
         return int(self.starts[0])
 
+    def step_start(self, step: int) -> tuple[int, int]:
+        """(first delivered position, global batch) of step ``step``: samples the training loop
+        received before it, and its size."""
+        i = int(np.searchsorted(self._first_step, step, side="right")) - 1
+        size = int(self._size[i])
+        return int(self._first_sample[i]) + (step - int(self._first_step[i])) * size, size
+
+    def step_at(self, delivered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(step, position in the step) of delivered positions (``delivered``-th received)."""
+        i = np.searchsorted(self._first_sample, delivered, side="right") - 1
+        step, position = np.divmod(delivered - self._first_sample[i], self._size[i])
+        return step + self._first_step[i], position
+
+    def step_end(self, step: np.ndarray) -> np.ndarray:
+        """The delivered position after each of ``step`` (steps >= 0)."""
+        i = np.searchsorted(self._first_step, step, side="right") - 1
+        return self._first_sample[i] + (step - self._first_step[i] + 1) * self._size[i]
+
     def step_samples(self, step: int) -> np.ndarray:
-        """The G global samples step ``step`` received, in the order served: the step's
+        """The global samples step ``step`` received, in the order served: the step's
         delivered positions, each moved past the skips at or before it (a skip may fall between
         the micro-batches of a step)."""
-        k = np.arange(step * self.g, step * self.g + self.g, dtype=np.int64)
+        start, size = self.step_start(step)
+        k = np.arange(start, start + size, dtype=np.int64)
         for at, samples in self.skips:
             k = np.where(k >= at, k + samples, k)
         return k
@@ -188,8 +259,7 @@ class _Layout:
         for at, n in self.skips:
             skipped |= (samples >= at) & (samples < at + n)
             shift += np.where(samples >= at + n, n, 0)
-        delivered = samples - shift
-        step, position = np.divmod(delivered, self.g)
+        step, position = self.step_at(samples - shift)
         return np.where(skipped, -1, step), position
 
     def row(self, sample: int, position: int, pieces: tuple[Piece, ...]) -> Row:
@@ -300,7 +370,7 @@ def explain(
     dataset: Any,
     *,
     step: int,
-    global_batch_size: int,
+    global_batch_size: int | BatchSchedule,
     state: dict[str, Any] | None = None,
     micro_batch_size: int | None = None,
     dp_size: int | None = None,
@@ -316,8 +386,9 @@ def explain(
     layout = _Layout(dataset, global_batch_size, state, micro_batch_size, dp_size)
     data = _prepared(dataset, state, PieceSource, "explain")
     step = _integer("step", step, 0, "pass a global step of the run, from 0")
-    if step * layout.g + layout.g > _delivered(layout):
-        first, last = (layout.global_of(step * layout.g + i) for i in (0, layout.g - 1))
+    begin, size = layout.step_start(step)
+    if begin + size > _delivered(layout):
+        first, last = (layout.global_of(begin + i) for i in (0, size - 1))
         raise ConfigError(
             f"step {step} holds samples {first}..{last}; the dataset holds {layout.length}",
             hint="ask for a step of the run, with its global batch size",
@@ -360,7 +431,7 @@ def where(
     *,
     source: int,
     document: int,
-    global_batch_size: int,
+    global_batch_size: int | BatchSchedule,
     state: dict[str, Any] | None = None,
     micro_batch_size: int | None = None,
     dp_size: int | None = None,
@@ -404,7 +475,8 @@ def where(
         steps = _integer("steps", steps, 0, "pass the run's training steps, or None for all")
     samples = np.sort(np.asarray(data.samples_of(source, document), dtype=np.int64))
     step, position = layout.step_of(samples)
-    whole = step * layout.g + layout.g <= _delivered(layout)  # a last partial step: not served
+    # a last partial step: not served
+    whole = layout.step_end(np.maximum(step, 0)) <= _delivered(layout)
     bound = layout.length if steps is None else min(steps, layout.length)
     served = (step >= 0) & whole & (step < bound)
     rows, unplaced = [], []
@@ -414,11 +486,14 @@ def where(
         else:
             unplaced.append((s, k))
     last = (
-        layout.length if steps is None else min(layout.global_of(steps * layout.g), layout.length)
+        layout.length
+        if steps is None
+        else min(layout.global_of(layout.step_start(steps)[0]), layout.length)
     )
     notes = []
     origin = _chain_origin(data, state, layout.length)
-    covered = -(-layout.delivered(origin) // layout.g)  # the first step wholly in the chain
+    at, into = layout.step_at(np.array([layout.delivered(origin)], dtype=np.int64))
+    covered = int(at[0]) + bool(into[0])  # the first step wholly in the chain
     if origin and (steps is None or steps > 0):
         notes.append(
             f"steps before {covered} (global samples before {origin}) are not covered: the"

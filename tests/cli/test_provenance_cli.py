@@ -213,3 +213,31 @@ def test_where_says_what_the_state_cannot_answer_and_refuses_a_document_past_the
     done = run_cli("where", "--source", 1, "--document", 60, *base)
     assert done.returncode == 2 and done.stderr.count("\n") == 1
     assert "holds 60 documents" in done.stderr and "numbered 0..59" in done.stderr
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_a_batch_schedule_is_taken_for_the_global_batch(data, order):
+    """A job with megatron-core's --step-batch-size-schedule (no --global-batch-size, which
+    megatron-core refuses with it): its steps are the schedule's, as the library answers them
+    (8 samples a step, 16 once 16 are received: tokens // --seq-length)."""
+    from tokenload.megatron_args import StepBatchSchedule
+
+    tmp, prefixes, states = data
+    schedule = flags(tmp, prefixes, order)
+    at = schedule.index("--global-batch-size")
+    schedule[at : at + 2] = ["--step-batch-size-schedule", f"0:{G} {2 * G * S}:{2 * G}"]
+    at = schedule.index("--train-valid-test-num-samples")
+    schedule[at : at + 4] = ["--train-samples", TRAIN, "--eval-iters", 0, "--eval-interval", 10]
+    steps = StepBatchSchedule.parse(f"0:{G} {2 * G * S}:{2 * G}", S)
+    for step in (1, 3):
+        done = run_cli("explain", "--step", step, *schedule)
+        assert done.returncode == 0, done.stderr
+        rows = explain(dataset(prefixes, order), step=step, global_batch_size=steps,
+                       state=states[order])  # fmt: skip
+        assert done.stdout.splitlines()[0] == f"step {step}: {len(rows)} rows"
+        assert len(rows) == (G if step == 1 else 2 * G)
+        firsts = [x.split()[3] for x in done.stdout.splitlines()[2:] if x[:24].strip()]
+        assert firsts == [str(r.sample) for r in rows]
+    with_sizes = [*schedule[:at], "--train-valid-test-num-samples", TRAIN, 0, 0, *schedule[at + 2 :]]
+    refused = run_cli("explain", "--step", 1, *with_sizes)
+    assert refused.returncode == 2 and "both give the sizes" in refused.stderr

@@ -414,3 +414,51 @@ def test_bad_sizes_and_query_values_are_config_errors_with_what_to_do(prefixes):
                   steps=np.int64(20))  # fmt: skip
     assert found == where(data, source=0, document=5, global_batch_size=G, steps=20)
     assert found.steps
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_a_batch_schedule_s_steps_are_explained_and_found(prefixes, order):
+    """With megatron-core's --step-batch-size-schedule the global batch changes with the samples
+    received (8 from 0, 16 once 20 are received: step 3 of 8 passes 20, so step 3 on holds 16,
+    then 24 from 100), as Megatron's training loop takes its micro-batches; explain and where
+    place every row as served, with a skip inside the larger steps."""
+    from tokenload.megatron_args import StepBatchSchedule
+
+    schedule = StepBatchSchedule.parse("0:8 20:16 100:24")
+    dp, mbs = 2, 2
+    loaders = [
+        build_dataloader(build(prefixes, order), micro_batch_size=mbs, dp_rank=r, dp_size=dp,
+                         num_workers=0)
+        for r in range(dp)
+    ]
+    iters = [iter(x) for x in loaders]
+    served = {}
+    for step in range(10):
+        batch = schedule.batch_of_step(step)
+        for micro in range(batch // (mbs * dp)):
+            if (step, micro) == (6, 2):
+                for x in loaders:
+                    x.skip(samples=mbs * dp)
+            for rank, it in enumerate(iters):
+                for row, tokens in enumerate(next(it)["tokens"].numpy().tolist()):
+                    served[step, rank, micro, row] = tokens
+    state = json.loads(json.dumps(loaders[0].state_dict()))
+    for x in loaders:
+        x.close()
+    assert [schedule.batch_of_step(s) for s in range(10)] == [8, 8, 8, 16, 16, 16, 16, 16, 24, 24]
+    for step in range(10):
+        rows = explain(build(prefixes, order), step=step, global_batch_size=schedule, state=state)
+        assert sorted((r.rank, r.micro_batch, r.row) for r in rows) == sorted(
+            k[1:] for k in served if k[0] == step
+        ), step
+        for r in rows:
+            assert rebuilt(r) == served[step, r.rank, r.micro_batch, r.row], (step, r)
+    rng = np.random.default_rng(9)
+    keys = sorted({k for t in served.values() for k in zip(*decode(t)[:2], strict=True)})
+    for source, document in [keys[i] for i in rng.choice(len(keys), size=12, replace=False)]:
+        found = where(build(prefixes, order), source=source, document=document,
+                      global_batch_size=schedule, state=state)
+        assert where_rows(found, 10) == held_by(served, source, document), (source, document)
+    with pytest.raises(ConfigError, match="not a multiple"):  # 8 on 3 ranks of 2: no run
+        explain(build(prefixes, order), step=0, global_batch_size=schedule, micro_batch_size=2,
+                dp_size=3)

@@ -119,9 +119,16 @@ def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]
 
     if args.seq_length is None:
         raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
-    if args.global_batch_size is None:
+    scheduled = getattr(args, "step_batch_size_schedule", None) is not None
+    if args.global_batch_size is None and not scheduled:
         raise ConfigError(
-            "--global-batch-size is missing", hint="pass the training job's --global-batch-size"
+            "--global-batch-size is missing",
+            hint="pass the training job's --global-batch-size (or its --step-batch-size-schedule)",
+        )
+    if scheduled and args.train_valid_test_num_samples is not None:
+        raise ConfigError(
+            "--train-valid-test-num-samples and --step-batch-size-schedule both give the sizes",
+            hint="give the job's batch and length flags (the schedule's steps need them)",
         )
     if (args.train_iters, args.train_samples, args.train_valid_test_num_samples) == (None,) * 3:
         raise ConfigError(
@@ -178,12 +185,23 @@ def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]
     return train, state, counts
 
 
-def _topology(args: argparse.Namespace) -> dict[str, Any]:
+def _topology(args: argparse.Namespace, counts: Any) -> dict[str, Any]:
+    """The global batch (a ``--step-batch-size-schedule``'s steps, else the constant one) and
+    the sizes given."""
+    schedule = counts.step_batch_size_schedule
     return {
-        "global_batch_size": args.global_batch_size,
+        "global_batch_size": args.global_batch_size if schedule is None else schedule,
         "micro_batch_size": args.micro_batch_size,
         "dp_size": args.data_parallel_size,
     }
+
+
+def _train_steps(args: argparse.Namespace, counts: Any, train: int | None) -> int | None:
+    """The run's training steps: Megatron's iterations under a batch schedule, else its train
+    samples over the global batch (None: every step the dataset holds)."""
+    if counts.step_batch_size_schedule is not None:
+        return int(counts.train_iters)
+    return None if train is None else train // args.global_batch_size
 
 
 def _names(dataset: Any) -> list[str]:
@@ -193,10 +211,10 @@ def _names(dataset: Any) -> list[str]:
 def run_explain(args: argparse.Namespace) -> int:
     from ..provenance import explain
 
-    dataset, state, _ = _dataset(args)
+    dataset, state, counts = _dataset(args)
     names = _names(dataset)
     decode = _decoder(args.tokenizer) if args.text else None
-    rows = explain(dataset, step=args.step, state=state, **_topology(args))
+    rows = explain(dataset, step=args.step, state=state, **_topology(args, counts))
     print(f"step {args.step}: {len(rows)} rows")
     print("rank  micro  row  sample  source  document  tokens")
     for r in rows:
@@ -224,8 +242,8 @@ def run_where(args: argparse.Namespace) -> int:
         source=args.source,
         document=args.document,
         state=state,
-        steps=None if train is None else train // args.global_batch_size,
-        **_topology(args),
+        steps=_train_steps(args, counts, train),
+        **_topology(args, counts),
     )
     name = names[args.source] if args.source < len(names) else "?"
     unplaced = f", {len(found.unplaced)} rows of unknown rank" if found.unplaced else ""
