@@ -206,6 +206,31 @@ class _Layout:
             (int(s["at"]), int(s["samples"])) for s in (state or {}).get("skips") or []
         )
         self.length = len(dataset)
+        # each topology's first delivered position and micro-batch group (micro x dp): a resume
+        # may start one inside a step (a state saved between its micro-batches), where its
+        # micro-batches begin, not at the step's start
+        self._begin = [self.delivered(int(start)) for start, _, _ in history]
+        self._group = [m * d for _, m, d in history]
+
+    def _topology_at(self, delivered: int) -> int:
+        return bisect.bisect_right(self._begin, delivered) - 1
+
+    def _micro_start(self, delivered: int) -> int:
+        """The delivered position where the micro-batch holding ``delivered`` begins."""
+        i = self._topology_at(delivered)
+        begin, group = self._begin[i], self._group[i]
+        return begin + (delivered - begin) // group * group
+
+    def _micro_batches_to(self, delivered: int) -> int:
+        """Micro-batches begun at or before ``delivered`` (all topologies)."""
+        count = 0
+        for i, (begin, group) in enumerate(zip(self._begin, self._group, strict=True)):
+            if begin > delivered:
+                break
+            end = self._begin[i + 1] - 1 if i + 1 < len(self._begin) else delivered
+            if end >= begin:
+                count += (min(end, delivered) - begin) // group + 1
+        return count
 
     @property
     def known_from(self) -> int:
@@ -264,10 +289,16 @@ class _Layout:
 
     def row(self, sample: int, position: int, pieces: tuple[Piece, ...]) -> Row:
         """Rank, micro-batch and row of the sample at ``position`` of its global step, by the
-        topology in force at ``sample`` (``placed`` first)."""
-        _, mbs, dp = self.topologies[int(np.searchsorted(self.starts, sample, side="right")) - 1]
-        micro, within = divmod(int(position), mbs * dp)
-        rank, row = divmod(within, mbs)
+        topology in force at ``sample`` (``placed`` first): its rank and row by its place in
+        its micro-batch (micro-batches of a topology begin where it began), its micro-batch
+        counted among those holding samples of the step (one begun in the step before counts
+        first)."""
+        delivered = self.delivered(sample)
+        i = self._topology_at(delivered)
+        _, mbs, _ = self.topologies[i]
+        rank, row = divmod((delivered - self._begin[i]) % self._group[i], mbs)
+        first = self._micro_start(delivered - int(position))  # the step's first micro-batch
+        micro = self._micro_batches_to(delivered) - self._micro_batches_to(first)
         return Row(rank, micro, row, sample, pieces)
 
     def placed(self, sample: int) -> bool:

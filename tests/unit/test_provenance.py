@@ -462,3 +462,50 @@ def test_a_batch_schedule_s_steps_are_explained_and_found(prefixes, order):
     with pytest.raises(ConfigError, match="not a multiple"):  # 8 on 3 ranks of 2: no run
         explain(build(prefixes, order), step=0, global_batch_size=schedule, micro_batch_size=2,
                 dp_size=3)
+
+
+@pytest.mark.parametrize("order", ["computed", "megatron"])
+def test_a_resume_between_the_micro_batches_of_a_step_places_rows_as_served(prefixes, order):
+    """A state saved inside a step (after a skip between its micro-batches: 6 of its 8 samples
+    received) and resumed on 1 rank of micro-batch 4: the new micro-batches begin where the
+    resume began, so one straddles steps 0 and 1. Every row is placed at the rank and row that
+    served it, and the step's micro-batches count on in the order received."""
+
+    def make():
+        return build(prefixes, order)
+
+    served = {}  # tokens -> (rank, row, the loader's micro-batch count)
+    first = [build_dataloader(make(), micro_batch_size=1, dp_rank=r, dp_size=2, num_workers=0)
+             for r in range(2)]  # fmt: skip
+    its = [iter(x) for x in first]
+    for micro in range(3):
+        if micro == 1:
+            for x in first:
+                x.skip(samples=2)
+        for rank, it in enumerate(its):
+            for row, tokens in enumerate(next(it)["tokens"].numpy().tolist()):
+                served[tuple(tokens)] = (rank, row)
+    state = json.loads(json.dumps(first[0].state_dict()))
+    for x in first:
+        x.close()
+    second = build_dataloader(make(), micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
+    second.load_state_dict(state)
+    it = iter(second)
+    for _ in range(6):
+        for row, tokens in enumerate(next(it)["tokens"].numpy().tolist()):
+            served[tuple(tokens)] = (0, row)
+    state = json.loads(json.dumps(second.state_dict()))
+    second.close()
+    assert state["topologies"] == [[0, 1, 2], [8, 4, 1]]
+    for step in range(3):
+        rows = explain(make(), step=step, global_batch_size=G, state=state)
+        assert len(rows) == G
+        for r in rows:
+            assert served[tuple(rebuilt(r))] == (r.rank, r.row), (step, r)
+        received = sorted(rows, key=lambda r: r.sample)
+        micros = [r.micro_batch for r in received]
+        assert micros[0] == 0 and micros == sorted(micros), (step, micros)
+    step0 = sorted(explain(make(), step=0, global_batch_size=G, state=state), key=lambda r: r.sample)
+    assert [(r.micro_batch, r.rank, r.row) for r in step0] == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (2, 0, 0), (2, 1, 0), (3, 0, 0), (3, 0, 1)
+    ]  # fmt: skip
