@@ -80,7 +80,7 @@ def test_a_damaged_plan_is_refused_under_none(packed_job, array):
     "flags, words",
     [
         (["--max-documents-per-row", "3"], "--packing best-fit"),  # a cap without packed rows
-        (["--split", "90,x,0"], "split"),  # a bad value the configuration refuses
+        (["--split", "1,1,1,1"], "split"),  # a bad value the configuration refuses (as Megatron)
     ],
 )
 def test_flags_the_configuration_refuses_create_nothing(tmp_path, flags, words):
