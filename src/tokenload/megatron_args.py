@@ -371,6 +371,22 @@ class StepBatchSchedule:
         data-parallel size (Megatron's training loop asserts it at each step)."""
         return self._walk(None, iterations)[1]
 
+    def step_ending_at(self, consumed: int) -> int | None:
+        """The steps done when exactly ``consumed`` samples are consumed, or None when
+        ``consumed`` falls inside a step (the inverse of ``consumed_samples``)."""
+        thresholds = [t for t, _ in self.steps]
+        steps = received = 0
+        while True:
+            at = max(bisect.bisect_right(thresholds, received) - 1, 0)
+            batch = self.steps[at][1]
+            if at + 1 < len(self.steps):
+                n = -(-(thresholds[at + 1] - received) // batch)  # steps until past the next
+                if consumed >= received + n * batch:
+                    steps, received = steps + n, received + n * batch
+                    continue
+            done, into = divmod(consumed - received, batch)
+            return steps + done if into == 0 and done >= 0 else None
+
     def batch_of_step(self, iteration: int) -> int:
         """The global batch of training step ``iteration`` (counted from 0)."""
         return self.batch_at(self.consumed_samples(iteration))

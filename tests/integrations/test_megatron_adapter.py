@@ -159,6 +159,32 @@ def test_train_metrics_go_to_megatrons_writers_at_each_log_interval(prefixes):
     assert len(sources) == 2 and sum(sources) == 12
 
 
+def test_train_metrics_under_a_batch_schedule_are_written_at_megatrons_iterations(prefixes):
+    """Under --step-batch-size-schedule megatron-core sets args.global_batch_size to micro x
+    dp (2 here) and takes each step's batch in micro-batches ('0:4 160:8' at --seq-length 16:
+    4 samples a step, 8 once 10 samples are received). The metrics are written once per
+    iteration, at its number (not once per micro-batch)."""
+    from tokenload.megatron_args import StepBatchSchedule
+
+    writer = Writer()
+    text = "0:4 160:8"
+    args = megatron_args(data_path=["1", prefixes[0], "1", prefixes[1]], split="90,8,2",
+                         global_batch_size=2, step_batch_size_schedule=text)
+    train, _, _ = loaders_from_args(args, [80, 8, 4], tokenizer=Tokenizer(), dp_rank=0,
+                                    dp_size=1, writers=lambda: (writer, None))
+    schedule = StepBatchSchedule.parse(text, 16)
+    consumed = 0
+    for _ in range(7):  # Megatron's loop: the step's batch in micro-batches of 2
+        batch = schedule.batch_at(consumed)
+        for _ in range(batch // 2):
+            next(train)
+        consumed += batch
+    assert [schedule.batch_of_step(k) for k in range(7)] == [4, 4, 4, 8, 8, 8, 8]
+    assert sorted({step for _, _, step in writer.scalars}) == list(range(1, 8))
+    values = {tag: value for tag, value, step in writer.scalars if step == 5}
+    assert values["tokenload/consumed-samples"] == schedule.consumed_samples(5) == 28
+
+
 def test_metric_scalars_are_finite_numbers():
     m = {"samples": 10, "tokens": 160, "active_s": 2.0, "consumed_samples": 40, "epoch": 0,
          "bytes_read": 320, "repeating": ["x"],

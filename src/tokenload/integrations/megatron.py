@@ -40,8 +40,9 @@ through untouched (read from megatron-core 0.19.2's ``megatron/training``):
 Metrics: the train iterator writes the loader's ``metrics()`` (data wait share and mean, samples
 and tokens per second, per-source samples and tokens, epochs, worker restarts) to Megatron's
 TensorBoard writer and W&B writer, when it holds them (Megatron makes them on the last rank only),
-every ``--tensorboard-log-interval`` iterations, under ``tokenload/...``, at step
-``consumed_samples // global_batch_size`` (Megatron's iteration with a constant global batch).
+every ``--tensorboard-log-interval`` iterations, under ``tokenload/...``, at Megatron's
+iteration: ``consumed_samples // global_batch_size``, or under a ``--step-batch-size-schedule``
+the steps whose batches add up to ``consumed_samples``.
 
 Not supported, and refused with a ``ConfigError`` naming the flag: ``--sft``, ``--fim-data``,
 ``--full-validation``, ``--multiple-validation-sets``, ``--hybrid-context-parallel`` and
@@ -62,7 +63,7 @@ from ..datasets.config import fields_for_order
 from ..errors import ConfigError
 from ..loader import TokenloadDataLoader, build_dataloader
 from ..loader.report import MetricsReport
-from ..megatron_args import LEGACY_SPLIT, blends_of
+from ..megatron_args import LEGACY_SPLIT, StepBatchSchedule, blends_of
 
 __all__ = [
     "MegatronLoader",
@@ -226,9 +227,18 @@ def loaders_from_args(
                 writers=writers if split == 0 else None,
                 global_batch_size=args.global_batch_size,
                 log_interval=getattr(args, "tensorboard_log_interval", None) or 1,
+                schedule=_batch_schedule(args),
             )
         )
     return out[0], out[1], out[2]
+
+
+def _batch_schedule(args: argparse.Namespace) -> StepBatchSchedule | None:
+    """The job's ``--step-batch-size-schedule``, parsed as megatron.training parses it (with
+    ``--seq-length``): its global batch then changes with the samples consumed (Megatron's
+    ``args.global_batch_size`` is micro x data-parallel size)."""
+    text = getattr(args, "step_batch_size_schedule", None)
+    return None if text is None else StepBatchSchedule.parse(text, args.seq_length)
 
 
 class MegatronLoader:
@@ -246,8 +256,10 @@ class MegatronLoader:
         writers: Callable[[], tuple[Any, Any]] | None = None,
         global_batch_size: int | None = None,
         log_interval: int = 1,
+        schedule: StepBatchSchedule | None = None,
     ) -> None:
         self.loader = loader
+        self._schedule = schedule  # a --step-batch-size-schedule: each step's batch
         self.cyclic = cyclic
         self._writers = writers
         self._gbs = global_batch_size
@@ -268,11 +280,18 @@ class MegatronLoader:
                 raise
             self._batches = iter(self.loader)  # the cyclic order's next epoch
             batch = next(self._batches)
-        if self._writers is not None and self._gbs:
-            consumed = self.loader.consumed_samples
-            if consumed % self._gbs == 0 and (consumed // self._gbs) % self._interval == 0:
-                self.write_metrics(consumed // self._gbs)
+        if self._writers is not None and (self._gbs or self._schedule is not None):
+            step = self._step_done(self.loader.consumed_samples)
+            if step is not None and step % self._interval == 0:
+                self.write_metrics(step)
         return batch
+
+    def _step_done(self, consumed: int) -> int | None:
+        """Megatron's iteration when ``consumed`` samples end one, else None."""
+        if self._schedule is not None:
+            return self._schedule.step_ending_at(consumed)
+        assert self._gbs
+        return consumed // self._gbs if consumed % self._gbs == 0 else None
 
     def write_metrics(self, step: int) -> None:
         """Write ``metric_scalars`` to the writers Megatron holds on this rank (if any)."""

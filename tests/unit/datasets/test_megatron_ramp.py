@@ -209,3 +209,18 @@ def test_the_schedule_changes_the_micro_batches_per_step_never_the_order(tmp_pat
     at = schedule.consumed_samples(k)
     resumed = build_dataloader(train, micro_batch_size=2, num_workers=0, consumed_samples=at)
     assert samples(resumed, 10) == plain[at : at + 20]
+
+
+def test_the_step_a_count_of_samples_ends_is_consumed_samples_inverse():
+    """``step_ending_at(consumed_samples(k)) == k`` for every step, and None inside a step, on
+    random schedules (thresholds that are and are not multiples of the batches)."""
+    rng = np.random.default_rng(12)
+    for _ in range(200):
+        entries = int(rng.integers(1, 5))
+        thresholds = np.sort(rng.choice(np.arange(1, 400), size=entries - 1, replace=False))
+        batches = rng.integers(1, 40, size=entries)
+        text = " ".join(f"{t}:{b}" for t, b in zip([0, *thresholds.tolist()], batches.tolist()))
+        schedule = StepBatchSchedule.parse(text)
+        ends = {schedule.consumed_samples(k): k for k in range(80)}
+        for consumed in range(max(ends) + 1):
+            assert schedule.step_ending_at(consumed) == ends.get(consumed), (text, consumed)
