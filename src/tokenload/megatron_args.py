@@ -120,6 +120,14 @@ def blends_of(args: argparse.Namespace) -> tuple[Blend | None, list[Blend | None
             f"{names} are given together; expected one way of naming the data",
             hint="use --data-path (with --split) or the per-split flags, as Megatron",
         )
+    if per_split and getattr(args, "split", None) is not None:
+        names = ", ".join("--" + f.replace("_", "-") for f in per_split)
+        raise ConfigError(
+            f"--split {args.split!r} is given with {names}; a split string divides one blend,"
+            " and per-split data has none to divide (megatron-core asserts that split and"
+            " blend_per_split are incompatible)",
+            hint="drop --split, or name the data with --data-path and keep --split",
+        )
     if args.data_args_path is not None:
         from .index import read_data_args_file
 

@@ -437,6 +437,18 @@ class MegatronDataConfig:
             raise ConfigError(
                 "blend and blend_per_split are exclusive", hint="give one of them (as Megatron)"
             )
+        if (
+            self.blend_per_split is not None
+            and any(b is not None for b in self.blend_per_split)
+            and self.split is not None
+        ):
+            raise ConfigError(
+                f"split {self.split!r} is given with blend_per_split; a split string divides one"
+                " blend, and per-split blends have none to divide (megatron-core asserts that"
+                " split and blend_per_split are incompatible)",
+                hint="drop split, or give one blend and keep split",
+                field="split",
+            )
         if self.blend is not None and self.split is None:
             raise ConfigError(
                 "a blend needs a split string", hint='pass split="969, 30, 1" or "99,1,0"'
