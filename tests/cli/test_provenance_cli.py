@@ -114,6 +114,13 @@ def test_bad_input_is_one_line_and_exit_2(data):
     assert "source" in done.stderr and "Traceback" not in done.stderr
     done = run_cli("explain", "--step", 0, *flags(tmp, prefixes, "computed")[2:])  # no data
     assert done.returncode == 2 and "Traceback" not in done.stderr
+    odd = flags(tmp, prefixes, "computed")  # G = 8 on 2 ranks of 3: the ranks the user gave
+    odd[odd.index("--micro-batch-size") + 1] = 3
+    at = odd.index("--train-valid-test-num-samples")  # Megatron's arithmetic checks it first
+    odd[at : at + 4] = ["--train-samples", TRAIN, "--eval-iters", 0, "--eval-interval", 10]
+    done = run_cli("explain", "--step", 0, *odd, "--data-parallel-size", 2)
+    assert done.returncode == 2
+    assert "micro batch size 3 x data-parallel size 2" in done.stderr, done.stderr
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])

@@ -83,8 +83,10 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--data-parallel-size",
         type=positive(int),
-        help="ranks of the job (default: the state's, step by step, else 1); this or"
-        " --micro-batch-size given, they name every step's topology in place of the state's",
+        help="the job's data-parallel ranks (default: the state's, step by step, else 1); with"
+        " a state, it and --micro-batch-size place only the samples before the state's topology"
+        " history; it also gives Megatron's arithmetic its data-parallel size (world size"
+        " dp x tensor x pipeline x context) unless --prepare-cache-world-size is given",
     )
     lengths = p.add_argument_group("batch and length (Megatron's arithmetic)")
     batch_flags(lengths)
@@ -136,6 +138,14 @@ def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]
             hint="pass the training job's flag (the order depends on the samples built)",
         )
     check_packing_flags(args)
+    if args.data_parallel_size is not None and args.prepare_cache_world_size == 1:
+        # the job's ranks, for Megatron's arithmetic (its checks of the batch sizes) too
+        args.prepare_cache_world_size = (
+            args.data_parallel_size
+            * args.tensor_model_parallel_size
+            * args.pipeline_model_parallel_size
+            * args.context_parallel_size
+        )
     blend, per_split = blends_of(args)
     state = None
     if args.state is not None:
