@@ -204,6 +204,11 @@ def batch_flags(g: argparse._ActionsContainer) -> None:
         "--eval-global-batch-size", type=positive(int), help="evaluation batch (default: global)"
     )
     g.add_argument(
+        "--eval-micro-batch-size",
+        type=positive(int),
+        help="evaluation micro-batch (default: --micro-batch-size); sizes no split",
+    )
+    g.add_argument(
         "--skip-train", action="store_true", help="evaluation only: valid = eval_iters x batch"
     )
     g.add_argument(
@@ -493,6 +498,14 @@ def batches(args: argparse.Namespace) -> Batches:
                 consumed,
             )
     eval_gbs = args.eval_global_batch_size or gbs
+    eval_mbs = getattr(args, "eval_micro_batch_size", None) or args.micro_batch_size
+    if eval_mbs is not None and eval_gbs % (eval_mbs * dp):
+        raise ConfigError(
+            f"evaluation batch {eval_gbs} is not a multiple of evaluation micro-batch {eval_mbs}"
+            f" x data-parallel size {dp} (megatron-core asserts it)",
+            hint="check the job's --eval-global-batch-size and --eval-micro-batch-size (their"
+            " defaults: --global-batch-size and --micro-batch-size)",
+        )
     return Batches(
         world,
         dp,

@@ -243,3 +243,24 @@ def test_a_split_with_per_split_data_is_refused_as_megatron_core_asserts(tmp_pat
         MegatronDataConfig(sequence_length=8, blend_per_split=[["a"], ["b"], None], split="50,50,0")
     assert info.value.field == "split"
     MegatronDataConfig(sequence_length=8, blend_per_split=[["a"], ["b"], None])
+
+
+@pytest.mark.parametrize(
+    "flags, sizes",
+    [  # megatron-core 0.19.2's validate_args + counts, world size 2 (run side by side)
+        (["--eval-micro-batch-size", "3", "--eval-global-batch-size", "12"], [120, 72, 24]),
+        (["--eval-micro-batch-size", "3", "--eval-global-batch-size", "8"], None),
+        (["--eval-micro-batch-size", "4"], None),
+        (["--eval-global-batch-size", "6"], None),
+    ],
+)
+def test_the_evaluation_batches_are_checked_as_megatron_core_checks_them(flags, sizes):
+    """--eval-micro-batch-size is accepted (it sizes no split); the evaluation batch must be a
+    multiple of the evaluation micro-batch x data-parallel size, as megatron-core asserts."""
+    argv = ["--micro-batch-size", "2", "--global-batch-size", "12", "--train-iters", "10",
+            "--eval-iters", "2", "--eval-interval", "5", "--seq-length", "8", *flags]  # fmt: skip
+    if sizes is None:
+        with pytest.raises(ConfigError, match=r"evaluation batch .* not a multiple"):
+            _import(argv, 2)
+    else:
+        assert _import(argv, 2).sizes == sizes
