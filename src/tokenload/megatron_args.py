@@ -173,9 +173,8 @@ def batch_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--tensor-model-parallel-size", type=positive(int), default=1)
     g.add_argument("--pipeline-model-parallel-size", type=positive(int), default=1)
     g.add_argument("--context-parallel-size", type=positive(int), default=1)
-    length = g.add_mutually_exclusive_group()
-    length.add_argument("--train-iters", type=at_least(int, 0), help="training iterations")
-    length.add_argument(
+    g.add_argument("--train-iters", type=at_least(int, 0), help="training iterations")
+    g.add_argument(
         "--train-samples",
         type=at_least(int, 0),
         help="training samples (iterations = samples // global batch, or by the schedule)",
@@ -476,7 +475,8 @@ def batches(args: argparse.Namespace) -> Batches:
             f" {args.micro_batch_size} x data-parallel size {dp}",
             hint="check the job's batch flags",
         )
-    if args.train_iters is not None:
+    _check_lengths(args)
+    if args.train_iters:  # megatron-core's update_train_iters: a count of 0 reads the samples
         iters = args.train_iters
     elif schedule is not None:
         iters = schedule.train_iters(args.train_samples)
@@ -514,6 +514,28 @@ def batches(args: argparse.Namespace) -> Batches:
         (train, _valid_samples(args, iters, eval_gbs), args.eval_iters * eval_gbs),
         schedule,
     )
+
+
+def _check_lengths(args: argparse.Namespace) -> None:
+    """``--train-iters`` and ``--train-samples`` as megatron-core 0.19.2 takes them: one of the
+    two (both only with ``--skip-train``, where the samples size the train split), and a train
+    length it can count (``--train-iters 0`` alone fails there: no samples to count)."""
+    iters, samples = args.train_iters, args.train_samples
+    both = iters is not None and samples is not None
+    if both and not args.skip_train and (iters or samples):
+        raise ConfigError(
+            f"--train-iters {iters} and --train-samples {samples} are given together; megatron-core"
+            " asserts one of them (both only with --skip-train)",
+            hint="pass the job's one training length",
+        )
+    if not iters and samples is None:
+        raise ConfigError(
+            "no training length: --train-iters is 0 and --train-samples is not given"
+            if iters == 0
+            else "no training length: expected --train-iters or --train-samples",
+            hint="pass the job's --train-iters (at least 1) or --train-samples (megatron-core"
+            " fails without one)",
+        )
 
 
 def _warn_rampup(args: argparse.Namespace) -> None:

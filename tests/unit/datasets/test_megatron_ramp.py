@@ -264,3 +264,31 @@ def test_the_evaluation_batches_are_checked_as_megatron_core_checks_them(flags, 
             _import(argv, 2)
     else:
         assert _import(argv, 2).sizes == sizes
+
+
+@pytest.mark.parametrize(
+    "flags, want",
+    [  # megatron-core 0.19.2's (train_iters, sizes), or None where it fails (run side by side)
+        (["--train-iters", "10", "--train-samples", "100", "--skip-train"], (10, [100, 8, 8])),
+        (["--train-iters", "10", "--train-samples", "100"], None),
+        (["--train-iters", "0", "--train-samples", "100", "--skip-train"], (25, [100, 8, 8])),
+        (["--train-iters", "0"], None),
+        (["--train-iters", "0", "--skip-train"], None),
+        (["--train-iters", "0", "--train-samples", "0"], (0, [0, 8, 8])),
+        (["--train-samples", "0"], (0, [0, 8, 8])),
+        (["--train-iters", "7"], (7, [28, 16, 8])),
+        (["--train-samples", "30", "--skip-train"], (7, [30, 8, 8])),
+    ],
+)
+def test_train_lengths_are_taken_as_megatron_core_takes_them(flags, want):
+    """Both --train-iters and --train-samples only with --skip-train (the samples size the
+    split; a count of 0 iterations reads the samples), a ConfigError where megatron-core fails
+    (an assert, or a TypeError on --train-iters 0 alone)."""
+    argv = ["--micro-batch-size", "2", "--global-batch-size", "4", "--eval-iters", "2",
+            "--eval-interval", "5", "--seq-length", "8", *flags]  # fmt: skip
+    if want is None:
+        with pytest.raises(ConfigError, match="train"):
+            _import(argv)
+    else:
+        got = _import(argv)
+        assert (got.extras["train_iters"], got.sizes) == want
