@@ -35,8 +35,9 @@ def dataset(files, order, schedule=((0, FIRST),), change="continue"):
     return lambda: _dataset(files, order, schedule, change)
 
 
-def _dataset(files, order, schedule, change):
-    blend = [x for name in NAMES for x in ("1", files[name])]
+def _dataset(files, order, schedule, change, weights=(1, 1, 1, 1)):
+    """The blend of ``weights``, with ``schedule`` (None: no weights_schedule)."""
+    blend = [x for w, name in zip(weights, NAMES) for x in (str(w), files[name])]
     cfg = MegatronDataConfig(
         sequence_length=S,
         blend=blend,
@@ -44,7 +45,7 @@ def _dataset(files, order, schedule, change):
         cache="off",
         eod_id=0,
         order=order,
-        weights_schedule=[list(e) for e in schedule],
+        weights_schedule=None if schedule is None else [list(e) for e in schedule],
         # the Megatron order's choice (the computed order always continues)
         **({"mixture_change": change} if order == "megatron" else {}),
     )
@@ -142,21 +143,7 @@ def test_set_weights_twice_at_one_point_and_with_no_workers(files, order):
 
 def _plain(files, order, weights=(3, 1, 1, 1)):
     """A factory of a weighted blend with no weights_schedule (its weights in ``blend``)."""
-
-    def make():
-        blend = [x for w, name in zip(weights, NAMES) for x in (str(w), files[name])]
-        cfg = MegatronDataConfig(
-            sequence_length=S,
-            blend=blend,
-            split="100,0,0",
-            cache="off",
-            eod_id=0,
-            order=order,
-            **({"mixture_change": "continue"} if order == "megatron" else {}),
-        )
-        return build_datasets(cfg, [SIZE, 0, 0])[0]
-
-    return make
+    return lambda: _dataset(files, order, None, "continue", weights)
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])
