@@ -448,7 +448,14 @@ class TokenloadDataLoader:
                 hint="pass the state saved for this dataset, unchanged (a state from another"
                 " dataset size has another fingerprint)",
             )
-        if loaded.consumed_samples % self.plan.group:
+        history = topology_history(state)
+        last, mbs, dp = history[-1]
+        # a run on this topology that began between its groups (a loader started at any
+        # consumed_samples, as Megatron's sampler starts) continues on it where it stopped
+        continuing = (mbs, dp) == (self.config.micro_batch_size, self.dp_size) and not (
+            (loaded.consumed_samples - last) % self.plan.group
+        )
+        if loaded.consumed_samples % self.plan.group and not continuing:
             raise StateError(
                 f"consumed_samples {loaded.consumed_samples} is not a multiple of micro_batch_size"
                 f" * dp_size = {self.plan.group}, so this topology cannot continue exactly where"
@@ -457,7 +464,7 @@ class TokenloadDataLoader:
                 " global batch",
             )
         topologies = continue_topologies(
-            topology_history(state),
+            history,
             loaded.consumed_samples,
             self.config.micro_batch_size,
             self.dp_size,

@@ -196,3 +196,22 @@ def test_the_topology_history_is_bounded_and_checked(dataset):
                 {**state, "topologies": bad}
             )
         assert "unchanged" in info.value.hint
+
+
+def test_a_run_started_between_groups_resumes_on_its_own_topology(dataset):
+    """A loader started at any consumed_samples (as Megatron's sampler starts: 18 with
+    micro-batches of 4) saves a state its own topology loads, continuing the stream exactly; a
+    topology whose group does not divide it is still refused."""
+    first = _loader(dataset, consumed_samples=18)
+    head = _rows(first, 3)
+    state = first.state_dict()
+    assert state["consumed_samples"] == 30 and state["topologies"] == [[18, 4, 1]]
+    whole = _rows(_loader(dataset, consumed_samples=18), 6)
+    resumed = _loader(dataset)
+    resumed.load_state_dict(state)
+    assert head + _rows(resumed, 3) == whole
+    halves = _loader(dataset, micro_batch_size=2)  # a group of 2 divides 30: another topology
+    halves.load_state_dict(state)
+    assert sum(_rows(halves, 6), []) == sum(whole[3:], [])
+    with pytest.raises(StateError, match="not a multiple of micro_batch_size"):
+        _loader(dataset, micro_batch_size=8).load_state_dict(state)
