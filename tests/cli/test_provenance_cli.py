@@ -245,6 +245,7 @@ def test_a_batch_schedule_is_taken_for_the_global_batch(data, order):
         assert len(rows) == (G if step == 1 else 2 * G)
         firsts = [x.split()[3] for x in done.stdout.splitlines()[2:] if x[:24].strip()]
         assert firsts == [str(r.sample) for r in rows]
-    with_sizes = [*schedule[:at], "--train-valid-test-num-samples", TRAIN, 0, 0, *schedule[at + 2 :]]
+    with_sizes = [*schedule[:at], "--train-valid-test-num-samples", TRAIN, 0, 0,
+                  *schedule[at + 2 :]]  # fmt: skip
     refused = run_cli("explain", "--step", 1, *with_sizes)
     assert refused.returncode == 2 and "both give the sizes" in refused.stderr
