@@ -194,6 +194,12 @@ def test_sample_index_dtype_follows_the_sample_count() -> None:
 def test_item_position_fallback() -> None:
     # n = 5 built: 0..4 read directly (4 == len is still served), 5 -> 5 % 4, 13 -> 13 % 4
     np.testing.assert_array_equal(neox_item_position([0, 3, 4, 5, 13], 5), [0, 3, 4, 1, 1])
+    # n = 1 (a blend member asked for one sample, as GPT-NeoX ea7aefd builds it when the weights
+    # leave a small source ceil(0.05 x 20 x 1.005) = 1 sample): its IndexError fallback reads
+    # shuffle_idx[index % 0], NumPy's 0, so every index serves the one sample
+    np.testing.assert_array_equal(neox_item_position([0, 1, 22], 1), [0, 0, 0])
+    with pytest.raises(ConfigError, match="built 0 samples"):
+        neox_item_position([0], 0)
 
 
 def gpt(lengths: list[int], **kwargs) -> NeoXIndices:

@@ -205,13 +205,19 @@ def neox_item_position(index: npt.ArrayLike, num_built: int) -> npt.NDArray[np.i
     ``shuffle_idx[index]`` exists for ``index < n`` (``n = num_built``), so ``n - 1`` is served
     although ``len == n - 1``; a larger index raises ``IndexError`` inside ``__getitem__``,
     which retries with ``index % (n - 1)``. Blends reach such indices when the greedy draws
-    more samples from a dataset than it holds.
+    more samples from a dataset than it holds. With ``n = 1`` (a blend member asked for one
+    sample) NumPy's ``index % 0`` is 0: every index reads position 0, as NeoX serves it.
     """
     idx = np.asarray(index, dtype=np.int64)
-    if num_built < 2:
-        raise ConfigError(f"the dataset built {num_built} samples; expected at least 2")
+    if num_built < 1:
+        raise ConfigError(
+            f"the dataset built {num_built} samples; expected at least 1",
+            hint="NeoX fails on it too: give the split more data, or fewer samples",
+        )
     if idx.size and int(idx.min()) < 0:
         raise ConfigError(f"index {int(idx.min())}; expected non-negative indices")
+    if num_built == 1:
+        return np.zeros_like(idx)
     return np.where(idx < num_built, idx, idx % (num_built - 1))
 
 
