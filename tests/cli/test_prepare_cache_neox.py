@@ -47,3 +47,29 @@ def test_a_neox_yaml_with_an_unsupported_key_or_megatron_data_flags_is_one_line(
     assert out.returncode == 2 and "no_such_key" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = run_cli("prepare-cache", "--neox-config", yml, "--data-path", prefix)
     assert out.returncode == 2 and "both describe the data" in out.stderr
+
+
+def test_global_num_gpus_sizes_the_batch_as_neox_derives_it(tmp_path):
+    """NeoX's calculate_derived takes the data-parallel size from the config's global_num_gpus
+    (what its launcher writes into every rank's config): micro 4 x accumulation 2 x 8 GPUs is a
+    batch of 64, whatever this process's world (a launcher's WORLD_SIZE included); an explicit
+    --prepare-cache-world-size still wins."""
+    prefix = neox_file(tmp_path, "a")
+    yml = tmp_path / "job.yml"
+    yml.write_text(
+        f'{{"data_path": "{prefix}", "seq_length": 16, "train_iters": 100, "eval_iters": 10,'
+        ' "eval_interval": 50, "train_micro_batch_size_per_gpu": 4,'
+        ' "gradient_accumulation_steps": 2, "global_num_gpus": 8}\n'
+    )
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", env={"WORLD_SIZE": "2"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [6400, 1920, 640]
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json",
+                  "--prepare-cache-world-size", 2)  # fmt: skip
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [1600, 480, 160]
+    yml.write_text(yml.read_text().replace('"global_num_gpus": 8', '"global_num_gpus": 0'))
+    out = run_cli("prepare-cache", "--neox-config", yml)
+    assert out.returncode == 2 and "global_num_gpus is 0" in out.stderr
+    yml.write_text(yml.read_text().replace(', "global_num_gpus": 0', ""))  # one process's world
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", env={"WORLD_SIZE": "2"})
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [800, 240, 80]

@@ -274,11 +274,13 @@ def _prepare_neox(args: argparse.Namespace) -> int:
             f"--neox-config and --{mixed[0].replace('_', '-')} both describe the data",
             hint="give either the NeoX config or Megatron's data flags",
         )
-    imported = neox_config_from_yaml(
-        args.neox_config, data_parallel_size=args.prepare_cache_world_size
-    )
-    for name in _LAUNCHER_VARS:
+    for name in _LAUNCHER_VARS:  # one process (a world of 1 unless the config names its own)
         os.environ.pop(name, None)
+    # --prepare-cache-world-size left at 1: the config's global_num_gpus, as NeoX, if it has one
+    world = args.prepare_cache_world_size
+    imported = neox_config_from_yaml(
+        args.neox_config, data_parallel_size=None if world == 1 else world
+    )
     start = time.perf_counter()
     datasets = build_datasets(imported.config(), imported.sizes)
     lengths = {

@@ -40,7 +40,7 @@ dim_att distributed_backend do_test do_train do_valid dpo_beta dpo_fp32 dpo_refe
 dump_state dynamic_loss_scale elasticity eval_results_prefix eval_tasks exclude
 exit_interval expansion_factor extra_save_iters ffn_dim finetune flops_profiler force_multi
 fp16 fp16_lm_cross_entropy fp32_allreduce fp32_reinforce fused_kernels_build_path git_hash
-global_num_gpus gmlp_attn_dim gpt_j_residual gpt_j_tied gradient_clipping
+gmlp_attn_dim gpt_j_residual gpt_j_tied gradient_clipping
 gradient_noise_scale_cpu_offload gradient_noise_scale_n_batches gradient_predivide_factor
 head_size hidden_dropout hidden_size hostfile hysteresis include init_method init_method_std
 intermediate_size is_pipe_parallel iteration keep_last_n_checkpoints kl_div_beta kl_impl
@@ -133,6 +133,7 @@ _NEOX_DATA_DEFAULTS: dict[str, Any] = {
     "gradient_accumulation_steps": 1,
     "pipe_parallel_size": 0,
     "model_parallel_size": 1,
+    "global_num_gpus": None,
     "num_workers": 2,
     "vocab_file": None,
     "merge_file": None,
@@ -223,7 +224,8 @@ def neox_config_from_yaml(
     ``MegatronDataConfig`` fields with ``order="neox"`` and NeoX's sample counts.
 
     ``data_parallel_size``: for ``train_batch_size`` when the config gives only the micro batch
-    (default: this process's world divided by pipe x model parallel sizes, as NeoX);
+    (default: the config's ``global_num_gpus``, else this process's world, divided by pipe x
+    model parallel sizes, as NeoX);
     ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``.
     """
     many = isinstance(path_or_dict, Sequence) and not isinstance(path_or_dict, (str, bytes))
@@ -331,10 +333,19 @@ def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | Non
 
 
 def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
+    """The data-parallel size: ``dp`` given, else NeoX's ``calculate_derived`` with the config's
+    ``global_num_gpus`` (what NeoX's launcher writes into every rank's config), else this
+    process's world, over pipe x model parallel sizes."""
     if dp is not None:
         return dp
     model = max(1, int(conf["pipe_parallel_size"])) * max(1, int(conf["model_parallel_size"]))
-    world = World.detect().world_size
+    gpus = conf["global_num_gpus"]
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise ConfigError(
+            f"the NeoX config's global_num_gpus is {gpus!r}; expected a positive int",
+            hint="fix global_num_gpus, or remove it (the world size is then this job's)",
+        )
+    world = gpus if gpus is not None else World.detect().world_size
     if world % model:
         raise ConfigError(
             f"{world} processes are not divisible by pipe x model parallel size {model}",
