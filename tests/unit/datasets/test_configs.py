@@ -246,6 +246,8 @@ def test_neox_pythia_with_hyphenated_docker_paths():
 ])
 def test_neox_data_keys_map_onto_fields(extra, fields):
     base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}
+    if "blend_per_split" in fields:  # per-split paths, without data_path (NeoX asserts either/or)
+        del base["data_path"]
     got = neox_config_from_yaml({**base, **extra}, eod_id=50256)
     expected = {"order": "neox", "sequence_length": 8, "random_seed": 1234}
     if "blend_per_split" not in fields:
@@ -266,7 +268,21 @@ def test_neox_data_keys_map_onto_fields(extra, fields):
     ({"train_batch_size": None}, "train_micro_batch_size_per_gpu"),
     ({"seq_length": None}, "no seq_length"),
     ({"data_path": None}, "no data"),
-    ({"train_data_paths": ["a"], "train_data_weights": [1, 2]}, "2 train_data_weights for 1"),
+    ({"data_path": None, "train_data_paths": ["a"], "train_data_weights": [1, 2]},
+     "2 train_data_weights for 1"),
+    # values GPT-NeoX's validate_types and checks refuse (seen side by side with its arguments)
+    ({"train_data_paths": ["a"]}, "data_path or train/valid/test_data_paths, not both"),
+    ({"seq_length": 128.7}, "seq_length is 128.7; expected an int"),
+    ({"seed": 1.5}, "seed is 1.5; expected an int"),
+    ({"train_iters": True}, "train_iters is True; expected an int"),
+    ({"train_iters": "100"}, "expected an int"),
+    ({"split": 1}, "split is 1; expected a string"),
+    ({"train_iters": 0}, "train_iters is 0; expected 1 or more"),
+    ({"train_epochs": 2}, "no train_epochs with train_iters"),
+    ({"eval_interval": 0}, "eval_interval is 0"),
+    ({"weighted_sampler_alpha": "x"}, "weighted_sampler_alpha is 'x'; expected a number"),
+    ({"seed": 2**32}, "seed is 4294967296"),
+    ({"mmap_warmup": "yes"}, "mmap_warmup is 'yes'; expected true or false"),
 ])
 def test_neox_keys_it_cannot_honour_are_named(conf, match):
     base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}

@@ -232,6 +232,7 @@ def neox_config_from_yaml(
     raw = _merge_neox(list(cast(Sequence[Any], path_or_dict)) if many else [path_or_dict])
     _check_neox_keys(raw)
     conf = {**_NEOX_DATA_DEFAULTS, **{k: v for k, v in raw.items() if k in _NEOX_DATA_DEFAULTS}}
+    _check_neox_values(conf)
     if conf["seq_length"] is None:
         raise ConfigError("the NeoX config has no seq_length", hint="add seq_length")
     fields: dict[str, Any] = {
@@ -269,6 +270,50 @@ def neox_config_from_yaml(
         "tokenizer": {k: conf[k] for k in ("tokenizer_type", "vocab_file", "merge_file")},
     }
     return ImportedConfig(fields, sizes, extras)
+
+
+_NEOX_INTS = """seq_length seed train_iters train_epochs eval_iters eval_interval train_batch_size
+train_micro_batch_size_per_gpu gradient_accumulation_steps pipe_parallel_size model_parallel_size
+num_workers global_num_gpus""".split()  # noqa: SIM905 (a word list reads as text)
+_NEOX_BOOLS = """weight_by_num_documents mmap_warmup use_shared_fs allow_chopped
+eod_mask_loss""".split()  # noqa: SIM905
+
+
+def _check_neox_values(conf: Mapping[str, Any]) -> None:
+    """The data keys' values as NeoX's ``validate_types`` and ``calculate_derived`` take them: a
+    value of another type, or one NeoX refuses, is a ConfigError naming the key (never cast:
+    ``seq_length: 128.7`` is not 128)."""
+
+    def refuse(key: str, expected: str, hint: str = "") -> None:
+        raise ConfigError(
+            f"NeoX key {key} is {conf[key]!r}; expected {expected} (GPT-NeoX refuses it too)",
+            hint=hint or f"fix {key} in the NeoX config",
+        )
+
+    for key in _NEOX_INTS:
+        value = conf[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            refuse(key, "an int")
+    for key in _NEOX_BOOLS:
+        if not isinstance(conf[key], bool):
+            refuse(key, "true or false")
+    alpha = conf["weighted_sampler_alpha"]
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        refuse("weighted_sampler_alpha", "a number")
+    for key in ("split", "data_impl"):
+        if not isinstance(conf[key], str):
+            refuse(key, "a string")
+    if conf["train_iters"] is not None and conf["train_epochs"] is not None:
+        refuse("train_epochs", "no train_epochs with train_iters", "give one of the two")
+    for key in ("train_iters", "train_epochs", "eval_interval"):
+        if conf[key] is not None and conf[key] < 1:
+            refuse(key, "1 or more")
+    if not 0 <= conf["seed"] < 2**32:
+        refuse("seed", "0 <= seed < 2**32 (NumPy's random state)")
+    if conf["data_path"] and any(conf[f"{s}_data_paths"] for s in ("train", "valid", "test")):
+        refuse(
+            "data_path", "data_path or train/valid/test_data_paths, not both", "give one of them"
+        )
 
 
 def _neox_paths(key: str, value: Any) -> list[str]:
