@@ -193,3 +193,24 @@ def test_what_neox_cannot_express_is_a_config_error(kwargs, match, folder):
     cfg = MegatronDataConfig(sequence_length=8, **kwargs)
     with pytest.raises(ConfigError, match=match):
         build_neox_datasets(cfg, [10, 2, 2])
+
+
+@pytest.mark.parametrize("blended", [False, True])
+def test_negative_labels_have_no_loss_as_neoxs_label_mask(tmp_path, blended):
+    """GPT-NeoX's _get_batch multiplies the loss mask by (text >= 0)[:, 1:]: a signed token file
+    may hold ids such as -100 (a masking preprocessor's), whose labels then carry no loss; the
+    labels keep their values, as there. A one-prefix split and a per-split blend alike."""
+    from support import write_documents
+    from tokenload.datasets import build_datasets
+    from tokenload.datasets.neox import neox_config_from_yaml
+
+    docs = [np.array([-100, -100, 5, 6, 7, 8, 9, 0] * 3) for _ in range(20)]
+    prefix = write_documents(tmp_path / "neg", docs, dtype=np.int32)
+    data = ({"train_data_paths": [prefix], "valid_data_paths": [prefix],
+             "test_data_paths": [prefix]} if blended else {"data_path": prefix, "split": "1,0,0"})  # fmt: skip
+    imported = neox_config_from_yaml({**data, "seq_length": 8, "train_iters": 2,
+                                      "train_batch_size": 2}, data_parallel_size=1)  # fmt: skip
+    train = build_datasets(imported.config(), imported.sizes)[0]
+    items = train.__getitems__(np.arange(len(train)))
+    assert (items["labels"] < 0).any() and (items["labels"] >= 0).any()
+    np.testing.assert_array_equal(items["loss_mask"], (items["labels"] >= 0).astype(np.float32))

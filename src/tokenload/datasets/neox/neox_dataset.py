@@ -16,7 +16,8 @@
 Items are what NeoX's ``__getitem__`` returns as ``text`` (``S + 1`` tokens), read and turned
 into tokenload's fields by the same code as the Megatron datasets (``megatron.gpt_dataset``,
 ``datasets.items``): ``tokens = text[:-1]`` and ``labels = text[1:]`` as in NeoX's
-``_get_batch``, ``loss_mask`` zero on EOD inputs with ``eod_mask_loss`` (NeoX's rule), position
+``_get_batch``, ``loss_mask`` zero on EOD inputs with ``eod_mask_loss`` (NeoX's rule) and on
+negative labels (its ``label_mask``: a signed token file may hold ids such as -100), position
 ids ``arange(S)``. A dataset accepts NeoX's indices past its length: they are mapped as NeoX's
 ``except IndexError`` does (``neox_item_position``), which a blend needs where its greedy draws
 more samples from a member than the member holds.
@@ -49,6 +50,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ...contract import Allocator
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
 from ...index import SPLIT_NAMES, Blend
@@ -98,6 +100,17 @@ class NeoXGPTDataset(GPTDataset):
         if idx.size and int(idx.min()) < 0:
             raise IndexError(f"sample indices must be >= 0 (found {int(idx.min())})")
         return super().read_batch(neox_item_position(idx, self.num_built))
+
+    def finish_batch(
+        self, batch: dict[str, Any], alloc: Allocator | None = None
+    ) -> dict[str, np.ndarray]:
+        """``GPTDataset.finish_batch``, and NeoX's ``_get_batch`` label mask: a label whose token
+        is negative (a signed token file may hold ids such as -100) has no loss."""
+        out = super().finish_batch(batch, alloc)
+        text = batch["windows"]
+        if text.dtype.kind == "i" and text.size and int(np.min(text)) < 0:
+            out["loss_mask"][text[:, 1:] < 0] = 0.0
+        return out
 
 
 def build_neox(data: DataConfig, options: NeoxOptions, sizes: Sequence[int | None]) -> Splits:
