@@ -239,8 +239,8 @@ def test_neox_pythia_with_hyphenated_docker_paths():
     ({"data_impl": "lazy"}, {"read_mode": "pread"}),
     ({"data_impl": "infer"}, {}),
     ({"train-data-paths": ["a", "b"], "train-data-weights": [1, 3], "valid_data_paths": ["c"],
-      "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3},
-     {"blend_per_split": [["1.0", "a", "3.0", "b"], ["1.0", "c"], None],
+      "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3},
+     {"blend_per_split": [["1.0", "a", "3.0", "b"], ["1.0", "c"], ["1.0", "d"]],
       "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}),
     ({"eod_mask_loss": True}, {"eod_mask_loss": True, "eod_id": 50256}),
 ])
@@ -268,8 +268,10 @@ def test_neox_data_keys_map_onto_fields(extra, fields):
     ({"train_batch_size": None}, "train_micro_batch_size_per_gpu"),
     ({"seq_length": None}, "no seq_length"),
     ({"data_path": None}, "no data"),
-    ({"data_path": None, "train_data_paths": ["a"], "train_data_weights": [1, 2]},
-     "2 train_data_weights for 1"),
+    ({"data_path": None, "train_data_paths": ["a"], "train_data_weights": [1, 2],
+      "valid_data_paths": ["b"], "test_data_paths": ["c"]}, "2 train_data_weights for 1"),
+    ({"data_path": None, "train_data_paths": ["a"], "valid_data_paths": ["b"]},
+     "without test_data_paths"),
     # values GPT-NeoX's validate_types and checks refuse (seen side by side with its arguments)
     ({"train_data_paths": ["a"]}, "data_path or train/valid/test_data_paths, not both"),
     ({"seq_length": 128.7}, "seq_length is 128.7; expected an int"),

@@ -310,9 +310,17 @@ def _check_neox_values(conf: Mapping[str, Any]) -> None:
             refuse(key, "1 or more")
     if not 0 <= conf["seed"] < 2**32:
         refuse("seed", "0 <= seed < 2**32 (NumPy's random state)")
-    if conf["data_path"] and any(conf[f"{s}_data_paths"] for s in ("train", "valid", "test")):
+    separate = [conf[f"{s}_data_paths"] is not None for s in ("train", "valid", "test")]
+    if conf["data_path"] and any(separate):
         refuse(
             "data_path", "data_path or train/valid/test_data_paths, not both", "give one of them"
+        )
+    if any(separate) and not all(separate):
+        missing = [s for s, given in zip(("train", "valid", "test"), separate) if not given]
+        raise ConfigError(
+            f"the NeoX config gives train/valid/test_data_paths without {missing[0]}_data_paths;"
+            " GPT-NeoX asserts all three or none",
+            hint=f"add {missing[0]}_data_paths (or use data_path with split)",
         )
 
 
