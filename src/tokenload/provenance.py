@@ -213,7 +213,9 @@ class _Layout:
         self._group = [m * d for _, m, d in history]
 
     def _topology_at(self, delivered: int) -> int:
-        return bisect.bisect_right(self._begin, delivered) - 1
+        """The history entry in force at a delivered position (the first before the history:
+        only a step's first micro-batch is looked up there)."""
+        return max(bisect.bisect_right(self._begin, delivered) - 1, 0)
 
     def _micro_start(self, delivered: int) -> int:
         """The delivered position where the micro-batch holding ``delivered`` begins."""
