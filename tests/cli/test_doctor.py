@@ -72,7 +72,13 @@ def test_slow_storage_is_a_slow_steady_state(tmp_path):
     assert "PROBLEM" in slow and "reading the data is the bottleneck" in slow
     assert "loader workers" in slow and "read mode" in slow
     assert "[startup] ok: the computed order starts" in out.stdout
-    quick = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
+    # the control, the same data read at full speed, is not flagged: a measurement, so another
+    # job's burst on a shared machine may slow one run (CI once read 5,308 samples/s against
+    # 26,545 of mock data); three tries, not a threshold moved
+    for _ in range(3):
+        quick = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST)
+        if "[steady-state] ok" in quick.stdout:
+            break
     assert "[steady-state] ok" in quick.stdout, quick.stdout + quick.stderr
 
 
