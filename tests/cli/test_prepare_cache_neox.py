@@ -73,3 +73,20 @@ def test_global_num_gpus_sizes_the_batch_as_neox_derives_it(tmp_path):
     yml.write_text(yml.read_text().replace(', "global_num_gpus": 0', ""))  # one process's world
     out = run_cli("prepare-cache", "--neox-config", yml, "--json", env={"WORLD_SIZE": "2"})
     assert json.loads(out.stdout)["train_valid_test_num_samples"] == [800, 240, 80]
+
+
+def test_a_model_parallel_job_without_its_world_says_which_flag_gives_it(tmp_path):
+    """pipe 4 x model 2 and only a micro batch: one process cannot tell the data-parallel size
+    (it was taken as 1, silently); global_num_gpus (96: 12 replicas) or the flag gives it."""
+    prefix = neox_file(tmp_path, "a")
+    yml = tmp_path / "job.yml"
+    body = (f'"data_path": "{prefix}", "seq_length": 16, "train_iters": 10, "eval_iters": 1,'
+            ' "eval_interval": 5, "train_micro_batch_size_per_gpu": 4, "pipe_parallel_size": 4,'
+            ' "model_parallel_size": 2')  # fmt: skip
+    yml.write_text("{" + body + "}\n")
+    out = run_cli("prepare-cache", "--neox-config", yml)
+    assert out.returncode == 2 and "pipe x model parallel size 8" in out.stderr
+    assert "--prepare-cache-world-size" in out.stderr and "global_num_gpus" in out.stderr
+    yml.write_text("{" + body + ', "global_num_gpus": 96}\n')
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json")
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [480, 144, 48]  # batch 48

@@ -402,7 +402,9 @@ def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
     if world % model:
         raise ConfigError(
             f"{world} processes are not divisible by pipe x model parallel size {model}",
-            hint="pass data_parallel_size=... (the job's number of data-parallel replicas)",
+            hint="give the job's data-parallel size: data_parallel_size=N (prepare-cache:"
+            " --prepare-cache-world-size N), or global_num_gpus in the config, as NeoX's launcher"
+            " writes it",
         )
     return world // model
 
