@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import itertools
 import json
 import logging
@@ -357,47 +358,43 @@ class StepBatchSchedule:
         at = bisect.bisect_right([t for t, _ in self.steps], consumed) - 1
         return self.steps[max(at, 0)][1]
 
-    def _walk(self, samples: int | None, iterations: int | None) -> tuple[int, int]:
-        """(steps, consumed) after stepping while fewer than ``samples`` are consumed, or after
-        ``iterations`` steps."""
+    @functools.cached_property
+    def segments(self) -> tuple[tuple[int, int, int], ...]:
+        """``(first step, samples consumed before it, global batch)`` of each run of steps of
+        one batch, walked one entry at a time: a step's batch is the last entry's at or below
+        the samples consumed before it, so a run ends at the first step that starts at or past
+        the next threshold (the last run goes on for ever)."""
         thresholds = [t for t, _ in self.steps]
-        steps = consumed = 0
-        while (samples is None or consumed < samples) and (
-            iterations is None or steps < iterations
-        ):
-            at = max(bisect.bisect_right(thresholds, consumed) - 1, 0)
+        out: list[tuple[int, int, int]] = []
+        step = consumed = 0
+        while True:
+            at = bisect.bisect_right(thresholds, consumed) - 1
             batch = self.steps[at][1]
-            limits = [x for x in (samples,) if x is not None]
-            if at + 1 < len(self.steps):
-                limits.append(self.steps[at + 1][0])
-            n = -(-(min(limits) - consumed) // batch) if limits else 0
-            if iterations is not None:
-                n = iterations - steps if not limits else min(n, iterations - steps)
-            steps, consumed = steps + n, consumed + n * batch
-        return steps, consumed
+            out.append((step, consumed, batch))
+            if at + 1 == len(self.steps):
+                return tuple(out)
+            n = -(-(thresholds[at + 1] - consumed) // batch)  # >= 1: the threshold is ahead
+            step, consumed = step + n, consumed + n * batch
 
     def consumed_samples(self, iterations: int) -> int:
         """The samples consumed by ``iterations`` training steps: Megatron's
         ``consumed_train_samples`` then (what a resume from that iteration passes as
         ``consumed_samples``), as long as every step's batch is a multiple of micro batch x
         data-parallel size (Megatron's training loop asserts it at each step)."""
-        return self._walk(None, iterations)[1]
+        runs = self.segments
+        first, before, batch = runs[bisect.bisect_right(runs, (iterations, 1 << 62, 0)) - 1]
+        return before + (iterations - first) * batch
 
     def step_ending_at(self, consumed: int) -> int | None:
         """The steps done when exactly ``consumed`` samples are consumed, or None when
         ``consumed`` falls inside a step (the inverse of ``consumed_samples``)."""
-        thresholds = [t for t, _ in self.steps]
-        steps = received = 0
-        while True:
-            at = max(bisect.bisect_right(thresholds, received) - 1, 0)
-            batch = self.steps[at][1]
-            if at + 1 < len(self.steps):
-                n = -(-(thresholds[at + 1] - received) // batch)  # steps until past the next
-                if consumed >= received + n * batch:
-                    steps, received = steps + n, received + n * batch
-                    continue
-            done, into = divmod(consumed - received, batch)
-            return steps + done if into == 0 and done >= 0 else None
+        if consumed < 0:
+            return None
+        runs = self.segments
+        at = bisect.bisect_right([before for _, before, _ in runs], consumed) - 1
+        first, before, batch = runs[at]
+        done, into = divmod(consumed - before, batch)
+        return first + done if into == 0 else None
 
     def batch_of_step(self, iteration: int) -> int:
         """The global batch of training step ``iteration`` (counted from 0)."""
@@ -406,7 +403,12 @@ class StepBatchSchedule:
     def train_iters(self, train_samples: int) -> int:
         """megatron-core 0.19.2's ``update_train_iters`` with a schedule: steps while fewer than
         ``train_samples`` are consumed (the last one may go past it)."""
-        return self._walk(train_samples, None)[0]
+        if train_samples <= 0:
+            return 0
+        runs = self.segments
+        at = bisect.bisect_left([before for _, before, _ in runs], train_samples) - 1
+        first, before, batch = runs[at]
+        return first + -(-(train_samples - before) // batch)
 
 
 def _schedule_number(text: str, what: str, entry: str, flag: str) -> int:

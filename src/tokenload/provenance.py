@@ -35,7 +35,6 @@ saved for other data, another seed or another packing is the ``StateError`` a re
 from __future__ import annotations
 
 import bisect
-import itertools
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -105,50 +104,34 @@ def _integer(name: str, value: Any, least: int, hint: str) -> int:
 
 class BatchSchedule(Protocol):
     """A global batch that changes with the samples received (``megatron_args.
-    StepBatchSchedule``, megatron-core's ``--step-batch-size-schedule``): ``(threshold in
-    samples, batch)`` pairs from threshold 0."""
+    StepBatchSchedule``, megatron-core's ``--step-batch-size-schedule``)."""
 
     @property
-    def steps(self) -> Sequence[tuple[int, int]]: ...
+    def segments(self) -> Sequence[tuple[int, int, int]]:
+        """``(first step, samples received before it, batch)`` of each run of steps of one
+        batch, from step 0 (the last run goes on for ever)."""
+        ...
 
 
 def _step_segments(global_batch_size: int | BatchSchedule) -> list[tuple[int, int, int]]:
-    """``(first step, samples received before it, batch)`` of each run of steps of one global
-    batch: one for a constant batch (an int); for a batch schedule (an object with ``steps``,
-    ``(threshold in samples, batch)`` pairs from threshold 0, as megatron-core's
-    ``--step-batch-size-schedule`` gives them: ``megatron_args.StepBatchSchedule``), a step's
-    batch is that of the last threshold at or below the samples received before it."""
-    entries = getattr(global_batch_size, "steps", None)
+    """``BatchSchedule.segments`` of a schedule; one run of ``global_batch_size`` steps for a
+    constant batch (an int)."""
     hint = "pass the run's global batch size in samples, or its StepBatchSchedule"
-    if entries is None:
+    runs = getattr(global_batch_size, "segments", None)
+    if runs is None:
         return [(0, 0, _integer("global_batch_size", global_batch_size, 1, hint))]
     try:
-        pairs = [(int(t), int(b)) for t, b in entries]
+        out = [(int(f), int(r), int(b)) for f, r, b in runs]
     except (TypeError, ValueError):
-        pairs = []
-    if (
-        not pairs
-        or pairs[0][0] != 0
-        or any(b < 1 for _, b in pairs)
-        or any(a[0] >= b[0] for a, b in itertools.pairwise(pairs))
-    ):
+        out = []
+    if not out or out[0][:2] != (0, 0) or any(b < 1 for _, _, b in out):
         raise ConfigError(
-            f"global_batch_size's schedule is {entries!r}; expected (threshold, batch) pairs from"
-            " threshold 0, thresholds increasing, batches >= 1",
+            f"global_batch_size's schedule has runs {runs!r}; expected (first step, samples"
+            " before it, batch) from step 0, batches >= 1",
             hint=hint,
             field="global_batch_size",
         )
-    thresholds = [t for t, _ in pairs]
-    segments: list[tuple[int, int, int]] = []
-    step = received = 0
-    while True:
-        i = bisect.bisect_right(thresholds, received) - 1
-        batch = pairs[i][1]
-        segments.append((step, received, batch))
-        if i + 1 == len(pairs):
-            return segments
-        n = -(-(thresholds[i + 1] - received) // batch)  # steps until one passes the threshold
-        step, received = step + n, received + n * batch
+    return out
 
 
 class _Layout:
