@@ -393,7 +393,7 @@ def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
         return dp
     model = max(1, int(conf["pipe_parallel_size"])) * max(1, int(conf["model_parallel_size"]))
     gpus = conf["global_num_gpus"]
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+    if gpus is not None and gpus < 1:  # an int (_check_neox_values)
         raise ConfigError(
             f"the NeoX config's global_num_gpus is {gpus!r}; expected a positive int",
             hint="fix global_num_gpus, or remove it (the world size is then this job's)",
