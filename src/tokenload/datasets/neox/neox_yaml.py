@@ -275,6 +275,7 @@ def neox_config_from_yaml(
 _NEOX_INTS = """seq_length seed train_iters train_epochs eval_iters eval_interval train_batch_size
 train_micro_batch_size_per_gpu gradient_accumulation_steps pipe_parallel_size model_parallel_size
 num_workers global_num_gpus""".split()  # noqa: SIM905 (a word list reads as text)
+_NEOX_BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 _NEOX_BOOLS = """weight_by_num_documents mmap_warmup use_shared_fs allow_chopped
 eod_mask_loss""".split()  # noqa: SIM905
 
@@ -305,9 +306,15 @@ def _check_neox_values(conf: Mapping[str, Any]) -> None:
             refuse(key, "a string")
     if conf["train_iters"] is not None and conf["train_epochs"] is not None:
         refuse("train_epochs", "no train_epochs with train_iters", "give one of the two")
-    for key in ("train_iters", "train_epochs", "eval_interval"):
+    for key in ("train_iters", "train_epochs", "eval_interval", *_NEOX_BATCH):
         if conf[key] is not None and conf[key] < 1:
             refuse(key, "1 or more")
+    if conf["train_epochs"] is not None:  # NeoX's validate_train_epochs
+        if conf["weight_by_num_documents"]:
+            refuse("weight_by_num_documents", "false with train_epochs", "use train_iters")
+        weights = conf["train_data_weights"]
+        if isinstance(weights, list) and not all(w == 1.0 for w in weights):
+            refuse("train_data_weights", "none, or all 1.0, with train_epochs", "use train_iters")
     if not 0 <= conf["seed"] < 2**32:
         refuse("seed", "0 <= seed < 2**32 (NumPy's random state)")
     separate = [conf[f"{s}_data_paths"] is not None for s in ("train", "valid", "test")]
@@ -364,6 +371,10 @@ def _neox_data(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | None], int | None]:
     """NeoX's ``train_val_test_num_samples`` and its ``train_batch_size``."""
+    if conf["train_batch_size"] is not None and (
+        dp is not None or conf["global_num_gpus"] is not None or World.detect().world_size > 1
+    ):  # the job's data-parallel size is known: NeoX's batch check (not in a lone process)
+        _check_neox_batch(conf, _neox_dp(conf, dp))
     if conf["train_iters"] is None:
         if conf["train_epochs"] is None:
             raise ConfigError(
@@ -383,6 +394,28 @@ def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | Non
     iters, evals = int(conf["train_iters"]), int(conf["eval_iters"])
     valid = (iters // int(conf["eval_interval"]) + 1) * evals
     return [iters * batch, valid * batch, evals * batch], int(batch)
+
+
+def _check_neox_batch(conf: Mapping[str, Any], dp: int) -> None:
+    """NeoX's ``calculate_batch_parameters`` and ``check_batch_parameters``: a
+    ``train_batch_size`` given must be micro batch x accumulation steps x the data-parallel size
+    (the missing one derived from it by floor division, as NeoX does)."""
+    batch = int(conf["train_batch_size"])
+    micro, steps = conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"]
+    if micro is None and steps is None:
+        micro, steps = batch // dp, 1
+    elif micro is None:
+        micro = batch // dp // steps
+    elif steps is None:
+        steps = batch // micro // dp
+    if micro < 1 or steps < 1 or batch != micro * steps * dp:
+        raise ConfigError(
+            f"the NeoX config's train_batch_size {batch} is not train_micro_batch_size_per_gpu"
+            f" {micro} x gradient_accumulation_steps {steps} x {dp} data-parallel ranks"
+            " (GPT-NeoX refuses it too)",
+            hint="make train_batch_size = micro batch x accumulation steps x data-parallel size,"
+            " or give only two of the three",
+        )
 
 
 def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
