@@ -207,6 +207,19 @@ def test_a_weighted_blend_is_diagnosed_with_and_without_a_train_size(tmp_path):
     assert f"{median} document{'s' if median != 1 else ''} per row at the median" in packing
 
 
+def test_a_blend_member_whose_test_split_holds_no_sample_is_diagnosed(tmp_path):
+    """The doctor builds a weighted blend's valid and test empty, on both orders it times: a
+    member whose 1% test split holds less than one sample stops no run (it stopped the computed
+    order's timing with a ConfigError)."""
+    tiny = write_documents(tmp_path / "tiny", [np.arange(1, 4)] * 100)  # test split: 6 tokens
+    blend = ["0.4", _corpus(tmp_path / "a"), "0.6", tiny]
+    for packing in ("concat", "best-fit"):
+        out = run_cli("doctor", "--data-path", *blend, "--split", "90,8,2", "--seq-length", "64",
+                      "--steps", "6", "--packing", packing)
+        assert out.returncode in (0, 1) and "error" not in out.stderr, out.stderr  # (warned: tiny repeats)
+        assert "[startup]" in out.stdout and "[packing]" in out.stdout
+
+
 def test_documents_per_row_is_singular_for_one(tmp_path):
     # documents of 40-60 tokens at S = 64: one per row; of 10-20 tokens: several
     from tokenload.doctor.checks import packing_figures

@@ -230,3 +230,28 @@ def test_the_computed_order_serves_a_mixed_dtype_blend(tmp_path, packing):
                 assert tuple(tokens) in stretches[int(source)]
             rows += 1
     assert rows == 240 and str(batch["tokens"].dtype) == "torch.int64"
+
+
+@pytest.mark.parametrize("add_extra_token", [True, False])
+def test_a_blend_member_with_an_empty_split_asked_for_0_samples(tmp_path, add_extra_token):
+    """Checked side by side with megatron-core 0.19.2 (a weighted blend, split 969,30,1, one
+    member's test share empty, sizes [50, 0, 0]): with the extra token its _get_num_epochs asks
+    0 x S + 1 tokens of the empty split and loops forever; without it, the split is built empty
+    (lens [50, 0, 0] on both sides). The loop is a ConfigError naming the split, its cause and the
+    fix, not the bare "0 tokens but 0 samples" of before."""
+    from support import write_documents
+
+    rng = np.random.default_rng(0)
+    big = write_documents(tmp_path / "big", [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(400)])
+    small = write_documents(tmp_path / "small", [np.arange(1, 30)] * 100)
+    cfg = MegatronDataConfig(sequence_length=64, blend=["0.4", big, "0.6", small], split="969,30,1",
+                             add_extra_token=add_extra_token, path_to_cache=str(tmp_path / "c"))
+    if add_extra_token:
+        with pytest.raises(ConfigError, match=r"the test split of .*big holds no tokens .*even 0 samples need"
+                           r" 1 token with add_extra_token \(megatron-core loops forever\)") as info:
+            build_datasets(cfg, [50, 0, 0])
+        assert "give the test split a weight of 0 in the split string" in str(info.value)
+    else:
+        assert [len(d) for d in build_datasets(cfg, [50, 0, 0])] == [50, 0, 0]
+    packed = MegatronDataConfig(**{**cfg.__dict__, "packing": "best-fit"})
+    assert [len(d) for d in build_datasets(packed, [50, 0, 0])] == [50, 0, 0]  # not megatron-core's rule

@@ -251,3 +251,19 @@ def test_global_sample_k_is_the_same_on_1_3_and_8_ranks_and_any_worker_count(fil
                 loader.close()
             assert sorted(got) == list(range(len(got))) and len(got) == total - total % (micro * ranks)
             np.testing.assert_array_equal(torch.stack([got[k] for k in sorted(got)]).numpy(), whole[: len(got)])
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_a_weighted_blend_split_asked_for_no_sample_is_built_empty(files, tmp_path, packing):
+    """A split of a blend member holding less than one sample is refused only when samples are
+    asked of it: with size 0 (the doctor's valid and test, Megatron's --eval-iters 0) it is built
+    empty, as the Megatron order builds it."""
+    prefix = next(iter(files))
+    tiny = write_documents(tmp_path / "tiny", [np.array([5, 6, EOD])] * 60)  # test split: 1 doc
+    cfg = _config(["0.5", prefix, "0.5", tiny], split="90,8,2", packing=packing)
+    train, valid, test = build_computed_datasets(cfg, [50, 0, 0])
+    assert len(train) == 50 and len(valid) == 0 and len(test) == 0
+    assert test.read_batch([])["windows"].shape[0] == 0
+    if packing == "concat":
+        with pytest.raises(ConfigError, match="the test split of .*tiny holds 3 tokens .*less than one sample"):
+            build_computed_datasets(cfg, [50, 0, 4])

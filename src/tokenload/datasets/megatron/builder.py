@@ -420,8 +420,12 @@ class MegatronBuilder:
                 self._token_file(prefix)
 
     def _check_not_empty(self, name: str, mid: MidLevelPlan, split: str | None) -> None:
-        """ConfigError when the split of ``mid`` holds no tokens but samples are asked of it."""
-        if not mid.num_samples:
+        """ConfigError when the split of ``mid`` holds no tokens but samples are asked of it, or
+        0 samples with the extra token (megatron-core asks 0 x S + 1 tokens of it and loops)."""
+        if mid.num_samples is None:
+            return
+        concat_extra = self.data.add_extra_token and self.data.packing == "concat"
+        if not (mid.num_samples or concat_extra):  # (packed rows are not megatron-core's)
             return
         with self._phase("header_reads"):
             lengths = self._lengths(mid.prefix)
@@ -519,13 +523,17 @@ def _empty_split(
 ) -> ConfigError:
     """A split without tokens asked for samples (Megatron loops forever there)."""
     share = "the whole file" if split is None else f"its share of split {split!r}"
+    asked = f"{mid.num_samples} samples were requested"
+    hint = f"ask for no {name} samples, "
+    if not mid.num_samples:  # megatron-core's _get_num_epochs asks 0 x S + 1 tokens: it loops
+        asked = "even 0 samples need 1 token with add_extra_token (megatron-core loops forever)"
+        hint = f"give the {name} split a weight of 0 in the split string (not built), "
     return ConfigError(
         f"the {name} split of {mid.prefix} holds no tokens ({share}: sequences {beg}..{end} of "
-        f"{count}) but {mid.num_samples} samples were requested; expected a split with at least "
-        "one non-empty sequence",
+        f"{count}) but {asked}; expected a split with at least one non-empty sequence",
         path=None if mid.prefix is None else mid.prefix + ".bin",
         hint="change the split string (e.g. '98,2,0' on a small file leaves the valid split "
-        f"empty), ask for no {name} samples, or give the {name} split more data",
+        f"empty), {hint}or give the {name} split more data",
     )
 
 

@@ -111,7 +111,7 @@ def build_packed_indices(
         tokens_per_epoch=tokens,
         num_samples=num_samples,
         sequence_length=sequence_length,
-        extra=extra,
+        extra=extra if tokens or num_samples else 0,  # an empty split asked for no row: none
     )
     num_epochs, separate = epochs.num_epochs, epochs.separate_final_epoch
     window = sequence_length + extra
