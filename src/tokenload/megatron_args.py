@@ -158,6 +158,26 @@ def _blend(flag: str, items: list[str]) -> Blend:
     return blend
 
 
+def tokenload_flags(g: argparse._ActionsContainer) -> None:
+    """The flags tokenload's Megatron-LM provider adds to Megatron's (``integrations.megatron``),
+    which the flag importer also reads, so that the provider's training command imports as is."""
+    g.add_argument(
+        "--tokenload-dataloader-type",
+        choices=("single", "cyclic"),
+        default=None,
+        help="the order of tokenload's loader under --dataloader-type external: Megatron's"
+        " single (default) or cyclic sampler",
+    )
+    g.add_argument(
+        "--tokenload-packing",
+        choices=("concat", "best-fit"),
+        default="concat",
+        help="how a sample is made: Megatron's concatenated samples (default) or rows of whole"
+        " documents, best-fit, with position ids (and cu_seqlens under"
+        " --dataloader-inter-document-masking) per document",
+    )
+
+
 def batch_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument("--global-batch-size", type=positive(int), help="samples per iteration")
     g.add_argument(

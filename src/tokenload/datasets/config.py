@@ -307,7 +307,9 @@ class MegatronDataConfig:
     eod_id: int | None = None
     """End-of-document id (EOD options, mock data)."""
     pad_id: int = -1
-    """Padding id for short samples; -1 when the tokenizer has none."""
+    """The tokenizer's padding id (-1: none). As in megatron-core's ``GPTDataset``, a token or
+    label equal to it (0 or more) has no loss and is served as 0; so are a packed row's padding
+    slots, whatever this id is: a loss that skips padding reads ``loss_mask``."""
     vocab_size: int | None = None
     """Vocabulary size for mock data."""
     add_extra_token: bool = True

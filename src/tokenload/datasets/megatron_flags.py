@@ -102,6 +102,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-workers", type=int, default=2)
     g.add_argument("--dataloader-type", choices=("single", "cyclic", "external"))
     megatron_args.batch_flags(g)
+    megatron_args.tokenload_flags(g)  # the Megatron-LM provider's own
     megatron_args.item_flags(g)
     megatron_args.tokenizer_flags(g)
     for flag in _TOKENIZER_VALUE_FLAGS:
@@ -178,10 +179,21 @@ def megatron_config_from_args(
             "no training length: expected --train-iters or --train-samples",
             hint="pass the training job's flag",
         )
+    provider = args.tokenload_dataloader_type is not None or args.tokenload_packing != "concat"
     if args.dataloader_type == "external":
+        if not provider:
+            raise ConfigError(
+                "--dataloader-type external: the job brings its own loader",
+                hint="use single (Megatron's default) or cyclic; if that loader is tokenload's"
+                " Megatron-LM provider, add its --tokenload-dataloader-type single (its default)",
+            )
+        args.dataloader_type = args.tokenload_dataloader_type or "single"  # the provider's order
+    elif args.tokenload_dataloader_type is not None:
         raise ConfigError(
-            "--dataloader-type external: the job brings its own loader",
-            hint="use single (Megatron's default) or cyclic",
+            f"--tokenload-dataloader-type with --dataloader-type {args.dataloader_type or 'single'}"
+            ": it is the order of tokenload's Megatron-LM provider, which runs under"
+            " --dataloader-type external",
+            hint="drop --tokenload-dataloader-type, or give --dataloader-type external",
         )
     args.prepare_cache_world_size = world_size or World.detect().world_size
     fields: dict[str, Any] = {"sequence_length": args.seq_length, "random_seed": args.seed}
@@ -206,6 +218,8 @@ def megatron_config_from_args(
         drop_last_partial_validation_sequence=args.drop_last_partial_validation_sequence,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
     )
+    if args.tokenload_packing != "concat":
+        fields["packing"] = args.tokenload_packing
     _megatron_loading(args, fields)
     counts = megatron_args.batches(args)
     extras = {

@@ -63,7 +63,7 @@ from ..datasets.config import fields_for_order
 from ..errors import ConfigError
 from ..loader import TokenloadDataLoader, build_dataloader
 from ..loader.report import MetricsReport
-from ..megatron_args import LEGACY_SPLIT, StepBatchSchedule, blends_of
+from ..megatron_args import LEGACY_SPLIT, StepBatchSchedule, blends_of, tokenload_flags
 
 __all__ = [
     "MegatronLoader",
@@ -88,23 +88,8 @@ _UNSUPPORTED = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Megatron's ``extra_args_provider``: adds ``--tokenload-dataloader-type single|cyclic`` and
-    ``--tokenload-packing concat|best-fit``."""
-    group = parser.add_argument_group("tokenload")
-    group.add_argument(
-        "--tokenload-dataloader-type",
-        choices=("single", "cyclic"),
-        default="single",
-        help="the order of tokenload's loader under --dataloader-type external: Megatron's"
-        " single (default) or cyclic sampler",
-    )
-    group.add_argument(
-        "--tokenload-packing",
-        choices=("concat", "best-fit"),
-        default="concat",
-        help="how a sample is made: Megatron's concatenated samples (default) or rows of whole"
-        " documents, best-fit, with position ids (and cu_seqlens under"
-        " --dataloader-inter-document-masking) per document",
-    )
+    ``--tokenload-packing concat|best-fit`` (``megatron_args.tokenload_flags``)."""
+    tokenload_flags(parser.add_argument_group("tokenload"))
     return parser
 
 

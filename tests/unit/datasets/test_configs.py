@@ -182,6 +182,29 @@ def test_megatron_fast_load_flags_and_the_datasets_they_make(tmp_path):
     assert fast.fields["build_policy"] == "none" and fast.fields["sequences_path"] == "seq.json"
 
 
+def test_the_megatron_lm_providers_training_command_imports_as_is():
+    """The flags tokenload's Megatron-LM provider adds (docs/MIGRATING.md tells users to add
+    --tokenload-packing to the training command) are read by the importer too: the packing, and
+    under --dataloader-type external the provider's order; external alone is still refused."""
+    base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--num-layers", "2"]
+    got = megatron_config_from_args([*base, "--tokenload-packing", "best-fit"], world_size=1)
+    assert got.fields["packing"] == "best-fit" and got.config().packing == "best-fit"
+    assert "packing" not in megatron_config_from_args(base, world_size=1).fields
+    for flags, order in ([[], "single"], [["--tokenload-dataloader-type", "cyclic"], "cyclic"]):
+        got = megatron_config_from_args(
+            [*base, "--dataloader-type", "external", "--tokenload-packing", "best-fit", *flags], world_size=1)
+        assert got.extras["dataloader_type"] == order and got.sizes == [12, 800, 400]
+    with pytest.raises(ConfigError, match="external: the job brings its own loader") as info:
+        megatron_config_from_args([*base, "--dataloader-type", "external"], world_size=1)
+    assert "--tokenload-dataloader-type single" in str(info.value)
+    with pytest.raises(ConfigError, match="--tokenload-dataloader-type with --dataloader-type cyclic"):
+        megatron_config_from_args([*base, "--dataloader-type", "cyclic", "--tokenload-dataloader-type", "single"],
+                                  world_size=1)
+    with pytest.raises(ConfigError, match="invalid choice"):
+        megatron_config_from_args([*base, "--tokenload-packing", "bestfit"], world_size=1)
+
+
 # -- GPT-NeoX's example configs -------------------------------------------------------------------
 def test_neox_125m_with_local_setup():
     got = neox_config_from_yaml([NEOX / "125M.yml", NEOX / "local_setup.yml"], data_parallel_size=1)
