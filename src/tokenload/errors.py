@@ -111,6 +111,11 @@ class StateError(TokenloadError, ValueError):
     """A saved loader state does not match the data or configuration it is loaded into."""
 
 
+class ForeignStateError(StateError):
+    """A state saved for other data or another order (its fingerprint differs): the loader's
+    refusal names what this dataset reads (``loader.state.refusal_hint``)."""
+
+
 class MissingExtraError(TokenloadError, ImportError):
     """An optional dependency is needed for the requested feature and is not installed."""
 

@@ -340,46 +340,7 @@ def _check_state(data: Any, state: dict[str, Any]) -> None:
         dp_size=saved.dp_size,
         num_workers=0,
     )
-    try:
-        loader.load_state_dict(state)
-    except StateError as exc:
-        raise StateError(exc.message, hint=_refusal_hint(data)) from None
-
-
-def _refusal_hint(data: Any) -> str:
-    """What to do when the loader refuses a state here: this dataset's order and items in words
-    (what a state of another run differs in: packing, sequence length, the item options the
-    fingerprint covers), and the fix."""
-    sources = data.describe_sources()
-    packing = (
-        "packed rows of whole documents (`packing='best-fit'`)"
-        if sources.packed
-        else "concatenated samples (`packing='concat'`)"
-    )
-    lengths = sorted({m.sequence_length for m in sources.members if m.sequence_length})
-    length = f" of {lengths[0]} tokens" if len(lengths) == 1 else ""
-    members = getattr(data, "datasets", None) or [data]
-    item = getattr(data, "item", None) or getattr(members[0], "item", None)
-    items = ""
-    if item is not None:
-        eod = "no EOD id" if item.eod_id is None else f"EOD id {item.eod_id}"
-        on = [
-            words
-            for flag, words in (
-                (item.eod_mask_loss, "EOD loss masking"),
-                (item.reset_position_ids, "position ids reset at EODs"),
-                (item.reset_attention_mask, "attention mask reset at EODs"),
-                (item.create_attention_mask, "an attention mask"),
-                (item.inter_document_masking, "inter-document masking"),
-            )
-            if flag
-        ]
-        items = f", items with {', '.join([eod, *on])}" + ("" if on else " and no item option")
-    return (
-        f"this dataset reads {packing}{length}{items}; a state is answered only by the dataset"
-        " of the run that saved it: build it with that run's packing, `sequence_length=N`,"
-        " `random_seed=N`, item options, token files, blend and split (or pass no state)"
-    )
+    loader.load_state_dict(state)  # its refusal's hint says what this dataset reads
 
 
 def explain(

@@ -220,7 +220,9 @@ def test_a_state_of_another_packing_or_seed_is_refused_as_the_loader_refuses_it(
         with pytest.raises(StateError) as found:
             where(data(**other), source=0, document=1, global_batch_size=G, state=state)
         assert explained.value.message == found.value.message == resumed.value.message
-        assert words in explained.value.hint and "random_seed" in explained.value.hint
+        assert explained.value.hint == resumed.value.hint  # a resume's refusal says it too
+        assert words in resumed.value.hint and "random_seed" in resumed.value.hint
+        assert f"in order={order!r}" in resumed.value.hint
 
 
 def serve(phases, skips=()):

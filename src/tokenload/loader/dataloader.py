@@ -37,7 +37,7 @@ from typing import Any
 
 from ..contract import LoaderDataset
 from ..distributed import World
-from ..errors import ConfigError, StateError, require
+from ..errors import ConfigError, ForeignStateError, StateError, require
 from ..storage.options import read_retry_window, retry_reads_for
 from .accounting import LoaderMetrics, summary_line
 from .collate import PACKING_COUNTS, fetch, to_tensors
@@ -50,6 +50,7 @@ from .state import (
     LoaderState,
     Topology,
     continue_topologies,
+    refusal_hint,
     restore_mixture,
     topology_history,
     weights_changes,
@@ -435,6 +436,12 @@ class TokenloadDataLoader:
         differ (``state.topology_history``)."""
         loaded = LoaderState.from_dict(state)
         mixture = state.get("mixture") if self._mixture_resumable else None
+        try:
+            self._load_state(loaded, state, mixture)
+        except ForeignStateError as exc:  # saved for other data or another order: say what this is
+            raise ForeignStateError(exc.message, hint=refusal_hint(self.dataset)) from None
+
+    def _load_state(self, loaded: LoaderState, state: dict[str, Any], mixture: Any) -> None:
         if mixture is None:
             loaded.check(self.fingerprint)
         if self.config.kind == "cyclic":

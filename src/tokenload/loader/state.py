@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..contract import MixtureCursors
-from ..errors import StateError
+from ..errors import ForeignStateError, StateError
 
 STATE_VERSION = 1
 
@@ -103,7 +103,7 @@ class LoaderState:
     def check(self, fingerprint: str) -> None:
         """Raise StateError unless this state belongs to data and config with ``fingerprint``."""
         if self.fingerprint != fingerprint:
-            raise StateError(
+            raise ForeignStateError(
                 f"loader state was saved for data/config fingerprint {self.fingerprint}, this"
                 f" loader's is {fingerprint}",
                 hint="resume with the same token files, sequence length, seed, split and blend as"
@@ -211,3 +211,49 @@ def continue_topologies(
         return history
     kept = [t for t in history if t[0] < consumed]
     return [*kept, (consumed, micro_batch_size, dp_size)][-TOPOLOGIES_KEPT:]
+
+
+def refusal_hint(data: Any) -> str:
+    """What to do when a state is refused for another fingerprint: this dataset's order and
+    items in words (what a state of another run differs in: order, packing, sequence length, the
+    item options the fingerprint covers), and the fix."""
+    describe = getattr(data, "describe_sources", None)
+    if describe is None:  # not one of tokenload's datasets
+        return (
+            "resume with the same data, order and options as the saved run, or start the data"
+            " order from scratch deliberately (consumed_samples=0)"
+        )
+    sources = describe()
+    module = type(data).__module__
+    order = "computed" if ".computed" in module else "neox" if ".neox" in module else "megatron"
+    packing = (
+        "packed rows of whole documents (`packing='best-fit'`)"
+        if sources.packed
+        else "concatenated samples (`packing='concat'`)"
+    )
+    lengths = sorted({m.sequence_length for m in sources.members if m.sequence_length})
+    length = f" of {lengths[0]} tokens" if len(lengths) == 1 else ""
+    members = getattr(data, "datasets", None) or [data]
+    item = getattr(data, "item", None) or getattr(members[0], "item", None)
+    items = ""
+    if item is not None:
+        eod = "no EOD id" if item.eod_id is None else f"EOD id {item.eod_id}"
+        on = [
+            words
+            for flag, words in (
+                (item.eod_mask_loss, "EOD loss masking"),
+                (item.reset_position_ids, "position ids reset at EODs"),
+                (item.reset_attention_mask, "attention mask reset at EODs"),
+                (item.create_attention_mask, "an attention mask"),
+                (item.inter_document_masking, "inter-document masking"),
+            )
+            if flag
+        ]
+        items = f", items with {', '.join([eod, *on])}" + ("" if on else " and no item option")
+    return (
+        f"this dataset reads {packing}{length} in order={order!r}{items}; a state resumes only"
+        " into the data and options of the run that saved it: build the dataset with that"
+        " run's order, packing, `sequence_length=N`, `random_seed=N`, item options, token files,"
+        " blend and split, or start the data order from scratch deliberately"
+        " (consumed_samples=0)"
+    )

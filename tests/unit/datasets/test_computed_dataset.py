@@ -265,5 +265,5 @@ def test_a_weighted_blend_split_asked_for_no_sample_is_built_empty(files, tmp_pa
     assert len(train) == 50 and len(valid) == 0 and len(test) == 0
     assert test.read_batch([])["windows"].shape[0] == 0
     if packing == "concat":
-        with pytest.raises(ConfigError, match="the test split of .*tiny holds 3 tokens .*less than one sample"):
+        with pytest.raises(ConfigError, match=r"the test split of .*tiny holds 3 tokens .*less than one sample"):
             build_computed_datasets(cfg, [50, 0, 4])

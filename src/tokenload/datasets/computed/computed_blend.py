@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from ...arrays import distinct
 from ...contract import Allocator, MixtureCursors, RowPieces
-from ...errors import StateError
+from ...errors import ForeignStateError, StateError
 from ...index.blends import distinct_sources
 from ...index.interleave import DEFAULT_PERIOD
 from ...index.mixture import MixtureState
@@ -292,7 +292,7 @@ class ComputedBlendedDataset(_Items, BlendContract):
         of another seed, block size or item layout, or a source whose windows per epoch changed."""
         if not isinstance(state, dict) or state.get("order") != self.order_fingerprint:
             found = state.get("order") if isinstance(state, dict) else type(state).__name__
-            raise StateError(
+            raise ForeignStateError(
                 f"the mixture state was saved for order {found!r}; this blend's is"
                 f" {self.order_fingerprint}",
                 hint="resume with the seed, block size, sequence length and item options of the"

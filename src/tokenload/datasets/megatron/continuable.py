@@ -44,7 +44,7 @@ import numpy as np
 
 from ...arrays import distinct
 from ...contract import MixtureCursors, Sources
-from ...errors import ConfigError, StateError
+from ...errors import ConfigError, ForeignStateError, StateError
 from ...index import SPLIT_NAMES, Blend, build_blending_indices, plan_splits
 from ...index.blends import distinct_sources
 from ...index.plan import MidLevelPlan, SplitPlan, samples_per_dataset
@@ -574,7 +574,7 @@ def _first_entries(plans: Sequence[EntryPlan]) -> dict[int, int]:
 def _parse(state: Any, order: str) -> tuple[int, dict[str, dict[str, int]], dict[str, Any]]:
     if not isinstance(state, dict) or state.get("order") != order:
         found = state.get("order") if isinstance(state, dict) else type(state).__name__
-        raise StateError(
+        raise ForeignStateError(
             f"the mixture state was saved for order {found!r}; this blend's is {order!r}",
             hint="resume with the seed, split, sequence length, item options and packing of the"
             " saved run",
