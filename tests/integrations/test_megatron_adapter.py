@@ -209,3 +209,20 @@ def test_tokenload_packing_flag_makes_rows_of_whole_documents(prefixes):
     config = data_config_from_args(args, Tokenizer())
     assert config.packing == "best-fit"
     assert data_config_from_args(megatron_args(data_path=[prefixes[0]]), Tokenizer()).packing == "concat"
+
+
+def test_an_evaluation_split_of_no_sample_gets_no_loader(prefixes):
+    """--eval-iters 0 with a weighted blend: valid and test are built for 0 samples; they get no
+    loader (Megatron then runs no evaluation), where the loader used to refuse them with "the
+    dataset has 0 samples"."""
+    args = megatron_args(data_path=["30", prefixes[0], "70", prefixes[1]], split="90,8,2")
+    train, valid, test = loaders_from_args(args, [40, 0, 0], tokenizer=Tokenizer(), dp_rank=0, dp_size=1)
+    assert train is not None and len(train.loader.dataset) >= 40
+    assert valid is None and test is None
+    from tokenload.datasets import build_datasets
+    from tokenload.loader import build_dataloader
+
+    empty = build_datasets(data_config_from_args(args, Tokenizer()), [40, 0, 0])[1]
+    with pytest.raises(ConfigError, match="0 samples; a loader needs at least one") as info:
+        build_dataloader(empty, micro_batch_size=2, num_workers=0)
+    assert "needs no loader" in str(info.value)

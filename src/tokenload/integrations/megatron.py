@@ -200,7 +200,9 @@ def loaders_from_args(
     starts = (args.consumed_train_samples, valid_start, 0)
     out: list[MegatronLoader | None] = []
     for split, (dataset, start) in enumerate(zip(datasets, starts)):
-        if dataset is None:
+        if dataset is None or (split and not len(dataset)):
+            # an evaluation split asked for no sample (--eval-iters 0): no loader, so Megatron
+            # runs no evaluation (its own sampler asserts "no sample to consume" there)
             out.append(None)
             continue
         mbs = args.micro_batch_size if split == 0 else eval_mbs

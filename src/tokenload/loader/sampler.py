@@ -41,7 +41,9 @@ class MicroBatchPlan:
     def __post_init__(self) -> None:
         if self.total_samples <= 0:
             raise ConfigError(
-                f"the dataset has {self.total_samples} samples", hint="check the data and split"
+                f"the dataset has {self.total_samples} samples; a loader needs at least one",
+                hint="check the data and split (a split built for 0 samples, such as the valid"
+                " split of --eval-iters 0, needs no loader)",
             )
         if self.micro_batch_size < 1 or self.dp_size < 1:
             raise ConfigError(
