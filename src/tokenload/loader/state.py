@@ -217,15 +217,15 @@ def refusal_hint(data: Any) -> str:
     """What to do when a state is refused for another fingerprint: this dataset's order and
     items in words (what a state of another run differs in: order, packing, sequence length, the
     item options the fingerprint covers), and the fix."""
-    describe = getattr(data, "describe_sources", None)
-    if describe is None:  # not one of tokenload's datasets
-        return (
-            "resume with the same data, order and options as the saved run, or start the data"
-            " order from scratch deliberately (consumed_samples=0)"
-        )
-    sources = describe()
     module = type(data).__module__
-    order = "computed" if ".computed" in module else "neox" if ".neox" in module else "megatron"
+    orders = [o for o in ("computed", "neox", "megatron") if f"datasets.{o}" in module]
+    if not orders:  # a flat file, or not one of tokenload's datasets
+        return (
+            "resume with the same data and options as the saved run, or start the data order"
+            " from scratch deliberately (consumed_samples=0)"
+        )
+    order = f" in order={orders[0]!r}"
+    sources = data.describe_sources()
     packing = (
         "packed rows of whole documents (`packing='best-fit'`)"
         if sources.packed
@@ -251,7 +251,7 @@ def refusal_hint(data: Any) -> str:
         ]
         items = f", items with {', '.join([eod, *on])}" + ("" if on else " and no item option")
     return (
-        f"this dataset reads {packing}{length} in order={order!r}{items}; a state resumes only"
+        f"this dataset reads {packing}{length}{order}{items}; a state resumes only"
         " into the data and options of the run that saved it: build the dataset with that"
         " run's order, packing, `sequence_length=N`, `random_seed=N`, item options, token files,"
         " blend and split, or start the data order from scratch deliberately"
