@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["World", "barrier", "process_group"]
+__all__ = ["World", "barrier", "int_env", "process_group"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,17 +59,17 @@ class World:
         """The world of this process (torch.distributed, then launcher env, then single)."""
         env = os.environ
         local = {
-            "local_rank": _int_env("LOCAL_RANK", "SLURM_LOCALID", default=0),
-            "local_world_size": _int_env("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=1),
-            "node_rank": _int_env("GROUP_RANK", "SLURM_NODEID", default=None),
+            "local_rank": int_env("LOCAL_RANK", "SLURM_LOCALID", default=0),
+            "local_world_size": int_env("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=1),
+            "node_rank": int_env("GROUP_RANK", "SLURM_NODEID", default=None),
         }
         dist = process_group()
         if dist is not None:
             return cls(rank=dist.get_rank(), world_size=dist.get_world_size(), **local)
         if "RANK" in env or "SLURM_PROCID" in env:
             return cls(
-                rank=_int_env("RANK", "SLURM_PROCID", default=0),
-                world_size=_int_env("WORLD_SIZE", "SLURM_NTASKS", default=1),
+                rank=int_env("RANK", "SLURM_PROCID", default=0),
+                world_size=int_env("WORLD_SIZE", "SLURM_NTASKS", default=1),
                 **local,
             )
         return cls()
@@ -100,7 +100,9 @@ def barrier(world: World, why: str) -> None:
     dist.barrier()
 
 
-def _int_env(*names: str, default: int | None) -> Any:
+def int_env(*names: str, default: int | None) -> Any:
+    """The first of the environment variables ``names`` that is set, as an int (a SLURM value
+    such as ``2(x4)`` read up to its bracket), else ``default``; ``ConfigError`` if not a number."""
     for name in names:
         value = os.environ.get(name)
         if value is not None:

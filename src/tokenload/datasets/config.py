@@ -621,12 +621,17 @@ class ImportedConfig(NamedTuple):
     extras: dict[str, Any]
     """Batch sizes, loader settings and tokenizer files: not dataset fields."""
 
-    def config(self) -> MegatronDataConfig:
+    def config(self, **overrides: Any) -> MegatronDataConfig:
         """``MegatronDataConfig(**fields)``, without the fields the imported order does not read
         (``fields_for_order``: e.g. GPT-NeoX's ``use_shared_fs=False`` is
         ``build_policy="local-rank0"``, which the Megatron order reads and the NeoX order, built
-        in memory on every rank, does not)."""
-        return MegatronDataConfig(**fields_for_order(self.fields))
+        in memory on every rank, does not). ``overrides``: fields set on top of the imported
+        ones (``tokenizer=`` a Megatron description's tokenizer object, ``build_policy="none"``,
+        ``packing="best-fit"``, ...); a field the order does not read is a ``ConfigError``."""
+        imported = dict(self.fields)
+        if "order" in overrides:  # the imported fields the chosen order reads
+            imported["order"] = overrides["order"]
+        return MegatronDataConfig(**{**fields_for_order(imported), **overrides})
 
 
 def as_blend(value: Sequence[str] | str | Blend | None) -> Blend | None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .. import megatron_args
-from ..distributed import World
+from ..distributed import World, int_env
 from ..errors import ConfigError
 from .config import ImportedConfig, register_importer
 
@@ -158,6 +158,15 @@ def _check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
             room -= 1
 
 
+def _megatron_world() -> int:
+    """The world size megatron.training takes: this process's group or launcher, else
+    ``WORLD_SIZE`` alone (its ``parse_args`` reads that variable, with no ``RANK`` needed)."""
+    world = World.detect().world_size
+    if world > 1:
+        return world
+    return int(int_env("WORLD_SIZE", default=1))
+
+
 def megatron_config_from_args(
     argv: Sequence[str], *, world_size: int | None = None, eod_id: int | None = None
 ) -> ImportedConfig:
@@ -165,7 +174,7 @@ def megatron_config_from_args(
     ``MegatronDataConfig`` fields and the sizes Megatron computes.
 
     ``world_size``: the job's number of processes, for the data-parallel size (default: this
-    process's world); ``eod_id``: the tokenizer's end-of-document id, needed by ``--mock-data``
+    process's world, else ``WORLD_SIZE`` as megatron.training reads it); ``eod_id``: the tokenizer's end-of-document id, needed by ``--mock-data``
     and the EOD flags unless the tokenizer is ``NullTokenizer`` (its EOD is known).
     """
     parser = _megatron_parser()
@@ -195,7 +204,7 @@ def megatron_config_from_args(
             " --dataloader-type external",
             hint="drop --tokenload-dataloader-type, or give --dataloader-type external",
         )
-    args.prepare_cache_world_size = world_size or World.detect().world_size
+    args.prepare_cache_world_size = world_size or _megatron_world()
     fields: dict[str, Any] = {"sequence_length": args.seq_length, "random_seed": args.seed}
     if args.mock_data:
         paths = [getattr(args, f"{s}data_path") for s in ("", "train_", "valid_", "test_")]

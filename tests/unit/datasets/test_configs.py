@@ -344,8 +344,17 @@ def test_neox_batch_check_needs_the_jobs_data_parallel_size(monkeypatch):
             neox_config_from_yaml(conf, **known)
         ok = {**conf, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
         assert neox_config_from_yaml(ok, **known).sizes[0] == 16
-    assert neox_config_from_yaml({**conf, "train_micro_batch_size_per_gpu": None},
-                                 data_parallel_size=4).extras["train_batch_size"] == 8
+    derived = neox_config_from_yaml({**conf, "train_micro_batch_size_per_gpu": None}, data_parallel_size=4)
+    assert derived.extras["train_batch_size"] == 8 and derived.extras["micro_batch_size"] == 2
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    lone = neox_config_from_yaml({**conf, "train_micro_batch_size_per_gpu": None})
+    assert lone.extras["micro_batch_size"] is None  # the job's data-parallel size is unknown here
+    epochs = neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3,
+                                    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})
+    assert {k: epochs.extras[k] for k in ("micro_batch_size", "gradient_accumulation_steps", "train_iters",
+                                          "train_epochs")} == {"micro_batch_size": 4, "gradient_accumulation_steps": 2,
+                                                               "train_iters": None, "train_epochs": 3}
 
 
 def test_neox_epochs_with_unit_weights():
@@ -438,3 +447,37 @@ def test_a_neox_yaml_on_disk_serves_neoxs_items_through_the_classmethod(tmp_path
     rec = case["splits"]["train"]
     items = train.__getitems__(rec["item_index"])
     np.testing.assert_array_equal(items["tokens"], NEOX_ARRAYS["n000/train/item_text"][:, :-1])
+
+
+def test_megatron_world_size_from_world_size_alone(monkeypatch):
+    """megatron.training's parse_args reads WORLD_SIZE with no RANK: the importer takes it too
+    (it used to fall back to 1 and size the batch of micro x 1; megatron-core 0.19.2 gives
+    (2400, 280, 40) for these flags at WORLD_SIZE=4, run side by side)."""
+    argv = ["--data-path", "p", "--seq-length", "8", "--micro-batch-size", "2", "--train-iters", "300",
+            "--eval-iters", "5", "--eval-interval", "50", "--num-layers", "2"]
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    got = megatron_config_from_args(argv)
+    assert got.sizes == [2400, 280, 40] and got.extras["data_parallel_size"] == 4
+    monkeypatch.setenv("WORLD_SIZE", "four")
+    with pytest.raises(ConfigError, match="WORLD_SIZE='four' is not an integer"):
+        megatron_config_from_args(argv)
+    monkeypatch.delenv("WORLD_SIZE")
+    assert megatron_config_from_args(argv).sizes == [600, 70, 10]
+
+
+def test_an_imported_config_takes_fields_on_top(tmp_path):
+    """docs/MIGRATING.md: a Megatron description's tokenizer object, a build policy or packing
+    on top of the imported fields; another order keeps only the imported fields it reads, and a
+    user's own field that the order does not read is refused."""
+    argv = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--num-layers", "2", "--data-cache-path", str(tmp_path)]
+    imported = megatron_config_from_args(argv, world_size=1)
+    ident = {"class": "HuggingFaceTokenizer", "tokenizer_path": ["t.json"]}
+    got = imported.config(tokenizer=ident, build_policy="none", packing="best-fit")
+    assert dict(got.tokenizer) == ident and (got.build_policy, got.packing) == ("none", "best-fit")
+    assert got.path_to_cache == str(tmp_path) and imported.config().packing == "concat"
+    computed = imported.config(order="computed")
+    assert computed.order == "computed" and computed.path_to_cache is None
+    with pytest.raises(ConfigError, match="path_to_cache applies to order='megatron' only"):
+        imported.config(order="computed", path_to_cache=str(tmp_path))

@@ -266,6 +266,14 @@ def neox_config_from_yaml(
         fields["num_epochs"] = 1
     extras = {
         "train_batch_size": batch,
+        # the loader's micro batch (None where only train_batch_size is given and the job's
+        # data-parallel size is unknown); train_epochs: run the one-epoch loader that many times
+        "micro_batch_size": _neox_micro(
+            conf, batch or conf["train_batch_size"], data_parallel_size
+        ),
+        "gradient_accumulation_steps": conf["gradient_accumulation_steps"],
+        "train_iters": conf["train_iters"],
+        "train_epochs": conf["train_epochs"],
         "num_workers": conf["num_workers"],
         "tokenizer": {k: conf[k] for k in ("tokenizer_type", "vocab_file", "merge_file")},
     }
@@ -371,10 +379,8 @@ def _neox_data(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | None], int | None]:
     """NeoX's ``train_val_test_num_samples`` and its ``train_batch_size``."""
-    if conf["train_batch_size"] is not None and (
-        dp is not None or conf["global_num_gpus"] is not None or World.detect().world_size > 1
-    ):  # the job's data-parallel size is known: NeoX's batch check (not in a lone process)
-        _check_neox_batch(conf, _neox_dp(conf, dp))
+    if conf["train_batch_size"] is not None and _dp_known(conf, dp):
+        _check_neox_batch(conf, _neox_dp(conf, dp))  # (not in a lone process reading a config)
     if conf["train_iters"] is None:
         if conf["train_epochs"] is None:
             raise ConfigError(
@@ -394,6 +400,21 @@ def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | Non
     iters, evals = int(conf["train_iters"]), int(conf["eval_iters"])
     valid = (iters // int(conf["eval_interval"]) + 1) * evals
     return [iters * batch, valid * batch, evals * batch], int(batch)
+
+
+def _dp_known(conf: Mapping[str, Any], dp: int | None) -> bool:
+    """Whether the job's data-parallel size is known: given, from ``global_num_gpus``, or this
+    process is a rank of a launched job."""
+    return dp is not None or conf["global_num_gpus"] is not None or World.detect().world_size > 1
+
+
+def _neox_micro(conf: Mapping[str, Any], batch: int | None, dp: int | None) -> int | None:
+    """The micro batch per GPU: given, or derived from ``train_batch_size`` as NeoX derives it
+    where the data-parallel size is known; else None."""
+    micro = conf["train_micro_batch_size_per_gpu"]
+    if micro is None and batch is not None and _dp_known(conf, dp):
+        micro = batch // _neox_dp(conf, dp) // (conf["gradient_accumulation_steps"] or 1)
+    return None if micro is None else int(micro)
 
 
 def _check_neox_batch(conf: Mapping[str, Any], dp: int) -> None:
