@@ -174,8 +174,9 @@ def megatron_config_from_args(
     ``MegatronDataConfig`` fields and the sizes Megatron computes.
 
     ``world_size``: the job's number of processes, for the data-parallel size (default: this
-    process's world, else ``WORLD_SIZE`` as megatron.training reads it); ``eod_id``: the tokenizer's end-of-document id, needed by ``--mock-data``
-    and the EOD flags unless the tokenizer is ``NullTokenizer`` (its EOD is known).
+    process's world, else ``WORLD_SIZE`` as megatron.training reads it); ``eod_id``: the
+    tokenizer's end-of-document id, needed by ``--mock-data`` and the EOD flags unless the
+    tokenizer is ``NullTokenizer`` (its EOD is known).
     """
     parser = _megatron_parser()
     _check_strays(parser, argv)
