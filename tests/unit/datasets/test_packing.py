@@ -85,28 +85,33 @@ def runs(window: np.ndarray) -> list[tuple[int, int, int, int, int]]:
 
 
 @ORDERS
-def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path, order) -> None:
-    prefix, lengths = corpus(tmp_path, 1, 3000, seed=1)
-    train, _, _ = build_datasets(config(blend=[prefix], order=order), [None, 0, 0])
+@pytest.mark.parametrize("sources", [1, 2])
+def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path, order, sources) -> None:
+    """One epoch (size None) of one source, or of an unweighted blend of two (whose one epoch is
+    each source's: the computed order once sized it by an estimate of rows, ceil(tokens / W),
+    and left some of a source's pieces unserved)."""
+    made = [corpus(tmp_path, 1 + s, 3000 if s == 0 else 700, seed=1 + s) for s in range(sources)]
+    train, _, _ = build_datasets(config(blend=[p for p, _ in made], order=order), [None, 0, 0])
     assert train is not None
     n = len(train)
     batch = train.__getitems__(np.arange(n))
     windows = windows_of(batch)
-    seen: dict[int, list[tuple[int, int]]] = {}
+    seen: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for r in range(n):
         pieces = runs(windows[r])
         # documents back to back from slot 0, padding only at the end
         slot = 0
-        for _, d, a, b, first_slot in pieces:
+        for src, d, a, b, first_slot in pieces:
             assert first_slot == slot
             slot += b - a
-            seen.setdefault(d, []).append((a, b))
+            seen.setdefault((src, d), []).append((a, b))
         assert (windows[r, slot:] == 0).all()
         # position ids restart at every document
         starts = [first for *_, first in pieces if first < S]
         assert np.flatnonzero(batch["position_ids"][r] == 0).tolist() == starts
-    for d, k in enumerate(lengths):
-        got = sorted(seen.get(d, []))
+    every = [((s + 1, d), k) for s, (_, lengths) in enumerate(made) for d, k in enumerate(lengths)]
+    for (src, d), k in every:
+        got = sorted(seen.get((src, d), []))
         if k == 0:
             assert not got
         elif k <= W:  # never cut: one piece, the whole document

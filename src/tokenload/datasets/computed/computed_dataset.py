@@ -406,8 +406,12 @@ class ComputedBuilder:
                     hint="drop weights_schedule or list the sources in blend",
                 )
             return members[0]
+        # one epoch of packed rows (size None) is counted exactly: every block of it packed once
+        # (an estimate would leave some of a source's rows unserved); else samples per epoch
         windows = [
-            m.samples_per_epoch if getattr(m, "packed", False) else m.grid.num_windows
+            (len(m) if plan.size is None else m.samples_per_epoch)
+            if getattr(m, "packed", False)
+            else m.grid.num_windows
             for m in members
         ]
         empty = [mid.prefix for mid, n in zip(plan.datasets, windows) if n == 0]
