@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ NEOX_DEFAULT_ALPHA = 1.0
 Epochs: TypeAlias = int | Sequence[int | None] | None
 """NeoX's ``train_val_test_epochs``: one int for all splits, or one per split."""
 
+
+_INT32_MAX = 2**31 - 1
 
 # -- the typed configs: one shared data record and one record per order -----------------------
 @dataclass(frozen=True, kw_only=True)
@@ -428,6 +431,16 @@ class MegatronDataConfig:
     no ``.idx`` header. A URL is read through the node's local copy cache."""
 
     def __post_init__(self) -> None:
+        for name in ("sequence_length", "random_seed"):  # (each order checks the seed's range)
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(f"{name} is {value!r}; expected an int", field=name)
+            object.__setattr__(self, name, int(value))  # a NumPy integer as a plain int
+        if not 1 <= self.sequence_length <= _INT32_MAX:  # Megatron's int32, for every order
+            raise ConfigError(
+                f"sequence_length is {self.sequence_length}; expected 1..{_INT32_MAX}",
+                field="sequence_length",
+            )
         if self.order not in ORDERS:
             raise ConfigError(
                 f"order is {self.order!r}, expected one of {ORDERS}",
@@ -495,11 +508,12 @@ class MegatronDataConfig:
             )
         cap = self.max_documents_per_row
         if cap is not None:
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            if isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1:
                 raise ConfigError(
                     f"max_documents_per_row is {cap!r}; expected a positive int or None",
                     hint="give the most documents a packed row may hold, or None for no cap",
                 )
+            object.__setattr__(self, "max_documents_per_row", int(cap))
             if self.packing == "concat":
                 raise ConfigError(
                     "max_documents_per_row applies to packing='best-fit' only",

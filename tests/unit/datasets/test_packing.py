@@ -228,6 +228,30 @@ def test_packing_options_are_checked() -> None:
 
 
 @ORDERS
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_sequence_length_is_checked_alike_on_every_order_and_packing(tmp_path, order, packing) -> None:
+    """Red-team findings: S=True was taken as 1 and 1.5 raised a raw TypeError on three of the
+    four paths, 2**40 exhausted memory on the computed order, and a NumPy int S failed Megatron's
+    cache description with a raw TypeError. One check in the config: NumPy integers are ints."""
+    extra = {"path_to_cache": str(tmp_path / "c")} if order == "megatron" else {}
+    for bad, words in ((True, "True; expected an int"), (1.5, "1.5; expected an int"), ("8", "'8'; expected an int"),
+                       (0, "0; expected 1..2147483647"), (2**40, "1099511627776; expected 1..2147483647")):
+        with pytest.raises(ConfigError, match=f"sequence_length is {words}"):
+            config(order=order, packing=packing, sequence_length=bad, **extra)
+    with pytest.raises(ConfigError, match="random_seed is 2.0; expected an int"):
+        config(order=order, packing=packing, random_seed=2.0, **extra)
+    prefix, _ = corpus(tmp_path, 1, 200, seed=3)
+    cap = {"max_documents_per_row": np.int64(3)} if packing == "best-fit" else {}
+    numpy_ints = config(blend=[prefix], order=order, packing=packing, sequence_length=np.int64(S),
+                        random_seed=np.int32(7), **cap, **extra)
+    assert type(numpy_ints.sequence_length) is int and type(numpy_ints.random_seed) is int
+    plain = config(blend=[prefix], order=order, packing=packing, **({"max_documents_per_row": 3} if cap else {}),
+                   **extra)
+    a, b = (build_datasets(c, [40, 0, 0])[0] for c in (numpy_ints, plain))
+    np.testing.assert_array_equal(a.__getitems__(np.arange(40))["tokens"], b.__getitems__(np.arange(40))["tokens"])
+
+
+@ORDERS
 @pytest.mark.parametrize("pad_id", [0, 1])
 def test_reset_position_ids_and_attention_mask_keep_megatron_s_eod_rule(
     tmp_path, order, pad_id
