@@ -52,6 +52,7 @@ Epochs: TypeAlias = int | Sequence[int | None] | None
 
 _INT32_MAX = 2**31 - 1
 
+
 # -- the typed configs: one shared data record and one record per order -----------------------
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:

@@ -238,7 +238,7 @@ def test_sequence_length_is_checked_alike_on_every_order_and_packing(tmp_path, o
                        (0, "0; expected 1..2147483647"), (2**40, "1099511627776; expected 1..2147483647")):
         with pytest.raises(ConfigError, match=f"sequence_length is {words}"):
             config(order=order, packing=packing, sequence_length=bad, **extra)
-    with pytest.raises(ConfigError, match="random_seed is 2.0; expected an int"):
+    with pytest.raises(ConfigError, match=r"random_seed is 2\.0; expected an int"):
         config(order=order, packing=packing, random_seed=2.0, **extra)
     prefix, _ = corpus(tmp_path, 1, 200, seed=3)
     cap = {"max_documents_per_row": np.int64(3)} if packing == "best-fit" else {}
