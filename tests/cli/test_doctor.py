@@ -7,6 +7,7 @@ import re
 import shutil
 
 import numpy as np
+import pytest
 
 from support import run_cli, run_shell, write_documents
 from tokenload.doctor import READ_DELAY_ENV
@@ -169,6 +170,33 @@ def test_packing_figures_against_a_count_of_documents_no_sample_holds_whole():
     assert 0 <= f["padding_share"] < 0.01
 
 
+def test_packing_figures_of_a_blend_are_the_loaders_own(tmp_path):
+    """Per source, as rows hold one source, and in the blend's shares: the padding share and
+    documents per row the loader's metrics count on the rows it serves (red-team finding: the
+    doctor packed every prefix's documents together, 0.00% padding and 2 documents per row at
+    the median where the loader served 37.5% and 1)."""
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.doctor.checks import packing_figures
+    from tokenload.loader import build_dataloader
+
+    a = write_documents(tmp_path / "a", [np.arange(1, 4)] * 60)  # 3 tokens: one per row of 5 slots
+    b = write_documents(tmp_path / "b", [np.arange(1, 3)] * 60)  # 2 tokens: two per row
+    f = packing_figures([[3] * 60, [2] * 60], 4, weights=[1, 1])
+    assert f["padding_share"] == pytest.approx(0.375) and (f["per_row_p50"], f["per_row_p99"]) == (1, 2)
+    assert packing_figures([[3] * 60, [2] * 60], 4)["padding_share"] == (60 * 2 + 30 * 1) / (90 * 4)
+    cfg = MegatronDataConfig(sequence_length=4, blend=["1", a, "1", b], split="100,0,0", order="computed",
+                             packing="best-fit")
+    loader = build_dataloader(build_datasets(cfg, [60, 0, 0])[0], micro_batch_size=4, num_workers=0)
+    for _ in loader:
+        pass
+    served = loader.metrics()["packing"]
+    assert served["padding_share"] == pytest.approx(f["padding_share"])
+    assert (served["documents_per_row"]["p50"], served["documents_per_row"]["p99"]) == (1, 2)
+    out = run_cli("doctor", "--data-path", "1", a, "1", b, "--seq-length", "4", "--split", "100,0,0",
+                  "--steps", "2", "--packing", "best-fit")
+    assert "pads 37.50% of the slots, 1 document per row at the median (p99 2)" in _finding(out.stdout, "packing")
+
+
 def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp_path):
     prefix = _corpus(tmp_path / "data")
     cache = tmp_path / "cache"
@@ -194,8 +222,7 @@ def test_a_weighted_blend_is_diagnosed_with_and_without_a_train_size(tmp_path):
         out = run_cli("doctor", "--data-path", *blend, "--seq-length", "64", "--steps", "6", *flags)
         assert out.returncode in (0, 1) and out.stderr == "", out.stderr
         assert "[startup]" in out.stdout and "[packing]" in out.stdout
-    lengths = np.concatenate([TokenFile(p).sequence_lengths for p in prefixes])
-    f = packing_figures(lengths, 64)
+    f = packing_figures([TokenFile(p).sequence_lengths for p in prefixes], 64, weights=[30, 70])
     packing = _finding(out.stdout, "packing")
     stated = (
         f"concatenation cuts {f['concat_cut']:,} of {f['documents']:,} documents,"

@@ -466,42 +466,82 @@ def check_prefixes(prefixes: list[str], report: Report) -> None:
         report.findings.append(Finding("prefixes", False, measured))
 
 
-def packing_figures(lengths: Any, sequence_length: int, extra: int = 1) -> dict[str, float]:
+def packing_figures(
+    lengths: Any, sequence_length: int, extra: int = 1, weights: Any = None
+) -> dict[str, float]:
     """What concatenation and best-fit packing do to documents of these lengths (in file order):
     the documents each cuts, of all and of those that fit one row (at most S + extra tokens),
-    best-fit's padding share and its documents per row (p50, p99). Concatenation's sample k holds
-    the stream's tokens ``[k * S, k * S + S + extra)`` (Megatron's samples), so it cuts a document
-    that no sample holds whole: one ending past the window of the last sample starting at or
-    before it; packing cuts only the documents longer than a row."""
+    best-fit's padding share and its documents per row (p50, p99). ``lengths``: one source's
+    document lengths, or a list of them, one per source: each source is its own stream and its
+    own rows, as the orders make them (a row holds documents of one source). Concatenation's
+    sample k holds the stream's tokens ``[k * S, k * S + S + extra)`` (Megatron's samples), so it
+    cuts a document that no sample holds whole: one ending past the window of the last sample
+    starting at or before it; packing cuts only the documents longer than a row. Padding and
+    documents per row are counted as ``loader.metrics()["packing"]`` counts them: padded label
+    slots over S per row, and the pieces that begin among a row's S inputs; with ``weights``
+    (a blend's, one per source), of rows drawn from the sources in those shares, else of one
+    epoch of each."""
     import numpy as np
 
     from ..datasets.computed.packed import DEFAULT_BLOCK_DOCUMENTS as block
     from ..index.packing import pack_block
 
-    n = np.asarray(lengths, dtype=np.int64)
-    n = n[n > 0]
+    sources = [lengths] if isinstance(lengths, np.ndarray) or not len(lengths) else lengths
+    if not isinstance(sources[0], (np.ndarray, list, tuple)):
+        sources = [np.asarray(lengths)]  # one source given as a flat sequence of ints
     window = sequence_length + extra
-    ends = np.cumsum(n)
-    starts = ends - n
-    cut = ends > starts // sequence_length * sequence_length + window
-    short = n <= window
     rows: list[np.ndarray] = []
-    padding = slots = 0
-    for lo in range(0, n.size, block):  # blocks of the computed order's packing
-        plan = pack_block(n[lo : lo + block], window, extra)
-        rows.append(np.diff(plan.row_offsets))
-        padding += plan.padding
-        slots += plan.num_rows * window
-    per_row = np.concatenate(rows) if rows else np.zeros(1, dtype=np.int64)
+    row_weights: list[np.ndarray] = []  # each row's share of the rows served
+    documents = short_count = concat_cut = concat_cut_short = packed_cut = 0
+    for i, source in enumerate(sources):
+        n = np.asarray(source, dtype=np.int64)
+        n = n[n > 0]
+        ends = np.cumsum(n)
+        starts = ends - n
+        cut = ends > starts // sequence_length * sequence_length + window
+        short = n <= window
+        documents += int(n.size)
+        short_count += int(short.sum())
+        concat_cut += int(cut.sum())
+        concat_cut_short += int((cut & short).sum())
+        packed_cut += int((~short).sum())
+        held, pad = [], []
+        for lo in range(0, n.size, block):  # blocks of the computed order's packing
+            plan = pack_block(n[lo : lo + block], window, extra)
+            if not plan.num_rows:
+                continue
+            tokens = plan.row_tokens()
+            last = plan.piece_length[plan.row_offsets[1:] - 1]
+            label_only = (tokens - last) >= sequence_length  # a last piece at the label slot
+            held.append(np.diff(plan.row_offsets) - label_only)
+            pad.append(np.minimum(window - tokens, sequence_length))
+        if held:
+            rows.append(np.stack([np.concatenate(held), np.concatenate(pad)]))
+            count = rows[-1].shape[1]
+            share = 1.0 if weights is None else float(weights[i]) / count
+            row_weights.append(np.full(count, share))
+    if rows:
+        per_row, padded = np.concatenate(rows, axis=1)
+        weight = np.concatenate(row_weights)
+    else:
+        per_row, padded, weight = np.zeros(1), np.zeros(1), np.ones(1)
+    order = np.argsort(per_row, kind="stable")
+    cumulative = np.cumsum(weight[order]) / weight.sum()
+
+    def percentile(q: float) -> float:
+        return float(per_row[order][min(int(np.searchsorted(cumulative, q)), per_row.size - 1)])
+
     return {
-        "documents": int(n.size),
-        "short": int(short.sum()),
-        "concat_cut": int(cut.sum()),
-        "concat_cut_short": int((cut & short).sum()),
-        "packed_cut": int((~short).sum()),
-        "padding_share": padding / slots if slots else 0.0,
-        "per_row_p50": float(np.percentile(per_row, 50)),
-        "per_row_p99": float(np.percentile(per_row, 99)),
+        "documents": documents,
+        "short": short_count,
+        "concat_cut": concat_cut,
+        "concat_cut_short": concat_cut_short,
+        "packed_cut": packed_cut,
+        "padding_share": float((weight * padded).sum() / (weight.sum() * sequence_length))
+        if rows
+        else 0.0,
+        "per_row_p50": percentile(0.5),
+        "per_row_p99": percentile(0.99),
     }
 
 
@@ -516,7 +556,11 @@ def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> 
     for prefix in prefixes:
         lengths = TokenFile(prefix).sequence_lengths
         parts.append(np.asarray(lengths[:PACKING_SAMPLE], dtype=np.int64))
-    f = packing_figures(np.concatenate(parts), config.seq_length)
+    from ..index import parse_blend
+
+    blend = parse_blend(config.data_path)
+    weights = None if blend is None or blend.weights is None else list(blend.weights)
+    f = packing_figures(parts, config.seq_length, weights=weights)  # a row holds one source
     share = f["concat_cut_short"] / f["short"] if f["short"] else 0.0
     median = f"{f['per_row_p50']:.0f}"
     measured = (
