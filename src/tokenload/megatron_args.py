@@ -158,6 +158,34 @@ def _blend(flag: str, items: list[str]) -> Blend:
     return blend
 
 
+TOKENIZER_VALUE_FLAGS = (
+    "--tokenizer-model",
+    "--vocab-file",
+    "--merge-file",
+    "--tiktoken-pattern",
+    "--tokenizer-metadata",
+    "--vocab-extra-ids",
+    "--tiktoken-num-special-tokens",
+    "--chat-template",
+)
+"""Megatron's tokenizer flags with a value, read by the importer and accepted by prepare-cache
+(whose cache names take the tokenizer's identity, ``--tokenizer-identity``, instead)."""
+
+
+def loader_flags(g: argparse._ActionsContainer) -> None:
+    """Megatron's data-loading flags that change no index cache (how files are read, the items'
+    layout, the loader): the importer maps them; prepare-cache accepts them from the job's
+    command line."""
+    g.add_argument("--dataloader-fast-cache-load", action="store_true")
+    g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")
+    g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false")
+    g.add_argument("--dataloader-inter-document-masking", action="store_true")
+    g.add_argument("--num-workers", type=int, default=2)
+    g.add_argument("--dataloader-type", choices=("single", "cyclic", "external"))
+    for flag in TOKENIZER_VALUE_FLAGS:
+        g.add_argument(flag)
+
+
 def tokenload_flags(g: argparse._ActionsContainer) -> None:
     """The flags tokenload's Megatron-LM provider adds to Megatron's (``integrations.megatron``),
     which the flag importer also reads, so that the provider's training command imports as is."""
@@ -616,14 +644,21 @@ def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int |
 
 
 def tokenizer_identity(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The tokenizer's ``unique_identifiers`` as Megatron writes them into every description."""
+    """The tokenizer's ``unique_identifiers`` as Megatron writes them into every description:
+    ``--tokenizer-identity`` (copied from one), else derived from NullTokenizer's flags. With
+    both, the job's ``--tokenizer-type`` (its command line passed as it is) is one tokenload
+    derives nothing from, or a NullTokenizer whose identity is the one given."""
     if args.tokenizer_identity is not None:
-        if args.tokenizer_type is not None:
-            raise ConfigError(
-                "--tokenizer-identity and --tokenizer-type are given together",
-                hint="give one: the identity copied from Megatron, or NullTokenizer's flags",
-            )
-        return _identity_from(args.tokenizer_identity)
+        given = _identity_from(args.tokenizer_identity)
+        if args.tokenizer_type == "NullTokenizer" and args.vocab_size is not None:
+            derived = _null_identity(args)
+            if derived != given:
+                raise ConfigError(
+                    f"--tokenizer-identity {given} is not the identity of the job's"
+                    f" NullTokenizer flags, {derived}",
+                    hint="give one: the identity copied from Megatron, or NullTokenizer's flags",
+                )
+        return given
     if args.tokenizer_type is None:
         return None
     if args.tokenizer_type != "NullTokenizer":
@@ -637,6 +672,11 @@ def tokenizer_identity(args: argparse.Namespace) -> dict[str, Any] | None:
         raise ConfigError(
             "--tokenizer-type NullTokenizer needs --vocab-size", hint="pass the job's --vocab-size"
         )
+    return _null_identity(args)
+
+
+def _null_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """NullTokenizer's identity from the job's ``--vocab-size`` and its ids."""
     # megatron-core's build_tokenizer passes these keyword arguments, in this order, as strings.
     identity = {
         "class": NULL_TOKENIZER_CLASS,

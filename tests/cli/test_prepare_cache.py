@@ -242,3 +242,32 @@ def test_user_errors_are_one_line(removed, added, message, one_prefix, tmp_path)
     assert len(lines) == 1 and lines[0].startswith("tokenload prepare-cache: error:"), out.stderr
     assert message in lines[0]
     assert "[HINT:" in lines[0]
+
+
+def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tmp_path):
+    """docs/SCALE.md: prepare the caches "with the training job's own flags". The job's command
+    (model, optimizer, logging flags, loading flags, a HuggingFace tokenizer with its identity
+    copied from Megatron, the provider's --tokenload-packing) prepares the caches the data flags
+    alone prepare; a flag tokenload does not know is still refused (a migration trial found the
+    command refused)."""
+    identity = json.dumps({**NULL_1000, "class": "megatron.core.tokenizers.text.HuggingFaceTokenizer"})
+    data = ["--data-path", one_prefix, "--split", "90,5,5", "--seq-length", "8", "--global-batch-size", "4",
+            "--train-iters", "6", "--eval-iters", "1", "--eval-interval", "3", "--tokenizer-identity", identity]
+    job = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "1", "--lr", "1e-4",
+           "--lr-decay-style", "cosine", "--bf16", "--save", str(tmp_path / "ckpt"), "--log-interval", "1",
+           "--micro-batch-size", "2", "--num-workers", "4", "--dataloader-type", "external",
+           "--dataloader-inter-document-masking", "--dataloader-fast-cache-load", "--no-mmap-bin-files",
+           "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok.json",
+           "--tokenload-dataloader-type", "single", "--tokenload-packing", "best-fit"]
+    whole = _prepare_json(*job, *data, "--data-cache-path", tmp_path / "whole")
+    alone = _prepare_json(*data, "--packing", "best-fit", "--data-cache-path", tmp_path / "alone")
+    assert whole["train_valid_test_num_samples"] == alone["train_valid_test_num_samples"] == [24, 12, 4]
+    names = [sorted(p.name for p in (tmp_path / side).iterdir()) for side in ("whole", "alone")]
+    assert names[0] == names[1]
+    assert any("packed" in p.name or "row" in p.name for p in (tmp_path / "whole").iterdir())
+    (tmp_path / "x").mkdir()
+    refused = run_cli("prepare-cache", *job, "--no-such-flag", "1", *data, "--data-cache-path", tmp_path / "x")
+    assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr and "--no-such-flag" in refused.stderr
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--tokenizer-identity", json.dumps(NULL_1000)]
+    clash = run_cli("prepare-cache", *data[:-2], *null, "--data-cache-path", tmp_path / "x")
+    assert clash.returncode == 2 and "is not the identity of the job's NullTokenizer flags" in clash.stderr

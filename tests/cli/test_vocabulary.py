@@ -122,6 +122,7 @@ def test_every_field_a_library_message_names_has_a_flag():
     assert [(str(p), f) for p, f in sorted(named) if f not in flagged] == []
 
 
+@pytest.mark.quick  # a static scan (milliseconds): in the tier run before every commit
 @pytest.mark.parametrize(
     "package", ["preprocess", "doctor", "caches", "index", "format", "loader", "storage"]
 )

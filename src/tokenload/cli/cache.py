@@ -38,9 +38,11 @@ from ..megatron_args import (
     blends_of,
     item_flags,
     json_or_file,
+    loader_flags,
     positive,
     tokenizer_flags,
     tokenizer_identity,
+    tokenload_flags,
 )
 from ..storage import is_url
 from ..storage.os_errors import write_error
@@ -186,8 +188,17 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
     )
     item_flags(p.add_argument_group("items"))
     tokenizer_flags(p.add_argument_group("tokenizer identity (part of every cache name)"))
+    job = p.add_argument_group(
+        "the rest of the job's command line",
+        "accepted so that the training command can be passed as it is: Megatron's loading flags"
+        " (--num-workers, --dataloader-*, --no-mmap-bin-files, tokenizer files), the Megatron-LM"
+        " provider's --tokenload-* flags (--tokenload-packing is --packing), and Megatron's"
+        " model, optimizer, parallelism and logging flags; none changes a cache",
+    )
+    loader_flags(job)
+    tokenload_flags(job)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.set_defaults(func=run_prepare_cache)
+    p.set_defaults(func=run_prepare_cache, megatron_job_flags=True)
 
 
 def packing_flags(g: argparse._ArgumentGroup) -> None:
@@ -211,7 +222,16 @@ def packing_flags(g: argparse._ArgumentGroup) -> None:
 
 def check_packing_flags(args: argparse.Namespace) -> None:
     """A cap on documents per row without packed rows is refused in the flags' words, before
-    anything is read or created."""
+    anything is read or created. The provider's ``--tokenload-packing`` (prepare-cache) is
+    ``--packing``."""
+    provider = getattr(args, "tokenload_packing", "concat")
+    if provider != "concat":
+        if args.packing not in ("concat", provider):
+            raise ConfigError(
+                f"--packing {args.packing} and --tokenload-packing {provider} disagree",
+                hint="give one of them (--tokenload-packing is the job's, from its command line)",
+            )
+        args.packing = provider
     if args.max_documents_per_row is not None and args.packing != "best-fit":
         raise ConfigError(
             f"--max-documents-per-row {args.max_documents_per_row} applies to --packing"

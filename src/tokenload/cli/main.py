@@ -130,6 +130,13 @@ FIRST_CONTACT_RETRIES = 3
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    if extras and getattr(args, "megatron_job_flags", False):  # a training job's command line
+        from ..datasets.megatron_flags import unknown_flags
+
+        try:
+            extras = extras if unknown_flags(extras) else []  # Megatron's non-data flags: none
+        except TokenloadError:
+            pass  # a stray value: refused below as argparse refuses it
     if extras:  # the subcommand's usage, not the top-level one (argparse exits 2)
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")
     # Other libraries (botocore's "Found credentials", ...) speak only from WARNING up, unless -v.

@@ -64,19 +64,6 @@ MEGATRON_NON_DATA_FLAGS = frozenset(
 checkpoints, logging): those of its example training scripts (``examples/gpt3``, ``llama``,
 ``mixtral``) and their close relatives. Any other flag that is not a data flag is refused."""
 
-_TOKENIZER_VALUE_FLAGS = (
-    "--tokenizer-model",
-    "--vocab-file",
-    "--merge-file",
-    "--tiktoken-pattern",
-    "--tokenizer-metadata",
-    "--vocab-extra-ids",
-    "--tiktoken-num-special-tokens",
-    "--chat-template",
-)
-"""Tokenizer files and options: recorded in ``extras["tokenizer"]`` (tokenload reads token ids,
-it loads no tokenizer)."""
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are ConfigErrors, not a usage message and ``SystemExit``."""
@@ -93,38 +80,41 @@ def _megatron_parser() -> argparse.ArgumentParser:
     g.add_argument("--seq-length", type=int)
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--data-cache-path")
-    g.add_argument("--dataloader-fast-cache-load", action="store_true")
-    g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")
     g.add_argument("--per-dataset-sequences-path")
     g.add_argument("--mock-data", action="store_true")
-    g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false")
-    g.add_argument("--dataloader-inter-document-masking", action="store_true")
-    g.add_argument("--num-workers", type=int, default=2)
-    g.add_argument("--dataloader-type", choices=("single", "cyclic", "external"))
+    megatron_args.loader_flags(g)
     megatron_args.batch_flags(g)
     megatron_args.tokenload_flags(g)  # the Megatron-LM provider's own
     megatron_args.item_flags(g)
     megatron_args.tokenizer_flags(g)
-    for flag in _TOKENIZER_VALUE_FLAGS:
-        g.add_argument(flag)
     return p
 
 
-def _check_leftovers(leftovers: list[str]) -> None:
-    """Every flag argparse did not take must be a known non-data flag (its values follow it)."""
+def unknown_flags(leftovers: Sequence[str]) -> list[str]:
+    """The flags of ``leftovers`` (what a parser did not take, values after their flags) that are
+    not Megatron's known non-data flags; ``ConfigError`` for a value before any flag."""
+    unknown: list[str] = []
     current: str | None = None
     for token in leftovers:
         if token.startswith("--"):
             current = token.split("=", 1)[0]
             if current not in MEGATRON_NON_DATA_FLAGS:
-                raise ConfigError(
-                    f"unknown Megatron flag {current}: neither a data flag tokenload maps nor a "
-                    "known non-data flag",
-                    hint="remove it, or ask for it to be listed (a flag that changes the data "
-                    "must be supported, not ignored)",
-                )
+                unknown.append(current)
         elif current is None:
             raise ConfigError(f"stray argument {token!r} before any flag; expected --flags only")
+    return unknown
+
+
+def _check_leftovers(leftovers: list[str]) -> None:
+    """Every flag argparse did not take must be a known non-data flag (its values follow it)."""
+    unknown = unknown_flags(leftovers)
+    if unknown:
+        raise ConfigError(
+            f"unknown Megatron flag {unknown[0]}: neither a data flag tokenload maps nor a "
+            "known non-data flag",
+            hint="remove it, or ask for it to be listed (a flag that changes the data "
+            "must be supported, not ignored)",
+        )
 
 
 def _check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
@@ -250,7 +240,8 @@ def megatron_config_from_args(
 
 def _megatron_tokenizer_files(args: argparse.Namespace) -> dict[str, Any]:
     """The tokenizer flags as given (``--vocab-file x`` as ``{"vocab_file": "x"}``)."""
-    dests = [f[2:].replace("-", "_") for f in ("--tokenizer-type", *_TOKENIZER_VALUE_FLAGS)]
+    flags = ("--tokenizer-type", *megatron_args.TOKENIZER_VALUE_FLAGS)
+    dests = [f[2:].replace("-", "_") for f in flags]
     return {d: getattr(args, d) for d in dests if getattr(args, d) is not None}
 
 

@@ -42,8 +42,8 @@ class MicroBatchPlan:
         if self.total_samples <= 0:
             raise ConfigError(
                 f"the dataset has {self.total_samples} samples; a loader needs at least one",
-                hint="check the data and split (a split built for 0 samples, such as the valid"
-                " split of --eval-iters 0, needs no loader)",
+                hint="check the data and split (a split built for 0 samples, such as a Megatron"
+                " job's valid split under `--eval-iters 0`, needs no loader)",
             )
         if self.micro_batch_size < 1 or self.dp_size < 1:
             raise ConfigError(

@@ -248,6 +248,7 @@ def test_sequence_length_is_checked_alike_on_every_order_and_packing(tmp_path, o
     plain = config(blend=[prefix], order=order, packing=packing, **({"max_documents_per_row": 3} if cap else {}),
                    **extra)
     a, b = (build_datasets(c, [40, 0, 0])[0] for c in (numpy_ints, plain))
+    assert a is not None and b is not None
     np.testing.assert_array_equal(a.__getitems__(np.arange(40))["tokens"], b.__getitems__(np.arange(40))["tokens"])
 
 

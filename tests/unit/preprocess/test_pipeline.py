@@ -283,7 +283,7 @@ def test_the_tokenizer_is_required():
         PreprocessConfig(inputs=("a",), output_prefix="x")
     assert "kind='byte'" in info.value.hint
     with pytest.raises(TypeError, match="kind"):
-        TokenizerSpec()  # noqa: the kind is a required argument, as Megatron's --tokenizer-type
+        TokenizerSpec()  # the kind is a required argument, as Megatron's --tokenizer-type
 
 
 def test_output_folder_must_exist_and_stale_temporaries_are_removed(tmp_path):
