@@ -11,7 +11,7 @@ from typing import overload
 
 import numpy as np
 
-__all__ = ["distinct"]
+__all__ = ["distinct", "sample_indices"]
 
 
 @overload
@@ -38,3 +38,15 @@ def distinct(
     if first_index:
         return ordered[keep], order[keep]
     return ordered[keep]
+
+
+def sample_indices(indices: object) -> np.ndarray:
+    """Sample indices as a flat int64 array; ``IndexError`` for any other kind of value (a float
+    index was cast to an int, ``[1.5]`` serving sample 1, and booleans would be a mask in NumPy's
+    indexing): what a dataset's ``read_batch`` takes."""
+    idx = np.asarray(indices)
+    empty_list = not idx.size and idx.dtype.kind == "f"  # NumPy makes [] float64
+    if idx.dtype.kind not in "iu" and not empty_list:
+        shown = idx.ravel()[:3]
+        raise IndexError(f"sample indices must be integers, got {idx.dtype} ({shown})")
+    return idx.astype(np.int64, copy=False).ravel()

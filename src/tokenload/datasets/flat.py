@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import numpy.typing as npt
 
-from ..arrays import distinct
+from ..arrays import distinct, sample_indices
 from ..contract import Allocator, MixtureCursors, SourceInfo, Sources
 from ..errors import ConfigError
 from ..format import FlatTokenFile, ReadMode
@@ -89,7 +89,7 @@ class FlatTokenDataset:
 
     def window_starts(self, indices: np.ndarray) -> np.ndarray:
         """Start token of each global sample index (vectorized)."""
-        k = np.asarray(indices, dtype=np.int64)
+        k = sample_indices(indices)
         if k.size and (int(k.min()) < 0 or int(k.max()) >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         n = self.windows_per_epoch

@@ -57,3 +57,28 @@ def test_from_megatron_args_is_a_classmethod_giving_a_config_and_sizes(prefix):
     assert got.sizes == [40, 24, 8]
     train, _valid, _ = build_datasets(got.config(), got.sizes)
     assert len(train) >= 40
+
+
+@pytest.mark.parametrize(("order", "packing", "blended"), [
+    (order, packing, blended) for order in ("megatron", "computed") for packing in ("concat", "best-fit")
+    for blended in (False, True)] + [("neox", "concat", False), ("neox", "concat", True), ("flat", None, False)])
+def test_sample_indices_are_integers(prefix, order, packing, blended):
+    """A float index was cast (``[1.5]`` served sample 1, red-team finding) and booleans would be a
+    mask in NumPy's indexing: an IndexError on every order, packing and blend (NeoX's blends are
+    per split), and on a flat file; an empty list is no sample."""
+    from tokenload.datasets import FlatDatasetConfig, FlatTokenDataset
+
+    if order == "flat":
+        train = FlatTokenDataset(prefix + ".bin", FlatDatasetConfig(block_size=32, seed=1))
+    else:
+        data = {"blend_per_split": [["1", prefix, "1", prefix], None, None]} if blended and order == "neox" else {
+            "blend": ["1", prefix, "1", prefix] if blended else [prefix], "split": "100,0,0"}
+        config = MegatronDataConfig(sequence_length=32, order=order, packing=packing, **data)
+        train = build_datasets(config, [64, 0, 0])[0]
+    assert train is not None
+    for bad in ([1.5], [True, False], np.array([0.0, 2.0])):
+        with pytest.raises(IndexError, match="sample indices must be integers"):
+            train.__getitems__(bad)
+    assert train.__getitems__([])["tokens"].shape[0] == 0
+    np.testing.assert_array_equal(train.__getitems__(np.array([2], dtype=np.uint32))["tokens"],
+                                  train.__getitems__([2])["tokens"])

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import sample_indices
 from ...contract import Allocator, RowPieces
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
@@ -138,7 +139,7 @@ class ComputedGPTDataset(OnExtent, _Items, OneSourceContract):
 
     def windows_of(self, indices: npt.ArrayLike) -> np.ndarray:
         """int64 window number of each dataset index (the order, no read)."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         if not idx.size:
             return idx
         low, high = int(_MIN(idx)), int(_MAX(idx))

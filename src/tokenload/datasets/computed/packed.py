@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import sample_indices
 from ...contract import Allocator
 from ...index.packing import pack_block
 from ...index.permutation import KeyedPermutation
@@ -461,7 +462,7 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
         return read_rows(self.source, self.item, p.first, p.sequence, p.start, p.length, p.layout)
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
         return self.read_rows(idx).batch()
@@ -474,7 +475,7 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
     def plan_pieces(self, indices: npt.ArrayLike) -> PlanPieces:
         """The document pieces each sample's row holds, as the plan lays them (the last may
         reach into the extra label slot)."""
-        return self.rows.pieces(np.asarray(indices, dtype=np.int64).ravel())
+        return self.rows.pieces(sample_indices(indices))
 
     def sample_pieces(self, indices: npt.ArrayLike) -> Any:
         """The pieces of each row's ``tokens`` (``contract.PieceSource``, for provenance)."""

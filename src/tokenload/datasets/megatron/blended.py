@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...arrays import distinct
+from ...arrays import distinct, sample_indices
 from ...contract import PIECE_FIRST, PIECE_LENGTH, Allocator, MixtureCursors, RowPieces
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
@@ -67,7 +67,7 @@ class BlendedDataset(BlendContract):
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """Windows of every member present in the batch, scattered back into batch order."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         bounds = (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None
         if bounds is not None and (bounds[0] < 0 or bounds[1] >= len(self)):
             raise IndexError(f"sample indices must lie in [0, {len(self)})")
@@ -125,7 +125,7 @@ class BlendedDataset(BlendContract):
     # -- provenance (contract.PieceSource) ------------------------------------------------------
     def sample_pieces(self, indices: npt.ArrayLike) -> RowPieces:
         """The document pieces of each sample's ``tokens``, numbered by member."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         which, within = self._locate(idx)
         return blend_pieces(
             which,

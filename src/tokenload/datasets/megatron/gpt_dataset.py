@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...arrays import distinct
+from ...arrays import distinct, sample_indices
 from ...byte_source import gather_index
 from ...caches import map_array
 from ...contract import Allocator, RowPieces
@@ -188,7 +188,7 @@ class GPTDataset(OneSourceContract):
         """The raw part of ``__getitems__``: token windows, in the file's dtype when no sample is
         short, else int64 padded with ``pad_id``; with ``inter_document_masking``, each sample's
         document boundaries from its pieces (``doc_bounds``, ``items.document_bounds``)."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         arrays = self._arrays()
         try:  # one entry per sample: NumPy's own bounds check (negative indices count from the end)
             samples = arrays["shuffle_index"][idx]
@@ -306,7 +306,7 @@ class GPTDataset(OneSourceContract):
     def sample_pieces(self, indices: npt.ArrayLike) -> RowPieces:
         """The document pieces of each sample's ``tokens`` (documents: the .idx sequence ids
         of ``document_index``, megatron-core's "document")."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         arrays = self._arrays()
         return self._sample_pieces(arrays, arrays["shuffle_index"][idx])
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import sample_indices
 from ...caches import describe, description_hash, gpt_identifiers
 from ...contract import Allocator
 from ...errors import CacheError, ConfigError
@@ -293,7 +294,7 @@ class PackedGPTDataset(OneSourceContract):
         """``plan_pieces`` as columns: ``first``, then each piece's sequence, start and length.
         It runs per batch on a few dozen pieces, so it makes as few NumPy calls as the checks
         allow (each costs about a microsecond here, whatever its size)."""
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         arrays = self.indices.arrays()
         shuffle, offsets, table = (
             arrays["shuffle_index"],

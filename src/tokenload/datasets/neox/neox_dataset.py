@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from ...arrays import sample_indices
 from ...contract import Allocator
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
@@ -96,7 +97,7 @@ class NeoXGPTDataset(GPTDataset):
         """Samples in the sample index (``len(self) + 1``)."""
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        idx = np.asarray(indices, dtype=np.int64).ravel()
+        idx = sample_indices(indices)
         if idx.size and int(idx.min()) < 0:
             raise IndexError(f"sample indices must be >= 0 (found {int(idx.min())})")
         return super().read_batch(neox_item_position(idx, self.num_built))
