@@ -44,6 +44,7 @@ import numpy as np
 
 from .contract import DocumentSamples, PieceSource
 from .errors import ConfigError, StateError
+from .loader.ledger import parse_skips
 from .loader.mapstyle import loader_dataset
 from .loader.state import TOPOLOGIES_KEPT, LoaderState, topology_history
 
@@ -186,8 +187,8 @@ class _Layout:
         self.topologies = history
         self.starts = np.array([t[0] for t in history], dtype=np.int64)
         self.skips = sorted(
-            (int(s["at"]), int(s["samples"])) for s in (state or {}).get("skips") or []
-        )
+            (int(s["at"]), int(s["samples"])) for s in parse_skips((state or {}).get("skips"))
+        )  # checked as a resume checks them: a malformed entry is the loader's StateError
         self.length = len(dataset)
         # each topology's first delivered position and micro-batch group (micro x dp): a resume
         # may start one inside a step (a state saved between its micro-batches), where its

@@ -121,6 +121,23 @@ def test_bad_input_is_one_line_and_exit_2(data):
     done = run_cli("explain", "--step", 0, *odd, "--data-parallel-size", 2)
     assert done.returncode == 2
     assert "micro batch size 3 x data-parallel size 2" in done.stderr, done.stderr
+    # red-team findings: a tokenizer file that is none, and a state whose skips are damaged,
+    # ended in tracebacks (the Rust library's plain Exception; a KeyError/TypeError/ValueError
+    # read before the loader's own check of the state)
+    for tokenizer in (tmp / "missing.json", prefixes[0] + ".idx"):
+        done = run_cli("explain", "--step", 2, *flags(tmp, prefixes, "computed"), "--text",
+                       "--tokenizer", tokenizer)  # fmt: skip
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "is not a readable tokenizer.json" in done.stderr
+    state = json.loads((tmp / "state-computed.json").read_text())
+    for damaged in ([{"at": "x", "samples": 8, "sources": {}}], 5, [{"samples": 8, "sources": {}}], [[0, 8]]):
+        (tmp / "damaged.json").write_text(json.dumps({**state, "skips": damaged}))
+        for command in (["explain", "--step", 1], ["where", "--source", 0, "--document", 1]):
+            args = [*flags(tmp, prefixes, "computed")[:-3], "--state", tmp / "damaged.json",
+                    "--no-create-attention-mask-in-dataloader"]  # fmt: skip
+            done = run_cli(*command, *args)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert "loader state 'skips' is malformed" in done.stderr
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])

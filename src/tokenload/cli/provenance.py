@@ -293,7 +293,12 @@ def _decoder(tokenizer: str | None) -> Any:
         return lambda prefix, piece: bytes(t for t in tokens(prefix, piece) if t < 256).decode(
             "utf-8", errors="replace"
         )
-    loaded = require("tokenizers", "hf", "--text with a tokenizer.json").Tokenizer.from_file(
-        tokenizer
-    )
+    tokenizers = require("tokenizers", "hf", "--text with a tokenizer.json")
+    try:
+        loaded = tokenizers.Tokenizer.from_file(tokenizer)
+    except Exception as exc:  # the Rust library's own error: a plain Exception with its words
+        raise ConfigError(
+            f"--tokenizer {tokenizer!r} is not a readable tokenizer.json ({exc})",
+            hint="give the tokenizer.json the token files were made with, or --tokenizer byte",
+        ) from None
     return lambda prefix, piece: loaded.decode(tokens(prefix, piece))

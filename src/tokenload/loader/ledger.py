@@ -141,26 +141,30 @@ class Ledger:
     def load_state_dict(self, skips: Any, accounting: Any = None) -> None:
         """The skips of a saved state (``state["skips"]``) and, from its ``"accounting"``, the
         figures of sources this dataset lacks (kept, so that they are not forgotten)."""
-        try:
-            loaded = [
-                {
-                    "at": _int(e["at"]),
-                    "samples": _int(e["samples"]),
-                    "sources": {str(k): _int(v) for k, v in e["sources"].items()},
-                }
-                for e in skips
-            ]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StateError(
-                f"loader state 'skips' is malformed ({type(exc).__name__}: {exc})",
-                hint="pass the dict saved from loader.state_dict(), unchanged",
-            ) from None
-        self.skips = loaded
+        self.skips = parse_skips(skips)
         self.remembered = {}
         if isinstance(accounting, dict):
             for s in accounting.get("sources") or []:
                 if isinstance(s, dict) and s.get("source") not in self.names:
                     self.remembered[str(s.get("source"))] = cast(JobSourceReport, s)
+
+
+def parse_skips(skips: Any) -> list[dict[str, Any]]:
+    """A saved state's ``skips`` (None: none), checked: ``StateError`` when malformed."""
+    try:
+        return [
+            {
+                "at": _int(e["at"]),
+                "samples": _int(e["samples"]),
+                "sources": {str(k): _int(v) for k, v in e["sources"].items()},
+            }
+            for e in skips or []
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StateError(
+            f"loader state 'skips' is malformed ({type(exc).__name__}: {exc})",
+            hint="pass the dict saved from loader.state_dict(), unchanged",
+        ) from None
 
 
 def _int(value: Any) -> int:

@@ -396,15 +396,22 @@ def test_schedule_skip_and_mixture_change_at_a_resume_serve_no_piece_twice(tmp_p
 
 @ORDERS
 @pytest.mark.parametrize(
-    ("cap", "workers"),
-    [(None, 0), (1, 0), (None, 2), (1, 2)],  # cap 1: most rows padded; workers count them there
+    ("cap", "workers", "mixture"),
+    # cap 1: most rows padded; workers count them there; a Megatron-order blend that may change
+    # at a resume (mixture_change="continue") is another dataset class (its rows were counted
+    # as concatenated ones: no packing metrics, a resume's hint said packing='concat')
+    [(None, 0, {}), (1, 0, {}), (None, 2, {}), (1, 2, {}), (None, 2, {"mixture_change": "continue"})],
 )
 def test_loader_metrics_count_documents_and_padding_of_the_rows_served(
-    tmp_path, order, cap, workers
+    tmp_path, order, cap, workers, mixture
 ):
     a, _ = corpus(tmp_path, 1, 900, seed=13)
     b, _ = corpus(tmp_path, 2, 900, seed=14)
-    cfg = config(blend=["0.5", a, "0.5", b], order=order, max_documents_per_row=cap)
+    if mixture and order == "megatron":
+        mixture = {**mixture, "path_to_cache": str(tmp_path / "cache")}
+    elif mixture:  # the computed order's blends always continue
+        mixture = {}
+    cfg = config(blend=["0.5", a, "0.5", b], order=order, max_documents_per_row=cap, **mixture)
     train, _, _ = build_datasets(cfg, [64, 0, 0])
     assert train is not None
     loader = build_dataloader(train, micro_batch_size=8, dp_rank=0, dp_size=1, num_workers=workers)

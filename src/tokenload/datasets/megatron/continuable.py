@@ -492,9 +492,10 @@ class ContinuableBlendedDataset(BlendedDataset):
     # -- the loader's contract (contract.LoaderDataset) ------------------------------------------
     def describe_sources(self) -> Sources:
         """The members, keyed by ``sources`` (so a source removed at a resume keeps its key)."""
-        infos = [info for d in self.datasets for info in d.describe_sources().members]
+        described = [d.describe_sources() for d in self.datasets]
+        infos = [info for d in described for info in d.members]
         members = tuple(replace(info, key=key) for info, key in zip(infos, self.sources))
-        return Sources(members=members, blended=True)
+        return Sources(members=members, blended=True, packed=any(d.packed for d in described))
 
     def mixture_cursors(self) -> MixtureCursors | None:
         """This blend: its cursors, schedule position and resumable mixture state."""
