@@ -158,6 +158,22 @@ def _blend(flag: str, items: list[str]) -> Blend:
     return blend
 
 
+TOKENIZER_TYPES = (
+    "BertWordPieceLowerCase",
+    "BertWordPieceCase",
+    "GPT2BPETokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "HuggingFaceTokenizer",
+    "Llama2Tokenizer",
+    "TikTokenizer",
+    "MultimodalTokenizer",
+    "NullTokenizer",
+    "NullMultimodalTokenizer",
+    "SFTTokenizer",
+)
+"""megatron-core 0.19.2's ``--tokenizer-type`` choices (``training_config.py``)."""
+
 TOKENIZER_VALUE_FLAGS = (
     "--tokenizer-model",
     "--vocab-file",
@@ -199,7 +215,7 @@ def tokenload_flags(g: argparse._ActionsContainer) -> None:
     g.add_argument(
         "--tokenload-packing",
         choices=("concat", "best-fit"),
-        default="concat",
+        default=None,  # concat; None tells a command that does not give the flag
         help="how a sample is made: Megatron's concatenated samples (default) or rows of whole"
         " documents, best-fit, with position ids (and cu_seqlens under"
         " --dataloader-inter-document-masking) per document",
@@ -302,7 +318,9 @@ def tokenizer_flags(g: argparse._ActionsContainer) -> None:
         " a file holding it or a whole description",
     )
     g.add_argument(
-        "--tokenizer-type", help="NullTokenizer: its identity is derived (with --vocab-size)"
+        "--tokenizer-type",
+        choices=TOKENIZER_TYPES,
+        help="NullTokenizer: its identity is derived (with --vocab-size)",
     )
     g.add_argument("--vocab-size", type=positive(int), help="NullTokenizer's vocabulary size")
     g.add_argument(
@@ -502,6 +520,17 @@ def batches(args: argparse.Namespace) -> Batches:
         * args.context_parallel_size
     )
     world = args.prepare_cache_world_size
+    if world < 1:
+        raise ConfigError(
+            f"world size {world}; expected 1 or more", hint="pass the job's number of processes"
+        )
+    cp = args.context_parallel_size
+    if cp > 1 and args.seq_length is not None and args.seq_length % (2 * cp):
+        raise ConfigError(
+            f"sequence length {args.seq_length} is not a multiple of 2 x context-parallel size"
+            f" {cp} (megatron-core asserts it)",
+            hint="check the job's --seq-length and --context-parallel-size",
+        )
     if world % model:
         raise ConfigError(
             f"world size {world} is not divisible by the model-parallel size {model} (tensor x"
@@ -532,7 +561,8 @@ def batches(args: argparse.Namespace) -> Batches:
         iters = schedule.train_iters(args.train_samples)
     else:
         iters = args.train_samples // gbs
-    train = args.train_samples if args.train_samples is not None else iters * gbs
+    # megatron-core's get_train_valid_test_num_samples: ``if args.train_samples`` (0 is unset)
+    train = args.train_samples if args.train_samples else iters * gbs
     if schedule is not None and args.train_iters is not None:
         consumed = schedule.consumed_samples(iters)
         if consumed > train:

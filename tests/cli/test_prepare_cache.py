@@ -268,6 +268,11 @@ def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tm
     (tmp_path / "x").mkdir()
     refused = run_cli("prepare-cache", *job, "--no-such-flag", "1", *data, "--data-cache-path", tmp_path / "x")
     assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr and "--no-such-flag" in refused.stderr
+    unquoted = run_cli("prepare-cache", *job, "--step-batch-size-schedule", "0:4", "12:4", *data,
+                       "--data-cache-path", tmp_path / "x")  # fmt: skip
+    assert unquoted.returncode == 2
+    assert "unrecognized argument '12:4' after --step-batch-size-schedule" in unquoted.stderr
+    assert "quote a value that holds spaces" in unquoted.stderr and "no such flag" not in unquoted.stderr
     null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--tokenizer-identity", json.dumps(NULL_1000)]
     clash = run_cli("prepare-cache", *data[:-2], *null, "--data-cache-path", tmp_path / "x")
     assert clash.returncode == 2 and "is not the identity of the job's NullTokenizer flags" in clash.stderr

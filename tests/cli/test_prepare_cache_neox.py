@@ -90,3 +90,8 @@ def test_a_model_parallel_job_without_its_world_says_which_flag_gives_it(tmp_pat
     yml.write_text("{" + body + ', "global_num_gpus": 96}\n')
     out = run_cli("prepare-cache", "--neox-config", yml, "--json")
     assert json.loads(out.stdout)["train_valid_test_num_samples"] == [480, 144, 48]  # batch 48
+    # the flag is the job's processes, as its help says, which NeoX divides by pipe x model (it
+    # was taken as the data-parallel size: 96 x 4 = 384 a batch, [3840, 1152, 384])
+    yml.write_text("{" + body + "}\n")
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", "--prepare-cache-world-size", 96)
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [480, 144, 48]

@@ -204,7 +204,8 @@ def test_tokenload_packing_flag_makes_rows_of_whole_documents(prefixes):
     parsed = add_arguments(argparse.ArgumentParser()).parse_args(["--tokenload-packing", "best-fit"])
     assert parsed.tokenload_packing == "best-fit"
     default = add_arguments(argparse.ArgumentParser()).parse_args([])
-    assert default.tokenload_packing == "concat"
+    assert default.tokenload_packing is None  # concat: the flag not given
+    assert data_config_from_args(megatron_args(data_path=[prefixes[0]], tokenload_packing=None)).packing == "concat"
     args = megatron_args(data_path=[prefixes[0]], split="100,0,0", tokenload_packing="best-fit")
     config = data_config_from_args(args, Tokenizer())
     assert config.packing == "best-fit"

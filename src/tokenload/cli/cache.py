@@ -224,7 +224,7 @@ def check_packing_flags(args: argparse.Namespace) -> None:
     """A cap on documents per row without packed rows is refused in the flags' words, before
     anything is read or created. The provider's ``--tokenload-packing`` (prepare-cache) is
     ``--packing``."""
-    provider = getattr(args, "tokenload_packing", "concat")
+    provider = getattr(args, "tokenload_packing", None) or "concat"
     if provider != "concat":
         if args.packing not in ("concat", provider):
             raise ConfigError(
@@ -298,8 +298,8 @@ def _prepare_neox(args: argparse.Namespace) -> int:
         os.environ.pop(name, None)
     # --prepare-cache-world-size left at 1: the config's global_num_gpus, as NeoX, if it has one
     world = args.prepare_cache_world_size
-    imported = neox_config_from_yaml(
-        args.neox_config, data_parallel_size=None if world == 1 else world
+    imported = neox_config_from_yaml(  # the job's GPUs: NeoX divides them by pipe x model
+        args.neox_config, world_size=None if world == 1 else world
     )
     start = time.perf_counter()
     datasets = build_datasets(imported.config(), imported.sizes)

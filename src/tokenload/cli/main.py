@@ -131,12 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     if extras and getattr(args, "megatron_job_flags", False):  # a training job's command line
-        from ..datasets.megatron_flags import unknown_flags
+        from ..datasets.megatron_flags import check_strays, unknown_flags
 
-        try:
+        command = subcommand_parser(parser, args.command)
+        try:  # a value after a known flag's own (an unquoted schedule) is no non-data flag's
+            check_strays(command, list(sys.argv[1:] if argv is None else argv))
             extras = extras if unknown_flags(extras) else []  # Megatron's non-data flags: none
-        except TokenloadError:
-            pass  # a stray value: refused below as argparse refuses it
+        except TokenloadError as exc:
+            command._seen = []  # type: ignore[attr-defined]  # (the job's other flags are no typos)
+            command.error(one_line(exc))
     if extras:  # the subcommand's usage, not the top-level one (argparse exits 2)
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")
     # Other libraries (botocore's "Found credentials", ...) speak only from WARNING up, unless -v.

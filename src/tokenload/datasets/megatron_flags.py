@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .. import megatron_args
-from ..distributed import World, int_env
+from ..distributed import int_env, process_group
 from ..errors import ConfigError
 from .config import ImportedConfig, register_importer
 
@@ -101,7 +101,11 @@ def unknown_flags(leftovers: Sequence[str]) -> list[str]:
             if current not in MEGATRON_NON_DATA_FLAGS:
                 unknown.append(current)
         elif current is None:
-            raise ConfigError(f"stray argument {token!r} before any flag; expected --flags only")
+            raise ConfigError(
+                f"stray argument {token!r}, not a flag's value; expected --flags only",
+                hint="quote a value that holds spaces, e.g. --step-batch-size-schedule"
+                ' "0:16 2.4B:320", so that it reaches the command as one argument',
+            )
     return unknown
 
 
@@ -117,7 +121,7 @@ def _check_leftovers(leftovers: list[str]) -> None:
         )
 
 
-def _check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+def check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """A value after a known flag's own values is an unrecognized argument to Megatron's parser
     (``parse_args`` exits on it), as when a shell splits an unquoted
     ``--step-batch-size-schedule "0:16 2.4B:320"``; ``parse_known_args`` alone would pass it on
@@ -149,11 +153,11 @@ def _check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
 
 
 def _megatron_world() -> int:
-    """The world size megatron.training takes: this process's group or launcher, else
-    ``WORLD_SIZE`` alone (its ``parse_args`` reads that variable, with no ``RANK`` needed)."""
-    world = World.detect().world_size
-    if world > 1:
-        return world
+    """The world size megatron.training takes: an initialised process group's, else
+    ``WORLD_SIZE`` (its ``parse_args`` reads that variable alone: no ``RANK``, no SLURM's)."""
+    group = process_group()
+    if group is not None:
+        return int(group.get_world_size())
     return int(int_env("WORLD_SIZE", default=1))
 
 
@@ -169,7 +173,7 @@ def megatron_config_from_args(
     tokenizer is ``NullTokenizer`` (its EOD is known).
     """
     parser = _megatron_parser()
-    _check_strays(parser, argv)
+    check_strays(parser, argv)
     args, leftovers = parser.parse_known_args(list(argv))
     _check_leftovers(leftovers)
     if args.seq_length is None:
@@ -179,7 +183,7 @@ def megatron_config_from_args(
             "no training length: expected --train-iters or --train-samples",
             hint="pass the training job's flag",
         )
-    provider = args.tokenload_dataloader_type is not None or args.tokenload_packing != "concat"
+    provider = args.tokenload_dataloader_type is not None or args.tokenload_packing is not None
     if args.dataloader_type == "external":
         if not provider:
             raise ConfigError(
@@ -188,13 +192,30 @@ def megatron_config_from_args(
                 " Megatron-LM provider, add its --tokenload-dataloader-type single (its default)",
             )
         args.dataloader_type = args.tokenload_dataloader_type or "single"  # the provider's order
-    elif args.tokenload_dataloader_type is not None:
+        for name, flag in (("full_validation", "--full-validation"),):
+            if getattr(args, name, False):  # (the provider's own refusal)
+                raise ConfigError(
+                    f"{flag} with tokenload's Megatron-LM provider: it serves GPT pretraining"
+                    " data only",
+                    hint=f"drop {flag}, or use pretrain_gpt.py's own provider for it",
+                )
+    elif provider:
+        flag = "--tokenload-dataloader-type"
+        if args.tokenload_dataloader_type is None:
+            flag = "--tokenload-packing"
         raise ConfigError(
-            f"--tokenload-dataloader-type with --dataloader-type {args.dataloader_type or 'single'}"
-            ": it is the order of tokenload's Megatron-LM provider, which runs under"
-            " --dataloader-type external",
-            hint="drop --tokenload-dataloader-type, or give --dataloader-type external",
+            f"{flag} with --dataloader-type {args.dataloader_type or 'single'}: it is a flag of"
+            " tokenload's Megatron-LM provider, which runs under --dataloader-type external",
+            hint=f"drop {flag}, or give --dataloader-type external (another loop reading"
+            " these flags: imported.config(packing='best-fit'))",
         )
+    if any(t.split("=", 1)[0] == "--prepare-cache-world-size" for t in argv):
+        raise ConfigError(
+            "--prepare-cache-world-size is tokenload prepare-cache's flag, not Megatron's",
+            hint="pass the job's world to the importer as world_size=N",
+        )
+    if world_size is not None and world_size < 1:
+        raise ConfigError(f"world_size is {world_size}; expected 1 or more", field="world_size")
     args.prepare_cache_world_size = world_size or _megatron_world()
     fields: dict[str, Any] = {"sequence_length": args.seq_length, "random_seed": args.seed}
     if args.mock_data:
@@ -218,7 +239,7 @@ def megatron_config_from_args(
         drop_last_partial_validation_sequence=args.drop_last_partial_validation_sequence,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
     )
-    if args.tokenload_packing != "concat":
+    if args.tokenload_packing not in (None, "concat"):
         fields["packing"] = args.tokenload_packing
     _megatron_loading(args, fields)
     counts = megatron_args.batches(args)
@@ -296,6 +317,13 @@ def _megatron_loading(args: argparse.Namespace, fields: dict[str, Any]) -> None:
             raise ConfigError(
                 f"{fast[0]} needs --data-cache-path (Megatron asserts it too)",
                 hint="pass the folder that tokenload prepare-cache filled",
+            )
+        if args.dataloader_fast_cache_load and fields.get("blend") is not None:
+            raise ConfigError(
+                "--dataloader-fast-cache-load and --data-path cannot be used together"
+                " (megatron-core's BlendedMegatronDatasetConfig asserts it)",
+                hint="give the splits' data with --train-data-path, --valid-data-path and"
+                " --test-data-path (or --per-split-data-args-path), or drop the fast load",
             )
         fields["build_policy"] = "none"
     if args.per_dataset_sequences_path is not None:

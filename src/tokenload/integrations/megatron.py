@@ -116,7 +116,7 @@ def data_config_from_args(
         "create_attention_mask": bool(getattr(args, "create_attention_mask_in_dataloader", True)),
         "inter_document_masking": bool(getattr(args, "dataloader_inter_document_masking", False)),
         "mid_level_dataset_surplus": getattr(args, "mid_level_dataset_surplus", 0.005),
-        "packing": getattr(args, "tokenload_packing", "concat"),
+        "packing": getattr(args, "tokenload_packing", None) or "concat",
     }
     if getattr(args, "mock_data", False):
         fields["split"] = args.split or LEGACY_SPLIT

@@ -176,10 +176,15 @@ def test_megatron_fast_load_flags_and_the_datasets_they_make(tmp_path):
     assert got.fields["eod_id"] == 99 and got.fields["reset_position_ids"] is True
     train, _valid, test = build_datasets(got.config(), got.sizes)
     assert len(train) >= 20 and test is None
-    fast = megatron_config_from_args([*argv, "--dataloader-fast-cache-load",
-                                      "--dataloader-defer-npy-index-mmap",
-                                      "--per-dataset-sequences-path", "seq.json"], world_size=2)
-    assert fast.fields["build_policy"] == "none" and fast.fields["sequences_path"] == "seq.json"
+    loading = ["--dataloader-defer-npy-index-mmap", "--per-dataset-sequences-path", "seq.json"]
+    deferred = megatron_config_from_args([*argv, *loading], world_size=2)
+    assert deferred.fields["build_policy"] == "none" and deferred.fields["sequences_path"] == "seq.json"
+    # megatron-core's BlendedMegatronDatasetConfig asserts the fast load has no --data-path blend
+    with pytest.raises(ConfigError, match="--dataloader-fast-cache-load and --data-path cannot be used"):
+        megatron_config_from_args([*argv, "--dataloader-fast-cache-load"], world_size=2)
+    per_split = [*argv[argv.index("--seq-length"):], "--train-data-path", prefix, "--valid-data-path", prefix]
+    fast = megatron_config_from_args([*per_split, "--dataloader-fast-cache-load", *loading], world_size=2)
+    assert fast.fields["build_policy"] == "none" and fast.fields["blend_per_split"][2] is None
 
 
 def test_the_megatron_lm_providers_training_command_imports_as_is():
@@ -188,13 +193,21 @@ def test_the_megatron_lm_providers_training_command_imports_as_is():
     under --dataloader-type external the provider's order; external alone is still refused."""
     base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--train-iters", "3",
             "--eval-interval", "2", "--num-layers", "2"]
-    got = megatron_config_from_args([*base, "--tokenload-packing", "best-fit"], world_size=1)
+    external = [*base, "--dataloader-type", "external"]
+    got = megatron_config_from_args([*external, "--tokenload-packing", "best-fit"], world_size=1)
     assert got.fields["packing"] == "best-fit" and got.config().packing == "best-fit"
     assert "packing" not in megatron_config_from_args(base, world_size=1).fields
+    spelt = megatron_config_from_args([*external, "--tokenload-packing", "concat"], world_size=1)
+    assert "packing" not in spelt.fields and spelt.extras["dataloader_type"] == "single"  # the default, given
     for flags, order in ([[], "single"], [["--tokenload-dataloader-type", "cyclic"], "cyclic"]):
-        got = megatron_config_from_args(
-            [*base, "--dataloader-type", "external", "--tokenload-packing", "best-fit", *flags], world_size=1)
+        got = megatron_config_from_args([*external, "--tokenload-packing", "best-fit", *flags], world_size=1)
         assert got.extras["dataloader_type"] == order and got.sizes == [12, 800, 400]
+    with pytest.raises(ConfigError, match="--tokenload-packing with --dataloader-type single"):
+        megatron_config_from_args([*base, "--tokenload-packing", "best-fit"], world_size=1)
+    with pytest.raises(ConfigError, match="--full-validation with tokenload's Megatron-LM provider"):
+        megatron_config_from_args([*external, "--tokenload-packing", "best-fit", "--full-validation"], world_size=1)
+    with pytest.raises(ConfigError, match="--prepare-cache-world-size is tokenload prepare-cache's flag"):
+        megatron_config_from_args([*base, "--prepare-cache-world-size", "8"])
     with pytest.raises(ConfigError, match="external: the job brings its own loader") as info:
         megatron_config_from_args([*base, "--dataloader-type", "external"], world_size=1)
     assert "--tokenload-dataloader-type single" in str(info.value)
@@ -359,7 +372,8 @@ def test_neox_batch_check_needs_the_jobs_data_parallel_size(monkeypatch):
 
 def test_neox_epochs_with_unit_weights():
     conf = {"train_data_paths": ["a", "b"], "train_data_weights": [1, 1.0],
-            "valid_data_paths": ["c"], "test_data_paths": ["d"], "seq_length": 8, "train_epochs": 2}
+            "valid_data_paths": ["c"], "test_data_paths": ["d"], "seq_length": 8, "train_epochs": 2,
+            "train_micro_batch_size_per_gpu": 2}
     assert neox_config_from_yaml(conf).sizes == [None, None, None]
 
 
@@ -370,8 +384,15 @@ def test_neox_repeated_key_across_files(tmp_path):
 
 
 def test_neox_epoch_mode():
-    got = neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3})
+    got = neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3,
+                                 "train_micro_batch_size_per_gpu": 4})
     assert got.sizes == [None, None, None] and got.fields["num_epochs"] == 1
+    # GPT-NeoX asserts a batch key in every mode, and a GPU count pipe x model parallel divides
+    with pytest.raises(ConfigError, match="neither train_batch_size nor train_micro_batch_size_per_gpu"):
+        neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3})
+    with pytest.raises(ConfigError, match="6 processes are not divisible by pipe x model parallel size 4"):
+        neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3, "global_num_gpus": 6,
+                               "model_parallel_size": 4, "train_micro_batch_size_per_gpu": 4})
 
 
 # -- an imported NeoX config serves NeoX's items ---------------------------------------------------
@@ -481,3 +502,56 @@ def test_an_imported_config_takes_fields_on_top(tmp_path):
     assert computed.order == "computed" and computed.path_to_cache is None
     with pytest.raises(ConfigError, match="path_to_cache applies to order='megatron' only"):
         imported.config(order="computed", path_to_cache=str(tmp_path))
+
+
+def test_megatron_arithmetic_edges_as_megatron_core(monkeypatch):
+    """Red-team findings, each run side by side with megatron-core 0.19.2's parse_args,
+    validate_args and get_train_valid_test_num_samples: --train-samples 0 is unset there (train
+    = iters x batch), a bad world size is refused, the world is WORLD_SIZE's alone (not SLURM's;
+    a RANK without it is rank 0 of 1), context parallelism needs S a multiple of 2 x cp, and
+    --tokenizer-type has megatron-core's choices."""
+    base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--eval-interval", "2",
+            "--num-layers", "2"]
+    for name in ("WORLD_SIZE", "RANK", "SLURM_PROCID", "SLURM_NTASKS", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    skip = megatron_config_from_args([*base, "--train-iters", "10", "--train-samples", "0", "--skip-train",
+                                      "--eval-iters", "2"], world_size=1)
+    assert skip.sizes == [40, 8, 8]  # megatron-core: [40, 8, 8] (tokenload gave [0, 8, 8])
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match=f"world_size is {bad}; expected 1 or more"):
+            megatron_config_from_args([*base, "--train-iters", "3"], world_size=bad)
+    micro = [*base[:4], "--micro-batch-size", "2", "--train-iters", "10", "--eval-iters", "1", "--eval-interval", "5",
+             "--num-layers", "2"]
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    assert megatron_config_from_args(micro).extras["data_parallel_size"] == 1  # megatron-core: 1
+    monkeypatch.setenv("RANK", "3")
+    assert megatron_config_from_args(micro).extras["data_parallel_size"] == 1
+    with pytest.raises(ConfigError, match="sequence length 8 is not a multiple of 2 x context-parallel size 3"):
+        megatron_config_from_args([*base, "--train-iters", "3", "--context-parallel-size", "3"], world_size=3)
+    assert megatron_config_from_args([*base, "--train-iters", "3", "--context-parallel-size", "2",
+                                      "--global-batch-size", "2"], world_size=2).extras["data_parallel_size"] == 1
+    with pytest.raises(ConfigError, match="invalid choice: 'Bogus'"):
+        megatron_config_from_args([*base, "--train-iters", "3", "--tokenizer-type", "Bogus"], world_size=1)
+
+
+def test_neox_batch_keys_as_neoxs_calculate_batch_parameters():
+    """Red-team findings, against GPT-NeoX's own calculate_derived/calculate_batch_parameters:
+    gradient_accumulation_steps: null (a TypeError before; NeoX derives it), the accumulation
+    NeoX derives in extras, the job's GPUs (prepare-cache's world) divided by pipe x model
+    parallel sizes, and a data-parallel size below 1 refused."""
+    base = {"data_path": "p", "seq_length": 8, "train_iters": 10, "eval_iters": 0}
+    null = neox_config_from_yaml({**base, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": None,
+                                  "global_num_gpus": 4})
+    assert null.sizes[0] == 10 * 2 * 1 * 4 and null.extras["gradient_accumulation_steps"] == 1
+    derived = neox_config_from_yaml({**base, "train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                     "gradient_accumulation_steps": None, "global_num_gpus": 2})
+    assert (derived.extras["micro_batch_size"], derived.extras["gradient_accumulation_steps"]) == (2, 4)
+    parallel = {**base, "pipe_parallel_size": 2, "model_parallel_size": 2, "train_micro_batch_size_per_gpu": 2}
+    assert neox_config_from_yaml(parallel, world_size=8).sizes == [40, 0, 0]  # dp 2: NeoX's [40, 12, 4] less eval
+    assert neox_config_from_yaml({**parallel, "train_batch_size": 4}, world_size=8).extras["train_batch_size"] == 4
+    for name in ("data_parallel_size", "world_size"):
+        for bad in (0, -2):
+            with pytest.raises(ConfigError, match=f"{name} is {bad}; expected a positive int"):
+                neox_config_from_yaml(parallel, **{name: bad})
+

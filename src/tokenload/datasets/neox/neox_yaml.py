@@ -218,6 +218,7 @@ def neox_config_from_yaml(
     path_or_dict: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Any],
     *,
     data_parallel_size: int | None = None,
+    world_size: int | None = None,
     eod_id: int | None = None,
 ) -> ImportedConfig:
     """A GPT-NeoX config (a YAML path, a dict, or a list of them merged as ``deepy.py`` does) as
@@ -225,13 +226,21 @@ def neox_config_from_yaml(
 
     ``data_parallel_size``: for ``train_batch_size`` when the config gives only the micro batch
     (default: the config's ``global_num_gpus``, else this process's world, divided by pipe x
-    model parallel sizes, as NeoX);
+    model parallel sizes, as NeoX); ``world_size``: the job's GPUs instead (NeoX's
+    ``global_num_gpus``, which it divides by pipe x model parallel sizes);
     ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``.
     """
+    for name, value in (("data_parallel_size", data_parallel_size), ("world_size", world_size)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ConfigError(f"{name} is {value!r}; expected a positive int", field=name)
     many = isinstance(path_or_dict, Sequence) and not isinstance(path_or_dict, (str, bytes))
     raw = _merge_neox(list(cast(Sequence[Any], path_or_dict)) if many else [path_or_dict])
     _check_neox_keys(raw)
     conf = {**_NEOX_DATA_DEFAULTS, **{k: v for k, v in raw.items() if k in _NEOX_DATA_DEFAULTS}}
+    if world_size is not None:
+        conf["global_num_gpus"] = world_size
     _check_neox_values(conf)
     if conf["seq_length"] is None:
         raise ConfigError("the NeoX config has no seq_length", hint="add seq_length")
@@ -264,14 +273,13 @@ def neox_config_from_yaml(
     sizes, batch = _neox_sizes(conf, data_parallel_size)
     if sizes == [None, None, None]:
         fields["num_epochs"] = 1
+    micro, steps = _neox_batches(conf, data_parallel_size)
     extras = {
         "train_batch_size": batch,
         # the loader's micro batch (None where only train_batch_size is given and the job's
         # data-parallel size is unknown); train_epochs: run the one-epoch loader that many times
-        "micro_batch_size": _neox_micro(
-            conf, batch or conf["train_batch_size"], data_parallel_size
-        ),
-        "gradient_accumulation_steps": conf["gradient_accumulation_steps"],
+        "micro_batch_size": micro,
+        "gradient_accumulation_steps": steps,
         "train_iters": conf["train_iters"],
         "train_epochs": conf["train_epochs"],
         "num_workers": conf["num_workers"],
@@ -379,6 +387,14 @@ def _neox_data(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | None], int | None]:
     """NeoX's ``train_val_test_num_samples`` and its ``train_batch_size``."""
+    if conf["train_batch_size"] is None and conf["train_micro_batch_size_per_gpu"] is None:
+        raise ConfigError(
+            "the NeoX config has neither train_batch_size nor train_micro_batch_size_per_gpu"
+            " (GPT-NeoX asserts one of them)",
+            hint="add one of them",
+        )
+    if conf["global_num_gpus"] is not None and dp is None:
+        _neox_dp(conf, None)  # a GPU count pipe x model does not divide: NeoX's error, any mode
     if conf["train_batch_size"] is not None and _dp_known(conf, dp):
         _check_neox_batch(conf, _neox_dp(conf, dp))  # (not in a lone process reading a config)
     if conf["train_iters"] is None:
@@ -389,14 +405,9 @@ def _neox_sizes(conf: Mapping[str, Any], dp: int | None) -> tuple[list[int | Non
             )
         return [None, None, None], None
     batch = conf["train_batch_size"]
-    if batch is None:
+    if batch is None:  # NeoX's calculate_batch_parameters: micro x accumulation (1 if null) x dp
         micro = conf["train_micro_batch_size_per_gpu"]
-        if micro is None:
-            raise ConfigError(
-                "the NeoX config has neither train_batch_size nor train_micro_batch_size_per_gpu",
-                hint="add one of them",
-            )
-        batch = int(micro) * int(conf["gradient_accumulation_steps"]) * _neox_dp(conf, dp)
+        batch = int(micro) * int(conf["gradient_accumulation_steps"] or 1) * _neox_dp(conf, dp)
     iters, evals = int(conf["train_iters"]), int(conf["eval_iters"])
     valid = (iters // int(conf["eval_interval"]) + 1) * evals
     return [iters * batch, valid * batch, evals * batch], int(batch)
@@ -408,13 +419,19 @@ def _dp_known(conf: Mapping[str, Any], dp: int | None) -> bool:
     return dp is not None or conf["global_num_gpus"] is not None or World.detect().world_size > 1
 
 
-def _neox_micro(conf: Mapping[str, Any], batch: int | None, dp: int | None) -> int | None:
-    """The micro batch per GPU: given, or derived from ``train_batch_size`` as NeoX derives it
-    where the data-parallel size is known; else None."""
-    micro = conf["train_micro_batch_size_per_gpu"]
-    if micro is None and batch is not None and _dp_known(conf, dp):
-        micro = batch // _neox_dp(conf, dp) // (conf["gradient_accumulation_steps"] or 1)
-    return None if micro is None else int(micro)
+def _neox_batches(conf: Mapping[str, Any], dp: int | None) -> tuple[int | None, int | None]:
+    """The micro batch per GPU and the accumulation steps, as NeoX's
+    ``calculate_batch_parameters`` gives them: given, or derived from ``train_batch_size`` where
+    the data-parallel size is known; None where they cannot be."""
+    batch = conf["train_batch_size"]
+    micro, steps = conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"]
+    known = _dp_known(conf, dp)
+    if micro is not None and steps is None:
+        steps = batch // micro // _neox_dp(conf, dp) if batch is not None and known else 1
+    elif micro is None and batch is not None and known:
+        micro = batch // _neox_dp(conf, dp) // (steps or 1)
+        steps = steps or 1
+    return (None if micro is None else int(micro)), (None if steps is None else int(steps))
 
 
 def _check_neox_batch(conf: Mapping[str, Any], dp: int) -> None:
