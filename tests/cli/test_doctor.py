@@ -195,6 +195,10 @@ def test_packing_figures_of_a_blend_are_the_loaders_own(tmp_path):
     out = run_cli("doctor", "--data-path", "1", a, "1", b, "--seq-length", "4", "--split", "100,0,0",
                   "--steps", "2", "--packing", "best-fit")
     assert "pads 37.50% of the slots, 1 document per row at the median (p99 2)" in _finding(out.stdout, "packing")
+    # a prefix listed twice weighs the sum of its weights (3 + 1 for b against 4 for a: 50/50)
+    out = run_cli("doctor", "--data-path", "3", b, "4", a, "1", b, "--seq-length", "4", "--split", "100,0,0",
+                  "--steps", "2", "--packing", "best-fit")
+    assert "pads 37.50% of the slots" in _finding(out.stdout, "packing")
 
 
 def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp_path):

@@ -267,12 +267,21 @@ def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tm
     assert any("packed" in p.name or "row" in p.name for p in (tmp_path / "whole").iterdir())
     (tmp_path / "x").mkdir()
     refused = run_cli("prepare-cache", *job, "--no-such-flag", "1", *data, "--data-cache-path", tmp_path / "x")
-    assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr and "--no-such-flag" in refused.stderr
+    assert refused.returncode == 2 and "unrecognized arguments: --no-such-flag (" in refused.stderr
+    assert "--num-layers" not in refused.stderr.splitlines()[-1]  # the job's own flags are no typos
+    tokenizer = ["--tokenizer-special-tokens", "<unk>", "<s>", "--trust-remote-code", "--tokenizer-hf-no-use-fast"]
+    special = _prepare_json(*job, *tokenizer, *data, "--data-cache-path", tmp_path / "tok")  # megatron-core 0.19.2's
+    assert special["train_valid_test_num_samples"] == [24, 12, 4]
     unquoted = run_cli("prepare-cache", *job, "--step-batch-size-schedule", "0:4", "12:4", *data,
                        "--data-cache-path", tmp_path / "x")  # fmt: skip
     assert unquoted.returncode == 2
     assert "unrecognized argument '12:4' after --step-batch-size-schedule" in unquoted.stderr
     assert "quote a value that holds spaces" in unquoted.stderr and "no such flag" not in unquoted.stderr
+    for job_packing, packing in (("best-fit", "concat"), ("concat", "best-fit")):  # the two disagree
+        clash = run_cli("prepare-cache", *job[:-2], "--tokenload-packing", job_packing, "--packing", packing, *data,
+                        "--data-cache-path", tmp_path / "x")  # fmt: skip
+        assert clash.returncode == 2, clash.stderr
+        assert f"--packing {packing} and --tokenload-packing {job_packing} disagree" in clash.stderr
     null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--tokenizer-identity", json.dumps(NULL_1000)]
     clash = run_cli("prepare-cache", *data[:-2], *null, "--data-cache-path", tmp_path / "x")
     assert clash.returncode == 2 and "is not the identity of the job's NullTokenizer flags" in clash.stderr

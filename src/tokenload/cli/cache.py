@@ -207,7 +207,7 @@ def packing_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--packing",
         choices=("concat", "best-fit"),
-        default="concat",
+        default=None,  # concat (check_packing_flags): None tells the flag was not given
         help="the job's MegatronDataConfig(packing=...): 'best-fit' reads rows of whole"
         " documents (its own plan and caches) instead of Megatron's concatenated samples",
     )
@@ -224,14 +224,13 @@ def check_packing_flags(args: argparse.Namespace) -> None:
     """A cap on documents per row without packed rows is refused in the flags' words, before
     anything is read or created. The provider's ``--tokenload-packing`` (prepare-cache) is
     ``--packing``."""
-    provider = getattr(args, "tokenload_packing", None) or "concat"
-    if provider != "concat":
-        if args.packing not in ("concat", provider):
-            raise ConfigError(
-                f"--packing {args.packing} and --tokenload-packing {provider} disagree",
-                hint="give one of them (--tokenload-packing is the job's, from its command line)",
-            )
-        args.packing = provider
+    provider = getattr(args, "tokenload_packing", None)
+    if args.packing is not None and provider is not None and args.packing != provider:
+        raise ConfigError(
+            f"--packing {args.packing} and --tokenload-packing {provider} disagree",
+            hint="give one of them (--tokenload-packing is the job's, from its command line)",
+        )
+    args.packing = args.packing or provider or "concat"
     if args.max_documents_per_row is not None and args.packing != "best-fit":
         raise ConfigError(
             f"--max-documents-per-row {args.max_documents_per_row} applies to --packing"

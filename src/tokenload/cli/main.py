@@ -136,10 +136,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = subcommand_parser(parser, args.command)
         try:  # a value after a known flag's own (an unquoted schedule) is no non-data flag's
             check_strays(command, list(sys.argv[1:] if argv is None else argv))
-            extras = extras if unknown_flags(extras) else []  # Megatron's non-data flags: none
+            unknown = unknown_flags(extras)  # Megatron's non-data flags are the job's, not typos
         except TokenloadError as exc:
-            command._seen = []  # type: ignore[attr-defined]  # (the job's other flags are no typos)
+            command._seen = []  # type: ignore[attr-defined]
             command.error(one_line(exc))
+        if unknown:
+            command._seen = unknown  # type: ignore[attr-defined]  # "did you mean" for these only
+            command.error(f"unrecognized arguments: {' '.join(unknown)}")
+        extras = []
     if extras:  # the subcommand's usage, not the top-level one (argparse exits 2)
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")
     # Other libraries (botocore's "Found credentials", ...) speak only from WARNING up, unless -v.

@@ -58,11 +58,19 @@ MEGATRON_NON_DATA_FLAGS = frozenset(
 --untie-embeddings-and-output-weights --use-distributed-optimizer --use-flash-attn
 --use-mcore-models --use-rotary-position-embeddings --wandb-exp-name --wandb-project
 --wandb-save-dir --weight-decay
+--tokenizer-special-tokens --tokenizer-sentencepiece-legacy --tokenizer-hf-no-use-fast
+--tokenizer-hf-no-include-special-tokens --trust-remote-code
+--no-tokenizer-sentencepiece-ignore-extra-whitespaces
+--disable-tokenizer-sentencepiece-ignore-extra-whitespaces --padded-vocab-size --no-pad-vocab-size
+--disable-pad-vocab-size --no-use-tokenizer-model-from-checkpoint-args
+--disable-use-tokenizer-model-from-checkpoint-args
 """.split()  # noqa: SIM905 (a word list reads as text)
 )
 """Megatron flags that decide no sample, token or item (model, optimizer, parallelism,
-checkpoints, logging): those of its example training scripts (``examples/gpt3``, ``llama``,
-``mixtral``) and their close relatives. Any other flag that is not a data flag is refused."""
+checkpoints, logging; the tokenizer's options, which change no token file and, the identity
+given, no cache name): those of its example training scripts (``examples/gpt3``, ``llama``,
+``mixtral``), their close relatives and megatron-core 0.19.2's tokenizer options. Any other flag
+that is not a data flag is refused."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -559,7 +559,10 @@ def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> 
     from ..index import parse_blend
 
     blend = parse_blend(config.data_path)
-    weights = None if blend is None or blend.weights is None else list(blend.weights)
+    weights = None
+    if blend is not None and blend.weights is not None:  # a prefix listed twice weighs the sum
+        given = list(zip(blend.prefixes, blend.weights, strict=True))
+        weights = [sum(w for p, w in given if p == prefix) for prefix in prefixes]
     f = packing_figures(parts, config.seq_length, weights=weights)  # a row holds one source
     share = f["concat_cut_short"] / f["short"] if f["short"] else 0.0
     median = f"{f['per_row_p50']:.0f}"

@@ -531,6 +531,9 @@ def test_megatron_arithmetic_edges_as_megatron_core(monkeypatch):
         megatron_config_from_args([*base, "--train-iters", "3", "--context-parallel-size", "3"], world_size=3)
     assert megatron_config_from_args([*base, "--train-iters", "3", "--context-parallel-size", "2",
                                       "--global-batch-size", "2"], world_size=2).extras["data_parallel_size"] == 1
+    tokenizer = ["--tokenizer-special-tokens", "<unk>", "<s>", "--tokenizer-sentencepiece-legacy",
+                 "--no-tokenizer-sentencepiece-ignore-extra-whitespaces", "--padded-vocab-size", "1024"]
+    assert megatron_config_from_args([*base, "--train-iters", "3", *tokenizer], world_size=1).sizes[0] == 12
     with pytest.raises(ConfigError, match="invalid choice: 'Bogus'"):
         megatron_config_from_args([*base, "--train-iters", "3", "--tokenizer-type", "Bogus"], world_size=1)
 
@@ -550,6 +553,8 @@ def test_neox_batch_keys_as_neoxs_calculate_batch_parameters():
     parallel = {**base, "pipe_parallel_size": 2, "model_parallel_size": 2, "train_micro_batch_size_per_gpu": 2}
     assert neox_config_from_yaml(parallel, world_size=8).sizes == [40, 0, 0]  # dp 2: NeoX's [40, 12, 4] less eval
     assert neox_config_from_yaml({**parallel, "train_batch_size": 4}, world_size=8).extras["train_batch_size"] == 4
+    assert neox_config_from_yaml(parallel, world_size=np.int64(8)).sizes == [40, 0, 0]  # NumPy ints are ints
+    assert neox_config_from_yaml(parallel, data_parallel_size=np.int32(2)).sizes == [40, 0, 0]
     for name in ("data_parallel_size", "world_size"):
         for bad in (0, -2):
             with pytest.raises(ConfigError, match=f"{name} is {bad}; expected a positive int"):

@@ -14,6 +14,7 @@ own, and PyYAML is imported only when a NeoX file is read.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -232,9 +233,11 @@ def neox_config_from_yaml(
     """
     for name, value in (("data_parallel_size", data_parallel_size), ("world_size", world_size)):
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
         ):
             raise ConfigError(f"{name} is {value!r}; expected a positive int", field=name)
+    data_parallel_size = None if data_parallel_size is None else int(data_parallel_size)
+    world_size = None if world_size is None else int(world_size)
     many = isinstance(path_or_dict, Sequence) and not isinstance(path_or_dict, (str, bytes))
     raw = _merge_neox(list(cast(Sequence[Any], path_or_dict)) if many else [path_or_dict])
     _check_neox_keys(raw)
