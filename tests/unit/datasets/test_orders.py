@@ -82,3 +82,23 @@ def test_sample_indices_are_integers(prefix, order, packing, blended):
     assert train.__getitems__([])["tokens"].shape[0] == 0
     np.testing.assert_array_equal(train.__getitems__(np.array([2], dtype=np.uint32))["tokens"],
                                   train.__getitems__([2])["tokens"])
+
+
+@pytest.mark.parametrize("mixture", ["refuse", "continue"])
+def test_a_megatron_order_blend_counts_negative_indices_from_the_end(prefix, tmp_path, mixture):
+    """megatron-core's BlendedDataset indexes its arrays with NumPy: -1 is the last sample, as
+    for one GPTDataset (tokenload's single-source Megatron order already wrapped; its blends
+    raised an IndexError)."""
+    other = write_documents(tmp_path / "other", [np.arange(1, 90)] * 40)
+    config = MegatronDataConfig(sequence_length=32, blend=["1", prefix, "2", other], split="100,0,0",
+                                path_to_cache=str(tmp_path / "c"), mixture_change=mixture)
+    train = build_datasets(config, [50, 0, 0])[0]
+    assert train is not None
+    n = len(train)
+    last = train.__getitems__([n - 1, 0])
+    for key, value in train.__getitems__([-1, -n]).items():
+        np.testing.assert_array_equal(value, last[key])
+    for bad in ([n], [-n - 1]):
+        with pytest.raises(IndexError, match=f"sample indices must lie in \\[-{n}, {n}\\)"):
+            train.__getitems__(bad)
+
