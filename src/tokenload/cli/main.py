@@ -68,6 +68,12 @@ class SubcommandParser(argparse.ArgumentParser):
         hints = did_you_mean(self, self._seen)
         super().error(f"{message} ({hints})" if hints else message)
 
+    def error_about(self, message: str, flags: Sequence[str]) -> NoReturn:
+        """``error`` with a "did you mean" for ``flags`` only (a training job's command line:
+        its other flags are Megatron's, not typos)."""
+        self._seen = list(flags)
+        self.error(message)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -134,15 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ..datasets.megatron_flags import check_strays, unknown_flags
 
         command = subcommand_parser(parser, args.command)
+        assert isinstance(command, SubcommandParser)
         try:  # a value after a known flag's own (an unquoted schedule) is no non-data flag's
             check_strays(command, list(sys.argv[1:] if argv is None else argv))
             unknown = unknown_flags(extras)  # Megatron's non-data flags are the job's, not typos
         except TokenloadError as exc:
-            command._seen = []  # type: ignore[attr-defined]
-            command.error(one_line(exc))
+            command.error_about(one_line(exc), [])
         if unknown:
-            command._seen = unknown  # type: ignore[attr-defined]  # "did you mean" for these only
-            command.error(f"unrecognized arguments: {' '.join(unknown)}")
+            command.error_about(f"unrecognized arguments: {' '.join(unknown)}", unknown)
         extras = []
     if extras:  # the subcommand's usage, not the top-level one (argparse exits 2)
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extras)}")

@@ -200,13 +200,12 @@ def megatron_config_from_args(
                 " Megatron-LM provider, add its --tokenload-dataloader-type single (its default)",
             )
         args.dataloader_type = args.tokenload_dataloader_type or "single"  # the provider's order
-        for name, flag in (("full_validation", "--full-validation"),):
-            if getattr(args, name, False):  # (the provider's own refusal)
-                raise ConfigError(
-                    f"{flag} with tokenload's Megatron-LM provider: it serves GPT pretraining"
-                    " data only",
-                    hint=f"drop {flag}, or use pretrain_gpt.py's own provider for it",
-                )
+        if args.full_validation:  # (the provider's own refusal)
+            raise ConfigError(
+                "--full-validation with tokenload's Megatron-LM provider: it serves GPT"
+                " pretraining data only",
+                hint="drop --full-validation, or use pretrain_gpt.py's own provider for it",
+            )
     elif provider:
         flag = "--tokenload-dataloader-type"
         if args.tokenload_dataloader_type is None:

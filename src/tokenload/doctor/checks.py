@@ -486,9 +486,8 @@ def packing_figures(
     from ..datasets.computed.packed import DEFAULT_BLOCK_DOCUMENTS as block
     from ..index.packing import pack_block
 
-    sources = [lengths] if isinstance(lengths, np.ndarray) or not len(lengths) else lengths
-    if not isinstance(sources[0], (np.ndarray, list, tuple)):
-        sources = [np.asarray(lengths)]  # one source given as a flat sequence of ints
+    one = isinstance(lengths, np.ndarray) or not len(lengths) or np.isscalar(lengths[0])
+    sources = [lengths] if one else lengths
     window = sequence_length + extra
     rows: list[np.ndarray] = []
     row_weights: list[np.ndarray] = []  # each row's share of the rows served

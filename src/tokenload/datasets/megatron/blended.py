@@ -69,9 +69,10 @@ class BlendedDataset(BlendContract):
         """Windows of every member present in the batch, scattered back into batch order."""
         idx = sample_indices(indices)
         n = len(self)
-        if idx.size and int(_MIN(idx)) < 0:  # from the end, as megatron-core's NumPy indexing
-            idx = np.where(idx < 0, idx + n, idx)
         bounds = (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None
+        if bounds is not None and bounds[0] < 0:  # from the end, as megatron-core's NumPy indexing
+            idx = np.where(idx < 0, idx + n, idx)
+            bounds = (int(_MIN(idx)), int(_MAX(idx)))
         if bounds is not None and (bounds[0] < 0 or bounds[1] >= n):
             raise IndexError(f"sample indices must lie in [-{n}, {n})")
         which, within = self._locate(idx, bounds)

@@ -428,13 +428,22 @@ def _neox_batches(conf: Mapping[str, Any], dp: int | None) -> tuple[int | None, 
     the data-parallel size is known; None where they cannot be."""
     batch = conf["train_batch_size"]
     micro, steps = conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"]
-    known = _dp_known(conf, dp)
-    if micro is not None and steps is None:
-        steps = batch // micro // _neox_dp(conf, dp) if batch is not None and known else 1
-    elif micro is None and batch is not None and known:
-        micro = batch // _neox_dp(conf, dp) // (steps or 1)
-        steps = steps or 1
+    if batch is not None and _dp_known(conf, dp):
+        return _derived_batches(int(batch), micro, steps, _neox_dp(conf, dp))
+    if micro is not None and steps is None:  # micro only: NeoX's accumulation is 1
+        steps = 1
     return (None if micro is None else int(micro)), (None if steps is None else int(steps))
+
+
+def _derived_batches(batch: int, micro: int | None, steps: int | None, dp: int) -> tuple[int, int]:
+    """NeoX's ``calculate_batch_parameters`` with ``train_batch_size`` given: the micro batch or
+    the accumulation steps it lacks, by floor division (1 step when both are missing)."""
+    if micro is None:
+        steps = steps or 1
+        return batch // dp // steps, steps
+    if steps is None:
+        return micro, batch // micro // dp
+    return micro, steps
 
 
 def _check_neox_batch(conf: Mapping[str, Any], dp: int) -> None:
@@ -442,13 +451,9 @@ def _check_neox_batch(conf: Mapping[str, Any], dp: int) -> None:
     ``train_batch_size`` given must be micro batch x accumulation steps x the data-parallel size
     (the missing one derived from it by floor division, as NeoX does)."""
     batch = int(conf["train_batch_size"])
-    micro, steps = conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"]
-    if micro is None and steps is None:
-        micro, steps = batch // dp, 1
-    elif micro is None:
-        micro = batch // dp // steps
-    elif steps is None:
-        steps = batch // micro // dp
+    micro, steps = _derived_batches(
+        batch, conf["train_micro_batch_size_per_gpu"], conf["gradient_accumulation_steps"], dp
+    )
     if micro < 1 or steps < 1 or batch != micro * steps * dp:
         raise ConfigError(
             f"the NeoX config's train_batch_size {batch} is not train_micro_batch_size_per_gpu"
