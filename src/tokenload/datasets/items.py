@@ -401,22 +401,20 @@ def _clear_short_rows(
 ) -> None:
     """``_clear_padding`` where each row's padding is the slots past its ``row_tokens`` (whatever
     they hold); with a pad id of 0 or more, a token equal to it is padding too, as in a padded
-    window. The same fields as a window padded with the pad id would give. When every row is
-    full (nearly every micro-batch: best-fit leaves few rows short), that is ``_clear_padding``."""
-    if row_tokens.size and int(_MIN(row_tokens)) >= text.shape[1]:
-        if pad >= 0 or not extra:
-            _clear_padding(text, tokens, labels, loss_mask, pad, extra)
+    window. The same fields as a window padded with the pad id would give. Every row is cleared
+    as a full one (``_clear_padding``: a token equal to the pad id; without the extra token, the
+    last label), then each short row's tail: few rows are short (best-fit fills nearly every
+    row), so a slice each costs less than a mask of the whole micro-batch."""
+    width = text.shape[1]
+    if pad >= 0 or not extra:
+        _clear_padding(text, tokens, labels, loss_mask, pad, extra)
+    if not row_tokens.size or int(_MIN(row_tokens)) >= width:
         return
-    is_pad = _upto(text.shape[1])[None, :] >= row_tokens[:, None]
-    if pad >= 0:
-        is_pad |= np.equal(text, pad)
-    if extra:
-        label_pad, token_pad = is_pad[:, 1:], is_pad[:, :-1]
-    else:  # the labels are the tokens shifted by one, the last one padding
-        label_pad = np.ones_like(is_pad)
-        label_pad[:, :-1] = is_pad[:, 1:]
-        token_pad = is_pad
-    _zero_padding(tokens, labels, loss_mask, label_pad, token_pad)
+    for row in np.flatnonzero(row_tokens < width).tolist():
+        held = int(row_tokens[row])  # window slots [held, width) are padding
+        tokens[row, held:] = 0  # token i is slot i
+        labels[row, held - 1 :] = 0  # label i is slot i + 1 (a row holds at least 1 token)
+        loss_mask[row, held - 1 :] = 0.0
 
 
 def _empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

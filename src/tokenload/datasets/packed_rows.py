@@ -93,12 +93,20 @@ def read_rows(
     tokens = _ADD_AT(length, first)
     if flat.size == batch * width:  # every row full: its pieces back to back are the windows
         windows = flat.reshape(batch, width)
-    else:
-        windows = np.zeros((batch, width), dtype=flat.dtype)
-        begin = 0
-        for row, n in enumerate(tokens.tolist()):
-            windows[row, :n] = flat[begin : begin + n]
-            begin += n
+    else:  # a few short rows: the full ones between them are still back to back in ``flat``
+        windows = np.empty((batch, width), dtype=flat.dtype)
+        row = begin = 0
+        for short in [*np.flatnonzero(tokens < width).tolist(), batch]:
+            if short > row:
+                end = begin + (short - row) * width
+                windows[row:short] = flat[begin:end].reshape(short - row, width)
+                begin = end
+            if short < batch:
+                n = int(tokens[short])
+                windows[short, :n] = flat[begin : begin + n]
+                windows[short, n:] = 0
+                begin += n
+            row = short + 1
     return PackedRead(windows, tokens, first, length, layout)
 
 

@@ -283,7 +283,7 @@ class PackingCounts:
     per batch in the training process). Memory: one count per documents-per-row value seen, and
     the counts of at most ``_FOLD`` batches."""
 
-    _FOLD = 64
+    _FOLD = 256
 
     def __init__(self, sources: int) -> None:
         self.rows_by_documents = np.zeros(0, dtype=np.int64)  # rows holding k documents
@@ -291,37 +291,49 @@ class PackingCounts:
         self.padding = np.zeros(sources, dtype=np.int64)
         self.slots = np.zeros(sources, dtype=np.int64)
         self.rows = np.zeros(sources, dtype=np.int64)
-        # per batch not yet added up: ((documents, padding) per row, source per row, width)
-        self._pending: list[tuple[np.ndarray, np.ndarray | None, int]] = []
+        # per batch not yet added up: (documents, padding) per row, source per row (None: one
+        # source), and the rows' width
+        self._counts: list[np.ndarray] = []
+        self._ids: list[np.ndarray | None] = []
+        self._widths: list[int] = []
 
     def record(self, batch: Any, ids: np.ndarray | None, counts: Any) -> None:
         """Count a batch's rows from ``counts`` (``collate.PACKING_COUNTS``: each row's
         documents, then its padding label slots)."""
         shape = batch["position_ids"].shape
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
-        kept = None if ids is None else np.array(ids)
-        self._pending.append((_numpy(counts).copy(), kept, shape[1] if len(shape) == 2 else 0))
-        if len(self._pending) >= self._FOLD:
+        self._counts.append(_numpy(counts).copy())
+        self._ids.append(None if ids is None else np.array(ids))
+        self._widths.append(shape[1] if len(shape) == 2 else 0)
+        if len(self._counts) >= self._FOLD:
             self._fold()
 
     def _fold(self) -> None:
         """Add the pending batches' counts to the totals."""
-        if not self._pending:
+        if not self._counts:
             return
-        pending, self._pending = self._pending, []
-        counts = np.concatenate([p[0] for p in pending], axis=1).astype(np.int64, copy=False)
+        pending, pending_ids, widths = self._counts, self._ids, self._widths
+        self._counts, self._ids, self._widths = [], [], []
+        counts = np.concatenate(pending, axis=1).astype(np.int64, copy=False)
         per_row, padding = counts
-        n = self.documents.size
-        ids = np.concatenate(
-            [np.zeros(p[0].shape[1], dtype=np.int64) if p[1] is None else p[1] for p in pending]
-        ).astype(np.int64, copy=False)
-        width = np.concatenate([np.full(p[0].shape[1], p[2], dtype=np.int64) for p in pending])
+        sizes = [c.shape[1] for c in pending]
+        width = np.repeat(np.array(widths, dtype=np.int64), sizes)
         found = np.bincount(per_row)
         if found.size > self.rows_by_documents.size:
             grown = np.zeros(found.size, dtype=np.int64)
             grown[: self.rows_by_documents.size] = self.rows_by_documents
             self.rows_by_documents = grown
         self.rows_by_documents[: found.size] += found
+        if all(i is None for i in pending_ids):  # one source (no dataset_id): source 0
+            self.rows[0] += per_row.size
+            self.documents[0] += int(per_row.sum())
+            self.padding[0] += int(padding.sum())
+            self.slots[0] += int(width.sum())
+            return
+        n = self.documents.size
+        ids = np.concatenate(
+            [np.zeros(k, dtype=np.int64) if i is None else i for i, k in zip(pending_ids, sizes)]
+        ).astype(np.int64, copy=False)
         self.rows += np.bincount(ids, minlength=n)
         self.documents += np.bincount(ids, weights=per_row, minlength=n).astype(np.int64)
         self.padding += np.bincount(ids, weights=padding, minlength=n).astype(np.int64)

@@ -244,6 +244,7 @@ class TokenloadDataLoader:
                 )
                 now = time.perf_counter()
                 metrics.record(batch, now - asked, now - handed, self.consumed_samples, counts)
+                counts = None  # a view of the batch's ring slot: not held while the loop runs
                 handed = now
                 if every is not None and metrics.steps % every == 0:
                     self.log_metrics()

@@ -250,28 +250,35 @@ class _Worker:
 def _split_rows(raw: Batch, sizes: list[int]) -> list[Batch]:
     """``read_batch`` output of several micro-batches, cut back into one per micro-batch (arrays
     with a row per sample are sliced, packed rows' pieces with their rows, other values
-    shared)."""
+    shared). Which keys are which is found once per read, not once per micro-batch."""
     total = sum(sizes)
+    rowwise, shared = [], {}
+    for k, v in raw.items():
+        if k in PIECE_KEYS or k == PIECE_FIRST:
+            continue
+        if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total:
+            rowwise.append(k)
+        else:
+            shared[k] = v
     first = raw.get(PIECE_FIRST)
+    pieces = [k for k in PIECE_KEYS if k in raw] if first is not None else []
+    ends = list(itertools.accumulate(sizes, initial=0))
+    if first is not None:  # each micro-batch's first piece, and where the last one ends
+        firsts = first.tolist()
+        firsts.append(int(raw[PIECE_LENGTH].size))
+        lows = [firsts[e] for e in ends]
     parts = []
-    begin = 0
-    for size in sizes:
-        end = begin + size
-        part = {
-            k: v[begin:end] if isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == total else v
-            for k, v in raw.items()
-            if k not in PIECE_KEYS
-        }
+    for i in range(len(sizes)):
+        begin, end = ends[i], ends[i + 1]
+        part = dict(shared)
+        for k in rowwise:
+            part[k] = raw[k][begin:end]
         if first is not None:
-            pieces = int(raw[PIECE_LENGTH].size)
-            low = int(first[begin]) if begin < total else pieces
-            high = int(first[end]) if end < total else pieces
+            low, high = lows[i], lows[i + 1]
             part[PIECE_FIRST] = first[begin:end] - low
-            for key in PIECE_KEYS:
-                if key in raw:
-                    part[key] = raw[key][low:high]
+            for k in pieces:
+                part[k] = raw[k][low:high]
         parts.append(part)
-        begin = end
     return parts
 
 

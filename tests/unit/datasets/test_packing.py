@@ -790,3 +790,75 @@ def test_the_packing_counts_kept_for_metrics_do_not_hold_the_workers_ring_slots(
         assert packing is not None and packing["rows"] == 40 * 4
     finally:
         loader.close()
+
+
+def test_a_dropped_packed_batch_gives_its_ring_slot_back_at_the_next_step(tmp_path) -> None:
+    """The loader takes each packed batch's counts out of it (a view of the worker's ring slot)
+    and does not hold them past the step: once the training loop drops a batch, the next
+    ``next()`` frees its slot, as for concatenated batches (held one step longer, every slot
+    was lent twice as long, and a worker's free slots bound how many micro-batches it reads at
+    once)."""
+    prefix, _ = corpus(tmp_path, 1, 900, seed=41)
+    train, _, _ = build_datasets(config(blend=[prefix]), [400, 0, 0])
+    assert train is not None
+    loader = build_dataloader(train, micro_batch_size=4, num_workers=2)
+    try:
+        it = iter(loader)
+        batch = next(it)
+        del batch
+        pool = loader._pool
+        assert pool is not None
+        lent_after: list[int] = []
+        reclaim = pool._reclaim
+
+        def counted() -> None:
+            reclaim()
+            lent_after.append(sum(len(w.now.lent) for w in pool._workers))
+
+        pool._reclaim = counted  # type: ignore[method-assign]
+        for _ in range(40):
+            batch = next(it)
+            del batch
+        assert len(lent_after) >= 20
+        assert max(lent_after) <= 1, lent_after  # a batch made but not yet taken, at most
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("short_rows", [[], [0], [5], [7], [0, 1], [2, 3, 6], list(range(8))])
+def test_a_read_lays_full_and_short_rows_in_their_windows(short_rows) -> None:
+    """``packed_rows.read_rows`` lays each row's pieces from its slot 0 and zeroes the slots
+    past its tokens, short rows anywhere among full ones (first, last, side by side, all)."""
+    from tokenload.datasets.items import ItemConfig
+    from tokenload.datasets.packed_rows import read_rows
+
+    class Tokens:  # sequence i holds 1000 * i + position
+        def read_pieces(self, sequences, offsets, lengths, dtype=None):
+            return np.concatenate(
+                [1000 * s + np.arange(o, o + n) for s, o, n in zip(sequences, offsets, lengths)]
+            ).astype(np.int32)
+
+    rng = np.random.default_rng(len(short_rows))
+    item = ItemConfig(sequence_length=S, add_extra_token=True, eod_id=0, pad_id=-1)
+    width = item.window
+    first: list[int] = []
+    sequence: list[int] = []
+    start: list[int] = []
+    length: list[int] = []
+    want = np.zeros((8, width), np.int32)
+    for row in range(8):
+        held = int(rng.integers(1, width)) if row in short_rows else width
+        first.append(len(length))
+        cuts = np.sort(rng.choice(np.arange(1, held), size=min(2, held - 1), replace=False))
+        at = 0
+        for n in np.diff(np.concatenate([[0], cuts, [held]])).tolist():
+            s, o = int(rng.integers(1, 50)), int(rng.integers(0, 100))
+            sequence.append(s)
+            start.append(o)
+            length.append(n)
+            want[row, at : at + n] = 1000 * s + np.arange(o, o + n)
+            at += n
+    arrays = [np.array(v, dtype=np.int64) for v in (first, sequence, start, length)]
+    got = read_rows(Tokens(), item, *arrays)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(got.windows, want)
+    assert got.row_tokens.tolist() == [int((want[r] != 0).sum()) for r in range(8)]

@@ -346,3 +346,41 @@ def test_metrics_of_per_sample_datasets_count_rows(tmp_path):
     (source,) = loader.metrics()["sources"]
     assert (source["samples"], source["tokens"], source["bytes_read"]) == (12, 96, 96 * 4)
     assert source["name"] == "Items" and source["samples_per_epoch"] == 40
+
+
+@pytest.mark.parametrize("sources", [1, 3])
+def test_packing_counts_add_up_every_batch_whenever_they_are_folded(sources) -> None:
+    """``PackingCounts`` keeps each batch's counts and adds them up in one pass now and then:
+    its totals (per source, and rows by documents per row) are those of every batch counted
+    one by one, for one source (no ``dataset_id``) and a blend, rows of two widths, batches of
+    any size, read before, at and past the batches it keeps."""
+    from tokenload.loader.accounting import PackingCounts
+
+    rng = np.random.default_rng(sources)
+    counted = PackingCounts(sources)
+    want = {k: np.zeros(sources, dtype=np.int64) for k in ("rows", "documents", "padding", "slots")}
+    by_documents = np.zeros(64, dtype=np.int64)
+    for b in range(2 * PackingCounts._FOLD + 7):
+        rows = int(rng.integers(0, 9))
+        width = int(rng.choice([16, 32]))
+        documents = rng.integers(1, 12, rows)
+        padding = rng.integers(0, width, rows)
+        ids = None if sources == 1 else rng.integers(0, sources, rows)
+        batch = {"position_ids": torch.zeros((rows, width), dtype=torch.int64)}
+        counts = torch.from_numpy(np.stack([documents, padding]).astype(np.int64))
+        counted.record(batch, ids, counts)
+        who = np.zeros(rows, dtype=np.int64) if ids is None else ids
+        np.add.at(want["rows"], who, 1)
+        np.add.at(want["documents"], who, documents)
+        np.add.at(want["padding"], who, padding)
+        np.add.at(want["slots"], who, width)
+        np.add.at(by_documents, documents, 1)
+        counts.fill_(-1)  # the slot's memory is reused: the counts were copied
+        if b in (3, PackingCounts._FOLD - 1, PackingCounts._FOLD + 5):
+            state = counted.state_dict()  # adds up the batches kept so far
+            assert state["rows"] == want["rows"].tolist()
+    state = counted.state_dict()
+    for key, values in want.items():
+        assert state[key] == values.tolist(), key
+    found = np.array(state["rows_by_documents"])
+    assert np.array_equal(found, by_documents[: found.size]) and not by_documents[found.size :].any()
