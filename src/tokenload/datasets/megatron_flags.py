@@ -72,6 +72,30 @@ given, no cache name): those of its example training scripts (``examples/gpt3``,
 ``mixtral``), their close relatives and megatron-core 0.19.2's tokenizer options. Any other flag
 that is not a data flag is refused."""
 
+_NON_DATA_SWITCHES = frozenset(
+    """
+--apply-layernorm-1p --apply-query-key-layer-scaling --attention-softmax-in-fp32 --bf16
+--calculate-per-token-loss --cross-entropy-loss-fusion --disable-bias-linear
+--disable-pad-vocab-size --disable-tokenizer-sentencepiece-ignore-extra-whitespaces
+--disable-use-tokenizer-model-from-checkpoint-args --finetune --fp16 --fp8-param-gather
+--grad-reduce-in-bf16 --group-query-attention --log-throughput --log-timers-to-tensorboard
+--log-validation-ppl-to-tensorboard --manual-gc --moe-grouped-gemm
+--no-gradient-accumulation-fusion --no-load-optim --no-load-rng --no-masked-softmax-fusion
+--no-pad-vocab-size --no-position-embedding --no-save-optim --no-save-rng
+--no-tokenizer-sentencepiece-ignore-extra-whitespaces
+--no-use-tokenizer-model-from-checkpoint-args --overlap-grad-reduce --overlap-param-gather
+--profile --sequence-parallel --swiglu --tokenizer-hf-no-include-special-tokens
+--tokenizer-hf-no-use-fast --tokenizer-sentencepiece-legacy --trust-remote-code
+--untie-embeddings-and-output-weights --use-distributed-optimizer --use-flash-attn
+--use-mcore-models --use-rotary-position-embeddings
+""".split()  # noqa: SIM905 (a word list reads as text)
+)
+"""The non-data flags that take no value in megatron-core 0.19.2's parser (``store_true``)."""
+_NON_DATA_LISTS = frozenset(
+    ("--moe-aux-loss-coeff", "--moe-router-load-balancing-type", "--tokenizer-special-tokens")
+)
+"""The non-data flags that take one value or more (``nargs="+"``); the others take one."""
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse whose errors are ConfigErrors, not a usage message and ``SystemExit``."""
@@ -100,20 +124,57 @@ def _megatron_parser() -> argparse.ArgumentParser:
 
 def unknown_flags(leftovers: Sequence[str]) -> list[str]:
     """The flags of ``leftovers`` (what a parser did not take, values after their flags) that are
-    not Megatron's known non-data flags; ``ConfigError`` for a value before any flag."""
+    not Megatron's known non-data flags; ``ConfigError`` for a value that no flag takes: before
+    any flag, after a known flag's own values (a switch takes none, ``--lr`` one), or given to
+    a switch with ``=``, as megatron-core's parser refuses them. After an unknown flag any values
+    may follow (its arity is not known here; the flag itself is reported)."""
     unknown: list[str] = []
     current: str | None = None
-    for token in leftovers:
+    room: int | None = 0  # values the current flag still takes; None: any number
+    wants = False  # the current flag has not had the value it needs yet
+    for token in [*leftovers, None]:
+        if wants and (token is None or token.startswith("--")):
+            raise ConfigError(
+                f"Megatron flags: {current} expects a value, and none follows it (Megatron's"
+                " parser refuses it too)",
+                hint=f"give {current} its value",
+            )
+        if token is None:
+            break
         if token.startswith("--"):
-            current = token.split("=", 1)[0]
+            current, given = token.split("=", 1)[0], "=" in token
             if current not in MEGATRON_NON_DATA_FLAGS:
                 unknown.append(current)
-        elif current is None:
+                room = None
+            elif current in _NON_DATA_SWITCHES:
+                if given:
+                    raise ConfigError(
+                        f"Megatron flags: {token!r}: {current} takes no value (Megatron's parser"
+                        " refuses it too)",
+                        hint=f"write {current} alone",
+                    )
+                room = 0
+            else:
+                room = 0 if given else None if current in _NON_DATA_LISTS else 1  # --f=v: v only
+                wants = not given
+        elif room is not None and room <= 0:
+            if current is None:
+                raise ConfigError(
+                    f"stray argument {token!r}, not a flag's value; expected --flags only",
+                    hint="quote a value that holds spaces, e.g. --step-batch-size-schedule"
+                    ' "0:16 2.4B:320", so that it reaches the command as one argument',
+                )
             raise ConfigError(
-                f"stray argument {token!r}, not a flag's value; expected --flags only",
-                hint="quote a value that holds spaces, e.g. --step-batch-size-schedule"
-                ' "0:16 2.4B:320", so that it reaches the command as one argument',
+                f"Megatron flags: unrecognized argument {token!r} after {current}, which takes"
+                f" {'no value' if current in _NON_DATA_SWITCHES else 'one value'} (Megatron's"
+                " parser refuses it too)",
+                hint=f"remove {token!r}, or quote a value that holds spaces so that it reaches"
+                " the job as one argument",
             )
+        else:
+            wants = False
+            if room is not None:
+                room -= 1
     return unknown
 
 

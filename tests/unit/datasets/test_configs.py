@@ -135,6 +135,38 @@ def test_a_value_after_a_known_flags_values_is_refused_as_megatron_refuses_it(ar
         megatron_config_from_args([*base, "--seq-length", "8", *argv], world_size=1)
 
 
+NON_DATA_CASES = json.loads((FIXTURES / "megatron" / "non_data_flags.json").read_text())["cases"]
+
+
+def test_non_data_flags_take_the_values_megatron_core_s_parser_takes():
+    """A job's non-data flags (model, optimizer, logging, tokenizer options) pass through, each
+    with as many values as megatron-core 0.19.2's parser gives it: a switch (``--bf16``) none,
+    ``--lr`` one, ``--moe-aux-loss-coeff`` one or more, ``--flag=value`` that value only.
+    What its parser refuses (a value after a switch, ``--bf16=1``, a second value, a missing
+    one) is a ConfigError: 856 command lines, megatron-core's verdicts recorded in
+    tests/fixtures/megatron/non_data_flags.json."""
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--seq-length", "8"]
+    assert len(NON_DATA_CASES) == 856
+    assert {c["accepted"] for c in NON_DATA_CASES} == {True, False}
+    for case in NON_DATA_CASES:
+        argv = [*base, *case["argv"]]
+        if case["accepted"]:
+            assert megatron_config_from_args(argv, world_size=1).sizes[0] == 12, argv
+        else:
+            with pytest.raises(ConfigError, match=r"Megatron flags: .*Megatron's parser"):
+                megatron_config_from_args(argv, world_size=1)
+
+
+def test_a_value_after_a_switch_is_refused_naming_both():
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--seq-length", "8"]
+    with pytest.raises(ConfigError, match="unrecognized argument 'x' after --bf16, which takes"
+                                          " no value") as caught:
+        megatron_config_from_args([*base, "--bf16", "x"], world_size=1)
+    assert "remove 'x'" in caught.value.hint
+
+
 def test_gpt3_175b_script_before_the_schedule_imports_with_its_ramp_ignored(tmp_path, caplog):
     """Its --rampup-batch-size 16 16 5859375 with --train-iters: megatron-core 0.19.2 warns that
     the flag is deprecated and trains constant batches of 1536 (counts from its own code)."""
