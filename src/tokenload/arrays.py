@@ -11,7 +11,7 @@ from typing import overload
 
 import numpy as np
 
-__all__ = ["distinct", "sample_indices"]
+__all__ = ["distinct", "from_end", "sample_indices"]
 
 
 @overload
@@ -50,3 +50,18 @@ def sample_indices(indices: object) -> np.ndarray:
         shown = idx.ravel()[:3]
         raise IndexError(f"sample indices must be integers, got {idx.dtype} ({shown})")
     return idx.astype(np.int64, copy=False).ravel()
+
+
+def from_end(idx: np.ndarray, n: int) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """Sample indices of a dataset of ``n`` samples with negative ones counted from the end
+    (NumPy's and megatron-core's rule: -1 is the last), and their (lowest, highest), None when
+    there is none; ``IndexError`` when one lies outside ``[-n, n)``."""
+    if not idx.size:
+        return idx, None
+    low, high = int(np.minimum.reduce(idx)), int(np.maximum.reduce(idx))
+    if low < -n or high >= n:
+        raise IndexError(f"sample indices must lie in [-{n}, {n})")
+    if low < 0:
+        idx = np.where(idx < 0, idx + n, idx)
+        low, high = int(np.minimum.reduce(idx)), int(np.maximum.reduce(idx))
+    return idx, (low, high)

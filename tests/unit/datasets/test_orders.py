@@ -84,6 +84,26 @@ def test_sample_indices_are_integers(prefix, order, packing, blended):
                                   train.__getitems__([2])["tokens"])
 
 
+@pytest.mark.parametrize(("packing", "blended"), [
+    (packing, blended) for packing in ("concat", "best-fit") for blended in (False, True)])
+def test_the_computed_order_counts_negative_indices_from_the_end(prefix, tmp_path, packing, blended):
+    """As on the Megatron order (NumPy's rule): -1 is the last sample, -n the first, on one source
+    and a blend, concatenated and packed (it was an IndexError on the computed order alone)."""
+    other = write_documents(tmp_path / "other", [np.arange(1, 90)] * 40)
+    blend = ["1", prefix, "2", other] if blended else [prefix]
+    config = MegatronDataConfig(sequence_length=32, order="computed", packing=packing, blend=blend,
+                                split="100,0,0")
+    train = build_datasets(config, [50, 0, 0])[0]
+    assert train is not None
+    n = len(train)
+    want = train.__getitems__([n - 1, 0, n - 2])
+    for key, value in train.__getitems__([-1, -n, n - 2]).items():
+        np.testing.assert_array_equal(value, want[key], err_msg=key)
+    for bad in ([n], [-n - 1], [0, n]):
+        with pytest.raises(IndexError, match=f"sample indices must lie in \\[-{n}, {n}\\)"):
+            train.__getitems__(bad)
+
+
 @pytest.mark.parametrize("mixture", ["refuse", "continue"])
 def test_a_megatron_order_blend_counts_negative_indices_from_the_end(prefix, tmp_path, mixture):
     """megatron-core's BlendedDataset indexes its arrays with NumPy: -1 is the last sample, as

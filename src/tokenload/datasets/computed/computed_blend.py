@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...arrays import distinct, sample_indices
+from ...arrays import distinct, from_end, sample_indices
 from ...contract import Allocator, MixtureCursors, RowPieces
 from ...errors import ForeignStateError, StateError
 from ...index.blends import distinct_sources
@@ -125,10 +125,7 @@ class ComputedBlendedDataset(_Items, BlendContract):
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        idx = sample_indices(indices)
-        bounds = (int(_MIN(idx)), int(_MAX(idx))) if idx.size else None
-        if bounds is not None and bounds[1] >= len(self):
-            raise IndexError(f"sample indices must lie in [0, {len(self)})")
+        idx, bounds = from_end(sample_indices(indices), len(self))
         draws = self.mixture.draw(idx, bounds)
         if self.packed:
             return self._read_packed(draws)

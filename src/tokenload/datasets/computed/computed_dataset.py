@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ...arrays import sample_indices
+from ...arrays import from_end, sample_indices
 from ...contract import Allocator, RowPieces
 from ...errors import ConfigError
 from ...format import TokenFile, read_sequences
@@ -139,13 +139,10 @@ class ComputedGPTDataset(OnExtent, _Items, OneSourceContract):
 
     def windows_of(self, indices: npt.ArrayLike) -> np.ndarray:
         """int64 window number of each dataset index (the order, no read)."""
-        idx = sample_indices(indices)
-        if not idx.size:
+        idx, bounds = from_end(sample_indices(indices), len(self))
+        if bounds is None:
             return idx
-        low, high = int(_MIN(idx)), int(_MAX(idx))
-        if low < 0 or high >= len(self):
-            raise IndexError(f"sample indices must lie in [0, {len(self)})")
-        return self.order.global_windows(idx, (low, high))
+        return self.order.global_windows(idx, bounds)
 
     def read_windows(self, windows: np.ndarray) -> np.ndarray:
         """``(B, S + extra)`` tokens of windows, in the file's dtype: one span each."""

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ...arrays import sample_indices
+from ...arrays import from_end, sample_indices
 from ...contract import Allocator
 from ...index.packing import pack_block
 from ...index.permutation import KeyedPermutation
@@ -462,9 +462,7 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
         return read_rows(self.source, self.item, p.first, p.sequence, p.start, p.length, p.layout)
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        idx = sample_indices(indices)
-        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= len(self)):
-            raise IndexError(f"sample indices must lie in [0, {len(self)})")
+        idx, _ = from_end(sample_indices(indices), len(self))
         return self.read_rows(idx).batch()
 
     def finish_batch(
