@@ -33,7 +33,8 @@ Parts:
   of a 5M-document epoch, and the Megatron order's packed index build against today's
   concatenated build (``--build-docs``; benchmarks/index_scale.py's data and measure).
 * ``read``: once packing is accepted, the loader's first-pass samples/s (a fresh process, fresh
-  random samples) with packing against concatenation on the same web file, computed order, 0 and
+  random samples) with packing against concatenation on the same web file, computed order
+  (``--read-orders``: and the Megatron order, its index caches built before the pass), 0 and
   2 workers, in two regimes (``--read-cache``): ``cold``, the file out of the page cache as each
   side starts (``drop_caches`` as root, else ``posix_fadvise`` DONTNEED: the first epoch users
   read), and ``warm``, the file in the page cache (benchmarks/loader.py's first pass).
@@ -603,10 +604,15 @@ def part_read(args, mixes: dict) -> list[dict]:
     """The loader's first pass, packed against concatenated, on the same web file (module
     docstring): fresh processes, sides alternating per round, the file in the page cache
     (``warm``) or out of it (``cold``: evicted by each side's process before it starts)."""
-    return [got for cache in args.read_cache for got in _read_regime(args, mixes["web"], cache)]
+    return [
+        got
+        for order in args.read_orders
+        for cache in args.read_cache
+        for got in _read_regime(args, mixes["web"], cache, order)
+    ]
 
 
-def _read_regime(args, prefix: str, cache: str) -> list[dict]:
+def _read_regime(args, prefix: str, cache: str, order: str = "computed") -> list[dict]:
     from common import PROBE, cold_method
 
     from tokenload.format import warmup_file
@@ -632,6 +638,8 @@ def _read_regime(args, prefix: str, cache: str) -> list[dict]:
                 warmup_file(prefix + ".bin")
             payload = {
                 "cold": cache == "cold",
+                "order": order,
+                "index_cache": str(Path(args.data_dir) / "read-index-cache"),
                 "prefix": prefix,
                 "seq": seq,
                 "packing": packing,
@@ -669,14 +677,16 @@ def _read_regime(args, prefix: str, cache: str) -> list[dict]:
                     f"{statistics.median(g['load'] for g in got):.1f}",
                 ]
             )
-        out.append({"cache": cache, "workers": workers, "concat": concat, "best-fit": packed})
+        out.append(
+            {"order": order, "cache": cache, "workers": workers, "concat": concat, "best-fit": packed}
+        )
     regime = (
         "file in the page cache"
         if cache == "warm"
         else f"file out of the page cache ({evict}) as each side starts"
     )
     print(
-        f"\n## loader first pass, computed order, S = {seq}, micro-batch {MICRO_BATCH}, "
+        f"\n## loader first pass, {order} order, S = {seq}, micro-batch {MICRO_BATCH}, "
         f"{args.read_samples:,} samples per pass, {regime} (load {load_label()}; medians of "
         f"{args.rounds})\n"
     )
@@ -763,6 +773,14 @@ def main() -> None:
     )
     ap.add_argument("--sides", nargs="+", help="peers part: only these sides (by table name)")
     ap.add_argument("--read-workers", type=int, nargs="+", default=[0, 2])
+    ap.add_argument(
+        "--read-orders",
+        nargs="+",
+        default=["computed"],
+        choices=["computed", "megatron"],
+        help="the orders the read part measures (the Megatron order's index caches are built,"
+        " untimed, in --data-dir/read-index-cache before each pass)",
+    )
     ap.add_argument(
         "--read-cache",
         nargs="+",

@@ -258,9 +258,11 @@ from tokenload.loader import build_dataloader
 exec(a["probe"])
 if a.get("cold"):  # the token file out of the page cache (this process has mapped nothing yet)
     drop_caches([a["prefix"] + ".bin", a["prefix"] + ".idx"])
+order = a.get("order", "computed")
+caches = {"path_to_cache": a["index_cache"]} if order == "megatron" else {}
 cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
-                         split="100,0,0", order="computed", packing=a["packing"],
-                         eod_id=a["eod"], pad_id=a["eod"])
+                         split="100,0,0", order=order, packing=a["packing"],
+                         eod_id=a["eod"], pad_id=a["eod"], **caches)
 ds = build_datasets(cfg, [a["request"], 0, 0])[0]
 mb = a["micro_batch"]
 loader = build_dataloader(ds, micro_batch_size=mb, num_workers=a["workers"], dp_rank=0,
