@@ -677,9 +677,8 @@ def _read_regime(args, prefix: str, cache: str, order: str = "computed") -> list
                     f"{statistics.median(g['load'] for g in got):.1f}",
                 ]
             )
-        out.append(
-            {"order": order, "cache": cache, "workers": workers, "concat": concat, "best-fit": packed}
-        )
+        sides_of = {"concat": concat, "best-fit": packed}
+        out.append({"order": order, "cache": cache, "workers": workers, **sides_of})
     regime = (
         "file in the page cache"
         if cache == "warm"
