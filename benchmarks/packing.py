@@ -18,7 +18,8 @@ Parts:
   blocks of ``--blocks`` documents; 0: the whole file as one block). Goal: padding <= 1%, 0 short
   documents cut.
 * ``peers``: each side in a fresh process on the same token file (benchmarks/packing_sides.py):
-  tokenload, OLMo-core 3.0's ``NumpyPackedFSLDataset`` (``fragment`` and ``truncate``) and Grain
+  tokenload (rows of S + 1 slots, Megatron's ``add_extra_token``; and ``tokenload S slots``,
+  ``add_extra_token=False``: rows of S slots, the peers' width), OLMo-core 3.0's ``NumpyPackedFSLDataset`` (``fragment`` and ``truncate``) and Grain
   0.2.18's ``BestFitPackIterDataset`` (``--grain-bins`` open rows), run with the peers' venv
   (``PEERS_PYTHON``, default ``/tmp/peers-venv/bin/python``: ``python3 -m venv /tmp/peers-venv &&
   /tmp/peers-venv/bin/pip install torch==2.13.0 ai2-olmo-core==3.0.0 grain==0.2.18``; never a
@@ -221,17 +222,16 @@ def part_peers(args, mixes: dict, work: Path) -> list[dict]:
         offsets = work / f"{name}.offsets.npy"
         np.save(offsets, np.r_[0, np.cumsum(lengths)])
         for seq in args.seqs:
+            ours = {
+                "prefix": prefix,
+                "block": args.peer_block,
+                "dataset": dataset,
+                "samples": max(int(lengths.sum()) // (seq + 1) // 2, MICRO_BATCH),
+            }
             sides: dict[str, tuple[str, str, dict]] = {
-                "tokenload": (
-                    sys.executable,
-                    OURS,
-                    {
-                        "prefix": prefix,
-                        "block": args.peer_block,
-                        "dataset": dataset,
-                        "samples": max(int(lengths.sum()) // (seq + 1) // 2, MICRO_BATCH),
-                    },
-                ),
+                "tokenload": (sys.executable, OURS, ours),
+                # rows of S slots (add_extra_token=False): the row width of OLMo-core and Grain
+                "tokenload S slots": (sys.executable, OURS, {**ours, "extra": 0}),
             }
             if have_peers:
                 for strategy in ("fragment", "truncate"):

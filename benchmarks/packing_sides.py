@@ -62,9 +62,10 @@ from tokenload.format import TokenFile
 if a.get("dataset"):
     from tokenload.datasets import MegatronDataConfig, build_datasets
     out, t = begin()
+    extra = a.get("extra", 1)  # 0: rows of S slots (add_extra_token=False), as OLMo-core's
     cfg = MegatronDataConfig(sequence_length=a["seq"], random_seed=1234, blend=[a["prefix"]],
                              split="100,0,0", order="computed", packing="best-fit",
-                             eod_id=a["eod"], pad_id=a["eod"])
+                             eod_id=a["eod"], pad_id=a["eod"], add_extra_token=bool(extra))
     ds = build_datasets(cfg, [a["samples"], 0, 0])[0]
     batch = ds.__getitems__(np.arange(a["micro_batch"]))
     out["pack_s"] = time.time() - t
@@ -76,7 +77,7 @@ if a.get("dataset"):
     p = full.plan_pieces(np.arange(n))
     # the plan names sequences; a document of the file may hold none (an empty text)
     docs = np.asarray(TokenFile(a["prefix"]).document_indices, dtype=np.int64)
-    np.savez(a["rows"], slots=a["seq"] + 1, offsets=np.r_[p.first, p.sequence.size],
+    np.savez(a["rows"], slots=a["seq"] + extra, offsets=np.r_[p.first, p.sequence.size],
              doc=np.searchsorted(docs, p.sequence, side="right") - 1, start=p.start,
              length=p.length)
     out["rows_total"] = n
@@ -89,9 +90,10 @@ else:
     docs = np.asarray(tf.document_indices, dtype=np.int64)
     starts, lengths = ends[docs[:-1]], ends[docs[1:]] - ends[docs[:-1]]
     block = a["block"] or lengths.size
-    window = a["seq"] + 1
+    extra = a.get("extra", 1)
+    window = a["seq"] + extra
     plans = []
-    first_block = pack_block(lengths[:block], window, extra=1)
+    first_block = pack_block(lengths[:block], window, extra=extra)
     plans.append((0, first_block))
     out["pack_first_block_s"] = time.time() - t
     mm = np.memmap(tf.bin_path, dtype=tf.dtype, mode="r")
@@ -108,7 +110,7 @@ else:
     out["first_s"] = elapsed()
     out["rss_first_mb"] = rss_mb()
     for b in range(block, lengths.size, block):
-        plans.append((b, pack_block(lengths[b : b + block], window, extra=1)))
+        plans.append((b, pack_block(lengths[b : b + block], window, extra=extra)))
     out["pack_s"] = time.time() - t
     offsets, doc, start, length, base = [np.zeros(1, np.int64)], [], [], [], 0
     for b, p in plans:

@@ -19,7 +19,7 @@ import numpy.typing as npt
 import xxhash
 
 from ..byte_source import gather_index
-from ..errors import ConfigError
+from ..errors import CacheError, ConfigError
 from ..format import TokenFile, read_sidecar
 from ..format.sequences import SequencesFile
 from ..storage import file_size, local_path
@@ -115,6 +115,38 @@ def file_facts(source: TokenFile) -> dict[str, Any]:
     if sidecar is not None:
         facts["xxh3_64"] = {k: v.get("xxh3_64") for k, v in sidecar.hashes.items()}
     return facts
+
+
+class FactsGuard:
+    """Checks, on a dataset's first use in each process, that its token file still holds the
+    content facts (``file_facts``) its index cache was built from: a ``CacheError`` naming what
+    changed otherwise. None (facts checked when the dataset was built) checks nothing."""
+
+    __slots__ = ("_pid", "facts", "source")
+
+    def __init__(self, source: Any, facts: dict[str, Any] | None) -> None:
+        self.source, self.facts = source, facts
+        self._pid = None if facts is not None else -1
+
+    def check(self) -> None:
+        pid = self._pid
+        if pid is not None and (pid < 0 or pid == os.getpid()):
+            return
+        stale = stale_facts(self.source, self.facts or {})
+        if stale:
+            raise CacheError(
+                f"the token file changed since its index cache was built ({'; '.join(stale)})",
+                path=self.source.idx_path,
+                hint="the cache is stale: rebuild it with `tokenload prepare-cache` and the"
+                " job's arguments, or load with build_policy='auto' (rebuilds it)",
+            )
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> tuple[Any, Any, Any]:
+        return self.source, self.facts, self._pid
+
+    def __setstate__(self, state: tuple[Any, Any, Any]) -> None:
+        self.source, self.facts, self._pid = state
 
 
 def stale_facts(source: TokenFile, recorded: dict[str, Any]) -> list[str]:

@@ -209,17 +209,21 @@ def test_none_loads_from_one_open_with_lengths_before_any_mapping(data, tmp_path
     assert train.fingerprint == built[0].fingerprint
 
 
-def test_none_notices_a_rewritten_token_file_where_it_opens(data, tmp_path):
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_none_notices_a_rewritten_token_file_where_it_opens(data, tmp_path, packing):
+    """Packed plans too (a red-team finding: a packed plan of the old file served the changed
+    one's documents with no error, never its new ones)."""
     folder = tmp_path / "data"
     folder.mkdir()
     for n in ("a", "b", "c"):
         for ext in (".bin", ".idx"):
             os.link(data / f"{n}{ext}", folder / f"{n}{ext}")
-    build_datasets(_config(folder, tmp_path / "c"), SIZES)
+    build_datasets(_config(folder, tmp_path / "c", packing=packing), SIZES)
     docs = [[5] * (k % 30 + 3) for k in range(120)]
     os.remove(folder / "b.bin"), os.remove(folder / "b.idx")
     write_documents(folder / "b", docs)
-    train = build_datasets(_config(folder, tmp_path / "c", build_policy="none"), SIZES)[0]
+    again = _config(folder, tmp_path / "c", build_policy="none", packing=packing)
+    train = build_datasets(again, SIZES)[0]
     with pytest.raises(CacheError, match="token file changed") as info:
         _tokens(train)
     assert info.value.path == str(folder / "b.idx") and "prepare-cache" in str(info.value)

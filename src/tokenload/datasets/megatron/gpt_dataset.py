@@ -39,7 +39,7 @@ from ...format import TokenFile
 from ..contract_parts import OneSourceContract
 from ..items import ItemConfig, document_bounds, finish_windows
 from ..pieces import input_pieces, no_pieces
-from ..sources import TokenSource, stale_facts
+from ..sources import FactsGuard, TokenSource
 
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce  # the ufuncs: less dispatch than .min()/.max()
@@ -136,7 +136,7 @@ class GPTDataset(OneSourceContract):
         where the file opens, on first use in each process; None when checked at build time."""
         self.startup_phases = startup_phases or {}
         """Seconds per phase of the ``build_datasets`` call that made it (loader metrics)."""
-        self._checked_pid: int | None = None if file_facts is not None else -1
+        self._facts = FactsGuard(source, file_facts)
         self._width, self._extra = item.window, item.extra  # read per batch
 
     def __len__(self) -> int:
@@ -146,20 +146,7 @@ class GPTDataset(OneSourceContract):
 
     def _arrays(self) -> dict[str, np.ndarray]:
         """The index arrays, after the token file's recorded facts are checked in this process."""
-        if self._checked_pid is not None and self._checked_pid < 0:
-            return self.indices.arrays()
-        pid = os.getpid()
-        if self._checked_pid != pid:
-            assert isinstance(self.source, TokenFile)  # the mock source records no facts
-            stale = stale_facts(self.source, self.file_facts or {})
-            if stale:
-                raise CacheError(
-                    f"the token file changed since its index cache was built ({'; '.join(stale)})",
-                    path=self.source.idx_path,
-                    hint="the cache is stale: rebuild it with `tokenload prepare-cache` and the"
-                    " job's arguments, or load with build_policy='auto' (rebuilds it)",
-                )
-            self._checked_pid = pid
+        self._facts.check()
         return self.indices.arrays()
 
     @property

@@ -58,6 +58,7 @@ from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
 from ..items import ItemConfig, finish_windows
 from ..packed_rows import read_rows
+from ..sources import FactsGuard
 from .built import built_member, default_folder, placeless
 from .gpt_dataset import IndexArrays
 
@@ -265,6 +266,7 @@ class PackedGPTDataset(OneSourceContract):
         identity: str,
         length: int,
         samples_per_epoch: int,
+        file_facts: dict[str, Any] | None = None,
     ) -> None:
         self.source = source
         self.indices = indices
@@ -273,6 +275,13 @@ class PackedGPTDataset(OneSourceContract):
         self._length = int(length)
         self.samples_per_epoch = int(samples_per_epoch)
         self.startup_phases: dict[str, float] = {}
+        self._facts = FactsGuard(source, file_facts)  # a manifest load's: checked on first use
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The plan's arrays, after the token file's recorded facts are checked in this
+        process (a plan made from other documents serves none of them right)."""
+        self._facts.check()
+        return self.indices.arrays()
 
     def __len__(self) -> int:
         return self._length
@@ -295,7 +304,7 @@ class PackedGPTDataset(OneSourceContract):
         It runs per batch on a few dozen pieces, so it makes as few NumPy calls as the checks
         allow (each costs about a microsecond here, whatever its size)."""
         idx = sample_indices(indices)
-        arrays = self.indices.arrays()
+        arrays = self._arrays()
         shuffle, offsets, table = (
             arrays["shuffle_index"],
             arrays["row_index"],
@@ -390,7 +399,7 @@ class PackedGPTDataset(OneSourceContract):
         pieces ahead of it in its row decoded), then one pass over ``shuffle_index``."""
         if source != 0:
             return np.zeros(0, dtype=np.int64)
-        arrays = self.indices.arrays()
+        arrays = self._arrays()
         table, offsets, cuts = arrays["piece_index"], arrays["row_index"], arrays["window_index"]
         windows = np.flatnonzero(np.asarray(cuts[:, 0]) == document)
         if windows.size:
@@ -525,4 +534,5 @@ def packed_from_entry(builder: Any, entry: Any, indices: IndexArrays) -> PackedG
         identity=entry["identity"],
         length=entry["length"],
         samples_per_epoch=entry["samples_per_epoch"],
+        file_facts=entry["token_file"] or None,
     )
