@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pickle
 import signal
 import time
 from pathlib import Path
@@ -212,3 +213,64 @@ def test_workers_share_blocks_serve_the_same_rows_and_leave_no_folder(tmp_path, 
     loader.close()
     assert not os.path.exists(folder)
     assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_two_files_alike_to_the_sampled_identity_never_share_a_plan(tmp_path) -> None:
+    """The computed order names a split by its sizes and the lengths at its two ends: two files
+    that differ only in the middle (two documents' places swapped) get the same identity, and a
+    blend of both once shared one plan between them across its workers (red-team finding: the
+    second file's rows served with the first one's lengths). Each member now shares under its
+    place in the blend."""
+    from support import write_documents
+    from unit.datasets.test_packing import named
+
+    rng = np.random.default_rng(3)
+    n = 2600  # more than the 2 x 1,024 lengths the identity samples
+    lengths = np.minimum(rng.lognormal(np.log(12), 1.0, n).astype(int) + 1, 200).tolist()
+    lengths[1300], lengths[1301] = 5, 60
+    swapped = list(lengths)
+    swapped[1300], swapped[1301] = lengths[1301], lengths[1300]
+    prefixes = [
+        write_documents(tmp_path / name, [named(s, d, k) for d, k in enumerate(lens)], dtype=np.int32)
+        for s, name, lens in ((1, "a", lengths), (2, "b", swapped))
+    ]
+    blend, _, _ = build_datasets(config(blend=["0.5", prefixes[0], "0.5", prefixes[1]]), [400, 0, 0])
+    assert blend is not None
+    a, b = blend.datasets
+    assert a.extent.identity == b.extent.identity  # the premise: the sampled identities agree
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    first, second = (pickle.loads(pickle.dumps(blend)) for _ in range(2))  # two workers
+    first.share_plans(str(folder))
+    second.share_plans(str(folder))
+    rows = np.arange(len(blend))
+    want = blend.read_batch(rows)
+    first.datasets[0].read_batch(np.arange(16))  # the first worker packs member 0's block
+    got = second.read_batch(rows)  # the second reads both members' blocks from the folder
+    for key in ("windows", "row_tokens", "piece_first", "piece_length", "dataset_id"):
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_a_source_read_for_many_epochs_keeps_few_plans_in_the_folder(tmp_path) -> None:
+    """Blocks two behind the one being read are removed, counted across epochs (a source of two
+    blocks per epoch kept two plans of every epoch it had read: red-team finding)."""
+    prefix, _ = corpus(tmp_path, 1, 900, seed=31)
+    train, _, _ = build_datasets(config(blend=[prefix]), [100, 0, 0])
+    assert isinstance(train, ComputedPackedDataset)
+    one = ComputedPackedDataset(
+        train.source, train.extent, train.item, seed=7, length=None, block_documents=500
+    )
+    assert one.rows.num_blocks == 2
+    epochs = 12
+    many = ComputedPackedDataset(
+        train.source, train.extent, train.item, seed=7, length=epochs * len(one), block_documents=500
+    )
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    many.share_plans(str(folder))
+    most = 0
+    for begin in range(0, len(many) - 16, 16):
+        many.read_batch(np.arange(begin, begin + 16))
+        most = max(most, len(list(folder.glob("*.plan"))))
+    assert many.rows.epoch_rows(epochs - 1) is not None  # every epoch was read
+    assert most <= 3, most

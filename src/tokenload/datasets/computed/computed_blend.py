@@ -150,11 +150,12 @@ class ComputedBlendedDataset(_Items, BlendContract):
 
     def share_plans(self, folder: str | None) -> None:
         """Packed members share their blocks with the other processes given ``folder``
-        (``shared_plans``)."""
-        for member in self.datasets:
+        (``shared_plans``), each under its place in the blend: two files that look alike to
+        the computed order's sampled identity never share a plan."""
+        for i, member in enumerate(self.datasets):
             share = getattr(member, "share_plans", None)
             if share is not None:
-                share(folder)
+                share(folder, tag=f"member {i}")
 
     @property
     def packed(self) -> bool:

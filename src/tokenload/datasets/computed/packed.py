@@ -137,10 +137,11 @@ class PackedRows:
         self._order: WindowOrder | None = None
         self._last: tuple[int, int, int, int] | None = None  # (first row, rows, epoch, block)
         self._shared: SharedPlans | None = None  # the loader's workers' (share)
+        self._tag = ""  # this source's name among those sharing the folder (share)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_ends", "_blocks", "_order", "_last", "_shared"):
+        for key in ("_ends", "_blocks", "_order", "_last", "_shared", "_tag"):
             state.pop(key)
         return state
 
@@ -171,16 +172,20 @@ class PackedRows:
         positions = np.arange(lo, hi, dtype=np.int64)
         return self._order.epoch_windows(positions, epoch) + self.extent.begin
 
-    def share(self, folder: str | None) -> None:
+    def share(self, folder: str | None, tag: str = "") -> None:
         """Read and publish packed blocks in ``folder``, shared with the other processes given
-        it (a loader's workers: ``shared_plans``); None: pack alone."""
+        it (a loader's workers: ``shared_plans``); None: pack alone. ``tag`` names this source
+        among the others that share the folder (a blend's member: its place in the blend)."""
         self._shared = None if folder is None else SharedPlans(folder)
+        self._tag = tag
 
     def _plan_key(self, epoch: int, block: int) -> str:
         """What names a block among every plan a loader's workers may share: the source (its
-        seed is keyed by the split's identity), the packing's parameters and the block."""
+        tag in the loader's dataset, and its seed, keyed by the split's identity: two files
+        whose sampled identities agree still differ by their tags), the packing's parameters
+        and the block."""
         return (
-            f"{self.seed}|{self.window}|{self.extra}|{self.block_documents}|"
+            f"{self._tag}|{self.seed}|{self.window}|{self.extra}|{self.block_documents}|"
             f"{self.max_documents}|{self.num_documents}|{epoch}|{block}"
         )
 
@@ -242,8 +247,9 @@ class PackedRows:
                 shared.release(lock)
         if loaded is not None:
             found = _Block.of(loaded, self.sequence_length)
-        if block >= 2:  # every worker has moved past it
-            shared.drop(self._plan_key(epoch, block - 2))
+        behind = epoch * self.num_blocks + block - 2  # blocks count on across epochs
+        if behind >= 0:  # every worker has moved past it
+            shared.drop(self._plan_key(*divmod(behind, self.num_blocks)))
         assert found is not None
         return found
 
@@ -451,10 +457,10 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
         base = f"computed|{self.identity}|{self.seed}|{self.item!r}"
         return packed_fingerprint(base, self.rows)
 
-    def share_plans(self, folder: str | None) -> None:
+    def share_plans(self, folder: str | None, tag: str = "") -> None:
         """Share packed blocks with the other processes given ``folder`` (``shared_plans``: a
-        loader's workers); None: pack alone."""
-        self.rows.share(folder)
+        loader's workers); None: pack alone. ``tag``: this source's name in a blend."""
+        self.rows.share(folder, tag)
 
     def read_rows(self, rows: np.ndarray) -> PackedRead:
         """The windows, token counts and boundaries of the source's rows (a blend's cursors)."""
