@@ -18,6 +18,7 @@ import pytest
 from tokenload.datasets import build_datasets
 from tokenload.datasets.computed import packed as packed_module
 from tokenload.datasets.computed import shared_plans
+from tokenload.datasets.computed.computed_blend import ComputedBlendedDataset
 from tokenload.datasets.computed.packed import ComputedPackedDataset
 from tokenload.datasets.computed.shared_plans import SharedPlans
 from tokenload.loader import build_dataloader
@@ -235,7 +236,7 @@ def test_two_files_alike_to_the_sampled_identity_never_share_a_plan(tmp_path) ->
         for s, name, lens in ((1, "a", lengths), (2, "b", swapped))
     ]
     blend, _, _ = build_datasets(config(blend=["0.5", prefixes[0], "0.5", prefixes[1]]), [400, 0, 0])
-    assert blend is not None
+    assert isinstance(blend, ComputedBlendedDataset)
     a, b = blend.datasets
     assert a.extent.identity == b.extent.identity  # the premise: the sampled identities agree
     folder = tmp_path / "plans"
