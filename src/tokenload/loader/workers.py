@@ -38,11 +38,8 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
-import os
 import pickle
 import select
-import shutil
-import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -76,6 +73,7 @@ from .messages import (
     Start,
     Stop,
 )
+from .plan_folders import PlanFolder, make_plan_folder, remove_plan_folder
 from .ring import ConsumerRing
 from .sampler import BatchSampler
 from .worker_main import WorkerStart, group_size, worker_main
@@ -158,8 +156,9 @@ class WorkerPool:
         self._backlog = False  # some worker's pipe has bytes waiting to be written
         self._generation = 0
         self._sampler: BatchSampler | None = None
-        self._plans = _plan_folder(dataset)
-        self._finalizer = weakref.finalize(self, _stop, self._workers, self._abandoned, self._plans)
+        folder = make_plan_folder(dataset)
+        self._plans = None if folder is None else folder.path
+        self._finalizer = weakref.finalize(self, _stop, self._workers, self._abandoned, folder)
         for w in range(num_workers):
             self._start(w)
 
@@ -452,21 +451,9 @@ def _raise_from_worker(w: int, k: int | None, exc: BaseException | None, text: s
     raise exc
 
 
-def _plan_folder(dataset: LoaderDataset) -> str | None:
-    """A new folder where the workers share the plans they make (packed rows of the computed
-    order: ``datasets.computed.shared_plans``), in shared memory where there is some; None when
-    the dataset makes none or no folder can be made (each worker then plans alone)."""
-    if getattr(dataset, "share_plans", None) is None or not dataset.describe_sources().packed:
-        return None
-    shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-    try:
-        return tempfile.mkdtemp(prefix="tokenload-plans-", dir=base)
-    except OSError:
-        return None
-
-
-def _stop(workers: list[Worker], abandoned: list[BaseProcess], plans: str | None = None) -> None:
+def _stop(
+    workers: list[Worker], abandoned: list[BaseProcess], plans: PlanFolder | None = None
+) -> None:
     """Ask every worker to stop; kill those still running after ``_STOP_S`` (a stopped or stuck
     worker cannot answer); close the pipes and remove the plans' folder. Bounded whatever the
     workers do."""
@@ -488,5 +475,4 @@ def _stop(workers: list[Worker], abandoned: list[BaseProcess], plans: str | None
     for now in current:
         now.commands.close()
         now.results.close()
-    if plans is not None:
-        shutil.rmtree(plans, ignore_errors=True)
+    remove_plan_folder(plans)

@@ -275,3 +275,67 @@ def test_a_source_read_for_many_epochs_keeps_few_plans_in_the_folder(tmp_path) -
         most = max(most, len(list(folder.glob("*.plan"))))
     assert many.rows.epoch_rows(epochs - 1) is not None  # every epoch was read
     assert most <= 3, most
+
+
+_KILLED = r"""
+import os, signal, sys
+from tokenload.datasets import MegatronDataConfig, build_datasets
+from tokenload.loader import build_dataloader
+config = MegatronDataConfig(sequence_length=32, order="computed", packing="best-fit",
+                            split="1,0,0", random_seed=7, blend=[sys.argv[1]])
+train = build_datasets(config, [200, 0, 0])[0]
+loader = build_dataloader(train, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=2)
+it = iter(loader)
+for _ in range(5):
+    next(it)
+print(loader._pool._plans, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no clean-up runs
+"""
+
+
+def test_the_folder_of_a_killed_training_process_goes_with_the_next_loader(tmp_path) -> None:
+    """A training process killed outright (SIGKILL: the OOM killer, a preempted node) leaves
+    its plans folder in shared memory (red-team finding: a few MB per packed source, kept until
+    the machine restarts). The next loader that makes a folder removes it once its process and
+    workers are gone, and leaves a live loader's alone."""
+    import subprocess
+    import sys
+
+    from tokenload.loader import plan_folders
+
+    prefix, _ = corpus(tmp_path, 1, 900, seed=31)
+    live_train, _, _ = build_datasets(config(blend=[prefix]), [96, 0, 0])
+    assert live_train is not None
+    live = build_dataloader(live_train, micro_batch_size=4, num_workers=2)
+    try:
+        next(iter(live))
+        assert live._pool is not None and live._pool._plans is not None
+        run = subprocess.run(
+            [sys.executable, "-c", _KILLED, prefix], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == -signal.SIGKILL, run.stderr
+        dead = run.stdout.split()[-1]
+        assert os.path.isdir(dead) and any(Path(dead).glob("*.plan"))
+        lock = os.open(os.path.join(dead, "owner.lock"), os.O_RDONLY)
+        deadline = time.monotonic() + 30  # its workers see their parent gone within ~1 s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the killed loader's workers did not end"
+                time.sleep(0.1)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        os.close(lock)
+        assert os.path.isdir(dead)
+        again, _, _ = build_datasets(config(blend=[prefix]), [96, 0, 0])
+        assert again is not None
+        other = build_dataloader(again, micro_batch_size=4, num_workers=2)  # makes its folder
+        next(iter(other))
+        assert not os.path.exists(dead)
+        assert other._pool is not None and other._pool._plans != live._pool._plans
+        assert os.path.isdir(live._pool._plans)  # held by a live loader: kept
+        assert plan_folders.sweep(os.path.dirname(dead)) == []
+        other.close()
+    finally:
+        live.close()
