@@ -291,8 +291,9 @@ def write_failure(exc: OSError, path: str | None) -> str:
     reason = str(exc.strerror or exc)
     if exc.errno == errno.ENOSPC:
         return f"{reason}: the filesystem is full"
-    try:
-        stats = os.statvfs(os.path.dirname(os.path.abspath(path)) if path else ".")
+    where = os.path.abspath(path) if path else "."
+    try:  # the folder written into, or the file's folder (a mount point is its own filesystem)
+        stats = os.statvfs(where if os.path.isdir(where) else os.path.dirname(where))
     except OSError:
         return reason
     free = stats.f_bavail * stats.f_frsize

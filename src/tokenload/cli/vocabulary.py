@@ -78,8 +78,13 @@ FLAGS: dict[str, str | tuple[str, Callable[[str], str]]] = {
 
 
 def to_flags(text: str) -> str:
-    """``text`` with every field it names (``FIELD``) written as its flag."""
-    return FIELD.sub(_flag, text)
+    """``text`` with every field it names (``FIELD``) written as its flag; a message that gave
+    both the field and its flag (`` `path_to_cache=`, `--data-cache-path` ``) names the flag
+    once."""
+    return _TWICE.sub(r"\1", FIELD.sub(_flag, text))
+
+
+_TWICE = re.compile(r"(--[\w-]+(?: [^\s,()`]+)?), `\1`")
 
 
 def error_in_flags(exc: TokenloadError) -> tuple[str, str | None]:

@@ -239,3 +239,23 @@ def test_a_failed_write_says_when_the_filesystem_is_full(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cache_io.os, "statvfs", lambda folder: Stats())
     assert "the filesystem is full (12,288 bytes free)" in cache_io.write_failure(short, path)
+
+
+def test_a_failed_write_into_a_folder_asks_that_folder_s_filesystem(tmp_path, monkeypatch):
+    """A cache folder that is a mount point (a full tmpfs) is its own filesystem: the room left
+    is the folder's, not its parent's (red-team finding: the message lacked "the filesystem is
+    full" when the cache folder was the mount point itself)."""
+    asked: list[str] = []
+
+    class Stats:
+        f_bavail, f_frsize = 3, 4096
+
+    def statvfs(folder):
+        asked.append(folder)
+        return Stats()
+
+    monkeypatch.setattr(cache_io.os, "statvfs", statvfs)
+    short = OSError("4386 requested and 992 written")
+    assert "the filesystem is full" in cache_io.write_failure(short, str(tmp_path))
+    assert "the filesystem is full" in cache_io.write_failure(short, str(tmp_path / "x.npy"))
+    assert asked == [str(tmp_path), str(tmp_path)]
