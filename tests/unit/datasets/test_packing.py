@@ -742,20 +742,23 @@ def test_a_grouped_read_cut_by_rows_gives_each_micro_batch_its_own_read(
 
 @pytest.mark.parametrize("extra", [True, False])
 @pytest.mark.parametrize("sources", [1, 2])
+@ORDERS
 def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_pieces(
-    tmp_path, extra, sources
+    tmp_path, extra, sources, order
 ) -> None:
-    """The computed order's plan carries each piece's slot and input positions and each row's
-    documents (``packed_rows.piece_layout``); the position ids and packing counts made from them
-    equal those worked out from the pieces alone (short rows, a last piece on the label-only
-    slot, a blend's merged rows, rows from two blocks)."""
+    """A packed read carries each piece's slot and input positions and each row's documents
+    (``packed_rows.piece_layout``: the computed order's plan lays them once per block, the
+    Megatron order once per read); the position ids and packing counts made from them equal
+    those worked out from the pieces alone (short rows, a last piece on the label-only slot, a
+    blend's merged rows, rows from two blocks)."""
     from tokenload.contract import PIECE_INPUTS, PIECE_SLOT, ROW_DOCUMENTS
     from tokenload.loader.collate import PACKING_COUNTS, finish
 
     a, _ = corpus(tmp_path, 1, 400, seed=31)
     b, _ = corpus(tmp_path, 2, 400, seed=32)
     blend = [a] if sources == 1 else ["0.5", a, "0.5", b]
-    cfg = config(blend=blend, add_extra_token=extra, inter_document_masking=True)
+    cfg = config(blend=blend, add_extra_token=extra, inter_document_masking=True, order=order,
+                 path_to_cache=str(tmp_path / "cache") if order == "megatron" else None)
     train, _, _ = build_datasets(cfg, [150, 0, 0])
     assert train is not None
     laid = 0

@@ -57,7 +57,7 @@ from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
 from ..items import ItemConfig, finish_windows
-from ..packed_rows import read_rows
+from ..packed_rows import piece_layout, read_rows
 from ..sources import FactsGuard
 from .built import built_member, default_folder, placeless
 from .gpt_dataset import IndexArrays
@@ -419,8 +419,14 @@ class PackedGPTDataset(OneSourceContract):
         return np.flatnonzero(np.isin(shuffle, rows))
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
+        """The rows' windows and pieces, with their layout made once for the whole read (a
+        worker's read serves several micro-batches, cut by rows: ``piece_layout``), so that
+        finishing each micro-batch lays its position ids and counts from it."""
         first, sequence, start, length = self._plan(indices)
-        read = read_rows(self.source, self.item, first, sequence, start, length)
+        offsets = np.empty(first.size + 1, dtype=np.int64)
+        offsets[:-1], offsets[-1] = first, length.size
+        layout = piece_layout(offsets, length, self.item.sequence_length)
+        read = read_rows(self.source, self.item, first, sequence, start, length, layout)
         return read.batch()
 
     def finish_batch(
