@@ -213,7 +213,6 @@ def test_order_computed_has_nothing_to_prepare(tmp_path):
 
 
 ERRORS = [  # (base flags removed, flags added, what the one line says)
-    (["--data-cache-path"], [], "--data-cache-path is missing"),
     ([], ["--mock-data"], "--mock-data has no token files"),
     (["--data-path"], ["--data-path", "x", "{prefix}", "2", "{prefix}"], "mixes numeric and non-numeric"),
     ([], ["--train-data-path", "{prefix}"], "are given together"),

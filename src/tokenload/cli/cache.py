@@ -139,7 +139,9 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
     g = p.add_argument_group("caches and order")
     g.add_argument(
         "--data-cache-path",
-        help="the cache folder the job will use (required, as in Megatron; created when missing)",
+        help="the cache folder the job will use (created when missing); without it, Megatron's"
+        " default folder beside each token file (PREFIX/cache/GPTDataset_indices), as a job"
+        " without --data-cache-path reads",
     )
     g.add_argument(
         "--split", help=f"the --data-path split string (Megatron's default: {LEGACY_SPLIT!r})"
@@ -264,12 +266,19 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     prefixes = _prefixes(blend, per_split)
     for _ in _open_all(prefixes, "checking token files"):
         pass
-    _make_cache_folder(args.data_cache_path)  # once every input is checked, as a build makes it
-    before = _listing(args.data_cache_path)
-    datasets = _build(config, counts)
-    result = _result(
-        args, counts, identity, datasets, sorted(_listing(args.data_cache_path) - before)
+    # without --data-cache-path, Megatron's folder beside each token file, as the job's build
+    from ..datasets.megatron.built import default_folder
+
+    folders = (
+        [args.data_cache_path]
+        if args.data_cache_path is not None
+        else sorted({str(default_folder(None, p)) for p in prefixes})
     )
+    if args.data_cache_path is not None:
+        _make_cache_folder(args.data_cache_path)  # once every input is checked, as a build does
+    before = _listings(folders)
+    datasets = _build(config, counts)
+    result = _result(args, counts, identity, datasets, sorted(_listings(folders) - before))
     _report_result(args, result, len(prefixes))
     return 0
 
@@ -336,12 +345,6 @@ def _prepare_neox(args: argparse.Namespace) -> int:
 
 def _require(args: argparse.Namespace) -> None:
     """The flags without which there is nothing to build: one line each, as every user error."""
-    if args.data_cache_path is None:
-        raise ConfigError(
-            "--data-cache-path is missing; the caches need a folder",
-            hint="pass the training job's --data-cache-path (Megatron's prepare_cache.py"
-            " requires it too)",
-        )
     if args.seq_length is None:
         raise ConfigError("--seq-length is missing", hint="pass the training job's --seq-length")
     explicit = args.train_valid_test_num_samples is not None
@@ -492,6 +495,13 @@ def _listing(folder: str) -> set[str]:
         return set()
 
 
+def _listings(folders: list[str]) -> set[str]:
+    """The files of one folder by name, of several by path."""
+    if len(folders) == 1:
+        return _listing(folders[0])
+    return {os.path.join(f, name) for f in folders for name in _listing(f)}
+
+
 def _result(
     args: argparse.Namespace,
     counts: Batches,
@@ -539,7 +549,8 @@ def _report_plan(
     if split is not None:
         note = "" if args.split else " (Megatron's default without --split)"
         print(f"  split               {split!r}{note}")
-    print(f"  cache folder        {args.data_cache_path}")
+    folder = args.data_cache_path or "Megatron's default: PREFIX/cache/GPTDataset_indices per file"
+    print(f"  cache folder        {folder}")
     if schedule is not None:
         starts = ", ".join(str(start) for start, _ in schedule[1:]) or "none"
         print(f"  weights schedule    {len(schedule)} entries; changes at samples {starts}")

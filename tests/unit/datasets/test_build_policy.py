@@ -307,3 +307,38 @@ def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_
         np.testing.assert_array_equal(_tokens(ds), want)
     assert not list((tmp_path / "c").glob("*-tokenload-build.json"))
     assert any("index cache not written" in r.getMessage() and "No space" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_command_in_the_none_error_works_with_a_spaced_split_and_any_cache_folder(
+    data, tmp_path, reference, cached
+):
+    """The hint's command keeps the split as the job wrote it ("90, 10, 0": it is part of the
+    caches' names; the command dropped its spaces, so the caches it made had other names and
+    the hint came back), and without a cache folder prepares Megatron's default folders beside
+    the token files (prepare-cache required --data-cache-path). Red-team findings."""
+    import shlex
+
+    from support import run_cli
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for n in ("a", "b", "c"):
+        for ext in (".bin", ".idx"):
+            os.link(data / f"{n}{ext}", folder / f"{n}{ext}")
+    blend = [x for n, w in (("a", "2"), ("b", "3"), ("c", "5")) for x in (w, str(folder / n))]
+    cfg = MegatronDataConfig(sequence_length=8, blend=blend, split="90, 10, 0", eod_id=999,
+                             build_policy="none",
+                             path_to_cache=str(tmp_path / "c") if cached else None)
+    sizes = [200, (200 // 100 + 1) * 10, 10]
+    with pytest.raises(CacheError) as info:
+        build_datasets(cfg, sizes)
+    command = info.value.hint.split("with: ", 1)[1].split("  (or", 1)[0]
+    argv = shlex.split(command.split(" && ", 1)[-1])
+    assert argv[argv.index("--split") + 1] == "90, 10, 0"
+    done = run_cli(*argv[1:])
+    assert done.returncode == 0, done.stderr
+    if not cached:
+        assert list((folder / "a" / "cache" / "GPTDataset_indices").glob("*.npy"))
+    splits = build_datasets(cfg, sizes)
+    np.testing.assert_array_equal(_tokens(splits[0]), reference[0])

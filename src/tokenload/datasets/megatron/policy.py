@@ -103,7 +103,7 @@ def prepare_command(config: SupportsTyped, sizes: Sequence[int | None]) -> str:
             if blend is not None:
                 args += [flag, *_blend_items(blend)]
     if data.split is not None and data.blend is not None:
-        args += ["--split", data.split.replace(" ", "")]
+        args += ["--split", data.split]  # as written: it is part of the caches' names
     args += ["--seq-length", str(data.sequence_length), "--seed", str(data.random_seed)]
     if options.path_to_cache is not None:
         args += ["--data-cache-path", options.path_to_cache]
