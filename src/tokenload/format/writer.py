@@ -45,7 +45,7 @@ from .atomic import (
     temp_path,
     write_temp,
 )
-from .idx import dtype_code, encode_index, prefix_of
+from .idx import check_arrays, dtype_code, encode_index, prefix_of
 from .sidecar import Sidecar, sidecar_path
 
 if TYPE_CHECKING:
@@ -294,6 +294,23 @@ class TokenFileWriter:
                 f"{self.dtype}",
                 path=self.prefix,
                 hint="merge only token files made with the same tokenizer (same vocabulary size)",
+            )
+        # the structure `tokenload verify` checks: a damaged input is never copied into a file
+        # that then looks sound (its pointers are not copied, its lengths are)
+        problems = check_arrays(
+            other.header,
+            other.sequence_lengths,
+            other.sequence_pointers,
+            other.document_indices,
+            os.path.getsize(other.bin_path),
+        )
+        if problems:
+            raise FormatError(
+                f"cannot append a damaged token file: {problems[0]}"
+                + (f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""),
+                path=other.idx_path,
+                hint=f"run `tokenload verify {other.prefix}`; rewrite it from its source, or leave"
+                " it out",
             )
         offset = len(self._lengths)
         self._lengths.frombytes(np.ascontiguousarray(other.sequence_lengths).tobytes())

@@ -63,3 +63,44 @@ def test_merge_keeps_the_shared_tokenizer_identity_however_inputs_are_named(tmp_
             w.add_document(np.asarray(doc))
     merge_token_files([str(tmp_path / f"{n}{suffix}") for n in "ab"], tmp_path / "m")
     assert read_sidecar(tmp_path / "m").tokenizer == ident
+
+
+@pytest.mark.parametrize("damage", ["negative length", "pointer moved"])
+@pytest.mark.parametrize("how", ["merge", "convert", "cli merge", "cli convert"])
+def test_a_damaged_input_is_refused_and_nothing_is_written(tmp_path, damage, how):
+    """Merging or converting a token file that `tokenload verify` fails was accepted (a red-team
+    finding): a negative length made an output that fails verify, a moved pointer one that
+    passes it, the damage laundered. It is a FormatError naming the input, and no output."""
+    import struct
+
+    from support import run_cli
+    from tokenload.errors import FormatError
+    from tokenload.format import convert_token_file
+
+    good = write_documents(tmp_path / "good", [np.arange(1, 40), np.arange(1, 30), np.arange(5)])
+    bad = write_documents(tmp_path / "bad", [np.arange(1, 40), np.arange(1, 30), np.arange(5)])
+    with open(bad + ".idx", "r+b") as f:
+        if damage == "negative length":
+            f.seek(34)  # sequence 0's length
+            f.write(struct.pack("<i", -5))
+        else:
+            f.seek(34 + 4 * 3 + 8)  # sequence 1's pointer, two tokens on
+            (pointer,) = struct.unpack("<q", f.read(8))
+            f.seek(34 + 4 * 3 + 8)
+            f.write(struct.pack("<q", pointer + 4))
+    assert verify(bad)
+    out = tmp_path / "out"
+    if how.startswith("cli"):
+        args = ["merge", good, bad, "--output-prefix", str(out)] if how == "cli merge" else [
+            "convert", bad, "--output-prefix", str(out)]
+        done = run_cli(*args)
+        assert done.returncode == 2 and "damaged token file" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    else:
+        with pytest.raises(FormatError, match="cannot append a damaged token file") as info:
+            if how == "merge":
+                merge_token_files([good, bad], out)
+            else:
+                convert_token_file(bad, out)
+        assert info.value.path == bad + ".idx" and "tokenload verify" in str(info.value)
+    assert not list(tmp_path.glob("out*")) and not list(tmp_path.glob(".out*"))
