@@ -205,7 +205,10 @@ def _stat(path: str) -> tuple[int | None, str]:
             raise StorageError(
                 f"cannot stat ({exc.strerror})", path=path, hint="check the file"
             ) from None
-        return st.st_size, f"{st.st_size}:{st.st_mtime_ns}"
+        # the change time and the inode too: an edit in place that keeps the size and sets the
+        # modification time back (`touch -r`, `cp -p`, `rsync -a` onto it) still changes them,
+        # and a resume then encodes the file again rather than keeping its old tokens
+        return st.st_size, f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
     fsspec = require("fsspec", "s3", f"reading {path}")
     fs, fs_path = _remote(path, "resolve the URL", lambda: fsspec.core.url_to_fs(path))
     info = _remote(path, "read its size", lambda: fs.info(fs_path))

@@ -23,7 +23,8 @@ class PartSummary:
     path: str
     """The input file's path, as listed."""
     stamp: str
-    """The input file's size and modification time when it was read (see ``inputs``)."""
+    """The input file's size, modification and change times and inode when it was read (see
+    ``inputs``)."""
     documents: int
     tokens: Mapping[str, int]
     """Tokens written per key."""

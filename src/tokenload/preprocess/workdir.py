@@ -21,7 +21,9 @@ written atomically after the files it vouches for. What those are depends on the
   one part ``{i:06d}_{key}``.
 
 A restarted job with the same ``job.json`` reuses every file whose marker exists and whose input
-file still has the recorded size and modification time, and redoes the rest, so the outputs are
+file still has the recorded size, modification and change times and inode (a file edited
+in place, even with its modification time set back, has another change time), and redoes the
+rest, so the outputs are
 the same bytes whether or not the job was interrupted. Either executor can resume the other's
 folder: the local one copies a file's parts into its output (and a local file that a resume
 cannot keep in place, one after a file being redone, is first copied out into a part of its

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +220,31 @@ def test_a_changed_input_is_redone_and_a_different_job_is_refused(tmp_path, docs
     assert result.files_resumed == 1
     ref = reference(tmp_path / "ref", ["changed", *docs[1:150]], byte_ids, None)
     assert same_files(result.outputs["text"], ref)
+
+
+def test_an_input_edited_in_place_with_its_time_set_back_is_redone(tmp_path, docs):
+    """A finished input edited in place to the same size, its modification time set back
+    (`touch -r`, `cp -p`, `rsync -a`), kept its old tokens on a resume (a red-team finding: the
+    output passed `verify --hashes`); its change time differs, so it is encoded again."""
+    files = [write_jsonl(tmp_path / f"in{i}.jsonl", docs[i * 50 : (i + 1) * 50]) for i in range(3)]
+    Path(files[2]).write_text("oops\n")
+    with pytest.raises(RecordError):
+        run(files, tmp_path / "out")
+    first = Path(files[0])
+    before = first.stat()
+    text = first.read_text(encoding="utf-8")
+    at = text.index(docs[0][:4])
+    edited = text[:at] + "Z" * 4 + text[at + 4 :]
+    assert len(edited.encode()) == len(text.encode()) and edited != text
+    time.sleep(0.01)  # a change time of its own, even on a coarse clock
+    first.write_text(edited, encoding="utf-8")
+    os.utime(first, ns=(before.st_atime_ns, before.st_mtime_ns))  # as `touch -r` does
+    assert (first.stat().st_size, first.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    write_jsonl(Path(files[2]), docs[100:150])
+    result = run(files, tmp_path / "out")
+    assert result.files_resumed == 1  # in1 only: in0 is encoded again
+    fresh = run(files, tmp_path / "fresh")
+    assert same_files(result.outputs["text"], fresh.outputs["text"])
 
 
 def test_shards_merged_in_order_equal_a_single_run(tmp_path, tokenizer_files, docs):
