@@ -110,6 +110,19 @@ DAMAGE = {
         lambda s: s.update(consumed_samples="96"),
         "field consumed_samples is '96' (str), expected an integer",
     ),
+    # what the loader refuses of any state, whatever its data (red-team findings: exit 0)
+    "another version": (
+        lambda s: s.update(version=999),
+        "loader state version is 999, expected 1",
+    ),
+    "malformed skips": (
+        lambda s: s.update(skips=[[5, -3]]),
+        "loader state 'skips' is malformed",
+    ),
+    "consumed_samples not the mixture's": (
+        lambda s: s.update(consumed_samples=10**30),
+        "the state's mixture was saved after 104 samples, its consumed_samples is 10000",
+    ),
 }
 
 

@@ -168,13 +168,32 @@ def _short(value: Any) -> str:
 
 def check_state(state: dict[str, Any], path: str) -> None:
     """Every field ``format_state`` reads has the type ``loader.state_dict()`` writes (None and
-    absent where the loader itself may leave them out); else a StateError naming the field."""
+    absent where the loader itself may leave them out), and what the loader checks of a state
+    whatever its data (its version, skips and topology history) holds; else a StateError naming
+    the field: a state the loader refuses is never shown as sound."""
+    from ..loader.ledger import parse_skips
+    from ..loader.state import topology_history
+
     f = _Fields(path)
     f.integer(state, "consumed_samples", "")
     for key in ("dp_size", "micro_batch_size"):
         f.integer(state, key, "", optional=True, least=1)
     if not isinstance(state["fingerprint"], str):
         raise f.fail("fingerprint", state["fingerprint"], "a string")
+    try:
+        topology_history(state)  # the version and the fields every state has, then the history
+        parse_skips(state.get("skips"))
+    except StateError as exc:
+        raise StateError(exc.message, path=path, hint=exc.hint) from None
+    mixture = state.get("mixture")
+    consumed = state["consumed_samples"]
+    if isinstance(mixture, dict) and mixture.get("consumed") != consumed:
+        raise StateError(  # as the loader refuses it
+            f"the state's mixture was saved after {mixture.get('consumed')!r} samples, its"
+            f" consumed_samples is {consumed!r}",
+            path=path,
+            hint="pass the dict saved from loader.state_dict(), unchanged",
+        )
     if state.get("accounting") is None:
         return  # saved by a tokenload without accounting
     job = f.record(state["accounting"], "accounting")
