@@ -284,3 +284,29 @@ def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tm
     null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--tokenizer-identity", json.dumps(NULL_1000)]
     clash = run_cli("prepare-cache", *data[:-2], *null, "--data-cache-path", tmp_path / "x")
     assert clash.returncode == 2 and "is not the identity of the job's NullTokenizer flags" in clash.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--seed", "-1"], "--seed is -1; expected 0..2**32-1"),  # the configuration's check
+        (["--train-valid-test-num-samples", "100000000000000", "0", "0"], "epochs are needed"),
+    ],
+)
+def test_a_command_that_fails_makes_no_cache_folder(tmp_path, flags, words):
+    """prepare-cache made --data-cache-path before the build, so a seed out of RandomState's
+    range or more samples than int32 epochs left an empty folder (red-team finding); the seed's
+    error named random_seed. The folder is made by the build, as it writes a file."""
+    prefix = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 40)
+    cache = tmp_path / "made" / "cache"
+    base = ["--data-path", prefix, "--split", "100,0,0", "--seq-length", 4, "--data-cache-path",
+            cache]
+    if "--train-valid-test-num-samples" not in flags:
+        base += ["--train-valid-test-num-samples", 8, 0, 0]
+    out = run_cli("prepare-cache", *base, *flags)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert words in out.stderr and "HINT" in out.stderr, out.stderr
+    assert not (tmp_path / "made").exists()
+    done = run_cli("prepare-cache", "--data-path", prefix, "--split", "100,0,0", "--seq-length", 4,
+                   "--data-cache-path", cache, "--train-valid-test-num-samples", 8, 0, 0)
+    assert done.returncode == 0 and list(cache.glob("*.npy")), done.stderr

@@ -45,7 +45,6 @@ from ..megatron_args import (
     tokenload_flags,
 )
 from ..storage import is_url
-from ..storage.os_errors import write_error
 from ..storage.upload import list_objects
 
 #: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
@@ -275,7 +274,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
         else sorted({str(default_folder(None, p)) for p in prefixes})
     )
     if args.data_cache_path is not None:
-        _make_cache_folder(args.data_cache_path)  # once every input is checked, as a build does
+        _check_cache_folder(args.data_cache_path)  # the build makes it when it writes a file
     before = _listings(folders)
     datasets = _build(config, counts)
     result = _result(args, counts, identity, datasets, sorted(_listings(folders) - before))
@@ -468,9 +467,9 @@ def _schedule_from(text: str | None) -> list[Any] | None:
     return list(check_schedule(value, what=source))
 
 
-def _make_cache_folder(folder: str) -> None:
-    """Create a missing local cache folder with its parents, as Megatron's prepare_cache.py and
-    a build with ``path_to_cache`` do (a bucket's prefix needs none)."""
+def _check_cache_folder(folder: str) -> None:
+    """A local cache folder that exists is a folder; a missing one is made with its parents by
+    the build, when it writes the first cache file (so a command that fails first makes none)."""
     if is_url(folder):
         return
     if os.path.exists(folder) and not os.path.isdir(folder):
@@ -479,10 +478,6 @@ def _make_cache_folder(folder: str) -> None:
             path=folder,
             hint="pass the training job's cache folder",
         )
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise write_error(exc, folder, "the cache folder") from None
 
 
 def _listing(folder: str) -> set[str]:

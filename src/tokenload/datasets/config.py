@@ -447,6 +447,13 @@ class MegatronDataConfig:
                 f"order is {self.order!r}, expected one of {ORDERS}",
                 hint="use order='megatron' (the default), 'computed' or 'neox'",
             )
+        if self.order != "computed" and not 0 <= self.random_seed <= 2**32 - 1:
+            raise ConfigError(  # here, before anything is built or any folder made
+                f"random_seed is {self.random_seed}; expected 0..2**32-1 (the seeds of NumPy's"
+                f" RandomState, which the {self.order} order shuffles with)",
+                field="random_seed",
+                hint="use the job's seed (Megatron's and GPT-NeoX's default is 1234)",
+            )
         self._check_order_fields()
         self._check_packing()
         if self.blend is not None and self.blend_per_split is not None:

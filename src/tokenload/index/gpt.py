@@ -64,7 +64,9 @@ class GPTIndexConfig:
             raise ConfigError(f"random_seed is {self.random_seed!r}; expected an int")
         if not 0 <= self.random_seed <= 2**32 - 1:
             raise ConfigError(
-                f"random_seed is {self.random_seed}; expected 0..2**32-1 (RandomState's range)"
+                f"random_seed is {self.random_seed}; expected 0..2**32-1 (RandomState's range)",
+                field="random_seed",
+                hint="use the job's seed (Megatron's default is 1234)",
             )
 
     @property

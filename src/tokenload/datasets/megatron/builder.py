@@ -524,10 +524,10 @@ def _empty_split(
     """A split without tokens asked for samples (Megatron loops forever there)."""
     share = "the whole file" if split is None else f"its share of split {split!r}"
     asked = f"{mid.num_samples} samples were requested"
-    hint = f"ask for no {name} samples, "
     if not mid.num_samples:  # megatron-core's _get_num_epochs asks 0 x S + 1 tokens: it loops
         asked = "even 0 samples need 1 token with add_extra_token (megatron-core loops forever)"
-        hint = f"give the {name} split a weight of 0 in the split string (not built), "
+    # (asking for 0 samples is no way out: see above; a split of weight 0 is not built at all)
+    hint = f"give the {name} split a weight of 0 in the split string (not built), "
     return ConfigError(
         f"the {name} split of {mid.prefix} holds no tokens ({share}: sequences {beg}..{end} of "
         f"{count}) but {asked}; expected a split with at least one non-empty sequence",
