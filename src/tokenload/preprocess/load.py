@@ -31,6 +31,12 @@ def load_tokenizer(spec: TokenizerSpec) -> TextTokenizer:
             raise ConfigError(
                 "gigatoken does not encode the byte tokenizer", hint="drop `engine='gigatoken'`"
             )
+        if spec.eod_token is not None:  # it has no token text: ids are bytes, EOD an id
+            raise ConfigError(
+                f"the byte tokenizer has no token named {spec.eod_token!r}: its ids are the"
+                " UTF-8 bytes and its EOD is an id (256 unless `eod_id=` says otherwise)",
+                hint="drop `eod_token=`, or give `eod_id=N` (256 or more)",
+            )
         return ByteTokenizer(spec.eod_id)
     for path in (spec.model, spec.vocab_file, spec.merge_file):
         if path is not None:

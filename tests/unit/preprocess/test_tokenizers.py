@@ -103,6 +103,10 @@ def test_byte_tokenizer_is_utf8_bytes_with_eod_256():
     assert tok.identity() == {"name": "byte", "kind": "byte", "vocab_size": 257, "eod_id": 256}
     with pytest.raises(ConfigError, match="collides"):
         load_tokenizer(TokenizerSpec(kind="byte", eod_id=10))
+    # it names no token, so an EOD named by its text is refused (it was silently ignored: the
+    # EOD stayed 256 and the sidecar did not say so), as other tokenizers refuse an unknown one
+    with pytest.raises(ConfigError, match="the byte tokenizer has no token named"):
+        load_tokenizer(TokenizerSpec(kind="byte", eod_token="<|endoftext|>"))
 
 
 @pytest.mark.parametrize("name", ALL)
