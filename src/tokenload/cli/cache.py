@@ -478,6 +478,19 @@ def _check_cache_folder(folder: str) -> None:
             path=folder,
             hint="pass the training job's cache folder",
         )
+    if os.path.isdir(folder):
+        return
+    above = os.path.dirname(os.path.abspath(folder))  # the folder it would be made in
+    while not os.path.exists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if not os.path.isdir(above) or not os.access(above, os.W_OK | os.X_OK):
+        what = "is a file" if not os.path.isdir(above) else "cannot be written"
+        raise ConfigError(
+            f"cannot write the cache folder {folder!r}: {above!r} {what}; expected a folder"
+            " that can be made there",
+            path=folder,
+            hint="pass a --data-cache-path in a writable folder (the training job's)",
+        )
 
 
 def _listing(folder: str) -> set[str]:

@@ -32,7 +32,9 @@ def register_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="describe token files: counts, dtype, document lengths, sidecar",
         description="Describe Megatron token files: dtype, document, sequence and token counts,"
         " document length percentiles, and the tokenload sidecar (PREFIX.json: tokenizer and"
-        " hashes) when there is one. Reads only the .idx, so it is quick on any size.",
+        " hashes) when there is one. Reads only the .idx, so it is quick on any size. An index"
+        " whose structure is damaged (what verify checks first) is described with a PROBLEM"
+        " line per fault, and the exit status is 1.",
     )
     p.add_argument("prefixes", nargs="+", metavar="PREFIX", help=_PREFIX_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object per prefix")
@@ -40,8 +42,10 @@ def register_info(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def run_info(args: argparse.Namespace) -> int:
+    damaged = 0
     for prefix in args.prefixes:
         d = describe(prefix)
+        damaged += bool(d["problems"])
         if args.json:
             print(json.dumps(d, sort_keys=True))
             continue
@@ -57,6 +61,8 @@ def run_info(args: argparse.Namespace) -> int:
                 "  note         the index records no document boundaries (document_indices == [0],"
                 " as GPT-NeoX's merge writes it): each sequence is read as one document"
             )
+        for problem in d["problems"]:  # before the figures it makes wrong
+            print(f"  PROBLEM      {problem} (run `tokenload verify {d['prefix']}`)")
         print(f"  sequences    {d['sequences']:,}")
         print(f"  tokens       {d['tokens']:,}")
         print(f"  bytes        .bin {d['bin_bytes']:,}  .idx {d['idx_bytes']:,}")
@@ -66,7 +72,12 @@ def run_info(args: argparse.Namespace) -> int:
             f"  p90 {pct['p90']}  p99 {pct['p99']}  max {pct['p100']}"
         )
         side = d["sidecar"]
-        if side is None:
+        if side is None and d["foreign_sidecar"]:
+            print(
+                f"  sidecar      {d['prefix']}.json is not a tokenload sidecar (not JSON, or"
+                " another tool's file): ignored"
+            )
+        elif side is None:
             print("  sidecar      none (written by another tool)")
         else:
             tok = side.get("tokenizer") or {}
@@ -79,7 +90,7 @@ def run_info(args: argparse.Namespace) -> int:
                 f"  xxh3_64      .bin {side['hashes']['bin']['xxh3_64']}"
                 f"  .idx {side['hashes']['idx']['xxh3_64']}"
             )
-    return 0
+    return 1 if damaged else 0
 
 
 def register_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

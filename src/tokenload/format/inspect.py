@@ -8,6 +8,7 @@ sidecar's), scanning ``.bin`` in bounded chunks; and on request the sidecar's xx
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from ..errors import FormatError
 from ..storage.os_errors import read_error
 from .idx import check_arrays, code_note
 from .reader import TokenFile
-from .sidecar import Sidecar, read_sidecar
+from .sidecar import Sidecar, read_sidecar, sidecar_path
 
 
 def file_size(path: str) -> int:
@@ -38,6 +39,15 @@ def describe(prefix: str) -> dict[str, Any]:
     which ``verify`` fails) is described too, with a note saying so."""
     tf = TokenFile(prefix, mode="pread", allow_float=True)
     header = tf.header
+    # the structure `verify` checks (cheap: a pass over the index), so that figures of a damaged
+    # index (a negative length, a pointer out of place) are never shown as if sound
+    problems = check_arrays(
+        header,
+        tf.sequence_lengths,
+        tf.sequence_pointers,
+        tf.document_indices,
+        file_size(tf.bin_path),
+    )
     doc_tokens = document_token_counts(tf)
     pct = [0, 50, 90, 99, 100]
     sidecar = read_sidecar(tf.prefix)
@@ -60,6 +70,8 @@ def describe(prefix: str) -> dict[str, Any]:
         "mean_document_tokens": float(doc_tokens.mean()) if doc_tokens.size else 0.0,
         "empty_documents": int(np.count_nonzero(doc_tokens == 0)),
         "sidecar": None if sidecar is None else asdict(sidecar),
+        "foreign_sidecar": sidecar is None and foreign_sidecar(tf.prefix),
+        "problems": problems,
     }
 
 
@@ -157,7 +169,19 @@ def _check_vocab(tf: TokenFile, vocab_size: int) -> list[str]:
     return []
 
 
+def foreign_sidecar(prefix: str) -> bool:
+    """Whether a local ``PREFIX.json`` exists that is not a tokenload sidecar (``read_sidecar``
+    ignores it: another tool's file, or one not JSON at all)."""
+    path = sidecar_path(prefix)
+    return "://" not in path and os.path.exists(path) and read_sidecar(prefix) is None
+
+
 def _check_hashes(tf: TokenFile, sidecar: Sidecar | None) -> list[str]:
+    if sidecar is None and foreign_sidecar(tf.prefix):
+        return [
+            f"{tf.prefix}.json is not a tokenload sidecar (not JSON, or another tool's file), so"
+            " no hashes to check"
+        ]
     if sidecar is None:
         return [
             f"{tf.prefix}.json: no sidecar, so no hashes to check (files written by Megatron have "
