@@ -65,3 +65,58 @@ def test_demo_refuses_a_rank_count_that_does_not_divide_the_batch(tmp_path):
     out = run_cli("demo", "--output", tmp_path, "--ranks", "3")
     assert out.returncode == 2
     assert "3 ranks do not divide the demo's global batch of 16 samples" in out.stderr
+
+
+def test_demo_refuses_what_it_cannot_do_before_any_work(tmp_path):
+    """Checked before the corpus is made (red-team findings: a huge --seq-length ran the machine
+    out of memory; a --plot that cannot be written failed after all the work, under a temporary
+    name, leaving a stray file)."""
+    folder = tmp_path / "is-a-folder"
+    folder.mkdir()
+    for flags, words in (
+        (["--seq-length", "99999999"], "is more than the 1,048,576 tokens of its corpus"),
+        (["--plot", str(folder)], "is a folder; expected a file name"),
+        (["--plot", str(tmp_path / "missing" / "x.png")], "does not exist"),
+    ):
+        out = run_cli("demo", "--output", tmp_path / "w", "--max-mb", "1", *flags)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert "[1/6]" not in out.stdout and not (tmp_path / "w").exists()
+    assert list(folder.iterdir()) == []
+
+
+def test_demo_stopped_by_sigterm_stops_torchrun_and_says_where_its_folder_is(tmp_path):
+    """SIGTERM to the demo (alone) left its torchrun running; now the run stops, its children
+    with it, and the kept work folder is named."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    work = tmp_path / "w"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "tokenload.cli.main", "demo", "--output", str(work), "--ranks", "2",
+         "--max-mb", "1", "--seq-length", "256"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    seen = ""
+    deadline = time.monotonic() + 180
+    while "[4/6]" not in seen and time.monotonic() < deadline:
+        char = demo.stdout.read(1) if demo.stdout else ""
+        if not char:
+            break
+        seen += char
+    assert "[4/6]" in seen, seen
+    time.sleep(1.0)  # torchrun started
+    group = subprocess.run(["pgrep", "-g", str(demo.pid)], capture_output=True, text=True)
+    assert len(group.stdout.split()) >= 2  # the demo and its torchrun
+    demo.send_signal(signal.SIGTERM)
+    _, err = demo.communicate(timeout=60)
+    assert demo.returncode == 128 + signal.SIGTERM
+    assert f"the work folder is kept: {work}" in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = subprocess.run(["pgrep", "-g", str(demo.pid)], capture_output=True, text=True)
+        if not left.stdout.split():
+            break
+        time.sleep(0.2)
+    assert not left.stdout.split(), left.stdout

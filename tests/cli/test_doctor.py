@@ -315,3 +315,21 @@ def test_read_mode_advice_follows_the_median_of_alternating_measurements(tmp_pat
     assert len({s for _, s in seen}) == 6  # every measurement at places of its own
     slow = verdict({"mmap": [100_000, 90_000, 300_000], "pread": [320_000, 330_000, 315_000]})
     assert slow.problem and "pread" in slow.fix
+
+
+def test_a_compare_folder_or_plot_path_that_cannot_work_is_refused_before_measuring(tmp_path):
+    """`--compare /nowhere` reported a missing copy as a finding (exit 1, advising rsync), and a
+    `--plot` destination was checked only after the measuring, under a temporary name that it
+    left behind (red-team findings): each is a usage error first, exit 2, nothing written."""
+    prefix = _corpus(tmp_path / "data")
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    for flags, words in (
+        (["--compare", tmp_path / "nowhere"], "is not a folder"),
+        (["--plot", folder], "is a folder; expected a file name"),
+        (["--plot", tmp_path / "missing" / "x.png"], "does not exist"),
+    ):
+        out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST, *flags)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert "[" not in out.stdout, out.stdout  # no finding: nothing was measured
+    assert list(folder.iterdir()) == []

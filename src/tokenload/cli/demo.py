@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,7 +111,24 @@ def _resume_ranks(args: argparse.Namespace) -> int:
         )
     if args.loader_workers < 0:
         raise ConfigError(f"--loader-workers is {args.loader_workers}", hint="use 0 or more")
+    corpus = int(args.max_mb * 2**20)  # tokens, at most: the byte tokenizer's one per byte
+    if args.seq_length * GLOBAL_BATCH > corpus:
+        raise ConfigError(
+            f"--seq-length {args.seq_length} x the demo's global batch of {GLOBAL_BATCH} samples"
+            f" is more than the {corpus:,} tokens of its corpus at --max-mb {args.max_mb:g}",
+            hint="lower --seq-length (default 1024) or raise --max-mb",
+        )
+    if args.plot:
+        from ..doctor.report import check_plot_path
+
+        check_plot_path(args.plot)  # before the minutes of work that come before the plot
     return resume
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM as an exit, so that the running torchrun is stopped and the user told where the
+    work folder is (killed outright, the demo left torchrun running)."""
+    raise SystemExit(128 + signum)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -122,6 +140,17 @@ def run(args: argparse.Namespace) -> int:
     folder = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="tokenload-demo-"))
     created = not args.output or not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        return _run(args, resume, started, folder, created)
+    except BaseException:  # an error, Ctrl-C, SIGTERM: what was made stays, for its logs
+        print(f"\ntokenload demo: the work folder is kept: {folder}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace, resume: int, started: float, folder: Path, created: bool) -> int:
     work = folder / "work"
     shutil.rmtree(work, ignore_errors=True)  # results of an earlier run must not be compared
     work.mkdir()

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 
+from ..errors import ConfigError
 from .args import positive
 from .vocabulary import to_flags
 
@@ -90,10 +92,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..doctor import DoctorConfig, diagnose, format_report, plot
+    from ..doctor.report import check_plot_path
     from ..errors import require
 
     if args.plot:
         require("matplotlib", "plot", "tokenload doctor --plot")  # before minutes of measuring
+        check_plot_path(args.plot)
+    for folder in args.compare or []:
+        if not os.path.isdir(folder):
+            raise ConfigError(
+                f"--compare {folder!r} is not a folder; expected a folder holding copies of the"
+                " prefixes (another node's mount)",
+                path=folder,
+                hint="pass the folder where the other copy of the data lives",
+            )
     config = DoctorConfig(
         data_path=args.data_path,
         seq_length=args.seq_length,

@@ -7,6 +7,7 @@ share these types without importing each other.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -106,7 +107,38 @@ def plot(
     bottom.set_title("per-step data wait")
     bottom.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
-    os.replace(tmp, path)
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}.png")  # hidden, then renamed
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        from ..storage.os_errors import write_error
+
+        raise write_error(exc, path, "the plot") from None
+    finally:
+        plt.close(fig)
+
+
+def check_plot_path(path: str) -> None:
+    """ConfigError unless ``path`` can take the plot: a file name in a folder that exists and can
+    be written, not a folder (checked before the measuring, which takes a while)."""
+    from ..errors import ConfigError
+    from ..format.atomic import require_folder
+
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"--plot {path!r} is a folder; expected a file name for the PNG",
+            path=path,
+            hint="name the file, e.g. --plot doctor.png",
+        )
+    require_folder(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--plot {path!r}: its folder {folder!r} cannot be written",
+            path=path,
+            hint="choose a writable folder for the plot",
+        )
