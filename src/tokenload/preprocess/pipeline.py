@@ -120,8 +120,11 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         raise
     try:
         work.open(config.resume)
-    except OSError as exc:
-        raise _write_error(exc, local, None) from None
+    except BaseException as exc:
+        work.release()  # a refused or failed open holds nothing
+        if isinstance(exc, OSError):
+            raise _write_error(exc, local, None) from None
+        raise
     output = None
     try:
         if config.executor != "ray":  # written once, beside the local work folder
@@ -139,6 +142,7 @@ def preprocess(config: PreprocessConfig, *, progress: bool | None = None) -> Pre
         if output is not None:
             output.close()
         _clean_after_failure(local, work)
+        work.release()
         if isinstance(exc, OSError) and not isinstance(exc, TokenloadError):  # writing failed
             raise _write_error(exc, local, work) from None
         raise

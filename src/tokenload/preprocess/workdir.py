@@ -45,6 +45,7 @@ killed during cleanup would hand its parts to the next run, even one with anothe
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -106,6 +107,9 @@ class WorkFolder:
 
     def remove_temporaries(self) -> None:
         """Temporary files of a killed run (local folders only: an upload is whole or absent)."""
+
+    def release(self) -> None:
+        """Let go of the folder, whatever became of it (a local folder's lock)."""
 
     # -- the work folder ----------------------------------------------------------------------
     def open(self, resume: bool) -> None:
@@ -248,6 +252,41 @@ class WorkDir(WorkFolder):
         super().__init__(job)
         self.root = Path(prefix + WORK_SUFFIX)
         self.location = str(self.root)
+        self._lock: int | None = None
+
+    def open(self, resume: bool) -> None:
+        """``WorkFolder.open``, once this process holds the folder: a second run writing the
+        same output (its work folder in use: the lock a running process holds) is refused
+        before it reads or touches anything of the first one's."""
+        self._hold()
+        super().open(resume)
+
+    def _hold(self) -> None:
+        path = self.root.parent / f".{self.root.name}.lock"  # beside the folder it guards
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:  # a folder that takes no file: the outputs' write will say why
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(
+                f"another tokenload preprocess is writing this output: its work folder"
+                f" {self.location} is in use (locked by a running process)",
+                path=self.location,
+                hint="wait for that run to end, or write to another output prefix",
+            ) from None
+        self._lock = fd
+
+    def release(self) -> None:
+        """Let go of the folder (its lock file goes: nothing is left beside the output)."""
+        if self._lock is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.root.parent / f".{self.root.name}.lock")
+        os.close(self._lock)
+        self._lock = None
 
     def exists(self) -> bool:
         return self.root.exists()
@@ -279,6 +318,7 @@ class WorkDir(WorkFolder):
         super().remove()
         if self.root.exists():
             self.root.rmdir()
+        self.release()
 
     def _has_part(self, stem_key: str) -> bool:
         part = self.root / stem_key

@@ -333,3 +333,27 @@ def test_progress_bar_reports_rates(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert "preprocess" in err and "docs/s" in err and "M tok/s" in err
+
+
+def test_a_second_run_writing_the_same_output_is_refused_while_the_first_runs(tmp_path, docs):
+    """Two preprocess runs on one output prefix: the second adopted the first's live work folder
+    as a resume, and one failed with a misleading write error (a red-team finding). The work
+    folder is locked by the run using it: the second is a ConfigError before it touches
+    anything, and once the first has ended (or failed) the prefix is free again, no lock file
+    left beside the output."""
+    from tokenload.preprocess.workdir import WorkDir
+
+    files = [write_jsonl(tmp_path / f"in{i}.jsonl", docs[i * 50 : (i + 1) * 50]) for i in range(2)]
+    held = WorkDir(str(tmp_path / "out"), {"a": "job"})  # a first run, in the middle of its work
+    held.open(resume=True)
+    with pytest.raises(ConfigError, match="another tokenload preprocess is writing this output"):
+        run(files, tmp_path / "out")
+    assert (tmp_path / "out.tokenload-work" / "job.json").exists()  # the first run's, untouched
+    held.remove()  # the first run ends
+    result = run(files, tmp_path / "out")
+    assert result.files == 2 and not list(tmp_path.glob(".*lock"))
+    Path(files[1]).write_text("oops\n")
+    with pytest.raises(RecordError):
+        run(files, tmp_path / "again")
+    Path(files[1]).write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[50:100]))
+    assert run(files, tmp_path / "again").files == 2  # the failed run held nothing

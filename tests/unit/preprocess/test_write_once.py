@@ -263,6 +263,7 @@ def test_a_ray_work_folder_is_resumed_by_copying_its_parts_in(tmp_path, corpus):
             i, 0, files[i], (0, -1), work.location, f"{i:06d}", encode_task(cfg, tok), 1500
         )
         assert encode_part(task).summary is not None
+    work.release()  # the earlier run is gone (killed): its lock with it
     result = preprocess(cfg, progress=False)
     assert result.files_resumed == 3
     for key in ("text", "title"):
