@@ -119,7 +119,7 @@ def _resume_ranks(args: argparse.Namespace) -> int:
             hint="lower --seq-length (default 1024) or raise --max-mb",
         )
     if args.plot:
-        from ..doctor.report import check_plot_path
+        from .doctor import check_plot_path
 
         check_plot_path(args.plot)  # before the minutes of work that come before the plot
     return resume

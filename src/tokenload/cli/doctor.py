@@ -92,7 +92,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..doctor import DoctorConfig, diagnose, format_report, plot
-    from ..doctor.report import check_plot_path
     from ..errors import require
 
     if args.plot:
@@ -129,3 +128,24 @@ def run(args: argparse.Namespace) -> int:
         plot(report, args.plot)
         print(f"plot written to {args.plot}")
     return 1 if report.problems else 0
+
+
+def check_plot_path(path: str) -> None:
+    """ConfigError unless ``path`` can take the plot: a file name in a folder that exists and can
+    be written, not a folder (checked before the measuring, which takes a while)."""
+    from ..format.atomic import require_folder
+
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"--plot {path!r} is a folder; expected a file name for the PNG",
+            path=path,
+            hint="name the file, e.g. --plot doctor.png",
+        )
+    require_folder(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--plot {path!r}: its folder {folder!r} cannot be written",
+            path=path,
+            hint="choose a writable folder for the plot",
+        )

@@ -120,25 +120,3 @@ def plot(
         raise write_error(exc, path, "the plot") from None
     finally:
         plt.close(fig)
-
-
-def check_plot_path(path: str) -> None:
-    """ConfigError unless ``path`` can take the plot: a file name in a folder that exists and can
-    be written, not a folder (checked before the measuring, which takes a while)."""
-    from ..errors import ConfigError
-    from ..format.atomic import require_folder
-
-    if os.path.isdir(path):
-        raise ConfigError(
-            f"--plot {path!r} is a folder; expected a file name for the PNG",
-            path=path,
-            hint="name the file, e.g. --plot doctor.png",
-        )
-    require_folder(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"--plot {path!r}: its folder {folder!r} cannot be written",
-            path=path,
-            hint="choose a writable folder for the plot",
-        )
