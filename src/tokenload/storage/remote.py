@@ -28,6 +28,7 @@ the credentials stay with the client library.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -150,11 +151,38 @@ def ranged_get(
             answer = _botocore(options).get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
             )
+        except Exception as exc:
+            raise _translated(exc) from None
+        _check_range(answer, url, start, end)
+        try:
             return answer["Body"].read(), str(answer.get("ETag", "")).strip('"') or None
         except Exception as exc:
             raise _translated(exc) from None
     fs, path = filesystem(url, options)
     return fs.cat_file(path, start=start, end=end), None
+
+
+def _check_range(answer: Any, url: str, start: int, end: int) -> None:
+    """A ranged GET's answer holds the bytes asked for: its ``Content-Range`` starts at
+    ``start``. An endpoint may ignore ``Range`` and answer 200 with the whole object (HTTP
+    allows it): only an object that begins at ``start = 0`` and fits the range is then the same
+    bytes; any other such answer is a StorageError, never bytes from another place."""
+    told = answer.get("ContentRange")
+    if told is not None:
+        first = str(told).removeprefix("bytes ").split("-", 1)[0]
+        if first.isdigit() and int(first) == start:
+            return
+    elif start == 0 and int(answer.get("ContentLength", end + 1)) <= end:
+        return
+    with contextlib.suppress(Exception):
+        answer["Body"].close()
+    got = f"bytes {told}" if told else "the whole object (no Content-Range: it ignored the range)"
+    raise StorageError(
+        f"a read of bytes [{start}, {end}) was answered with {got}; expected those bytes (206"
+        " Partial Content)",
+        path=url,
+        hint="use an S3-compatible endpoint (or proxy) that serves Range requests",
+    )
 
 
 def ranged_get_into(
@@ -181,6 +209,7 @@ def ranged_get_into(
         )
     except Exception as exc:
         raise _translated(exc) from None
+    _check_range(answer, url, start, end)
     tag = str(answer.get("ETag", "")).strip('"') or None
     sent = min(int(answer.get("ContentLength", len(out))), len(out))
     body = answer["Body"]
