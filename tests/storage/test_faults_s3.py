@@ -125,6 +125,22 @@ def test_object_rewritten_with_the_same_size_is_a_storage_error(s3_endpoint, tmp
     assert "came with ETag" in caught.value.message and f"now {len(data)} bytes" in caught.value.message
 
 
+def test_an_object_rewritten_before_a_process_opens_it_is_refused_there(s3_endpoint, tmp_path, monkeypatch):
+    """A worker (or a replacement worker) opening the token file after its .bin was rewritten
+    recorded the new object as the one opened, and served it beside the training process's old
+    one, no error (red-team finding). The file carries the object it was first opened as: any
+    later opening, in any process, must find it."""
+    import pickle
+
+    tf, fs, local = _opened(tmp_path, monkeypatch, s3_endpoint, "rewritten-before-open/c")
+    data = bytearray(Path(local + ".bin").read_bytes())
+    data[-2:] = b"\x00\x01"  # same size, other bytes
+    fs.pipe(f"{BUCKET}/rewritten-before-open/c.bin", bytes(data))
+    worker_copy = pickle.loads(pickle.dumps(tf))  # what a worker process starts from
+    with pytest.raises(StorageError, match="the token file changed since it was first opened"):
+        worker_copy[0]
+
+
 PARTS = {"TOKENLOAD_DIRECT_READS": "0", "TOKENLOAD_GET_BYTES": "1024"}  # every read through a chunk of 4 GETs
 
 

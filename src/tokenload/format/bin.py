@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import os
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +74,10 @@ class BinSource(CheckedSource):
             )
         self.num_bytes = size
         self.num_tokens = size // self.dtype.itemsize
+
+    def stamp(self) -> tuple[Any, ...]:
+        """The file opened: device, inode, size and modification time (``opening.pair_stamp``)."""
+        return tuple(self._identity)
 
     def _release(self) -> int:
         """The descriptor opened by ``__init__``, handed to the caller (-1 when none is left)."""

@@ -24,7 +24,7 @@ import glob
 import logging
 import os
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -98,6 +98,9 @@ class Opened:
     lengths (``TokenFile.token_starts``); made on first use."""
     unverified: int = -1
     """Chunks not checked yet (-1: not counted yet); 0 once every pointer was checked."""
+    stamp: tuple[Any, ...] | None = None
+    """What identifies the pair opened (``pair_stamp``): a reopening in another process must
+    find the same files."""
 
     @property
     def itemsize(self) -> int:
@@ -132,7 +135,20 @@ def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
         source.close()
         raise
     kept = None if per_sequence else documents
-    return Opened(os.getpid(), header, lengths, pointers, kept, modes, source, per_sequence)
+    opened_pair = Opened(os.getpid(), header, lengths, pointers, kept, modes, source, per_sequence)
+    opened_pair.stamp = pair_stamp(file, opened, source)
+    return opened_pair
+
+
+def pair_stamp(file: PairSpec, opened: list[int], source: Any) -> tuple[Any, ...]:
+    """The identity of an opened pair: the ``.idx`` (device, inode, size, modification time; an
+    object's local copy, named by its ETag, by its path) and the ``.bin`` (the same of the file;
+    an object's size and ETag)."""
+    from ..storage import local_path
+
+    idx = local_path(file.idx_path) if "://" in file.prefix else tuple(opened)
+    stamp = getattr(source, "stamp", None)
+    return (idx, stamp() if callable(stamp) else None)
 
 
 def _same_index(file: PairSpec, opened: list[int], retry: bool) -> bool:
@@ -142,7 +158,7 @@ def _same_index(file: PairSpec, opened: list[int], retry: bool) -> bool:
         return True
     try:
         st = os.stat(file.idx_path)
-        if (st.st_dev, st.st_ino) == tuple(opened):
+        if (st.st_dev, st.st_ino) == tuple(opened[:2]):
             return True
     except FileNotFoundError:
         pass
@@ -253,7 +269,7 @@ def _read_index(file: PairSpec, opened: list[int], *, finish: bool = True) -> me
 
         with open(local_path(file.idx_path), "rb") as f:
             st = os.fstat(f.fileno())
-            opened[:] = [st.st_dev, st.st_ino]
+            opened[:] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
             if file.mode is ReadMode.MMAP and st.st_size > 0:  # a mapping that keeps no descriptor
                 return map_readonly(f.fileno(), st.st_size).data
             return memoryview(f.read())

@@ -17,7 +17,7 @@ from typing import Any, SupportsIndex, overload
 import numpy as np
 
 from ..arrays import distinct
-from ..errors import FormatError
+from ..errors import FormatError, StorageError
 from .bin import ReadMode
 from .idx import DtypeCodes, IndexHeader, code_table, prefix_of
 from .opening import Opened, open_pair
@@ -65,6 +65,9 @@ class TokenFile:
         self.sequences_path = None if sequences_path is None else os.fspath(sequences_path)
         self.allow_float = allow_float
         self._state: Opened | None = None
+        self._first: tuple[Any, ...] | None = None
+        """The pair as first opened (``opening.pair_stamp``): carried to the processes this file
+        is pickled into, whose own opening must find the same files."""
 
     @property
     def idx_path(self) -> str:
@@ -78,7 +81,20 @@ class TokenFile:
     def _opened(self) -> Opened:
         state = self._state
         if state is None or state.pid != os.getpid():
-            state = self._state = open_pair(self)
+            state = open_pair(self)
+            if self._first is None:
+                self._first = state.stamp
+            elif state.stamp != self._first:  # indices, plans, reads were made of the first
+                state.bin.close()
+                raise StorageError(
+                    "the token file changed since it was first opened (another .bin or .idx is"
+                    f" under this prefix now: first {self._first}, now {state.stamp}); the"
+                    " job's indices and reads belong to the files as they were",
+                    path=self.bin_path,
+                    hint="do not rewrite token files while a job reads them; restart the job on"
+                    " the new files",
+                )
+            self._state = state
         return state
 
     def close(self) -> None:

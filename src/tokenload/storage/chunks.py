@@ -108,6 +108,10 @@ class RemoteBin(CheckedSource):
         self._last = -2
         self._executor: ThreadPoolExecutor | None = None
 
+    def stamp(self) -> tuple[Any, ...]:
+        """The object opened: its size and ETag (``format.opening.pair_stamp``)."""
+        return (self.opened.size, self.opened.tag)
+
     # -- chunks ----------------------------------------------------------------------------------
     def _ready(self, k: int, lo: int, hi: int) -> np.ndarray:
         """Tokens of chunk ``k`` once its tokens ``[lo, hi)`` have arrived: from the cache, from
