@@ -141,12 +141,16 @@ def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
 
 
 def pair_stamp(file: PairSpec, opened: list[int], source: Any) -> tuple[Any, ...]:
-    """The identity of an opened pair: the ``.idx`` (device, inode, size, modification time; an
-    object's local copy, named by its ETag, by its path) and the ``.bin`` (the same of the file;
-    an object's size and ETag)."""
+    """The identity of an opened pair, the same on every host that reads it (a dataset may be
+    pickled to another node, where a shared filesystem's device and inode numbers differ): the
+    ``.idx``'s size and modification time (an object's local copy: its name, made of its ETag)
+    and the ``.bin``'s (an object's size and ETag)."""
     from ..storage import local_path
 
-    idx = local_path(file.idx_path) if "://" in file.prefix else tuple(opened)
+    if "://" in file.prefix:
+        idx: Any = os.path.basename(local_path(file.idx_path))
+    else:
+        idx = tuple(opened[2:4])
     stamp = getattr(source, "stamp", None)
     return (idx, stamp() if callable(stamp) else None)
 

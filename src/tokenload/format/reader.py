@@ -66,8 +66,9 @@ class TokenFile:
         self.allow_float = allow_float
         self._state: Opened | None = None
         self._first: tuple[Any, ...] | None = None
-        """The pair as first opened (``opening.pair_stamp``): carried to the processes this file
-        is pickled into, whose own opening must find the same files."""
+        """The pair as first opened (``opening.pair_stamp``: sizes, modification times, an
+        object's ETag): carried to the processes this file is pickled into, whose own opening
+        must find the same files."""
 
     @property
     def idx_path(self) -> str:

@@ -66,3 +66,18 @@ def test_workers_started_after_a_replacement_raise_instead_of_serving_it(tmp_pat
             list(itertools.islice(loader, 4))
     finally:
         loader.close()
+
+
+def test_the_same_pair_under_other_inodes_is_the_same_pair(tmp_path):
+    """What identifies a pair holds on every host (a dataset pickled to another node sees a
+    shared filesystem under other device and inode numbers): the same bytes, sizes and
+    modification times under a new inode are the file first opened."""
+    import shutil
+
+    prefix = write_documents(tmp_path / "a", _docs(0))
+    first = TokenFile(prefix)
+    want = first[3]
+    for ext in (".bin", ".idx"):  # new inodes, same sizes and modification times
+        shutil.copy2(prefix + ext, prefix + ext + ".copy")
+        os.replace(prefix + ext + ".copy", prefix + ext)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(first))[3], want)
