@@ -126,6 +126,11 @@ class TokenFile:
         return self._opened().header.dtype
 
     @property
+    def bin_bytes(self) -> int:
+        """Bytes of the ``.bin`` opened (the file's or the object's size at its opening)."""
+        return int(self._opened().bin.num_bytes)
+
+    @property
     def sequence_lengths(self) -> np.ndarray:
         """int32 tokens per sequence (read-only view)."""
         return self._opened().lengths

@@ -302,7 +302,7 @@ class TokenFileWriter:
             other.sequence_lengths,
             other.sequence_pointers,
             other.document_indices,
-            os.path.getsize(other.bin_path),
+            other.bin_bytes,
         )
         if problems:
             raise FormatError(
