@@ -120,3 +120,11 @@ def test_demo_stopped_by_sigterm_stops_torchrun_and_says_where_its_folder_is(tmp
             break
         time.sleep(0.2)
     assert not left.stdout.split(), left.stdout
+
+
+def test_demo_output_that_is_a_file_is_named_before_any_work(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    out = run_cli("demo", "--output", blocker)
+    assert out.returncode == 2 and "is a file; expected a folder" in out.stderr, out.stderr
+    assert "[1/6]" not in out.stdout and blocker.read_text() == "x"

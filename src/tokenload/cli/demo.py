@@ -137,9 +137,20 @@ def run(args: argparse.Namespace) -> int:
     require("torch", "torch", "tokenload demo (its ranks run the PyTorch loader)")
     resume = _resume_ranks(args)
     started = time.perf_counter()
+    if args.output and os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise ConfigError(
+            f"--output {args.output!r} is a file; expected a folder (made when missing)",
+            path=args.output,
+            hint="name a folder for the demo's files, or leave --output out (a temporary one)",
+        )
     folder = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="tokenload-demo-"))
     created = not args.output or not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from ..storage.os_errors import write_error
+
+        raise write_error(exc, folder, "the demo's work folder") from None
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return _run(args, resume, started, folder, created)
