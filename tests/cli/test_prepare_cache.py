@@ -310,3 +310,18 @@ def test_a_command_that_fails_makes_no_cache_folder(tmp_path, flags, words):
     done = run_cli("prepare-cache", "--data-path", prefix, "--split", "100,0,0", "--seq-length", 4,
                    "--data-cache-path", cache, "--train-valid-test-num-samples", 8, 0, 0)
     assert done.returncode == 0 and list(cache.glob("*.npy")), done.stderr
+
+
+def test_a_full_disk_is_one_error_whose_hint_fits_the_command(tmp_path):
+    """A cache write that fails for room (a real full tmpfs as the cache folder, a mount point)
+    says the filesystem is full, and prepare-cache's hint does not offer the library's way out
+    of building in memory (a command that writes caches has none): red-team findings."""
+    from support import mounted_tmpfs
+
+    prefix = write_documents(tmp_path / "a", [list(range(1, 200))] * 400)
+    with mounted_tmpfs(tmp_path / "full", "size=16k") as cache:
+        out = run_cli("prepare-cache", "--data-path", prefix, "--split", "100,0,0", "--seq-length",
+                      4, "--data-cache-path", cache, "--train-valid-test-num-samples", 8, 0, 0)
+        assert out.returncode == 2 and "the filesystem is full" in out.stderr, out.stderr
+        assert "--data-cache-path" in out.stderr and "in memory" not in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr

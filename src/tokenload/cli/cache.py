@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import CacheError, ConfigError
 from ..format import TokenFile
 from ..format.sequences import counts_of, unique_prefixes, write_sequences
 from ..index import Blend
@@ -448,7 +448,18 @@ def _build(config: Any, counts: Batches) -> tuple[Any, Any, Any]:
     # one process of rank 0, whatever launcher started it (as Megatron's tool)
     for name in _LAUNCHER_VARS:
         os.environ.pop(name, None)
-    return build_datasets(config, list(counts.samples))
+    try:
+        return build_datasets(config, list(counts.samples))
+    except CacheError as exc:
+        if not exc.message.startswith("cannot write the index cache"):
+            raise
+        # the library's hint offers an in-memory build: no way out for a command that writes
+        raise CacheError(
+            exc.message,
+            path=exc.path,
+            hint="free space on that filesystem, or pass another --data-cache-path (the"
+            " training job's, which reads the caches there)",
+        ) from None
 
 
 def _schedule_from(text: str | None) -> list[Any] | None:
