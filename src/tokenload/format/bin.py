@@ -76,8 +76,8 @@ class BinSource(CheckedSource):
         self.num_tokens = size // self.dtype.itemsize
 
     def stamp(self) -> tuple[Any, ...]:
-        """The file opened: its size and modification time (``opening.pair_stamp``)."""
-        return tuple(self._identity[2:])
+        """The file opened: its size (``opening.pair_stamp``; times change with a mere touch)."""
+        return (self._identity[2],)
 
     def _release(self) -> int:
         """The descriptor opened by ``__init__``, handed to the caller (-1 when none is left)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import xxhash
 
 from ..byte_source import ByteSource
 from ..errors import FormatError, StorageError
@@ -140,11 +141,17 @@ def open_pair(file: PairSpec, *, retry: bool = True) -> Opened:
     return opened_pair
 
 
+_SAMPLE = 4096
+"""Bytes of each end of an ``.idx`` that its opening hashes (``pair_stamp``)."""
+
+
 def pair_stamp(file: PairSpec, opened: list[int], source: Any) -> tuple[Any, ...]:
     """The identity of an opened pair, the same on every host that reads it (a dataset may be
-    pickled to another node, where a shared filesystem's device and inode numbers differ): the
-    ``.idx``'s size and modification time (an object's local copy: its name, made of its ETag)
-    and the ``.bin``'s (an object's size and ETag)."""
+    pickled to another node, where a shared filesystem's device and inode numbers differ, or
+    that holds its own copy) and whatever touches its times: the ``.idx``'s size and a hash of
+    its two ends (an object's local copy: its name, made of its ETag) and the ``.bin``'s size
+    and a hash of its two ends (an object's size and ETag). A rewrite that keeps both sizes and
+    both files' ends is not told apart (the bytes in between are not read for this)."""
     from ..storage import local_path
 
     if "://" in file.prefix:
@@ -152,7 +159,12 @@ def pair_stamp(file: PairSpec, opened: list[int], source: Any) -> tuple[Any, ...
     else:
         idx = tuple(opened[2:4])
     stamp = getattr(source, "stamp", None)
-    return (idx, stamp() if callable(stamp) else None)
+    bin_stamp = stamp() if callable(stamp) else None
+    if "://" not in file.prefix and source.num_tokens:  # (an object's ETag covers its bytes)
+        k = min(_SAMPLE // source.dtype.itemsize, source.num_tokens)
+        ends = source.read(0, k).tobytes() + source.read(source.num_tokens - k, k).tobytes()
+        bin_stamp = (bin_stamp, xxhash.xxh3_64_intdigest(ends))
+    return (idx, bin_stamp)
 
 
 def _same_index(file: PairSpec, opened: list[int], retry: bool) -> bool:
@@ -273,10 +285,15 @@ def _read_index(file: PairSpec, opened: list[int], *, finish: bool = True) -> me
 
         with open(local_path(file.idx_path), "rb") as f:
             st = os.fstat(f.fileno())
-            opened[:] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
             if file.mode is ReadMode.MMAP and st.st_size > 0:  # a mapping that keeps no descriptor
-                return map_readonly(f.fileno(), st.st_size).data
-            return memoryview(f.read())
+                data = map_readonly(f.fileno(), st.st_size).data
+            else:
+                data = memoryview(f.read())
+            # its content's sample (first and last 4 KiB: the header, the first lengths, the
+            # last document indices): what ``pair_stamp`` tells a same-size rewrite by
+            sample = xxhash.xxh3_64_intdigest(bytes(data[:_SAMPLE]) + bytes(data[-_SAMPLE:]))
+            opened[:] = [st.st_dev, st.st_ino, st.st_size, sample]
+            return data
     except FileNotFoundError as exc:
         if finish and "://" not in file.idx_path and _finished(file.idx_path):
             return _read_index(file, opened, finish=False)

@@ -66,8 +66,8 @@ class TokenFile:
         self.allow_float = allow_float
         self._state: Opened | None = None
         self._first: tuple[Any, ...] | None = None
-        """The pair as first opened (``opening.pair_stamp``: sizes, modification times, an
-        object's ETag): carried to the processes this file is pickled into, whose own opening
+        """The pair as first opened (``opening.pair_stamp``: sizes, a hash of the index's ends,
+        an object's ETag): carried to the processes this file is pickled into, whose own opening
         must find the same files."""
 
     @property
@@ -88,9 +88,10 @@ class TokenFile:
             elif state.stamp != self._first:  # indices, plans, reads were made of the first
                 state.bin.close()
                 raise StorageError(
-                    "the token file changed since it was first opened (another .bin or .idx is"
-                    f" under this prefix now: first {self._first}, now {state.stamp}); the"
-                    " job's indices and reads belong to the files as they were",
+                    "the token file changed since it was first opened (its .bin or .idx now"
+                    f" has another size or other index contents: first {self._first}, now"
+                    f" {state.stamp}); the job's indices and reads belong to the files as they"
+                    " were",
                     path=self.bin_path,
                     hint="do not rewrite token files while a job reads them; restart the job on"
                     " the new files",

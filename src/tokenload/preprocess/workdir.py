@@ -45,6 +45,7 @@ killed during cleanup would hand its parts to the next run, even one with anothe
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -269,8 +270,13 @@ class WorkDir(WorkFolder):
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
             os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):  # a filesystem without locks
+                log.info("cannot lock %s (%s): running without the lock", path, exc.strerror)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                return
             raise ConfigError(
                 f"another tokenload preprocess is writing this output: its work folder"
                 f" {self.location} is in use (locked by a running process)",

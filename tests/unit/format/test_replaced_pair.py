@@ -81,3 +81,17 @@ def test_the_same_pair_under_other_inodes_is_the_same_pair(tmp_path):
         shutil.copy2(prefix + ext, prefix + ext + ".copy")
         os.replace(prefix + ext + ".copy", prefix + ext)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(first))[3], want)
+
+
+@pytest.mark.parametrize("mode", ["mmap", "pread", "memory"])
+def test_a_touched_pair_is_the_same_pair(tmp_path, mode):
+    """Times are not identity: a `touch` (a scratch disk's purge guard, a copy of the same bytes)
+    changed them and every later opening refused the file (a regression red-team finding)."""
+    prefix = write_documents(tmp_path / "a", _docs(0))
+    first = TokenFile(prefix, mode=mode)
+    want = first[3]
+    for ext in (".bin", ".idx"):
+        os.utime(prefix + ext, ns=(1_000_000_000, 2_000_000_000))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(first))[3], want)
+    first.close()
+    np.testing.assert_array_equal(first[3], want)  # reopened in the same process

@@ -357,3 +357,25 @@ def test_a_second_run_writing_the_same_output_is_refused_while_the_first_runs(tm
         run(files, tmp_path / "again")
     Path(files[1]).write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[50:100]))
     assert run(files, tmp_path / "again").files == 2  # the failed run held nothing
+
+
+@pytest.mark.parametrize("code", ["ENOSYS", "ENOLCK"])
+def test_a_filesystem_without_locks_runs_without_the_lock(tmp_path, docs, monkeypatch, code):
+    """Where flock fails for want of locks (Lustre without -o flock, NFSv3 without lockd), only
+    "already locked" means another run: the run goes on unlocked and leaves no lock file (it was
+    refused as "in use": a regression red-team finding)."""
+    import errno
+    import fcntl
+
+    import tokenload.preprocess.workdir as workdir
+
+    real = fcntl.flock
+
+    def no_locks(fd, operation):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(workdir.fcntl, "flock", no_locks)
+    files = [write_jsonl(tmp_path / "in0.jsonl", docs[:50])]
+    result = run(files, tmp_path / "out")
+    assert result.files == 1 and not list(tmp_path.glob(".*lock"))
+    monkeypatch.setattr(workdir.fcntl, "flock", real)
