@@ -262,8 +262,12 @@ class WorkDir(WorkFolder):
         self._hold()
         super().open(resume)
 
+    @property
+    def _lock_path(self) -> Path:
+        return self.root.parent / f".{self.root.name}.lock"  # beside the folder it guards
+
     def _hold(self) -> None:
-        path = self.root.parent / f".{self.root.name}.lock"  # beside the folder it guards
+        path = self._lock_path
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError:  # a folder that takes no file: the outputs' write will say why
@@ -290,7 +294,7 @@ class WorkDir(WorkFolder):
         if self._lock is None:
             return
         with contextlib.suppress(OSError):
-            os.unlink(self.root.parent / f".{self.root.name}.lock")
+            os.unlink(self._lock_path)
         os.close(self._lock)
         self._lock = None
 
