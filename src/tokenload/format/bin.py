@@ -22,6 +22,7 @@ import os
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from ..byte_source import ByteSource, CheckedSource, gather_spans
 from ..errors import FormatError, StorageError
@@ -76,8 +77,11 @@ class BinSource(CheckedSource):
         self.num_tokens = size // self.dtype.itemsize
 
     def stamp(self) -> tuple[Any, ...]:
-        """The file opened: its size (``opening.pair_stamp``; times change with a mere touch)."""
-        return (self._identity[2],)
+        """The file opened (``opening.pair_stamp``): its size and a hash of its first and last
+        4 KiB (not its times: a mere touch changes them)."""
+        k = min(4096 // self.dtype.itemsize, self.num_tokens)
+        ends = self.read(0, k).tobytes() + self.read(self.num_tokens - k, k).tobytes()
+        return (self._identity[2], xxhash.xxh3_64_intdigest(ends))
 
     def _release(self) -> int:
         """The descriptor opened by ``__init__``, handed to the caller (-1 when none is left)."""

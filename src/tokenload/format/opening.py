@@ -158,13 +158,8 @@ def pair_stamp(file: PairSpec, opened: list[int], source: Any) -> tuple[Any, ...
         idx: Any = os.path.basename(local_path(file.idx_path))
     else:
         idx = tuple(opened[2:4])
-    stamp = getattr(source, "stamp", None)
-    bin_stamp = stamp() if callable(stamp) else None
-    if "://" not in file.prefix and source.num_tokens:  # (an object's ETag covers its bytes)
-        k = min(_SAMPLE // source.dtype.itemsize, source.num_tokens)
-        ends = source.read(0, k).tobytes() + source.read(source.num_tokens - k, k).tobytes()
-        bin_stamp = (bin_stamp, xxhash.xxh3_64_intdigest(ends))
-    return (idx, bin_stamp)
+    stamp = getattr(source, "stamp", None)  # (a local file's size and ends, an object's ETag)
+    return (idx, stamp() if callable(stamp) else None)
 
 
 def _same_index(file: PairSpec, opened: list[int], retry: bool) -> bool:

@@ -66,7 +66,7 @@ class TokenFile:
         self.allow_float = allow_float
         self._state: Opened | None = None
         self._first: tuple[Any, ...] | None = None
-        """The pair as first opened (``opening.pair_stamp``: sizes, a hash of the index's ends,
+        """The pair as first opened (``opening.pair_stamp``: sizes, a hash of each file's ends,
         an object's ETag): carried to the processes this file is pickled into, whose own opening
         must find the same files."""
 
