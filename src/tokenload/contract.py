@@ -52,14 +52,28 @@ PIECE_FIRST, PIECE_LENGTH = "piece_first", "piece_length"
 every piece's tokens, flat, row after row (not a row per sample). Cutting such a result by rows
 cuts the pieces with them (``loader.worker_main``)."""
 
-PIECE_SLOT, PIECE_INPUTS, ROW_DOCUMENTS = "piece_slot", "piece_inputs", "row_documents"
+PIECE_SLOT, PIECE_INPUTS, ROW_COUNTS = "piece_slot", "piece_inputs", "row_counts"
 """Optional keys of a packed ``read_batch`` result, made with the plan: each piece's first slot in
 its row and the input positions it covers (its tokens; a row's last piece, the rest of the row's
-S inputs), flat like ``PIECE_LENGTH``; and each row's documents among its inputs (a row per
-sample). Position ids and the packing counts are then laid from them instead of worked out."""
+S inputs), flat like ``PIECE_LENGTH``; and each row's packing counts, int64 ``(rows, 2)``: its
+documents among its inputs and its padding label slots (a row per sample). Position ids and the
+packing counts are then laid from them instead of worked out."""
 
 PIECE_KEYS = (PIECE_LENGTH, PIECE_SLOT, PIECE_INPUTS)
 """The keys of a packed read that hold a value per piece (cut with their rows' pieces)."""
+
+
+def row_counts(documents: np.ndarray, row_tokens: np.ndarray, seq: int) -> np.ndarray:
+    """``ROW_COUNTS`` of packed rows of S = ``seq`` inputs: int64 ``(rows, 2)``, each row's
+    documents among its inputs, and its padding label slots. Label slot i holds the window's
+    token i + 1, so the slots from ``row_tokens - 1`` on are padding (with or without the extra
+    token: without it, the last label is padding in every row); a row holds 1 to S + extra
+    tokens."""
+    out = np.empty((row_tokens.size, 2), dtype=np.int64)
+    out[:, 0] = documents
+    np.subtract(seq + 1, row_tokens, out=out[:, 1])
+    np.minimum(out[:, 1], seq, out=out[:, 1])
+    return out
 
 
 @dataclass(frozen=True)

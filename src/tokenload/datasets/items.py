@@ -105,7 +105,7 @@ def _count(n: int) -> np.ndarray:
     return out
 
 
-def _upto(n: int) -> np.ndarray:
+def upto(n: int) -> np.ndarray:
     """``arange(n)`` int64, a view of a shared read-only array."""
     return _count(max(1024, 1 << (n - 1).bit_length()))[:n]
 
@@ -133,8 +133,8 @@ def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
     (``first``: each row's first piece; every row has one)."""
     batch, total = first.size, length.size
     slot, count = _row_slots_of(_offsets(first, total), np.asarray(length, dtype=np.int64))
-    rank = _upto(total) - np.repeat(first, count)
-    return starts_matrix(np.repeat(_upto(batch), count), slot, rank, batch)
+    rank = upto(total) - np.repeat(first, count)
+    return starts_matrix(np.repeat(upto(batch), count), slot, rank, batch)
 
 
 class PieceLayout(NamedTuple):
@@ -300,13 +300,13 @@ def build_items(
             and cfg.eod_id is not None
         )
         if masked_by_documents or eod_rule:
-            starts = _upto(seq)[None, :] - position_ids
+            starts = upto(seq)[None, :] - position_ids
         if eod_rule:
             assert starts is not None and row_tokens is not None  # pieces come with row_tokens
-            held_eod = (tokens == cfg.eod_id) & (_upto(seq)[None, :] < row_tokens[:, None] - 1)
+            held_eod = (tokens == cfg.eod_id) & (upto(seq)[None, :] < row_tokens[:, None] - 1)
             np.maximum(starts, _segment_starts(held_eod), out=starts)
             if cfg.reset_position_ids:
-                np.subtract(_upto(seq)[None, :], starts, out=position_ids)
+                np.subtract(upto(seq)[None, :], starts, out=position_ids)
     else:
         if bounds is not None:
             starts = _bound_starts(bounds, seq)
@@ -316,9 +316,9 @@ def build_items(
         if starts is not None and (
             bounds is not None or cfg.reset_position_ids or cfg.inter_document_masking
         ):
-            np.subtract(_upto(seq)[None, :], starts, out=position_ids)
+            np.subtract(upto(seq)[None, :], starts, out=position_ids)
         else:
-            np.copyto(position_ids, _upto(seq))
+            np.copyto(position_ids, upto(seq))
     out = {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
     if cfg.create_attention_mask and not cfg.inter_document_masking:
         out["attention_mask"] = _attention_mask(batch, seq, starts if masked_by_documents else None)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_DOCUMENTS
+from ..contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_COUNTS, row_counts
 from .items import ItemConfig, PieceLayout, piece_layout, piece_starts
 from .sources import TokenSource
 
@@ -28,6 +28,7 @@ __all__ = [
     "piece_layout",
     "piece_starts",
     "read_rows",
+    "row_counts",
 ]
 
 
@@ -51,18 +52,21 @@ class PackedRead(NamedTuple):
         """Where each row's pieces begin (``items.starts_matrix``)."""
         return piece_starts(self.length, self.first)
 
-    def batch(self) -> dict[str, Any]:
-        """The ``read_batch`` result that ``items.finish_windows`` takes."""
+    def batch(self, sequence_length: int) -> dict[str, Any]:
+        """The ``read_batch`` result that ``items.finish_windows`` takes, for rows of
+        ``sequence_length`` inputs; with the layout, each row's packing counts (``ROW_COUNTS``)
+        made for the whole read."""
+        tokens = self.row_tokens
         out = {
             "windows": self.windows,
-            "padded": bool(self.row_tokens.size)
-            and int(self.row_tokens.min()) < self.windows.shape[1],
-            "row_tokens": self.row_tokens,
+            "padded": bool(tokens.size) and int(_MIN(tokens)) < self.windows.shape[1],
+            "row_tokens": tokens,
             PIECE_FIRST: self.first,
             PIECE_LENGTH: self.length,
         }
         if self.layout is not None:
-            out[PIECE_SLOT], out[PIECE_INPUTS], out[ROW_DOCUMENTS] = self.layout
+            out[PIECE_SLOT], out[PIECE_INPUTS] = self.layout.slot, self.layout.inputs
+            out[ROW_COUNTS] = row_counts(self.layout.documents, tokens, sequence_length)
         return out
 
 
@@ -111,6 +115,7 @@ def read_rows(
 
 
 _ADD_AT = np.add.reduceat
+_MIN = np.minimum.reduce
 
 
 def merge_pieces(

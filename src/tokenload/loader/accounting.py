@@ -302,7 +302,7 @@ class PackingCounts:
         documents, then its padding label slots)."""
         shape = batch["position_ids"].shape
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
-        self._counts.append(_numpy(counts).copy())
+        self._counts.append(_numpy(counts).copy())  # (rows, 2): documents and padding
         self._ids.append(None if ids is None else np.array(ids))
         self._widths.append(shape[1] if len(shape) == 2 else 0)
         if len(self._counts) >= self._FOLD:
@@ -314,9 +314,9 @@ class PackingCounts:
             return
         pending, pending_ids, widths = self._counts, self._ids, self._widths
         self._counts, self._ids, self._widths = [], [], []
-        counts = np.concatenate(pending, axis=1).astype(np.int64, copy=False)
-        per_row, padding = counts
-        sizes = [c.shape[1] for c in pending]
+        counts = np.concatenate(pending).astype(np.int64, copy=False)
+        per_row, padding = counts[:, 0], counts[:, 1]
+        sizes = [c.shape[0] for c in pending]
         width = np.repeat(np.array(widths, dtype=np.int64), sizes)
         found = np.bincount(per_row)
         if found.size > self.rows_by_documents.size:

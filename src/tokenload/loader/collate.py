@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_LENGTH, ROW_DOCUMENTS, Allocator, LoaderDataset
+from ..contract import PIECE_FIRST, PIECE_LENGTH, ROW_COUNTS, Allocator, LoaderDataset, row_counts
 
 PACKING_COUNTS = "_tokenload_packing_counts"
 """A field that packed micro-batches carry from where they are made (a worker) to the loader,
 which takes it out before handing the batch over (``accounting.PackingCounts``): int64
-``(2, B)``, each row's documents (pieces beginning among its S inputs), then its padding label
-slots. Counted from the read's own ``row_tokens`` and pieces, so the training process
-does not search the finished fields for them."""
+``(B, 2)``, each row's documents (pieces beginning among its S inputs) and its padding label
+slots (``contract.row_counts``). Counted from the read's own ``row_tokens`` and pieces, so the
+training process does not search the finished fields for them."""
 
 
 def fetch(
@@ -36,46 +36,32 @@ def fetch(
 
 def finish(dataset: LoaderDataset, read: Any, alloc: Allocator | None = None) -> Any:
     """``dataset.finish_batch`` of a ``read_batch`` result; packed rows (a read with
-    ``row_tokens``) also get their ``PACKING_COUNTS``."""
+    ``row_tokens``) also get their ``PACKING_COUNTS``: the read's own (``ROW_COUNTS``, made once
+    for all the micro-batches of a read), else worked out from its pieces."""
     out = dataset.finish_batch(read, alloc)
     row_tokens = read.get("row_tokens") if isinstance(read, dict) else None
     if row_tokens is not None and isinstance(out, dict) and "tokens" in out:
-        out[PACKING_COUNTS] = packing_counts(
-            read[PIECE_FIRST],
-            read[PIECE_LENGTH],
-            row_tokens,
-            int(out["tokens"].shape[1]),
-            alloc,
-            read.get(ROW_DOCUMENTS),
-        )
+        counts = read.get(ROW_COUNTS)
+        if counts is None:
+            seq = int(out["tokens"].shape[1])
+            counts = packing_counts(read[PIECE_FIRST], read[PIECE_LENGTH], row_tokens, seq)
+        out[PACKING_COUNTS] = counts  # (a worker's ring copies it into the batch's slot)
     return out
 
 
 def packing_counts(
-    first: np.ndarray,
-    length: np.ndarray,
-    row_tokens: np.ndarray,
-    seq: int,
-    alloc: Allocator | None = None,
-    documents: np.ndarray | None = None,
+    first: np.ndarray, length: np.ndarray, row_tokens: np.ndarray, seq: int
 ) -> np.ndarray:
-    """``PACKING_COUNTS`` of packed rows: S inputs each, ``row_tokens`` tokens in their window
-    and their pieces flat (``first``: each row's first piece; ``length``: every piece's tokens).
-    Label slot i holds the window's token i + 1, so the slots from ``row_tokens - 1`` on are
-    padding (with or without the extra token: without it, the last label is padding in every
-    row)."""
-    batch = row_tokens.shape[0]
-    shape, dtype = (2, batch), np.dtype(np.int64)
-    out = np.empty(shape, dtype=dtype) if alloc is None else alloc(shape, dtype)
-    if documents is not None:  # as the plan counted them (``ROW_DOCUMENTS``)
-        np.copyto(out[0], documents)
-    elif batch:  # a row's pieces, less its last when that begins at slot S (the label slot)
-        np.subtract(first[1:], first[:-1], out=out[0, :-1])
-        out[0, -1] = length.size - first[-1]
-        out[0] -= (row_tokens - length[first + out[0] - 1]) >= seq
-    np.subtract(seq + 1, row_tokens, out=out[1])  # a row holds 1 to S + extra tokens
-    np.minimum(out[1], seq, out=out[1])
-    return out
+    """``PACKING_COUNTS`` of packed rows (``packed_rows.row_counts``: int64 ``(rows, 2)``, each
+    row's documents among its inputs and its padding label slots), worked out from their pieces:
+    S inputs each, ``row_tokens`` tokens in their window and their pieces flat (``first``: each
+    row's first piece; ``length``: every piece's tokens)."""
+    documents = np.zeros(row_tokens.shape[0], dtype=np.int64)
+    if documents.size:  # a row's pieces, less its last when that begins at slot S (the label slot)
+        np.subtract(first[1:], first[:-1], out=documents[:-1])
+        documents[-1] = length.size - first[-1]
+        documents -= (row_tokens - length[first + documents - 1]) >= seq
+    return row_counts(documents, row_tokens, seq)
 
 
 def to_tensors(batch: Any) -> Any:

@@ -169,7 +169,7 @@ class ComputedBlendedDataset(_Items, BlendContract):
             for d in distinct(draws.source).tolist()
             for rows in [draws.source == d]
         ]
-        batch = merge_packed(reads, draws.source.size, self.item).batch()
+        batch = merge_packed(reads, draws.source.size, self.item).batch(self.item.sequence_length)
         batch["dataset_id"] = draws.source
         return batch
 

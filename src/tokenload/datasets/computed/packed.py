@@ -469,7 +469,7 @@ class ComputedPackedDataset(OnExtent, _Items, OneSourceContract):
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         idx, _ = from_end(sample_indices(indices), len(self))
-        return self.read_rows(idx).batch()
+        return self.read_rows(idx).batch(self.item.sequence_length)
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None

@@ -20,7 +20,7 @@ from ...contract import (
     PIECE_INPUTS,
     PIECE_LENGTH,
     PIECE_SLOT,
-    ROW_DOCUMENTS,
+    ROW_COUNTS,
     Allocator,
     MixtureCursors,
     RowPieces,
@@ -121,17 +121,18 @@ class BlendedDataset(BlendContract):
             if not parts:  # no row: the layout of none
                 batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
                 none = piece_layout(np.zeros(1, dtype=np.int64), np.zeros(0), item.sequence_length)
-                batch[PIECE_SLOT], batch[PIECE_INPUTS], batch[ROW_DOCUMENTS] = none
+                batch[PIECE_SLOT], batch[PIECE_INPUTS] = none.slot, none.inputs
+                batch[ROW_COUNTS] = np.zeros((0, 2), dtype=np.int64)
             elif all(PIECE_SLOT in part for part in parts.values()):
                 laid = [(part[PIECE_SLOT], part[PIECE_INPUTS]) for part in parts.values()]
                 merged = merge_pieces(pieces, idx.size, laid)
                 batch[PIECE_FIRST], batch[PIECE_LENGTH], batch[PIECE_SLOT], batch[PIECE_INPUTS] = (
                     merged
                 )
-                documents = np.empty(idx.size, dtype=np.int32)
+                counts = np.empty((idx.size, 2), dtype=np.int64)
                 for d, part in parts.items():
-                    documents[rows[d]] = part[ROW_DOCUMENTS]
-                batch[ROW_DOCUMENTS] = documents
+                    counts[rows[d]] = part[ROW_COUNTS]
+                batch[ROW_COUNTS] = counts
             else:
                 batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
         elif item.inter_document_masking:

@@ -37,8 +37,10 @@ array only while the document index is drawn.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -56,8 +58,8 @@ from ...index.plan import MidLevelPlan
 from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
-from ..items import ItemConfig, finish_windows
-from ..packed_rows import piece_layout, read_rows
+from ..items import ItemConfig, PieceLayout, finish_windows, upto
+from ..packed_rows import read_rows
 from ..sources import FactsGuard
 from .built import built_member, default_folder, placeless
 from .gpt_dataset import IndexArrays
@@ -79,9 +81,15 @@ the final epoch's rows with the others (a piece could repeat before every piece 
 are never read as plans of this rule."""
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+_ALL = np.logical_and.reduce
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _WINDOWS_MAX = 1 << 31
 """Full windows a plan can number: ``piece_index`` names window j by ``-1 - j`` (int32)."""
+_ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
+_CHECK_SHIFT = 12
+_CHECK_ROWS = 1 << _CHECK_SHIFT
+"""Rows of the plan checked at once, on their first use in a process (``_check_chunks``): about
+10,000 pieces, decoded and checked in about 0.2 ms."""
 
 
 def build_packed_indices(
@@ -251,6 +259,49 @@ def _piece_count(lengths: np.ndarray, window: int, extra: int) -> tuple[int, int
     return int(np.count_nonzero(lengths)) - n.size + fulls + int(np.count_nonzero(keep)), fulls
 
 
+def _last_piece_start(n: np.ndarray, extra: int, stride: int) -> np.ndarray:
+    """Where the last piece of a sequence of ``n`` tokens (or of a full window ending at ``n``)
+    starts: at the last multiple of S below ``n - extra`` (0 at least). All of it when n <= W,
+    else the rest after the (n - extra) // S full windows (a rest is kept only when it holds more
+    than ``extra`` tokens, so n - extra is then never a multiple of S); a window ends at
+    k * S + W, so it starts at k * S and holds W tokens."""
+    start: np.ndarray = np.maximum(n, extra + 1)
+    start -= extra + 1
+    start //= stride
+    start *= stride
+    return start
+
+
+class _Rows(NamedTuple):
+    """Rows decoded from the plan (``PackedGPTDataset._rows``), their pieces flat, row after row
+    (int64)."""
+
+    first: np.ndarray
+    """Each row's first piece."""
+    counts: np.ndarray
+    """Each row's pieces."""
+    ends: np.ndarray
+    """Each row's first piece past its own (``first + counts``)."""
+    sequence: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+
+
+@dataclass
+class _Checked:
+    """The plan's chunks of rows this process has checked (``_check_chunks``)."""
+
+    flags: np.ndarray
+    left: int
+    pid: int
+
+    @classmethod
+    def none(cls, rows: int) -> _Checked:
+        """No chunk of a plan of ``rows`` rows checked yet, in this process."""
+        chunks = -(-rows // _CHECK_ROWS)
+        return cls(np.zeros(chunks, dtype=bool), chunks, os.getpid())
+
+
 class PackedGPTDataset(OneSourceContract):
     """Packed rows of one split of one token file in the Megatron order: sample k is row
     ``shuffle_index[k]`` of the plan (module docstring)."""
@@ -276,6 +327,12 @@ class PackedGPTDataset(OneSourceContract):
         self.samples_per_epoch = int(samples_per_epoch)
         self.startup_phases: dict[str, float] = {}
         self._facts = FactsGuard(source, file_facts)  # a manifest load's: checked on first use
+        self._checked: _Checked | None = None  # the plan's chunks checked in this process
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_checked"] = None  # each process checks the plan it maps
+        return state
 
     def _arrays(self) -> dict[str, np.ndarray]:
         """The plan's arrays, after the token file's recorded facts are checked in this
@@ -296,44 +353,86 @@ class PackedGPTDataset(OneSourceContract):
         piece and the ``(sequence, start, length)`` of each piece (int64, pieces x 3, from
         ``piece_index`` and ``window_index``), every value checked (a damaged plan is a
         ``CacheError`` naming its file)."""
-        first, seq, start, length = self._plan(indices)
-        return first, np.array((seq, start, length), dtype=np.int64).T
+        rows = self._rows(indices)
+        return rows.first, np.array((rows.sequence, rows.start, rows.length), dtype=np.int64).T
 
-    def _plan(self, indices: npt.ArrayLike) -> tuple[np.ndarray, ...]:
-        """``plan_pieces`` as columns: ``first``, then each piece's sequence, start and length.
-        It runs per batch on a few dozen pieces, so it makes as few NumPy calls as the checks
-        allow (each costs about a microsecond here, whatever its size)."""
+    def _rows(self, indices: npt.ArrayLike) -> _Rows:
+        """The pieces of the rows of samples ``indices``, decoded from the plan. It runs per read
+        on a few dozen rows, so it makes as few NumPy calls as it can (each costs about a
+        microsecond here, whatever its size): the plan's values are checked once per chunk of
+        ``_CHECK_ROWS`` rows, on the chunk's first use in the process (``_check_chunks``), as a
+        token file's pointers are, not on every read."""
         idx = sample_indices(indices)
         arrays = self._arrays()
-        shuffle, offsets, table = (
-            arrays["shuffle_index"],
-            arrays["row_index"],
-            arrays["piece_index"],
-        )
+        shuffle, offsets = arrays["shuffle_index"], arrays["row_index"]
         try:
             rows = shuffle[idx]
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
-        signed = rows.dtype.kind == "i"  # (Megatron's rule gives uint32 below 2^32 rows)
-        rows = rows.astype(np.int64)  # (indexing by int64 is the fast path)
-        if rows.size and ((signed and _MIN(rows) < 0) or _MAX(rows) >= offsets.size - 1):
-            raise self.indices.corrupt(
-                "shuffle_index", "row numbers out of range", f"0..{offsets.size - 2}"
-            )
-        lo, hi = offsets[rows].astype(np.int64), offsets[rows + 1].astype(np.int64)
-        counts = hi - lo
-        if rows.size and (_MIN(counts) < 1 or _MIN(lo) < 0 or _MAX(hi) > len(table)):
+        # Megatron's rule gives uint32 below 2^32 rows: only int64 ones can be negative
+        if rows.dtype.kind == "i" and rows.size and _MIN(rows) < 0:
+            raise self._bad_shuffle(offsets)
+        try:  # (B, 2) in one lookup: a row number past the plan fails it
+            bounds = offsets[rows[:, None] + _ROW_AND_NEXT].astype(np.int64, copy=False)
+        except IndexError:
+            raise self._bad_shuffle(offsets) from None
+        checked = self._checked
+        if checked is None or checked.pid != os.getpid():
+            checked = self._checked = _Checked.none(offsets.size - 1)
+        if checked.left and not _ALL(checked.flags[rows >> _CHECK_SHIFT]):
+            self._check_chunks(rows, arrays, checked)
+        lo = bounds[:, 0]
+        counts = bounds[:, 1] - lo
+        ends = counts.cumsum()
+        first = ends - counts
+        at = upto(int(ends[-1]) if ends.size else 0) + (lo - first).repeat(counts)
+        entries = arrays["piece_index"][at]
+        # the entries as the module docstring lays them out (checked with their chunk)
+        seq = entries.astype(np.int64)
+        win = (entries < 0).nonzero()[0]  # full windows (in most reads: 1 row in 6)
+        if win.size:
+            pair = arrays["window_index"][~seq[win]]  # window j is entry -1 - j, that is ~j
+            seq[win] = pair[:, 0]
+        n = self.source.sequence_lengths[seq].astype(np.int64)
+        if win.size:
+            n[win] = pair[:, 1]
+        start = _last_piece_start(n, self.item.extra, self.item.sequence_length)
+        n -= start
+        return _Rows(first, counts, ends, seq, start, n)
+
+    def _bad_shuffle(self, offsets: np.ndarray) -> CacheError:
+        return self.indices.corrupt(
+            "shuffle_index", "row numbers out of range", f"0..{offsets.size - 2}"
+        )
+
+    def _check_chunks(
+        self, rows: np.ndarray, arrays: dict[str, np.ndarray], checked: _Checked
+    ) -> None:
+        """Check the plan's chunks that ``rows`` fall in and this process has not checked: each
+        chunk's row offsets, and its pieces decoded by ``_pieces`` (each within the token file's
+        sequences, no row longer than its window)."""
+        total = arrays["row_index"].size - 1
+        wanted = np.unique(rows >> _CHECK_SHIFT)
+        for chunk in wanted[~checked.flags[wanted]].tolist():
+            lo = chunk << _CHECK_SHIFT
+            self._check_rows(arrays, lo, min(lo + _CHECK_ROWS, total))
+            checked.flags[chunk] = True
+            checked.left -= 1
+
+    def _check_rows(self, arrays: dict[str, np.ndarray], lo: int, hi: int) -> None:
+        """Check rows ``lo..hi`` of the plan (``_check_chunks``)."""
+        table = arrays["piece_index"]
+        bounds = np.asarray(arrays["row_index"][lo : hi + 1], dtype=np.int64)
+        begin, end = int(bounds[0]), int(bounds[-1])
+        if _MIN(np.diff(bounds)) < 1 or begin < 0 or end > len(table):
             raise self.indices.corrupt(
                 "row_index",
                 "a row without pieces or offsets past the pieces",
                 f"increasing offsets within 0..{len(table)}",
             )
-        first = np.cumsum(counts) - counts
-        at = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(lo - first, counts)
-        seq, start, length = self._pieces(table[at], arrays["window_index"])
-        if seq.size and _MAX(np.add.reduceat(length, first)) > self.item.window:
+        length = self._pieces(np.asarray(table[begin:end]), arrays["window_index"])[2]
+        if _MAX(np.add.reduceat(length, bounds[:-1] - begin)) > self.item.window:
             raise self._damaged("piece_index")
-        return first, seq, start, length
 
     def _pieces(self, entries: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, ...]:
         """Sequence, start and length (int64) of ``piece_index`` entries (module docstring),
@@ -362,15 +461,7 @@ class PackedGPTDataset(OneSourceContract):
             if _MIN(n[win] - ends) < 0:
                 raise self._damaged("window_index")
             n[win] = ends
-        # the last piece of a sequence of L tokens (or of a window ending at L) starts at the
-        # last multiple of S below L - extra (0 at least): all of it when L <= W, else the
-        # rest after the (L - extra) // S full windows (a rest is kept only when it holds more
-        # than ``extra`` tokens, so L - extra is then never a multiple of S); a window ends at
-        # k * S + W, so it starts at k * S and holds W tokens
-        start = np.maximum(n, extra + 1)
-        start -= extra + 1
-        start //= stride
-        start *= stride
+        start = _last_piece_start(n, extra, stride)
         length = n - start
         if _MIN(length) < 1:
             raise self._damaged("piece_index")
@@ -420,14 +511,24 @@ class PackedGPTDataset(OneSourceContract):
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """The rows' windows and pieces, with their layout made once for the whole read (a
-        worker's read serves several micro-batches, cut by rows: ``piece_layout``), so that
-        finishing each micro-batch lays its position ids and counts from it."""
-        first, sequence, start, length = self._plan(indices)
-        offsets = np.empty(first.size + 1, dtype=np.int64)
-        offsets[:-1], offsets[-1] = first, length.size
-        layout = piece_layout(offsets, length, self.item.sequence_length)
-        read = read_rows(self.source, self.item, first, sequence, start, length, layout)
-        return read.batch()
+        worker's read serves several micro-batches, cut by rows), so that finishing each
+        micro-batch lays its position ids and counts from it."""
+        r = self._rows(indices)
+        seq = self.item.sequence_length
+        # ``piece_layout`` from the decoded rows: each piece's first slot in its row, the input
+        # positions it covers (a row's last piece: the rest of the row's S inputs) and each
+        # row's pieces with a token among its inputs
+        slot = r.length.cumsum()
+        slot -= r.length
+        slot -= slot[r.first].repeat(r.counts)
+        last = r.ends - 1
+        inputs = r.length.copy()
+        inputs[last] = seq - slot[last]
+        documents = (r.counts - (inputs[last] == 0)).astype(np.int32)
+        small = np.int16 if seq + 1 < 1 << 15 else np.int32
+        layout = PieceLayout(slot.astype(small), inputs.astype(small), documents)
+        read = read_rows(self.source, self.item, r.first, r.sequence, r.start, r.length, layout)
+        return read.batch(seq)
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
