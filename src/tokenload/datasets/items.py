@@ -331,7 +331,7 @@ def build_items(
             out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(is_eod)
     if padded or pad >= 0 or not extra:
         if row_tokens is not None:
-            _clear_short_rows(text, tokens, labels, loss_mask, pad, extra, row_tokens)
+            _clear_short_rows(text, tokens, labels, loss_mask, pad, extra, row_tokens, padded)
         else:
             _clear_padding(text, tokens, labels, loss_mask, pad, extra)
     return out
@@ -398,17 +398,19 @@ def _clear_short_rows(
     pad: int,
     extra: int,
     row_tokens: np.ndarray,
+    short: bool = True,
 ) -> None:
     """``_clear_padding`` where each row's padding is the slots past its ``row_tokens`` (whatever
     they hold); with a pad id of 0 or more, a token equal to it is padding too, as in a padded
     window. The same fields as a window padded with the pad id would give. Every row is cleared
     as a full one (``_clear_padding``: a token equal to the pad id; without the extra token, the
     last label), then each short row's tail: few rows are short (best-fit fills nearly every
-    row), so a slice each costs less than a mask of the whole micro-batch."""
+    row), so a slice each costs less than a mask of the whole micro-batch. ``short=False``: the
+    read found no short row (its ``padded`` flag), so none is looked for."""
     width = text.shape[1]
     if pad >= 0 or not extra:
         _clear_padding(text, tokens, labels, loss_mask, pad, extra)
-    if not row_tokens.size or int(_MIN(row_tokens)) >= width:
+    if not short or not row_tokens.size or int(_MIN(row_tokens)) >= width:
         return
     for row in np.flatnonzero(row_tokens < width).tolist():
         held = int(row_tokens[row])  # window slots [held, width) are padding

@@ -78,6 +78,8 @@ def read_rows(
     start: np.ndarray,
     length: np.ndarray,
     layout: PieceLayout | None = None,
+    *,
+    tokens: np.ndarray | None = None,
 ) -> PackedRead:
     """The windows, token counts and pieces of rows whose pieces are given flat (``first``: each
     row's first piece; every row has one, and no row holds more than ``S + extra`` tokens).
@@ -85,7 +87,8 @@ def read_rows(
     The boundaries the pieces give (``items.starts_bounds`` of ``piece_starts``) are the ends of
     every piece but a row's last (its end, like the padding after it, is the row's end S): the
     layout of ``items.document_bounds`` without the extra token's rule, since a packed row's last
-    slot holds a label only, whichever document it belongs to.
+    slot holds a label only, whichever document it belongs to. ``tokens``: each row's tokens,
+    when the caller has summed them.
     """
     batch, width = first.size, item.window
     flat = source.read_pieces(sequence, start, length)
@@ -94,7 +97,8 @@ def read_rows(
     if not batch:
         empty = np.zeros(0, dtype=np.int64)
         return PackedRead(flat.reshape(0, width), empty, empty, empty, layout)
-    tokens = _ADD_AT(length, first)
+    if tokens is None:
+        tokens = _ADD_AT(length, first)
     if flat.size == batch * width:  # every row full: its pieces back to back are the windows
         windows = flat.reshape(batch, width)
     else:  # a few short rows: the full ones between them are still back to back in ``flat``

@@ -115,7 +115,7 @@ class LoaderMetrics:
             self.samples += counts
             self.tokens += counts * width
         if self.packing is not None and packing is not None:
-            self.packing.record(batch, ids, packing)
+            self.packing.record(width, ids, packing)
         # one comparison per batch until a source could have passed its epoch (the vector check
         # cost ~6 us of the ~12 a batch's accounting took)
         if consumed >= self._next_check or consumed < self._checked_at:  # or a resume went back
@@ -297,14 +297,13 @@ class PackingCounts:
         self._ids: list[np.ndarray | None] = []
         self._widths: list[int] = []
 
-    def record(self, batch: Any, ids: np.ndarray | None, counts: Any) -> None:
-        """Count a batch's rows from ``counts`` (``collate.PACKING_COUNTS``: each row's
-        documents, then its padding label slots)."""
-        shape = batch["position_ids"].shape
+    def record(self, width: int, ids: np.ndarray | None, counts: Any) -> None:
+        """Count a batch's rows of ``width`` inputs from ``counts`` (``collate.PACKING_COUNTS``:
+        each row's documents and padding label slots)."""
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
         self._counts.append(_numpy(counts).copy())  # (rows, 2): documents and padding
         self._ids.append(None if ids is None else np.array(ids))
-        self._widths.append(shape[1] if len(shape) == 2 else 0)
+        self._widths.append(width)
         if len(self._counts) >= self._FOLD:
             self._fold()
 

@@ -6,7 +6,6 @@ rows served through both orders)."""
 
 from __future__ import annotations
 
-import pickle
 import tracemalloc
 from collections import Counter
 
@@ -271,9 +270,15 @@ def test_samples_of_a_cut_document_are_those_whose_inputs_hold_its_tokens(packed
 def test_damaged_values_are_a_cache_error_naming_their_array(packed):
     data, arrays, lengths = packed
     table, cuts = arrays["piece_index"], arrays["window_index"]
+    offsets, shuffle = arrays["row_index"], arrays["shuffle_index"]
     everything = np.arange(len(data))
     data.__getitems__(everything)  # whole, it serves
     cases = [
+        (offsets, 3, int(offsets[2]), "row_index"),  # a row without pieces
+        (offsets, 3, -5, "row_index"),  # before the pieces
+        (offsets, len(offsets) - 1, len(table) + 3, "row_index"),  # past them
+        (offsets, 5, int(offsets[6]) + 1, "row_index"),  # decreasing
+        (shuffle, 0, len(offsets) - 1, "shuffle_index"),  # a row past the plan
         (table, int(np.flatnonzero(table < 0)[0]), -1 - len(cuts), "piece_index"),
         (table, int(np.flatnonzero(table >= 0)[0]), len(lengths), "piece_index"),
         (table, int(np.flatnonzero(table >= 0)[0]), 7, "piece_index"),  # an empty document
@@ -284,53 +289,13 @@ def test_damaged_values_are_a_cache_error_naming_their_array(packed):
         kept = array[at]
         array[at] = value
         try:
-            # each process checks a chunk of the plan on its first use there: a copy, as a
-            # worker gets the dataset, has checked none (the arrays travel with it, damaged)
             with pytest.raises(CacheError, match=name):
-                pickle.loads(pickle.dumps(data)).__getitems__(everything)
+                data.__getitems__(everything)
             with pytest.raises(CacheError, match=name):
-                pickle.loads(pickle.dumps(data)).plan_pieces(everything)
+                data.plan_pieces(everything)
         finally:
             array[at] = kept
-    pickle.loads(pickle.dumps(data)).__getitems__(everything)
-
-
-def test_each_chunk_of_the_plan_is_checked_once_on_its_first_use(packed, monkeypatch):
-    """The plan's values are checked a chunk of rows at a time, when a read first touches the
-    chunk in a process: a damaged row is a CacheError as soon as a read reaches its chunk (not
-    before: rows of other chunks still serve), and no chunk is checked twice."""
-    from tokenload.datasets.megatron import packed as module
-
-    monkeypatch.setattr(module, "_CHECK_SHIFT", 3)
-    monkeypatch.setattr(module, "_CHECK_ROWS", 8)
-    data, arrays, _ = packed
-    shuffle, offsets, table = arrays["shuffle_index"], arrays["row_index"], arrays["piece_index"]
-    checked: list[int] = []
-    real = PackedGPTDataset._check_rows
-    monkeypatch.setattr(
-        PackedGPTDataset,
-        "_check_rows",
-        lambda self, arrays, lo, hi: (checked.append(lo), real(self, arrays, lo, hi)),
-    )
-    row = int(shuffle[5])  # sample 5's row: a piece of it made empty (document 7 has no token)
-    at = int(offsets[row])
-    kept, table[at] = table[at], 7
-    try:
-        fresh = pickle.loads(pickle.dumps(data))
-        others = [k for k in range(len(data)) if int(shuffle[k]) >> 3 != row >> 3]
-        fresh.__getitems__(others)  # every other chunk serves
-        assert sorted(checked) == sorted({int(shuffle[k]) >> 3 << 3 for k in others})
-        with pytest.raises(CacheError, match="piece_index"):
-            fresh.__getitems__([5])
-    finally:
-        table[at] = kept
-    checked.clear()
-    fresh = pickle.loads(pickle.dumps(data))
-    everything = np.arange(len(data))
-    whole = fresh.__getitems__(everything)
-    again = fresh.__getitems__(everything)  # every chunk checked already: none again
-    assert sorted(checked) == list(range(0, len(offsets) - 1, 8))
-    assert all(np.array_equal(whole[k], again[k]) for k in whole)
+    data.__getitems__(everything)
 
 
 @pytest.mark.parametrize("array", ["row_index", "piece_index", "window_index"])

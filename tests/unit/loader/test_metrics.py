@@ -379,9 +379,8 @@ def test_packing_counts_add_up_every_batch_whenever_they_are_folded(sources) -> 
         documents = rng.integers(1, 12, rows)
         padding = rng.integers(0, width, rows)
         ids = None if sources == 1 else rng.integers(0, sources, rows)
-        batch = {"position_ids": torch.zeros((rows, width), dtype=torch.int64)}
         counts = torch.from_numpy(np.stack([documents, padding], axis=1).astype(np.int64))
-        counted.record(batch, ids, counts)
+        counted.record(width, ids, counts)
         who = np.zeros(rows, dtype=np.int64) if ids is None else ids
         np.add.at(want["rows"], who, 1)
         np.add.at(want["documents"], who, documents)

@@ -37,9 +37,7 @@ array only while the document index is drawn.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,7 +45,7 @@ import numpy.typing as npt
 
 from ...arrays import sample_indices
 from ...caches import describe, description_hash, gpt_identifiers
-from ...contract import Allocator
+from ...contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_COUNTS, Allocator
 from ...errors import CacheError, ConfigError
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
@@ -58,7 +56,7 @@ from ...index.plan import MidLevelPlan
 from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
-from ..items import ItemConfig, PieceLayout, finish_windows, upto
+from ..items import ItemConfig, finish_windows, upto
 from ..packed_rows import read_rows
 from ..sources import FactsGuard
 from .built import built_member, default_folder, placeless
@@ -81,15 +79,10 @@ the final epoch's rows with the others (a piece could repeat before every piece 
 are never read as plans of this rule."""
 
 _MIN, _MAX = np.minimum.reduce, np.maximum.reduce
-_ALL = np.logical_and.reduce
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _WINDOWS_MAX = 1 << 31
 """Full windows a plan can number: ``piece_index`` names window j by ``-1 - j`` (int32)."""
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
-_CHECK_SHIFT = 12
-_CHECK_ROWS = 1 << _CHECK_SHIFT
-"""Rows of the plan checked at once, on their first use in a process (``_check_chunks``): about
-10,000 pieces, decoded and checked in about 0.2 ms."""
 
 
 def build_packed_indices(
@@ -285,21 +278,8 @@ class _Rows(NamedTuple):
     sequence: np.ndarray
     start: np.ndarray
     length: np.ndarray
-
-
-@dataclass
-class _Checked:
-    """The plan's chunks of rows this process has checked (``_check_chunks``)."""
-
-    flags: np.ndarray
-    left: int
-    pid: int
-
-    @classmethod
-    def none(cls, rows: int) -> _Checked:
-        """No chunk of a plan of ``rows`` rows checked yet, in this process."""
-        chunks = -(-rows // _CHECK_ROWS)
-        return cls(np.zeros(chunks, dtype=bool), chunks, os.getpid())
+    tokens: np.ndarray
+    """Each row's tokens."""
 
 
 class PackedGPTDataset(OneSourceContract):
@@ -327,12 +307,6 @@ class PackedGPTDataset(OneSourceContract):
         self.samples_per_epoch = int(samples_per_epoch)
         self.startup_phases: dict[str, float] = {}
         self._facts = FactsGuard(source, file_facts)  # a manifest load's: checked on first use
-        self._checked: _Checked | None = None  # the plan's chunks checked in this process
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_checked"] = None  # each process checks the plan it maps
-        return state
 
     def _arrays(self) -> dict[str, np.ndarray]:
         """The plan's arrays, after the token file's recorded facts are checked in this
@@ -357,82 +331,78 @@ class PackedGPTDataset(OneSourceContract):
         return rows.first, np.array((rows.sequence, rows.start, rows.length), dtype=np.int64).T
 
     def _rows(self, indices: npt.ArrayLike) -> _Rows:
-        """The pieces of the rows of samples ``indices``, decoded from the plan. It runs per read
-        on a few dozen rows, so it makes as few NumPy calls as it can (each costs about a
-        microsecond here, whatever its size): the plan's values are checked once per chunk of
-        ``_CHECK_ROWS`` rows, on the chunk's first use in the process (``_check_chunks``), as a
-        token file's pointers are, not on every read."""
+        """The pieces of the rows of samples ``indices``, decoded from the plan, every value
+        checked (a damaged plan is a ``CacheError`` naming its array). It runs per read on a few
+        dozen rows, so it makes as few NumPy calls as the checks allow (each costs about a
+        microsecond here, whatever its size): out-of-range numbers fail the lookups themselves
+        (a row past the plan, a window or a sequence past its array), and five reductions check
+        the rest."""
         idx = sample_indices(indices)
         arrays = self._arrays()
-        shuffle, offsets = arrays["shuffle_index"], arrays["row_index"]
+        shuffle, offsets, table = (
+            arrays["shuffle_index"],
+            arrays["row_index"],
+            arrays["piece_index"],
+        )
         try:
             rows = shuffle[idx]
         except IndexError:
             raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
-        # Megatron's rule gives uint32 below 2^32 rows: only int64 ones can be negative
         if rows.dtype.kind == "i" and rows.size and _MIN(rows) < 0:
             raise self._bad_shuffle(offsets)
         try:  # (B, 2) in one lookup: a row number past the plan fails it
-            bounds = offsets[rows[:, None] + _ROW_AND_NEXT].astype(np.int64, copy=False)
+            bounds = offsets[rows[:, None] + _ROW_AND_NEXT]
         except IndexError:
             raise self._bad_shuffle(offsets) from None
-        checked = self._checked
-        if checked is None or checked.pid != os.getpid():
-            checked = self._checked = _Checked.none(offsets.size - 1)
-        if checked.left and not _ALL(checked.flags[rows >> _CHECK_SHIFT]):
-            self._check_chunks(rows, arrays, checked)
         lo = bounds[:, 0]
-        counts = bounds[:, 1] - lo
+        counts = bounds[:, 1] - lo  # (the offsets' dtype; cumsum makes int64)
+        if rows.size and (_MIN(counts) < 1 or _MIN(lo) < 0):
+            raise self._bad_offsets(table)
         ends = counts.cumsum()
         first = ends - counts
         at = upto(int(ends[-1]) if ends.size else 0) + (lo - first).repeat(counts)
-        entries = arrays["piece_index"][at]
-        # the entries as the module docstring lays them out (checked with their chunk)
-        seq = entries.astype(np.int64)
-        win = (entries < 0).nonzero()[0]  # full windows (in most reads: 1 row in 6)
+        try:  # offsets past the pieces fail it
+            seq = table[at]
+        except IndexError:
+            raise self._bad_offsets(table) from None
+        # the entries as the module docstring lays them out, made the pieces' sequences in place
+        win = (seq < 0).nonzero()[0]  # full windows (in most reads: 1 row in 6)
         if win.size:
-            pair = arrays["window_index"][~seq[win]]  # window j is entry -1 - j, that is ~j
+            seq = seq.astype(np.int64)  # (a window's uint32 sequence, never negative)
+            try:  # window j is entry -1 - j, that is ~j
+                pair = arrays["window_index"][~seq[win]]
+            except IndexError:
+                raise self._damaged("piece_index") from None
             seq[win] = pair[:, 0]
-        n = self.source.sequence_lengths[seq].astype(np.int64)
-        if win.size:
-            n[win] = pair[:, 1]
+        try:
+            n = self.source.sequence_lengths[seq].astype(np.int64)
+        except IndexError:
+            lengths = self.source.sequence_lengths
+            bad = win.size and _MAX(pair[:, 0]) >= len(lengths)
+            raise self._damaged("window_index" if bad else "piece_index") from None
+        if win.size:  # a window ends at its end, within its sequence
+            ends_at = pair[:, 1]
+            if _MIN(n[win] - ends_at) < 0:
+                raise self._damaged("window_index")
+            n[win] = ends_at
         start = _last_piece_start(n, self.item.extra, self.item.sequence_length)
-        n -= start
-        return _Rows(first, counts, ends, seq, start, n)
+        n -= start  # each piece's length
+        tokens = np.add.reduceat(n, first) if n.size else first
+        if n.size and (_MIN(n) < 1 or _MAX(tokens) > self.item.window):
+            raise self._damaged("piece_index")
+        return _Rows(first, counts, ends, seq, start, n, tokens)
+
+    def _bad_offsets(self, table: np.ndarray) -> CacheError:
+        return self.indices.corrupt(
+            "row_index",
+            "a row without pieces or offsets past the pieces",
+            f"increasing offsets within 0..{len(table)}",
+        )
 
     def _bad_shuffle(self, offsets: np.ndarray) -> CacheError:
         return self.indices.corrupt(
             "shuffle_index", "row numbers out of range", f"0..{offsets.size - 2}"
         )
-
-    def _check_chunks(
-        self, rows: np.ndarray, arrays: dict[str, np.ndarray], checked: _Checked
-    ) -> None:
-        """Check the plan's chunks that ``rows`` fall in and this process has not checked: each
-        chunk's row offsets, and its pieces decoded by ``_pieces`` (each within the token file's
-        sequences, no row longer than its window)."""
-        total = arrays["row_index"].size - 1
-        wanted = np.unique(rows >> _CHECK_SHIFT)
-        for chunk in wanted[~checked.flags[wanted]].tolist():
-            lo = chunk << _CHECK_SHIFT
-            self._check_rows(arrays, lo, min(lo + _CHECK_ROWS, total))
-            checked.flags[chunk] = True
-            checked.left -= 1
-
-    def _check_rows(self, arrays: dict[str, np.ndarray], lo: int, hi: int) -> None:
-        """Check rows ``lo..hi`` of the plan (``_check_chunks``)."""
-        table = arrays["piece_index"]
-        bounds = np.asarray(arrays["row_index"][lo : hi + 1], dtype=np.int64)
-        begin, end = int(bounds[0]), int(bounds[-1])
-        if _MIN(np.diff(bounds)) < 1 or begin < 0 or end > len(table):
-            raise self.indices.corrupt(
-                "row_index",
-                "a row without pieces or offsets past the pieces",
-                f"increasing offsets within 0..{len(table)}",
-            )
-        length = self._pieces(np.asarray(table[begin:end]), arrays["window_index"])[2]
-        if _MAX(np.add.reduceat(length, bounds[:-1] - begin)) > self.item.window:
-            raise self._damaged("piece_index")
 
     def _pieces(self, entries: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, ...]:
         """Sequence, start and length (int64) of ``piece_index`` entries (module docstring),
@@ -510,25 +480,40 @@ class PackedGPTDataset(OneSourceContract):
         return np.flatnonzero(np.isin(shuffle, rows))
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        """The rows' windows and pieces, with their layout made once for the whole read (a
-        worker's read serves several micro-batches, cut by rows), so that finishing each
-        micro-batch lays its position ids and counts from it."""
+        """The rows' windows and pieces, with their layout and counts made once for the whole
+        read (a worker's read serves several micro-batches, cut by rows), so that finishing each
+        micro-batch lays its position ids from them: each piece's first slot in its row, the
+        input positions it covers (a row's last piece: the rest of the row's S inputs), and each
+        row's documents among its inputs and padding label slots (``ROW_COUNTS``)."""
         r = self._rows(indices)
-        seq = self.item.sequence_length
-        # ``piece_layout`` from the decoded rows: each piece's first slot in its row, the input
-        # positions it covers (a row's last piece: the rest of the row's S inputs) and each
-        # row's pieces with a token among its inputs
-        slot = r.length.cumsum()
-        slot -= r.length
+        seq, length = self.item.sequence_length, r.length
+        slot = length.cumsum()
+        total = int(slot[-1]) if slot.size else 0
+        slot -= length
         slot -= slot[r.first].repeat(r.counts)
         last = r.ends - 1
-        inputs = r.length.copy()
-        inputs[last] = seq - slot[last]
-        documents = (r.counts - (inputs[last] == 0)).astype(np.int32)
+        tail = slot[last]  # each row's last piece's slot
         small = np.int16 if seq + 1 < 1 << 15 else np.int32
-        layout = PieceLayout(slot.astype(small), inputs.astype(small), documents)
-        read = read_rows(self.source, self.item, r.first, r.sequence, r.start, r.length, layout)
-        return read.batch(seq)
+        inputs = length.astype(small)
+        inputs[last] = seq - tail
+        tokens = r.tokens
+        counts = np.empty((r.first.size, 2), dtype=np.int64)
+        np.subtract(r.counts, tail >= seq, out=counts[:, 0])  # (a last piece on slot S: labels)
+        np.subtract(seq + 1, tokens, out=counts[:, 1])
+        np.minimum(counts[:, 1], seq, out=counts[:, 1])
+        read = read_rows(
+            self.source, self.item, r.first, r.sequence, r.start, length, tokens=tokens
+        )
+        return {
+            "windows": read.windows,
+            "padded": total < r.first.size * self.item.window,
+            "row_tokens": tokens,
+            PIECE_FIRST: r.first,
+            PIECE_LENGTH: length,
+            PIECE_SLOT: slot.astype(small),
+            PIECE_INPUTS: inputs,
+            ROW_COUNTS: counts,
+        }
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
