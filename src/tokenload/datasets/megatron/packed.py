@@ -45,7 +45,15 @@ import numpy.typing as npt
 
 from ...arrays import sample_indices
 from ...caches import describe, description_hash, gpt_identifiers
-from ...contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_COUNTS, Allocator
+from ...contract import (
+    PIECE_FIRST,
+    PIECE_INPUTS,
+    PIECE_LENGTH,
+    PIECE_SLOT,
+    ROW_COUNTS,
+    Allocator,
+    row_counts,
+)
 from ...errors import CacheError, ConfigError
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
@@ -267,7 +275,7 @@ def _last_piece_start(n: np.ndarray, extra: int, stride: int) -> np.ndarray:
 
 class _Rows(NamedTuple):
     """Rows decoded from the plan (``PackedGPTDataset._rows``), their pieces flat, row after row
-    (int64)."""
+    (int64, but ``sequence``: the plan's int32 when no piece is a full window)."""
 
     first: np.ndarray
     """Each row's first piece."""
@@ -365,30 +373,9 @@ class PackedGPTDataset(OneSourceContract):
             seq = table[at]
         except IndexError:
             raise self._bad_offsets(table) from None
-        # the entries as the module docstring lays them out, made the pieces' sequences in place
-        win = (seq < 0).nonzero()[0]  # full windows (in most reads: 1 row in 6)
-        if win.size:
-            seq = seq.astype(np.int64)  # (a window's uint32 sequence, never negative)
-            try:  # window j is entry -1 - j, that is ~j
-                pair = arrays["window_index"][~seq[win]]
-            except IndexError:
-                raise self._damaged("piece_index") from None
-            seq[win] = pair[:, 0]
-        try:
-            n = self.source.sequence_lengths[seq].astype(np.int64)
-        except IndexError:
-            lengths = self.source.sequence_lengths
-            bad = win.size and _MAX(pair[:, 0]) >= len(lengths)
-            raise self._damaged("window_index" if bad else "piece_index") from None
-        if win.size:  # a window ends at its end, within its sequence
-            ends_at = pair[:, 1]
-            if _MIN(n[win] - ends_at) < 0:
-                raise self._damaged("window_index")
-            n[win] = ends_at
-        start = _last_piece_start(n, self.item.extra, self.item.sequence_length)
-        n -= start  # each piece's length
+        seq, start, n = self._pieces(seq, arrays["window_index"])
         tokens = np.add.reduceat(n, first) if n.size else first
-        if n.size and (_MIN(n) < 1 or _MAX(tokens) > self.item.window):
+        if n.size and _MAX(tokens) > self.item.window:
             raise self._damaged("piece_index")
         return _Rows(first, counts, ends, seq, start, n, tokens)
 
@@ -405,37 +392,34 @@ class PackedGPTDataset(OneSourceContract):
         )
 
     def _pieces(self, entries: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Sequence, start and length (int64) of ``piece_index`` entries (module docstring),
-        each checked against the token file's sequences."""
-        seq = entries.astype(np.int64)
-        if not seq.size:
-            return seq, seq, seq
-        W, extra = self.item.window, self.item.extra
-        stride = W - extra
-        negative = (seq < 0).nonzero()[0]  # full windows (in most batches: 1 row in 6)
-        win = negative if negative.size else None
-        if win is not None:
-            try:
-                pair = cuts[~seq[win]]  # window j is entry -1 - j, that is ~j
+        """Sequence, start and length of ``piece_index`` entries (module docstring; ``entries``
+        is the caller's own copy, made the sequences in place), each checked against the token
+        file's sequences; start and length int64."""
+        seq = entries
+        win = (seq < 0).nonzero()[0]  # full windows (in most reads: 1 row in 6)
+        if win.size:
+            seq = seq.astype(np.int64)  # (a window's uint32 sequence, never negative)
+            try:  # window j is entry -1 - j, that is ~j
+                pair = cuts[~seq[win]]
             except IndexError:
                 raise self._damaged("piece_index") from None
-            seq[win] = pair[:, 0]  # (unsigned: a damaged one is past the sequences, not below)
+            seq[win] = pair[:, 0]
         try:  # every entry is a sequence number >= 0 now
             n = self.source.sequence_lengths[seq].astype(np.int64)
         except IndexError:
             lengths = self.source.sequence_lengths
-            bad = win is not None and _MAX(pair[:, 0]) >= len(lengths)  # a window's sequence
+            bad = win.size and _MAX(pair[:, 0]) >= len(lengths)  # a window's sequence
             raise self._damaged("window_index" if bad else "piece_index") from None
-        if win is not None:  # a window ends at its end, within its sequence
+        if win.size:  # a window ends at its end, within its sequence
             ends = pair[:, 1]
             if _MIN(n[win] - ends) < 0:
                 raise self._damaged("window_index")
             n[win] = ends
-        start = _last_piece_start(n, extra, stride)
-        length = n - start
-        if _MIN(length) < 1:
+        start = _last_piece_start(n, self.item.extra, self.item.sequence_length)
+        n -= start  # each piece's length
+        if n.size and _MIN(n) < 1:
             raise self._damaged("piece_index")
-        return seq, start, length
+        return seq, start, n
 
     def _damaged(self, name: str) -> CacheError:
         return self.indices.corrupt(
@@ -497,10 +481,7 @@ class PackedGPTDataset(OneSourceContract):
         inputs = length.astype(small)
         inputs[last] = seq - tail
         tokens = r.tokens
-        counts = np.empty((r.first.size, 2), dtype=np.int64)
-        np.subtract(r.counts, tail >= seq, out=counts[:, 0])  # (a last piece on slot S: labels)
-        np.subtract(seq + 1, tokens, out=counts[:, 1])
-        np.minimum(counts[:, 1], seq, out=counts[:, 1])
+        documents = r.counts - (tail >= seq)  # (a last piece on slot S: labels only)
         read = read_rows(
             self.source, self.item, r.first, r.sequence, r.start, length, tokens=tokens
         )
@@ -512,7 +493,7 @@ class PackedGPTDataset(OneSourceContract):
             PIECE_LENGTH: length,
             PIECE_SLOT: slot.astype(small),
             PIECE_INPUTS: inputs,
-            ROW_COUNTS: counts,
+            ROW_COUNTS: row_counts(documents, tokens, seq),
         }
 
     def finish_batch(
