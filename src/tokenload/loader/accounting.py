@@ -293,26 +293,26 @@ class PackingCounts:
         self.rows = np.zeros(sources, dtype=np.int64)
         # per batch not yet added up: (documents, padding) per row, source per row (None: one
         # source), and the rows' width
-        self._counts: list[np.ndarray] = []
-        self._ids: list[np.ndarray | None] = []
-        self._widths: list[int] = []
+        self._pending: list[tuple[np.ndarray, np.ndarray | None, int]] = []
 
     def record(self, width: int, ids: np.ndarray | None, counts: Any) -> None:
         """Count a batch's rows of ``width`` inputs from ``counts`` (``collate.PACKING_COUNTS``:
         each row's documents and padding label slots)."""
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
-        self._counts.append(_numpy(counts).copy())  # (rows, 2): documents and padding
-        self._ids.append(None if ids is None else np.array(ids))
-        self._widths.append(width)
-        if len(self._counts) >= self._FOLD:
+        pending = self._pending
+        values = counts.numpy() if hasattr(counts, "numpy") else np.asarray(counts)
+        pending.append((values.copy(), None if ids is None else np.array(ids), width))
+        if len(pending) >= self._FOLD:
             self._fold()
 
     def _fold(self) -> None:
         """Add the pending batches' counts to the totals."""
-        if not self._counts:
+        if not self._pending:
             return
-        pending, pending_ids, widths = self._counts, self._ids, self._widths
-        self._counts, self._ids, self._widths = [], [], []
+        batches, self._pending = self._pending, []
+        pending = [c for c, _, _ in batches]
+        pending_ids = [i for _, i, _ in batches]
+        widths = [w for _, _, w in batches]
         counts = np.concatenate(pending).astype(np.int64, copy=False)
         per_row, padding = counts[:, 0], counts[:, 1]
         sizes = [c.shape[0] for c in pending]
