@@ -25,9 +25,7 @@ def pytest_configure(config):
     # folder goes beside the controller's, not inside it (Ray's socket paths, under its session
     # folder, must stay within 107 bytes)
     os.environ.setdefault("TOKENLOAD_TESTS_TMP_PARENT", tempfile.gettempdir())
-    run_tmp = tempfile.mkdtemp(
-        prefix="tokenload-tests-", dir=os.environ["TOKENLOAD_TESTS_TMP_PARENT"]
-    )
+    run_tmp = tempfile.mkdtemp(prefix="tokenload-tests-", dir=os.environ["TOKENLOAD_TESTS_TMP_PARENT"])
     config._tokenload_tmp = (run_tmp, os.environ.get("TMPDIR"))
     os.environ["TMPDIR"] = run_tmp
     tempfile.tempdir = None  # the next gettempdir() reads TMPDIR again

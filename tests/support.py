@@ -29,9 +29,7 @@ def write_small_blend(folder, seed=5):
     below 999, each ending with 999), the same bytes for the same seed."""
     rng = np.random.default_rng(seed)
     for name in ("a", "b", "c"):
-        docs = [
-            np.append(rng.integers(0, 999, size=int(k)), 999) for k in rng.integers(3, 40, size=120)
-        ]
+        docs = [np.append(rng.integers(0, 999, size=int(k)), 999) for k in rng.integers(3, 40, size=120)]
         write_documents(Path(folder) / name, docs)
     return folder
 
@@ -54,9 +52,8 @@ def run_shell(command: str, cwd=None, timeout=300) -> subprocess.CompletedProces
     their shell would, with this interpreter's ``tokenload`` first on the PATH."""
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-    return subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def megatron_config(cfg: dict, tokenizer: dict, cache_dir=None, **overrides):
@@ -68,11 +65,7 @@ def megatron_config(cfg: dict, tokenizer: dict, cache_dir=None, **overrides):
         if blend is None:
             return None
         prefixes, weights = blend
-        return (
-            prefixes
-            if weights is None
-            else [x for w, p in zip(weights, prefixes) for x in (str(w), p)]
-        )
+        return prefixes if weights is None else [x for w, p in zip(weights, prefixes) for x in (str(w), p)]
 
     per_split = cfg["blend_per_split"]
     return MegatronDataConfig(
@@ -102,9 +95,7 @@ def mounted_tmpfs(path: Path, options: str):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs the tests as root)")
     path.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
-    )
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, f"root cannot mount a tmpfs here: {done.stderr}"
     try:
         yield path

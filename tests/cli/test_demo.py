@@ -18,19 +18,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_demo_runs_four_ranks_and_resumes_exactly_on_two(tmp_path):
     work, tmp, picture = tmp_path / "demo", tmp_path / "tmp", tmp_path / "doctor.png"
     tmp.mkdir()
-    out = run_cli(
-        "demo",
-        "--output",
-        work,
-        "--max-mb",
-        "2",
-        "--seq-length",
-        "256",
-        "--plot",
-        picture,
-        env={"TMPDIR": str(tmp)},
-        timeout=600,
-    )
+    out = run_cli("demo", "--output", work, "--max-mb", "2", "--seq-length", "256",
+                  "--plot", picture, env={"TMPDIR": str(tmp)}, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     # one line per phase, then the table and its legend: one screen
@@ -38,7 +27,7 @@ def test_demo_runs_four_ranks_and_resumes_exactly_on_two(tmp_path):
     assert [p[:5] for p in phases] == [f"[{i}/6]" for i in range(1, 7)], out.stdout
     assert "[4/6] 4 ranks" in out.stdout and "[5/6] 2 ranks" in out.stdout
     assert len(lines) <= 25, out.stdout  # 6 phases, 14 of table, 4 of legend, 1 of time
-    table = lines[lines.index(phases[-1]) + 1 :]
+    table = lines[lines.index(phases[-1]) + 1:]
     assert max(map(len, table)) <= 100, out.stdout
     assert "step 12/12" not in out.stdout  # no progress line per step
     rows = ROW.findall(out.stdout)
@@ -62,22 +51,12 @@ def test_demo_runs_four_ranks_and_resumes_exactly_on_two(tmp_path):
 
 def test_demo_keeps_its_folder_and_reports_a_failed_rank_in_one_line(tmp_path):
     work = tmp_path / "demo"
-    out = run_cli(
-        "demo",
-        "--output",
-        work,
-        "--max-mb",
-        "1",
-        "--seq-length",
-        "256",
-        env={"TOKENLOAD_DEMO_FAIL_RANK": "2"},
-    )
+    out = run_cli("demo", "--output", work, "--max-mb", "1", "--seq-length", "256",
+                  env={"TOKENLOAD_DEMO_FAIL_RANK": "2"})
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
-    assert lines[0].startswith(
-        "tokenload demo: error: rank2: run on 4 ranks: rehearsed failure of rank 2"
-    )
+    assert lines[0].startswith("tokenload demo: error: rank2: run on 4 ranks: rehearsed failure of rank 2")
     assert (work / "work" / "torchrun-run.log").exists()  # kept for its log
     assert "[4/6]" in out.stdout and "[5/6]" not in out.stdout
 
@@ -115,24 +94,9 @@ def test_demo_stopped_by_sigterm_stops_torchrun_and_says_where_its_folder_is(tmp
 
     work = tmp_path / "w"
     demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokenload.cli.main",
-            "demo",
-            "--output",
-            str(work),
-            "--ranks",
-            "2",
-            "--max-mb",
-            "1",
-            "--seq-length",
-            "256",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        [sys.executable, "-m", "tokenload.cli.main", "demo", "--output", str(work), "--ranks", "2",
+         "--max-mb", "1", "--seq-length", "256"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     seen = ""
     deadline = time.monotonic() + 180

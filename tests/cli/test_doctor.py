@@ -17,9 +17,7 @@ FAST = ("--split", "100,0,0", "--seq-length", "64", "--steps", "6")
 
 def _corpus(prefix, documents=400, seed=0):
     rng = np.random.default_rng(seed)
-    return write_documents(
-        prefix, [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(documents)]
-    )
+    return write_documents(prefix, [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(documents)])
 
 
 def _finding(stdout: str, check: str) -> str:
@@ -32,18 +30,8 @@ def _finding(stdout: str, check: str) -> str:
 def test_no_cache_under_rank0_is_a_startup_stall_and_its_prepare_command_fixes_it(tmp_path):
     prefix = _corpus(tmp_path / "data")
     cache = tmp_path / "cache"
-    out = run_cli(
-        "doctor",
-        "--data-path",
-        prefix,
-        "--data-cache-path",
-        cache,
-        "--build-policy",
-        "rank0",
-        "--train-samples",
-        "200",
-        *FAST,
-    )
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "rank0",
+                  "--train-samples", "200", *FAST)
     assert out.returncode == 1, out.stderr
     stall = _finding(out.stdout, "startup")
     assert (
@@ -51,39 +39,16 @@ def test_no_cache_under_rank0_is_a_startup_stall_and_its_prepare_command_fixes_i
         and "rank 0 builds every index while every other rank waits" in stall
     )
     assert 'build_policy="none"' in stall and 'order="computed"' in stall
-    assert "PROBLEM" in _finding(out.stdout, "io-burst") and "sequences JSON" in _finding(
-        out.stdout, "io-burst"
-    )
+    assert "PROBLEM" in _finding(out.stdout, "io-burst") and "sequences JSON" in _finding(out.stdout, "io-burst")
     assert not cache.exists()  # measuring wrote nothing
-    command = re.search(
-        r"fix: run `(mkdir -p [^`]* && tokenload prepare-cache [^`]*)`", stall
-    ).group(1)
+    command = re.search(r"fix: run `(mkdir -p [^`]* && tokenload prepare-cache [^`]*)`", stall).group(1)
     prepared = run_shell(command)
     assert prepared.returncode == 0, prepared.stderr
     sequences = tmp_path / "sequences.json"
-    assert (
-        run_cli(
-            "sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences
-        ).returncode
-        == 0
-    )
-    after = run_cli(
-        "doctor",
-        "--data-path",
-        prefix,
-        "--data-cache-path",
-        cache,
-        "--build-policy",
-        "none",
-        "--sequences-path",
-        sequences,
-        "--train-samples",
-        "200",
-        *FAST,
-    )
-    assert "[startup] ok: the index caches are prepared" in after.stdout, (
-        after.stdout + after.stderr
-    )
+    assert run_cli("sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences).returncode == 0
+    after = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "none",
+                    "--sequences-path", sequences, "--train-samples", "200", *FAST)
+    assert "[startup] ok: the index caches are prepared" in after.stdout, after.stdout + after.stderr
 
 
 def test_a_prepared_cache_with_a_sequences_json_loads_without_a_burst(tmp_path):
@@ -91,43 +56,18 @@ def test_a_prepared_cache_with_a_sequences_json_loads_without_a_burst(tmp_path):
 
     prefix = _corpus(tmp_path / "data")
     cache, sequences = tmp_path / "cache", tmp_path / "sequences.json"
-    config = MegatronDataConfig(
-        sequence_length=64, blend=[prefix], split="100,0,0", path_to_cache=str(cache)
-    )
-    build_datasets(
-        config, [200, None, None]
-    )  # rank 0 of one process writes the caches and the manifest
-    assert (
-        run_cli(
-            "sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences
-        ).returncode
-        == 0
-    )
-    out = run_cli(
-        "doctor",
-        "--data-path",
-        prefix,
-        "--data-cache-path",
-        cache,
-        "--build-policy",
-        "none",
-        "--sequences-path",
-        sequences,
-        "--train-samples",
-        "200",
-        *FAST,
-    )
+    config = MegatronDataConfig(sequence_length=64, blend=[prefix], split="100,0,0", path_to_cache=str(cache))
+    build_datasets(config, [200, None, None])  # rank 0 of one process writes the caches and the manifest
+    assert run_cli("sequences", "--data-path", prefix, "--per-dataset-sequences-path", sequences).returncode == 0
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "none",
+                  "--sequences-path", sequences, "--train-samples", "200", *FAST)
     assert "[startup] ok: the index caches are prepared" in out.stdout, out.stdout + out.stderr
-    assert (
-        "[io-burst] ok: 2 opens and 0 stats per rank in build_datasets: no burst" in out.stdout
-    ), out.stdout
+    assert "[io-burst] ok: 2 opens and 0 stats per rank in build_datasets: no burst" in out.stdout, out.stdout
 
 
 def test_slow_storage_is_a_slow_steady_state(tmp_path):
     prefix = _corpus(tmp_path / "data")
-    out = run_cli(
-        "doctor", "--data-path", prefix, "--order", "computed", *FAST, env={READ_DELAY_ENV: "40"}
-    )
+    out = run_cli("doctor", "--data-path", prefix, "--order", "computed", *FAST, env={READ_DELAY_ENV: "40"})
     assert out.returncode == 1, out.stderr
     slow = _finding(out.stdout, "steady-state")
     assert "PROBLEM" in slow and "reading the data is the bottleneck" in slow
@@ -167,19 +107,10 @@ def test_copies_that_differ_are_named(tmp_path):
     out = run_cli("doctor", "--data-path", a, b, "--order", "computed", *FAST)
     assert out.returncode == 1, out.stderr
     differ = _finding(out.stdout, "copies")
-    assert (
-        "PROBLEM" in differ
-        and "copies that differ: corpus:" in differ
-        and a in differ
-        and b in differ
-    )
+    assert "PROBLEM" in differ and "copies that differ: corpus:" in differ and a in differ and b in differ
     assert "rsync -c" in differ
-    same = run_cli(
-        "doctor", "--data-path", a, "--compare", tmp_path / "node2", "--order", "computed", *FAST
-    )
-    assert "[copies] ok: 1 file name(s) present in 2 copies: identical content" in same.stdout, (
-        same.stdout
-    )
+    same = run_cli("doctor", "--data-path", a, "--compare", tmp_path / "node2", "--order", "computed", *FAST)
+    assert "[copies] ok: 1 file name(s) present in 2 copies: identical content" in same.stdout, same.stdout
 
 
 def test_plot_is_a_png_of_the_expected_size_and_not_blank(tmp_path):
@@ -199,15 +130,8 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path):
     blocker.mkdir(parents=True)
     (blocker / "__init__.py").write_text("raise ImportError('matplotlib is absent here')\n")
     prefix = _corpus(tmp_path / "data")
-    out = run_cli(
-        "doctor",
-        "--data-path",
-        prefix,
-        "--plot",
-        tmp_path / "x.png",
-        *FAST,
-        env={"PYTHONPATH": str(tmp_path / "blocker")},
-    )
+    out = run_cli("doctor", "--data-path", prefix, "--plot", tmp_path / "x.png", *FAST,
+                  env={"PYTHONPATH": str(tmp_path / "blocker")})
     assert out.returncode == 2
     assert "pip install '.[plot]'" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path / "x.png").exists()
@@ -220,9 +144,7 @@ def test_packing_is_advised_when_concatenation_cuts_documents_and_not_once_packe
     packing = _finding(out.stdout, "packing")
     assert "PROBLEM: at sequence length 64, concatenation cuts" in packing, out.stdout + out.stderr
     assert "packing='best-fit'" in packing
-    packed = run_cli(
-        "doctor", "--data-path", prefix, "--order", "computed", "--packing", "best-fit", *FAST
-    )
+    packed = run_cli("doctor", "--data-path", prefix, "--order", "computed", "--packing", "best-fit", *FAST)
     assert "[packing] ok: at sequence length 64" in packed.stdout, packed.stdout + packed.stderr
 
 
@@ -238,9 +160,7 @@ def test_packing_figures_against_a_count_of_documents_no_sample_holds_whole():
     for n in lengths.tolist():
         if n == 0:
             continue
-        whole = any(
-            k * 64 <= position and position + n <= k * 64 + 65 for k in range(position // 64 + 1)
-        )
+        whole = any(k * 64 <= position and position + n <= k * 64 + 65 for k in range(position // 64 + 1))
         crosses = not whole
         cut += crosses
         cut_short += crosses and n <= 65
@@ -262,62 +182,22 @@ def test_packing_figures_of_a_blend_are_the_loaders_own(tmp_path):
     a = write_documents(tmp_path / "a", [np.arange(1, 4)] * 60)  # 3 tokens: one per row of 5 slots
     b = write_documents(tmp_path / "b", [np.arange(1, 3)] * 60)  # 2 tokens: two per row
     f = packing_figures([[3] * 60, [2] * 60], 4, weights=[1, 1])
-    assert f["padding_share"] == pytest.approx(0.375) and (f["per_row_p50"], f["per_row_p99"]) == (
-        1,
-        2,
-    )
+    assert f["padding_share"] == pytest.approx(0.375) and (f["per_row_p50"], f["per_row_p99"]) == (1, 2)
     assert packing_figures([[3] * 60, [2] * 60], 4)["padding_share"] == (60 * 2 + 30 * 1) / (90 * 4)
-    cfg = MegatronDataConfig(
-        sequence_length=4,
-        blend=["1", a, "1", b],
-        split="100,0,0",
-        order="computed",
-        packing="best-fit",
-    )
+    cfg = MegatronDataConfig(sequence_length=4, blend=["1", a, "1", b], split="100,0,0", order="computed",
+                             packing="best-fit")
     loader = build_dataloader(build_datasets(cfg, [60, 0, 0])[0], micro_batch_size=4, num_workers=0)
     for _ in loader:
         pass
     served = loader.metrics()["packing"]
     assert served["padding_share"] == pytest.approx(f["padding_share"])
     assert (served["documents_per_row"]["p50"], served["documents_per_row"]["p99"]) == (1, 2)
-    out = run_cli(
-        "doctor",
-        "--data-path",
-        "1",
-        a,
-        "1",
-        b,
-        "--seq-length",
-        "4",
-        "--split",
-        "100,0,0",
-        "--steps",
-        "2",
-        "--packing",
-        "best-fit",
-    )
-    assert "pads 37.50% of the slots, 1 document per row at the median (p99 2)" in _finding(
-        out.stdout, "packing"
-    )
+    out = run_cli("doctor", "--data-path", "1", a, "1", b, "--seq-length", "4", "--split", "100,0,0",
+                  "--steps", "2", "--packing", "best-fit")
+    assert "pads 37.50% of the slots, 1 document per row at the median (p99 2)" in _finding(out.stdout, "packing")
     # a prefix listed twice weighs the sum of its weights (3 + 1 for b against 4 for a: 50/50)
-    out = run_cli(
-        "doctor",
-        "--data-path",
-        "3",
-        b,
-        "4",
-        a,
-        "1",
-        b,
-        "--seq-length",
-        "4",
-        "--split",
-        "100,0,0",
-        "--steps",
-        "2",
-        "--packing",
-        "best-fit",
-    )
+    out = run_cli("doctor", "--data-path", "3", b, "4", a, "1", b, "--seq-length", "4", "--split", "100,0,0",
+                  "--steps", "2", "--packing", "best-fit")
     assert "pads 37.50% of the slots" in _finding(out.stdout, "packing")
 
 
@@ -325,18 +205,8 @@ def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp
     prefix = _corpus(tmp_path / "data")
     cache = tmp_path / "cache"
     cache.mkdir()
-    out = run_cli(
-        "doctor",
-        "--data-path",
-        prefix,
-        "--data-cache-path",
-        cache,
-        "--build-policy",
-        "none",
-        "--train-samples",
-        "200",
-        *FAST,
-    )
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", cache, "--build-policy", "none",
+                  "--train-samples", "200", *FAST)
     assert out.returncode == 1, out.stdout + out.stderr
     stall = _finding(out.stdout, "startup")
     assert "every rank fails at once with a CacheError" in stall and "prepare-cache" in stall
@@ -375,22 +245,9 @@ def test_a_blend_member_whose_test_split_holds_no_sample_is_diagnosed(tmp_path):
     tiny = write_documents(tmp_path / "tiny", [np.arange(1, 4)] * 100)  # test split: 6 tokens
     blend = ["0.4", _corpus(tmp_path / "a"), "0.6", tiny]
     for packing in ("concat", "best-fit"):
-        out = run_cli(
-            "doctor",
-            "--data-path",
-            *blend,
-            "--split",
-            "90,8,2",
-            "--seq-length",
-            "64",
-            "--steps",
-            "6",
-            "--packing",
-            packing,
-        )
-        assert out.returncode in (0, 1) and "error" not in out.stderr, (
-            out.stderr
-        )  # (warned: tiny repeats)
+        out = run_cli("doctor", "--data-path", *blend, "--split", "90,8,2", "--seq-length", "64",
+                      "--steps", "6", "--packing", packing)
+        assert out.returncode in (0, 1) and "error" not in out.stderr, out.stderr  # (warned: tiny repeats)
         assert "[startup]" in out.stdout and "[packing]" in out.stdout
 
 

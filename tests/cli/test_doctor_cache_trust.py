@@ -24,20 +24,11 @@ def test_doctor_names_caches_without_a_sidecar_and_what_is_checked_of_them(tmp_p
     a, b = _corpus(tmp_path / "a", 0), _corpus(tmp_path / "b", 1)
     cache = tmp_path / "cache"
     blend = [a, b]  # no weights: the doctor sizes only the train split
-    config = MegatronDataConfig(
-        sequence_length=64, blend=blend, split="100,0,0", path_to_cache=str(cache)
-    )
+    config = MegatronDataConfig(sequence_length=64, blend=blend, split="100,0,0",
+                                path_to_cache=str(cache))
     build_datasets(config, [200, None, None])
-    args = (
-        "doctor",
-        "--data-path",
-        *blend,
-        "--data-cache-path",
-        cache,
-        "--build-policy",
-        "none",
-        *FAST,
-    )
+    args = ("doctor", "--data-path", *blend, "--data-cache-path", cache, "--build-policy", "none",
+            *FAST)
     hashed = run_cli(*args)
     prepared = "[startup] ok: the index caches are prepared"
     assert prepared in hashed.stdout, hashed.stdout + hashed.stderr
@@ -50,7 +41,6 @@ def test_doctor_names_caches_without_a_sidecar_and_what_is_checked_of_them(tmp_p
     lines = [line for line in out.stdout.splitlines() if line.startswith("[cache-trust]")]
     gpt = ("2 index cache(s) written by Megatron", "checked against the sequence lengths")
     assert any(all(part in x for part in gpt) for x in lines), out.stdout
-    blend_line = (
-        "cache written by Megatron: its match with the current token files is checked by sizes only"
-    )
+    blend_line = ("cache written by Megatron: its match with the current token files is checked by"
+                  " sizes only")
     assert any(blend_line in x for x in lines), out.stdout

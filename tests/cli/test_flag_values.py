@@ -29,23 +29,15 @@ def numeric_flags() -> list[tuple[str, str, object]]:
 
 def test_the_numeric_flags_are_found():
     flags = {(command, flag) for command, flag, _ in numeric_flags()}
-    for expected in (
-        ("corpus", "--max-mb"),
-        ("doctor", "--step-ms"),
-        ("demo", "--step-ms"),
-        ("prepare-cache", "--mid-level-dataset-surplus"),
-        ("preprocess", "--chunk-mb"),
-    ):
+    for expected in (("corpus", "--max-mb"), ("doctor", "--step-ms"), ("demo", "--step-ms"),
+                     ("prepare-cache", "--mid-level-dataset-surplus"), ("preprocess", "--chunk-mb")):
         assert expected in flags
 
 
 # ids from names, never a function's repr (its address differs between processes, and so would
 # the test ids that pytest-xdist's workers collect)
-@pytest.mark.parametrize(
-    "command,flag,kind",
-    numeric_flags(),
-    ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", type(v).__name__),
-)
+@pytest.mark.parametrize("command,flag,kind", numeric_flags(),
+                         ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", type(v).__name__))
 @pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e999"])
 def test_every_numeric_flag_refuses_non_finite_numbers_or_checks_them_in_one_line(
     command, flag, kind, text
@@ -62,51 +54,19 @@ def test_every_numeric_flag_refuses_non_finite_numbers_or_checks_them_in_one_lin
     )
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ("corpus", "--output", "{tmp}/x.jsonl", "--max-mb", "inf"),
-        ("corpus", "--output", "{tmp}/x.jsonl", "--min-mb", "nan"),
-        ("corpus", "--output", "{tmp}/x.jsonl", "--max-mb", "1e999"),
-        ("doctor", "--data-path", "{tmp}/p", "--seq-length", "8", "--step-ms", "inf"),
-        ("demo", "--output", "{tmp}/demo", "--step-ms", "nan"),
-        (
-            "preprocess",
-            "--input",
-            "{tmp}/x.jsonl",
-            "--output-prefix",
-            "{tmp}/o",
-            "--tokenizer-type",
-            "ByteTokenizer",
-            "--chunk-mb",
-            "inf",
-        ),
-        (
-            "preprocess",
-            "--input",
-            "{tmp}/x.jsonl",
-            "--output-prefix",
-            "{tmp}/o",
-            "--tokenizer-type",
-            "ByteTokenizer",
-            "--ray-cpus-per-task",
-            "inf",
-        ),
-        (
-            "prepare-cache",
-            "--data-path",
-            "{tmp}/p",
-            "--data-cache-path",
-            "{tmp}",
-            "--seq-length",
-            "8",
-            "--train-samples",
-            "10",
-            "--mid-level-dataset-surplus",
-            "inf",
-        ),
-    ],
-)
+@pytest.mark.parametrize("argv", [
+    ("corpus", "--output", "{tmp}/x.jsonl", "--max-mb", "inf"),
+    ("corpus", "--output", "{tmp}/x.jsonl", "--min-mb", "nan"),
+    ("corpus", "--output", "{tmp}/x.jsonl", "--max-mb", "1e999"),
+    ("doctor", "--data-path", "{tmp}/p", "--seq-length", "8", "--step-ms", "inf"),
+    ("demo", "--output", "{tmp}/demo", "--step-ms", "nan"),
+    ("preprocess", "--input", "{tmp}/x.jsonl", "--output-prefix", "{tmp}/o", "--tokenizer-type",
+     "ByteTokenizer", "--chunk-mb", "inf"),
+    ("preprocess", "--input", "{tmp}/x.jsonl", "--output-prefix", "{tmp}/o", "--tokenizer-type",
+     "ByteTokenizer", "--ray-cpus-per-task", "inf"),
+    ("prepare-cache", "--data-path", "{tmp}/p", "--data-cache-path", "{tmp}", "--seq-length", "8",
+     "--train-samples", "10", "--mid-level-dataset-surplus", "inf"),
+])
 def test_non_finite_numbers_end_in_one_line_and_exit_2(tmp_path, argv):
     (tmp_path / "x.jsonl").write_text('{"text": "a b c"}\n')
     write_documents(tmp_path / "p", [[1, 2, 3]] * 4)
@@ -121,9 +81,8 @@ def test_non_finite_numbers_end_in_one_line_and_exit_2(tmp_path, argv):
 
 @pytest.mark.parametrize("command", ["convert", "merge"])
 @pytest.mark.parametrize("output", ["", "out/"])
-def test_an_output_prefix_naming_no_file_is_refused_and_writes_nothing(
-    tmp_path, monkeypatch, command, output
-):
+def test_an_output_prefix_naming_no_file_is_refused_and_writes_nothing(tmp_path, monkeypatch,
+                                                                        command, output):
     (tmp_path / "in").mkdir()
     (tmp_path / "out").mkdir()
     write_documents(tmp_path / "in" / "a", [[1, 2, 3]] * 4)

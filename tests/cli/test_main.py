@@ -23,14 +23,7 @@ def subcommands() -> list[str]:
 
 
 def test_misspelled_flag_shows_the_subcommands_usage_and_the_flag_meant(tmp_path):
-    out = run_cli(
-        "preprocess",
-        "--input",
-        tmp_path / "x.jsonl",
-        "--output-prefix",
-        tmp_path / "o",
-        "--append_eod",
-    )
+    out = run_cli("preprocess", "--input", tmp_path / "x.jsonl", "--output-prefix", tmp_path / "o", "--append_eod")
     assert out.returncode == 2
     assert out.stderr.startswith("usage: tokenload preprocess"), out.stderr
     assert "unrecognized arguments: --append_eod" in out.stderr
@@ -47,14 +40,9 @@ def test_every_subcommand_help_has_a_description_and_its_defaults(command):
     assert parser.description, f"{command} has no description"
     text = parser.format_help()
     for action in parser._actions:
-        shown = (
-            action.option_strings and action.help and action.nargs != 0
-        )  # flags without a value need none
+        shown = action.option_strings and action.help and action.nargs != 0  # flags without a value need none
         if shown and action.default not in (None, argparse.SUPPRESS):
-            assert f"(default: {action.default})" in text or "default" in action.help, (
-                command,
-                action.dest,
-            )
+            assert f"(default: {action.default})" in text or "default" in action.help, (command, action.dest)
 
 
 def test_demo_refuses_a_size_of_zero_before_doing_any_work(tmp_path):
@@ -98,9 +86,7 @@ def test_other_libraries_info_logs_stay_quiet_unless_verbose(monkeypatch, capsys
     from tokenload.cli import main as cli
 
     def speak(args):
-        logging.getLogger("botocore.credentials").info(
-            "Found credentials in environment variables."
-        )
+        logging.getLogger("botocore.credentials").info("Found credentials in environment variables.")
         logging.getLogger("tokenload.preprocess").info("tokenload speaks")
         return 0
 

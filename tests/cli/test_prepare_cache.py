@@ -18,9 +18,7 @@ from tokenload.errors import CacheError
 
 PREPARED = json.loads((FIXTURES / "megatron" / "prepare_cache" / "expected.json").read_text())
 CASES = {c["id"]: c for c in PREPARED["cases"]}
-NULL_1000 = json.loads((FIXTURES / "megatron" / "order" / "cases.json").read_text())["tokenizer"][
-    "unique_identifiers"
-]
+NULL_1000 = json.loads((FIXTURES / "megatron" / "order" / "cases.json").read_text())["tokenizer"]["unique_identifiers"]
 TOKENLOAD_ONLY = ("-tokenload.json", "-tokenload-build.json")
 
 
@@ -79,12 +77,8 @@ def test_build_policy_none_loads_the_prepared_caches(order_data, tmp_path, monke
     before = _md5s(cache)
     monkeypatch.chdir(order_data)
     config = MegatronDataConfig(
-        sequence_length=16,
-        blend=["30", "gold/x", "70", "rand/a"],
-        split="80,15,5",
-        tokenizer=NULL_1000,
-        path_to_cache=str(cache),
-        build_policy="none",
+        sequence_length=16, blend=["30", "gold/x", "70", "rand/a"], split="80,15,5", tokenizer=NULL_1000,
+        path_to_cache=str(cache), build_policy="none",
     )
     datasets = build_datasets(config, case["counts"]["train_valid_test_num_samples"])
     assert {s: len(d) for s, d in zip(("train", "valid", "test"), datasets)} == case["lengths"]
@@ -99,13 +93,8 @@ JOB_SIZES = [[40, 12, 4], [40, None, 8], [None, 10, 4], [40, 20, 0], [40, None, 
 @pytest.mark.parametrize("sizes", JOB_SIZES)
 def test_the_missing_cache_command_builds_the_caches_the_job_loads(sizes, one_prefix, tmp_path):
     """The command a build_policy='none' job prints, run as it is, prepares exactly its caches."""
-    config = MegatronDataConfig(
-        sequence_length=4,
-        blend=[one_prefix],
-        split="90,5,5",
-        path_to_cache=str(tmp_path / "c"),
-        build_policy="none",
-    )
+    config = MegatronDataConfig(sequence_length=4, blend=[one_prefix], split="90,5,5",
+                                path_to_cache=str(tmp_path / "c"), build_policy="none")
     with pytest.raises(CacheError) as info:
         build_datasets(config, sizes)
     command = str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0]
@@ -113,15 +102,11 @@ def test_the_missing_cache_command_builds_the_caches_the_job_loads(sizes, one_pr
     out = run_shell(command)
     assert out.returncode == 0, out.stderr
     loaded = build_datasets(config, sizes)
-    built = build_datasets(
-        dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes
-    )
+    built = build_datasets(dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes)
     for got, want in zip(loaded, built):
         assert len(got) == len(want)
         rows = np.arange(0, len(want), max(1, len(want) // 7))
-        np.testing.assert_array_equal(
-            got.__getitems__(rows)["tokens"], want.__getitems__(rows)["tokens"]
-        )
+        np.testing.assert_array_equal(got.__getitems__(rows)["tokens"], want.__getitems__(rows)["tokens"])
 
 
 def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
@@ -130,64 +115,31 @@ def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
     blending arrays (one cache); the job then loads them all and serves the stream it serves in
     memory."""
     rng = np.random.default_rng(3)
-    prefixes = [
-        write_documents(
-            tmp_path / name,
-            [rng.integers(1, 90, size=int(n)).tolist() for n in rng.integers(2, 12, size=300)],
-        )
-        for name in ("a", "b", "c")
-    ]
+    prefixes = [write_documents(tmp_path / name, [rng.integers(1, 90, size=int(n)).tolist()
+                                                  for n in rng.integers(2, 12, size=300)])
+                for name in ("a", "b", "c")]
     schedule = [(0, [5, 3, 0]), (100, [1, 1, 8]), (250, [2.5, 7, 1])]
     blend = [x for p in prefixes for x in ("1", p)]
-    config = MegatronDataConfig(
-        sequence_length=4,
-        blend=blend,
-        split="100,0,0",
-        weights_schedule=schedule,
-        path_to_cache=str(tmp_path / "c"),
-        build_policy="none",
-    )
+    config = MegatronDataConfig(sequence_length=4, blend=blend, split="100,0,0",
+                                weights_schedule=schedule, path_to_cache=str(tmp_path / "c"),
+                                build_policy="none")
     with pytest.raises(CacheError) as info:
         build_datasets(config, [400, 0, 0])
     command = str(info.value).split("with: ", 1)[1].split("  (or use", 1)[0]
-    assert (
-        "--weights-schedule '[[0,[5.0,3.0,0.0]],[100,[1.0,1.0,8.0]],[250,[2.5,7.0,1.0]]]'"
-        in command
-    )
+    assert "--weights-schedule '[[0,[5.0,3.0,0.0]],[100,[1.0,1.0,8.0]],[250,[2.5,7.0,1.0]]]'" in command
     out = run_shell(command)
     assert out.returncode == 0, out.stderr
     assert "weights schedule    3 entries; changes at samples 100, 250" in out.stdout
     loaded = build_datasets(config, [400, 0, 0])[0]
     assert sorted(loaded.entry_spans) == [1, 2] and loaded.entry_arrays.paths is not None
-    assert len(list((tmp_path / "c").glob("*-BlendedDataset-train-description.txt"))) == 1
-    memory = build_datasets(
-        dataclasses.replace(config, cache="off", build_policy="auto"), [400, 0, 0]
-    )[0]
+    assert len(list((tmp_path / 'c').glob('*-BlendedDataset-train-description.txt'))) == 1
+    memory = build_datasets(dataclasses.replace(config, cache="off", build_policy="auto"), [400, 0, 0])[0]
     rows = np.arange(400)
-    np.testing.assert_array_equal(
-        loaded.__getitems__(rows)["tokens"], memory.__getitems__(rows)["tokens"]
-    )
-    out = run_cli(
-        "prepare-cache",
-        "--data-path",
-        *blend,
-        "--split",
-        "100,0,0",
-        "--seq-length",
-        "4",
-        "--data-cache-path",
-        str(tmp_path / "c"),
-        "--train-samples",
-        "400",
-        "--global-batch-size",
-        "1",
-        "--eval-iters",
-        "0",
-        "--eval-interval",
-        "1",
-        "--weights-schedule",
-        "[[0, [1, 2]]]",
-    )
+    np.testing.assert_array_equal(loaded.__getitems__(rows)["tokens"], memory.__getitems__(rows)["tokens"])
+    out = run_cli("prepare-cache", "--data-path", *blend, "--split", "100,0,0", "--seq-length", "4",
+                  "--data-cache-path", str(tmp_path / "c"), "--train-samples", "400",
+                  "--global-batch-size", "1", "--eval-iters", "0", "--eval-interval", "1",
+                  "--weights-schedule", "[[0, [1, 2]]]")
     assert out.returncode != 0 and "has 2 weights; the blend has 3 sources" in out.stderr
     assert len(out.stderr.strip().splitlines()) <= 2, out.stderr
 
@@ -195,151 +147,29 @@ def test_a_scheduled_jobs_command_prepares_its_entries_and_sources(tmp_path):
 # Megatron's arithmetic: train = iters x gbs (or --train-samples), valid = (iters // interval + 1)
 # x eval_iters x eval gbs, test = eval_iters x eval gbs; gbs = micro x world // (tp x pp x cp).
 COUNTS = [
-    (
-        [
-            "--global-batch-size",
-            "8",
-            "--train-iters",
-            "100",
-            "--eval-interval",
-            "10",
-            "--eval-iters",
-            "3",
-        ],
-        8,
-        1,
-        [800, 264, 24],
-    ),
-    (
-        [
-            "--micro-batch-size",
-            "2",
-            "--prepare-cache-world-size",
-            "8",
-            "--train-iters",
-            "10",
-            "--eval-interval",
-            "5",
-            "--eval-iters",
-            "2",
-        ],
-        16,
-        8,
-        [160, 96, 32],
-    ),
-    (
-        [
-            "--micro-batch-size",
-            "2",
-            "--prepare-cache-world-size",
-            "8",
-            "--tensor-model-parallel-size",
-            "2",
-            "--pipeline-model-parallel-size",
-            "2",
-            "--train-iters",
-            "10",
-            "--eval-interval",
-            "5",
-            "--eval-iters",
-            "2",
-        ],
-        4,
-        2,
-        [40, 24, 8],
-    ),
-    (
-        [
-            "--micro-batch-size",
-            "3",
-            "--train-iters",
-            "4",
-            "--eval-interval",
-            "2",
-            "--eval-iters",
-            "1",
-        ],
-        3,
-        1,
-        [12, 9, 3],
-    ),
-    (
-        [
-            "--global-batch-size",
-            "8",
-            "--train-samples",
-            "50",
-            "--eval-interval",
-            "4",
-            "--eval-iters",
-            "1",
-        ],
-        8,
-        1,
-        [50, 16, 8],
-    ),
-    (
-        [
-            "--global-batch-size",
-            "8",
-            "--train-iters",
-            "10",
-            "--eval-interval",
-            "5",
-            "--eval-iters",
-            "2",
-            "--eval-global-batch-size",
-            "2",
-        ],
-        8,
-        1,
-        [80, 12, 4],
-    ),
-    (
-        [
-            "--global-batch-size",
-            "8",
-            "--train-iters",
-            "10",
-            "--eval-interval",
-            "5",
-            "--eval-iters",
-            "2",
-            "--start-eval-at-iter",
-            "5",
-        ],
-        8,
-        1,
-        [80, 32, 16],
-    ),
-    (
-        ["--global-batch-size", "2", "--train-iters", "10", "--eval-iters", "4", "--skip-train"],
-        2,
-        1,
-        [20, 8, 8],
-    ),
-    (
-        ["--global-batch-size", "1", "--train-iters", "10", "--eval-interval", "100"],
-        1,
-        1,
-        [10, 100, 100],
-    ),
+    (["--global-batch-size", "8", "--train-iters", "100", "--eval-interval", "10", "--eval-iters", "3"],
+     8, 1, [800, 264, 24]),
+    (["--micro-batch-size", "2", "--prepare-cache-world-size", "8", "--train-iters", "10", "--eval-interval",
+      "5", "--eval-iters", "2"], 16, 8, [160, 96, 32]),
+    (["--micro-batch-size", "2", "--prepare-cache-world-size", "8", "--tensor-model-parallel-size", "2",
+      "--pipeline-model-parallel-size", "2", "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2"],
+     4, 2, [40, 24, 8]),
+    (["--micro-batch-size", "3", "--train-iters", "4", "--eval-interval", "2", "--eval-iters", "1"], 3, 1, [12, 9, 3]),
+    (["--global-batch-size", "8", "--train-samples", "50", "--eval-interval", "4", "--eval-iters", "1"],
+     8, 1, [50, 16, 8]),
+    (["--global-batch-size", "8", "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
+      "--eval-global-batch-size", "2"], 8, 1, [80, 12, 4]),
+    (["--global-batch-size", "8", "--train-iters", "10", "--eval-interval", "5", "--eval-iters", "2",
+      "--start-eval-at-iter", "5"], 8, 1, [80, 32, 16]),
+    (["--global-batch-size", "2", "--train-iters", "10", "--eval-iters", "4", "--skip-train"], 2, 1, [20, 8, 8]),
+    (["--global-batch-size", "1", "--train-iters", "10", "--eval-interval", "100"], 1, 1, [10, 100, 100]),
 ]
 
 
 @pytest.mark.parametrize("flags,gbs,dp,samples", COUNTS)
 def test_sample_counts_follow_megatron(flags, gbs, dp, samples, one_prefix, tmp_path):
-    result = _prepare_json(
-        "--data-path",
-        one_prefix,
-        "--split",
-        "90,5,5",
-        "--seq-length",
-        "4",
-        "--data-cache-path",
-        tmp_path / "c",
-        *flags,
-    )
+    result = _prepare_json("--data-path", one_prefix, "--split", "90,5,5", "--seq-length", "4",
+                           "--data-cache-path", tmp_path / "c", *flags)
     assert (result["global_batch_size"], result["data_parallel_size"]) == (gbs, dp)
     assert result["train_valid_test_num_samples"] == samples
     assert result["train_dataset_length"] >= samples[0]
@@ -347,24 +177,9 @@ def test_sample_counts_follow_megatron(flags, gbs, dp, samples, one_prefix, tmp_
 
 def test_text_output_names_counts_lengths_and_missing_tokenizer(one_prefix, tmp_path):
     (tmp_path / "c").mkdir()
-    out = run_cli(
-        "prepare-cache",
-        "--data-path",
-        one_prefix,
-        "--seq-length",
-        "4",
-        "--data-cache-path",
-        tmp_path / "c",
-        "--global-batch-size",
-        "2",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--eval-iters",
-        "1",
-        "--eod-mask-loss",
-    )
+    out = run_cli("prepare-cache", "--data-path", one_prefix, "--seq-length", "4", "--data-cache-path",
+                  tmp_path / "c", "--global-batch-size", "2", "--train-iters", "3", "--eval-interval", "2",
+                  "--eval-iters", "1", "--eod-mask-loss")
     assert out.returncode == 0, out.stderr
     assert "samples             train 6, valid 4, test 2" in out.stdout
     assert "'969, 30, 1' (Megatron's default without --split)" in out.stdout
@@ -375,61 +190,23 @@ def test_text_output_names_counts_lengths_and_missing_tokenizer(one_prefix, tmp_
 
 
 def test_tokenizer_identity_derived_or_copied(one_prefix, tmp_path):
-    base = [
-        "--data-path",
-        one_prefix,
-        "--split",
-        "1,0,0",
-        "--seq-length",
-        "4",
-        "--global-batch-size",
-        "1",
-        "--train-iters",
-        "2",
-        "--eval-iters",
-        "0",
-        "--skip-train",
-        "--data-cache-path",
-    ]
-    null = _prepare_json(
-        *base, tmp_path / "a", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"
-    )
+    base = ["--data-path", one_prefix, "--split", "1,0,0", "--seq-length", "4", "--global-batch-size", "1",
+            "--train-iters", "2", "--eval-iters", "0", "--skip-train", "--data-cache-path"]
+    null = _prepare_json(*base, tmp_path / "a", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000")
     assert null["tokenizer"] == NULL_1000
-    eod = _prepare_json(
-        *base,
-        tmp_path / "b",
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        "1000",
-        "--null-tokenizer-eod-id",
-        "5",
-    )
-    assert list(eod["tokenizer"].items())[2:] == [
-        ("vocab_size", "1000"),
-        ("eod_id", "5"),
-        ("pad_id", "-1"),
-    ]
+    eod = _prepare_json(*base, tmp_path / "b", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                        "--null-tokenizer-eod-id", "5")
+    assert list(eod["tokenizer"].items())[2:] == [("vocab_size", "1000"), ("eod_id", "5"), ("pad_id", "-1")]
     description = next((tmp_path / "a").glob("*-GPTDataset-train-description.txt"))
     copied = _prepare_json(*base, tmp_path / "c", "--tokenizer-identity", description)
     assert copied["tokenizer"] == NULL_1000
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted(
-        p.name for p in (tmp_path / "a").iterdir()
-    )
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted(p.name for p in (tmp_path / "a").iterdir())
     inline = _prepare_json(*base, tmp_path / "d", "--tokenizer-identity", json.dumps(NULL_1000))
     assert inline["files_written"] == copied["files_written"]
 
 
 def test_order_computed_has_nothing_to_prepare(tmp_path):
-    out = run_cli(
-        "prepare-cache",
-        "--order",
-        "computed",
-        "--data-path",
-        "nowhere",
-        "--data-cache-path",
-        tmp_path / "c",
-    )
+    out = run_cli("prepare-cache", "--order", "computed", "--data-path", "nowhere", "--data-cache-path", tmp_path / "c")
     assert out.returncode == 0, out.stderr
     assert "nothing to prepare" in out.stdout
     assert not (tmp_path / "c").exists()
@@ -437,11 +214,7 @@ def test_order_computed_has_nothing_to_prepare(tmp_path):
 
 ERRORS = [  # (base flags removed, flags added, what the one line says)
     ([], ["--mock-data"], "--mock-data has no token files"),
-    (
-        ["--data-path"],
-        ["--data-path", "x", "{prefix}", "2", "{prefix}"],
-        "mixes numeric and non-numeric",
-    ),
+    (["--data-path"], ["--data-path", "x", "{prefix}", "2", "{prefix}"], "mixes numeric and non-numeric"),
     ([], ["--train-data-path", "{prefix}"], "are given together"),
     (["--data-path"], ["--data-path", "{prefix}-missing"], "cannot read the index"),
     (["--eval-interval"], [], "no --eval-interval"),
@@ -451,26 +224,16 @@ ERRORS = [  # (base flags removed, flags added, what the one line says)
     ([], ["--tokenizer-identity", "{{not json"], "is not JSON"),
     (["--train-iters"], [], "no training length"),
     ([], ["--train-valid-test-num-samples", "8", "epoch", "2"], "both give the sizes"),
-    (
-        ["--train-iters", "--eval-interval", "--global-batch-size"],
-        ["--train-valid-test-num-samples", "8", "-1", "2"],
-        "expected a number >= 0 or 'epoch'",
-    ),
+    (["--train-iters", "--eval-interval", "--global-batch-size"], ["--train-valid-test-num-samples", "8", "-1", "2"],
+     "expected a number >= 0 or 'epoch'"),
 ]
 
 
 @pytest.mark.parametrize("removed,added,message", ERRORS)
 def test_user_errors_are_one_line(removed, added, message, one_prefix, tmp_path):
     (tmp_path / "c").mkdir()
-    base = {
-        "--data-path": [one_prefix],
-        "--split": ["99,1,0"],
-        "--seq-length": ["4"],
-        "--data-cache-path": [str(tmp_path / "c")],
-        "--global-batch-size": ["4"],
-        "--train-iters": ["2"],
-        "--eval-interval": ["1"],
-    }
+    base = {"--data-path": [one_prefix], "--split": ["99,1,0"], "--seq-length": ["4"], "--data-cache-path":
+            [str(tmp_path / "c")], "--global-batch-size": ["4"], "--train-iters": ["2"], "--eval-interval": ["1"]}
     argv = [x for flag, values in base.items() if flag not in removed for x in (flag, *values)]
     out = run_cli("prepare-cache", *argv, *(x.format(prefix=one_prefix) for x in added))
     assert out.returncode == 2, out.stdout + out.stderr
@@ -486,117 +249,41 @@ def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tm
     copied from Megatron, the provider's --tokenload-packing) prepares the caches the data flags
     alone prepare; a flag tokenload does not know is still refused (a migration trial found the
     command refused)."""
-    identity = json.dumps(
-        {**NULL_1000, "class": "megatron.core.tokenizers.text.HuggingFaceTokenizer"}
-    )
-    data = [
-        "--data-path",
-        one_prefix,
-        "--split",
-        "90,5,5",
-        "--seq-length",
-        "8",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "6",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "3",
-        "--tokenizer-identity",
-        identity,
-    ]
-    job = [
-        "--num-layers",
-        "2",
-        "--hidden-size",
-        "8",
-        "--num-attention-heads",
-        "1",
-        "--lr",
-        "1e-4",
-        "--lr-decay-style",
-        "cosine",
-        "--bf16",
-        "--save",
-        str(tmp_path / "ckpt"),
-        "--log-interval",
-        "1",
-        "--micro-batch-size",
-        "2",
-        "--num-workers",
-        "4",
-        "--dataloader-type",
-        "external",
-        "--dataloader-inter-document-masking",
-        "--dataloader-fast-cache-load",
-        "--no-mmap-bin-files",
-        "--tokenizer-type",
-        "HuggingFaceTokenizer",
-        "--tokenizer-model",
-        "tok.json",
-        "--tokenload-dataloader-type",
-        "single",
-        "--tokenload-packing",
-        "best-fit",
-    ]
+    identity = json.dumps({**NULL_1000, "class": "megatron.core.tokenizers.text.HuggingFaceTokenizer"})
+    data = ["--data-path", one_prefix, "--split", "90,5,5", "--seq-length", "8", "--global-batch-size", "4",
+            "--train-iters", "6", "--eval-iters", "1", "--eval-interval", "3", "--tokenizer-identity", identity]
+    job = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "1", "--lr", "1e-4",
+           "--lr-decay-style", "cosine", "--bf16", "--save", str(tmp_path / "ckpt"), "--log-interval", "1",
+           "--micro-batch-size", "2", "--num-workers", "4", "--dataloader-type", "external",
+           "--dataloader-inter-document-masking", "--dataloader-fast-cache-load", "--no-mmap-bin-files",
+           "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok.json",
+           "--tokenload-dataloader-type", "single", "--tokenload-packing", "best-fit"]
     whole = _prepare_json(*job, *data, "--data-cache-path", tmp_path / "whole")
     alone = _prepare_json(*data, "--packing", "best-fit", "--data-cache-path", tmp_path / "alone")
-    assert (
-        whole["train_valid_test_num_samples"]
-        == alone["train_valid_test_num_samples"]
-        == [24, 12, 4]
-    )
+    assert whole["train_valid_test_num_samples"] == alone["train_valid_test_num_samples"] == [24, 12, 4]
     names = [sorted(p.name for p in (tmp_path / side).iterdir()) for side in ("whole", "alone")]
     assert names[0] == names[1]
     assert any("packed" in p.name or "row" in p.name for p in (tmp_path / "whole").iterdir())
     (tmp_path / "x").mkdir()
-    refused = run_cli(
-        "prepare-cache", *job, "--no-such-flag", "1", *data, "--data-cache-path", tmp_path / "x"
-    )
+    refused = run_cli("prepare-cache", *job, "--no-such-flag", "1", *data, "--data-cache-path", tmp_path / "x")
     assert refused.returncode == 2 and "unrecognized arguments: --no-such-flag (" in refused.stderr
     assert "--num-layers" not in refused.stderr.splitlines()[-1]  # the job's own flags are no typos
-    tokenizer = [
-        "--tokenizer-special-tokens",
-        "<unk>",
-        "<s>",
-        "--trust-remote-code",
-        "--tokenizer-hf-no-use-fast",
-    ]
-    special = _prepare_json(
-        *job, *tokenizer, *data, "--data-cache-path", tmp_path / "tok"
-    )  # megatron-core 0.19.2's
+    tokenizer = ["--tokenizer-special-tokens", "<unk>", "<s>", "--trust-remote-code", "--tokenizer-hf-no-use-fast"]
+    special = _prepare_json(*job, *tokenizer, *data, "--data-cache-path", tmp_path / "tok")  # megatron-core 0.19.2's
     assert special["train_valid_test_num_samples"] == [24, 12, 4]
     unquoted = run_cli("prepare-cache", *job, "--step-batch-size-schedule", "0:4", "12:4", *data,
                        "--data-cache-path", tmp_path / "x")  # fmt: skip
     assert unquoted.returncode == 2
     assert "unrecognized argument '12:4' after --step-batch-size-schedule" in unquoted.stderr
-    assert (
-        "quote a value that holds spaces" in unquoted.stderr
-        and "no such flag" not in unquoted.stderr
-    )
-    for job_packing, packing in (
-        ("best-fit", "concat"),
-        ("concat", "best-fit"),
-    ):  # the two disagree
+    assert "quote a value that holds spaces" in unquoted.stderr and "no such flag" not in unquoted.stderr
+    for job_packing, packing in (("best-fit", "concat"), ("concat", "best-fit")):  # the two disagree
         clash = run_cli("prepare-cache", *job[:-2], "--tokenload-packing", job_packing, "--packing", packing, *data,
                         "--data-cache-path", tmp_path / "x")  # fmt: skip
         assert clash.returncode == 2, clash.stderr
         assert f"--packing {packing} and --tokenload-packing {job_packing} disagree" in clash.stderr
-    null = [
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        "999",
-        "--tokenizer-identity",
-        json.dumps(NULL_1000),
-    ]
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "999", "--tokenizer-identity", json.dumps(NULL_1000)]
     clash = run_cli("prepare-cache", *data[:-2], *null, "--data-cache-path", tmp_path / "x")
-    assert (
-        clash.returncode == 2
-        and "is not the identity of the job's NullTokenizer flags" in clash.stderr
-    )
+    assert clash.returncode == 2 and "is not the identity of the job's NullTokenizer flags" in clash.stderr
 
 
 @pytest.mark.parametrize(
@@ -612,37 +299,16 @@ def test_a_command_that_fails_makes_no_cache_folder(tmp_path, flags, words):
     error named random_seed. The folder is made by the build, as it writes a file."""
     prefix = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 40)
     cache = tmp_path / "made" / "cache"
-    base = [
-        "--data-path",
-        prefix,
-        "--split",
-        "100,0,0",
-        "--seq-length",
-        4,
-        "--data-cache-path",
-        cache,
-    ]
+    base = ["--data-path", prefix, "--split", "100,0,0", "--seq-length", 4, "--data-cache-path",
+            cache]
     if "--train-valid-test-num-samples" not in flags:
         base += ["--train-valid-test-num-samples", 8, 0, 0]
     out = run_cli("prepare-cache", *base, *flags)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert words in out.stderr and "HINT" in out.stderr, out.stderr
     assert not (tmp_path / "made").exists()
-    done = run_cli(
-        "prepare-cache",
-        "--data-path",
-        prefix,
-        "--split",
-        "100,0,0",
-        "--seq-length",
-        4,
-        "--data-cache-path",
-        cache,
-        "--train-valid-test-num-samples",
-        8,
-        0,
-        0,
-    )
+    done = run_cli("prepare-cache", "--data-path", prefix, "--split", "100,0,0", "--seq-length", 4,
+                   "--data-cache-path", cache, "--train-valid-test-num-samples", 8, 0, 0)
     assert done.returncode == 0 and list(cache.glob("*.npy")), done.stderr
 
 
@@ -654,21 +320,8 @@ def test_a_full_disk_is_one_error_whose_hint_fits_the_command(tmp_path):
 
     prefix = write_documents(tmp_path / "a", [list(range(1, 200))] * 400)
     with mounted_tmpfs(tmp_path / "full", "size=16k") as cache:
-        out = run_cli(
-            "prepare-cache",
-            "--data-path",
-            prefix,
-            "--split",
-            "100,0,0",
-            "--seq-length",
-            4,
-            "--data-cache-path",
-            cache,
-            "--train-valid-test-num-samples",
-            8,
-            0,
-            0,
-        )
+        out = run_cli("prepare-cache", "--data-path", prefix, "--split", "100,0,0", "--seq-length",
+                      4, "--data-cache-path", cache, "--train-valid-test-num-samples", 8, 0, 0)
         assert out.returncode == 2 and "the filesystem is full" in out.stderr, out.stderr
         assert "--data-cache-path" in out.stderr and "in memory" not in out.stderr, out.stderr
         assert "Traceback" not in out.stderr

@@ -41,16 +41,10 @@ def test_a_neox_yaml_is_checked_and_built_once_with_nothing_written(tmp_path):
 def test_a_neox_yaml_with_an_unsupported_key_or_megatron_data_flags_is_one_line(tmp_path):
     prefix = neox_file(tmp_path, "a")
     yml = tmp_path / "job.yml"
-    yml.write_text(
-        f'{{"data_path": "{prefix}", "seq_length": 16, "train_iters": 2, "train_batch_size": 2,'
-        ' "no_such_key": 1}\n'
-    )
+    yml.write_text(f'{{"data_path": "{prefix}", "seq_length": 16, "train_iters": 2, "train_batch_size": 2,'
+                   ' "no_such_key": 1}\n')
     out = run_cli("prepare-cache", "--neox-config", yml)
-    assert (
-        out.returncode == 2
-        and "no_such_key" in out.stderr
-        and len(out.stderr.strip().splitlines()) == 1
-    )
+    assert out.returncode == 2 and "no_such_key" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = run_cli("prepare-cache", "--neox-config", yml, "--data-path", prefix)
     assert out.returncode == 2 and "both describe the data" in out.stderr
 

@@ -27,12 +27,8 @@ def packed_job(tmp_path):
         for name in ("a", "b")
     ]
     config = MegatronDataConfig(
-        sequence_length=16,
-        blend=["0.3", prefixes[0], "0.7", prefixes[1]],
-        split="90,10,0",
-        packing="best-fit",
-        max_documents_per_row=5,
-        path_to_cache=str(tmp_path / "c"),
+        sequence_length=16, blend=["0.3", prefixes[0], "0.7", prefixes[1]], split="90,10,0",
+        packing="best-fit", max_documents_per_row=5, path_to_cache=str(tmp_path / "c"),
         build_policy="none",
     )
     return config, [300, 30, 0], tmp_path / "c"
@@ -52,9 +48,7 @@ def test_the_printed_command_prepares_the_packed_plan_that_none_loads(packed_job
     for description in glob.glob(str(cache / "*-PackedGPTDataset-*-description.txt")):
         assert '"layout": "last-piece+windows"' in Path(description).read_text()
     loaded = build_datasets(config, sizes)
-    built = build_datasets(
-        dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes
-    )
+    built = build_datasets(dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes)
     for got, want in zip(loaded[:2], built[:2]):
         assert len(got) == len(want) >= 30
         rows = np.arange(len(want))

@@ -65,9 +65,7 @@ def test_preprocess_writes_megatron_names_and_prints_a_summary(tmp_path):
 def test_bad_input_exits_2_with_file_line_and_reason(tmp_path):
     src = tmp_path / "bad.jsonl"
     src.write_text('{"text": "a"}\n{"text": "b"\n')
-    out = run_cli(
-        "preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", "--no-progress"
-    )
+    out = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", "--no-progress")
     assert out.returncode == 2
     assert f"error: {src}:2: malformed_json: not valid JSON" in out.stderr
     assert "--on-bad-record skip" in out.stderr
@@ -104,32 +102,12 @@ def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path)
     assert plain.returncode == 0, plain.stderr
     # flags that do not change the bytes: Megatron's contiguous partitions and logging, NeoX's names
     peers = run_cli(
-        "preprocess",
-        *BYTES,
-        "--input",
-        src,
-        "--output-prefix",
-        tmp_path / "peers",
-        "--append-eod",
-        "--no-progress",
-        "--partitions",
-        "2",
-        "--keep-sequential-samples",
-        "--log-interval",
-        "10",
-        "--num-docs",
-        "30",
-        "--dataset-impl",
-        "mmap",
-        "--jsonl-keys",
-        "text",
+        "preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "peers", "--append-eod", "--no-progress",
+        "--partitions", "2", "--keep-sequential-samples", "--log-interval", "10", "--num-docs", "30",
+        "--dataset-impl", "mmap", "--jsonl-keys", "text",
     )
     assert peers.returncode == 0, peers.stderr
-    assert same(
-        str(tmp_path / "plain_text_document"),
-        str(tmp_path / "peers_text_document"),
-        (".bin", ".idx"),
-    )
+    assert same(str(tmp_path / "plain_text_document"), str(tmp_path / "peers_text_document"), (".bin", ".idx"))
     refused = {
         ("--split-sentences",): "one sequence per sentence",
         ("--split-sentences", "--keep-newlines", "--lang", "english"): "one sequence per sentence",
@@ -151,9 +129,7 @@ def test_megatron_and_neox_flags_run_unchanged_or_fail_with_the_reason(tmp_path)
         )
         assert out.returncode == 2, (flags, out.stderr)
         assert reason in out.stderr and "HINT" in out.stderr.upper(), (flags, out.stderr)
-        assert len(out.stderr.strip().splitlines()) <= 2, (
-            out.stderr
-        )  # one line (and its hint), no traceback
+        assert len(out.stderr.strip().splitlines()) <= 2, out.stderr  # one line (and its hint), no traceback
     assert not list(tmp_path.glob("refused*")), "a refused run wrote files"
 
 
@@ -281,9 +257,7 @@ def test_a_rerun_with_every_file_done_says_so_instead_of_a_zero_rate(tmp_path, m
     from tokenload.errors import StorageError
     from tokenload.preprocess import PreprocessConfig, TokenizerSpec, pipeline, preprocess
 
-    inputs = tuple(
-        write_jsonl(tmp_path / f"in{i}.jsonl", sample_texts(20, seed=i)) for i in range(2)
-    )
+    inputs = tuple(write_jsonl(tmp_path / f"in{i}.jsonl", sample_texts(20, seed=i)) for i in range(2))
     config = PreprocessConfig(
         inputs=inputs, output_prefix=str(tmp_path / "out"), tokenizer=TokenizerSpec(kind="byte")
     )

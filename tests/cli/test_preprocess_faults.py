@@ -84,26 +84,16 @@ def one_line_error(out: subprocess.CompletedProcess) -> str:
 
 # -- work folders ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("kill", ["after-job", "first-removal-then-job-lost"])
-def test_a_kill_during_cleanup_never_hands_old_parts_to_a_run_with_another_tokenizer(
-    tmp_path, kill
-):
+def test_a_kill_during_cleanup_never_hands_old_parts_to_a_run_with_another_tokenizer(tmp_path, kill):
     inputs = [write_jsonl(tmp_path / f"in{i}.jsonl", texts(40, i)) for i in range(3)]
-    hf = (
-        "--tokenizer-type",
-        "HuggingFaceTokenizer",
-        "--tokenizer-model",
-        train_tokenizer(tmp_path / "t.json"),
-    )
+    hf = ("--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", train_tokenizer(tmp_path / "t.json"))
     common = ["preprocess", "--input", *inputs, "--append-eod", "--no-progress"]
     prefix = tmp_path / "out"
     work = Path(str(prefix) + ".tokenload-work")
     mode = "after-job" if kill == "after-job" else "first-removal"
     killed = subprocess.run(
         [sys.executable, "-c", KILL_HOOK, *common, *BYTES, "--output-prefix", str(prefix)],
-        env=dict(os.environ, HOOK_MODE=mode),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        env=dict(os.environ, HOOK_MODE=mode), capture_output=True, text=True, timeout=300,
     )
     assert killed.returncode == 137, killed.stderr
     assert work.exists()
@@ -176,34 +166,13 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc to find the workers")
 def test_sigkill_of_the_cli_ends_its_worker_processes(tmp_path):
-    inputs = [
-        write_jsonl(tmp_path / f"in{i}.jsonl", texts(40000, i)) for i in range(3)
-    ]  # ~10 s of work
+    inputs = [write_jsonl(tmp_path / f"in{i}.jsonl", texts(40000, i)) for i in range(3)]  # ~10 s of work
     tokenizer = train_tokenizer(tmp_path / "t.json")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokenload.cli.main",
-            "preprocess",
-            "--input",
-            *inputs,
-            "--tokenizer-type",
-            "HuggingFaceTokenizer",
-            "--tokenizer-model",
-            tokenizer,
-            "--engine",
-            "native",
-            "--executor",
-            "processes",
-            "--workers",
-            "2",
-            "--no-progress",
-            "--output-prefix",
-            str(tmp_path / "o"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "tokenload.cli.main", "preprocess", "--input", *inputs,
+         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer, "--engine", "native",
+         "--executor", "processes", "--workers", "2", "--no-progress", "--output-prefix", str(tmp_path / "o")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     workers: set[int] = set()
     deadline = time.monotonic() + 120
@@ -243,9 +212,7 @@ def mount(request):
 def test_a_full_disk_is_a_storage_error_and_leaves_nothing(tmp_path, mount):
     src = write_jsonl(tmp_path / "in.jsonl", texts(12000, 3))
     assert os.path.getsize(src) > 1 << 20  # 2 bytes per token: twice that written
-    out = run_cli(
-        "preprocess", *BYTES, "--input", src, "--output-prefix", mount / "out", "--no-progress"
-    )
+    out = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", mount / "out", "--no-progress")
     line = one_line_error(out)
     assert "No space left on device" in line and "free space" in line.split("HINT:", 1)[1]
     assert sorted(os.listdir(mount)) == []  # no temporaries, no work folder, no output
@@ -254,9 +221,7 @@ def test_a_full_disk_is_a_storage_error_and_leaves_nothing(tmp_path, mount):
 @pytest.mark.parametrize("mount", ["ro"], indirect=True)
 def test_a_read_only_output_folder_is_a_storage_error(tmp_path, mount):
     src = write_jsonl(tmp_path / "in.jsonl", texts(10, 3))
-    line = one_line_error(
-        run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", mount / "out")
-    )
+    line = one_line_error(run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", mount / "out"))
     assert "read-only" in line and "choose a writable --output-prefix" in line
 
 
@@ -286,23 +251,10 @@ def test_permission_denied_input_and_tokenizer_say_permissions(tmp_path):
     assert "permissions" in line and "damaged" not in line
     src.chmod(0o644)
     tokenizer.chmod(0)
-    line = one_line_error(
-        _without_read_override(
-            "preprocess",
-            "--tokenizer-type",
-            "HuggingFaceTokenizer",
-            "--tokenizer-model",
-            tokenizer,
-            "--input",
-            src,
-            "--output-prefix",
-            tmp_path / "b",
-        )
-    )
-    assert (
-        "t.json: cannot read the tokenizer file (Permission denied)" in line
-        and "permissions" in line
-    )
+    line = one_line_error(_without_read_override(
+        "preprocess", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tokenizer,
+        "--input", src, "--output-prefix", tmp_path / "b"))
+    assert "t.json: cannot read the tokenizer file (Permission denied)" in line and "permissions" in line
     assert not list(tmp_path.glob("[ab]*"))
 
 
@@ -318,9 +270,7 @@ def test_permission_denied_input_and_tokenizer_say_permissions(tmp_path):
 )
 def test_bad_sizes_are_refused_with_a_hint(tmp_path, flags, found, hint):
     src = write_jsonl(tmp_path / "in.jsonl", ["x"])
-    line = one_line_error(
-        run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", *flags)
-    )
+    line = one_line_error(run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", *flags))
     assert found in line and hint in line.split("HINT:", 1)[1]
     assert not list(tmp_path.glob("o*"))
 
@@ -331,30 +281,17 @@ def test_the_tokenizer_type_is_required_and_the_hint_lists_the_types(tmp_path):
     assert "no --tokenizer-type given" in line
     for name in ("ByteTokenizer", "HuggingFaceTokenizer", "GPT2BPETokenizer", "TikTokenizer"):
         assert name in line
-    ok = run_cli(
-        "preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", "--no-progress"
-    )
+    ok = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o", "--no-progress")
     assert ok.returncode == 0, ok.stderr
 
 
 def test_skip_warnings_are_one_short_line_each(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text('{"text": "a"}\n{broken\n{"text": 3}\n')
-    out = run_cli(
-        "preprocess",
-        *BYTES,
-        "--input",
-        src,
-        "--output-prefix",
-        tmp_path / "o",
-        "--on-bad-record",
-        "skip",
-        "--no-progress",
-    )
+    out = run_cli("preprocess", *BYTES, "--input", src, "--output-prefix", tmp_path / "o",
+                  "--on-bad-record", "skip", "--no-progress")
     assert out.returncode == 0, out.stderr
     lines = out.stderr.splitlines()
     assert len(lines) == 2, out.stderr
-    assert lines[0].startswith(
-        f"tokenload preprocess: skipped {src}:2: malformed_json: not valid JSON"
-    )
+    assert lines[0].startswith(f"tokenload preprocess: skipped {src}:2: malformed_json: not valid JSON")
     assert lines[1].startswith(f"tokenload preprocess: skipped {src}:3: not_text: ")

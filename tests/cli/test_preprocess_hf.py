@@ -58,31 +58,12 @@ def test_json_keys_pick_the_column_of_a_saved_dataset_without_importing_datasets
     (tmp_path / "ref.jsonl").write_text(
         "".join(json.dumps({"body": b}) + "\n" for b in body), encoding="utf-8"
     )
-    ref = run_cli(
-        "preprocess",
-        "--input",
-        tmp_path / "ref.jsonl",
-        "--output-prefix",
-        tmp_path / "ref",
-        "--json-keys",
-        "body",
-        *BYTES,
-        "--append-eod",
-        "--no-progress",
-    )
+    ref = run_cli("preprocess", "--input", tmp_path / "ref.jsonl", "--output-prefix",
+                  tmp_path / "ref", "--json-keys", "body", *BYTES, "--append-eod", "--no-progress")
     assert ref.returncode == 0, ref.stderr
-    rc, _, imported = probe(
-        "preprocess",
-        "--input",
-        tmp_path / "saved",
-        "--output-prefix",
-        tmp_path / "out",
-        "--json-keys",
-        "body",
-        *BYTES,
-        "--append-eod",
-        "--no-progress",
-    )
+    rc, _, imported = probe("preprocess", "--input", tmp_path / "saved", "--output-prefix",
+                            tmp_path / "out", "--json-keys", "body", *BYTES, "--append-eod",
+                            "--no-progress")
     assert rc == 0 and not imported
     assert same(f"{tmp_path}/ref_body_document", f"{tmp_path}/out_body_document")
     assert not Path(f"{tmp_path}/out_title_document.bin").exists()
@@ -98,26 +79,14 @@ def test_peak_memory_does_not_grow_with_the_dataset(tmp_path):
     sizes = {n: (tmp_path / n / "data-00000-of-00001.arrow").stat().st_size for n in ("one", "two")}
     peaks = {}
     for name in ("one", "two"):
-        rc, peaks[name], _ = probe(
-            "preprocess",
-            "--input",
-            tmp_path / name,
-            "--output-prefix",
-            tmp_path / name,
-            *BYTES,
-            "--chunk-mb",
-            "1",
-            "--workers",
-            "2",
-            "--no-progress",
-        )
+        rc, peaks[name], _ = probe("preprocess", "--input", tmp_path / name, "--output-prefix",
+                                   tmp_path / name, *BYTES, "--chunk-mb", "1", "--workers", "2",
+                                   "--no-progress")
         assert rc == 0
     grown = (peaks["two"] - peaks["one"]) * 1024
     extra = sizes["two"] - sizes["one"]
-    print(
-        f"peak RSS {peaks['one'] >> 10} MiB for {sizes['one'] >> 20} MiB, {peaks['two'] >> 10}"
-        f" MiB for {sizes['two'] >> 20} MiB"
-    )
+    print(f"peak RSS {peaks['one'] >> 10} MiB for {sizes['one'] >> 20} MiB, {peaks['two'] >> 10}"
+          f" MiB for {sizes['two'] >> 20} MiB")
     assert grown < extra / 2, (peaks, sizes)
 
 
@@ -129,12 +98,9 @@ def _slow_tokenizer(path: Path, corpus) -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator(
         corpus,
-        trainers.BpeTrainer(
-            vocab_size=400,
-            special_tokens=["<|endoftext|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        ),
+        trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                            show_progress=False),
     )
     tok.save(str(path))
     return str(path)
@@ -145,21 +111,9 @@ def test_killed_run_on_a_saved_dataset_resumes_to_the_same_bytes(tmp_path):
     datasets.Dataset.from_dict({"text": texts(10000, seed=3)}).save_to_disk(
         str(tmp_path / "saved"), num_shards=40
     )
-    args = [
-        "preprocess",
-        "--input",
-        str(tmp_path / "saved"),
-        "--tokenizer-type",
-        "HuggingFaceTokenizer",
-        "--tokenizer-model",
-        tokenizer,
-        "--engine",
-        "native",
-        "--append-eod",
-        "--workers",
-        "1",
-        "--no-progress",
-    ]
+    args = ["preprocess", "--input", str(tmp_path / "saved"), "--tokenizer-type",
+            "HuggingFaceTokenizer", "--tokenizer-model", tokenizer, "--engine", "native",
+            "--append-eod", "--workers", "1", "--no-progress"]
     clean = run_cli(*args, "--output-prefix", tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr
 
@@ -172,11 +126,9 @@ def test_killed_run_on_a_saved_dataset_resumes_to_the_same_bytes(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while (
-            time.monotonic() < deadline
-            and proc.poll() is None
-            and len(list(work.glob("*.done"))) < 3
-        ):
+        while time.monotonic() < deadline and proc.poll() is None and len(
+            list(work.glob("*.done"))
+        ) < 3:
             time.sleep(0.005)
         still_running = proc.poll() is None
         os.kill(proc.pid, signal.SIGKILL)

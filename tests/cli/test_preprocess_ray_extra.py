@@ -34,16 +34,6 @@ def test_executor_ray_without_ray_names_the_extra(tmp_path):
 
 def test_ray_address_needs_the_ray_executor(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
-    out = run_cli(
-        "preprocess",
-        "--ray-address",
-        "10.0.0.1:6379",
-        "--input",
-        tmp_path / "in.jsonl",
-        "--tokenizer-type",
-        "ByteTokenizer",
-        "--output-prefix",
-        tmp_path / "out",
-        "--no-progress",
-    )
+    out = run_cli("preprocess", "--ray-address", "10.0.0.1:6379", "--input", tmp_path / "in.jsonl",
+                  "--tokenizer-type", "ByteTokenizer", "--output-prefix", tmp_path / "out", "--no-progress")
     assert out.returncode == 2 and "add --executor ray" in out.stderr

@@ -130,12 +130,7 @@ def test_bad_input_is_one_line_and_exit_2(data):
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "is not a readable tokenizer.json" in done.stderr
     state = json.loads((tmp / "state-computed.json").read_text())
-    for damaged in (
-        [{"at": "x", "samples": 8, "sources": {}}],
-        5,
-        [{"samples": 8, "sources": {}}],
-        [[0, 8]],
-    ):
+    for damaged in ([{"at": "x", "samples": 8, "sources": {}}], 5, [{"samples": 8, "sources": {}}], [[0, 8]]):
         (tmp / "damaged.json").write_text(json.dumps({**state, "skips": damaged}))
         for command in (["explain", "--step", 1], ["where", "--source", 0, "--document", 1]):
             args = [*flags(tmp, prefixes, "computed")[:-3], "--state", tmp / "damaged.json",
@@ -220,9 +215,7 @@ def test_where_says_what_the_state_cannot_answer_and_refuses_a_document_past_the
     done = run_cli("where", "--source", 0, "--document", 1, *base)
     assert done.returncode == 0, done.stderr
     notes = [x for x in done.stdout.splitlines() if x.startswith("note: ")]
-    assert (
-        len(notes) == 1 and "steps before 3 (global samples before 24) are not covered" in notes[0]
-    )
+    assert len(notes) == 1 and "steps before 3 (global samples before 24) are not covered" in notes[0]
     assert "(from global sample 24 on)" in done.stdout.splitlines()[0]
     # a state of an older tokenload (no topology history): the steps, their ranks unknown
     old = {k: v for k, v in states["computed"].items() if k != "topologies"}

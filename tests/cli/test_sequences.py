@@ -57,17 +57,8 @@ def test_weighted_blend_unique_prefixes_in_order_with_header_counts(order_data):
 
 
 def test_per_split_paths_and_files(order_data):
-    per_split = _sequences(
-        order_data,
-        "--train-data-path",
-        "gold/x",
-        "rand/a",
-        "--valid-data-path",
-        "rand/a",
-        "--test-data-path",
-        "1",
-        "gold/y",
-    )
+    per_split = _sequences(order_data, "--train-data-path", "gold/x", "rand/a", "--valid-data-path", "rand/a",
+                           "--test-data-path", "1", "gold/y")
     assert list(per_split)[:3] == ["gold/x", "rand/a", "gold/y"]
     assert {p: per_split[p] for p in ("gold/x", "rand/a", "gold/y")} == {
         p: _header_counts(p) for p in ("gold/x", "rand/a", "gold/y")
@@ -79,10 +70,7 @@ def test_per_split_paths_and_files(order_data):
     (order_data / "args.txt").write_text("1 rand/c\n2 gold/y\n")
     from_file = _sequences(order_data, "--data-args-path", "args.txt")
     assert list(from_file)[:2] == ["rand/c", "gold/y"]
-    assert (
-        read_sequences(order_data / "out.json").entry("rand/c").sequence_count
-        == _header_counts("rand/c")[0]
-    )
+    assert read_sequences(order_data / "out.json").entry("rand/c").sequence_count == _header_counts("rand/c")[0]
 
 
 def test_errors_are_one_line_and_write_nothing(order_data):
@@ -93,54 +81,26 @@ def test_errors_are_one_line_and_write_nothing(order_data):
         (["--data-path", "gold/x", "--train-data-path", "gold/y"], "are given together"),
     ]
     for args, message in cases:
-        out = run_cli(
-            "sequences", *args, "--per-dataset-sequences-path", "out.json", cwd=order_data
-        )
+        out = run_cli("sequences", *args, "--per-dataset-sequences-path", "out.json", cwd=order_data)
         assert out.returncode == 2, (args, out.stderr)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], (args, out.stderr)
         assert not (order_data / "out.json").exists()
-    out = run_cli(
-        "sequences",
-        "--data-path",
-        "gold/x",
-        "--per-dataset-sequences-path",
-        "no/such/dir/out.json",
-        cwd=order_data,
-    )
+    out = run_cli("sequences", "--data-path", "gold/x", "--per-dataset-sequences-path", "no/such/dir/out.json",
+                  cwd=order_data)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert sorted(os.listdir(order_data)) == ["gold", "rand"]  # no temporary left behind
 
 
 def test_progress_bar_on_a_terminal_only(order_data):
-    quiet = run_cli(
-        "sequences",
-        "--data-path",
-        "gold/x",
-        "--per-dataset-sequences-path",
-        "a.json",
-        cwd=order_data,
-    )
+    quiet = run_cli("sequences", "--data-path", "gold/x", "--per-dataset-sequences-path", "a.json", cwd=order_data)
     assert quiet.stderr == ""
     main, child = pty.openpty()
-    fcntl.ioctl(
-        child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0)
-    )  # a new pty is 0 columns wide
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokenload.cli.main",
-            "sequences",
-            "--data-path",
-            "gold/x",
-            "gold/y",
-            "--per-dataset-sequences-path",
-            "b.json",
-        ],
-        cwd=order_data,
-        stdout=subprocess.PIPE,
-        stderr=child,
+        [sys.executable, "-m", "tokenload.cli.main", "sequences", "--data-path", "gold/x", "gold/y",
+         "--per-dataset-sequences-path", "b.json"],
+        cwd=order_data, stdout=subprocess.PIPE, stderr=child,
     )
     os.close(child)
     chunks = []

@@ -18,14 +18,10 @@ S = 32
 
 def test_the_state_command_says_it_counts_slots_padding_included(tmp_path, capsys):
     rng = np.random.default_rng(5)
-    prefix = write_documents(
-        tmp_path / "d", [rng.integers(1, 200, int(n)) for n in rng.integers(3, 30, 300)]
-    )
+    prefix = write_documents(tmp_path / "d", [rng.integers(1, 200, int(n)) for n in rng.integers(3, 30, 300)])
     config = MegatronDataConfig(sequence_length=S, blend=[prefix], split="100,0,0", order="computed",
                                 packing="best-fit")  # fmt: skip
-    loader = build_dataloader(
-        build_datasets(config, [None, None, None])[0], micro_batch_size=4, num_workers=0
-    )
+    loader = build_dataloader(build_datasets(config, [None, None, None])[0], micro_batch_size=4, num_workers=0)
     batches = iter(loader)
     for _ in range(5):
         next(batches)

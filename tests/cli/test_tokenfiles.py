@@ -44,10 +44,7 @@ def test_verify_reports_broken_pointers(tmp_path):
     Path(prefix + ".idx").write_bytes(bytes(idx))
     out = run_cli("verify", prefix)
     assert out.returncode == 1
-    assert (
-        "sequence pointers disagree with the lengths; first at sequence 1: 3, expected 4"
-        in out.stdout
-    )
+    assert "sequence pointers disagree with the lengths; first at sequence 1: 3, expected 4" in out.stdout
 
 
 def test_merge_folder_and_user_error_is_one_line(tmp_path):
@@ -82,10 +79,7 @@ def test_info_finds_the_sidecar_whichever_file_is_named(tmp_path):
     for name in (prefix, prefix + ".bin", prefix + ".idx"):
         out = run_cli("info", name)
         assert out.returncode == 0, out.stderr
-        assert (
-            "tokenizer    t (vocab 50, eod 0)" in out.stdout
-            and "sidecar      none" not in out.stdout
-        )
+        assert "tokenizer    t (vocab 50, eod 0)" in out.stdout and "sidecar      none" not in out.stdout
         js = json.loads(run_cli("info", "--json", name).stdout)
         assert js["prefix"] == prefix and js["sidecar"]["tokenizer"]["vocab_size"] == 50
 
@@ -112,10 +106,7 @@ def test_verify_says_what_it_checked(tmp_path, small_file):
     (tmp_path / "bare.json").unlink()  # as Megatron writes it: no sidecar
     out = run_cli("verify", bare)
     assert out.returncode == 0, out.stderr
-    assert (
-        "[checked: structure (header, sizes, pointers, document indices); structure only:"
-        in out.stdout
-    )
+    assert "[checked: structure (header, sizes, pointers, document indices); structure only:" in out.stdout
     out = run_cli("verify", "--vocab-size", "10", "--hashes", small_file)
     assert out.returncode == 0, out.stderr
     assert "tokens < 10 (--vocab-size); xxh3-64 hashes against the sidecar]" in out.stdout
@@ -161,11 +152,7 @@ def test_merge_output_named_with_its_bin_suffix(tmp_path):
     a = write_documents(tmp_path / "a", [[1, 2]])
     out = run_cli("merge", a + ".idx", "--output-prefix", tmp_path / "m.bin")
     assert out.returncode == 0, out.stderr
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("m.")) == [
-        "m.bin",
-        "m.idx",
-        "m.json",
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("m.")) == ["m.bin", "m.idx", "m.json"]
 
 
 def _copy_fixture(name, folder):
@@ -181,19 +168,12 @@ def test_convert_a_legacy_neox_file(tmp_path):
     info = run_cli("info", legacy)
     assert info.returncode == 0, info.stderr
     assert "format       TNTIDX (legacy fairseq cached/lazy index" in info.stdout
-    assert (
-        "documents    5 (1 empty)" in info.stdout and "dtype        int32 (code 4)" in info.stdout
-    )
+    assert "documents    5 (1 empty)" in info.stdout and "dtype        int32 (code 4)" in info.stdout
     ok = run_cli("verify", legacy)
-    assert ok.returncode == 0 and ok.stdout.startswith("OK") and "legacy TNTIDX" in ok.stdout, (
-        ok.stdout
-    )
+    assert ok.returncode == 0 and ok.stdout.startswith("OK") and "legacy TNTIDX" in ok.stdout, ok.stdout
     out = run_cli("convert", legacy + ".idx", "--output-prefix", tmp_path / "new")
     assert out.returncode == 0, out.stderr
-    assert (
-        "(TNTIDX, dtype code 4) into" in out.stdout
-        and "5 documents, 17 tokens (int32)" in out.stdout
-    )
+    assert "(TNTIDX, dtype code 4) into" in out.stdout and "5 documents, 17 tokens (int32)" in out.stdout
     expected = json.loads((LEGACY / "expected.json").read_text())["files"]["cached"]
     with TokenFileWriter(tmp_path / "ref", np.int32) as w:  # megatron-core's bytes (test_writer.py)
         for doc in expected["documents"]:
@@ -210,24 +190,18 @@ def test_convert_neox_mmidx_files_to_megatron_core_codes_and_boundaries(tmp_path
     info = run_cli("info", floats)
     assert "note         dtype code 6 read as float32 (GPT-NeoX's table" in info.stdout, info.stdout
     out = run_cli("convert", floats, "--output-prefix", tmp_path / "f")
-    assert out.returncode == 0 and "(MMIDIDX, dtype code 6) into" in out.stdout, (
-        out.stdout + out.stderr
-    )
+    assert out.returncode == 0 and "(MMIDIDX, dtype code 6) into" in out.stdout, out.stdout + out.stderr
     assert "(MMIDIDX, dtype code 7)" in out.stdout and (tmp_path / "f.idx").read_bytes()[17] == 7
     merged = _copy_fixture("mmap_merged", tmp_path)
     out = run_cli("convert", merged, "--output-prefix", tmp_path / "m")
-    assert out.returncode == 0 and "one document per sequence" in out.stdout, (
-        out.stdout + out.stderr
-    )
+    assert out.returncode == 0 and "one document per sequence" in out.stdout, out.stdout + out.stderr
     docs = np.frombuffer((tmp_path / "m.idx").read_bytes()[34 + 12 * 6 :], dtype="<i8").tolist()
     assert docs == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_convert_user_errors_are_one_line(tmp_path):
     floats = _copy_fixture("mmap_float32", tmp_path)
-    forced = run_cli(
-        "convert", floats, "--output-prefix", tmp_path / "f", "--dtype-codes", "megatron"
-    )
+    forced = run_cli("convert", floats, "--output-prefix", tmp_path / "f", "--dtype-codes", "megatron")
     assert forced.returncode == 2 and len(forced.stderr.strip().splitlines()) == 1, forced.stderr
     assert "swapped between megatron-core and GPT-NeoX" in forced.stderr
     broken = _copy_fixture("cached", tmp_path)
@@ -235,7 +209,5 @@ def test_convert_user_errors_are_one_line(tmp_path):
     idx[8] = 2  # version
     (tmp_path / "cached.idx").write_bytes(bytes(idx))
     bad = run_cli("convert", broken, "--output-prefix", tmp_path / "b")
-    assert bad.returncode == 2 and "legacy fairseq index (TNTIDX): version is 2" in bad.stderr, (
-        bad.stderr
-    )
+    assert bad.returncode == 2 and "legacy fairseq index (TNTIDX): version is 2" in bad.stderr, bad.stderr
     assert not list(tmp_path.glob("b.*")) and not list(tmp_path.glob(".b.*"))

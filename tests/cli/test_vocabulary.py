@@ -57,10 +57,7 @@ def test_every_flag_of_the_table_is_a_flag_of_a_command():
         ),  # a command, no field
         ("``build_policy='none'``", "``build_policy='none'``"),  # a reST literal, no field
         # a message for both kinds of caller names the field and its flag: the flag once
-        (
-            "a folder (`path_to_cache=`, `--data-cache-path`), or",
-            "a folder (--data-cache-path), or",
-        ),
+        ("a folder (`path_to_cache=`, `--data-cache-path`), or", "a folder (--data-cache-path), or"),
         ("(`on_bad_record='skip'`, `--on-bad-record skip`)", "(--on-bad-record skip)"),
     ],
 )

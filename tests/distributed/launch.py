@@ -39,9 +39,7 @@ def _entry(fn, rank, world_size, store_path, out_path, args, env, parent):
     import torch.distributed as dist
 
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size
-        )
+        dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
         result = ("ok", fn(rank, world_size, *args))
         dist.barrier()
         dist.destroy_process_group()
@@ -73,9 +71,7 @@ def run_ranks(world_size: int, fn, *args, timeout: float = 120, env: dict | None
         store = os.path.join(tmp, "store")
         outs = [os.path.join(tmp, f"rank{r}.pkl") for r in range(world_size)]
         procs = [
-            ctx.Process(
-                target=_entry, args=(fn, r, world_size, store, outs[r], args, env or {}, parent)
-            )
+            ctx.Process(target=_entry, args=(fn, r, world_size, store, outs[r], args, env or {}, parent))
             for r in range(world_size)
         ]
         for p in procs:

@@ -24,19 +24,8 @@ from .launch import run_ranks
 
 SIZES = [300, 30, 10]
 PREFIXES = 6
-COLLECTIVES = (
-    "barrier",
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_object",
-    "broadcast_object_list",
-    "reduce",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "all_to_all",
-)
+COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object", "broadcast_object_list",
+               "reduce", "gather", "scatter", "reduce_scatter", "all_to_all")
 _TEMP = re.compile(r"^\.(?P<name>.+)\.tmp-.*$")
 
 
@@ -45,13 +34,8 @@ def config(folder: str, cache_folder: str | None, **overrides):
 
     blend = [x for i in range(PREFIXES) for x in (str(i + 1), os.path.join(folder, f"p{i}"))]
     return MegatronDataConfig(
-        sequence_length=16,
-        blend=blend,
-        split="90,8,2",
-        tokenizer={"class": "test", "vocab_size": "5000"},
-        eod_id=4999,
-        path_to_cache=cache_folder,
-        **overrides,
+        sequence_length=16, blend=blend, split="90,8,2", tokenizer={"class": "test", "vocab_size": "5000"},
+        eod_id=4999, path_to_cache=cache_folder, **overrides,
     )
 
 
@@ -89,20 +73,15 @@ class _Probe:
             if self.forbid:
                 raise RuntimeError(f"collective {name} called")
             return fn(*args, **kwargs)
-
         return collective
 
     def _audit(self, event, args):
         if event == "open" and isinstance(args[0], str) and args[0].startswith(self.root):
             mode, flags = args[1], args[2]
-            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                flags & (os.O_WRONLY | os.O_RDWR)
-            ):
+            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags & (os.O_WRONLY | os.O_RDWR)):
                 folder, name = os.path.split(args[0])
                 m = _TEMP.match(name)
-                self.writes.add(
-                    os.path.relpath(os.path.join(folder, m["name"] if m else name), self.root)
-                )
+                self.writes.add(os.path.relpath(os.path.join(folder, m["name"] if m else name), self.root))
 
     def run(self, forbid: bool, fn):
         self.forbid, self.calls, self.writes = forbid, [], set()
@@ -136,23 +115,17 @@ def rank_run(rank, world_size, folder):
 
     out = {}
     try:
-        out["every-rank"] = probe.run(
-            True, build(os.path.join(folder, "unused"), build_policy="every-rank")
-        )
+        out["every-rank"] = probe.run(True, build(os.path.join(folder, "unused"), build_policy="every-rank"))
         # a folder of its own: a fast rank's later rank0 build fills shared/rank0 while a slow
         # rank may still be at this step
-        out["none-missing"] = probe.run(
-            True, build(os.path.join(shared, "never"), build_policy="none")
-        )
+        out["none-missing"] = probe.run(True, build(os.path.join(shared, "never"), build_policy="none"))
         out["auto"] = probe.run(True, build(os.path.join(shared, "auto"), build_policy="auto"))
         out["auto-hit"] = probe.run(True, build(os.path.join(shared, "auto"), build_policy="auto"))
         out["rank0"] = probe.run(False, build(os.path.join(shared, "rank0"), build_policy="rank0"))
         out["local-rank0"] = probe.run(False, build(node, build_policy="local-rank0"))
         out["none"] = probe.run(True, build(os.path.join(shared, "rank0"), build_policy="none"))
         blocker = os.path.join(folder, "blocker")
-        out["rank0-fails"] = probe.run(
-            False, build(os.path.join(blocker, "cache"), build_policy="rank0")
-        )
+        out["rank0-fails"] = probe.run(False, build(os.path.join(blocker, "cache"), build_policy="rank0"))
     finally:
         probe.restore()
     return out
@@ -163,10 +136,7 @@ def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("policies")
     rng = np.random.default_rng(3)
     for i in range(PREFIXES):
-        docs = [
-            np.append(rng.integers(0, 4999, size=int(k)), 4999)
-            for k in rng.integers(3, 60, size=80 + 20 * i)
-        ]
+        docs = [np.append(rng.integers(0, 4999, size=int(k)), 4999) for k in rng.integers(3, 60, size=80 + 20 * i)]
         write_documents(folder / f"p{i}", docs)
     (folder / "blocker").write_text("a file where the cache folder should be")
     return str(folder)
@@ -270,9 +240,7 @@ def test_a_build_killed_part_way_leaves_nothing_that_loads(data, single, tmp_pat
     cache = str(tmp_path / "cache")
     tests = os.path.dirname(os.path.dirname(__file__))
     code = KILLER.format(tests=tests, data=data, cache=cache, sizes=SIZES)
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(after)], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", code, str(after)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 9, done.stderr
     with pytest.raises(CacheError, match="missing or stale") as info:
         build_datasets(config(data, cache, build_policy="none"), SIZES)

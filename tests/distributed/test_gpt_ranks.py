@@ -40,9 +40,7 @@ def rank_run(rank, world_size, folder, state, steps):
     from tokenload.loader import build_dataloader
 
     train, _, _ = build_datasets(_config(folder), SIZES)
-    loader = build_dataloader(
-        train, micro_batch_size=2, num_workers=2, multiprocessing_context="fork"
-    )
+    loader = build_dataloader(train, micro_batch_size=2, num_workers=2, multiprocessing_context="fork")
     if state is not None:
         loader.load_state_dict(state)
     it = iter(loader)
@@ -55,10 +53,7 @@ def data(tmp_path_factory):
     folder = tmp_path_factory.mktemp("gpt")
     rng = np.random.default_rng(1)
     for name, n in (("a", 300), ("b", 500)):
-        docs = [
-            np.append(rng.integers(0, 4999, size=int(k)), 4999)
-            for k in rng.integers(5, 120, size=n)
-        ]
+        docs = [np.append(rng.integers(0, 4999, size=int(k)), 4999) for k in rng.integers(5, 120, size=n)]
         write_documents(folder / name, docs)
     return str(folder)
 
@@ -72,9 +67,7 @@ def test_ranks_race_to_one_cache_and_read_the_global_order(data):
 
     results = run_ranks(4, rank_run, data, None, 10)
     cache = os.path.join(data, "cache")
-    assert not [
-        n for n in os.listdir(cache) if ".tmp-" in n
-    ]  # every racing writer finished cleanly
+    assert not [n for n in os.listdir(cache) if ".tmp-" in n]  # every racing writer finished cleanly
     train, _, _ = build_datasets(_config(data), SIZES)  # now a cache hit
     expected = _row_ids(train.__getitems__(list(range(10 * 2 * 4))))
     assert _global([rows for rows, _ in results]) == expected
@@ -83,6 +76,4 @@ def test_ranks_race_to_one_cache_and_read_the_global_order(data):
     state = first[0][1]
     assert state["consumed_samples"] == 48
     resumed = run_ranks(2, rank_run, data, state, 8)
-    assert _global([rows for rows, _ in resumed]) == _row_ids(
-        train.__getitems__(list(range(48, 48 + 32)))
-    )
+    assert _global([rows for rows, _ in resumed]) == _row_ids(train.__getitems__(list(range(48, 48 + 32))))

@@ -29,12 +29,8 @@ def epoch_on_rank(rank, world_size, path, num_workers, method):
     from tokenload.loader import build_dataloader
 
     # dp_rank / dp_size come from the initialized process group
-    loader = build_dataloader(
-        _dataset(path),
-        micro_batch_size=MBS,
-        num_workers=num_workers,
-        multiprocessing_context=method,
-    )
+    loader = build_dataloader(_dataset(path), micro_batch_size=MBS, num_workers=num_workers,
+                              multiprocessing_context=method)
     assert (loader.dp_rank, loader.dp_size) == (dist.get_rank(), dist.get_world_size())
     mine = [_window_ids(b) for b in loader]
     everyone = [None] * world_size
@@ -46,9 +42,7 @@ def steps_on_rank(rank, world_size, path, state, skip_global, take_global):
     """Micro-batches of global batches [skip, skip + take) on this rank, optionally after a resume."""
     from tokenload.loader import build_dataloader
 
-    loader = build_dataloader(
-        _dataset(path), micro_batch_size=MBS, num_workers=2, multiprocessing_context="fork"
-    )
+    loader = build_dataloader(_dataset(path), micro_batch_size=MBS, num_workers=2, multiprocessing_context="fork")
     micro_per_global = GBS // (MBS * world_size)
     if state is not None:
         loader.load_state_dict(state)
@@ -75,9 +69,7 @@ def flat_path(tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize(
-    "world_size,num_workers,method", [(4, 2, "fork"), (3, 2, "spawn"), (2, 0, None)]
-)
+@pytest.mark.parametrize("world_size,num_workers,method", [(4, 2, "fork"), (3, 2, "spawn"), (2, 0, None)])
 def test_epoch_has_no_duplicates_and_no_gaps(flat_path, world_size, num_workers, method):
     everyone = run_ranks(world_size, epoch_on_rank, flat_path, num_workers, method)[0]
     windows = (64_000 - 1) // 16
@@ -85,9 +77,7 @@ def test_epoch_has_no_duplicates_and_no_gaps(flat_path, world_size, num_workers,
     ids = [i for rank in everyone for batch in rank for i in batch]
     assert len(ids) == usable == len(set(ids))
     assert set(ids) <= set(range(windows))
-    assert (
-        len({len(rank) for rank in everyone}) == 1
-    )  # equal batch counts: no rank waits on another
+    assert len({len(rank) for rank in everyone}) == 1  # equal batch counts: no rank waits on another
 
 
 def test_resume_onto_same_and_other_world_sizes(flat_path):
@@ -100,9 +90,7 @@ def test_resume_onto_same_and_other_world_sizes(flat_path):
     # the position in the order is the same on every rank; the metrics are each rank's own
     position = [{k: v for k, v in s.items() if k != "metrics"} for s in states]
     assert all(p == position[0] for p in position) and position[0]["consumed_samples"] == 12 * GBS
-    assert all(
-        s["metrics"]["steps"] == 12 * GBS // (MBS * 4) for s in states
-    )  # micro-batches per rank
+    assert all(s["metrics"]["steps"] == 12 * GBS // (MBS * 4) for s in states)  # micro-batches per rank
     for world in (4, 2, 8):
         resumed = run_ranks(world, steps_on_rank, flat_path, states[0], 0, 8)
         order = _global_order([b for b, _ in resumed])

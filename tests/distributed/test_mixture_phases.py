@@ -50,17 +50,10 @@ def _dataset(paths, order, weights, schedule):
     from tokenload.datasets import MegatronDataConfig, build_datasets
 
     blend = [x for name, w in weights.items() for x in (str(w), paths[name])]
-    cfg = MegatronDataConfig(
-        sequence_length=S,
-        blend=blend,
-        split="100,0,0",
-        cache="off",
-        eod_id=0,
-        order=order,
-        weights_schedule=schedule,
-        # the Megatron order's choice (the computed order always continues)
-        **({"mixture_change": "continue"} if order == "megatron" else {}),
-    )
+    cfg = MegatronDataConfig(sequence_length=S, blend=blend, split="100,0,0", cache="off",
+                             eod_id=0, order=order, weights_schedule=schedule,
+                             # the Megatron order's choice (the computed order always continues)
+                             **({"mixture_change": "continue"} if order == "megatron" else {}))
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 
 
@@ -122,25 +115,15 @@ def _check_shares(ids, weights, order):
         assert ((error > low - 1e-9) & (error < high + 1e-9)).all(), (order, name)
 
 
-@pytest.mark.timeout(
-    600
-)  # four launches of 2 to 8 spawned ranks: ~190 s on a loaded 2-core machine
+@pytest.mark.timeout(600)  # four launches of 2 to 8 spawned ranks: ~190 s on a loaded 2-core machine
 def test_three_phases_on_real_ranks_and_the_same_phases_as_one_schedule(paths):
     states = {order: None for order in ORDERS}
     streams = {order: [] for order in ORDERS}
     drawn = {order: [] for order in ORDERS}  # identities, skipped ones included, per phase
     for weights, samples, (ranks, mbs), skip in PHASES:
         jobs = [(order, weights, None, states[order]) for order in ORDERS]
-        out = run_ranks(
-            ranks,
-            phase_on_rank,
-            paths,
-            jobs,
-            mbs,
-            samples,
-            (0, skip) if skip else None,
-            timeout=280,
-        )
+        out = run_ranks(ranks, phase_on_rank, paths, jobs, mbs, samples,
+                        (0, skip) if skip else None, timeout=280)
         for j, order in enumerate(ORDERS):
             merged = _merge([r[j] for r in out])
             skipped = out[0][j][2]

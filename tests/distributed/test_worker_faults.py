@@ -32,13 +32,8 @@ def faulty_epoch_on_rank(rank, world_size, path, method, victim_rank, fault):
 
     from tokenload.loader import build_dataloader
 
-    loader = build_dataloader(
-        _dataset(path),
-        micro_batch_size=MBS,
-        num_workers=2,
-        multiprocessing_context=method,
-        worker_timeout=2.0,
-    )
+    loader = build_dataloader(_dataset(path), micro_batch_size=MBS, num_workers=2,
+                              multiprocessing_context=method, worker_timeout=2.0)
     steps, agreed = [], 0
     for step, batch in zip(range(STEPS), loader):
         steps.append(hashlib.sha256(batch["tokens"].numpy().tobytes()).hexdigest())

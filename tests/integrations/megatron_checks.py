@@ -38,24 +38,10 @@ import torch  # noqa: E402
 
 VOCAB = 1000  # NullTokenizer: eod = VOCAB - 1
 BASE = [
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--seq-length",
-    "32",
-    "--max-position-embeddings",
-    "32",
-    "--tokenizer-type",
-    "NullTokenizer",
-    "--vocab-size",
-    str(VOCAB),
-    "--seed",
-    "1234",
-    "--distributed-backend",
-    "gloo",
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+    "--seq-length", "32", "--max-position-embeddings", "32",
+    "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB), "--seed", "1234",
+    "--distributed-backend", "gloo",
 ]
 
 
@@ -87,70 +73,23 @@ def write_corpus(work: str) -> dict[str, str]:
 
 
 def configs(p: dict[str, str], work: str) -> dict[str, list[str]]:
-    batch = [
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "8",
-        "--train-iters",
-        "12",
-        "--eval-iters",
-        "2",
-        "--eval-interval",
-        "4",
-        "--num-workers",
-        "1",
-    ]
+    batch = ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", "12",
+             "--eval-iters", "2", "--eval-interval", "4", "--num-workers", "1"]
     return {
         "one-prefix": [*batch, "--data-path", p["a"], "--split", "90,8,2"],
-        "weighted-blend": [
-            *batch,
-            "--data-path",
-            "0.3",
-            p["a"],
-            "0.7",
-            p["b"],
-            "--split",
-            "80,15,5",
-            "--eod-mask-loss",
-            "--reset-position-ids",
-            "--reset-attention-mask",
-        ],
-        "per-split": [
-            *batch,
-            "--train-data-path",
-            "0.4",
-            p["a"],
-            "0.6",
-            p["b"],
-            "--valid-data-path",
-            p["c"],
-            "--test-data-path",
-            p["b"],
-            "--no-create-attention-mask-in-dataloader",
-        ],
+        "weighted-blend": [*batch, "--data-path", "0.3", p["a"], "0.7", p["b"],
+                           "--split", "80,15,5",
+                           "--eod-mask-loss", "--reset-position-ids", "--reset-attention-mask"],
+        "per-split": [*batch, "--train-data-path", "0.4", p["a"], "0.6", p["b"],
+                      "--valid-data-path", p["c"], "--test-data-path", p["b"],
+                      "--no-create-attention-mask-in-dataloader"],
         "mock": [*batch, "--mock-data"],
-        "cyclic": [
-            *batch,
-            "--data-path",
-            p["a"],
-            "--split",
-            "90,8,2",
-            "--tokenload-dataloader-type",
-            "cyclic",
-        ],
+        "cyclic": [*batch, "--data-path", p["a"], "--split", "90,8,2",
+                   "--tokenload-dataloader-type", "cyclic"],
         # cu_seqlens differ in length per sample: Megatron's collate needs micro-batches of 1
-        "inter-document": [
-            *batch,
-            "--micro-batch-size",
-            "1",
-            "--data-path",
-            p["b"],
-            "--split",
-            "90,8,2",
-            "--dataloader-inter-document-masking",
-            "--no-create-attention-mask-in-dataloader",
-        ],
+        "inter-document": [*batch, "--micro-batch-size", "1", "--data-path", p["b"],
+                           "--split", "90,8,2", "--dataloader-inter-document-masking",
+                           "--no-create-attention-mask-in-dataloader"],
         # documents without a trailing EOD: megatron-core's boundaries are the documents'
         # lengths (cu_seqlens padded to S + 1, so micro-batches of 2 collate)
         "inter-document-no-eod": [*INTER_DOCUMENT, "--data-path", p["n"]],
@@ -158,33 +97,14 @@ def configs(p: dict[str, str], work: str) -> dict[str, list[str]]:
     }
 
 
-INTER_DOCUMENT_BATCH = [
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--train-iters",
-    "12",
-    "--eval-iters",
-    "2",
-    "--eval-interval",
-    "4",
-    "--num-workers",
-    "1",
-]
-INTER_DOCUMENT = [
-    *INTER_DOCUMENT_BATCH,
-    "--split",
-    "90,8,2",
-    "--dataloader-inter-document-masking",
-    "--reset-position-ids",
-    "--eod-mask-loss",
-    "--no-create-attention-mask-in-dataloader",
-]
+INTER_DOCUMENT_BATCH = ["--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters",
+                        "12", "--eval-iters", "2", "--eval-interval", "4", "--num-workers", "1"]
+INTER_DOCUMENT = [*INTER_DOCUMENT_BATCH, "--split", "90,8,2", "--dataloader-inter-document-masking",
+                  "--reset-position-ids", "--eod-mask-loss",
+                  "--no-create-attention-mask-in-dataloader"]
 
 
 # -- Megatron's side ------------------------------------------------------------------------------
-
 
 def init_process(world_size: int = 1) -> None:
     """gloo ranks and Megatron's parallel state (CPU: initialize_megatron skips the latter)."""
@@ -205,9 +125,8 @@ def megatron_args(argv: list[str]):
 
     unset_global_variables()
     sys.argv = ["pretrain_gpt.py", *BASE, *argv]
-    return parse_and_validate_args(
-        extra_args_provider=add_arguments, args_defaults={"tokenizer_type": "GPT2BPETokenizer"}
-    )
+    return parse_and_validate_args(extra_args_provider=add_arguments,
+                                   args_defaults={"tokenizer_type": "GPT2BPETokenizer"})
 
 
 def reference_provider(train_val_test_num_samples, vp_stage=None):
@@ -223,26 +142,19 @@ def reference_provider(train_val_test_num_samples, vp_stage=None):
     args = get_args()
     blend, blend_per_split = get_blend_and_blend_per_split(args)
     config = GPTDatasetConfig(
-        random_seed=args.seed,
-        sequence_length=args.seq_length,
-        blend=blend,
-        blend_per_split=blend_per_split,
-        split=args.split,
+        random_seed=args.seed, sequence_length=args.seq_length, blend=blend,
+        blend_per_split=blend_per_split, split=args.split,
         multiple_validation_sets=args.multiple_validation_sets,
         full_validation=args.full_validation,
         num_dataset_builder_threads=args.num_dataset_builder_threads,
-        path_to_cache=args.data_cache_path,
-        mmap_bin_files=args.mmap_bin_files,
-        tokenizer=get_tokenizer(),
-        reset_position_ids=args.reset_position_ids,
-        reset_attention_mask=args.reset_attention_mask,
-        eod_mask_loss=args.eod_mask_loss,
+        path_to_cache=args.data_cache_path, mmap_bin_files=args.mmap_bin_files,
+        tokenizer=get_tokenizer(), reset_position_ids=args.reset_position_ids,
+        reset_attention_mask=args.reset_attention_mask, eod_mask_loss=args.eod_mask_loss,
         create_attention_mask=args.create_attention_mask_in_dataloader,
         object_storage_cache_path=args.object_storage_cache_path,
         mid_level_dataset_surplus=args.mid_level_dataset_surplus,
         allow_ambiguous_pad_tokens=args.allow_ambiguous_pad_tokens,
-        fast_cache_load=args.dataloader_fast_cache_load,
-        sequences_per_dataset=None,
+        fast_cache_load=args.dataloader_fast_cache_load, sequences_per_dataset=None,
         defer_npy_index_mmap=args.dataloader_defer_npy_index_mmap,
         context_parallel_size=args.context_parallel_size,
         data_parallel_size=args.data_parallel_size,
@@ -251,9 +163,8 @@ def reference_provider(train_val_test_num_samples, vp_stage=None):
         inter_document_masking=args.dataloader_inter_document_masking,
     )
     kind = MockGPTDataset if args.mock_data else GPTDataset
-    return BlendedMegatronDatasetBuilder(
-        kind, train_val_test_num_samples, lambda: True, config
-    ).build()
+    return BlendedMegatronDatasetBuilder(kind, train_val_test_num_samples, lambda: True,
+                                         config).build()
 
 
 def loaders(provider, args, sizes):
@@ -281,7 +192,6 @@ def loaders(provider, args, sizes):
 
 # -- parity ---------------------------------------------------------------------------------------
 
-
 def compare(ours, theirs, limit: int) -> tuple[int, list[str]]:
     """Micro-batches compared until both end (or ``limit``); raises on the first difference."""
     n = 0
@@ -290,9 +200,8 @@ def compare(ours, theirs, limit: int) -> tuple[int, list[str]]:
         if a is None or b is None:
             if (a is None) != (b is None):
                 ended = {True: "ended", False: "went on"}
-                raise AssertionError(
-                    f"micro-batch {n}: tokenload {ended[a is None]}, Megatron {ended[b is None]}"
-                )
+                raise AssertionError(f"micro-batch {n}: tokenload {ended[a is None]},"
+                                     f" Megatron {ended[b is None]}")
             break
         keys = sorted(k for k, v in b.items() if v is not None)
         if sorted(k for k, v in a.items() if v is not None) != keys:
@@ -352,9 +261,8 @@ def parity(work: str) -> dict:
             entry[split] = count
             entry["fields"] = keys
         entry["wandb_steps"] = sorted({step for step, _ in recorder.calls})
-        entry["wandb_consumed"] = sorted(
-            {v["tokenload/consumed-samples"] for _, v in recorder.calls}
-        )
+        entry["wandb_consumed"] = sorted({v["tokenload/consumed-samples"]
+                                          for _, v in recorder.calls})
         if not args.mock_data:
             entry["megatron_cache"] = sorted(_files(mcache))
             entry["tokenload_cache"] = sorted(_files(tcache))
@@ -375,7 +283,6 @@ def _files(folder: str) -> list[str]:
 
 # -- THD: cu_seqlens through megatron.training's get_batch path ------------------------------------
 
-
 def thd(work: str) -> dict:
     """tokenload's batches (data without trailing EODs, ``--dataloader-inter-document-masking``,
     micro-batches of 2) through ``megatron.training.training.dummy_train_step``, which reads the
@@ -395,20 +302,10 @@ def thd(work: str) -> dict:
 
     init_process()
     prefixes = write_corpus(work)
-    args = megatron_args(
-        [
-            *INTER_DOCUMENT,
-            "--data-path",
-            prefixes["n"],
-            "--dataloader-type",
-            "external",
-            "--data-cache-path",
-            os.path.join(work, "thd-cache"),
-        ]
-    )
-    train, _, _ = loaders(
-        train_valid_test_datasets_provider, args, get_train_valid_test_num_samples()
-    )
+    args = megatron_args([*INTER_DOCUMENT, "--data-path", prefixes["n"], "--dataloader-type",
+                          "external", "--data-cache-path", os.path.join(work, "thd-cache")])
+    train, _, _ = loaders(train_valid_test_datasets_provider, args,
+                          get_train_valid_test_num_samples())
     seen = []
     original = training.get_batch_on_this_cp_rank
 
@@ -435,7 +332,7 @@ def thd(work: str) -> dict:
         cu = flat["cu_seqlens"][0]
         joined = [0]
         for i, row in enumerate(rows.tolist()):
-            ends = row[1 : row.index(seq) + 1]  # the row's boundaries up to its first S
+            ends = row[1: row.index(seq) + 1]  # the row's boundaries up to its first S
             joined += [i * seq + e for e in ends]
         if cu.tolist() != joined:
             raise AssertionError(f"merged cu_seqlens {cu.tolist()} != the rows joined {joined}")
@@ -443,25 +340,17 @@ def thd(work: str) -> dict:
             torch.diff(cu).max()
         ):
             raise AssertionError("THD batch: tokens or max_seqlen do not follow cu_seqlens")
-        params = PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=cu,
-            cu_seqlens_kv=cu,
-            max_seqlen_q=int(flat["max_seqlen"][0]),
-            max_seqlen_kv=int(flat["max_seqlen"][0]),
-        )
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                 max_seqlen_q=int(flat["max_seqlen"][0]),
+                                 max_seqlen_kv=int(flat["max_seqlen"][0]))
         assert params.cu_seqlens_q[-1] == mbs * seq
         documents += len(joined) - 1
     train.iterable.close()
-    return {
-        "micro_batches": len(seen),
-        "documents": documents,
-        "fields": sorted(seen[0]) if seen else [],
-    }
+    return {"micro_batches": len(seen), "documents": documents,
+            "fields": sorted(seen[0]) if seen else []}
 
 
 # -- a training run in phases ---------------------------------------------------------------------
-
 
 def run_phase(work: str, name: str, iters: int, load: str | None) -> None:
     from megatron.core import parallel_state as mpu
@@ -485,9 +374,8 @@ def run_phase(work: str, name: str, iters: int, load: str | None) -> None:
         args.consumed_valid_samples = getattr(checkpoint_args, "consumed_valid_samples", 0)
     from megatron.training.training import get_train_valid_test_num_samples
 
-    train, valid, _ = loaders(
-        train_valid_test_datasets_provider, args, get_train_valid_test_num_samples()
-    )
+    train, valid, _ = loaders(train_valid_test_datasets_provider, args,
+                              get_train_valid_test_num_samples())
     seen: dict[str, dict[int, list[int]]] = {"train": {}, "valid": {}}
     mbs = args.micro_batch_size
     for _ in range(iters):
@@ -515,42 +403,19 @@ def run_phase(work: str, name: str, iters: int, load: str | None) -> None:
     with open(os.path.join(work, f"{name}-rank{rank}.json"), "w") as f:
         json.dump(seen, f)
     if rank == 0:  # Megatron's checkpoint holds the args (with the consumed samples)
-        torch.save({"args": args, "iteration": args.iteration}, os.path.join(work, f"{name}.ckpt"))
+        torch.save({"args": args, "iteration": args.iteration},
+                   os.path.join(work, f"{name}.ckpt"))
     train.iterable.close()
     valid.iterable.close()
     torch.distributed.barrier()
 
 
 def run_argv(p: dict[str, str], work: str) -> list[str]:
-    return [
-        "--micro-batch-size",
-        "2",
-        "--global-batch-size",
-        "16",
-        "--train-iters",
-        "10",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "3",
-        "--num-workers",
-        "2",
-        "--data-path",
-        "0.5",
-        p["a"],
-        "0.5",
-        p["b"],
-        "--split",
-        "90,8,2",
-        "--dataloader-type",
-        "external",
-        "--data-cache-path",
-        os.path.join(work, "cache"),
-        "--tensorboard-dir",
-        os.path.join(work, "tb"),
-        "--tensorboard-log-interval",
-        "2",
-    ]
+    return ["--micro-batch-size", "2", "--global-batch-size", "16", "--train-iters", "10",
+            "--eval-iters", "1", "--eval-interval", "3", "--num-workers", "2",
+            "--data-path", "0.5", p["a"], "0.5", p["b"], "--split", "90,8,2",
+            "--dataloader-type", "external", "--data-cache-path", os.path.join(work, "cache"),
+            "--tensorboard-dir", os.path.join(work, "tb"), "--tensorboard-log-interval", "2"]
 
 
 def verify(work: str, names: list[str]) -> dict:
@@ -574,9 +439,8 @@ def verify(work: str, names: list[str]) -> dict:
                             raise AssertionError(f"{split} sample {k} served twice")
                         seen[int(k)] = tokens
         if sorted(seen) != list(range(len(seen))):
-            raise AssertionError(
-                f"{split}: samples {sorted(set(range(max(seen) + 1)) - set(seen))} were skipped"
-            )
+            raise AssertionError(f"{split}: samples {sorted(set(range(max(seen) + 1)) - set(seen))}"
+                                 " were skipped")
         for k, tokens in seen.items():
             if tokens != ds[k]["tokens"].tolist():
                 raise AssertionError(f"{split} sample {k} differs from Megatron's GPTDataset")

@@ -72,14 +72,8 @@ class Scenario:
         return FlatTokenDataset(self.path, config)
 
 
-def sparse_token_file(
-    path: str | os.PathLike[str],
-    size_bytes: int,
-    *,
-    block_size: int,
-    seed: int,
-    marked_samples: int,
-) -> str:
+def sparse_token_file(path: str | os.PathLike[str], size_bytes: int, *, block_size: int, seed: int,
+                      marked_samples: int) -> str:
     """A sparse uint16 flat file of ``size_bytes``: random regions, and a window marker at the
     start of each of the global order's first ``marked_samples`` windows. Only the written
     4 KiB blocks take disk space (~``marked_samples`` of them plus 2 MiB of random regions)."""
@@ -323,11 +317,8 @@ def run_scenarios(
     spec = folder / "spec.json"
     store = folder / "store"
     store.unlink(missing_ok=True)
-    spec.write_text(
-        json.dumps(
-            {"store": str(store), "out": str(folder), "scenarios": [asdict(s) for s in scenarios]}
-        )
-    )
+    spec.write_text(json.dumps({"store": str(store), "out": str(folder),
+                                "scenarios": [asdict(s) for s in scenarios]}))
     procs = [_start_rank(r, world_size, spec, folder) for r in range(world_size)]
     deadline = time.monotonic() + timeout
     late = []
@@ -340,10 +331,8 @@ def run_scenarios(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     if late:
-        raise TimeoutError(
-            f"{len(late)} of {world_size} ranks still running after {timeout} s"
-            f"\n{_log_tail(folder, procs.index(late[0]))}"
-        )
+        raise TimeoutError(f"{len(late)} of {world_size} ranks still running after {timeout} s"
+                           f"\n{_log_tail(folder, procs.index(late[0]))}")
     for rank, proc in enumerate(procs):
         if proc.returncode != 0:
             tail = _log_tail(folder, rank)
@@ -353,24 +342,12 @@ def run_scenarios(
 
 def _start_rank(rank: int, world_size: int, spec: Path, folder: Path) -> subprocess.Popen:
     tests = str(Path(__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])),
-    }
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+           "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     with open(folder / f"rank{rank}.log", "wb") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "integrations.seed_app", str(spec)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        return subprocess.Popen([sys.executable, "-m", "integrations.seed_app", str(spec)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _log_tail(folder: Path, rank: int, chars: int = 3000) -> str:

@@ -198,10 +198,8 @@ def test_importing_integrations_is_light_and_names_the_extra():
     out = subprocess.run(
         [sys.executable, "-c", missing], capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == (
-        "MissingExtraError HINT: tokenload is not on a package index:"
-        " pip install '.[lightning]' in its clone"
-    )
+    assert out.strip() == ("MissingExtraError HINT: tokenload is not on a package index:"
+                           " pip install '.[lightning]' in its clone")
 
 
 @pytest.mark.timeout(60)

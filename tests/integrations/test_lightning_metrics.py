@@ -85,16 +85,10 @@ def test_a_worker_replaced_mid_fit_shows_in_the_logged_restarts(tmp_path):
                 os.kill(loader.worker_processes[0].pid, signal.SIGKILL)
 
     logger = CSVLogger(tmp_path, name="restart")
-    dm = TokenloadDataModule(
-        train=RangeDataset(64, SEQ),
-        micro_batch_size=MBS,
-        num_workers=1,
-        multiprocessing_context="fork",
-        prefetch_factor=1,
-    )
-    trainer(max_steps=STEPS, logger=logger, log_every_n_steps=EVERY, callbacks=[KillWorker()]).fit(
-        Recorder(), dm
-    )
+    dm = TokenloadDataModule(train=RangeDataset(64, SEQ), micro_batch_size=MBS, num_workers=1,
+                             multiprocessing_context="fork", prefetch_factor=1)
+    trainer(max_steps=STEPS, logger=logger, log_every_n_steps=EVERY,
+            callbacks=[KillWorker()]).fit(Recorder(), dm)
     with open(f"{logger.log_dir}/metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get(SOURCE)]
     restarts = [float(r["tokenload/worker_restarts"]) for r in rows]

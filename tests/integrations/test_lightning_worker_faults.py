@@ -38,20 +38,14 @@ class KillingRecorder(Recorder):
 
 
 def _fit(dataset, out_dir, tag, module):
-    dm = TokenloadDataModule(
-        train=dataset,
-        micro_batch_size=MBS,
-        num_workers=2,
-        multiprocessing_context="fork",
-        worker_timeout=30.0,
-        max_worker_restarts=1,
-    )
+    dm = TokenloadDataModule(train=dataset, micro_batch_size=MBS, num_workers=2,
+                             multiprocessing_context="fork", worker_timeout=30.0,
+                             max_worker_restarts=1)
     trainer(devices=WORLD, strategy="ddp_spawn", max_steps=STEPS).fit(
         module(str(out_dir), tag, divisor=BLOCK), dm
     )
-    return [
-        json.loads((out_dir / f"{tag}-rank{r}.json").read_text())["train"] for r in range(WORLD)
-    ]
+    return [json.loads((out_dir / f"{tag}-rank{r}.json").read_text())["train"]
+            for r in range(WORLD)]
 
 
 @pytest.mark.timeout(240)  # one 2-rank fit

@@ -25,34 +25,15 @@ EOD = 99
 def megatron_args(**changes) -> argparse.Namespace:
     """The attributes of Megatron's ``args`` the adapter reads, at Megatron's defaults."""
     values = dict(
-        seq_length=16,
-        seed=1234,
-        data_path=None,
-        data_args_path=None,
-        train_data_path=None,
-        valid_data_path=None,
-        test_data_path=None,
-        per_split_data_args_path=None,
-        split=None,
-        mock_data=False,
-        data_cache_path=None,
-        mmap_bin_files=True,
-        eod_mask_loss=False,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        create_attention_mask_in_dataloader=True,
-        dataloader_inter_document_masking=False,
-        dataloader_fast_cache_load=False,
-        dataloader_defer_npy_index_mmap=False,
-        per_dataset_sequences_path=None,
-        mid_level_dataset_surplus=0.005,
-        num_workers=0,
-        micro_batch_size=2,
-        global_batch_size=4,
-        consumed_train_samples=0,
-        consumed_valid_samples=0,
-        data_sharding=True,
-        tensorboard_log_interval=1,
+        seq_length=16, seed=1234, data_path=None, data_args_path=None, train_data_path=None,
+        valid_data_path=None, test_data_path=None, per_split_data_args_path=None, split=None,
+        mock_data=False, data_cache_path=None, mmap_bin_files=True, eod_mask_loss=False,
+        reset_position_ids=False, reset_attention_mask=False,
+        create_attention_mask_in_dataloader=True, dataloader_inter_document_masking=False,
+        dataloader_fast_cache_load=False, dataloader_defer_npy_index_mmap=False,
+        per_dataset_sequences_path=None, mid_level_dataset_surplus=0.005, num_workers=0,
+        micro_batch_size=2, global_batch_size=4, consumed_train_samples=0,
+        consumed_valid_samples=0, data_sharding=True, tensorboard_log_interval=1,
         dataloader_type="external",
     )
     values.update(changes)
@@ -82,16 +63,10 @@ def prefixes(tmp_path):
 
 
 def test_args_map_onto_the_config(prefixes, tmp_path):
-    args = megatron_args(
-        data_path=["30", prefixes[0], "70", prefixes[1]],
-        split="90,8,2",
-        data_cache_path=str(tmp_path / "cache"),
-        mmap_bin_files=False,
-        create_attention_mask_in_dataloader=False,
-        eod_mask_loss=True,
-        dataloader_fast_cache_load=True,
-        seed=7,
-    )
+    args = megatron_args(data_path=["30", prefixes[0], "70", prefixes[1]], split="90,8,2",
+                         data_cache_path=str(tmp_path / "cache"), mmap_bin_files=False,
+                         create_attention_mask_in_dataloader=False, eod_mask_loss=True,
+                         dataloader_fast_cache_load=True, seed=7)
     config = data_config_from_args(args, Tokenizer())
     assert tuple(config.blend.weights) == (30.0, 70.0) and config.split == "90,8,2"
     assert (config.read_mode, config.build_policy, config.random_seed) == ("pread", "none", 7)
@@ -106,17 +81,12 @@ def test_args_map_onto_the_config(prefixes, tmp_path):
     assert mock.mock and mock.vocab_size == 100
 
 
-@pytest.mark.parametrize(
-    "name,flag",
-    [
-        ("sft", "--sft"),
-        ("fim_data", "--fim-data"),
-        ("full_validation", "--full-validation"),
-        ("multiple_validation_sets", "--multiple-validation-sets"),
-        ("hybrid_context_parallel", "--hybrid-context-parallel"),
-        ("phase_transition_iterations", "--phase-transition-iterations"),
-    ],
-)
+@pytest.mark.parametrize("name,flag", [
+    ("sft", "--sft"), ("fim_data", "--fim-data"), ("full_validation", "--full-validation"),
+    ("multiple_validation_sets", "--multiple-validation-sets"),
+    ("hybrid_context_parallel", "--hybrid-context-parallel"),
+    ("phase_transition_iterations", "--phase-transition-iterations"),
+])
 def test_unsupported_flags_are_refused_by_name(prefixes, name, flag):
     args = megatron_args(data_path=[prefixes[0]], **{name: [5] if "phase" in name else True})
     with pytest.raises(ConfigError, match=flag):
@@ -130,9 +100,8 @@ def test_no_data_is_a_config_error():
 
 def _loaders(prefixes, kind, **changes):
     args = megatron_args(data_path=[prefixes[0]], split="90,8,2", **changes)
-    return loaders_from_args(
-        args, [40, 8, 4], tokenizer=Tokenizer(), dp_rank=0, dp_size=1, kind=kind
-    )
+    return loaders_from_args(args, [40, 8, 4], tokenizer=Tokenizer(), dp_rank=0, dp_size=1,
+                             kind=kind)
 
 
 def test_single_ends_where_the_order_ends_and_cyclic_goes_on(prefixes):
@@ -140,13 +109,8 @@ def test_single_ends_where_the_order_ends_and_cyclic_goes_on(prefixes):
     left = len(train.loader)
     assert left == (len(train.loader.dataset) - 8) // 2
     batches = list(train)  # Megatron's iterator: next() until StopIteration
-    assert len(batches) == left and set(batches[0]) >= {
-        "tokens",
-        "labels",
-        "loss_mask",
-        "position_ids",
-        "attention_mask",
-    }
+    assert len(batches) == left and set(batches[0]) >= {"tokens", "labels", "loss_mask",
+                                                         "position_ids", "attention_mask"}
     assert train.loader.consumed_samples == 8 + 2 * left
     cyclic, _, _ = _loaders(prefixes, "cyclic")
     epoch = len(cyclic.loader)
@@ -179,20 +143,10 @@ class Writer:
 
 def test_train_metrics_go_to_megatrons_writers_at_each_log_interval(prefixes):
     writer = Writer()
-    args = megatron_args(
-        data_path=["1", prefixes[0], "1", prefixes[1]],
-        split="90,8,2",
-        tensorboard_log_interval=2,
-        consumed_train_samples=4,
-    )
-    train, _, _ = loaders_from_args(
-        args,
-        [40, 8, 4],
-        tokenizer=Tokenizer(),
-        dp_rank=0,
-        dp_size=1,
-        writers=lambda: (writer, None),
-    )
+    args = megatron_args(data_path=["1", prefixes[0], "1", prefixes[1]], split="90,8,2",
+                         tensorboard_log_interval=2, consumed_train_samples=4)
+    train, _, _ = loaders_from_args(args, [40, 8, 4], tokenizer=Tokenizer(), dp_rank=0,
+                                    dp_size=1, writers=lambda: (writer, None))
     for _ in range(8):  # micro-batches of 2, global batch 4: from consumed 4 to 20
         next(train)
     steps = sorted({step for _, _, step in writer.scalars})
@@ -200,9 +154,8 @@ def test_train_metrics_go_to_megatrons_writers_at_each_log_interval(prefixes):
     values = {tag: value for tag, value, step in writer.scalars if step == 4}
     assert values["tokenload/consumed-samples"] == 16
     assert values["tokenload/samples"] == 12  # served by this loader since it started
-    sources = [
-        v for t, v in values.items() if t.startswith("tokenload/source/") and t.endswith("/samples")
-    ]
+    sources = [v for t, v in values.items() if t.startswith("tokenload/source/")
+               and t.endswith("/samples")]
     assert len(sources) == 2 and sum(sources) == 12
 
 
@@ -215,20 +168,10 @@ def test_train_metrics_under_a_batch_schedule_are_written_at_megatrons_iteration
 
     writer = Writer()
     text = "0:4 160:8"
-    args = megatron_args(
-        data_path=["1", prefixes[0], "1", prefixes[1]],
-        split="90,8,2",
-        global_batch_size=2,
-        step_batch_size_schedule=text,
-    )
-    train, _, _ = loaders_from_args(
-        args,
-        [80, 8, 4],
-        tokenizer=Tokenizer(),
-        dp_rank=0,
-        dp_size=1,
-        writers=lambda: (writer, None),
-    )
+    args = megatron_args(data_path=["1", prefixes[0], "1", prefixes[1]], split="90,8,2",
+                         global_batch_size=2, step_batch_size_schedule=text)
+    train, _, _ = loaders_from_args(args, [80, 8, 4], tokenizer=Tokenizer(), dp_rank=0,
+                                    dp_size=1, writers=lambda: (writer, None))
     schedule = StepBatchSchedule.parse(text, 16)
     consumed = 0
     for _ in range(7):  # Megatron's loop: the step's batch in micro-batches of 2
@@ -243,17 +186,10 @@ def test_train_metrics_under_a_batch_schedule_are_written_at_megatrons_iteration
 
 
 def test_metric_scalars_are_finite_numbers():
-    m = {
-        "samples": 10,
-        "tokens": 160,
-        "active_s": 2.0,
-        "consumed_samples": 40,
-        "epoch": 0,
-        "bytes_read": 320,
-        "repeating": ["x"],
-        "data_wait": {"share": None, "mean_s": 0.5, "p99_s": float("nan"), "max_s": 1.0},
-        "sources": [{"name": "x", "samples": 10, "tokens": 160, "epoch": 0}],
-    }
+    m = {"samples": 10, "tokens": 160, "active_s": 2.0, "consumed_samples": 40, "epoch": 0,
+         "bytes_read": 320, "repeating": ["x"],
+         "data_wait": {"share": None, "mean_s": 0.5, "p99_s": float("nan"), "max_s": 1.0},
+         "sources": [{"name": "x", "samples": 10, "tokens": 160, "epoch": 0}]}
     out = metric_scalars(m)
     assert out["tokenload/samples-per-s"] == 5.0 and out["tokenload/tokens-per-s"] == 80.0
     assert out["tokenload/data-wait-mean-ms"] == 500.0
@@ -265,25 +201,15 @@ def test_metric_scalars_are_finite_numbers():
 def test_tokenload_packing_flag_makes_rows_of_whole_documents(prefixes):
     from tokenload.integrations.megatron import add_arguments
 
-    parsed = add_arguments(argparse.ArgumentParser()).parse_args(
-        ["--tokenload-packing", "best-fit"]
-    )
+    parsed = add_arguments(argparse.ArgumentParser()).parse_args(["--tokenload-packing", "best-fit"])
     assert parsed.tokenload_packing == "best-fit"
     default = add_arguments(argparse.ArgumentParser()).parse_args([])
     assert default.tokenload_packing is None  # concat: the flag not given
-    assert (
-        data_config_from_args(
-            megatron_args(data_path=[prefixes[0]], tokenload_packing=None)
-        ).packing
-        == "concat"
-    )
+    assert data_config_from_args(megatron_args(data_path=[prefixes[0]], tokenload_packing=None)).packing == "concat"
     args = megatron_args(data_path=[prefixes[0]], split="100,0,0", tokenload_packing="best-fit")
     config = data_config_from_args(args, Tokenizer())
     assert config.packing == "best-fit"
-    assert (
-        data_config_from_args(megatron_args(data_path=[prefixes[0]]), Tokenizer()).packing
-        == "concat"
-    )
+    assert data_config_from_args(megatron_args(data_path=[prefixes[0]]), Tokenizer()).packing == "concat"
 
 
 def test_an_evaluation_split_of_no_sample_gets_no_loader(prefixes):
@@ -291,9 +217,7 @@ def test_an_evaluation_split_of_no_sample_gets_no_loader(prefixes):
     loader (Megatron then runs no evaluation), where the loader used to refuse them with "the
     dataset has 0 samples"."""
     args = megatron_args(data_path=["30", prefixes[0], "70", prefixes[1]], split="90,8,2")
-    train, valid, test = loaders_from_args(
-        args, [40, 0, 0], tokenizer=Tokenizer(), dp_rank=0, dp_size=1
-    )
+    train, valid, test = loaders_from_args(args, [40, 0, 0], tokenizer=Tokenizer(), dp_rank=0, dp_size=1)
     assert train is not None and len(train.loader.dataset) >= 40
     assert valid is None and test is None
     from tokenload.datasets import build_datasets

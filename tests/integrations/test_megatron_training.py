@@ -45,10 +45,8 @@ REPO = Path(__file__).resolve().parents[2]
 def megatron_python() -> str:
     python = os.environ.get("TOKENLOAD_MEGATRON_PYTHON")
     if not python or not os.access(python, os.X_OK):
-        message = (
-            f"TOKENLOAD_MEGATRON_PYTHON is {python!r}, not a Python with megatron-core"
-            ' 0.19.2; make one with: eval "$(bash .ci/megatron-venv.sh | tail -1)"'
-        )
+        message = (f"TOKENLOAD_MEGATRON_PYTHON is {python!r}, not a Python with megatron-core"
+                   " 0.19.2; make one with: eval \"$(bash .ci/megatron-venv.sh | tail -1)\"")
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
@@ -57,37 +55,20 @@ def megatron_python() -> str:
 
 def run_checks(python: str, ranks: int, *args: str, timeout: float = 300) -> dict:
     """``megatron_checks.py ARGS`` on ``ranks`` torchrun processes; rank 0's RESULT line."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-    }
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(REPO / "src")
-    cmd = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={ranks}",
-        str(CHECKS),
-        *args,
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=REPO,
-        start_new_session=True,
-    )
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           str(CHECKS), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=REPO, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its ranks
         proc.communicate()
         raise
-    results = [line[len("RESULT ") :] for line in out.splitlines() if line.startswith("RESULT ")]
+    results = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and results, f"{' '.join(args)} failed:\n{out[-6000:]}"
     return json.loads(results[-1])
 
@@ -99,30 +80,19 @@ def test_batches_equal_megatrons_gpt_dataset_path(megatron_python, tmp_path):
     checkpoint restores them), until both end."""
     report = run_checks(megatron_python, 1, "parity", str(tmp_path))
     assert "--dataloader-type single" in report.pop("refused")
-    assert set(report) == {
-        "one-prefix",
-        "weighted-blend",
-        "per-split",
-        "mock",
-        "cyclic",
-        "inter-document",
-        "inter-document-no-eod",
-        "mock-inter-document",
-    }
+    assert set(report) == {"one-prefix", "weighted-blend", "per-split", "mock", "cyclic",
+                           "inter-document", "inter-document-no-eod", "mock-inter-document"}
     base = {"tokens", "labels", "loss_mask", "position_ids"}
-    fields = {
-        "one-prefix": base | {"attention_mask"},
-        "weighted-blend": base | {"attention_mask", "dataset_id"},
-        "per-split": base,
-        "mock": base | {"attention_mask"},
-        "cyclic": base | {"attention_mask"},
-        "inter-document": base | {"cu_seqlens", "max_seqlen"},
-        # --reset-position-ids --eod-mask-loss on documents without a trailing EOD: the
-        # boundaries are the documents' lengths (issue 33: a boundary at token 59 was
-        # missing when they came from EOD tokens)
-        "inter-document-no-eod": base | {"cu_seqlens", "max_seqlen"},
-        "mock-inter-document": base | {"cu_seqlens", "max_seqlen"},
-    }
+    fields = {"one-prefix": base | {"attention_mask"},
+              "weighted-blend": base | {"attention_mask", "dataset_id"},
+              "per-split": base, "mock": base | {"attention_mask"},
+              "cyclic": base | {"attention_mask"},
+              "inter-document": base | {"cu_seqlens", "max_seqlen"},
+              # --reset-position-ids --eod-mask-loss on documents without a trailing EOD: the
+              # boundaries are the documents' lengths (issue 33: a boundary at token 59 was
+              # missing when they came from EOD tokens)
+              "inter-document-no-eod": base | {"cu_seqlens", "max_seqlen"},
+              "mock-inter-document": base | {"cu_seqlens", "max_seqlen"}}
     for name, entry in report.items():
         assert set(entry["fields"]) == fields[name], name
         # Megatron's arithmetic: 12 x 8, (12 // 4 + 1) x 2 x 8, 2 x 8
@@ -146,14 +116,8 @@ def test_cu_seqlens_are_accepted_by_megatron_trainings_get_batch_path(megatron_p
     report = run_checks(megatron_python, 1, "thd", str(tmp_path))
     assert report["micro_batches"] == 12  # 3 iterations x 4 micro-batches
     assert report["documents"] > report["micro_batches"] * 2  # rows of several documents
-    assert report["fields"] == [
-        "cu_seqlens",
-        "labels",
-        "loss_mask",
-        "max_seqlen",
-        "position_ids",
-        "tokens",
-    ]
+    assert report["fields"] == ["cu_seqlens", "labels", "loss_mask", "max_seqlen", "position_ids",
+                                "tokens"]
 
 
 def test_boundaries_equal_a_fresh_megatron_core_run(megatron_python, tmp_path):
@@ -163,13 +127,8 @@ def test_boundaries_equal_a_fresh_megatron_core_run(megatron_python, tmp_path):
     order on the same token files: every field of every sample equal."""
     out = tmp_path / "fixtures"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run(
-        [megatron_python, str(REPO / "tests/fixtures/megatron/make_boundaries.py"), str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    done = subprocess.run([megatron_python, str(REPO / "tests/fixtures/megatron/make_boundaries.py"),
+                           str(out)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     seen = compare(out, tmp_path / "cache")
     assert seen["samples"] > 1000 and seen["eod_rule_differs"] > 100 and seen["padded"] > 0
@@ -182,9 +141,8 @@ def test_resume_on_two_then_four_ranks_is_exact(megatron_python, tmp_path):
     holds Megatron's TensorBoard writer, and the loader's metrics are in its event files."""
     work = str(tmp_path)
     run_checks(megatron_python, 2, "run", work, "p1", "--iters", "4")
-    run_checks(
-        megatron_python, 4, "run", work, "p2", "--iters", "6", "--load", str(tmp_path / "p1.ckpt")
-    )
+    run_checks(megatron_python, 4, "run", work, "p2", "--iters", "6",
+               "--load", str(tmp_path / "p1.ckpt"))
     report = run_checks(megatron_python, 1, "verify", work, "p1", "p2")
     assert report["train"] == 10 * 16  # 10 iterations x global batch 16, none twice, none skipped
     assert report["valid"] == 3 * 1 * 16  # evaluations at 3, 6, 9 of --eval-iters 1

@@ -62,9 +62,8 @@ def test_config_is_torchtitans_and_builds_with_the_trainers_keywords(prefix):
 
 def test_batches_are_input_dict_and_labels_of_tokenloads_order(prefix):
     loader = build(1, 2, prefix, 4)
-    plain = build_dataloader(
-        loader.dataset, micro_batch_size=4, dp_rank=1, dp_size=2, num_workers=0
-    )
+    plain = build_dataloader(loader.dataset, micro_batch_size=4, dp_rank=1, dp_size=2,
+                             num_workers=0)
     expected = len(plain)
     assert len(loader) == expected > 10
     seen = 0
@@ -84,14 +83,13 @@ def test_eod_mask_loss_becomes_ignore_index(prefix):
     class Tokenizer:
         eos_id = EOD
 
-    config = TokenloadTitanDataLoader.Config(data_path=[prefix], num_workers=0, eod_mask_loss=True)
-    loader = config.build(
-        dp_world_size=1, dp_rank=0, tokenizer=Tokenizer(), seq_len=SEQ, local_batch_size=8
-    )
+    config = TokenloadTitanDataLoader.Config(data_path=[prefix], num_workers=0,
+                                             eod_mask_loss=True)
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=Tokenizer(), seq_len=SEQ,
+                          local_batch_size=8)
     _inputs, labels = next(iter(loader))
-    plain = build_dataloader(
-        loader.dataset, micro_batch_size=8, num_workers=0, dp_rank=0, dp_size=1
-    )
+    plain = build_dataloader(loader.dataset, micro_batch_size=8, num_workers=0, dp_rank=0,
+                             dp_size=1)
     batch = next(iter(plain))
     masked = batch["loss_mask"] == 0
     # Megatron's --eod-mask-loss: no loss where the input token is the EOD
@@ -143,30 +141,21 @@ def _same_document(cu_seqlens, seq):
     return starts[:, :, None] == starts[:, None, :]
 
 
-@pytest.mark.parametrize(
-    "order,packing", [("megatron", "concat"), ("computed", "concat"), ("computed", "best-fit")]
-)
-def test_positions_give_torchtitan_the_documents_of_the_token_files(
-    no_eod, tmp_path, order, packing
-):
+@pytest.mark.parametrize("order,packing", [("megatron", "concat"), ("computed", "concat"),
+                                           ("computed", "best-fit")])
+def test_positions_give_torchtitan_the_documents_of_the_token_files(no_eod, tmp_path, order,
+                                                                     packing):
     """No EOD in the data, no tokenizer: the positions restart where the token file's documents
     do, so torchtitan's document mask (positions == 0) separates exactly the documents whose
     boundaries tokenload's cu_seqlens give (megatron-core's, tests/unit/datasets); the config's
     packing reaches the dataset."""
-    config = TokenloadTitanDataLoader.Config(
-        data_path=[no_eod],
-        num_workers=0,
-        order=order,
-        packing=packing,
-        data_cache_path=str(tmp_path),
-    )
-    loader = config.build(
-        dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ, local_batch_size=4
-    )
+    config = TokenloadTitanDataLoader.Config(data_path=[no_eod], num_workers=0, order=order,
+                                             packing=packing, data_cache_path=str(tmp_path))
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ,
+                          local_batch_size=4)
     assert ("Packed" in type(loader.dataset).__name__) == (packing == "best-fit")
-    plain = build_dataloader(
-        loader.dataset, micro_batch_size=4, num_workers=0, dp_rank=0, dp_size=1
-    )
+    plain = build_dataloader(loader.dataset, micro_batch_size=4, num_workers=0, dp_rank=0,
+                             dp_size=1)
     several = 0
     for k, ((inputs, _), batch) in enumerate(zip(loader, plain)):
         if k == 5:
@@ -180,17 +169,15 @@ def test_positions_give_torchtitan_the_documents_of_the_token_files(
 
 
 def test_document_positions_off_and_a_wrong_packing(no_eod):
-    config = TokenloadTitanDataLoader.Config(
-        data_path=[no_eod], num_workers=0, document_positions=False
-    )
+    config = TokenloadTitanDataLoader.Config(data_path=[no_eod], num_workers=0,
+                                             document_positions=False)
     loader = config.build(dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4)
     inputs, _ = next(iter(loader))
     assert torch.equal(inputs["positions"], torch.arange(SEQ).expand(4, SEQ))
     loader.close()
     with pytest.raises(ConfigError, match="packing"):
         TokenloadTitanDataLoader.Config(data_path=[no_eod], packing="first-fit").build(
-            dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4
-        )
+            dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4)
 
 
 def test_wrong_states_and_config_are_typed_errors(prefix):
@@ -202,14 +189,10 @@ def test_wrong_states_and_config_are_typed_errors(prefix):
     other = build(0, 1, prefix, 4)
     other.load_state_dict({})  # torchtitan's "nothing saved": a fresh start
     with pytest.raises(ConfigError, match=r"dataloader.data_path"):
-        TokenloadTitanDataLoader.Config().build(
-            dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4
-        )
+        TokenloadTitanDataLoader.Config().build(dp_world_size=1, dp_rank=0, seq_len=SEQ,
+                                                local_batch_size=4)
     longer = TokenloadTitanDataLoader.Config(num_workers=0).build(
-        dp_world_size=1,
-        dp_rank=0,
-        seq_len=SEQ,
-        local_batch_size=4,
+        dp_world_size=1, dp_rank=0, seq_len=SEQ, local_batch_size=4,
         token_dataset=_dataset(prefix, SEQ * 2),
     )
     with pytest.raises(ConfigError, match=r"training.seq_len"):
@@ -219,9 +202,8 @@ def test_wrong_states_and_config_are_typed_errors(prefix):
 def _dataset(prefix, seq):
     from tokenload.datasets import MegatronDataConfig, build_datasets
 
-    return build_datasets(
-        MegatronDataConfig(sequence_length=seq, blend=[prefix], split="100,0,0"), [None, 0, 0]
-    )[0]
+    return build_datasets(MegatronDataConfig(sequence_length=seq, blend=[prefix],
+                                             split="100,0,0"), [None, 0, 0])[0]
 
 
 def test_torchtitans_own_loader_refuses_another_dp_size_and_the_state_is_one_key(prefix):
@@ -241,26 +223,10 @@ def test_torchtitans_own_loader_refuses_another_dp_size_and_the_state_is_one_key
 @pytest.mark.parametrize("before, after", [(2, 4)])
 def test_checkpoint_resumes_exactly_on_another_dp_size(tmp_path, prefix, before, after):
     global_batch, steps, more = 8, 3, 2
-    saved = run_ranks(
-        before,
-        titan_ranks.train_then_save,
-        prefix,
-        str(tmp_path),
-        global_batch // before,
-        steps,
-        1,
-        timeout=240,
-    )
-    resumed = run_ranks(
-        after,
-        titan_ranks.load_then_train,
-        prefix,
-        str(tmp_path),
-        global_batch // after,
-        steps,
-        more,
-        timeout=240,
-    )
+    saved = run_ranks(before, titan_ranks.train_then_save, prefix, str(tmp_path),
+                      global_batch // before, steps, 1, timeout=240)
+    resumed = run_ranks(after, titan_ranks.load_then_train, prefix, str(tmp_path),
+                        global_batch // after, steps, more, timeout=240)
     # the global order: one rank consuming whole global batches
     reference = build(0, 1, prefix, global_batch)
     it = iter(reference)

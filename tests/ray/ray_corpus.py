@@ -6,28 +6,12 @@ import json
 import random
 from pathlib import Path
 
-WORDS = [
-    "the",
-    "cat",
-    "sat",
-    "héllo",
-    "wörld",
-    "日本語",
-    "emoji🙂",
-    "123",
-    "def",
-    "return",
-    "(",
-    ")",
-]
+WORDS = ["the", "cat", "sat", "héllo", "wörld", "日本語", "emoji🙂", "123", "def", "return", "(", ")"]
 
 
 def docs(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
-    return [
-        {"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(0, 40))), "id": i}
-        for i in range(n)
-    ]
+    return [{"text": " ".join(rng.choice(WORDS) for _ in range(rng.randrange(0, 40))), "id": i} for i in range(n)]
 
 
 def jsonl_bytes(records: list[dict]) -> bytes:
@@ -41,11 +25,8 @@ def train_tokenizer(path: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([d["text"] for d in docs(2000, 99)], trainer)
     tok.save(str(path))
     return path
@@ -68,9 +49,7 @@ def rerun_resumes(command: list[str], env: dict, killed_stderr: str, kept: int) 
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=150)
     assert again.returncode == 0, again.stderr
     resumed = re.search(r"\((\d+) resumed\)", again.stdout)
-    assert (
-        resumed and int(resumed.group(1)) >= kept >= 2
-    )  # tasks of the dead driver may finish late
+    assert resumed and int(resumed.group(1)) >= kept >= 2  # tasks of the dead driver may finish late
     assert _tasks(again.stderr) <= _tasks(killed_stderr) - 2  # finished parts are not redone
 
 

@@ -23,23 +23,9 @@ def _corpus(folder: Path, files: int, docs_per_file: int) -> None:
 
 
 def _command(corpus: Path, prefix: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "tokenload.cli.main",
-        "preprocess",
-        "--no-progress",
-        "--input",
-        str(corpus),
-        "--tokenizer-type",
-        "ByteTokenizer",
-        "--append-eod",
-        "--chunk-mb",
-        "0.02",
-        "--output-prefix",
-        str(prefix),
-        *extra,
-    ]
+    return [sys.executable, "-m", "tokenload.cli.main", "preprocess", "--no-progress", "--input", str(corpus),
+            "--tokenizer-type", "ByteTokenizer", "--append-eod", "--chunk-mb", "0.02", "--output-prefix", str(prefix),
+            *extra]
 
 
 def _task_pids() -> list[int]:
@@ -57,34 +43,16 @@ def _task_pids() -> list[int]:
 
 
 def _reference(corpus: Path, prefix: Path) -> None:
-    one = run_cli(
-        "preprocess",
-        "--no-progress",
-        "--input",
-        corpus,
-        "--tokenizer-type",
-        "ByteTokenizer",
-        "--append-eod",
-        "--executor",
-        "processes",
-        "--workers",
-        "2",
-        "--output-prefix",
-        prefix,
-    )
+    one = run_cli("preprocess", "--no-progress", "--input", corpus, "--tokenizer-type", "ByteTokenizer", "--append-eod",
+                  "--executor", "processes", "--workers", "2", "--output-prefix", prefix)
     assert one.returncode == 0, one.stderr
 
 
 def test_a_worker_killed_mid_task_is_retried_and_the_output_is_the_same(tmp_path, ray_env):
     corpus = tmp_path / "corpus"
     _corpus(corpus, 1, 40000)  # one file of about 4 MB, in byte ranges of 0.25 MB
-    run = subprocess.Popen(
-        _command(corpus, tmp_path / "ray", "--executor", "ray", "--range-mb", "0.25"),
-        env=dict(os.environ, **ray_env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run = subprocess.Popen(_command(corpus, tmp_path / "ray", "--executor", "ray", "--range-mb", "0.25"),
+                           env=dict(os.environ, **ray_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
     deadline = time.monotonic() + 120
     while killed is None and run.poll() is None and time.monotonic() < deadline:
@@ -107,9 +75,7 @@ def test_a_killed_driver_resumes_from_finished_parts_with_the_same_output(tmp_pa
     command = _command(corpus, tmp_path / "ray", "--executor", "ray", "--range-mb", "0.25")
     env = dict(os.environ, **ray_env)
     work = tmp_path / "ray.tokenload-work"
-    run = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while run.poll() is None and time.monotonic() < deadline:
         if work.is_dir() and len(list(work.glob("*.done"))) >= 2:

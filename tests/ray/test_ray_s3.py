@@ -19,14 +19,7 @@ from ray_corpus import docs, jsonl_bytes, rerun_resumes
 from storage.conftest import BUCKET
 from support import run_cli
 
-COMMON = (
-    "--tokenizer-type",
-    "ByteTokenizer",
-    "--append-eod",
-    "--no-progress",
-    "--chunk-mb",
-    "0.03",
-)
+COMMON = ("--tokenizer-type", "ByteTokenizer", "--append-eod", "--no-progress", "--chunk-mb", "0.03")
 
 
 def _published(s3, url: str, local_prefix, suffixes=(".bin", ".idx", ".json")) -> None:
@@ -41,43 +34,18 @@ def _published(s3, url: str, local_prefix, suffixes=(".bin", ".idx", ".json")) -
 def test_s3_inputs_and_output_on_ray_give_the_bytes_of_a_local_run(tmp_path, s3, s3_env, ray_env):
     local = tmp_path / "local"
     local.mkdir()
-    files = {
-        "a.jsonl": jsonl_bytes(docs(300, 1)),
-        "b.jsonl": jsonl_bytes(docs(6000, 2)),
-    }  # b: ~0.5 MB
+    files = {"a.jsonl": jsonl_bytes(docs(300, 1)), "b.jsonl": jsonl_bytes(docs(6000, 2))}  # b: ~0.5 MB
     for name, data in files.items():
         (local / name).write_bytes(data)
         s3.pipe(f"{BUCKET}/ray/{name}", data)
     out = f"s3://{BUCKET}/ray-out-{uuid.uuid4().hex[:8]}/remote"
     env = dict(s3_env, **ray_env, TOKENLOAD_STAGING_DIR=str(tmp_path / "staging"))
-    remote = run_cli(
-        "preprocess",
-        *COMMON,
-        "--input",
-        f"s3://{BUCKET}/ray/",
-        "--output-prefix",
-        out,
-        "--executor",
-        "ray",
-        "--range-mb",
-        "0.125",
-        "--progress",
-        env=env,
-        timeout=240,
-    )
+    remote = run_cli("preprocess", *COMMON, "--input", f"s3://{BUCKET}/ray/", "--output-prefix", out,
+                     "--executor", "ray", "--range-mb", "0.125", "--progress", env=env, timeout=240)
     assert remote.returncode == 0, remote.stderr
     assert "(1 split into" in remote.stderr
     assert "files 2/2" in remote.stderr.split("\r")[-1]  # the bar ends with every file counted
-    here = run_cli(
-        "preprocess",
-        *COMMON,
-        "--input",
-        local,
-        "--output-prefix",
-        tmp_path / "local",
-        "--workers",
-        "2",
-    )
+    here = run_cli("preprocess", *COMMON, "--input", local, "--output-prefix", tmp_path / "local", "--workers", "2")
     assert here.returncode == 0, here.stderr
     _published(s3, out + "_text_document", tmp_path / "local_text_document", (".bin", ".idx"))
     s3.invalidate_cache()
@@ -85,32 +53,17 @@ def test_s3_inputs_and_output_on_ray_give_the_bytes_of_a_local_run(tmp_path, s3,
     assert not list((tmp_path / "staging").iterdir())
 
 
-def test_a_killed_driver_with_an_s3_output_resumes_from_the_parts_in_the_bucket(
-    tmp_path, s3, s3_env, ray_env
-):
+def test_a_killed_driver_with_an_s3_output_resumes_from_the_parts_in_the_bucket(tmp_path, s3, s3_env, ray_env):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(8):
         (corpus / f"{i:02d}.jsonl").write_bytes(jsonl_bytes(docs(1500, i)))
     out = f"s3://{BUCKET}/ray-kill-{uuid.uuid4().hex[:8]}/ray"
     work = out.removeprefix("s3://") + ".tokenload-work"
-    command = [
-        sys.executable,
-        "-m",
-        "tokenload.cli.main",
-        "preprocess",
-        *COMMON,
-        "--input",
-        str(corpus),
-        "--output-prefix",
-        out,
-        "--executor",
-        "ray",
-    ]
+    command = [sys.executable, "-m", "tokenload.cli.main", "preprocess", *COMMON, "--input", str(corpus),
+               "--output-prefix", out, "--executor", "ray"]
     env = dict(os.environ, **s3_env, **ray_env, TOKENLOAD_STAGING_DIR=str(tmp_path / "staging"))
-    run = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def markers() -> list[str]:
         try:
@@ -130,15 +83,6 @@ def test_a_killed_driver_with_an_s3_output_resumes_from_the_parts_in_the_bucket(
     kept = len(markers())
     rerun_resumes(command, env, killed_err, kept)
     assert not markers()
-    one = run_cli(
-        "preprocess",
-        *COMMON,
-        "--input",
-        corpus,
-        "--output-prefix",
-        tmp_path / "one",
-        "--workers",
-        "2",
-    )
+    one = run_cli("preprocess", *COMMON, "--input", corpus, "--output-prefix", tmp_path / "one", "--workers", "2")
     assert one.returncode == 0, one.stderr
     _published(s3, out + "_text_document", tmp_path / "one_text_document")

@@ -62,11 +62,8 @@ def main() -> int:
                     folder.mkdir()
                     ports = draw()
                     servers.append((ports, weed.start_server(folder, ports)))
-                print(
-                    f"round {i + 1}: 3 servers up in {time.monotonic() - start:.1f} s, s3 ports"
-                    f" {[ports['s3'] for ports, _ in servers]}",
-                    flush=True,
-                )
+                print(f"round {i + 1}: 3 servers up in {time.monotonic() - start:.1f} s, s3 ports"
+                      f" {[ports['s3'] for ports, _ in servers]}", flush=True)
             except RuntimeError as exc:
                 failed += 1
                 print(f"round {i + 1}: FAILED {exc}", flush=True)
@@ -74,10 +71,8 @@ def main() -> int:
                 for ports, (proc, _, log) in servers:
                     weed.stop_server(proc, log)
                     left += _left(ports, proc.pid, getattr(proc, "tmpdir", None))
-    print(
-        f"{args.rounds - failed} of {args.rounds} rounds started every server; left in /tmp by"
-        f" these servers: {len(left)} {sorted(left)[:12]}"
-    )
+    print(f"{args.rounds - failed} of {args.rounds} rounds started every server; left in /tmp by"
+          f" these servers: {len(left)} {sorted(left)[:12]}")
     return 0 if failed == 0 and not left else 1
 
 

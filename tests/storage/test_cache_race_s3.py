@@ -28,31 +28,19 @@ from .test_caches_s3 import (  # noqa: F401  (env, files, reference: fixtures)
 
 
 def _start(args: list[str], env: dict[str, str], cwd) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tokenload.cli.main", *args],
-        cwd=cwd,
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return subprocess.Popen([sys.executable, "-m", "tokenload.cli.main", *args], cwd=cwd,
+                            env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("staging", ["shared", "separate"])
 def test_two_prepare_cache_runs_started_together_both_succeed(
-    files, reference, s3, env, tmp_path, staging
-):
+        files, reference, s3, env, tmp_path, staging):
     _, remote = files
     for round_ in range(3):  # before the fix: 21 of 26 such pairs failed (shared staging)
         folder = _folder()
-        args = [
-            "prepare-cache",
-            "--data-path",
-            *_blend(remote),
-            *LENGTH_FLAGS,
-            "--data-cache-path",
-            folder,
-        ]
+        args = ["prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS,
+                "--data-cache-path", folder]
         runs = []
         for i in range(2):
             own = {"TOKENLOAD_STAGING_DIR": str(tmp_path / f"staging{i}")}

@@ -26,20 +26,8 @@ from .test_token_files_s3 import corpus, upload
 
 SIZES = [400, 40, 8]
 #: prepare-cache's flags for SIZES: train 400, valid (400 // 100 + 1) x 8 = 40, test 8
-LENGTH_FLAGS = [
-    "--seq-length",
-    "16",
-    "--split",
-    "90,8,2",
-    "--global-batch-size",
-    "1",
-    "--train-samples",
-    "400",
-    "--eval-iters",
-    "8",
-    "--eval-interval",
-    "100",
-]
+LENGTH_FLAGS = ["--seq-length", "16", "--split", "90,8,2", "--global-batch-size", "1", "--train-samples", "400",
+                "--eval-iters", "8", "--eval-interval", "100"]
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +35,8 @@ def env(s3_env, monkeypatch, tmp_path):
     """The user's AWS_* environment, and this test's own local copy cache and staging folder; run
     in ``tmp_path``, where a URL mistaken for a local path would leave a folder named ``s3:``."""
     monkeypatch.chdir(tmp_path)
-    values = {
-        **s3_env,
-        "TOKENLOAD_CACHE_DIR": str(tmp_path / "copies"),
-        "TOKENLOAD_STAGING_DIR": str(tmp_path / "staging"),
-    }
+    values = {**s3_env, "TOKENLOAD_CACHE_DIR": str(tmp_path / "copies"),
+              "TOKENLOAD_STAGING_DIR": str(tmp_path / "staging")}
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     return values
@@ -103,34 +88,19 @@ def _names(s3, url: str) -> set[str]:
 # -- sequences ---------------------------------------------------------------------------------
 
 
-def test_sequences_on_s3_prefixes_match_the_local_file_and_write_to_the_bucket(
-    files, s3, reference, tmp_path
-):
+def test_sequences_on_s3_prefixes_match_the_local_file_and_write_to_the_bucket(files, s3, reference, tmp_path):
     local, remote = files
     for prefixes, out in ((local, tmp_path / "local.json"), (remote, tmp_path / "remote.json")):
-        done = run_cli(
-            "sequences", "--data-path", *_blend(prefixes), "--per-dataset-sequences-path", out
-        )
+        done = run_cli("sequences", "--data-path", *_blend(prefixes), "--per-dataset-sequences-path", out)
         assert done.returncode == 0, done.stderr
     renamed = dict(zip(remote, local))
     got = json.loads((tmp_path / "remote.json").read_text())
     got["__tokenload_dtypes__"] = {renamed[k]: v for k, v in got["__tokenload_dtypes__"].items()}
-    assert {renamed.get(k, k): v for k, v in got.items()} == json.loads(
-        (tmp_path / "local.json").read_text()
-    )
+    assert {renamed.get(k, k): v for k, v in got.items()} == json.loads((tmp_path / "local.json").read_text())
     url = f"{_folder()}/sequences.json"
-    done = run_cli(
-        "sequences",
-        "--data-path",
-        *_blend(remote),
-        "--per-dataset-sequences-path",
-        url,
-        cwd=tmp_path,
-    )
+    done = run_cli("sequences", "--data-path", *_blend(remote), "--per-dataset-sequences-path", url, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert json.loads(s3.cat_file(url.removeprefix("s3://"))) == json.loads(
-        (tmp_path / "remote.json").read_text()
-    )
+    assert json.loads(s3.cat_file(url.removeprefix("s3://"))) == json.loads((tmp_path / "remote.json").read_text())
     # a job reads it through the local copy cache, and opens no .idx header with it
     datasets = build_datasets(_config(remote, sequences_path=url, build_policy="every-rank"), SIZES)
     assert all(ds.source.sequences_path == url for ds in datasets[0].datasets)
@@ -151,17 +121,10 @@ def test_prepare_cache_on_s3_prefixes_into_a_local_folder(files, reference, tmp_
     _, remote = files
     cache = tmp_path / "cache"
     cache.mkdir()  # prepare-cache, like every command, writes into an existing folder
-    done = run_cli(
-        "prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", cache
-    )
+    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", cache)
     assert done.returncode == 0, done.stderr
-    assert len(list(cache.glob("*-description.txt"))) == 3 * (
-        2 + 1
-    )  # per split: 2 prefixes and their blend
-    _same(
-        build_datasets(_config(remote, path_to_cache=str(cache), build_policy="none"), SIZES),
-        reference,
-    )
+    assert len(list(cache.glob("*-description.txt"))) == 3 * (2 + 1)  # per split: 2 prefixes and their blend
+    _same(build_datasets(_config(remote, path_to_cache=str(cache), build_policy="none"), SIZES), reference)
 
 
 _JOB = """
@@ -184,16 +147,8 @@ def _digests(reference) -> list[str]:
 def test_prepare_cache_into_the_bucket_then_a_fresh_job_loads_it(files, reference, s3, tmp_path):
     _, remote = files
     folder = _folder()
-    done = run_cli(
-        "prepare-cache",
-        "--data-path",
-        *_blend(remote),
-        *LENGTH_FLAGS,
-        "--data-cache-path",
-        folder,
-        "--json",
-        cwd=tmp_path,
-    )
+    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder,
+                   "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     written = json.loads(done.stdout.splitlines()[-1])["files_written"]
     names = _names(s3, folder)
@@ -202,13 +157,8 @@ def test_prepare_cache_into_the_bucket_then_a_fresh_job_loads_it(files, referenc
     assert sum(n.endswith("-description.txt") for n in names) == 9
     assert not list((tmp_path / "staging").rglob("*.npy"))  # staged copies removed after the upload
     # a training job in a fresh process, with an empty local copy cache, loads what is in the bucket
-    job = subprocess.run(
-        [sys.executable, "-c", _JOB, json.dumps(_blend(remote)), folder],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**_environ(), "TOKENLOAD_CACHE_DIR": str(tmp_path / "fresh")},
-    )
+    job = subprocess.run([sys.executable, "-c", _JOB, json.dumps(_blend(remote)), folder], capture_output=True,
+                         text=True, timeout=300, env={**_environ(), "TOKENLOAD_CACHE_DIR": str(tmp_path / "fresh")})
     assert job.returncode == 0, job.stderr
     result = json.loads(job.stdout.splitlines()[-1])
     assert result["digests"] == _digests(reference)
@@ -224,16 +174,12 @@ def _environ() -> dict[str, str]:
     return dict(os.environ)
 
 
-def test_auto_uploads_once_and_later_runs_load_from_the_bucket(
-    files, reference, s3, monkeypatch, tmp_path
-):
+def test_auto_uploads_once_and_later_runs_load_from_the_bucket(files, reference, s3, monkeypatch, tmp_path):
     _, remote = files
     folder = _folder()
     puts = []
     real = cache_remote.upload_file
-    monkeypatch.setattr(
-        cache_remote, "upload_file", lambda local, url, *a: (puts.append(url), real(local, url, *a))
-    )
+    monkeypatch.setattr(cache_remote, "upload_file", lambda local, url, *a: (puts.append(url), real(local, url, *a)))
     _same(build_datasets(_config(remote, path_to_cache=folder), SIZES), reference)
     # 6 GPT caches of 3 arrays and 3 blends of 2, each with a sidecar and a description, once
     assert len(puts) == 6 * 5 + 3 * 4 and len(set(puts)) == len(puts)
@@ -242,9 +188,7 @@ def test_auto_uploads_once_and_later_runs_load_from_the_bucket(
         by_cache.setdefault(url.rsplit("/", 1)[1].split("-")[0], []).append(url.rsplit("-", 1)[1])
     assert len(by_cache) == 9
     for order in by_cache.values():  # the file that makes a cache whole goes last
-        assert order[-2:] == ["tokenload.json", "description.txt"] and all(
-            o.endswith(".npy") for o in order[:-2]
-        )
+        assert order[-2:] == ["tokenload.json", "description.txt"] and all(o.endswith(".npy") for o in order[:-2])
     names = _names(s3, folder)
     monkeypatch.setenv("TOKENLOAD_CACHE_DIR", str(tmp_path / "second"))
     _same(build_datasets(_config(remote, path_to_cache=folder), SIZES), reference)
@@ -253,22 +197,12 @@ def test_auto_uploads_once_and_later_runs_load_from_the_bucket(
     manifest = next(n for n in names if n.endswith("-tokenload-build.json"))
     s3.rm_file(f"{folder.removeprefix('s3://')}/{manifest}")
     monkeypatch.setenv("TOKENLOAD_CACHE_DIR", str(tmp_path / "third"))
-    _same(
-        build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES), reference
-    )
+    _same(build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES), reference)
 
 
 def _prepared(remote: list[str], cwd) -> str:
     folder = _folder()
-    done = run_cli(
-        "prepare-cache",
-        "--data-path",
-        *_blend(remote),
-        *LENGTH_FLAGS,
-        "--data-cache-path",
-        folder,
-        cwd=cwd,
-    )
+    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder, cwd=cwd)
     assert done.returncode == 0, done.stderr
     return folder
 
@@ -277,9 +211,7 @@ def _prepared(remote: list[str], cwd) -> str:
 def test_a_replaced_array_in_the_bucket_is_a_cache_error(files, s3, damage, monkeypatch, tmp_path):
     _, remote = files
     folder = _prepared(remote, tmp_path)
-    build_datasets(
-        _config(remote, path_to_cache=folder, build_policy="none"), SIZES
-    )  # the node has its copies
+    build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES)  # the node has its copies
     name = next(n for n in _names(s3, folder) if n.endswith("GPTDataset-train-shuffle_index.npy"))
     key = f"{folder.removeprefix('s3://')}/{name}"
     if damage == "garbage":
@@ -326,12 +258,8 @@ def test_an_interrupted_upload_never_loads(files, reference, s3, monkeypatch):
         build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES)
     assert "GPTDataset-valid: missing" in str(info.value) and "-description.txt" in str(info.value)
     monkeypatch.setattr(cache_remote, "upload_file", real)
-    _same(
-        build_datasets(_config(remote, path_to_cache=folder), SIZES), reference
-    )  # the next run completes it
-    _same(
-        build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES), reference
-    )
+    _same(build_datasets(_config(remote, path_to_cache=folder), SIZES), reference)  # the next run completes it
+    _same(build_datasets(_config(remote, path_to_cache=folder, build_policy="none"), SIZES), reference)
 
 
 def test_local_rank0_with_a_bucket_cache_is_a_config_error(files):
@@ -340,9 +268,7 @@ def test_local_rank0_with_a_bucket_cache_is_a_config_error(files):
     assert "build_policy='rank0' or 'auto'" in info.value.hint
 
 
-def test_none_on_an_empty_bucket_folder_prints_the_command_that_fills_it(
-    files, reference, s3, tmp_path
-):
+def test_none_on_an_empty_bucket_folder_prints_the_command_that_fills_it(files, reference, s3, tmp_path):
     _, remote = files
     folder = _folder()
     config = _config(remote, path_to_cache=folder, build_policy="none")
@@ -368,12 +294,8 @@ def test_lightning_trains_on_s3_prefixes_with_the_local_batches(files, monkeypat
 
     def fit(prefixes: list[str]) -> list:
         config = _config(prefixes, build_policy="every-rank")
-        module = TokenloadDataModule(
-            train=lambda: build_datasets(config, SIZES)[0],
-            micro_batch_size=4,
-            num_workers=2,
-            multiprocessing_context="fork",
-        )
+        module = TokenloadDataModule(train=lambda: build_datasets(config, SIZES)[0], micro_batch_size=4,
+                                     num_workers=2, multiprocessing_context="fork")
         model = Rows()
         trainer(max_steps=6).fit(model, module)
         return model.train_seen
@@ -390,16 +312,8 @@ def test_an_unwritable_staging_folder_for_a_bucket_cache_names_its_variable(file
     (tmp_path / "a-file").write_text("not a folder")
     env = {**_environ(), "TOKENLOAD_STAGING_DIR": str(tmp_path / "a-file" / "staging")}
     folder = _folder()
-    done = run_cli(
-        "prepare-cache",
-        "--data-path",
-        *_blend(remote),
-        *LENGTH_FLAGS,
-        "--data-cache-path",
-        folder,
-        cwd=tmp_path,
-        env=env,
-    )
+    done = run_cli("prepare-cache", "--data-path", *_blend(remote), *LENGTH_FLAGS, "--data-cache-path", folder,
+                   cwd=tmp_path, env=env)
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert "TOKENLOAD_STAGING_DIR" in last and folder in last, last

@@ -39,12 +39,8 @@ def data(s3_endpoint, tmp_path_factory):
             mp.setenv(name, value)
         mp.setenv("AWS_ENDPOINT_URL", s3_endpoint)
         mp.setenv("TOKENLOAD_CACHE_DIR", str(folder / "idxcache"))
-        fs = s3fs.S3FileSystem(
-            key="test",
-            secret="test",
-            skip_instance_cache=True,
-            client_kwargs={"endpoint_url": s3_endpoint},
-        )
+        fs = s3fs.S3FileSystem(key="test", secret="test", skip_instance_cache=True,
+                               client_kwargs={"endpoint_url": s3_endpoint})
         files = chaos.make_data(folder, fs)
         assert files["s3"].startswith("s3://")
         built = {}
@@ -60,16 +56,9 @@ def data(s3_endpoint, tmp_path_factory):
 def test_short_chaos_run_over_s3(data):
     outcomes = []
     for i, (method, workers, kind, faults, budget, expected) in enumerate(CASES):
-        case = chaos.Case(
-            method=method,
-            workers=workers,
-            kind=kind,
-            read_mode="s3",
-            faults=faults,
-            budget=budget,
-            seed=i,
-            timeout=chaos.S3_TIMEOUT,
-        )
+        case = chaos.Case(method=method, workers=workers, kind=kind, read_mode="s3",
+                          faults=faults, budget=budget, seed=i,
+                          timeout=chaos.S3_TIMEOUT)
         dataset, want = data[kind]
         outcome = chaos.run_case(case, dataset, want)
         outcomes.append(outcome)

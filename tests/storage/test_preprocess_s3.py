@@ -106,41 +106,17 @@ def test_a_server_that_dies_while_an_object_streams_is_a_storage_error(tmp_path,
     fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint})
     data = "".join(json.dumps(d) + "\n" for d in _docs(120000, 4)).encode()  # ~9 MB
     fs.pipe(f"{BUCKET}/big.jsonl", data)
-    env = dict(
-        os.environ,
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="test",
-        AWS_SECRET_ACCESS_KEY="test",
-        AWS_DEFAULT_REGION="us-east-1",
-        FSSPEC_S3='{"default_block_size": 262144}',
-    )
+    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test",
+               AWS_DEFAULT_REGION="us-east-1", FSSPEC_S3='{"default_block_size": 262144}')
     (tmp_path / "out").mkdir()
     run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tokenload.cli.main",
-            "preprocess",
-            "--tokenizer-type",
-            "ByteTokenizer",
-            "--input",
-            f"s3://{BUCKET}/big.jsonl",
-            "--output-prefix",
-            str(tmp_path / "out" / "x"),
-            "--no-progress",
-            "--workers",
-            "1",
-            "--chunk-mb",
-            "0.05",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "tokenload.cli.main", "preprocess", "--tokenizer-type", "ByteTokenizer",
+         "--input", f"s3://{BUCKET}/big.jsonl", "--output-prefix", str(tmp_path / "out" / "x"), "--no-progress",
+         "--workers", "1", "--chunk-mb", "0.05"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     work = tmp_path / "out" / "x.tokenload-work"
     deadline = time.monotonic() + 60
-
     def streaming() -> bool:  # tokens of the object reach the output being written (once)
         written = [*work.glob(".*tmp-*"), *work.glob("output_*.bin.partial")]
         return any(p.stat().st_size > 0 for p in written if p.exists())
@@ -153,11 +129,7 @@ def test_a_server_that_dies_while_an_object_streams_is_a_storage_error(tmp_path,
     assert run.returncode == 2, stderr
     last = stderr.strip().splitlines()[-1]  # after the client library's INFO lines
     # mid-stream, or at the client's reopen after the server went: one line naming the object
-    assert last.startswith(
-        (
-            f"tokenload preprocess: error: s3://{BUCKET}/big.jsonl: reading the object failed",
-            f"tokenload preprocess: error: s3://{BUCKET}/big.jsonl: cannot open it",
-        )
-    ), stderr
+    assert last.startswith((f"tokenload preprocess: error: s3://{BUCKET}/big.jsonl: reading the object failed",
+                            f"tokenload preprocess: error: s3://{BUCKET}/big.jsonl: cannot open it")), stderr
     assert "HINT" in last and "rerun" in last and "Traceback" not in stderr
     assert not list((tmp_path / "out").glob("x_*"))

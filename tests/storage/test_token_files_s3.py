@@ -35,24 +35,16 @@ def upload(fs, prefix: str, key: str) -> str:
 
 def corpus(folder, seed: int = 5, count: int = 2500) -> str:
     rng = np.random.default_rng(seed)
-    docs = [
-        np.append(rng.integers(0, 50_000, size=int(n)), 50_000)
-        for n in rng.integers(1, 200, size=count)
-    ]
+    docs = [np.append(rng.integers(0, 50_000, size=int(n)), 50_000) for n in rng.integers(1, 200, size=count)]
     return write_documents(folder / f"corpus{seed}", docs)
 
 
 @pytest.fixture(scope="module")
 def env(s3_endpoint, tmp_path_factory):
     """The environment a user sets (AWS_*) plus a private index cache and small chunks."""
-    values = {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "TOKENLOAD_CACHE_DIR": str(tmp_path_factory.mktemp("idxcache")),
-        "TOKENLOAD_CHUNK_BYTES": str(CHUNK),
-    }
+    values = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+              "AWS_DEFAULT_REGION": "us-east-1", "TOKENLOAD_CACHE_DIR": str(tmp_path_factory.mktemp("idxcache")),
+              "TOKENLOAD_CHUNK_BYTES": str(CHUNK)}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in values.items():
             mp.setenv(k, v)
@@ -75,13 +67,9 @@ def _same_tokens(remote: TokenFile, local: TokenFile) -> None:
         np.testing.assert_array_equal(remote[i], local[i])
     for a, b in zip(remote[100:400], local[100:400]):
         np.testing.assert_array_equal(a, b)
-    starts = np.array(
-        [0, 5, 40_000, CHUNK // 2 - 3, 3 * CHUNK // 2 - 10], np.int64
-    )  # within and across chunks
+    starts = np.array([0, 5, 40_000, CHUNK // 2 - 3, 3 * CHUNK // 2 - 10], np.int64)  # within and across chunks
     lengths = np.array([3, 700, 90, 10, 50_000], np.int64)
-    np.testing.assert_array_equal(
-        remote.read_spans(starts, lengths), local.read_spans(starts, lengths)
-    )
+    np.testing.assert_array_equal(remote.read_spans(starts, lengths), local.read_spans(starts, lengths))
     np.testing.assert_array_equal(remote.document(17), local.document(17))
 
 
@@ -91,13 +79,8 @@ def test_token_file_reads_the_local_tokens(files):
     tf = TokenFile(remote)
     _same_tokens(tf, TokenFile(local))
     after = storage.stats()
-    assert (
-        after["gets"] > before["gets"]
-        and after["chunk_hits"] > after["chunk_misses"] - before["chunk_misses"]
-    )
-    assert (
-        after["bytes"] - before["bytes"] >= tf.num_tokens * tf.dtype.itemsize
-    )  # every chunk read once at least
+    assert after["gets"] > before["gets"] and after["chunk_hits"] > after["chunk_misses"] - before["chunk_misses"]
+    assert after["bytes"] - before["bytes"] >= tf.num_tokens * tf.dtype.itemsize  # every chunk read once at least
 
 
 def test_default_chunks_read_the_local_tokens(files, monkeypatch):
@@ -129,14 +112,10 @@ def test_chunk_cache_is_bounded_and_reads_ahead(files, monkeypatch):
     ahead = storage.stats()["prefetched"]
     # each pass: its first read alone, then every chunk; 3 chunks held: the second pass reads again
     assert _two_passes(remote) == (chunks + 1, chunks + 1)
-    assert storage.stats()["prefetched"] - ahead >= 2 * (
-        chunks - 1
-    )  # all but the first, read ahead
+    assert storage.stats()["prefetched"] - ahead >= 2 * (chunks - 1)  # all but the first, read ahead
     monkeypatch.setenv("TOKENLOAD_CHUNK_CACHE_BYTES", str(chunks * CHUNK))
     assert _two_passes(remote) == (chunks + 1, 0)
-    monkeypatch.setenv(
-        "TOKENLOAD_DIRECT_READS", "0"
-    )  # Megatron's way: every miss fetches its chunk
+    monkeypatch.setenv("TOKENLOAD_DIRECT_READS", "0")  # Megatron's way: every miss fetches its chunk
     assert _two_passes(remote) == (chunks, 0)
 
 
@@ -170,15 +149,8 @@ def test_chunk_tokens_are_read_only(files):
         tf[1][0] = 7
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [
-        ("TOKENLOAD_GET_BYTES", "12"),
-        ("TOKENLOAD_GET_BYTES", "0"),
-        ("TOKENLOAD_GET_THREADS", "0"),
-        ("TOKENLOAD_GET_THREADS", "four"),
-    ],
-)
+@pytest.mark.parametrize("setting", [("TOKENLOAD_GET_BYTES", "12"), ("TOKENLOAD_GET_BYTES", "0"),
+                                     ("TOKENLOAD_GET_THREADS", "0"), ("TOKENLOAD_GET_THREADS", "four")])
 def test_bad_get_settings_are_a_config_error(files, env, setting):
     _, remote = files
     name, value = setting
@@ -226,33 +198,20 @@ def test_info_and_verify_on_an_s3_prefix(files, env):
     assert want_info.pop("sidecar") is not None and got_info.pop("sidecar") is None  # not uploaded
     assert got_info == want_info
     checked = run_cli("verify", "--vocab-size", "50001", remote, env=env)
-    assert checked.returncode == 0 and checked.stdout.startswith("OK"), (
-        checked.stdout + checked.stderr
-    )
+    assert checked.returncode == 0 and checked.stdout.startswith("OK"), checked.stdout + checked.stderr
     bad = run_cli("verify", "--vocab-size", "50000", remote, env=env)  # EOD 50000 is out of range
     assert bad.returncode == 1 and "50000" in bad.stdout
 
 
 ORDERS: dict[str, dict[str, Any]] = {
-    "megatron": {},
-    "computed": {"order": "computed"},
-    "block": {"order": "computed", "block_size": 8},
-    "megatron-packed": {"packing": "best-fit"},
-    "computed-packed": {"order": "computed", "packing": "best-fit"},
-}
+    "megatron": {}, "computed": {"order": "computed"}, "block": {"order": "computed", "block_size": 8},
+    "megatron-packed": {"packing": "best-fit"}, "computed-packed": {"order": "computed", "packing": "best-fit"}}
 
 
 def _train(prefix: str, cache, order: str):
     cached = ORDERS[order].get("order", "megatron") == "megatron"  # the Megatron order's caches
-    config = MegatronDataConfig(
-        sequence_length=32,
-        blend=[prefix],
-        split="90,10,0",
-        eod_id=50_000,
-        path_to_cache=str(cache) if cached else None,
-        random_seed=7,
-        **ORDERS[order],
-    )
+    config = MegatronDataConfig(sequence_length=32, blend=[prefix], split="90,10,0", eod_id=50_000,
+                                path_to_cache=str(cache) if cached else None, random_seed=7, **ORDERS[order])
     return build_datasets(config, [400, 20, 0])[0]
 
 
@@ -283,11 +242,7 @@ def test_loader_batches_equal_the_local_ones(files, order, workers, tmp_path):
     local, remote = files
     num_workers, method = workers
     want = _batches(_train(local, tmp_path / "l", order), num_workers=0)
-    got = _batches(
-        _train(remote, tmp_path / "r", order),
-        num_workers=num_workers,
-        multiprocessing_context=method,
-    )
+    got = _batches(_train(remote, tmp_path / "r", order), num_workers=num_workers, multiprocessing_context=method)
     assert len(got) == len(want) == 12
     for g, w in zip(got, want):
         assert set(g) == set(w)
@@ -335,10 +290,7 @@ def test_a_missing_object_and_a_folder_are_told_apart(files):
 
     with pytest.raises(StorageError, match=r"files: is a folder, expected an object"):
         storage.fetch_copy(f"s3://{BUCKET}/files")
-    with pytest.raises(
-        StorageError,
-        match=r"nothing\.idx: cannot read the object's size: the object does not exist",
-    ):
+    with pytest.raises(StorageError, match=r"nothing\.idx: cannot read the object's size: the object does not exist"):
         storage.fetch_copy(f"s3://{BUCKET}/files/nothing.idx")
 
 
@@ -351,28 +303,16 @@ def test_an_index_download_unlike_its_head_is_discarded(files, monkeypatch, s3):
     local, _ = files
     remote = upload(s3, local, "headed/c")
     real = local_copies.info
-    monkeypatch.setattr(
-        local_copies,
-        "info",
-        lambda url, options: real(url, options).__class__(
-            real(url, options).size, "0123456789abcdef"
-        ),
-    )  # as if rewritten since the HEAD
-    with pytest.raises(
-        StorageError,
-        match=r"downloaded \d+ bytes, ETag \w+, expected the \d+ bytes,"
-        r" ETag 0123456789abcdef(.|\n)*HINT: the object changed during the download",
-    ):
+    monkeypatch.setattr(local_copies, "info", lambda url, options: real(url, options).__class__(
+        real(url, options).size, "0123456789abcdef"))  # as if rewritten since the HEAD
+    with pytest.raises(StorageError, match=r"downloaded \d+ bytes, ETag \w+, expected the \d+ bytes,"
+                       r" ETag 0123456789abcdef(.|\n)*HINT: the object changed during the download"):
         storage.fetch_copy(remote + ".idx")
-    folder = os.path.dirname(
-        local_copies.copy_path(remote + ".idx", 1, "x", storage.StorageOptions.from_env())
-    )
+    folder = os.path.dirname(local_copies.copy_path(remote + ".idx", 1, "x", storage.StorageOptions.from_env()))
     assert [n for n in os.listdir(folder) if not n.endswith(".lock")] == []
 
 
-def test_a_full_index_cache_is_one_error_naming_its_variable_not_retried(
-    files, monkeypatch, tmp_path
-):
+def test_a_full_index_cache_is_one_error_naming_its_variable_not_retried(files, monkeypatch, tmp_path):
     from support import mounted_tmpfs
     from tokenload.errors import StorageError
 
@@ -381,9 +321,7 @@ def test_a_full_index_cache_is_one_error_naming_its_variable_not_retried(
     with mounted_tmpfs(tmp_path / "small", "size=16k") as small:
         monkeypatch.setenv("TOKENLOAD_CACHE_DIR", str(small))
         retries = storage.stats()["retries"]
-        with pytest.raises(
-            StorageError, match=r"the filesystem is full.*TOKENLOAD_CACHE_DIR"
-        ) as info:
+        with pytest.raises(StorageError, match=r"the filesystem is full.*TOKENLOAD_CACHE_DIR") as info:
             storage.fetch_copy(remote + ".idx")
         assert storage.stats()["retries"] == retries
         assert "\n" not in info.value.message
@@ -400,9 +338,7 @@ def test_a_killed_download_s_temporary_is_removed_by_the_next_download(files, s3
     local, _ = files
     remote = upload(s3, local, "killed/c")
     head = local_copies.info(remote + ".idx", storage.StorageOptions.from_env())
-    copy = local_copies.copy_path(
-        remote + ".idx", head.size, head.tag, storage.StorageOptions.from_env()
-    )
+    copy = local_copies.copy_path(remote + ".idx", head.size, head.tag, storage.StorageOptions.from_env())
     folder, name = os.path.split(copy)
     os.makedirs(folder, exist_ok=True)
     left = [os.path.join(folder, f".{name}.tmp-{s}") for s in ("a1b2c3d4", "e5f6g7h8")]
@@ -412,7 +348,5 @@ def test_a_killed_download_s_temporary_is_removed_by_the_next_download(files, s3
     other = os.path.join(folder, f".other.idx.tmp-{name}")
     open(other, "wb").close()
     got, downloaded = storage.fetch_copy(remote + ".idx")
-    assert (
-        downloaded and got == copy and Path(copy).read_bytes() == Path(local + ".idx").read_bytes()
-    )
+    assert downloaded and got == copy and Path(copy).read_bytes() == Path(local + ".idx").read_bytes()
     assert not any(os.path.exists(p) for p in left) and os.path.exists(other)

@@ -20,9 +20,7 @@ def test_distinct_is_np_unique(dtype):
     rng = np.random.default_rng(7)
     for size in (0, 1, 2, 5, 100, 10_000):
         for high in (1, 3, 1000):
-            values = rng.integers(-high if dtype != np.uint16 else 0, high + 1, size=size).astype(
-                dtype
-            )
+            values = rng.integers(-high if dtype != np.uint16 else 0, high + 1, size=size).astype(dtype)
             want, first = np.unique(values, return_index=True)
             got = distinct(values)
             assert got.dtype == want.dtype and np.array_equal(got, want)
@@ -50,11 +48,7 @@ print(json.dumps({"ma": "numpy.ma" in sys.modules, "rows": len(batch["tokens"])}
 @pytest.mark.parametrize("order", ["megatron", "computed"])
 def test_a_first_micro_batch_over_a_blend_does_not_import_numpy_ma(tmp_path, order):
     write_small_blend(tmp_path)
-    run = subprocess.run(
-        [sys.executable, "-c", _FIRST_BATCH, str(tmp_path), order],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = subprocess.run([sys.executable, "-c", _FIRST_BATCH, str(tmp_path), order],
+                         capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.splitlines()[-1]) == {"ma": False, "rows": 8}

@@ -16,14 +16,8 @@ SCRIPT = ROOT / ".ci" / "megatron-venv.sh"
 def run(*args: str, python: str) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, MEGATRON_BASE_PYTHON=python)
     start = time.monotonic()
-    out = subprocess.run(
-        ["bash", str(SCRIPT), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    out = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                         timeout=60, stdin=subprocess.DEVNULL)
     return out, time.monotonic() - start
 
 
@@ -49,11 +43,8 @@ def test_start_fails_at_once_and_starts_no_build(tmp_path):
 def test_ci_run_checks_before_it_installs_anything():
     """The first command of .ci/run is the check-and-start; `set -e` stops the run there."""
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    commands = [
-        line
-        for line in lines
-        if line and not line.startswith(("#", "step ", "export ", "START=", "cd "))
-    ]
+    commands = [line for line in lines if line and not line.startswith(("#", "step ", "export ",
+                                                                          "START=", "cd "))]
     assert commands[0] == "set -euo pipefail"
     first_work = next(i for i, c in enumerate(commands) if re.search(r"\bpip\b|venv|pytest", c))
     assert commands[first_work] == "bash .ci/megatron-venv.sh --start"

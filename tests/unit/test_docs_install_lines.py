@@ -27,27 +27,14 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [
-    ROOT / "README.md",
-    ROOT / "CONTRIBUTING.md",
-    *sorted((ROOT / "docs").glob("*.md")),
-    ROOT / ".ci" / "run",
-]
+DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / ".ci" / "run"]
 EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 #: placeholders that stand for "any extra" in a generic line
 PLACEHOLDERS = {"EXTRA", "{extra}"}
 #: pip options that take a value
-VALUED = {
-    "-c",
-    "--constraint",
-    "-r",
-    "--requirement",
-    "-f",
-    "--find-links",
-    "-i",
-    "--index-url",
-    "--extra-index-url",
-}
+VALUED = {"-c", "--constraint", "-r", "--requirement", "-f", "--find-links", "-i", "--index-url",
+          "--extra-index-url"}
 
 
 def doc_snippets(path: Path) -> list[str]:
@@ -77,8 +64,7 @@ def src_snippets() -> list[tuple[str, str]]:
             if isinstance(node, ast.JoinedStr):
                 text = "".join(
                     # an f-string's pieces: str constants and formatted values
-                    cast(str, v.value)
-                    if isinstance(v, ast.Constant)
+                    cast(str, v.value) if isinstance(v, ast.Constant)
                     else "{" + ast.unparse(cast(ast.FormattedValue, v).value) + "}"
                     for v in node.values
                 )
@@ -94,9 +80,8 @@ def src_snippets() -> list[tuple[str, str]]:
 def install_lines() -> list[tuple[str, str]]:
     lines = [(str(p.relative_to(ROOT)), s) for p in DOCS if p.exists() for s in doc_snippets(p)]
     lines += src_snippets()
-    return [
-        (where, m) for where, text in lines for m in re.findall(r"pip install [^;&|#`\n]*", text)
-    ]
+    return [(where, m) for where, text in lines
+            for m in re.findall(r"pip install [^;&|#`\n]*", text)]
 
 
 def requirements(command: str) -> list[str]:
@@ -119,12 +104,8 @@ LINES = install_lines()
 
 def test_the_docs_and_hints_have_install_lines():
     where = {w.split(":")[0] for w, _ in LINES}
-    assert {
-        "README.md",
-        "docs/LIGHTNING.md",
-        "docs/MIGRATING.md",
-        "src/tokenload/errors.py",
-    } <= where, sorted(where)
+    assert {"README.md", "docs/LIGHTNING.md", "docs/MIGRATING.md",
+            "src/tokenload/errors.py"} <= where, sorted(where)
 
 
 @pytest.mark.parametrize(("where", "command"), LINES, ids=[f"{w} {c}" for w, c in LINES])
@@ -138,8 +119,7 @@ def test_tokenload_comes_from_a_clone_with_existing_extras(where, command):
         assert base == "." or "/" in base, f"{where}: {req!r} is not a path"
         for extra in extras.rstrip("]").split(","):
             assert extra in EXTRAS or extra in PLACEHOLDERS, (
-                f"{where}: {req!r} names the extra {extra!r}, not in pyproject.toml"
-            )
+                f"{where}: {req!r} names the extra {extra!r}, not in pyproject.toml")
 
 
 @functools.cache
@@ -159,7 +139,8 @@ def closure(names: list[str]) -> set[str]:
             continue
         seen.add(name)
         try:
-            todo += [Requirement(r) for r in requires(req.name) or [] if "extra ==" not in r]
+            todo += [Requirement(r) for r in requires(req.name) or []
+                     if "extra ==" not in r]
         except PackageNotFoundError:
             pass
     return seen
@@ -170,12 +151,9 @@ def require_calls() -> list[tuple[str, str, str]]:
     out = []
     for path in sorted((ROOT / "src").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "id", None) == "require"
-                and len(node.args) >= 2
-                and all(isinstance(a, ast.Constant) for a in node.args[:2])
-            ):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require"
+                    and len(node.args) >= 2
+                    and all(isinstance(a, ast.Constant) for a in node.args[:2])):
                 module, extra = (cast(str, cast(ast.Constant, a).value) for a in node.args[:2])
                 out.append((f"{path.relative_to(ROOT)}:{node.lineno}", module, extra))
     return out
@@ -195,8 +173,7 @@ def test_each_extra_carries_what_its_feature_imports(where, module, extra):
     providers = providers_of(top)
     assert providers, f"{where}: no installed distribution provides {top!r}"
     assert providers & closure(EXTRAS[extra]), (
-        f"{where}: tokenload[{extra}] does not install {top!r} ({sorted(providers)})"
-    )
+        f"{where}: tokenload[{extra}] does not install {top!r} ({sorted(providers)})")
 
 
 #: what each documented command imports, by the extra its install line names

@@ -33,8 +33,7 @@ def _missing(text: str) -> list[tuple[int, list[str]]]:
         used = {
             n.value.id
             for n in ast.walk(tree)
-            if isinstance(n, ast.Attribute)
-            and isinstance(n.value, ast.Name)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
             and n.value.id in MODULES
         }
         if used - seen:

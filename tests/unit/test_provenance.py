@@ -329,7 +329,9 @@ def test_a_state_without_the_topology_history_says_it_cannot_place_earlier_steps
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])
-def test_explain_places_the_rows_after_a_skip_between_the_micro_batches_of_a_step(prefixes, order):
+def test_explain_places_the_rows_after_a_skip_between_the_micro_batches_of_a_step(
+    prefixes, order
+):
     def make():
         return build(prefixes, order)
 
@@ -354,7 +356,9 @@ def test_where_names_the_steps_before_a_mixture_change_at_a_resume(prefixes, ord
 
     served, state = serve([(before, 2, 2, 5), (after, 2, 2, 4)])
     keys = sorted({k for t in served.values() for k in zip(*decode(t)[:2], strict=True)})
-    only_before = [k for k in keys if {s for s, *_ in held_by(served, *k)} <= {0, 1, 2, 3, 4}]
+    only_before = [
+        k for k in keys if {s for s, *_ in held_by(served, *k)} <= {0, 1, 2, 3, 4}
+    ]
     assert only_before
     for source, document in only_before[:5]:
         found = where(after(), source=source, document=document, global_batch_size=G, state=state)
@@ -425,9 +429,8 @@ def test_a_batch_schedule_s_steps_are_explained_and_found(prefixes, order):
     schedule = StepBatchSchedule.parse("0:8 20:16 100:24")
     dp, mbs = 2, 2
     loaders = [
-        build_dataloader(
-            build(prefixes, order), micro_batch_size=mbs, dp_rank=r, dp_size=dp, num_workers=0
-        )
+        build_dataloader(build(prefixes, order), micro_batch_size=mbs, dp_rank=r, dp_size=dp,
+                         num_workers=0)
         for r in range(dp)
     ]
     iters = [iter(x) for x in loaders]
@@ -455,22 +458,12 @@ def test_a_batch_schedule_s_steps_are_explained_and_found(prefixes, order):
     rng = np.random.default_rng(9)
     keys = sorted({k for t in served.values() for k in zip(*decode(t)[:2], strict=True)})
     for source, document in [keys[i] for i in rng.choice(len(keys), size=12, replace=False)]:
-        found = where(
-            build(prefixes, order),
-            source=source,
-            document=document,
-            global_batch_size=schedule,
-            state=state,
-        )
+        found = where(build(prefixes, order), source=source, document=document,
+                      global_batch_size=schedule, state=state)
         assert where_rows(found, 10) == held_by(served, source, document), (source, document)
     with pytest.raises(ConfigError, match="not a multiple"):  # 8 on 3 ranks of 2: no run
-        explain(
-            build(prefixes, order),
-            step=0,
-            global_batch_size=schedule,
-            micro_batch_size=2,
-            dp_size=3,
-        )
+        explain(build(prefixes, order), step=0, global_batch_size=schedule, micro_batch_size=2,
+                dp_size=3)
 
 
 @pytest.mark.parametrize("order", ["computed", "megatron"])
@@ -514,9 +507,7 @@ def test_a_resume_between_the_micro_batches_of_a_step_places_rows_as_served(pref
         received = sorted(rows, key=lambda r: r.sample)
         micros = [r.micro_batch for r in received]
         assert micros[0] == 0 and micros == sorted(micros), (step, micros)
-    step0 = sorted(
-        explain(make(), step=0, global_batch_size=G, state=state), key=lambda r: r.sample
-    )
+    step0 = sorted(explain(make(), step=0, global_batch_size=G, state=state), key=lambda r: r.sample)
     assert [(r.micro_batch, r.rank, r.row) for r in step0] == [
         (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (2, 0, 0), (2, 1, 0), (3, 0, 0), (3, 0, 1)
     ]  # fmt: skip

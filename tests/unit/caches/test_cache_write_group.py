@@ -32,24 +32,14 @@ from tokenload.format import atomic
 
 
 def _uid(path="gold/x", split="train"):
-    return gpt_identifiers(
-        dataset_path=path,
-        num_samples=40,
-        index_split=split,
-        random_seed=1,
-        sequence_length=8,
-        split=None,
-        split_matrix=None,
-        tokenizer=None,
-    )
+    return gpt_identifiers(dataset_path=path, num_samples=40, index_split=split, random_seed=1,
+                           sequence_length=8, split=None, split_matrix=None, tokenizer=None)
 
 
 def _arrays():
-    return {
-        "document_index": np.arange(6, dtype=np.int32),
-        "sample_index": np.array([[0, 0], [1, 3], [4, 2]], dtype=np.int32),
-        "shuffle_index": np.array([1, 0], dtype=np.uint32),
-    }
+    return {"document_index": np.arange(6, dtype=np.int32),
+            "sample_index": np.array([[0, 0], [1, 3], [4, 2]], dtype=np.int32),
+            "shuffle_index": np.array([1, 0], dtype=np.uint32)}
 
 
 class _Calls:
@@ -58,9 +48,7 @@ class _Calls:
     def __init__(self, monkeypatch):
         self.events: list[tuple[str, str]] = []
         real_fsync, real_replace, real_syncfs = os.fsync, os.replace, atomic.syncfs
-        monkeypatch.setattr(
-            atomic.os, "fsync", lambda fd: (self.events.append(("fsync", "")), real_fsync(fd))[1]
-        )
+        monkeypatch.setattr(atomic.os, "fsync", lambda fd: (self.events.append(("fsync", "")), real_fsync(fd))[1])
         monkeypatch.setattr(
             atomic.os,
             "replace",
@@ -68,9 +56,7 @@ class _Calls:
                 1
             ],
         )
-        monkeypatch.setattr(
-            atomic, "syncfs", lambda fd: (self.events.append(("syncfs", "")), real_syncfs(fd))[1]
-        )
+        monkeypatch.setattr(atomic, "syncfs", lambda fd: (self.events.append(("syncfs", "")), real_syncfs(fd))[1])
 
     def count(self, kind):
         return sum(1 for k, _ in self.events if k == kind)
@@ -91,9 +77,7 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_nothing_is_in_place_before_publish_then_everything_in_order(
-    tmp_path, monkeypatch, grouped_fs
-):
+def test_nothing_is_in_place_before_publish_then_everything_in_order(tmp_path, monkeypatch, grouped_fs):
     calls = _Calls(monkeypatch)
     writer = CacheWriter()
     one, two = CacheFiles.of(tmp_path, _uid("p1")), CacheFiles.of(tmp_path / "sub", _uid("p2"))
@@ -111,12 +95,8 @@ def test_nothing_is_in_place_before_publish_then_everything_in_order(
     for files in (one, two):
         mine = [n for n in renamed if n.startswith(files.hash)]
         assert [n.split("-", 3)[3] for n in mine] == [
-            "document_index.npy",
-            "sample_index.npy",
-            "shuffle_index.npy",
-            "tokenload.json",
-            "description.txt",
-        ]
+            "document_index.npy", "sample_index.npy", "shuffle_index.npy", "tokenload.json",
+            "description.txt"]
     assert renamed[-1] == "manifest.json"
     sync_at = next(i for i, (k, _) in enumerate(calls.events) if k == "syncfs")
     first_rename = next(i for i, (k, _) in enumerate(calls.events) if k == "rename")
@@ -147,9 +127,7 @@ def test_unsupported_filesystem_falls_back_to_fsync_per_file(tmp_path, monkeypat
     assert calls.count("syncfs") == 0 and calls.count("fsync") == 6
 
 
-def test_a_failed_syncfs_puts_nothing_in_place_and_leaves_no_temporary(
-    tmp_path, monkeypatch, grouped_fs
-):
+def test_a_failed_syncfs_puts_nothing_in_place_and_leaves_no_temporary(tmp_path, monkeypatch, grouped_fs):
     def broken(fd):
         raise OSError(errno.EIO, "Input/output error")
 
@@ -218,11 +196,8 @@ _CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("stop_after", [0, 2, 4])
 def test_kill_minus_9_during_publish_never_leaves_a_cache_that_looks_complete(tmp_path, stop_after):
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(tmp_path), str(stop_after)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), str(stop_after)],
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
     finally:
@@ -257,9 +232,7 @@ def test_listing_says_what_exists_without_a_lookup_per_file(tmp_path, monkeypatc
     gone = check_cache(files, description=describe(_uid()), fields={"x": 1}, listing=listing)
     assert gone.state is CacheState.STALE and "sample_index: unreadable" in gone.reasons[0]
     os.remove(files.sidecar)
-    no_sidecar = check_cache(
-        files, description=describe(_uid()), listing=list_folder(str(tmp_path))
-    )
+    no_sidecar = check_cache(files, description=describe(_uid()), listing=list_folder(str(tmp_path)))
     assert no_sidecar.state is CacheState.MISS and not no_sidecar.has_sidecar
 
 
@@ -269,9 +242,7 @@ def blend(tmp_path_factory):
     return write_small_blend(folder)
 
 
-def test_a_build_on_an_empty_cache_syncs_once_and_looks_nothing_up(
-    blend, tmp_path, monkeypatch, grouped_fs
-):
+def test_a_build_on_an_empty_cache_syncs_once_and_looks_nothing_up(blend, tmp_path, monkeypatch, grouped_fs):
     """auto, one process, 3 prefixes x 2 splits + 2 blends: 8 caches and the manifest, made
     durable by one syncfs and 2 folder fsyncs; the folder listed once, no file stat'ed, no mkdir
     of the existing folder; the datasets read what was published."""
@@ -279,15 +250,12 @@ def test_a_build_on_an_empty_cache_syncs_once_and_looks_nothing_up(
     listed, made = [], []
     real_listdir, real_makedirs = os.listdir, os.makedirs
     monkeypatch.setattr(cache_io.os, "listdir", lambda p: (listed.append(p), real_listdir(p))[1])
-    monkeypatch.setattr(
-        atomic.os, "makedirs", lambda p, **k: (made.append(p), real_makedirs(p, **k))[1]
-    )
+    monkeypatch.setattr(atomic.os, "makedirs", lambda p, **k: (made.append(p), real_makedirs(p, **k))[1])
     cache = tmp_path / "cache"
     cache.mkdir()
     blend_list = [x for n, w in (("a", "2"), ("b", "3"), ("c", "5")) for x in (w, str(blend / n))]
-    config = MegatronDataConfig(
-        sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999, path_to_cache=str(cache)
-    )
+    config = MegatronDataConfig(sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999,
+                                path_to_cache=str(cache))
     got = build_datasets(config, [200, 20, 0])
     assert calls.count("syncfs") == 1 and calls.count("fsync") == 2
     assert listed == [str(cache)] and made == []
@@ -296,9 +264,7 @@ def test_a_build_on_an_empty_cache_syncs_once_and_looks_nothing_up(
     again = build_datasets(config, [200, 20, 0])  # a hit, read from the published files
     for ds, other in zip(got[:2], again[:2]):
         items = list(range(len(ds)))
-        np.testing.assert_array_equal(
-            ds.__getitems__(items)["tokens"], other.__getitems__(items)["tokens"]
-        )
+        np.testing.assert_array_equal(ds.__getitems__(items)["tokens"], other.__getitems__(items)["tokens"])
     assert calls.count("rename") == 39  # nothing written again
 
 
@@ -307,9 +273,8 @@ def test_a_failed_build_publishes_nothing(blend, tmp_path, monkeypatch):
 
     cache = tmp_path / "cache"
     blend_list = [x for n, w in (("a", "2"), ("b", "3"), ("c", "5")) for x in (w, str(blend / n))]
-    config = MegatronDataConfig(
-        sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999, path_to_cache=str(cache)
-    )
+    config = MegatronDataConfig(sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999,
+                                path_to_cache=str(cache))
 
     def fail(*a, **k):
         raise RuntimeError("blending failed")
@@ -325,29 +290,20 @@ def test_a_writing_build_removes_the_cache_temporaries_killed_writers_left(blend
 
     cache = tmp_path / "cache"
     cache.mkdir()
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
     md5 = "0123456789abcdef0123456789abcdef"
     host = host_name()
-    stale = [
-        f".{md5}-GPTDataset-train-sample_index.npy.tmp-{host}-{dead}-0000abcd",
-        f".{md5}-tokenload-build.json.tmp-{host}-{dead}-0000abce",
-    ]
-    kept = [
-        f".{md5}-GPTDataset-train-sample_index.npy.tmp-{host}-{os.getpid()}-0000abcf",  # live
-        f".p0001.idx.tmp-{host}-{dead}-0000abd0.ready",  # a token file's publish: not ours
-        f".p0001.bin.tmp-{host}-{dead}-0000abd0",
-    ]
+    stale = [f".{md5}-GPTDataset-train-sample_index.npy.tmp-{host}-{dead}-0000abcd",
+             f".{md5}-tokenload-build.json.tmp-{host}-{dead}-0000abce"]
+    kept = [f".{md5}-GPTDataset-train-sample_index.npy.tmp-{host}-{os.getpid()}-0000abcf",  # live
+            f".p0001.idx.tmp-{host}-{dead}-0000abd0.ready",  # a token file's publish: not ours
+            f".p0001.bin.tmp-{host}-{dead}-0000abd0"]
     for name in stale + kept:
         (cache / name).write_bytes(b"x")
     blend_list = [x for n, w in (("a", "2"), ("b", "3")) for x in (w, str(blend / n))]
-    config = MegatronDataConfig(
-        sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999, path_to_cache=str(cache)
-    )
+    config = MegatronDataConfig(sequence_length=8, blend=blend_list, split="90,10,0", eod_id=999,
+                                path_to_cache=str(cache))
     build_datasets(config, [100, 10, 0])
     hidden = sorted(n for n in os.listdir(cache) if n.startswith("."))
     assert hidden == sorted(kept)
@@ -356,9 +312,7 @@ def test_a_writing_build_removes_the_cache_temporaries_killed_writers_left(blend
 def test_large_files_start_their_writeback_when_written(tmp_path, monkeypatch, grouped_fs):
     started = []
     real = atomic.start_writeback
-    monkeypatch.setattr(
-        atomic, "start_writeback", lambda fd: (started.append(os.fstat(fd).st_size), real(fd))[1]
-    )
+    monkeypatch.setattr(atomic, "start_writeback", lambda fd: (started.append(os.fstat(fd).st_size), real(fd))[1])
     group = atomic.WriteGroup()
     group.write(tmp_path / "big", lambda f: f.write(bytes(atomic.EARLY_WRITEBACK_BYTES)))
     group.write(tmp_path / "small", lambda f: f.write(b"x"))
@@ -368,17 +322,13 @@ def test_large_files_start_their_writeback_when_written(tmp_path, monkeypatch, g
     assert (tmp_path / "small").read_bytes() == b"x"
 
 
-def test_a_small_group_fsyncs_its_open_files_and_never_syncs_the_filesystem(
-    tmp_path, monkeypatch, grouped_fs
-):
+def test_a_small_group_fsyncs_its_open_files_and_never_syncs_the_filesystem(tmp_path, monkeypatch, grouped_fs):
     """Up to KEEP_OPEN files: each kept open and fsynced at publish (no wait for other writers'
     pages), none reopened; no descriptor left open after publish or discard."""
     calls = _Calls(monkeypatch)
     opened = []
     real_open = os.open
-    monkeypatch.setattr(
-        atomic.os, "open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1]
-    )
+    monkeypatch.setattr(atomic.os, "open", lambda p, *a, **k: (opened.append(str(p)), real_open(p, *a, **k))[1])
     before = _open_fds()
     files = CacheFiles.of(tmp_path, _uid())
     writer = CacheWriter()
@@ -396,18 +346,13 @@ def test_a_small_group_fsyncs_its_open_files_and_never_syncs_the_filesystem(
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
 
 
-def test_a_large_group_fsyncs_each_file_when_other_writers_dirty_the_system(
-    tmp_path, monkeypatch, grouped_fs
-):
+def test_a_large_group_fsyncs_each_file_when_other_writers_dirty_the_system(tmp_path, monkeypatch, grouped_fs):
     monkeypatch.setattr(atomic, "dirty_bytes", lambda: atomic.FOREIGN_DIRTY_BYTES + (1 << 30))
     calls = _Calls(monkeypatch)
     writer = CacheWriter()
     for split in ("train", "valid"):
-        writer.add(
-            CacheFiles.of(tmp_path, _uid(split=split)),
-            description=describe(_uid(split=split)),
-            arrays=_arrays(),
-        )
+        writer.add(CacheFiles.of(tmp_path, _uid(split=split)), description=describe(_uid(split=split)),
+                   arrays=_arrays())
     writer.publish()
     assert calls.count("syncfs") == 0 and calls.count("fsync") == 10 + 1
     for split in ("train", "valid"):

@@ -32,14 +32,8 @@ def data(tmp_path_factory):
 
 def _config(data, cache_folder, **kw) -> MegatronDataConfig:
     blend = [x for n, w in (("a", "2"), ("b", "3"), ("c", "5")) for x in (w, str(data / n))]
-    return MegatronDataConfig(
-        sequence_length=8,
-        blend=blend,
-        split="90,10,0",
-        eod_id=999,
-        path_to_cache=None if cache_folder is None else str(cache_folder),
-        **kw,
-    )
+    return MegatronDataConfig(sequence_length=8, blend=blend, split="90,10,0", eod_id=999,
+                              path_to_cache=None if cache_folder is None else str(cache_folder), **kw)
 
 
 def _tokens(ds) -> np.ndarray:
@@ -90,19 +84,12 @@ def _opens(fn):
 # -- roles -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("policy", "rank", "local_rank", "expected"),
-    [
-        ("auto", 0, 0, (Role.WRITE, False)),
-        ("auto", 3, 1, (Role.CHECK, False)),
-        ("rank0", 0, 0, (Role.WRITE, True)),
-        ("rank0", 2, 0, (Role.READ, True)),
-        ("local-rank0", 2, 0, (Role.WRITE, True)),
-        ("local-rank0", 3, 1, (Role.READ, True)),
-        ("every-rank", 0, 0, (Role.MEMORY, False)),
-        ("none", 0, 0, (Role.READ, False)),
-    ],
-)
+@pytest.mark.parametrize(("policy", "rank", "local_rank", "expected"), [
+    ("auto", 0, 0, (Role.WRITE, False)), ("auto", 3, 1, (Role.CHECK, False)),
+    ("rank0", 0, 0, (Role.WRITE, True)), ("rank0", 2, 0, (Role.READ, True)),
+    ("local-rank0", 2, 0, (Role.WRITE, True)), ("local-rank0", 3, 1, (Role.READ, True)),
+    ("every-rank", 0, 0, (Role.MEMORY, False)), ("none", 0, 0, (Role.READ, False)),
+])
 def test_each_policy_gives_each_rank_one_role(policy, rank, local_rank, expected):
     world = World(rank=rank, world_size=4, local_rank=local_rank, local_world_size=2)
     assert resolve(policy, world, "auto") == expected
@@ -143,9 +130,7 @@ def test_barrier_policy_without_a_process_group_is_a_config_error_before_any_wor
     assert not (tmp_path / "c").exists()
 
 
-def test_rank0_writer_builds_then_waits_once_and_readers_wait_then_load(
-    data, tmp_path, monkeypatch, reference
-):
+def test_rank0_writer_builds_then_waits_once_and_readers_wait_then_load(data, tmp_path, monkeypatch, reference):
     barriers = _Barriers(monkeypatch)
     _world(monkeypatch, rank=1, world_size=2, local_rank=1, local_world_size=2)
     with pytest.raises(CacheError, match="after the writer's build"):  # nothing was written yet
@@ -155,20 +140,14 @@ def test_rank0_writer_builds_then_waits_once_and_readers_wait_then_load(
     build_datasets(_config(data, tmp_path, build_policy="rank0"), SIZES)
     assert barriers.count == 2
     _world(monkeypatch, rank=1, world_size=2, local_rank=1, local_world_size=2)
-    loaded, opened = _opens(
-        lambda: build_datasets(_config(data, tmp_path, build_policy="rank0"), SIZES)
-    )
+    loaded, opened = _opens(lambda: build_datasets(_config(data, tmp_path, build_policy="rank0"), SIZES))
     assert barriers.count == 3
-    assert [p for p in opened if p.startswith(str(tmp_path))] == [
-        str(next(tmp_path.glob("*-tokenload-build.json")))
-    ]
+    assert [p for p in opened if p.startswith(str(tmp_path))] == [str(next(tmp_path.glob("*-tokenload-build.json")))]
     for got, want in zip(loaded, reference):
         np.testing.assert_array_equal(_tokens(got), want)
 
 
-def test_auto_on_a_miss_writes_only_on_rank0_and_never_waits(
-    data, tmp_path, monkeypatch, reference
-):
+def test_auto_on_a_miss_writes_only_on_rank0_and_never_waits(data, tmp_path, monkeypatch, reference):
     barriers = _Barriers(monkeypatch)
     _world(monkeypatch, rank=3, world_size=4, local_rank=1, local_world_size=2)
     other = build_datasets(_config(data, tmp_path / "c"), SIZES)
@@ -187,9 +166,7 @@ def test_auto_on_a_miss_writes_only_on_rank0_and_never_waits(
 
 
 def test_every_rank_reads_and_writes_no_cache(data, tmp_path, reference):
-    built, opened = _opens(
-        lambda: build_datasets(_config(data, tmp_path, build_policy="every-rank"), SIZES)
-    )
+    built, opened = _opens(lambda: build_datasets(_config(data, tmp_path, build_policy="every-rank"), SIZES))
     assert not [p for p in opened if p.startswith(str(tmp_path))] and not os.listdir(tmp_path)
     np.testing.assert_array_equal(_tokens(built[0]), reference[0])
 
@@ -201,9 +178,7 @@ def test_none_on_a_missing_cache_lists_the_files_and_the_prepare_command(data, t
     with pytest.raises(CacheError) as info:
         build_datasets(_config(data, tmp_path, build_policy="none"), SIZES)
     text = str(info.value)
-    assert (
-        "build_policy='none' loads index caches only, and 8 are missing" in text
-    )  # 3 x 2 + 2 blends
+    assert "build_policy='none' loads index caches only, and 8 are missing" in text  # 3 x 2 + 2 blends
     assert "GPTDataset-train: missing" in text and "-description.txt" in text
     assert f"tokenload prepare-cache --data-path 2 {data / 'a'} 3" in text
     assert f"--split 90,10,0 --seq-length 8 --seed 1234 --data-cache-path {tmp_path}" in text
@@ -223,9 +198,7 @@ def test_prepare_command_follows_megatrons_sample_arithmetic(data):
 
 def test_none_loads_from_one_open_with_lengths_before_any_mapping(data, tmp_path, reference):
     built = build_datasets(_config(data, tmp_path), SIZES)
-    splits, opened = _opens(
-        lambda: build_datasets(_config(data, tmp_path, build_policy="none"), SIZES)
-    )
+    splits, opened = _opens(lambda: build_datasets(_config(data, tmp_path, build_policy="none"), SIZES))
     assert opened == [str(next(tmp_path.glob("*-tokenload-build.json")))]
     train = splits[0]
     assert [len(d) for d in splits[:2]] == [len(d) for d in built[:2]]
@@ -290,13 +263,7 @@ def test_samples_per_epoch_and_startup_phases(data, tmp_path, policy):
     train, valid, _ = build_datasets(_config(data, tmp_path, build_policy=policy), SIZES)
     for member in train.datasets:
         assert member.samples_per_epoch == member.samples_per_epoch_from_index()
-    assert set(train.startup_phases) <= {
-        "header_reads",
-        "index_build",
-        "index_load",
-        "cache_write",
-        "barrier",
-    }
+    assert set(train.startup_phases) <= {"header_reads", "index_build", "index_load", "cache_write", "barrier"}
     assert "index_load" in train.startup_phases and train.startup_phases is valid.startup_phases
     json.dumps(train.startup_phases)
 
@@ -308,14 +275,8 @@ def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, 
 
     from support import run_cli
 
-    cfg = _config(
-        data, tmp_path, build_policy="none", tokenizer={"class": "t", "vocab_size": "1000"}
-    )
-    sizes = [
-        200,
-        (200 // 100 + 1) * 10,
-        10,
-    ]  # Megatron's arithmetic: eval every 100 iterations, 10 each
+    cfg = _config(data, tmp_path, build_policy="none", tokenizer={"class": "t", "vocab_size": "1000"})
+    sizes = [200, (200 // 100 + 1) * 10, 10]  # Megatron's arithmetic: eval every 100 iterations, 10 each
     with pytest.raises(CacheError) as info:
         build_datasets(cfg, sizes)
     command = info.value.hint.split("with: ", 1)[1].split("  (or", 1)[0]
@@ -329,9 +290,7 @@ def test_the_command_in_the_none_error_prepares_what_none_loads(data, tmp_path, 
     np.testing.assert_array_equal(_tokens(splits[0]), reference[0])
 
 
-def test_auto_writer_whose_background_write_fails_runs_on_from_memory(
-    data, tmp_path, monkeypatch, reference, caplog
-):
+def test_auto_writer_whose_background_write_fails_runs_on_from_memory(data, tmp_path, monkeypatch, reference, caplog):
     import errno
 
     import tokenload.datasets.megatron.cache_rules as index_cache
@@ -347,10 +306,7 @@ def test_auto_writer_whose_background_write_fails_runs_on_from_memory(
     for ds, want in zip(got, reference):
         np.testing.assert_array_equal(_tokens(ds), want)
     assert not list((tmp_path / "c").glob("*-tokenload-build.json"))
-    assert any(
-        "index cache not written" in r.getMessage() and "No space" in r.getMessage()
-        for r in caplog.records
-    )
+    assert any("index cache not written" in r.getMessage() and "No space" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("cached", [True, False])
@@ -371,14 +327,9 @@ def test_the_command_in_the_none_error_works_with_a_spaced_split_and_any_cache_f
         for ext in (".bin", ".idx"):
             os.link(data / f"{n}{ext}", folder / f"{n}{ext}")
     blend = [x for n, w in (("a", "2"), ("b", "3"), ("c", "5")) for x in (w, str(folder / n))]
-    cfg = MegatronDataConfig(
-        sequence_length=8,
-        blend=blend,
-        split="90, 10, 0",
-        eod_id=999,
-        build_policy="none",
-        path_to_cache=str(tmp_path / "c") if cached else None,
-    )
+    cfg = MegatronDataConfig(sequence_length=8, blend=blend, split="90, 10, 0", eod_id=999,
+                             build_policy="none",
+                             path_to_cache=str(tmp_path / "c") if cached else None)
     sizes = [200, (200 // 100 + 1) * 10, 10]
     with pytest.raises(CacheError) as info:
         build_datasets(cfg, sizes)

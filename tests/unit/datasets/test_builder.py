@@ -48,9 +48,7 @@ def test_builder_matches_megatron(case, tmp_path, monkeypatch):
         if rec["class"] == "BlendedDataset":
             assert isinstance(ds, BlendedDataset)
             np.testing.assert_array_equal(ds.dataset_index, ARRAYS[f"{key}/dataset_index"])
-            np.testing.assert_array_equal(
-                ds.dataset_sample_index, ARRAYS[f"{key}/dataset_sample_index"]
-            )
+            np.testing.assert_array_equal(ds.dataset_sample_index, ARRAYS[f"{key}/dataset_sample_index"])
         else:
             for a in ("document_index", "sample_index", "shuffle_index"):
                 got, want = getattr(ds, a), ARRAYS[f"{key}/{a}"]
@@ -77,16 +75,12 @@ def test_megatron_cache_folder_loads_with_identical_items(tmp_path, monkeypatch)
     shutil.copytree(MEG / "cache" / "index_cache", cache)
     before = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
     monkeypatch.chdir(ORDER)
-    splits = build_datasets(
-        _config(expected["config"], cache, cache="strict"), expected["config"]["sizes"]
-    )
+    splits = build_datasets(_config(expected["config"], cache, cache="strict"), expected["config"]["sizes"])
     after = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
     added = [n for n in after if n not in before]
     assert [n.endswith("-tokenload-build.json") for n in added] == [True]  # the manifest only
     assert {n: after[n] for n in before} == before  # loaded, nothing rebuilt
-    fast = build_datasets(
-        _config(expected["config"], cache, build_policy="none"), expected["config"]["sizes"]
-    )
+    fast = build_datasets(_config(expected["config"], cache, build_policy="none"), expected["config"]["sizes"])
     assert [len(d) for d in fast] == [len(d) for d in splits]
     for name, ds in zip(("train", "valid", "test"), splits):
         rec = expected["splits"][name]
@@ -107,9 +101,7 @@ def test_cache_is_reused_and_stale_cache_is_never_silently_used(tmp_path, monkey
     cache = tmp_path / "c"
     build_datasets(_config(case["config"], cache), case["config"]["sizes"])
     stamps = {n: os.path.getmtime(cache / n) for n in os.listdir(cache)}
-    train, _, _ = build_datasets(
-        _config(case["config"], cache, cache="strict"), case["config"]["sizes"]
-    )
+    train, _, _ = build_datasets(_config(case["config"], cache, cache="strict"), case["config"]["sizes"])
     assert {n: os.path.getmtime(cache / n) for n in os.listdir(cache)} == stamps
     # Megatron's hash forgets add_extra_token: the same file names, different arrays.
     other = dict(case["config"], add_extra_token_to_sequence=False)
@@ -119,9 +111,7 @@ def test_cache_is_reused_and_stale_cache_is_never_silently_used(tmp_path, monkey
     rebuilt, _, _ = build_datasets(_config(other, cache), other["sizes"])
     fresh, _, _ = build_datasets(_config(other, tmp_path / "fresh", cache="off"), other["sizes"])
     np.testing.assert_array_equal(rebuilt.sample_index, fresh.sample_index)
-    original, _, _ = build_datasets(
-        _config(case["config"], tmp_path / "orig", cache="off"), case["config"]["sizes"]
-    )
+    original, _, _ = build_datasets(_config(case["config"], tmp_path / "orig", cache="off"), case["config"]["sizes"])
     assert len(train) == len(original)
     assert not np.array_equal(rebuilt.sample_index, original.sample_index)
 
@@ -157,20 +147,14 @@ def test_a_blend_of_uint16_and_int32_files_serves_megatron_cores_samples(tmp_pat
     fmt = FIXTURES / "megatron" / "format"
     u16, i32 = str(fmt / "random_u16"), str(fmt / "int32_large")
     for options in ({"cache": "off"}, {"path_to_cache": str(tmp_path / "c")}):
-        cfg = MegatronDataConfig(
-            sequence_length=4,
-            random_seed=1234,
-            split="100,0,0",
-            blend=["1.0", u16, "1.0", i32],
-            **options,
-        )
+        cfg = MegatronDataConfig(sequence_length=4, random_seed=1234, split="100,0,0",
+                                 blend=["1.0", u16, "1.0", i32], **options)
         train = build_datasets(cfg, [40, 0, 0])[0]
         assert len(train) == len(expected["samples"])
         got = train.__getitems__(list(range(len(train))))
         assert str(got["tokens"].dtype) == expected["token_dtype"] == str(train[1]["tokens"].dtype)
-        assert [
-            [t.tolist(), lab.tolist()] for t, lab in zip(got["tokens"], got["labels"], strict=True)
-        ] == expected["samples"]
+        assert [[t.tolist(), lab.tolist()] for t, lab in zip(got["tokens"], got["labels"],
+                                                              strict=True)] == expected["samples"]
         assert max(map(max, got["tokens"].tolist())) > 65535  # the int32 file's samples are there
 
 
@@ -180,16 +164,11 @@ def test_unwritable_cache_folder_is_a_config_error(tmp_path):
     a = write_documents(tmp_path / "a", [[1, 2, 3, 4]] * 20)
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the cache folder should be")
-    cfg = MegatronDataConfig(
-        sequence_length=4, blend=[a], split="1,0,0", path_to_cache=str(blocker / "cache")
-    )
+    cfg = MegatronDataConfig(sequence_length=4, blend=[a], split="1,0,0", path_to_cache=str(blocker / "cache"))
     with pytest.raises(ConfigError, match="cannot write the index cache") as info:
         build_datasets(cfg, [10, 0, 0])
     assert isinstance(info.value, CacheError) and "HINT" in str(info.value)
-    assert (
-        build_datasets(MegatronDataConfig(**{**cfg.__dict__, "cache": "off"}), [10, 0, 0])[0]
-        is not None
-    )
+    assert build_datasets(MegatronDataConfig(**{**cfg.__dict__, "cache": "off"}), [10, 0, 0])[0] is not None
 
 
 @pytest.mark.parametrize("packing", ["concat", "best-fit"])
@@ -206,22 +185,12 @@ def test_a_mixed_dtype_blend_loads_as_the_same_blend_in_one_dtype(tmp_path, pack
     batches = []
     for dtype in (np.uint16, np.int32):
         a = write_documents(tmp_path / f"a-{np.dtype(dtype).name}", docs, dtype=dtype)
-        cfg = MegatronDataConfig(
-            sequence_length=16,
-            blend=["1", a, "2", b],
-            split="100,0,0",
-            packing=packing,
-            cache="off",
-        )
-        loader = build_dataloader(
-            build_datasets(cfg, [200, 0, 0])[0], micro_batch_size=4, num_workers=0
-        )
-        batches.append(
-            [
-                {k: (str(v.dtype), v.tolist()) for k, v in batch.items() if hasattr(v, "dtype")}
-                for batch in loader
-            ]
-        )
+        cfg = MegatronDataConfig(sequence_length=16, blend=["1", a, "2", b], split="100,0,0",
+                                 packing=packing, cache="off")
+        loader = build_dataloader(build_datasets(cfg, [200, 0, 0])[0], micro_batch_size=4,
+                                  num_workers=0)
+        batches.append([{k: (str(v.dtype), v.tolist()) for k, v in batch.items()
+                         if hasattr(v, "dtype")} for batch in loader])
     assert batches[0] == batches[1] and len(batches[0]) >= 50
     assert {b["tokens"][0] for b in batches[0]} == {"torch.int64"}
 
@@ -243,26 +212,17 @@ def test_the_computed_order_serves_a_mixed_dtype_blend(tmp_path, packing):
     }
     a = write_documents(tmp_path / "a", docs[0], dtype=np.uint16)
     b = write_documents(tmp_path / "b", docs[1], dtype=np.int32)
-    cfg = MegatronDataConfig(
-        sequence_length=16,
-        blend=["1", a, "2", b],
-        split="100,0,0",
-        packing=packing,
-        order="computed",
-        eod_id=None,
-    )
-    loader = build_dataloader(
-        build_datasets(cfg, [240, 0, 0])[0], micro_batch_size=4, num_workers=0
-    )
+    cfg = MegatronDataConfig(sequence_length=16, blend=["1", a, "2", b], split="100,0,0",
+                             packing=packing, order="computed", eod_id=None)
+    loader = build_dataloader(build_datasets(cfg, [240, 0, 0])[0], micro_batch_size=4,
+                              num_workers=0)
     streams = {d: np.concatenate([np.array(x, dtype=np.int64) for x in docs[d]]) for d in docs}
-    stretches = {
-        d: {tuple(streams[d][i : i + 16]) for i in range(streams[d].size - 15)} for d in docs
-    }
+    stretches = {d: {tuple(streams[d][i : i + 16]) for i in range(streams[d].size - 15)}
+                 for d in docs}
     rows = 0
     for batch in loader:
-        for tokens, source, mask in zip(
-            batch["tokens"].numpy(), batch["dataset_id"].numpy(), batch["loss_mask"].numpy()
-        ):
+        for tokens, source, mask in zip(batch["tokens"].numpy(), batch["dataset_id"].numpy(),
+                                        batch["loss_mask"].numpy()):
             held = tokens[mask > 0] if packing == "best-fit" else tokens
             low, high = (1, 999) if source == 0 else (70_000, 199_999)
             assert ((held >= low) & (held <= high)).all(), (source, held)
@@ -282,30 +242,16 @@ def test_a_blend_member_with_an_empty_split_asked_for_0_samples(tmp_path, add_ex
     from support import write_documents
 
     rng = np.random.default_rng(0)
-    big = write_documents(
-        tmp_path / "big", [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(400)]
-    )
+    big = write_documents(tmp_path / "big", [rng.integers(0, 250, rng.integers(20, 400)) for _ in range(400)])
     small = write_documents(tmp_path / "small", [np.arange(1, 30)] * 100)
-    cfg = MegatronDataConfig(
-        sequence_length=64,
-        blend=["0.4", big, "0.6", small],
-        split="969,30,1",
-        add_extra_token=add_extra_token,
-        path_to_cache=str(tmp_path / "c"),
-    )
+    cfg = MegatronDataConfig(sequence_length=64, blend=["0.4", big, "0.6", small], split="969,30,1",
+                             add_extra_token=add_extra_token, path_to_cache=str(tmp_path / "c"))
     if add_extra_token:
-        with pytest.raises(
-            ConfigError,
-            match=r"the test split of .*big holds no tokens .*even 0 samples need"
-            r" 1 token with add_extra_token \(megatron-core loops forever\)",
-        ) as info:
+        with pytest.raises(ConfigError, match=r"the test split of .*big holds no tokens .*even 0 samples need"
+                           r" 1 token with add_extra_token \(megatron-core loops forever\)") as info:
             build_datasets(cfg, [50, 0, 0])
         assert "give the test split a weight of 0 in the split string" in str(info.value)
     else:
         assert [len(d) for d in build_datasets(cfg, [50, 0, 0])] == [50, 0, 0]
     packed = MegatronDataConfig(**{**cfg.__dict__, "packing": "best-fit"})
-    assert [len(d) for d in build_datasets(packed, [50, 0, 0])] == [
-        50,
-        0,
-        0,
-    ]  # not megatron-core's rule
+    assert [len(d) for d in build_datasets(packed, [50, 0, 0])] == [50, 0, 0]  # not megatron-core's rule

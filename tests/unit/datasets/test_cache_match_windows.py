@@ -43,12 +43,8 @@ def _reported(reasons):
         return None
     (reason,) = reasons
     sample = re.search(r"sample (\d+)", reason)
-    for kind, words in (
-        ("range", "outside the document index"),
-        ("back", "earlier document"),
-        ("offset", "starts at offset"),
-        ("position", "stream position"),
-    ):
+    for kind, words in (("range", "outside the document index"), ("back", "earlier document"),
+                        ("offset", "starts at offset"), ("position", "stream position")):
         if words in reason:
             return kind, (int(sample.group(1)) if kind != "range" else None)
     raise AssertionError(reason)
@@ -61,22 +57,14 @@ def _case(seed):
     lengths = rng.integers(1, 12 if short else 90, size=count + 7).astype(np.int32)
     begin = int(rng.integers(0, 7))
     sequence_length = int(rng.integers(5, 30)) if short else int(rng.integers(2, 9))
-    config = GPTIndexConfig(
-        sequence_length=sequence_length,
-        random_seed=seed,
-        drop_last=bool(seed % 3),
-        add_extra_token=bool(seed % 5),
-    )
+    config = GPTIndexConfig(sequence_length=sequence_length, random_seed=seed,
+                            drop_last=bool(seed % 3), add_extra_token=bool(seed % 5))
     per_epoch = (int(lengths[begin : begin + count].sum()) - config.extra) // sequence_length
     num_samples = None if seed % 4 == 1 else int(per_epoch * rng.uniform(1, 3.5))
-    idx = build_gpt_indices(
-        lengths, np.arange(begin, begin + count), num_samples=num_samples, config=config
-    )
-    arrays = {
-        "document_index": idx.document_index,
-        "sample_index": idx.sample_index,
-        "shuffle_index": idx.shuffle_index,
-    }
+    idx = build_gpt_indices(lengths, np.arange(begin, begin + count), num_samples=num_samples,
+                            config=config)
+    arrays = {"document_index": idx.document_index, "sample_index": idx.sample_index,
+              "shuffle_index": idx.shuffle_index}
     return rng, lengths, begin, begin + count, sequence_length, config.extra, arrays
 
 
@@ -87,12 +75,8 @@ def _damages(rng, arrays, lengths, begin, end):
     yield "none", arrays, lengths
     for _ in range(2):
         k = int(rng.integers(0, n))
-        for name, column, delta in (
-            ("offset +1", 1, 1),
-            ("offset -1", 1, -1),
-            ("position +1", 0, 1),
-            ("position -1", 0, -1),
-        ):
+        for name, column, delta in (("offset +1", 1, 1), ("offset -1", 1, -1),
+                                    ("position +1", 0, 1), ("position -1", 0, -1)):
             changed = samples.copy()
             changed[k, column] += delta
             yield f"{name} at {k}", {**arrays, "sample_index": changed}, lengths
@@ -114,12 +98,10 @@ def test_windows_say_what_the_sample_model_says(monkeypatch, seed, window):
     monkeypatch.setattr(cache_match, "_ROWS", window[1])
     rng, lengths, begin, end, sequence_length, extra, arrays = _case(seed)
     for name, damaged, file_lengths in _damages(rng, arrays, lengths, begin, end):
-        reasons = cache_match.gpt_cache_mismatches(
-            damaged, file_lengths, begin, end, sequence_length=sequence_length, extra=extra
-        )
-        wrong = _model(
-            file_lengths, damaged["document_index"], damaged["sample_index"], sequence_length, extra
-        )
+        reasons = cache_match.gpt_cache_mismatches(damaged, file_lengths, begin, end,
+                                                   sequence_length=sequence_length, extra=extra)
+        wrong = _model(file_lengths, damaged["document_index"], damaged["sample_index"],
+                       sequence_length, extra)
         if name == "none":
             assert reasons == [] and wrong == set()
         reported = _reported(reasons)

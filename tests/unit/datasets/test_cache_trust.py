@@ -136,10 +136,8 @@ def test_the_megatron_cache_check_names_the_array_and_the_sample(tmp_path):
     build_datasets(_config(prefix, path_to_cache=str(cache)), [200, 20, 0])
     _without_sidecars(cache)
     _megatron_file(prefix, _reordered(docs))
-    named = (
-        r"stale: sample_index: sample \d+ starts at (stream position|offset) \d+ .*in the "
-        r"current token file.*checked against the current token file"
-    )
+    named = (r"stale: sample_index: sample \d+ starts at (stream position|offset) \d+ .*in the "
+             r"current token file.*checked against the current token file")
     with pytest.raises(CacheError, match=named):
         build_datasets(_config(prefix, path_to_cache=str(cache), cache="strict"), [200, 20, 0])
 
@@ -256,14 +254,8 @@ GPT_DAMAGE = {
     "document_index, bits flipped (negative: NumPy would wrap)": ("document_index", np.invert),
     "document_index past the file": ("document_index", lambda a: a + 1000),
     "sample_index, bits flipped": ("sample_index", np.invert),
-    "sample_index offsets past their sequence": (
-        "sample_index",
-        lambda a: a + np.array([[0, 5000]]),
-    ),
-    "sample_index positions past the document index": (
-        "sample_index",
-        lambda a: a + np.array([[10**6, 0]]),
-    ),
+    "sample_index offsets past their sequence": ("sample_index", lambda a: a + np.array([[0, 5000]])),
+    "sample_index positions past the document index": ("sample_index", lambda a: a + np.array([[10**6, 0]])),
     "sample_index, a sample ending before it starts": ("sample_index", lambda a: a[::-1]),
     "shuffle_index, bits flipped": ("shuffle_index", np.invert),
 }
@@ -272,10 +264,8 @@ GPT_DAMAGE = {
 IN_RANGE_DAMAGE = {
     "shuffle_index, one entry duplicated": ("shuffle_index", lambda a: np.r_[a[:5], a[6], a[6:]]),
     "document_index, two entries swapped": ("document_index", lambda a: np.r_[a[1], a[0], a[2:]]),
-    "sample_index, one offset moved by one": (
-        "sample_index",
-        lambda a: a + (np.arange(a.size).reshape(a.shape) == 7),
-    ),
+    "sample_index, one offset moved by one":
+        ("sample_index", lambda a: a + (np.arange(a.size).reshape(a.shape) == 7)),
 }
 ALL_DAMAGE = {**GPT_DAMAGE, **IN_RANGE_DAMAGE}
 
@@ -483,9 +473,7 @@ def test_an_empty_split_fails_before_any_cache_is_written(tmp_path):
     prefix = write_documents(tmp_path / "tiny", [[1, 2, 3, 4, 5]] * 10)
     cache = tmp_path / "cache"
     cache.mkdir()
-    cfg = MegatronDataConfig(
-        sequence_length=4, blend=[prefix], split="90,9,1", path_to_cache=str(cache)
-    )
+    cfg = MegatronDataConfig(sequence_length=4, blend=[prefix], split="90,9,1", path_to_cache=str(cache))
     with pytest.raises(ConfigError, match="test split"):
         build_datasets(cfg, [20, 2, 3])
     assert not [p for p in cache.rglob("*") if p.is_file()]

@@ -23,19 +23,14 @@ from tokenload.index.splits import split_matrix, split_ranges
 
 EOD = 0
 ALL_OPTIONS = dict(
-    eod_mask_loss=True,
-    reset_position_ids=True,
-    reset_attention_mask=True,
-    create_attention_mask=True,
+    eod_mask_loss=True, reset_position_ids=True, reset_attention_mask=True, create_attention_mask=True,
 )
 
 
 def _documents(seed: int, count: int, vocab: int = 900) -> list[np.ndarray]:
     """Documents that end with EOD, as preprocess writes them (tokens 1..vocab-1 inside)."""
     rng = np.random.default_rng(seed)
-    return [
-        np.append(rng.integers(1, vocab, size=int(n)), EOD) for n in rng.integers(0, 60, size=count)
-    ]
+    return [np.append(rng.integers(1, vocab, size=int(n)), EOD) for n in rng.integers(0, 60, size=count)]
 
 
 @pytest.fixture
@@ -50,9 +45,7 @@ def files(tmp_path):
 
 def _config(blend, **kw) -> MegatronDataConfig:
     kw.setdefault("split", "90,8,2")
-    return MegatronDataConfig(
-        sequence_length=kw.pop("sequence_length", 16), blend=blend, eod_id=EOD, **kw
-    )
+    return MegatronDataConfig(sequence_length=kw.pop("sequence_length", 16), blend=blend, eod_id=EOD, **kw)
 
 
 def test_windows_are_the_split_stream_cut_every_s_tokens(files):
@@ -74,13 +67,9 @@ def test_windows_are_the_split_stream_cut_every_s_tokens(files):
 
 @pytest.mark.parametrize("add_extra_token", [True, False])
 @pytest.mark.parametrize(
-    "options",
-    [{}, ALL_OPTIONS, dict(inter_document_masking=True, eod_mask_loss=True)],
-    ids=["plain", "mask", "cu"],
+    "options", [{}, ALL_OPTIONS, dict(inter_document_masking=True, eod_mask_loss=True)], ids=["plain", "mask", "cu"]
 )
-def test_items_equal_the_megatron_orders_items_of_the_same_tokens_and_boundaries(
-    files, options, add_extra_token
-):
+def test_items_equal_the_megatron_orders_items_of_the_same_tokens_and_boundaries(files, options, add_extra_token):
     prefix = next(iter(files))
     cfg = _config([prefix], add_extra_token=add_extra_token, **options)
     ds = build_computed_datasets(cfg, [100, 10, 10])[0]
@@ -113,9 +102,7 @@ def first_token(ends: np.ndarray, first: np.ndarray, sample: int) -> int:
 
 
 def test_mock_data_matches_the_mock_sources_tokens():
-    cfg = MegatronDataConfig(
-        sequence_length=64, vocab_size=1000, eod_id=999, inter_document_masking=True
-    )
+    cfg = MegatronDataConfig(sequence_length=64, vocab_size=1000, eod_id=999, inter_document_masking=True)
     train, valid, test = build_computed_datasets(cfg, [1000, 100, 100])
     assert all(isinstance(d, ComputedGPTDataset) for d in (train, valid, test))
     batch = train.read_batch(np.arange(50))["windows"]
@@ -161,9 +148,7 @@ def test_no_file_is_opened_until_a_sample_touches_it(files, tmp_path, monkeypatc
     write_sequences(sequences, {p: counts_of(TokenFile(p)) for p in prefixes})
     offsets = []
     real = extents.os.pread
-    monkeypatch.setattr(
-        extents.os, "pread", lambda fd, n, off: offsets.append(off) or real(fd, n, off)
-    )
+    monkeypatch.setattr(extents.os, "pread", lambda fd, n, off: offsets.append(off) or real(fd, n, off))
     for path in (None, str(sequences)):
         offsets.clear()
         blend = ["99", prefixes[0], "1", prefixes[1]]
@@ -206,16 +191,12 @@ def test_fingerprints_follow_content_and_configuration_not_paths(files, tmp_path
         build_computed_datasets(_config([prefix]), [10, 10, 10], block_size=4)[0],
     ):
         assert changed.fingerprint != a.fingerprint
-    assert (
-        a.fingerprint != build_datasets(_config([prefix], cache="off"), [10, 10, 10])[0].fingerprint
-    )
+    assert a.fingerprint != build_datasets(_config([prefix], cache="off"), [10, 10, 10])[0].fingerprint
 
 
 def test_block_mode_reads_runs_of_neighbouring_windows(files):
     prefix = next(iter(files))
-    ds = build_computed_datasets(
-        _config([prefix], sequence_length=4), [None, None, None], block_size=8
-    )[0]
+    ds = build_computed_datasets(_config([prefix], sequence_length=4), [None, None, None], block_size=8)[0]
     windows = ds.windows_of(np.arange(len(ds)))
     assert sorted(windows.tolist()) == list(range(len(ds)))
     blocks = windows // 8
@@ -260,11 +241,7 @@ def test_global_sample_k_is_the_same_on_1_3_and_8_ranks_and_any_worker_count(fil
             got = {}
             for rank in range(ranks):
                 loader = build_dataloader(
-                    dataset,
-                    micro_batch_size=micro,
-                    dp_rank=rank,
-                    dp_size=ranks,
-                    num_workers=workers,
+                    dataset, micro_batch_size=micro, dp_rank=rank, dp_size=ranks, num_workers=workers,
                     multiprocessing_context="fork",
                 )
                 for step, batch in enumerate(loader):
@@ -272,12 +249,8 @@ def test_global_sample_k_is_the_same_on_1_3_and_8_ranks_and_any_worker_count(fil
                     for j, row in enumerate(batch["tokens"]):
                         got[base + j] = row
                 loader.close()
-            assert sorted(got) == list(range(len(got))) and len(got) == total - total % (
-                micro * ranks
-            )
-            np.testing.assert_array_equal(
-                torch.stack([got[k] for k in sorted(got)]).numpy(), whole[: len(got)]
-            )
+            assert sorted(got) == list(range(len(got))) and len(got) == total - total % (micro * ranks)
+            np.testing.assert_array_equal(torch.stack([got[k] for k in sorted(got)]).numpy(), whole[: len(got)])
 
 
 @pytest.mark.parametrize("packing", ["concat", "best-fit"])
@@ -292,7 +265,5 @@ def test_a_weighted_blend_split_asked_for_no_sample_is_built_empty(files, tmp_pa
     assert len(train) == 50 and len(valid) == 0 and len(test) == 0
     assert test.read_batch([])["windows"].shape[0] == 0
     if packing == "concat":
-        with pytest.raises(
-            ConfigError, match=r"the test split of .*tiny holds 3 tokens .*less than one sample"
-        ):
+        with pytest.raises(ConfigError, match=r"the test split of .*tiny holds 3 tokens .*less than one sample"):
             build_computed_datasets(cfg, [50, 0, 4])

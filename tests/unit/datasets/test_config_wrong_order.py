@@ -40,7 +40,9 @@ def _config(**kw: Any) -> MegatronDataConfig:
     return MegatronDataConfig(sequence_length=8, blend=["1", "a", "1", "b"], split="9,1,0", **kw)
 
 
-@pytest.mark.parametrize(("field", "value", "order"), CASES, ids=[f"{f}-{o}" for f, _, o in CASES])
+@pytest.mark.parametrize(
+    ("field", "value", "order"), CASES, ids=[f"{f}-{o}" for f, _, o in CASES]
+)
 def test_a_megatron_option_given_to_another_order_names_both_and_what_to_do(field, value, order):
     with pytest.raises(ConfigError) as info:
         _config(order=order, **{field: value})

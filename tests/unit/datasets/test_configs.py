@@ -42,16 +42,10 @@ def script_argv(tmp_path, script: str, *positional: str) -> list[str]:
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", ARGV_OUT=str(out))
     for name in ("WANDB_API_KEY", "MASTER_ADDR", "MASTER_PORT", "SLURM_NNODES", "RANK"):
         env.pop(name, None)
-    subprocess.run(
-        ["bash", str(SCRIPTS / script), *positional],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    subprocess.run(["bash", str(SCRIPTS / script), *positional], cwd=tmp_path, env=env,
+                   check=True, capture_output=True, timeout=60)
     argv = out.read_bytes().decode().split("\0")[:-1]
-    return argv[argv.index("pretrain_gpt.py") + 1 :]
+    return argv[argv.index("pretrain_gpt.py") + 1:]
 
 
 def test_mixtral_script(tmp_path):
@@ -67,10 +61,8 @@ def test_mixtral_script(tmp_path):
     # train 500000 x 256; valid (500000 // 1000 + 1) x 10 x 256; test 10 x 256
     assert got.sizes == [128_000_000, 1_282_560, 2_560]
     assert got.extras["global_batch_size"] == 256 and got.extras["data_parallel_size"] == 16
-    assert got.extras["tokenizer"] == {
-        "tokenizer_type": "Llama2Tokenizer",
-        "tokenizer_model": "tok.model",
-    }
+    assert got.extras["tokenizer"] == {"tokenizer_type": "Llama2Tokenizer",
+                                       "tokenizer_model": "tok.model"}
     assert got.config().sequence_length == 4096
 
 
@@ -109,64 +101,35 @@ def test_gpt3_175b_script_is_refused_naming_the_schedule_as_megatron_refuses_it(
     schedule with --global-batch-size, which megatron-core's validate_args refuses (ValueError).
     Quoted and without --global-batch-size it imports with megatron-core's counts: train = iters
     x micro x dp (12), the schedule's steps from 2.4B tokens = 1,171,875 samples of 2048 tokens."""
-    argv = script_argv(
-        tmp_path,
-        "train_gpt3_175b_distributed.sh",
-        "ckpt",
-        "tb",
-        "vocab.json",
-        "merges.txt",
-        "/d/pile",
-    )
-    with pytest.raises(
-        ConfigError,
-        match=r"unrecognized argument '2\.4B:320' after"
-        " --step-batch-size-schedule",
-    ) as caught:
+    argv = script_argv(tmp_path, "train_gpt3_175b_distributed.sh", "ckpt", "tb", "vocab.json",
+                       "merges.txt", "/d/pile")
+    with pytest.raises(ConfigError, match=r"unrecognized argument '2\.4B:320' after"
+                                          " --step-batch-size-schedule") as caught:
         megatron_config_from_args(argv, world_size=1536)
     assert "quote" in caught.value.hint
     at = argv.index("--step-batch-size-schedule") + 1
-    quoted = [*argv[:at], " ".join(argv[at : at + 6]), *argv[at + 6 :]]
+    quoted = [*argv[:at], " ".join(argv[at:at + 6]), *argv[at + 6:]]
     with pytest.raises(ConfigError, match="--step-batch-size-schedule and --global-batch-size"):
         megatron_config_from_args(quoted, world_size=1536)
     at = quoted.index("--global-batch-size")
-    got = megatron_config_from_args([*quoted[:at], *quoted[at + 2 :]], world_size=1536)
+    got = megatron_config_from_args([*quoted[:at], *quoted[at + 2:]], world_size=1536)
     assert got.fields["split"] == "949,50,1" and got.sizes == [6_000_000, 60_120, 120]
     schedule = got.extras["step_batch_size_schedule"]
-    assert schedule.steps == (
-        (0, 16),
-        (1_171_875, 320),
-        (2_343_750, 624),
-        (3_515_625, 928),
-        (4_687_500, 1232),
-        (5_859_375, 1536),
-    )
+    assert schedule.steps == ((0, 16), (1_171_875, 320), (2_343_750, 624), (3_515_625, 928),
+                              (4_687_500, 1232), (5_859_375, 1536))
     assert schedule.consumed_samples(100_000) == 35_046_688  # megatron-core's loop
     assert got.extras["tokenizer"] == {"vocab_file": "vocab.json", "merge_file": "merges.txt"}
 
 
-@pytest.mark.parametrize(
-    ("argv", "stray"),
-    [
-        (["--seq-length", "8", "9"], "'9' after --seq-length"),
-        (["--eod-mask-loss", "yes"], "'yes' after --eod-mask-loss"),
-        (["--seed=3", "4"], "'4' after --seed"),
-        (["--rampup-batch-size", "1", "2", "3", "4"], "'4' after --rampup-batch-size"),
-    ],
-)
+@pytest.mark.parametrize(("argv", "stray"), [
+    (["--seq-length", "8", "9"], "'9' after --seq-length"),
+    (["--eod-mask-loss", "yes"], "'yes' after --eod-mask-loss"),
+    (["--seed=3", "4"], "'4' after --seed"),
+    (["--rampup-batch-size", "1", "2", "3", "4"], "'4' after --rampup-batch-size"),
+])
 def test_a_value_after_a_known_flags_values_is_refused_as_megatron_refuses_it(argv, stray):
-    base = [
-        "--data-path",
-        "p",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--num-layers",
-        "2",
-    ]
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--num-layers", "2"]
     assert megatron_config_from_args([*base, "--seq-length", "8"], world_size=1).sizes[0] == 12
     with pytest.raises(ConfigError, match=f"unrecognized argument {stray}"):
         megatron_config_from_args([*base, "--seq-length", "8", *argv], world_size=1)
@@ -182,18 +145,8 @@ def test_non_data_flags_take_the_values_megatron_core_s_parser_takes():
     What its parser refuses (a value after a switch, ``--bf16=1``, a second value, a missing
     one) is a ConfigError: 856 command lines, megatron-core's verdicts recorded in
     tests/fixtures/megatron/non_data_flags.json."""
-    base = [
-        "--data-path",
-        "p",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--seq-length",
-        "8",
-    ]
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--seq-length", "8"]
     assert len(NON_DATA_CASES) == 856
     assert {c["accepted"] for c in NON_DATA_CASES} == {True, False}
     for case in NON_DATA_CASES:
@@ -206,21 +159,10 @@ def test_non_data_flags_take_the_values_megatron_core_s_parser_takes():
 
 
 def test_a_value_after_a_switch_is_refused_naming_both():
-    base = [
-        "--data-path",
-        "p",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--seq-length",
-        "8",
-    ]
-    with pytest.raises(
-        ConfigError, match="unrecognized argument 'x' after --bf16, which takes no value"
-    ) as caught:
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--seq-length", "8"]
+    with pytest.raises(ConfigError, match="unrecognized argument 'x' after --bf16, which takes"
+                                          " no value") as caught:
         megatron_config_from_args([*base, "--bf16", "x"], world_size=1)
     assert "remove 'x'" in caught.value.hint
 
@@ -228,15 +170,8 @@ def test_a_value_after_a_switch_is_refused_naming_both():
 def test_gpt3_175b_script_before_the_schedule_imports_with_its_ramp_ignored(tmp_path, caplog):
     """Its --rampup-batch-size 16 16 5859375 with --train-iters: megatron-core 0.19.2 warns that
     the flag is deprecated and trains constant batches of 1536 (counts from its own code)."""
-    argv = script_argv(
-        tmp_path,
-        "train_gpt3_175b_distributed.fa0dcc4.sh",
-        "ckpt",
-        "tb",
-        "vocab.json",
-        "merges.txt",
-        "/d/pile",
-    )
+    argv = script_argv(tmp_path, "train_gpt3_175b_distributed.fa0dcc4.sh", "ckpt", "tb",
+                       "vocab.json", "merges.txt", "/d/pile")
     with caplog.at_level(logging.WARNING, logger="tokenload"):
         got = megatron_config_from_args(argv, world_size=1536)  # tensor 8 x pipeline 16: 12 dp
     assert got.sizes == [768_000_000, 7_695_360, 15_360]
@@ -244,34 +179,17 @@ def test_gpt3_175b_script_before_the_schedule_imports_with_its_ramp_ignored(tmp_
     assert "--rampup-batch-size 16 16 5859375 is ignored" in caplog.text
 
 
-@pytest.mark.parametrize(
-    ("extra", "match"),
-    [
-        (["--num-layerz", "2"], "unknown Megatron flag --num-layerz"),
-        (["--seq-len", "8"], "unknown Megatron flag --seq-len"),  # no abbreviations, as Megatron
-        (["--object-storage-cache-path", "/x"], "--object-storage-cache-path"),
-        (["--dataloader-fast-cache-load"], "needs --data-cache-path"),
-        (["--dataloader-type", "external"], "external"),
-        (["--seed", "x"], "invalid int value"),
-    ],
-)
+@pytest.mark.parametrize(("extra", "match"), [
+    (["--num-layerz", "2"], "unknown Megatron flag --num-layerz"),
+    (["--seq-len", "8"], "unknown Megatron flag --seq-len"),  # no abbreviations, as Megatron
+    (["--object-storage-cache-path", "/x"], "--object-storage-cache-path"),
+    (["--dataloader-fast-cache-load"], "needs --data-cache-path"),
+    (["--dataloader-type", "external"], "external"),
+    (["--seed", "x"], "invalid int value"),
+])
 def test_unknown_or_unsupported_flags_are_named(extra, match):
-    base = [
-        "--data-path",
-        "p",
-        "--seq-length",
-        "8",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--num-layers",
-        "2",
-        "--lr",
-        "1e-4",
-    ]
+    base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4",
+            "--train-iters", "3", "--eval-interval", "2", "--num-layers", "2", "--lr", "1e-4"]
     assert megatron_config_from_args(base, world_size=1).sizes == [12, 800, 400]
     with pytest.raises(ConfigError, match=match):
         megatron_config_from_args([*base, *extra], world_size=1)
@@ -280,35 +198,11 @@ def test_unknown_or_unsupported_flags_are_named(extra, match):
 def test_megatron_fast_load_flags_and_the_datasets_they_make(tmp_path):
     docs = [list(range(i, i + 30)) for i in range(40)]
     prefix = write_documents(tmp_path / "web", docs)
-    argv = [
-        "--data-path",
-        "2",
-        prefix,
-        "--split",
-        "90,10,0",
-        "--seq-length",
-        "8",
-        "--global-batch-size",
-        "4",
-        "--micro-batch-size",
-        "2",
-        "--train-iters",
-        "5",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "5",
-        "--data-cache-path",
-        str(tmp_path / "c"),
-        "--no-create-attention-mask-in-dataloader",
-        "--tokenizer-type",
-        "NullTokenizer",
-        "--vocab-size",
-        "100",
-        "--reset-position-ids",
-        "--num-layers",
-        "2",
-    ]
+    argv = ["--data-path", "2", prefix, "--split", "90,10,0", "--seq-length", "8",
+            "--global-batch-size", "4", "--micro-batch-size", "2", "--train-iters", "5",
+            "--eval-iters", "1", "--eval-interval", "5", "--data-cache-path", str(tmp_path / "c"),
+            "--no-create-attention-mask-in-dataloader", "--tokenizer-type", "NullTokenizer",
+            "--vocab-size", "100", "--reset-position-ids", "--num-layers", "2"]
     got = megatron_config_from_args(argv, world_size=2)
     assert got.sizes == [20, 8, 4] and got.extras["data_parallel_size"] == 2
     assert got.fields["eod_id"] == 99 and got.fields["reset_position_ids"] is True
@@ -316,25 +210,12 @@ def test_megatron_fast_load_flags_and_the_datasets_they_make(tmp_path):
     assert len(train) >= 20 and test is None
     loading = ["--dataloader-defer-npy-index-mmap", "--per-dataset-sequences-path", "seq.json"]
     deferred = megatron_config_from_args([*argv, *loading], world_size=2)
-    assert (
-        deferred.fields["build_policy"] == "none"
-        and deferred.fields["sequences_path"] == "seq.json"
-    )
+    assert deferred.fields["build_policy"] == "none" and deferred.fields["sequences_path"] == "seq.json"
     # megatron-core's BlendedMegatronDatasetConfig asserts the fast load has no --data-path blend
-    with pytest.raises(
-        ConfigError, match="--dataloader-fast-cache-load and --data-path cannot be used"
-    ):
+    with pytest.raises(ConfigError, match="--dataloader-fast-cache-load and --data-path cannot be used"):
         megatron_config_from_args([*argv, "--dataloader-fast-cache-load"], world_size=2)
-    per_split = [
-        *argv[argv.index("--seq-length") :],
-        "--train-data-path",
-        prefix,
-        "--valid-data-path",
-        prefix,
-    ]
-    fast = megatron_config_from_args(
-        [*per_split, "--dataloader-fast-cache-load", *loading], world_size=2
-    )
+    per_split = [*argv[argv.index("--seq-length"):], "--train-data-path", prefix, "--valid-data-path", prefix]
+    fast = megatron_config_from_args([*per_split, "--dataloader-fast-cache-load", *loading], world_size=2)
     assert fast.fields["build_policy"] == "none" and fast.fields["blend_per_split"][2] is None
 
 
@@ -342,55 +223,29 @@ def test_the_megatron_lm_providers_training_command_imports_as_is():
     """The flags tokenload's Megatron-LM provider adds (docs/MIGRATING.md tells users to add
     --tokenload-packing to the training command) are read by the importer too: the packing, and
     under --dataloader-type external the provider's order; external alone is still refused."""
-    base = [
-        "--data-path",
-        "p",
-        "--seq-length",
-        "8",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--num-layers",
-        "2",
-    ]
+    base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--num-layers", "2"]
     external = [*base, "--dataloader-type", "external"]
     got = megatron_config_from_args([*external, "--tokenload-packing", "best-fit"], world_size=1)
     assert got.fields["packing"] == "best-fit" and got.config().packing == "best-fit"
     assert "packing" not in megatron_config_from_args(base, world_size=1).fields
     spelt = megatron_config_from_args([*external, "--tokenload-packing", "concat"], world_size=1)
-    assert (
-        "packing" not in spelt.fields and spelt.extras["dataloader_type"] == "single"
-    )  # the default, given
+    assert "packing" not in spelt.fields and spelt.extras["dataloader_type"] == "single"  # the default, given
     for flags, order in ([[], "single"], [["--tokenload-dataloader-type", "cyclic"], "cyclic"]):
-        got = megatron_config_from_args(
-            [*external, "--tokenload-packing", "best-fit", *flags], world_size=1
-        )
+        got = megatron_config_from_args([*external, "--tokenload-packing", "best-fit", *flags], world_size=1)
         assert got.extras["dataloader_type"] == order and got.sizes == [12, 800, 400]
     with pytest.raises(ConfigError, match="--tokenload-packing with --dataloader-type single"):
         megatron_config_from_args([*base, "--tokenload-packing", "best-fit"], world_size=1)
-    with pytest.raises(
-        ConfigError, match="--full-validation with tokenload's Megatron-LM provider"
-    ):
-        megatron_config_from_args(
-            [*external, "--tokenload-packing", "best-fit", "--full-validation"], world_size=1
-        )
-    with pytest.raises(
-        ConfigError, match="--prepare-cache-world-size is tokenload prepare-cache's flag"
-    ):
+    with pytest.raises(ConfigError, match="--full-validation with tokenload's Megatron-LM provider"):
+        megatron_config_from_args([*external, "--tokenload-packing", "best-fit", "--full-validation"], world_size=1)
+    with pytest.raises(ConfigError, match="--prepare-cache-world-size is tokenload prepare-cache's flag"):
         megatron_config_from_args([*base, "--prepare-cache-world-size", "8"])
     with pytest.raises(ConfigError, match="external: the job brings its own loader") as info:
         megatron_config_from_args([*base, "--dataloader-type", "external"], world_size=1)
     assert "--tokenload-dataloader-type single" in str(info.value)
-    with pytest.raises(
-        ConfigError, match="--tokenload-dataloader-type with --dataloader-type cyclic"
-    ):
-        megatron_config_from_args(
-            [*base, "--dataloader-type", "cyclic", "--tokenload-dataloader-type", "single"],
-            world_size=1,
-        )
+    with pytest.raises(ConfigError, match="--tokenload-dataloader-type with --dataloader-type cyclic"):
+        megatron_config_from_args([*base, "--dataloader-type", "cyclic", "--tokenload-dataloader-type", "single"],
+                                  world_size=1)
     with pytest.raises(ConfigError, match="invalid choice"):
         megatron_config_from_args([*base, "--tokenload-packing", "bestfit"], world_size=1)
 
@@ -399,12 +254,8 @@ def test_the_megatron_lm_providers_training_command_imports_as_is():
 def test_neox_125m_with_local_setup():
     got = neox_config_from_yaml([NEOX / "125M.yml", NEOX / "local_setup.yml"], data_parallel_size=1)
     assert got.fields == {
-        "order": "neox",
-        "sequence_length": 2048,
-        "random_seed": 1234,
-        "blend": ["data/enwik8/enwik8_text_document"],
-        "split": "969, 30, 1",
-        "read_mode": "mmap",
+        "order": "neox", "sequence_length": 2048, "random_seed": 1234,
+        "blend": ["data/enwik8/enwik8_text_document"], "split": "969, 30, 1", "read_mode": "mmap",
     }
     # micro 4 x 1 data-parallel; 320000 iterations, eval every 1000 for 10 iterations
     assert got.sizes == [320000 * 4, 321 * 10 * 4, 10 * 4]
@@ -429,9 +280,8 @@ def test_neox_20b_data_parallel_size_from_the_world(monkeypatch):
 
 
 def test_neox_per_split_paths():
-    got = neox_config_from_yaml(
-        [NEOX / "125M.yml", NEOX / "eleutherai_cluster.yml"], data_parallel_size=2
-    )
+    got = neox_config_from_yaml([NEOX / "125M.yml", NEOX / "eleutherai_cluster.yml"],
+                                data_parallel_size=2)
     assert got.fields["blend_per_split"] == [
         ["1.0", "/mnt/ssd-1/data/enwik8/enwik8_text_document"],
         ["1.0", "/mnt/ssd-1/data/enwik8/enwik8_val_text_document"],
@@ -441,9 +291,8 @@ def test_neox_per_split_paths():
 
 
 def test_neox_pythia_with_hyphenated_docker_paths():
-    got = neox_config_from_yaml(
-        [NEOX / "pythia-1-4B.yml", NEOX / "docker-pythia-paths.yml"], data_parallel_size=8
-    )
+    got = neox_config_from_yaml([NEOX / "pythia-1-4B.yml", NEOX / "docker-pythia-paths.yml"],
+                                data_parallel_size=8)
     prefix = "/home/mchorse/data/pile_deduped/pile_0.87_deduped_text_document"
     assert got.fields["blend_per_split"] == [["1.0", prefix]] * 3
     assert got.sizes == [143000 * 128, 2 * 10 * 128, 10 * 128]
@@ -451,32 +300,18 @@ def test_neox_pythia_with_hyphenated_docker_paths():
     assert got.extras["num_workers"] == 1
 
 
-@pytest.mark.parametrize(
-    ("extra", "fields"),
-    [
-        ({"use_shared_fs": False}, {"build_policy": "local-rank0"}),
-        ({"mmap_warmup": True}, {"warmup": True}),
-        ({"data_impl": "cached"}, {"read_mode": "memory"}),
-        ({"data_impl": "lazy"}, {"read_mode": "pread"}),
-        ({"data_impl": "infer"}, {}),
-        (
-            {
-                "train-data-paths": ["a", "b"],
-                "train-data-weights": [1, 3],
-                "valid_data_paths": ["c"],
-                "test_data_paths": ["d"],
-                "weight_by_num_documents": True,
-                "weighted_sampler_alpha": 0.3,
-            },
-            {
-                "blend_per_split": [["1.0", "a", "3.0", "b"], ["1.0", "c"], ["1.0", "d"]],
-                "weight_by_num_documents": True,
-                "weighted_sampler_alpha": 0.3,
-            },
-        ),
-        ({"eod_mask_loss": True}, {"eod_mask_loss": True, "eod_id": 50256}),
-    ],
-)
+@pytest.mark.parametrize(("extra", "fields"), [
+    ({"use_shared_fs": False}, {"build_policy": "local-rank0"}),
+    ({"mmap_warmup": True}, {"warmup": True}),
+    ({"data_impl": "cached"}, {"read_mode": "memory"}),
+    ({"data_impl": "lazy"}, {"read_mode": "pread"}),
+    ({"data_impl": "infer"}, {}),
+    ({"train-data-paths": ["a", "b"], "train-data-weights": [1, 3], "valid_data_paths": ["c"],
+      "test_data_paths": ["d"], "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3},
+     {"blend_per_split": [["1.0", "a", "3.0", "b"], ["1.0", "c"], ["1.0", "d"]],
+      "weight_by_num_documents": True, "weighted_sampler_alpha": 0.3}),
+    ({"eod_mask_loss": True}, {"eod_mask_loss": True, "eod_id": 50256}),
+])
 def test_neox_data_keys_map_onto_fields(extra, fields):
     base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}
     if "blend_per_split" in fields:  # per-split paths, without data_path (NeoX asserts either/or)
@@ -488,79 +323,51 @@ def test_neox_data_keys_map_onto_fields(extra, fields):
     assert got.fields == {**expected, **fields}
 
 
-@pytest.mark.parametrize(
-    ("conf", "match"),
-    [
-        ({"train_label_data_paths": ["x"]}, "train_label_data_paths is set"),
-        ({"pos_train_data_paths": ["x"]}, "pos_train_data_paths is set"),
-        ({"pack_impl": "unpacked"}, "pack_impl"),
-        ({"dataset_impl": "online"}, "dataset_impl"),
-        ({"train_impl": "dpo"}, "train_impl"),
-        ({"data_imp": "mmap"}, "unknown NeoX key data_imp"),
-        ({"data_impl": "fast"}, "data_impl is 'fast'"),
-        ({"eod_mask_loss": True}, "pass eod_id"),
-        ({"train_iters": None}, "neither train_iters nor train_epochs"),
-        ({"train_batch_size": None}, "train_micro_batch_size_per_gpu"),
-        ({"seq_length": None}, "no seq_length"),
-        ({"data_path": None}, "no data"),
-        (
-            {
-                "data_path": None,
-                "train_data_paths": ["a"],
-                "train_data_weights": [1, 2],
-                "valid_data_paths": ["b"],
-                "test_data_paths": ["c"],
-            },
-            "2 train_data_weights for 1",
-        ),
-        (
-            {"data_path": None, "train_data_paths": ["a"], "valid_data_paths": ["b"]},
-            "without test_data_paths",
-        ),
-        # values GPT-NeoX's validate_types and checks refuse (seen side by side with its arguments)
-        ({"train_data_paths": ["a"]}, "data_path or train/valid/test_data_paths, not both"),
-        ({"seq_length": 128.7}, "seq_length is 128.7; expected an int"),
-        ({"seed": 1.5}, "seed is 1.5; expected an int"),
-        ({"train_iters": True}, "train_iters is True; expected an int"),
-        ({"train_iters": "100"}, "expected an int"),
-        ({"split": 1}, "split is 1; expected a string"),
-        ({"train_iters": 0}, "train_iters is 0; expected 1 or more"),
-        ({"train_epochs": 2}, "no train_epochs with train_iters"),
-        ({"eval_interval": 0}, "eval_interval is 0"),
-        ({"weighted_sampler_alpha": "x"}, "weighted_sampler_alpha is 'x'; expected a number"),
-        ({"seed": 2**32}, "seed is 4294967296"),
-        ({"mmap_warmup": "yes"}, "mmap_warmup is 'yes'; expected true or false"),
-        ({"train_batch_size": 0}, "train_batch_size is 0; expected 1 or more"),
-        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps is 0"),
-        # NeoX's validate_train_epochs
-        (
-            {"train_iters": None, "train_epochs": 1, "weight_by_num_documents": True},
-            "weight_by_num_documents is True; expected false with train_epochs",
-        ),
-        (
-            {
-                "data_path": None,
-                "train_iters": None,
-                "train_epochs": 1,
-                "train_data_paths": ["a", "b"],
-                "train_data_weights": [1.0, 2.0],
-                "valid_data_paths": ["c"],
-                "test_data_paths": ["d"],
-            },
-            "train_data_weights is \\[1.0, 2.0\\]; expected none, or all 1.0",
-        ),
-        # NeoX's check_batch_parameters, where the data-parallel size is known (global_num_gpus)
-        (
-            {"train_micro_batch_size_per_gpu": 3, "global_num_gpus": 1},
-            "train_batch_size 4 is not train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 1",
-        ),
-        ({"train_batch_size": 6, "global_num_gpus": 4}, "train_batch_size 6 is not"),
-        (
-            {"train_batch_size": 8, "gradient_accumulation_steps": 3, "global_num_gpus": 2},
-            "train_batch_size 8 is not train_micro_batch_size_per_gpu 1 x gradient_accumulation_steps 3",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("conf", "match"), [
+    ({"train_label_data_paths": ["x"]}, "train_label_data_paths is set"),
+    ({"pos_train_data_paths": ["x"]}, "pos_train_data_paths is set"),
+    ({"pack_impl": "unpacked"}, "pack_impl"),
+    ({"dataset_impl": "online"}, "dataset_impl"),
+    ({"train_impl": "dpo"}, "train_impl"),
+    ({"data_imp": "mmap"}, "unknown NeoX key data_imp"),
+    ({"data_impl": "fast"}, "data_impl is 'fast'"),
+    ({"eod_mask_loss": True}, "pass eod_id"),
+    ({"train_iters": None}, "neither train_iters nor train_epochs"),
+    ({"train_batch_size": None}, "train_micro_batch_size_per_gpu"),
+    ({"seq_length": None}, "no seq_length"),
+    ({"data_path": None}, "no data"),
+    ({"data_path": None, "train_data_paths": ["a"], "train_data_weights": [1, 2],
+      "valid_data_paths": ["b"], "test_data_paths": ["c"]}, "2 train_data_weights for 1"),
+    ({"data_path": None, "train_data_paths": ["a"], "valid_data_paths": ["b"]},
+     "without test_data_paths"),
+    # values GPT-NeoX's validate_types and checks refuse (seen side by side with its arguments)
+    ({"train_data_paths": ["a"]}, "data_path or train/valid/test_data_paths, not both"),
+    ({"seq_length": 128.7}, "seq_length is 128.7; expected an int"),
+    ({"seed": 1.5}, "seed is 1.5; expected an int"),
+    ({"train_iters": True}, "train_iters is True; expected an int"),
+    ({"train_iters": "100"}, "expected an int"),
+    ({"split": 1}, "split is 1; expected a string"),
+    ({"train_iters": 0}, "train_iters is 0; expected 1 or more"),
+    ({"train_epochs": 2}, "no train_epochs with train_iters"),
+    ({"eval_interval": 0}, "eval_interval is 0"),
+    ({"weighted_sampler_alpha": "x"}, "weighted_sampler_alpha is 'x'; expected a number"),
+    ({"seed": 2**32}, "seed is 4294967296"),
+    ({"mmap_warmup": "yes"}, "mmap_warmup is 'yes'; expected true or false"),
+    ({"train_batch_size": 0}, "train_batch_size is 0; expected 1 or more"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps is 0"),
+    # NeoX's validate_train_epochs
+    ({"train_iters": None, "train_epochs": 1, "weight_by_num_documents": True},
+     "weight_by_num_documents is True; expected false with train_epochs"),
+    ({"data_path": None, "train_iters": None, "train_epochs": 1, "train_data_paths": ["a", "b"],
+      "train_data_weights": [1.0, 2.0], "valid_data_paths": ["c"], "test_data_paths": ["d"]},
+     "train_data_weights is \\[1.0, 2.0\\]; expected none, or all 1.0"),
+    # NeoX's check_batch_parameters, where the data-parallel size is known (global_num_gpus)
+    ({"train_micro_batch_size_per_gpu": 3, "global_num_gpus": 1},
+     "train_batch_size 4 is not train_micro_batch_size_per_gpu 3 x gradient_accumulation_steps 1"),
+    ({"train_batch_size": 6, "global_num_gpus": 4}, "train_batch_size 6 is not"),
+    ({"train_batch_size": 8, "gradient_accumulation_steps": 3, "global_num_gpus": 2},
+     "train_batch_size 8 is not train_micro_batch_size_per_gpu 1 x gradient_accumulation_steps 3"),
+])
 def test_neox_keys_it_cannot_honour_are_named(conf, match):
     base = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 4}
     with pytest.raises(ConfigError, match=match):
@@ -571,13 +378,8 @@ def test_neox_batch_check_needs_the_jobs_data_parallel_size(monkeypatch):
     """train_batch_size against micro x accumulation x data-parallel size, as GPT-NeoX checks it
     (1,350 combinations equal to its calculate/check_batch_parameters, run side by side), only
     where the data-parallel size is the job's: not in a lone process reading a job's config."""
-    conf = {
-        "data_path": "p",
-        "seq_length": 8,
-        "train_iters": 2,
-        "train_batch_size": 8,
-        "train_micro_batch_size_per_gpu": 3,
-    }
+    conf = {"data_path": "p", "seq_length": 8, "train_iters": 2, "train_batch_size": 8,
+            "train_micro_batch_size_per_gpu": 3}
     assert neox_config_from_yaml(conf).extras["train_batch_size"] == 8  # dp unknown: as given
     for known in ({"data_parallel_size": 2}, {}):
         if not known:  # a rank of a launched 2-process job
@@ -587,44 +389,23 @@ def test_neox_batch_check_needs_the_jobs_data_parallel_size(monkeypatch):
             neox_config_from_yaml(conf, **known)
         ok = {**conf, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}
         assert neox_config_from_yaml(ok, **known).sizes[0] == 16
-    derived = neox_config_from_yaml(
-        {**conf, "train_micro_batch_size_per_gpu": None}, data_parallel_size=4
-    )
+    derived = neox_config_from_yaml({**conf, "train_micro_batch_size_per_gpu": None}, data_parallel_size=4)
     assert derived.extras["train_batch_size"] == 8 and derived.extras["micro_batch_size"] == 2
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     lone = neox_config_from_yaml({**conf, "train_micro_batch_size_per_gpu": None})
     assert lone.extras["micro_batch_size"] is None  # the job's data-parallel size is unknown here
-    epochs = neox_config_from_yaml(
-        {
-            "data_path": "p",
-            "seq_length": 8,
-            "train_epochs": 3,
-            "train_micro_batch_size_per_gpu": 4,
-            "gradient_accumulation_steps": 2,
-        }
-    )
-    assert {
-        k: epochs.extras[k]
-        for k in ("micro_batch_size", "gradient_accumulation_steps", "train_iters", "train_epochs")
-    } == {
-        "micro_batch_size": 4,
-        "gradient_accumulation_steps": 2,
-        "train_iters": None,
-        "train_epochs": 3,
-    }
+    epochs = neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3,
+                                    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})
+    assert {k: epochs.extras[k] for k in ("micro_batch_size", "gradient_accumulation_steps", "train_iters",
+                                          "train_epochs")} == {"micro_batch_size": 4, "gradient_accumulation_steps": 2,
+                                                               "train_iters": None, "train_epochs": 3}
 
 
 def test_neox_epochs_with_unit_weights():
-    conf = {
-        "train_data_paths": ["a", "b"],
-        "train_data_weights": [1, 1.0],
-        "valid_data_paths": ["c"],
-        "test_data_paths": ["d"],
-        "seq_length": 8,
-        "train_epochs": 2,
-        "train_micro_batch_size_per_gpu": 2,
-    }
+    conf = {"train_data_paths": ["a", "b"], "train_data_weights": [1, 1.0],
+            "valid_data_paths": ["c"], "test_data_paths": ["d"], "seq_length": 8, "train_epochs": 2,
+            "train_micro_batch_size_per_gpu": 2}
     assert neox_config_from_yaml(conf).sizes == [None, None, None]
 
 
@@ -635,28 +416,15 @@ def test_neox_repeated_key_across_files(tmp_path):
 
 
 def test_neox_epoch_mode():
-    got = neox_config_from_yaml(
-        {"data_path": "p", "seq_length": 8, "train_epochs": 3, "train_micro_batch_size_per_gpu": 4}
-    )
+    got = neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3,
+                                 "train_micro_batch_size_per_gpu": 4})
     assert got.sizes == [None, None, None] and got.fields["num_epochs"] == 1
     # GPT-NeoX asserts a batch key in every mode, and a GPU count pipe x model parallel divides
-    with pytest.raises(
-        ConfigError, match="neither train_batch_size nor train_micro_batch_size_per_gpu"
-    ):
+    with pytest.raises(ConfigError, match="neither train_batch_size nor train_micro_batch_size_per_gpu"):
         neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3})
-    with pytest.raises(
-        ConfigError, match="6 processes are not divisible by pipe x model parallel size 4"
-    ):
-        neox_config_from_yaml(
-            {
-                "data_path": "p",
-                "seq_length": 8,
-                "train_epochs": 3,
-                "global_num_gpus": 6,
-                "model_parallel_size": 4,
-                "train_micro_batch_size_per_gpu": 4,
-            }
-        )
+    with pytest.raises(ConfigError, match="6 processes are not divisible by pipe x model parallel size 4"):
+        neox_config_from_yaml({"data_path": "p", "seq_length": 8, "train_epochs": 3, "global_num_gpus": 6,
+                               "model_parallel_size": 4, "train_micro_batch_size_per_gpu": 4})
 
 
 # -- an imported NeoX config serves NeoX's items ---------------------------------------------------
@@ -682,62 +450,22 @@ def build_imported(got: ImportedConfig):
     return build_datasets(config, got.sizes)
 
 
-@pytest.mark.parametrize(
-    ("cid", "conf"),
-    [
-        (
-            "n000",
-            {
-                "data_path": "a",
-                "split": "969, 30, 1",
-                "seq_length": 16,
-                "train_iters": 20,
-                "train_batch_size": 2,
-                "eval_iters": 1,
-                "eval_interval": 6,
-            },
-        ),
-        (
-            "n014",
-            {
-                "train-data-paths": ["a", "b"],
-                "valid-data-paths": ["d"],
-                "test-data-paths": ["e"],
-                "seq_length": 16,
-                "train_iters": 20,
-                "train_batch_size": 10,
-                "eval_iters": 1,
-                "eval_interval": 15,
-            },
-        ),
-        (
-            "n020",
-            {
-                "train_data_paths": ["a", "b", "c"],
-                "valid_data_paths": ["a", "d"],
-                "test_data_paths": ["b"],
-                "weight_by_num_documents": True,
-                "seq_length": 16,
-                "train_iters": 30,
-                "train_batch_size": 10,
-                "eval_iters": 1,
-                "eval_interval": 12,
-            },
-        ),
-    ],
-)
+@pytest.mark.parametrize(("cid", "conf"), [
+    ("n000", {"data_path": "a", "split": "969, 30, 1", "seq_length": 16, "train_iters": 20,
+              "train_batch_size": 2, "eval_iters": 1, "eval_interval": 6}),
+    ("n014", {"train-data-paths": ["a", "b"], "valid-data-paths": ["d"], "test-data-paths": ["e"],
+              "seq_length": 16, "train_iters": 20, "train_batch_size": 10, "eval_iters": 1,
+              "eval_interval": 15}),
+    ("n020", {"train_data_paths": ["a", "b", "c"], "valid_data_paths": ["a", "d"],
+              "test_data_paths": ["b"], "weight_by_num_documents": True,
+              "seq_length": 16, "train_iters": 30, "train_batch_size": 10, "eval_iters": 1,
+              "eval_interval": 12}),
+])
 def test_imported_neox_config_serves_neoxs_items(tmp_path, cid, conf):
     case = NEOX_CASES[cid]
     neox_files(tmp_path, "abcde")
-    for key in (
-        "data_path",
-        "train-data-paths",
-        "valid-data-paths",
-        "test-data-paths",
-        "train_data_paths",
-        "valid_data_paths",
-        "test_data_paths",
-    ):
+    for key in ("data_path", "train-data-paths", "valid-data-paths", "test-data-paths",
+                "train_data_paths", "valid_data_paths", "test_data_paths"):
         if key in conf:
             value = conf[key]
             paths = [value] if isinstance(value, str) else value
@@ -778,22 +506,8 @@ def test_megatron_world_size_from_world_size_alone(monkeypatch):
     """megatron.training's parse_args reads WORLD_SIZE with no RANK: the importer takes it too
     (it used to fall back to 1 and size the batch of micro x 1; megatron-core 0.19.2 gives
     (2400, 280, 40) for these flags at WORLD_SIZE=4, run side by side)."""
-    argv = [
-        "--data-path",
-        "p",
-        "--seq-length",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--train-iters",
-        "300",
-        "--eval-iters",
-        "5",
-        "--eval-interval",
-        "50",
-        "--num-layers",
-        "2",
-    ]
+    argv = ["--data-path", "p", "--seq-length", "8", "--micro-batch-size", "2", "--train-iters", "300",
+            "--eval-iters", "5", "--eval-interval", "50", "--num-layers", "2"]
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "4")
     got = megatron_config_from_args(argv)
@@ -809,22 +523,8 @@ def test_an_imported_config_takes_fields_on_top(tmp_path):
     """docs/MIGRATING.md: a Megatron description's tokenizer object, a build policy or packing
     on top of the imported fields; another order keeps only the imported fields it reads, and a
     user's own field that the order does not read is refused."""
-    argv = [
-        "--data-path",
-        "p",
-        "--seq-length",
-        "8",
-        "--global-batch-size",
-        "4",
-        "--train-iters",
-        "3",
-        "--eval-interval",
-        "2",
-        "--num-layers",
-        "2",
-        "--data-cache-path",
-        str(tmp_path),
-    ]
+    argv = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--train-iters", "3",
+            "--eval-interval", "2", "--num-layers", "2", "--data-cache-path", str(tmp_path)]
     imported = megatron_config_from_args(argv, world_size=1)
     ident = {"class": "HuggingFaceTokenizer", "tokenizer_path": ["t.json"]}
     got = imported.config(tokenizer=ident, build_policy="none", packing="best-fit")
@@ -842,84 +542,32 @@ def test_megatron_arithmetic_edges_as_megatron_core(monkeypatch):
     = iters x batch), a bad world size is refused, the world is WORLD_SIZE's alone (not SLURM's;
     a RANK without it is rank 0 of 1), context parallelism needs S a multiple of 2 x cp, and
     --tokenizer-type has megatron-core's choices."""
-    base = [
-        "--data-path",
-        "p",
-        "--seq-length",
-        "8",
-        "--global-batch-size",
-        "4",
-        "--eval-interval",
-        "2",
-        "--num-layers",
-        "2",
-    ]
+    base = ["--data-path", "p", "--seq-length", "8", "--global-batch-size", "4", "--eval-interval", "2",
+            "--num-layers", "2"]
     for name in ("WORLD_SIZE", "RANK", "SLURM_PROCID", "SLURM_NTASKS", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    skip = megatron_config_from_args(
-        [*base, "--train-iters", "10", "--train-samples", "0", "--skip-train", "--eval-iters", "2"],
-        world_size=1,
-    )
+    skip = megatron_config_from_args([*base, "--train-iters", "10", "--train-samples", "0", "--skip-train",
+                                      "--eval-iters", "2"], world_size=1)
     assert skip.sizes == [40, 8, 8]  # megatron-core: [40, 8, 8] (tokenload gave [0, 8, 8])
     for bad in (0, -2):
         with pytest.raises(ConfigError, match=f"world_size is {bad}; expected 1 or more"):
             megatron_config_from_args([*base, "--train-iters", "3"], world_size=bad)
-    micro = [
-        *base[:4],
-        "--micro-batch-size",
-        "2",
-        "--train-iters",
-        "10",
-        "--eval-iters",
-        "1",
-        "--eval-interval",
-        "5",
-        "--num-layers",
-        "2",
-    ]
+    micro = [*base[:4], "--micro-batch-size", "2", "--train-iters", "10", "--eval-iters", "1", "--eval-interval", "5",
+             "--num-layers", "2"]
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_NTASKS", "8")
     assert megatron_config_from_args(micro).extras["data_parallel_size"] == 1  # megatron-core: 1
     monkeypatch.setenv("RANK", "3")
     assert megatron_config_from_args(micro).extras["data_parallel_size"] == 1
-    with pytest.raises(
-        ConfigError, match="sequence length 8 is not a multiple of 2 x context-parallel size 3"
-    ):
-        megatron_config_from_args(
-            [*base, "--train-iters", "3", "--context-parallel-size", "3"], world_size=3
-        )
-    assert (
-        megatron_config_from_args(
-            [
-                *base,
-                "--train-iters",
-                "3",
-                "--context-parallel-size",
-                "2",
-                "--global-batch-size",
-                "2",
-            ],
-            world_size=2,
-        ).extras["data_parallel_size"]
-        == 1
-    )
-    tokenizer = [
-        "--tokenizer-special-tokens",
-        "<unk>",
-        "<s>",
-        "--tokenizer-sentencepiece-legacy",
-        "--no-tokenizer-sentencepiece-ignore-extra-whitespaces",
-        "--padded-vocab-size",
-        "1024",
-    ]
-    assert (
-        megatron_config_from_args([*base, "--train-iters", "3", *tokenizer], world_size=1).sizes[0]
-        == 12
-    )
+    with pytest.raises(ConfigError, match="sequence length 8 is not a multiple of 2 x context-parallel size 3"):
+        megatron_config_from_args([*base, "--train-iters", "3", "--context-parallel-size", "3"], world_size=3)
+    assert megatron_config_from_args([*base, "--train-iters", "3", "--context-parallel-size", "2",
+                                      "--global-batch-size", "2"], world_size=2).extras["data_parallel_size"] == 1
+    tokenizer = ["--tokenizer-special-tokens", "<unk>", "<s>", "--tokenizer-sentencepiece-legacy",
+                 "--no-tokenizer-sentencepiece-ignore-extra-whitespaces", "--padded-vocab-size", "1024"]
+    assert megatron_config_from_args([*base, "--train-iters", "3", *tokenizer], world_size=1).sizes[0] == 12
     with pytest.raises(ConfigError, match="invalid choice: 'Bogus'"):
-        megatron_config_from_args(
-            [*base, "--train-iters", "3", "--tokenizer-type", "Bogus"], world_size=1
-        )
+        megatron_config_from_args([*base, "--train-iters", "3", "--tokenizer-type", "Bogus"], world_size=1)
 
 
 def test_neox_batch_keys_as_neoxs_calculate_batch_parameters():
@@ -928,52 +576,19 @@ def test_neox_batch_keys_as_neoxs_calculate_batch_parameters():
     NeoX derives in extras, the job's GPUs (prepare-cache's world) divided by pipe x model
     parallel sizes, and a data-parallel size below 1 refused."""
     base = {"data_path": "p", "seq_length": 8, "train_iters": 10, "eval_iters": 0}
-    null = neox_config_from_yaml(
-        {
-            **base,
-            "train_micro_batch_size_per_gpu": 2,
-            "gradient_accumulation_steps": None,
-            "global_num_gpus": 4,
-        }
-    )
+    null = neox_config_from_yaml({**base, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": None,
+                                  "global_num_gpus": 4})
     assert null.sizes[0] == 10 * 2 * 1 * 4 and null.extras["gradient_accumulation_steps"] == 1
-    derived = neox_config_from_yaml(
-        {
-            **base,
-            "train_batch_size": 16,
-            "train_micro_batch_size_per_gpu": 2,
-            "gradient_accumulation_steps": None,
-            "global_num_gpus": 2,
-        }
-    )
-    assert (derived.extras["micro_batch_size"], derived.extras["gradient_accumulation_steps"]) == (
-        2,
-        4,
-    )
-    parallel = {
-        **base,
-        "pipe_parallel_size": 2,
-        "model_parallel_size": 2,
-        "train_micro_batch_size_per_gpu": 2,
-    }
-    assert neox_config_from_yaml(parallel, world_size=8).sizes == [
-        40,
-        0,
-        0,
-    ]  # dp 2: NeoX's [40, 12, 4] less eval
-    assert (
-        neox_config_from_yaml({**parallel, "train_batch_size": 4}, world_size=8).extras[
-            "train_batch_size"
-        ]
-        == 4
-    )
-    assert neox_config_from_yaml(parallel, world_size=np.int64(8)).sizes == [
-        40,
-        0,
-        0,
-    ]  # NumPy ints are ints
+    derived = neox_config_from_yaml({**base, "train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+                                     "gradient_accumulation_steps": None, "global_num_gpus": 2})
+    assert (derived.extras["micro_batch_size"], derived.extras["gradient_accumulation_steps"]) == (2, 4)
+    parallel = {**base, "pipe_parallel_size": 2, "model_parallel_size": 2, "train_micro_batch_size_per_gpu": 2}
+    assert neox_config_from_yaml(parallel, world_size=8).sizes == [40, 0, 0]  # dp 2: NeoX's [40, 12, 4] less eval
+    assert neox_config_from_yaml({**parallel, "train_batch_size": 4}, world_size=8).extras["train_batch_size"] == 4
+    assert neox_config_from_yaml(parallel, world_size=np.int64(8)).sizes == [40, 0, 0]  # NumPy ints are ints
     assert neox_config_from_yaml(parallel, data_parallel_size=np.int32(2)).sizes == [40, 0, 0]
     for name in ("data_parallel_size", "world_size"):
         for bad in (0, -2):
             with pytest.raises(ConfigError, match=f"{name} is {bad}; expected a positive int"):
                 neox_config_from_yaml(parallel, **{name: bad})
+

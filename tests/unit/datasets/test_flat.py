@@ -142,11 +142,7 @@ def test_fingerprint_of_a_100_gb_file_is_cheap(tmp_path):
 def _handles(path) -> tuple[set, set]:
     """This process's open descriptors and mappings of ``path`` (from /proc)."""
     real = os.path.realpath(path)
-    fds = {
-        int(fd)
-        for fd in os.listdir("/proc/self/fd")
-        if os.path.realpath(f"/proc/self/fd/{fd}") == real
-    }
+    fds = {int(fd) for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == real}
     with open("/proc/self/maps") as maps:
         mapped = {line.split()[0] for line in maps if line.rstrip().endswith(real)}
     return fds, mapped

@@ -35,13 +35,8 @@ def _tokens(ds) -> np.ndarray:
 def _config(tmp_path, **overrides) -> MegatronDataConfig:
     a = write_documents(tmp_path / "a", _documents(6))
     b = write_documents(tmp_path / "b", _documents(7))
-    return MegatronDataConfig(
-        sequence_length=SEQ,
-        blend=["30", a, "70", b],
-        split="90,10,0",
-        path_to_cache=str(tmp_path / "cache"),
-        **overrides,
-    )
+    return MegatronDataConfig(sequence_length=SEQ, blend=["30", a, "70", b], split="90,10,0",
+                              path_to_cache=str(tmp_path / "cache"), **overrides)
 
 
 def _none(cfg: MegatronDataConfig) -> MegatronDataConfig:
@@ -84,19 +79,14 @@ SIDECAR_DAMAGE = {
     "garbled": lambda p: _garble(p),
     "without digests": _drop_digests,
 }
-ARRAYS = [
-    ("GPTDataset", "shuffle_index"),
-    ("GPTDataset", "document_index"),
-    ("BlendedDataset", "dataset_sample_index"),
-    ("BlendedDataset", "dataset_index"),
-]
+ARRAYS = [("GPTDataset", "shuffle_index"), ("GPTDataset", "document_index"),
+          ("BlendedDataset", "dataset_sample_index"), ("BlendedDataset", "dataset_index")]
 
 
 @pytest.mark.parametrize("sidecar", list(SIDECAR_DAMAGE))
 @pytest.mark.parametrize(("kind", "array"), ARRAYS, ids=[a for _, a in ARRAYS])
-def test_a_damaged_array_without_its_sidecar_is_a_cache_error_under_none(
-    tmp_path, kind, array, sidecar
-):
+def test_a_damaged_array_without_its_sidecar_is_a_cache_error_under_none(tmp_path, kind, array,
+                                                                          sidecar):
     cfg = _config(tmp_path)
     sound = _tokens(build_datasets(cfg, SIZES)[0])
     path = _array(cfg.path_to_cache, kind, array)
@@ -112,7 +102,8 @@ def test_a_damaged_array_without_its_sidecar_is_a_cache_error_under_none(
 
 
 @pytest.mark.parametrize("sidecar", list(SIDECAR_DAMAGE))
-def test_a_sound_cache_without_its_sidecars_serves_the_same_samples_under_none(tmp_path, sidecar):
+def test_a_sound_cache_without_its_sidecars_serves_the_same_samples_under_none(tmp_path,
+                                                                               sidecar):
     cfg = _config(tmp_path)
     sound = _tokens(build_datasets(cfg, SIZES)[0])
     for path in glob.glob(os.path.join(cfg.path_to_cache, "*-tokenload.json")):

@@ -21,12 +21,10 @@ SIZES = [120, 7, 0]
 
 # (field, value built with, value loaded with): each pair both ways
 CASES = [
-    ("add_extra_token", True, False),
-    ("add_extra_token", False, True),
+    ("add_extra_token", True, False), ("add_extra_token", False, True),
     ("drop_last_partial_validation_sequence", True, False),
     ("drop_last_partial_validation_sequence", False, True),
-    ("mid_level_dataset_surplus", 0.005, 0.5),
-    ("mid_level_dataset_surplus", 0.5, 0.005),
+    ("mid_level_dataset_surplus", 0.005, 0.5), ("mid_level_dataset_surplus", 0.5, 0.005),
 ]
 
 
@@ -56,9 +54,8 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
     return all(x.shape == y.shape and bool(np.array_equal(x, y)) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize(
-    ("field", "built", "loaded"), CASES, ids=[f"{f}={b}->{v}" for f, b, v in CASES]
-)
+@pytest.mark.parametrize(("field", "built", "loaded"), CASES,
+                         ids=[f"{f}={b}->{v}" for f, b, v in CASES])
 def test_a_folder_prepared_with_another_value_is_never_served_as_this_one(
     tmp_path, blend, field, built, loaded
 ):
@@ -88,16 +85,10 @@ def test_manifest_key_differs_by_each_forgotten_field(blend, field):
     assert keys[0] != keys[1] and keys[0][field] != keys[1][field]
 
 
-@pytest.mark.parametrize(
-    ("rank", "local_rank", "role"),
-    [
-        (0, 0, Role.WRITE),
-        (1, 1, Role.CHECK),
-        (2, 0, Role.CHECK),
-        (3, 1, Role.CHECK),
-        (4, 0, Role.CHECK),
-    ],
-)
+@pytest.mark.parametrize(("rank", "local_rank", "role"), [
+    (0, 0, Role.WRITE), (1, 1, Role.CHECK), (2, 0, Role.CHECK), (3, 1, Role.CHECK),
+    (4, 0, Role.CHECK),
+])
 def test_auto_has_one_writer_in_the_job_not_one_per_node(rank, local_rank, role):
     """Ranks 2 and 4 are local rank 0 of nodes 1 and 2: a writer per node would make several
     processes write one shared cache; ``auto`` writes from global rank 0 only."""

@@ -37,9 +37,7 @@ def _gpt(case, rec, key):
     cfg = case["config"]
     arrays = {a: ARRAYS[f"{key}/{a}"] for a in ("document_index", "sample_index", "shuffle_index")}
     item = megatron_config(cfg, META["tokenizer"], create_attention_mask=True).item_config()
-    return GPTDataset(
-        TokenFile(ORDER / rec["dataset_path"]), IndexArrays(arrays), item, identity=rec["hash"]
-    )
+    return GPTDataset(TokenFile(ORDER / rec["dataset_path"]), IndexArrays(arrays), item, identity=rec["hash"])
 
 
 @pytest.mark.parametrize("case,split", SPLITS, ids=[f"{c['id']}-{s}" for c, s in SPLITS])
@@ -48,9 +46,7 @@ def test_items_equal_megatron(case, split):
     key = f"{case['id']}/{split}"
     if rec["class"] == "BlendedDataset":
         members = [_gpt(case, m, f"{key}/d{j}") for j, m in enumerate(rec["datasets"])]
-        idx = IndexArrays(
-            {a: ARRAYS[f"{key}/{a}"] for a in ("dataset_index", "dataset_sample_index")}
-        )
+        idx = IndexArrays({a: ARRAYS[f"{key}/{a}"] for a in ("dataset_index", "dataset_sample_index")})
         ds = BlendedDataset(members, idx, identity=rec["hash"])
     else:
         ds = _gpt(case, rec, key)
@@ -60,9 +56,7 @@ def test_items_equal_megatron(case, split):
         np.testing.assert_array_equal(got[field], ARRAYS[f"{key}/item_{field}"], err_msg=field)
     theirs = ARRAYS[f"{key}/item_loss_mask"]
     cfg = case["config"]
-    cacheable = not (
-        cfg["eod_mask_loss"] or cfg["reset_position_ids"] or cfg["reset_attention_mask"]
-    )
+    cacheable = not (cfg["eod_mask_loss"] or cfg["reset_position_ids"] or cfg["reset_attention_mask"])
     if cacheable:
         assert np.all((got["loss_mask"] == theirs) | ((got["loss_mask"] == 1) & (theirs == 0)))
         padded = _padded_label_positions(ds, rec["item_index"])
@@ -81,9 +75,7 @@ def _padded_label_positions(ds, indices):
     if isinstance(ds, BlendedDataset):
         which = ds.dataset_index[indices].astype(int)
         within = ds.dataset_sample_index[indices].astype(int)
-        return np.stack(
-            [_padded_label_positions(ds.datasets[d], [i])[0] for d, i in zip(which, within)]
-        )
+        return np.stack([_padded_label_positions(ds.datasets[d], [i])[0] for d, i in zip(which, within)])
     windows = ds.windows(indices)
     if ds.item.add_extra_token:
         return windows[:, 1:] == -1
@@ -106,9 +98,7 @@ def test_index_dtypes_give_the_same_items(dtype):
     base = _gpt(case, rec, key)
     arrays = {a: ARRAYS[f"{key}/{a}"] for a in ("document_index", "sample_index", "shuffle_index")}
     arrays["shuffle_index"] = arrays["shuffle_index"].astype(dtype)
-    arrays["sample_index"] = arrays["sample_index"].astype(
-        np.int64 if dtype in (np.uint64, np.int64) else np.int32
-    )
+    arrays["sample_index"] = arrays["sample_index"].astype(np.int64 if dtype in (np.uint64, np.int64) else np.int32)
     other = GPTDataset(base.source, IndexArrays(arrays), base.item, identity=rec["hash"])
     indices = np.arange(len(base))
     got, want = other.__getitems__(indices), base.__getitems__(indices)

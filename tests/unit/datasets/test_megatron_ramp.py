@@ -80,31 +80,14 @@ def test_the_fixture_covers_what_it_claims():
     assert any(c["schedule"][-1][0] > 10**8 for c in schedules)  # GPT-3's 250B tokens
 
 
-BRIEF = [
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "8",
-    "--rampup-batch-size",
-    "4",
-    "4",
-    "1000",
-    "--eval-iters",
-    "2",
-    "--eval-interval",
-    "50",
-    "--seq-length",
-    "8",
-]
+BRIEF = ["--micro-batch-size", "2", "--global-batch-size", "8", "--rampup-batch-size", "4", "4",
+         "1000", "--eval-iters", "2", "--eval-interval", "50", "--seq-length", "8"]
 
 
-@pytest.mark.parametrize(
-    "length, iters, sizes",
-    [
-        (["--train-samples", "5000"], 625, [5000, 208, 16]),  # the old ramp arithmetic gave 750
-        (["--train-iters", "100"], 100, [800, 48, 16]),  # refused before
-    ],
-)
+@pytest.mark.parametrize("length, iters, sizes", [
+    (["--train-samples", "5000"], 625, [5000, 208, 16]),  # the old ramp arithmetic gave 750
+    (["--train-iters", "100"], 100, [800, 48, 16]),  # refused before
+])
 def test_a_ramp_is_ignored_with_a_warning_as_megatron_core_019_does(caplog, length, iters, sizes):
     with caplog.at_level(logging.WARNING, logger="tokenload"):
         got = _import([*BRIEF, *length])
@@ -128,18 +111,8 @@ def test_ramp_values_are_any_integers_as_megatron_parses_them():
         _import(flags)
 
 
-SCHEDULE = [
-    "--micro-batch-size",
-    "2",
-    "--seq-length",
-    "8",
-    "--eval-iters",
-    "2",
-    "--eval-interval",
-    "50",
-    "--train-samples",
-    "5000",
-]
+SCHEDULE = ["--micro-batch-size", "2", "--seq-length", "8", "--eval-iters", "2",
+            "--eval-interval", "50", "--train-samples", "5000"]
 
 
 def test_a_schedule_in_tokens_gives_megatrons_steps():
@@ -160,11 +133,7 @@ def test_entries_may_come_in_any_order_and_take_suffixes():
     schedule = StepBatchSchedule.parse("2.5k:16, 0:4 1K:8", None)
     assert schedule.steps == ((0, 4), (1000, 8), (2500, 16))
     assert StepBatchSchedule.parse("0:4 1.5M:8 2b:16 3T:32", 10).steps == (
-        (0, 4),
-        (150_000, 8),
-        (200_000_000, 16),
-        (300_000_000_000, 32),
-    )
+        (0, 4), (150_000, 8), (200_000_000, 16), (300_000_000_000, 32))
 
 
 def test_walking_by_entries_equals_megatrons_step_by_step_loop():
@@ -175,7 +144,8 @@ def test_walking_by_entries_equals_megatrons_step_by_step_loop():
         n = int(rng.integers(1, 5))
         thresholds = [0, *sorted(rng.choice(np.arange(1, 300), n - 1, replace=False).tolist())]
         batches = rng.integers(1, 17, n).tolist()
-        schedule = StepBatchSchedule("", None, tuple(zip(thresholds, batches, strict=True)))
+        schedule = StepBatchSchedule(
+            "", None, tuple(zip(thresholds, batches, strict=True)))
         for train in (0, 1, int(rng.integers(1, 600))):
             consumed = iterations = 0
             while consumed < train:
@@ -185,18 +155,15 @@ def test_walking_by_entries_equals_megatrons_step_by_step_loop():
             assert schedule.consumed_samples(iterations) == consumed
 
 
-@pytest.mark.parametrize(
-    "text, match",
-    [
-        ("", "has no entry"),
-        ("0:4 8", "entry '8' has no ':'"),
-        ("0:4 1x:8", "the threshold '1x' of entry '1x:8' is not a finite number"),
-        ("0:4 16:inf", "the batch 'inf'"),
-        ("16:4", r"the smallest threshold is 2 \(samples: tokens // --seq-length 8\); expected 0"),
-        ("0:4 7:8", r"two thresholds are both 0 \(samples: tokens // --seq-length 8\)"),
-        ("0:4 16:0.5", "is 0; expected a positive batch"),
-    ],
-)
+@pytest.mark.parametrize("text, match", [
+    ("", "has no entry"),
+    ("0:4 8", "entry '8' has no ':'"),
+    ("0:4 1x:8", "the threshold '1x' of entry '1x:8' is not a finite number"),
+    ("0:4 16:inf", "the batch 'inf'"),
+    ("16:4", r"the smallest threshold is 2 \(samples: tokens // --seq-length 8\); expected 0"),
+    ("0:4 7:8", r"two thresholds are both 0 \(samples: tokens // --seq-length 8\)"),
+    ("0:4 16:0.5", "is 0; expected a positive batch"),
+])
 def test_schedules_megatron_core_refuses_are_config_errors(text, match):
     with pytest.raises(ConfigError, match=match) as caught:
         _import([*SCHEDULE, "--step-batch-size-schedule", text])
@@ -219,24 +186,9 @@ def test_the_schedule_changes_the_micro_batches_per_step_never_the_order(tmp_pat
     continues it."""
     docs = [np.arange(i, i + 20 + i % 13) % 997 for i in range(300)]
     prefix = write_documents(tmp_path / "d", docs)
-    flags = [
-        "--data-path",
-        prefix,
-        "--split",
-        "100,0,0",
-        "--seq-length",
-        "8",
-        "--micro-batch-size",
-        "2",
-        "--step-batch-size-schedule",
-        "0:2 80:4 200:8",
-        "--train-samples",
-        "200",
-        "--eval-iters",
-        "0",
-        "--eval-interval",
-        "50",
-    ]
+    flags = ["--data-path", prefix, "--split", "100,0,0", "--seq-length", "8",
+             "--micro-batch-size", "2", "--step-batch-size-schedule", "0:2 80:4 200:8",
+             "--train-samples", "200", "--eval-iters", "0", "--eval-interval", "50"]
     got = megatron_config_from_args(flags, world_size=1)
     schedule = got.extras["step_batch_size_schedule"]
     train = build_datasets(got.config(), got.sizes)[0]

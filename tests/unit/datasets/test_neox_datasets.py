@@ -56,10 +56,8 @@ def build(case: dict, folder, **overrides):
             [x for p, w in zip(*case[s]) for x in (str(w), str(folder / p))] for s in SPLITS
         ]
         cfg = MegatronDataConfig(blend_per_split=per_split, **common)
-        extra.update(
-            weight_by_num_documents=case["weight_by_num_documents"],
-            weighted_sampler_alpha=case["weighted_sampler_alpha"],
-        )
+        extra.update(weight_by_num_documents=case["weight_by_num_documents"],
+                     weighted_sampler_alpha=case["weighted_sampler_alpha"])
     return build_neox_datasets(cfg, case["num_samples"], **extra)
 
 
@@ -95,13 +93,8 @@ def test_items_equal_neox_items(cid, folder):
 
 def loader_items(ds, workers: int, micro: int = 4) -> dict[str, np.ndarray]:
     loader = build_dataloader(
-        ds,
-        micro_batch_size=micro,
-        dp_rank=0,
-        dp_size=1,
-        num_workers=workers,
-        drop_last=False,
-        persistent_workers=False,
+        ds, micro_batch_size=micro, dp_rank=0, dp_size=1, num_workers=workers,
+        drop_last=False, persistent_workers=False,
     )
     batches = list(itertools.islice(loader, -(-len(ds) // micro)))
     return {k: np.concatenate([b[k].numpy() for b in batches]) for k in ("tokens", "labels")}
@@ -173,10 +166,8 @@ def test_datasets_pickle_and_serve_the_same_items(folder):
 def test_epoch_mode_is_one_epoch_per_split_by_default(folder):
     case = CASES["n009"]  # recorded with NeoX's train_epochs mode: epochs (1, 1, 1)
     cfg = MegatronDataConfig(
-        sequence_length=case["seq_length"],
-        random_seed=case["seed"],
-        blend=[str(folder / case["data_path"])],
-        split=case["split"],
+        sequence_length=case["seq_length"], random_seed=case["seed"],
+        blend=[str(folder / case["data_path"])], split=case["split"],
     )
     train, valid, test = build_neox_datasets(cfg, [None, None, None])
     assert [len(d) for d in (train, valid, test)] == [case["splits"][s]["len"] for s in SPLITS]

@@ -26,16 +26,12 @@ def test_every_order_is_reached_through_build_datasets(prefix, order):
     items = train.__getitems__(np.arange(8))
     assert items["tokens"].shape == (8, 32) and items["labels"].shape == (8, 32)
     kind = type(train).__name__
-    assert {"megatron": "GPTDataset", "computed": "ComputedGPTDataset", "neox": "NeoXGPTDataset"}[
-        order
-    ] == kind
+    assert {"megatron": "GPTDataset", "computed": "ComputedGPTDataset", "neox": "NeoXGPTDataset"}[order] == kind
 
 
 def test_the_orders_differ_and_each_is_deterministic(prefix):
     def first_tokens(order):
-        config = MegatronDataConfig(
-            sequence_length=32, blend=[prefix], split="90,10,0", order=order
-        )
+        config = MegatronDataConfig(sequence_length=32, blend=[prefix], split="90,10,0", order=order)
         return build_datasets(config, [100, 10, 0])[0].__getitems__(np.arange(16))["tokens"]
 
     megatron, computed = first_tokens("megatron"), first_tokens("computed")
@@ -45,10 +41,7 @@ def test_the_orders_differ_and_each_is_deterministic(prefix):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [
-        ({"order": "random"}, "order is 'random'"),
-        ({"block_size": 8}, "block_size applies to order='computed'"),
-    ],
+    [({"order": "random"}, "order is 'random'"), ({"block_size": 8}, "block_size applies to order='computed'")],
 )
 def test_bad_order_options_are_config_errors(prefix, kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -57,24 +50,8 @@ def test_bad_order_options_are_config_errors(prefix, kwargs, match):
 
 def test_from_megatron_args_is_a_classmethod_giving_a_config_and_sizes(prefix):
     got = MegatronDataConfig.from_megatron_args(
-        [
-            "--data-path",
-            prefix,
-            "--split",
-            "90,10,0",
-            "--seq-length",
-            "32",
-            "--global-batch-size",
-            "4",
-            "--micro-batch-size",
-            "4",
-            "--train-iters",
-            "10",
-            "--eval-iters",
-            "2",
-            "--eval-interval",
-            "5",
-        ],
+        ["--data-path", prefix, "--split", "90,10,0", "--seq-length", "32", "--global-batch-size", "4",
+         "--micro-batch-size", "4", "--train-iters", "10", "--eval-iters", "2", "--eval-interval", "5"],
         world_size=1,
     )
     assert got.sizes == [40, 24, 8]
@@ -82,16 +59,9 @@ def test_from_megatron_args_is_a_classmethod_giving_a_config_and_sizes(prefix):
     assert len(train) >= 40
 
 
-@pytest.mark.parametrize(
-    ("order", "packing", "blended"),
-    [
-        (order, packing, blended)
-        for order in ("megatron", "computed")
-        for packing in ("concat", "best-fit")
-        for blended in (False, True)
-    ]
-    + [("neox", "concat", False), ("neox", "concat", True), ("flat", None, False)],
-)
+@pytest.mark.parametrize(("order", "packing", "blended"), [
+    (order, packing, blended) for order in ("megatron", "computed") for packing in ("concat", "best-fit")
+    for blended in (False, True)] + [("neox", "concat", False), ("neox", "concat", True), ("flat", None, False)])
 def test_sample_indices_are_integers(prefix, order, packing, blended):
     """A float index was cast (``[1.5]`` served sample 1, red-team finding) and booleans would be a
     mask in NumPy's indexing: an IndexError on every order, packing and blend (NeoX's blends are
@@ -101,11 +71,8 @@ def test_sample_indices_are_integers(prefix, order, packing, blended):
     if order == "flat":
         train = FlatTokenDataset(prefix + ".bin", FlatDatasetConfig(block_size=32, seed=1))
     else:
-        data = (
-            {"blend_per_split": [["1", prefix, "1", prefix], None, None]}
-            if blended and order == "neox"
-            else {"blend": ["1", prefix, "1", prefix] if blended else [prefix], "split": "100,0,0"}
-        )
+        data = {"blend_per_split": [["1", prefix, "1", prefix], None, None]} if blended and order == "neox" else {
+            "blend": ["1", prefix, "1", prefix] if blended else [prefix], "split": "100,0,0"}
         config = MegatronDataConfig(sequence_length=32, order=order, packing=packing, **data)
         train = build_datasets(config, [64, 0, 0])[0]
     assert train is not None
@@ -113,26 +80,19 @@ def test_sample_indices_are_integers(prefix, order, packing, blended):
         with pytest.raises(IndexError, match="sample indices must be integers"):
             train.__getitems__(bad)
     assert train.__getitems__([])["tokens"].shape[0] == 0
-    np.testing.assert_array_equal(
-        train.__getitems__(np.array([2], dtype=np.uint32))["tokens"],
-        train.__getitems__([2])["tokens"],
-    )
+    np.testing.assert_array_equal(train.__getitems__(np.array([2], dtype=np.uint32))["tokens"],
+                                  train.__getitems__([2])["tokens"])
 
 
-@pytest.mark.parametrize(
-    ("packing", "blended"),
-    [(packing, blended) for packing in ("concat", "best-fit") for blended in (False, True)],
-)
-def test_the_computed_order_counts_negative_indices_from_the_end(
-    prefix, tmp_path, packing, blended
-):
+@pytest.mark.parametrize(("packing", "blended"), [
+    (packing, blended) for packing in ("concat", "best-fit") for blended in (False, True)])
+def test_the_computed_order_counts_negative_indices_from_the_end(prefix, tmp_path, packing, blended):
     """As on the Megatron order (NumPy's rule): -1 is the last sample, -n the first, on one source
     and a blend, concatenated and packed (it was an IndexError on the computed order alone)."""
     other = write_documents(tmp_path / "other", [np.arange(1, 90)] * 40)
     blend = ["1", prefix, "2", other] if blended else [prefix]
-    config = MegatronDataConfig(
-        sequence_length=32, order="computed", packing=packing, blend=blend, split="100,0,0"
-    )
+    config = MegatronDataConfig(sequence_length=32, order="computed", packing=packing, blend=blend,
+                                split="100,0,0")
     train = build_datasets(config, [50, 0, 0])[0]
     assert train is not None
     n = len(train)
@@ -150,13 +110,8 @@ def test_a_megatron_order_blend_counts_negative_indices_from_the_end(prefix, tmp
     for one GPTDataset (tokenload's single-source Megatron order already wrapped; its blends
     raised an IndexError)."""
     other = write_documents(tmp_path / "other", [np.arange(1, 90)] * 40)
-    config = MegatronDataConfig(
-        sequence_length=32,
-        blend=["1", prefix, "2", other],
-        split="100,0,0",
-        path_to_cache=str(tmp_path / "c"),
-        mixture_change=mixture,
-    )
+    config = MegatronDataConfig(sequence_length=32, blend=["1", prefix, "2", other], split="100,0,0",
+                                path_to_cache=str(tmp_path / "c"), mixture_change=mixture)
     train = build_datasets(config, [50, 0, 0])[0]
     assert train is not None
     n = len(train)
@@ -166,3 +121,4 @@ def test_a_megatron_order_blend_counts_negative_indices_from_the_end(prefix, tmp
     for bad in ([n], [-n - 1]):
         with pytest.raises(IndexError, match=f"sample indices must lie in \\[-{n}, {n}\\)"):
             train.__getitems__(bad)
+

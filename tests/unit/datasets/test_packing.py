@@ -86,9 +86,7 @@ def runs(window: np.ndarray) -> list[tuple[int, int, int, int, int]]:
 
 @ORDERS
 @pytest.mark.parametrize("sources", [1, 2])
-def test_every_document_served_whole_once_per_epoch_with_little_padding(
-    tmp_path, order, sources
-) -> None:
+def test_every_document_served_whole_once_per_epoch_with_little_padding(tmp_path, order, sources) -> None:
     """One epoch (size None) of one source, or of an unweighted blend of two (whose one epoch is
     each source's: the computed order once sized it by an estimate of rows, ceil(tokens / W),
     and left some of a source's pieces unserved)."""
@@ -231,48 +229,27 @@ def test_packing_options_are_checked() -> None:
 
 @ORDERS
 @pytest.mark.parametrize("packing", ["concat", "best-fit"])
-def test_sequence_length_is_checked_alike_on_every_order_and_packing(
-    tmp_path, order, packing
-) -> None:
+def test_sequence_length_is_checked_alike_on_every_order_and_packing(tmp_path, order, packing) -> None:
     """Red-team findings: S=True was taken as 1 and 1.5 raised a raw TypeError on three of the
     four paths, 2**40 exhausted memory on the computed order, and a NumPy int S failed Megatron's
     cache description with a raw TypeError. One check in the config: NumPy integers are ints."""
     extra = {"path_to_cache": str(tmp_path / "c")} if order == "megatron" else {}
-    for bad, words in (
-        (True, "True; expected an int"),
-        (1.5, "1.5; expected an int"),
-        ("8", "'8'; expected an int"),
-        (0, "0; expected 1..2147483647"),
-        (2**40, "1099511627776; expected 1..2147483647"),
-    ):
+    for bad, words in ((True, "True; expected an int"), (1.5, "1.5; expected an int"), ("8", "'8'; expected an int"),
+                       (0, "0; expected 1..2147483647"), (2**40, "1099511627776; expected 1..2147483647")):
         with pytest.raises(ConfigError, match=f"sequence_length is {words}"):
             config(order=order, packing=packing, sequence_length=bad, **extra)
     with pytest.raises(ConfigError, match=r"random_seed is 2\.0; expected an int"):
         config(order=order, packing=packing, random_seed=2.0, **extra)
     prefix, _ = corpus(tmp_path, 1, 200, seed=3)
     cap = {"max_documents_per_row": np.int64(3)} if packing == "best-fit" else {}
-    numpy_ints = config(
-        blend=[prefix],
-        order=order,
-        packing=packing,
-        sequence_length=np.int64(S),
-        random_seed=np.int32(7),
-        **cap,
-        **extra,
-    )
+    numpy_ints = config(blend=[prefix], order=order, packing=packing, sequence_length=np.int64(S),
+                        random_seed=np.int32(7), **cap, **extra)
     assert type(numpy_ints.sequence_length) is int and type(numpy_ints.random_seed) is int
-    plain = config(
-        blend=[prefix],
-        order=order,
-        packing=packing,
-        **({"max_documents_per_row": 3} if cap else {}),
-        **extra,
-    )
+    plain = config(blend=[prefix], order=order, packing=packing, **({"max_documents_per_row": 3} if cap else {}),
+                   **extra)
     a, b = (build_datasets(c, [40, 0, 0])[0] for c in (numpy_ints, plain))
     assert a is not None and b is not None
-    np.testing.assert_array_equal(
-        a.__getitems__(np.arange(40))["tokens"], b.__getitems__(np.arange(40))["tokens"]
-    )
+    np.testing.assert_array_equal(a.__getitems__(np.arange(40))["tokens"], b.__getitems__(np.arange(40))["tokens"])
 
 
 @ORDERS
@@ -323,9 +300,7 @@ def test_a_split_of_only_empty_documents_has_no_row(tmp_path, order) -> None:
     with pytest.raises(ConfigError, match=r"no tokens|0 tokens"):
         build_datasets(config(order=order, blend=[empty]), [10, 0, 0])
     train, _, _ = build_datasets(config(order=order, blend=[empty]), [None, None, None])
-    assert (
-        train is not None and len(train) == 0
-    )  # no request: an empty dataset (it used to search for a row forever)
+    assert train is not None and len(train) == 0  # no request: an empty dataset (it used to search for a row forever)
 
 
 @pytest.mark.parametrize("weighted", [True, False])
@@ -425,13 +400,7 @@ def test_schedule_skip_and_mixture_change_at_a_resume_serve_no_piece_twice(tmp_p
     # cap 1: most rows padded; workers count them there; a Megatron-order blend that may change
     # at a resume (mixture_change="continue") is another dataset class (its rows were counted
     # as concatenated ones: no packing metrics, a resume's hint said packing='concat')
-    [
-        (None, 0, {}),
-        (1, 0, {}),
-        (None, 2, {}),
-        (1, 2, {}),
-        (None, 2, {"mixture_change": "continue"}),
-    ],
+    [(None, 0, {}), (1, 0, {}), (None, 2, {}), (1, 2, {}), (None, 2, {"mixture_change": "continue"})],
 )
 def test_loader_metrics_count_documents_and_padding_of_the_rows_served(
     tmp_path, order, cap, workers, mixture
@@ -788,13 +757,8 @@ def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_piece
     a, _ = corpus(tmp_path, 1, 400, seed=31)
     b, _ = corpus(tmp_path, 2, 400, seed=32)
     blend = [a] if sources == 1 else ["0.5", a, "0.5", b]
-    cfg = config(
-        blend=blend,
-        add_extra_token=extra,
-        inter_document_masking=True,
-        order=order,
-        path_to_cache=str(tmp_path / "cache") if order == "megatron" else None,
-    )
+    cfg = config(blend=blend, add_extra_token=extra, inter_document_masking=True, order=order,
+                 path_to_cache=str(tmp_path / "cache") if order == "megatron" else None)
     train, _, _ = build_datasets(cfg, [150, 0, 0])
     assert train is not None
     laid = 0

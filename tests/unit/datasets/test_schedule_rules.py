@@ -39,15 +39,13 @@ def files(tmp_path_factory):
     for f, (name, count) in enumerate((("a", 300), ("b", 200), ("c", 250), ("v", 50))):
         lengths = rng.integers(1, 30, size=count)
         stream = f * FILE_BASE + 1 + np.arange(int(lengths.sum()))
-        out[name] = write_documents(
-            tmp / name, np.split(stream, np.cumsum(lengths)[:-1]), dtype=np.int32
-        )
+        out[name] = write_documents(tmp / name, np.split(stream, np.cumsum(lengths)[:-1]),
+                                    dtype=np.int32)
     return out
 
 
-def train_split(
-    files, order, schedule, *, per_split=False, names=NAMES, change="refuse", size=SIZE, **kw
-):
+def train_split(files, order, schedule, *, per_split=False, names=NAMES, change="refuse",
+                size=SIZE, **kw):
     """The train split of a blend of ``names`` (weights 1 each: the schedule replaces them)."""
     paths = [x for name in names for x in ("1", files[name])]
     if per_split:
@@ -56,9 +54,8 @@ def train_split(
         kw.update(blend=paths, split="100,0,0")
     if order == "megatron":
         kw.update(cache=kw.get("cache", "off"), mixture_change=change)
-    cfg = MegatronDataConfig(
-        sequence_length=S, order=order, eod_id=0, weights_schedule=schedule, **kw
-    )
+    cfg = MegatronDataConfig(sequence_length=S, order=order, eod_id=0, weights_schedule=schedule,
+                             **kw)
     return build_datasets(cfg, [size, 16 if per_split else 0, 0])[0]
 
 
@@ -79,10 +76,8 @@ def through_loader(dataset, samples: int, dp: int = 2, mbs: int = 4) -> np.ndarr
     ``dp`` data-parallel ranks (every rank's micro-batches put back in global order)."""
     from tokenload.loader import build_dataloader
 
-    loaders = [
-        build_dataloader(dataset, micro_batch_size=mbs, dp_rank=r, dp_size=dp, num_workers=0)
-        for r in range(dp)
-    ]
+    loaders = [build_dataloader(dataset, micro_batch_size=mbs, dp_rank=r, dp_size=dp,
+                                num_workers=0) for r in range(dp)]
     iters = [iter(x) for x in loaders]
     ids = [next(it)["dataset_id"].numpy() for _ in range(samples // (dp * mbs)) for it in iters]
     for x in loaders:
@@ -181,21 +176,14 @@ def test_an_inactive_source_joins_at_a_resume_with_its_own_preparation(files):
 @pytest.mark.parametrize("start", [SIZE, 500, 2**63])
 @pytest.mark.parametrize("per_split", [False, True], ids=["blend", "blend_per_split"])
 @pytest.mark.parametrize("order", ORDERS)
-def test_an_entry_past_the_end_is_refused_when_the_datasets_are_built(
-    files, order, per_split, start, tmp_path
-):
+def test_an_entry_past_the_end_is_refused_when_the_datasets_are_built(files, order, per_split,
+                                                                       start, tmp_path):
     cached = {}
     if order == "megatron":
         cached = {"path_to_cache": str(tmp_path / "cache"), "cache": "auto"}
     with pytest.raises(ConfigError) as err:  # 160 samples in both orders (80 + 80)
-        train_split(
-            files,
-            order,
-            [(0, [1, 1]), (start, [0, 1])],
-            per_split=per_split,
-            names=("a", "b"),
-            **cached,
-        )
+        train_split(files, order, [(0, [1, 1]), (start, [0, 1])], per_split=per_split,
+                    names=("a", "b"), **cached)
     text = str(err.value)
     assert "weights_schedule" in text and f"entry at sample {start}" in text
     assert f"holds {SIZE} samples" in text  # the split's length
@@ -226,15 +214,10 @@ def schedules(draw):
     return entries
 
 
-@settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    schedule=schedules(),
-    order=st.sampled_from(ORDERS),
-    per_split=st.booleans(),
-    change=st.sampled_from(["refuse", "continue"]),
-)
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=schedules(), order=st.sampled_from(ORDERS), per_split=st.booleans(),
+       change=st.sampled_from(["refuse", "continue"]))
 def test_random_schedules_deliver_their_weights(files, schedule, order, per_split, change):
     names = NAMES[: len(schedule[0][1])]
     dataset = train_split(files, order, schedule, per_split=per_split, names=names, change=change)

@@ -34,9 +34,7 @@ def _dataset(tmp_path: Path) -> ComputedPackedDataset:
     )
 
 
-def _sharing(
-    tmp_path: Path,
-) -> tuple[Path, ComputedPackedDataset, ComputedPackedDataset, ComputedPackedDataset]:
+def _sharing(tmp_path: Path) -> tuple[Path, ComputedPackedDataset, ComputedPackedDataset, ComputedPackedDataset]:
     """A plans folder, two datasets sharing it (two processes' worth) and one packing alone."""
     folder = tmp_path / "plans"
     folder.mkdir()
@@ -54,9 +52,7 @@ def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _same(a: dict, b: dict) -> bool:
-    return all(
-        np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "piece_first", "piece_length")
-    )
+    return all(np.array_equal(a[k], b[k]) for k in ("windows", "row_tokens", "piece_first", "piece_length"))
 
 
 def test_a_block_packed_by_one_process_is_read_by_the_others(tmp_path, monkeypatch) -> None:
@@ -236,14 +232,10 @@ def test_two_files_alike_to_the_sampled_identity_never_share_a_plan(tmp_path) ->
     swapped = list(lengths)
     swapped[1300], swapped[1301] = lengths[1301], lengths[1300]
     prefixes = [
-        write_documents(
-            tmp_path / name, [named(s, d, k) for d, k in enumerate(lens)], dtype=np.int32
-        )
+        write_documents(tmp_path / name, [named(s, d, k) for d, k in enumerate(lens)], dtype=np.int32)
         for s, name, lens in ((1, "a", lengths), (2, "b", swapped))
     ]
-    blend, _, _ = build_datasets(
-        config(blend=["0.5", prefixes[0], "0.5", prefixes[1]]), [400, 0, 0]
-    )
+    blend, _, _ = build_datasets(config(blend=["0.5", prefixes[0], "0.5", prefixes[1]]), [400, 0, 0])
     assert isinstance(blend, ComputedBlendedDataset)
     a, b = blend.datasets
     assert a.extent.identity == b.extent.identity  # the premise: the sampled identities agree
@@ -272,12 +264,7 @@ def test_a_source_read_for_many_epochs_keeps_few_plans_in_the_folder(tmp_path) -
     assert one.rows.num_blocks == 2
     epochs = 12
     many = ComputedPackedDataset(
-        train.source,
-        train.extent,
-        train.item,
-        seed=7,
-        length=epochs * len(one),
-        block_documents=500,
+        train.source, train.extent, train.item, seed=7, length=epochs * len(one), block_documents=500
     )
     folder = tmp_path / "plans"
     folder.mkdir()

@@ -26,9 +26,8 @@ def _docs(count: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def _config(prefix, order, **kw) -> MegatronDataConfig:
-    return MegatronDataConfig(
-        sequence_length=16, blend=[prefix], split="90,10,0", order=order, cache="off", **kw
-    )
+    return MegatronDataConfig(sequence_length=16, blend=[prefix], split="90,10,0", order=order,
+                              cache="off", **kw)
 
 
 def _read(cfg) -> None:

@@ -36,11 +36,7 @@ def main() -> None:
     names = [os.path.join(data, f"p{i:05d}") for i in range(int(prefixes))]
     blend = [x for name in names for x in ("1", name)]
     config = MegatronDataConfig(
-        sequence_length=16,
-        blend=blend,
-        split="100,0,0",
-        order=order,
-        read_mode=mode,
+        sequence_length=16, blend=blend, split="100,0,0", order=order, read_mode=mode,
         # index caches are the Megatron order's; the computed order reads none
         path_to_cache=os.path.join(data, f"cache-{order}-{mode}") if order == "megatron" else None,
     )
@@ -54,9 +50,8 @@ def main() -> None:
         tokens.append(np.asarray(batch["tokens"]).copy())
         seen += 1
         if seen % 10 == 0:
-            counts.append(
-                {"step": seen, "main": open_fds(), "workers": [open_fds(pid) for pid in children()]}
-            )
+            counts.append({"step": seen, "main": open_fds(),
+                           "workers": [open_fds(pid) for pid in children()]})
         if seen == steps:
             break
     expected = train.__getitems__(np.arange(mbs * steps))["tokens"]

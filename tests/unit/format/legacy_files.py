@@ -13,16 +13,8 @@ import struct
 
 import numpy as np
 
-NEOX_CODES = {
-    np.uint8: 1,
-    np.int8: 2,
-    np.int16: 3,
-    np.int32: 4,
-    np.int64: 5,
-    np.float32: 6,
-    np.float64: 7,
-    np.uint16: 8,
-}
+NEOX_CODES = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.float32: 6, np.float64: 7,
+              np.uint16: 8}
 
 
 def _flatten(documents, dtype):
@@ -31,9 +23,7 @@ def _flatten(documents, dtype):
     return sequences, ends
 
 
-def tntidx_bytes(
-    documents, dtype=np.int32, *, doc_idx=None, code=None, element_size=None
-) -> tuple[bytes, bytes]:
+def tntidx_bytes(documents, dtype=np.int32, *, doc_idx=None, code=None, element_size=None) -> tuple[bytes, bytes]:
     """(.idx, .bin) bytes of a legacy index: header, dim_offsets, data_offsets (elements), sizes, doc_idx."""
     sequences, ends = _flatten(documents, dtype)
     doc_idx = ends if doc_idx is None else np.asarray(doc_idx)
@@ -43,13 +33,8 @@ def tntidx_bytes(
     dim_offsets = np.arange(n + 1, dtype="<i8")
     item = np.dtype(dtype).itemsize
     head = b"TNTIDX\x00\x00" + struct.pack(
-        "<QQQQQQ",
-        1,
-        NEOX_CODES[dtype] if code is None else code,
-        item if element_size is None else element_size,
-        n,
-        n,
-        len(doc_idx),
+        "<QQQQQQ", 1, NEOX_CODES[dtype] if code is None else code, item if element_size is None else element_size,
+        n, n, len(doc_idx)
     )
     arrays = (dim_offsets, data_offsets, sizes, np.asarray(doc_idx, "<i8"))
     idx = head + b"".join(a.tobytes() for a in arrays)
@@ -72,19 +57,11 @@ def write_neox_mmidx(prefix, documents, dtype, *, doc_idx=None) -> str:
     sequences, ends = _flatten(documents, dtype)
     doc_idx = ends if doc_idx is None else np.asarray(doc_idx)
     lengths = np.array([s.size for s in sequences], dtype="<i4")
-    pointers = (
-        np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)]) * np.dtype(dtype).itemsize
-    )
-    head = b"MMIDIDX\x00\x00" + struct.pack(
-        "<QBQQ", 1, NEOX_CODES[dtype], len(sequences), len(doc_idx)
-    )
+    pointers = np.concatenate([[0], np.cumsum(lengths[:-1], dtype=np.int64)]) * np.dtype(dtype).itemsize
+    head = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, NEOX_CODES[dtype], len(sequences), len(doc_idx))
     with open(f"{prefix}.idx", "wb") as f:
-        f.write(
-            head
-            + lengths.tobytes()
-            + pointers[: len(sequences)].astype("<i8").tobytes()
-            + np.asarray(doc_idx, "<i8").tobytes()
-        )
+        f.write(head + lengths.tobytes() + pointers[: len(sequences)].astype("<i8").tobytes()
+                + np.asarray(doc_idx, "<i8").tobytes())
     with open(f"{prefix}.bin", "wb") as f:
         f.write(b"".join(s.tobytes() for s in sequences))
     return str(prefix)

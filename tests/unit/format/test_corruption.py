@@ -111,17 +111,13 @@ def test_pointer_outside_bin_is_format_error(pair):
     at = 34 + 4 * 4 + 8
     with open(prefix + ".idx", "wb") as f:
         f.write(idx[:at] + struct.pack("<q", 10_000) + idx[at + 8 :])
-    with pytest.raises(
-        FormatError, match=r"sequence 1 has pointer 10000 .* expected pointer\[i \+ 1\]"
-    ):
+    with pytest.raises(FormatError, match=r"sequence 1 has pointer 10000 .* expected pointer\[i \+ 1\]"):
         TokenFile(prefix)[1]
 
 
 # -- fuzzing ---------------------------------------------------------------------------------------
 
-FUZZ = settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _read_all(prefix, mode):

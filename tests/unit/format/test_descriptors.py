@@ -102,9 +102,8 @@ def test_pread_keeps_at_most_the_limit_open_and_reads_right_after_eviction(files
     for _ in range(2):  # the second round reopens every file evicted in the first
         for pread, mmap in zip(sources, mapped):
             starts, lengths = np.array([0, 3, 9]), np.array([2, 4, 1])
-            np.testing.assert_array_equal(
-                pread.read_spans(starts, lengths), mmap.read_spans(starts, lengths)
-            )
+            np.testing.assert_array_equal(pread.read_spans(starts, lengths),
+                                          mmap.read_spans(starts, lengths))
             np.testing.assert_array_equal(pread.read(1, 5), mmap.read(1, 5))
             assert open_fds() - before <= small_limit
     for source in sources:
@@ -191,9 +190,8 @@ def test_running_out_of_descriptors_is_a_storage_error_with_that_hint(files):
         "except StorageError as e:\n"
         "    print(e.hint)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, files[0]], capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([sys.executable, "-c", code, files[0]], capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert "soft limit is 64" in out.stdout and "ulimit -n" in out.stdout
 
@@ -203,23 +201,16 @@ def thousand(tmp_path_factory):
     folder = tmp_path_factory.mktemp("thousand")
     rng = np.random.default_rng(0)
     for i in range(1000):
-        write_pair(
-            str(folder / f"p{i:05d}"),
-            [rng.integers(1, 1000, size=int(n)) for n in rng.integers(5, 40, size=20)],
-        )
+        write_pair(str(folder / f"p{i:05d}"),
+                   [rng.integers(1, 1000, size=int(n)) for n in rng.integers(5, 40, size=20)])
     return folder
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(
-    ("order", "mode", "lru"),
-    [
-        ("computed", "mmap", None),
-        ("computed", "pread", 32),
-        ("megatron", "mmap", None),
-        ("megatron", "pread", None),
-    ],
-)
+@pytest.mark.parametrize(("order", "mode", "lru"), [
+    ("computed", "mmap", None), ("computed", "pread", 32), ("megatron", "mmap", None),
+    ("megatron", "pread", None),
+])
 def test_a_thousand_prefixes_read_under_a_low_descriptor_limit(thousand, order, mode, lru):
     """1,000 prefixes, 2 workers, RLIMIT_NOFILE 256 (each process): the loader delivers 40
     micro-batches equal to the dataset's own, and no process holds more than its base descriptors
@@ -230,10 +221,7 @@ def test_a_thousand_prefixes_read_under_a_low_descriptor_limit(thousand, order, 
         env["TOKENLOAD_OPEN_FILES"] = str(lru)
     out = subprocess.run(
         [sys.executable, str(DRIVER), str(thousand), "1000", order, mode, "256", "2", "40"],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        env=env,
+        capture_output=True, text=True, timeout=170, env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

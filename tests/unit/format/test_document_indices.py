@@ -39,9 +39,7 @@ def prefix(tmp_path):
         ([3], r"document_indices\[0\] is 3, expected 0"),
     ],
 )
-def test_open_refuses_document_indices_that_do_not_span_the_sequences(
-    prefix, mode, documents, match
-):
+def test_open_refuses_document_indices_that_do_not_span_the_sequences(prefix, mode, documents, match):
     _rewrite_documents(prefix, documents)
     tf = TokenFile(prefix, mode=mode)
     with pytest.raises(FormatError, match=match) as info:
@@ -67,11 +65,7 @@ def test_files_with_document_boundaries_are_not_flagged(prefix, tmp_path):
     assert not TokenFile(prefix).documents_from_sequences
     empty = write_documents(tmp_path / "empty", [])
     tf = TokenFile(empty)
-    assert (tf.document_indices.tolist(), tf.num_documents, tf.documents_from_sequences) == (
-        [0],
-        0,
-        False,
-    )
+    assert (tf.document_indices.tolist(), tf.num_documents, tf.documents_from_sequences) == ([0], 0, False)
 
 
 def test_merging_a_neox_merged_file_writes_one_document_per_sequence(prefix, tmp_path):

@@ -29,9 +29,8 @@ def prefix(tmp_path):
 
 
 def _config(prefix: str, mode) -> MegatronDataConfig:
-    return MegatronDataConfig(
-        sequence_length=8, blend=[prefix], split="100,0,0", cache="off", read_mode=mode
-    )
+    return MegatronDataConfig(sequence_length=8, blend=[prefix], split="100,0,0", cache="off",
+                              read_mode=mode)
 
 
 def _patch(prefix: str, offset: int, packed: bytes) -> None:
@@ -49,7 +48,7 @@ def _swap_lengths(prefix: str) -> int:
 def _move_pointer(prefix: str) -> int:
     """Sequence 3's pointer moved by 4 bytes (2 tokens): still inside the .bin."""
     at = 34 + 4 * N + 8 * 3
-    (pointer,) = struct.unpack("<q", Path(prefix + ".idx").read_bytes()[at : at + 8])
+    (pointer,) = struct.unpack("<q", Path(prefix + ".idx").read_bytes()[at:at + 8])
     _patch(prefix, at, struct.pack("<q", pointer + 4))
     return 2  # sequence 2 now ends 4 bytes before sequence 3's pointer: the first gap named
 
@@ -64,17 +63,14 @@ def test_in_range_index_damage_is_a_format_error_on_every_read_path(prefix, dama
     expected = [sound[i].tolist() for i in range(N)]
     first_bad = DAMAGE[damage](prefix)
     tf = TokenFile(prefix, mode=mode)
-    named = (
-        rf"d\.idx: sequence {first_bad} has pointer \d+ and length \d+ .* "
-        r"expected pointer\[i \+ 1\]"
-    )
+    named = (rf"d\.idx: sequence {first_bad} has pointer \d+ and length \d+ .* "
+             r"expected pointer\[i \+ 1\]")
     reads = {
         "single": lambda: tf[first_bad],
         "slice": lambda: tf[:],
         "document": lambda: tf.document(first_bad),
-        "pieces": lambda: tf.read_pieces(
-            np.array([0, first_bad]), np.zeros(2, np.int64), np.ones(2, np.int64)
-        ),
+        "pieces": lambda: tf.read_pieces(np.array([0, first_bad]), np.zeros(2, np.int64),
+                                         np.ones(2, np.int64)),
     }
     for name, read in reads.items():
         with pytest.raises(FormatError, match=named) as info:
@@ -127,7 +123,7 @@ def test_each_chunk_of_pointers_is_checked_on_its_first_use(prefix, mode, monkey
     monkeypatch.setattr(reader, "CHECK_SHIFT", 2)  # chunks of 4 sequences: [0, 4) and [4, 8)
     monkeypatch.setattr(reader, "CHECK_CHUNK", 4)
     at = 34 + 4 * N + 8 * 5
-    (pointer,) = struct.unpack("<q", Path(prefix + ".idx").read_bytes()[at : at + 8])
+    (pointer,) = struct.unpack("<q", Path(prefix + ".idx").read_bytes()[at:at + 8])
     _patch(prefix, at, struct.pack("<q", pointer + 2))  # sequence 5's pointer: one token on
     tf = TokenFile(prefix, mode=mode)
     one = np.ones(2, np.int64)

@@ -35,12 +35,7 @@ from tokenload.format import (
 LEGACY = FIXTURES / "legacy"
 EXPECTED = json.loads((LEGACY / "expected.json").read_text())["files"]
 TNTIDX = sorted(name for name in EXPECTED if name.startswith("cached"))
-DOCS = [
-    [[1, 2, 3], [4]],
-    [[]],
-    [],
-    [[70000, 5]],
-]  # an empty sequence, an empty document, an int32 id
+DOCS = [[[1, 2, 3], [4]], [[]], [], [[70000, 5]]]  # an empty sequence, an empty document, an int32 id
 
 
 def _md5(path) -> str:
@@ -54,10 +49,7 @@ def _md5(path) -> str:
 @pytest.mark.parametrize("mode", list(ReadMode))
 def test_reads_what_neox_reads(name, mode):
     meta, neox = EXPECTED[name], EXPECTED[name]["neox"]
-    assert (
-        _md5(LEGACY / f"{name}.idx") == meta["md5"]["idx"]
-        and _md5(LEGACY / f"{name}.bin") == meta["md5"]["bin"]
-    )
+    assert _md5(LEGACY / f"{name}.idx") == meta["md5"]["idx"] and _md5(LEGACY / f"{name}.bin") == meta["md5"]["bin"]
     tf = TokenFile(LEGACY / name, mode=mode, allow_float=True)  # float fixtures: data files
     assert tf.dtype.name == neox["dtype"] == meta["dtype"]
     assert tf.header.index_format == ("TNTIDX" if neox["infer"] == "cached" else "MMIDIDX")
@@ -66,15 +58,11 @@ def test_reads_what_neox_reads(name, mode):
     assert [a.tolist() for a in tf[:]] == neox["slice"]
     assert neox.get("cached_items", neox.get("warm_items")) == neox["items"]
     if neox["infer"] == "cached":
-        assert tf.sequence_pointers.tolist() == [
-            o * neox["element_size"] for o in neox["data_offsets"][:-1]
-        ]
+        assert tf.sequence_pointers.tolist() == [o * neox["element_size"] for o in neox["data_offsets"][:-1]]
     else:
         assert tf.sequence_pointers.tolist() == neox["pointers"]
     if neox["doc_idx"] == [0]:  # NeoX's merge_file_ (both formats) does not merge doc_idx
-        assert tf.documents_from_sequences and tf.document_indices.tolist() == list(
-            range(len(tf) + 1)
-        )
+        assert tf.documents_from_sequences and tf.document_indices.tolist() == list(range(len(tf) + 1))
     else:
         assert not tf.documents_from_sequences and tf.document_indices.tolist() == neox["doc_idx"]
     documents = [[t for s in doc for t in s] for doc in meta["documents"]]
@@ -91,25 +79,17 @@ def test_spec_layout_writer_gives_neox_builders_bytes(name, tmp_path):
     doc_idx = [0] if neox["doc_idx"] == [0] else None
     if name in TNTIDX:
         idx, data = tntidx_bytes(meta["documents"], dtype, doc_idx=doc_idx)
-        assert (idx, data) == (
-            (LEGACY / f"{name}.idx").read_bytes(),
-            (LEGACY / f"{name}.bin").read_bytes(),
-        )
+        assert (idx, data) == ((LEGACY / f"{name}.idx").read_bytes(), (LEGACY / f"{name}.bin").read_bytes())
     else:
         prefix = write_neox_mmidx(tmp_path / name, meta["documents"], dtype, doc_idx=doc_idx)
-        assert (
-            _md5(prefix + ".idx") == meta["md5"]["idx"]
-            and _md5(prefix + ".bin") == meta["md5"]["bin"]
-        )
+        assert _md5(prefix + ".idx") == meta["md5"]["idx"] and _md5(prefix + ".bin") == meta["md5"]["bin"]
 
 
 def _writer_bytes(tmp_path, documents, dtype) -> tuple[bytes, bytes]:
     """What tokenload's MMIDIDX writer (megatron-core's bytes) writes for these documents."""
     with TokenFileWriter(tmp_path / "expected", dtype) as w:
         for doc in documents:
-            w.add_document(
-                np.array([t for s in doc for t in s], dtype=dtype), [len(s) for s in doc]
-            )
+            w.add_document(np.array([t for s in doc for t in s], dtype=dtype), [len(s) for s in doc])
     return (tmp_path / "expected.idx").read_bytes(), (tmp_path / "expected.bin").read_bytes()
 
 
@@ -124,14 +104,10 @@ def test_convert_writes_megatron_core_bytes_for_the_same_documents(name, tmp_pat
     assert ((tmp_path / "out.idx").read_bytes(), (tmp_path / "out.bin").read_bytes()) == expected
     assert (tmp_path / "out.idx").read_bytes()[:9] == b"MMIDIDX\x00\x00"
     code = (tmp_path / "out.idx").read_bytes()[17]
-    assert (
-        code == {"int32": 4, "uint16": 8, "float32": 7, "float64": 6}[meta["dtype"]]
-    )  # megatron-core's codes
+    assert code == {"int32": 4, "uint16": 8, "float32": 7, "float64": 6}[meta["dtype"]]  # megatron-core's codes
     out = TokenFile(tmp_path / "out", dtype_codes="megatron", allow_float=True)
     assert [a.tolist() for a in out[:]] == neox["items"] and not out.documents_from_sequences
-    assert sidecar.metadata["converted_from"]["index_format"] == (
-        "TNTIDX" if name in TNTIDX else "MMIDIDX"
-    )
+    assert sidecar.metadata["converted_from"]["index_format"] == ("TNTIDX" if name in TNTIDX else "MMIDIDX")
 
 
 def test_legacy_file_and_its_conversion_give_the_same_samples(tmp_path):
@@ -140,9 +116,7 @@ def test_legacy_file_and_its_conversion_give_the_same_samples(tmp_path):
     convert_token_file(legacy, tmp_path / "mmidx")
 
     def samples(prefix, cache):
-        cfg = MegatronDataConfig(
-            sequence_length=8, blend=[prefix], split="1,0,0", path_to_cache=str(cache)
-        )
+        cfg = MegatronDataConfig(sequence_length=8, blend=[prefix], split="1,0,0", path_to_cache=str(cache))
         train = build_datasets(cfg, [40, 0, 0])[0]
         return [train[i]["tokens"].tolist() for i in range(len(train))]
 
@@ -151,12 +125,7 @@ def test_legacy_file_and_its_conversion_give_the_same_samples(tmp_path):
 
 def test_info_and_verify_on_legacy_files():
     d = describe(str(LEGACY / "cached"))
-    assert (d["index_format"], d["dtype"], d["documents"], d["empty_documents"]) == (
-        "TNTIDX",
-        "int32",
-        5,
-        1,
-    )
+    assert (d["index_format"], d["dtype"], d["documents"], d["empty_documents"]) == ("TNTIDX", "int32", 5, 1)
     assert check_file(str(LEGACY / "cached")).problems == []
     merged = check_file(str(LEGACY / "cached_merged"))
     assert merged.problems == [] and "each sequence is a document" in merged.checked[0]
@@ -170,13 +139,7 @@ def test_warmup_and_pickling_of_a_legacy_file(tmp_path):
     tf = TokenFile(prefix, warmup=True)
     assert [a.tolist() for a in tf[:]] == [[1, 2, 3], [4], [], [70000, 5]]
     again = pickle.loads(pickle.dumps(tf))
-    assert again.document(0).tolist() == [1, 2, 3, 4] and again.document_indices.tolist() == [
-        0,
-        2,
-        3,
-        3,
-        4,
-    ]
+    assert again.document(0).tolist() == [1, 2, 3, 4] and again.document_indices.tolist() == [0, 2, 3, 3, 4]
 
 
 # -- GPT-NeoX's float codes ------------------------------------------------------------------------
@@ -222,12 +185,7 @@ def test_legacy_element_size_decides_float_codes(tmp_path):
 
 N, S, D = 4, 4, 5
 HEAD = 56
-DIMS, OFFS, SIZES, DOCIDX = (
-    HEAD,
-    HEAD + 8 * (N + 1),
-    HEAD + 16 * (N + 1),
-    HEAD + 16 * (N + 1) + 8 * S,
-)
+DIMS, OFFS, SIZES, DOCIDX = HEAD, HEAD + 8 * (N + 1), HEAD + 16 * (N + 1), HEAD + 16 * (N + 1) + 8 * S
 
 
 @pytest.fixture
@@ -343,12 +301,11 @@ def test_fuzz_legacy_array_values_only_raise_format_error(legacy, region, index,
 
 
 @FUZZ
-@given(
-    fields=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 2**64 - 1)), min_size=1, max_size=3)
-)
+@given(fields=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 2**64 - 1)), min_size=1, max_size=3))
 def test_fuzz_legacy_header_only_raises_format_error(legacy, fields):
     prefix, idx = legacy
     data = bytearray(idx)
     for field, value in fields:
         data[8 * field : 8 * field + 8] = struct.pack("<Q", value)
     _fuzz_once(prefix, bytes(data))
+

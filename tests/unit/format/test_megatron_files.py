@@ -25,9 +25,7 @@ def _md5(path):
 
 
 def test_fixtures_present():
-    assert {"worked_example", "random_u16", "int32_large", "merged", "gold_x", "gold_y"} <= set(
-        NAMES
-    )
+    assert {"worked_example", "random_u16", "int32_large", "merged", "gold_x", "gold_y"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)

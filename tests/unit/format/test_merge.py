@@ -91,11 +91,8 @@ def test_a_damaged_input_is_refused_and_nothing_is_written(tmp_path, damage, how
     assert verify(bad)
     out = tmp_path / "out"
     if how.startswith("cli"):
-        args = (
-            ["merge", good, bad, "--output-prefix", str(out)]
-            if how == "cli merge"
-            else ["convert", bad, "--output-prefix", str(out)]
-        )
+        args = ["merge", good, bad, "--output-prefix", str(out)] if how == "cli merge" else [
+            "convert", bad, "--output-prefix", str(out)]
         done = run_cli(*args)
         assert done.returncode == 2 and "damaged token file" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr

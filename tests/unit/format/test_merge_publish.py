@@ -84,15 +84,9 @@ def test_a_kill_at_each_publish_step_leaves_old_new_or_nothing(tmp_path, inputs,
     out = str(tmp_path / "m")
     merge_token_files([b, a], out)
     old, new = _content(out), _content(a) + _content(b)
-    assert old != new and os.path.getsize(out + ".bin") == sum(
-        os.path.getsize(p + ".bin") for p in inputs
-    )
+    assert old != new and os.path.getsize(out + ".bin") == sum(os.path.getsize(p + ".bin") for p in inputs)
 
-    done = subprocess.run(
-        [sys.executable, "-c", KILLED_MERGE, out, str(kill_at), a, b],
-        capture_output=True,
-        text=True,
-    )
+    done = subprocess.run([sys.executable, "-c", KILLED_MERGE, out, str(kill_at), a, b], capture_output=True, text=True)
     assert done.returncode == (0 if kill_at == 6 else 9), done.stderr
 
     reader, has_sidecar, left = STATES[kill_at]
@@ -130,14 +124,7 @@ def test_a_merge_killed_while_copying_leaves_temporaries_the_next_merge_removes(
     assert len(leftover) == 1 and os.path.getsize(tmp_path / leftover[0]) > 0
     merge_token_files([big], tmp_path / "m")
     assert _hidden(tmp_path, "m") == []
-    assert sorted(os.listdir(tmp_path)) == [
-        "big.bin",
-        "big.idx",
-        "big.json",
-        "m.bin",
-        "m.idx",
-        "m.json",
-    ]
+    assert sorted(os.listdir(tmp_path)) == ["big.bin", "big.idx", "big.json", "m.bin", "m.idx", "m.json"]
 
 
 def test_which_temporaries_count_as_stale(tmp_path):
@@ -158,18 +145,14 @@ def test_which_temporaries_count_as_stale(tmp_path):
     day_ago = time.time() - STALE_AFTER_S - 60
     os.utime(other_host_old, (day_ago, day_ago))
     removed = remove_stale_temporaries(final)
-    assert sorted(p.name for p in removed) == sorted(
-        p.name for p in (dead, other_host_old, legacy_dead)
-    )
+    assert sorted(p.name for p in removed) == sorted(p.name for p in (dead, other_host_old, legacy_dead))
     for path in [mine, other_host_recent, *not_ours]:
         assert path.exists()
 
 
 def _dead_pid() -> int:
     """The id of a process that has exited (and been reaped)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     return int(proc.stdout)
 
 

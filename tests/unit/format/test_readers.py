@@ -113,9 +113,7 @@ def test_flat_file_odd_size_is_format_error(tmp_path):
 
 @pytest.mark.parametrize("mode", list(ReadMode))
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
-@pytest.mark.parametrize(
-    "mean_length", [4, 700]
-)  # a per-token gather below 32 tokens per span, a join above
+@pytest.mark.parametrize("mean_length", [4, 700])  # a per-token gather below 32 tokens per span, a join above
 def test_read_spans_every_mode_dtype_and_span_length(tmp_path, mode, dtype, mean_length):
     from tokenload.errors import FormatError
     from tokenload.format.bin import open_bin

@@ -52,20 +52,15 @@ def test_a_pickled_token_file_refuses_a_pair_replaced_since_it_was_opened(tmp_pa
 def test_workers_started_after_a_replacement_raise_instead_of_serving_it(tmp_path, order, context):
     prefix = write_documents(tmp_path / "a", _docs(0))
     config = MegatronDataConfig(
-        sequence_length=32,
-        blend=[prefix],
-        split="100,0,0",
-        order=order,
-        packing="best-fit",
+        sequence_length=32, blend=[prefix], split="100,0,0", order=order, packing="best-fit",
         path_to_cache=str(tmp_path / "cache") if order == "megatron" else None,
     )
     train = build_datasets(config, [100, 0, 0])[0]
     assert train is not None
     train.__getitems__([0])  # the training process opened the pair
     _replace(prefix, tmp_path)
-    loader = build_dataloader(
-        train, micro_batch_size=4, num_workers=2, multiprocessing_context=context
-    )
+    loader = build_dataloader(train, micro_batch_size=4, num_workers=2,
+                              multiprocessing_context=context)
     try:
         with pytest.raises(StorageError, match="the token file changed since it was first opened"):
             list(itertools.islice(loader, 4))

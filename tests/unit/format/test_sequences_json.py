@@ -57,18 +57,9 @@ def test_missing_prefix_names_prefix_file_and_command(tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    [
-        "{not json",
-        "[1, 2]",
-        '{"a": [1]}',
-        '{"a": [1, 0]}',
-        '{"a": ["1", 2]}',
-        '{"a": [true, 2]}',
-        '{"a": [-1, 2]}',
-        '{"a": [1, 2], "__tokenload_dtypes__": {"a": "float7"}}',
-        '{"a": [1, 2], "__tokenload_dtypes__": {"b": "int32"}}',
-        '{"a": [1, 2], "__tokenload_dtypes__": ["int32"]}',
-    ],
+    ["{not json", "[1, 2]", '{"a": [1]}', '{"a": [1, 0]}', '{"a": ["1", 2]}', '{"a": [true, 2]}', '{"a": [-1, 2]}',
+     '{"a": [1, 2], "__tokenload_dtypes__": {"a": "float7"}}', '{"a": [1, 2], "__tokenload_dtypes__": {"b": "int32"}}',
+     '{"a": [1, 2], "__tokenload_dtypes__": ["int32"]}'],
 )
 def test_malformed_files_are_config_errors(text, tmp_path):
     path = tmp_path / "bad.json"
@@ -107,30 +98,16 @@ def test_length_and_dtype_known_without_opening(prefix):
 
 
 def test_pickled_token_file_keeps_its_counts(prefix):
-    tf = pickle.loads(
-        pickle.dumps(TokenFile(prefix, sequences=(4, 5), dtype="uint16", sequences_path="s.json"))
-    )
-    assert (tf.sequences, tf.given_dtype, tf.sequences_path) == (
-        (4, 5),
-        np.dtype(np.uint16),
-        "s.json",
-    )
+    tf = pickle.loads(pickle.dumps(TokenFile(prefix, sequences=(4, 5), dtype="uint16", sequences_path="s.json")))
+    assert (tf.sequences, tf.given_dtype, tf.sequences_path) == ((4, 5), np.dtype(np.uint16), "s.json")
     assert tf[3].tolist() == [6, 7, 8, 9]
 
 
 @pytest.mark.parametrize(
     "counts,dtype,message",
     [
-        (
-            (5, 5),
-            "uint16",
-            "index is 122 bytes, expected 134",
-        ),  # another size than the counts imply
-        (
-            (6, 2),
-            "uint16",
-            "header holds 4 sequences",
-        ),  # 12 x 2 = 8 x 3: the same size, other counts
+        ((5, 5), "uint16", "index is 122 bytes, expected 134"),  # another size than the counts imply
+        ((6, 2), "uint16", "header holds 4 sequences"),  # 12 x 2 = 8 x 3: the same size, other counts
         ((4, 5), "int32", "a code of int32"),
     ],
 )
@@ -160,9 +137,7 @@ def test_vocabularies_megatron_misreads_keep_their_dtype(tmp_path):
     path = tmp_path / "seq.json"
     write_sequences(path, {prefix: _counts(prefix)})
     entry = read_sequences(path).entry(prefix)
-    tf = TokenFile(
-        prefix, sequences=(entry.sequence_count, entry.document_count), dtype=entry.dtype
-    )
+    tf = TokenFile(prefix, sequences=(entry.sequence_count, entry.document_count), dtype=entry.dtype)
     assert tf[0].tolist() == [65_499, 1, 65_000]
     with pytest.raises(FormatError):  # the guess (uint16) is refused, not read as other tokens
         TokenFile(prefix, sequences=(entry.sequence_count, entry.document_count), dtype="uint16")[0]

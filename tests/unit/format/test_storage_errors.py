@@ -89,10 +89,7 @@ def test_read_only_output_folder(tmp_path, read_only):
     source = write_documents(tmp_path / "s", [[1, 2]])
     cli = run_cli("merge", source, "--output-prefix", read_only / "m")
     assert cli.returncode == 2 and "Traceback" not in cli.stderr
-    assert (
-        "Read-only file system" in cli.stderr
-        and "HINT: the filesystem is mounted read-only" in cli.stderr
-    )
+    assert "Read-only file system" in cli.stderr and "HINT: the filesystem is mounted read-only" in cli.stderr
 
 
 # -- permissions: a real process without root's permission override --------------------------
@@ -130,9 +127,7 @@ def _one_line_error(done) -> str:
 
 
 @pytest.mark.parametrize("ext", [".idx", ".bin"])
-@pytest.mark.parametrize(
-    "command", [["info"], ["verify"], ["merge", "--output-prefix", "{folder}/out/m"]]
-)
+@pytest.mark.parametrize("command", [["info"], ["verify"], ["merge", "--output-prefix", "{folder}/out/m"]])
 def test_unreadable_input_gets_a_permission_hint(tmp_path, ext, command):
     prefix = write_documents(tmp_path / "t", [[1, 2, 3]])
     (tmp_path / "out").mkdir()
@@ -152,9 +147,7 @@ def test_unwritable_output_folder(tmp_path):
     finally:
         tmp_path.chmod(0o755)
     err = _one_line_error(done)
-    assert (
-        "Permission denied" in err and "HINT: this user may not write in the output folder" in err
-    )
+    assert "Permission denied" in err and "HINT: this user may not write in the output folder" in err
     assert sorted(os.listdir(tmp_path)) == ["t.bin", "t.idx", "t.json"]
 
 

@@ -14,24 +14,10 @@ from tokenload.format import ReadMode, TokenFile, TokenFileWriter, optimal_dtype
 
 # spec §1.1: the 122-byte index of documents [1..5]/[5], [6,7,8]/[2,1], []/[], [9]/[1] (uint16)
 EXAMPLE_IDX = bytes.fromhex(
-    "4d4d49444944580000"
-    "0100000000000000"
-    "08"
-    "0400000000000000"
-    "0500000000000000"
-    "05000000"
-    "02000000"
-    "01000000"
-    "01000000"
-    "0000000000000000"
-    "0a00000000000000"
-    "0e00000000000000"
-    "1000000000000000"
-    "0000000000000000"
-    "0100000000000000"
-    "0300000000000000"
-    "0300000000000000"
-    "0400000000000000"
+    "4d4d49444944580000" "0100000000000000" "08" "0400000000000000" "0500000000000000"
+    "05000000" "02000000" "01000000" "01000000"
+    "0000000000000000" "0a00000000000000" "0e00000000000000" "1000000000000000"
+    "0000000000000000" "0100000000000000" "0300000000000000" "0300000000000000" "0400000000000000"
 )
 
 
@@ -61,21 +47,13 @@ def test_optimal_dtype_follows_megatron_writer_rule(vocab, expected):
 
 
 documents = st.lists(
-    st.lists(
-        st.lists(st.integers(0, 65535), max_size=12), max_size=4
-    ),  # a document = its sequences
+    st.lists(st.lists(st.integers(0, 65535), max_size=12), max_size=4),  # a document = its sequences
     max_size=25,
 )
 
 
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    docs=documents,
-    dtype=st.sampled_from([np.uint16, np.int32]),
-    mode=st.sampled_from(list(ReadMode)),
-)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(docs=documents, dtype=st.sampled_from([np.uint16, np.int32]), mode=st.sampled_from(list(ReadMode)))
 def test_round_trip(tmp_path, docs, dtype, mode):
     prefix = str(tmp_path / f"rt{abs(hash(str(docs))) % 10**9}")
     with TokenFileWriter(prefix, dtype) as w:
@@ -90,9 +68,7 @@ def test_round_trip(tmp_path, docs, dtype, mode):
     for i, seq in enumerate(sequences):
         np.testing.assert_array_equal(tf[i], np.array(seq, dtype=dtype))
     for d, doc in enumerate(docs):
-        np.testing.assert_array_equal(
-            tf.document(d), np.array([t for s in doc for t in s], dtype=dtype)
-        )
+        np.testing.assert_array_equal(tf.document(d), np.array([t for s in doc for t in s], dtype=dtype))
     assert tf.document_indices.tolist() == [0, *np.cumsum([len(d) for d in docs]).tolist()]
 
 

@@ -60,7 +60,10 @@ class Built:
 
     def files(self) -> list[str]:
         """Every cache file name Megatron writes for this dataset and its members."""
-        names = {f.split("/")[-1] for f in CacheFiles.of("", self.identifiers).megatron_files}
+        names = {
+            f.split("/")[-1]
+            for f in CacheFiles.of("", self.identifiers).megatron_files
+        }
         for m in self.members:
             names |= set(m.files())
         return sorted(names)
@@ -73,12 +76,8 @@ def _blend(raw) -> Blend | None:
     return Blend(prefixes=tuple(prefixes), weights=None if weights is None else tuple(weights))
 
 
-def build_config(
-    config: dict,
-    lengths: dict[str | None, np.ndarray],
-    tokenizer=NULL_TOKENIZER,
-    class_name: str = "GPTDataset",
-) -> dict[str, Built | None]:
+def build_config(config: dict, lengths: dict[str | None, np.ndarray], tokenizer=NULL_TOKENIZER,
+                 class_name: str = "GPTDataset") -> dict[str, Built | None]:
     """Build every split of a fixture ``config``; raises ConfigError where Megatron fails."""
     blend = _blend(config["blend"])
     per_split = config["blend_per_split"]
@@ -107,25 +106,16 @@ def build_config(
         for mid in plan.datasets:
             seq = lengths[mid.prefix]
             beg, end = split_range(mid.bookend, seq.shape[0])
-            idx = build_gpt_indices(
-                seq, np.arange(beg, end, dtype=np.int32), num_samples=mid.num_samples, config=gpt
-            )
+            idx = build_gpt_indices(seq, np.arange(beg, end, dtype=np.int32),
+                                    num_samples=mid.num_samples, config=gpt)
             uid = gpt_identifiers(
-                class_name=class_name,
-                dataset_path=mid.prefix,
-                num_samples=mid.num_samples,
-                index_split=name,
-                random_seed=gpt.random_seed,
-                sequence_length=gpt.sequence_length,
-                split=split,
-                split_matrix=matrix,
+                class_name=class_name, dataset_path=mid.prefix, num_samples=mid.num_samples,
+                index_split=name, random_seed=gpt.random_seed,
+                sequence_length=gpt.sequence_length, split=split, split_matrix=matrix,
                 tokenizer=tokenizer,
             )
-            arrays = {
-                "document_index": idx.document_index,
-                "sample_index": idx.sample_index,
-                "shuffle_index": idx.shuffle_index,
-            }
+            arrays = {"document_index": idx.document_index, "sample_index": idx.sample_index,
+                      "shuffle_index": idx.shuffle_index}
             mids.append(Built(uid, arrays, len(idx)))
         if not plan.blended:
             out[name] = mids[0]
@@ -136,10 +126,8 @@ def build_config(
         else:
             di, dsi = build_blending_indices(weights, size)
         check_oversampling(di, [m.length for m in mids], name)
-        uid = blended_identifiers(
-            datasets=[m.identifiers for m in mids], split=name, weights=weights, size=size
-        )
-        out[name] = Built(
-            uid, {"dataset_index": di, "dataset_sample_index": dsi}, int(di.shape[0]), mids
-        )
+        uid = blended_identifiers(datasets=[m.identifiers for m in mids], split=name,
+                                  weights=weights, size=size)
+        out[name] = Built(uid, {"dataset_index": di, "dataset_sample_index": dsi},
+                          int(di.shape[0]), mids)
     return out

@@ -55,9 +55,7 @@ def test_global_samples_run_epoch_after_epoch_each_with_its_own_order():
     for e in range(3):
         np.testing.assert_array_equal(epochs[e], order.epoch_windows(np.arange(50), e))
     assert not np.array_equal(epochs[0], epochs[1]) and not np.array_equal(epochs[1], epochs[2])
-    np.testing.assert_array_equal(
-        order.global_windows(k[::-1]), windows[::-1]
-    )  # any order, any mix of epochs
+    np.testing.assert_array_equal(order.global_windows(k[::-1]), windows[::-1])  # any order, any mix of epochs
 
 
 @pytest.mark.parametrize("n", [1000, 1003])
@@ -100,20 +98,14 @@ def test_window_order_refuses_bad_sizes():
 )
 def test_search_right_is_searchsorted_without_a_copy(values, targets, offset):
     raw = np.zeros(len(values) * 8 + 8, dtype=np.uint8)
-    sorted_values = (
-        np.frombuffer(raw.data, dtype=np.int64, count=len(values), offset=offset)
-        if offset
-        else None
-    )
+    sorted_values = np.frombuffer(raw.data, dtype=np.int64, count=len(values), offset=offset) if offset else None
     if sorted_values is None:
         sorted_values = np.array(values, dtype=np.int64)
     else:  # unaligned, as the .idx pointers always are
         raw[offset : offset + 8 * len(values)] = np.array(values, dtype="<i8").view(np.uint8)
     lo = len(values) // 3
     got = search_right(sorted_values, np.array(targets, dtype=np.int64), lo, len(values))
-    np.testing.assert_array_equal(
-        got, np.searchsorted(np.array(values[lo:]), targets, "right") + lo
-    )
+    np.testing.assert_array_equal(got, np.searchsorted(np.array(values[lo:]), targets, "right") + lo)
 
 
 @pytest.mark.parametrize("split", ["1", "60,30,10", "5,90,5"])
@@ -130,19 +122,13 @@ def test_windows_read_the_split_stream_and_pieces_match_spans(random_file, split
         if not grid.num_windows:
             continue
         w = np.random.default_rng(0).integers(0, grid.num_windows, size=50)
-        spans = tf.read_spans(grid.starts(w), np.full(w.size, grid.window)).reshape(
-            w.size, grid.window
-        )
+        spans = tf.read_spans(grid.starts(w), np.full(w.size, grid.window)).reshape(w.size, grid.window)
         first_token = sum(len(d) for d in docs[:begin])
         expected = stream[first_token + w[:, None] * seq + np.arange(grid.window)]
         np.testing.assert_array_equal(spans, expected)
-        seqs, first, piece_lengths, offsets = window_pieces(
-            grid, w, pointers, lengths, size, begin, end
-        )
+        seqs, first, piece_lengths, offsets = window_pieces(grid, w, pointers, lengths, size, begin, end)
         assert ((seqs >= begin) & (seqs < end)).all() and (piece_lengths >= 0).all()
-        np.testing.assert_array_equal(
-            np.add.reduceat(piece_lengths, first), np.full(w.size, grid.window)
-        )
+        np.testing.assert_array_equal(np.add.reduceat(piece_lengths, first), np.full(w.size, grid.window))
         starts = np.zeros_like(piece_lengths)
         starts[first] = offsets
         np.testing.assert_array_equal(tf.read_pieces(seqs, starts, piece_lengths), expected.ravel())
@@ -150,13 +136,9 @@ def test_windows_read_the_split_stream_and_pieces_match_spans(random_file, split
 
 def test_pieces_name_the_document_boundaries_inside_a_window(small_file):
     tf = TokenFile(small_file)  # sequences of 5, 2, 1, 1 tokens
-    grid = WindowGrid.from_pointers(
-        tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize, 0, 4, 3, 1
-    )
+    grid = WindowGrid.from_pointers(tf.sequence_pointers, tf.sequence_lengths, tf.dtype.itemsize, 0, 4, 3, 1)
     assert grid.num_windows == 2  # 9 tokens: windows [0, 4) and [3, 7)
-    seqs, first, lengths, offsets = window_pieces(
-        grid, [0, 1], tf.sequence_pointers, tf.sequence_lengths, 2, 0, 4
-    )
+    seqs, first, lengths, offsets = window_pieces(grid, [0, 1], tf.sequence_pointers, tf.sequence_lengths, 2, 0, 4)
     assert seqs.tolist() == [0, 0, 1] and first.tolist() == [0, 1]
     assert lengths.tolist() == [4, 2, 2] and offsets.tolist() == [0, 3]
 
@@ -169,9 +151,9 @@ def test_a_split_shorter_than_a_window_has_no_windows():
 
 # -- the interleave ---------------------------------------------------------------------------------
 
-weights_st = st.lists(
-    st.one_of(st.just(0.0), st.floats(0.001, 1.0)), min_size=1, max_size=9
-).filter(lambda w: sum(w) > 0)
+weights_st = st.lists(st.one_of(st.just(0.0), st.floats(0.001, 1.0)), min_size=1, max_size=9).filter(
+    lambda w: sum(w) > 0
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -232,15 +214,11 @@ def test_global_samples_are_the_same_on_any_number_of_ranks():
         per_rank = [mix.draw(np.arange(r, total, ranks)) for r in range(ranks)]
         for r, draws in enumerate(per_rank):
             for field in ("source", "cursor", "window"):
-                np.testing.assert_array_equal(
-                    getattr(draws, field), getattr(whole, field)[r::ranks]
-                )
+                np.testing.assert_array_equal(getattr(draws, field), getattr(whole, field)[r::ranks])
 
 
 @settings(max_examples=50, deadline=None)
-@given(
-    cuts=st.lists(st.integers(0, 2000), max_size=12), block=st.one_of(st.none(), st.integers(1, 40))
-)
+@given(cuts=st.lists(st.integers(0, 2000), max_size=12), block=st.one_of(st.none(), st.integers(1, 40)))
 def test_any_worker_split_gives_the_same_samples(cuts, block):
     mix = Mixture(["x", "y"], [2, 1], [300, 41], seed=11, period=30, block_size=block)
     k = np.arange(2000)
@@ -259,18 +237,14 @@ phase_st = st.tuples(
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    phases=st.lists(phase_st, min_size=1, max_size=5), block=st.one_of(st.none(), st.integers(1, 9))
-)
+@given(phases=st.lists(phase_st, min_size=1, max_size=5), block=st.one_of(st.none(), st.integers(1, 9)))
 def test_mixture_changes_never_repeat_or_skip_a_sample(phases, block):
     windows = {"a": 13, "b": 7, "c": 40, "d": 1, "e": 29}
     state = MixtureState(consumed=0)
     served: dict[str, list[tuple[int, int]]] = {s: [] for s in windows}
     for names, weights, length in phases:
         counts = [windows[s] for s in names]
-        mix = resume(
-            state, names, weights[: len(names)], counts, seed=5, period=40, block_size=block
-        )
+        mix = resume(state, names, weights[: len(names)], counts, seed=5, period=40, block_size=block)
         draws = mix.draw(np.arange(state.consumed, state.consumed + length))
         for d, c, w in zip(draws.source.tolist(), draws.cursor.tolist(), draws.window.tolist()):
             served[names[d]].append((c, w))

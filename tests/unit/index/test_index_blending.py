@@ -19,90 +19,10 @@ from tokenload.index import (
 
 def test_spec_golden_c():
     di, dsi = build_blending_indices([0.3, 0.7], 40)
-    assert di.tolist() == [
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-        1,
-        0,
-        1,
-        1,
-        0,
-        1,
-        1,
-    ]
-    assert dsi.tolist() == [
-        0,
-        0,
-        1,
-        2,
-        1,
-        3,
-        4,
-        2,
-        5,
-        6,
-        3,
-        7,
-        8,
-        9,
-        4,
-        10,
-        11,
-        5,
-        12,
-        13,
-        6,
-        14,
-        15,
-        16,
-        7,
-        17,
-        18,
-        8,
-        19,
-        20,
-        9,
-        21,
-        22,
-        23,
-        10,
-        24,
-        25,
-        11,
-        26,
-        27,
-    ]
+    assert di.tolist() == [1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 1,
+                           0, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 0, 1, 1]
+    assert dsi.tolist() == [0, 0, 1, 2, 1, 3, 4, 2, 5, 6, 3, 7, 8, 9, 4, 10, 11, 5, 12, 13, 6, 14,
+                            15, 16, 7, 17, 18, 8, 19, 20, 9, 21, 22, 23, 10, 24, 25, 11, 26, 27]
     assert build_blending_indices([0.3, 0.7], 6)[0].tolist() == [1, 0, 1, 1, 0, 1]
 
 
@@ -168,9 +88,7 @@ def test_repair_rounds_fix_every_bad_guess(monkeypatch):
 
 def test_unnormalized_weights_still_match_the_loop():
     assert_same_blend(build_blending_indices([30.0, 70.0], 3000), blending_loop([30.0, 70.0], 3000))
-    assert_same_blend(
-        build_blending_indices([3.0, 1.0, 2.0], 3000), blending_loop([3.0, 1.0, 2.0], 3000)
-    )
+    assert_same_blend(build_blending_indices([3.0, 1.0, 2.0], 3000), blending_loop([3.0, 1.0, 2.0], 3000))
 
 
 def test_guess_counts_sum_to_the_step():

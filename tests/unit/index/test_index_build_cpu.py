@@ -77,9 +77,7 @@ def test_gpt_builds_in_threads_equal_megatron_order():
     ranges = [(0, 1000), (1000, 2500), (2500, 4000), (0, 4000)] * 3
 
     def build(r):
-        return build_gpt_indices(
-            lengths, np.arange(*r, dtype=np.int32), num_samples=3000, config=cfg
-        )
+        return build_gpt_indices(lengths, np.arange(*r, dtype=np.int32), num_samples=3000, config=cfg)
 
     with ThreadPoolExecutor(4) as pool:
         built = list(pool.map(build, ranges))
@@ -87,15 +85,11 @@ def test_gpt_builds_in_threads_equal_megatron_order():
         docs = np.arange(*r, dtype=np.int32)
         ref_rng = np.random.RandomState(1234)
         epochs = got.epochs
-        doc_ref = document_index_mgrid(
-            docs, epochs.num_epochs, ref_rng, epochs.separate_final_epoch
-        )
+        doc_ref = document_index_mgrid(docs, epochs.num_epochs, ref_rng, epochs.separate_final_epoch)
         np.testing.assert_array_equal(got.document_index, doc_ref)
         total = got.sample_index.shape[0] - 1
         split = epochs.samples_sans_final_epoch if epochs.separate_final_epoch else total
-        np.testing.assert_array_equal(
-            got.shuffle_index, shuffle_index_concat(split, total, ref_rng)
-        )
+        np.testing.assert_array_equal(got.shuffle_index, shuffle_index_concat(split, total, ref_rng))
 
 
 def test_oversampling_counts_across_bincount_chunks(monkeypatch):

@@ -29,86 +29,52 @@ from tokenload.index import split_matrix
 
 
 def _gold(path="gold/x", num_samples=40, split="train"):
-    return gpt_identifiers(
-        dataset_path=path,
-        num_samples=num_samples,
-        index_split=split,
-        random_seed=1234,
-        sequence_length=8,
-        split="80,20,0",
-        split_matrix=split_matrix("80,20,0"),
-        tokenizer=NULL_TOKENIZER,
-    )
+    return gpt_identifiers(dataset_path=path, num_samples=num_samples, index_split=split,
+                           random_seed=1234, sequence_length=8, split="80,20,0",
+                           split_matrix=split_matrix("80,20,0"), tokenizer=NULL_TOKENIZER)
 
 
 def test_golden_hashes():
     assert description_hash(describe(_gold())) == "c8a387995ea324804756a4d0236dea68"
     assert description_hash(describe(_gold(num_samples=5, split="valid"))) == (
-        "5fb979aa2b07de39f62d8b80a87a7111"
-    )
-    blended = blended_identifiers(
-        datasets=[_gold("gold/x", 13), _gold("gold/y", 29)],
-        split="train",
-        weights=[0.3, 0.7],
-        size=40,
-    )
+        "5fb979aa2b07de39f62d8b80a87a7111")
+    blended = blended_identifiers(datasets=[_gold("gold/x", 13), _gold("gold/y", 29)],
+                                  split="train", weights=[0.3, 0.7], size=40)
     assert description_hash(describe(blended)) == "4ae5187173fef3a2732ce61fccd4d22c"
 
 
 def test_description_shape():
     text = describe(_gold())
-    assert list(json.loads(text)) == [
-        "class",
-        "dataset_path",
-        "num_samples",
-        "index_split",
-        "random_seed",
-        "sequence_length",
-        "split",
-        "split_matrix",
-        "tokenizer",
-    ]
+    assert list(json.loads(text)) == ["class", "dataset_path", "num_samples", "index_split",
+                                      "random_seed", "sequence_length", "split", "split_matrix",
+                                      "tokenizer"]
     assert '    "split_matrix": [\n        [\n            0,\n            0.8\n' in text
     assert not text.endswith("\n")
-    per_split = gpt_identifiers(
-        dataset_path="p",
-        num_samples=None,
-        index_split="train",
-        random_seed=1,
-        sequence_length=8,
-        split=None,
-        split_matrix=None,
-        tokenizer=NULL_TOKENIZER,
-    )
+    per_split = gpt_identifiers(dataset_path="p", num_samples=None, index_split="train",
+                                random_seed=1, sequence_length=8, split=None, split_matrix=None,
+                                tokenizer=NULL_TOKENIZER)
     assert '"num_samples": null' in describe(per_split) and '"split": null' in describe(per_split)
 
 
 def test_file_names_and_default_dir():
     files = CacheFiles.of("/c", _gold())
     assert files.array("sample_index") == (
-        "/c/c8a387995ea324804756a4d0236dea68-GPTDataset-train-sample_index.npy"
-    )
+        "/c/c8a387995ea324804756a4d0236dea68-GPTDataset-train-sample_index.npy")
     assert files.description.endswith("-GPTDataset-train-description.txt")
     assert files.sidecar.endswith("-GPTDataset-train-tokenload.json")
     assert len(files.megatron_files) == 4
-    blended = CacheFiles.of(
-        "/c", blended_identifiers(datasets=[_gold()], split="valid", weights=[1.0], size=3)
-    )
+    blended = CacheFiles.of("/c", blended_identifiers(datasets=[_gold()], split="valid",
+                                                      weights=[1.0], size=3))
     assert blended.class_name == "BlendedDataset" and blended.split == "valid"
     assert [os.path.basename(p).split("-", 3)[3] for p in blended.megatron_files] == [
-        "description.txt",
-        "dataset_index.npy",
-        "dataset_sample_index.npy",
-    ]
+        "description.txt", "dataset_index.npy", "dataset_sample_index.npy"]
     assert default_cache_dir("/data/web") == "/data/web/cache/GPTDataset_indices"
 
 
 def _arrays():
-    return {
-        "document_index": np.arange(6, dtype=np.int32)[::-1].copy(),
-        "sample_index": np.array([[0, 0], [1, 3], [4, 2]], dtype=np.int32),
-        "shuffle_index": np.array([1, 0], dtype=np.uint32),
-    }
+    return {"document_index": np.arange(6, dtype=np.int32)[::-1].copy(),
+            "sample_index": np.array([[0, 0], [1, 3], [4, 2]], dtype=np.int32),
+            "shuffle_index": np.array([1, 0], dtype=np.uint32)}
 
 
 FIELDS = {"add_extra_token": True, "drop_last": True, "sources": {"gold/x": "abc"}}
@@ -155,9 +121,8 @@ def test_stale_when_the_hash_forgets_something(tmp_path):
     other = dict(FIELDS, add_extra_token=False)
     check = check_cache(files, description=describe(uid), fields=other)
     assert check.state is CacheState.STALE and "add_extra_token" in check.reasons[0]
-    check = check_cache(
-        files, description=describe(uid), fields=FIELDS, expected_shapes={"sample_index": (4, 2)}
-    )
+    check = check_cache(files, description=describe(uid), fields=FIELDS,
+                        expected_shapes={"sample_index": (4, 2)})
     assert check.state is CacheState.STALE
 
 

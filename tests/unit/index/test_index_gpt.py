@@ -26,18 +26,13 @@ CFG = GPTIndexConfig(sequence_length=8)
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.integers(1, 10**6),
-    st.one_of(st.none(), st.integers(0, 10**5)),
-    st.integers(1, 4096),
-    st.integers(0, 1),
-)
+@given(st.integers(1, 10**6), st.one_of(st.none(), st.integers(0, 10**5)),
+       st.integers(1, 4096), st.integers(0, 1))
 def test_num_epochs_closed_form_equals_loop(tokens, num_samples, s, extra):
     if num_samples is not None and (num_samples * s + extra) // tokens > 10**4:
         num_samples = 10**4 * tokens // s  # keep the reference loop short
-    ours = num_epochs(
-        tokens_per_epoch=tokens, num_samples=num_samples, sequence_length=s, extra=extra
-    )
+    ours = num_epochs(tokens_per_epoch=tokens, num_samples=num_samples, sequence_length=s,
+                      extra=extra)
     assert ours == num_epochs_loop(tokens, num_samples, s, extra)
 
 
@@ -95,199 +90,53 @@ def test_shuffle_dtype_rule():
 def test_golden_a():
     g = build_gpt_indices(X, np.arange(0, 16), num_samples=40, config=CFG)
     assert len(g) == 55 and g.epochs.num_epochs == 2 and g.epochs.separate_final_epoch
-    assert g.document_index.tolist() == [
-        13,
-        11,
-        0,
-        12,
-        14,
-        2,
-        10,
-        7,
-        1,
-        9,
-        8,
-        4,
-        5,
-        6,
-        3,
-        15,
-        7,
-        4,
-        1,
-        13,
-        3,
-        9,
-        2,
-        12,
-        14,
-        11,
-        5,
-        0,
-        8,
-        15,
-        6,
-        10,
-    ]
+    assert g.document_index.tolist() == [13, 11, 0, 12, 14, 2, 10, 7, 1, 9, 8, 4, 5, 6, 3, 15,
+                                         7, 4, 1, 13, 3, 9, 2, 12, 14, 11, 5, 0, 8, 15, 6, 10]
     assert g.sample_index.shape == (56, 2) and g.sample_index.dtype == np.int32
-    assert g.sample_index[:8].tolist() == [
-        [0, 0],
-        [0, 8],
-        [0, 16],
-        [0, 24],
-        [1, 7],
-        [3, 1],
-        [3, 9],
-        [3, 17],
-    ]
+    assert g.sample_index[:8].tolist() == [[0, 0], [0, 8], [0, 16], [0, 24], [1, 7], [3, 1],
+                                           [3, 9], [3, 17]]
     assert g.sample_index[-3:].tolist() == [[30, 8], [30, 16], [31, 2]]
     assert g.shuffle_index.dtype == np.uint32
     assert g.shuffle_index.tolist() == [
-        26,
-        22,
-        5,
-        19,
-        8,
-        21,
-        17,
-        4,
-        24,
-        13,
-        15,
-        10,
-        14,
-        18,
-        20,
-        1,
-        12,
-        2,
-        25,
-        16,
-        23,
-        9,
-        0,
-        11,
-        7,
-        3,
-        6,
-        34,
-        54,
-        48,
-        38,
-        31,
-        42,
-        46,
-        41,
-        50,
-        29,
-        28,
-        30,
-        37,
-        51,
-        49,
-        45,
-        33,
-        53,
-        35,
-        36,
-        43,
-        40,
-        47,
-        52,
-        44,
-        32,
-        39,
-        27,
-    ]
+        26, 22, 5, 19, 8, 21, 17, 4, 24, 13, 15, 10, 14, 18, 20, 1, 12, 2, 25, 16, 23, 9, 0, 11,
+        7, 3, 6, 34, 54, 48, 38, 31, 42, 46, 41, 50, 29, 28, 30, 37, 51, 49, 45, 33, 53, 35, 36,
+        43, 40, 47, 52, 44, 32, 39, 27]
 
 
 def test_golden_a_valid():
     cfg = GPTIndexConfig(sequence_length=8, drop_last=drop_last_for("valid"))
     g = build_gpt_indices(X, np.arange(16, 20), num_samples=5, config=cfg)
     assert len(g) == 8 and g.document_index.tolist() == [16, 17, 18, 19]
-    assert g.sample_index.tolist() == [
-        [0, 0],
-        [0, 8],
-        [0, 16],
-        [1, 1],
-        [2, 2],
-        [2, 10],
-        [3, 4],
-        [3, 12],
-        [3, 20],
-    ]
+    assert g.sample_index.tolist() == [[0, 0], [0, 8], [0, 16], [1, 1], [2, 2], [2, 10], [3, 4],
+                                       [3, 12], [3, 20]]
     assert g.shuffle_index.tolist() == [5, 2, 6, 3, 1, 0, 7, 4]
 
 
 def test_golden_b():
     g = build_gpt_indices(X, np.arange(0, 16), num_samples=53, config=CFG)
     assert len(g) == 55 and not g.epochs.separate_final_epoch
-    assert g.document_index.tolist() == [
-        7,
-        10,
-        4,
-        1,
-        10,
-        8,
-        3,
-        7,
-        14,
-        13,
-        2,
-        12,
-        0,
-        2,
-        13,
-        9,
-        6,
-        14,
-        5,
-        0,
-        11,
-        11,
-        9,
-        1,
-        15,
-        8,
-        4,
-        12,
-        5,
-        6,
-        3,
-        15,
-    ]
+    assert g.document_index.tolist() == [7, 10, 4, 1, 10, 8, 3, 7, 14, 13, 2, 12, 0, 2, 13, 9, 6,
+                                         14, 5, 0, 11, 11, 9, 1, 15, 8, 4, 12, 5, 6, 3, 15]
     assert g.shuffle_index[:10].tolist() == [26, 51, 50, 0, 35, 30, 33, 41, 10, 39]
 
 
 def test_golden_e_mock_train():
-    lengths = np.random.default_rng(seed=0).integers(low=1, high=4096, size=100000, dtype=np.int32)
+    lengths = np.random.default_rng(seed=0).integers(low=1, high=4096, size=100000,
+                                                     dtype=np.int32)
     cfg = GPTIndexConfig(sequence_length=16)
     g = build_gpt_indices(lengths, np.arange(0, 33333), num_samples=10, config=cfg)
     assert len(g) == 4261893
     assert g.document_index[:8].tolist() == [30903, 11571, 3134, 32473, 27454, 4409, 3622, 19425]
-    assert g.shuffle_index[:8].tolist() == [
-        3676528,
-        3281704,
-        3802241,
-        3592248,
-        2555122,
-        1233235,
-        1852167,
-        547312,
-    ]
+    assert g.shuffle_index[:8].tolist() == [3676528, 3281704, 3802241, 3592248, 2555122, 1233235,
+                                            1852167, 547312]
     for docs, n in (((33333, 66667), 4259983), ((66667, 100000), 4267941)):
         tokens = int(lengths[docs[0] : docs[1]].sum())
         assert gpt_length(tokens_per_epoch=tokens, num_samples=5, config=cfg) == n
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    st.lists(st.integers(0, 30), min_size=1, max_size=20),
-    st.integers(1, 16),
-    st.one_of(st.none(), st.integers(0, 60)),
-    st.booleans(),
-    st.booleans(),
-)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=20), st.integers(1, 16),
+       st.one_of(st.none(), st.integers(0, 60)), st.booleans(), st.booleans())
 def test_length_without_building_equals_built(lengths, s, num_samples, extra, drop_last):
     lengths = np.asarray(lengths, dtype=np.int32)
     cfg = GPTIndexConfig(sequence_length=s, add_extra_token=extra, drop_last=drop_last)
@@ -301,12 +150,8 @@ def test_length_without_building_equals_built(lengths, s, num_samples, extra, dr
 
 
 def test_config_validation():
-    for bad in (
-        {"sequence_length": 0},
-        {"sequence_length": 8, "random_seed": -1},
-        {"sequence_length": 8, "random_seed": 2**32},
-        {"sequence_length": 2.0},
-    ):
+    for bad in ({"sequence_length": 0}, {"sequence_length": 8, "random_seed": -1},
+                {"sequence_length": 8, "random_seed": 2**32}, {"sequence_length": 2.0}):
         with pytest.raises(ConfigError):
             GPTIndexConfig(**bad)
     with pytest.raises(ConfigError):

@@ -18,9 +18,8 @@ def test_targets_and_buffers_of_golden_c():
 
 
 def test_case1_single_unweighted_prefix():
-    train, valid, test = plan_splits(
-        blend=Blend(prefixes=("x",)), split="80,20,0", sizes=[40, 5, None]
-    )
+    train, valid, test = plan_splits(blend=Blend(prefixes=("x",)), split="80,20,0",
+                                     sizes=[40, 5, None])
     assert not train.blended and train.datasets[0].num_samples == 40
     assert train.datasets[0].bookend == (0, 0.8)
     assert valid.datasets[0].num_samples == 5 and test is None

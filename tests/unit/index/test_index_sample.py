@@ -16,15 +16,8 @@ def _build(sizes, doc_idx, s, epochs, drop_last, extra):
     sizes = np.asarray(sizes, dtype=np.int32)
     doc_idx = np.asarray(doc_idx, dtype=np.int32)
     tokens = int(sizes.sum()) if len(doc_idx) else 0  # every epoch holds every document once
-    ours = build_sample_index(
-        sizes,
-        doc_idx,
-        sequence_length=s,
-        num_epochs=epochs,
-        tokens_per_epoch=tokens,
-        drop_last=drop_last,
-        extra=extra,
-    )
+    ours = build_sample_index(sizes, doc_idx, sequence_length=s, num_epochs=epochs,
+                              tokens_per_epoch=tokens, drop_last=drop_last, extra=extra)
     ref = sample_index_loop(sizes, doc_idx, s, epochs, tokens, drop_last, extra)
     return ours, ref
 
@@ -57,27 +50,13 @@ def test_float32_count_quirk():
     """Spec §2.6: one 16,777,228-token sequence, S = 3, extra = 1, keep the partial sample."""
     sizes = np.array([16_777_228], dtype=np.int32)
     doc = np.zeros(1, dtype=np.int32)
-    kept = build_sample_index(
-        sizes,
-        doc,
-        sequence_length=3,
-        num_epochs=1,
-        tokens_per_epoch=16_777_228,
-        drop_last=False,
-        extra=1,
-    )
+    kept = build_sample_index(sizes, doc, sequence_length=3, num_epochs=1,
+                              tokens_per_epoch=16_777_228, drop_last=False, extra=1)
     assert kept.shape[0] - 1 == 5_592_410  # float32 count; exact arithmetic says 5,592,409
     assert kept[-2:].tolist() == [[0, 16_777_227], [0, 16_777_227]]  # last one zero-length
     assert num_samples_in_index(16_777_227, 3, False, single_precision=False) == 5_592_409
-    dropped = build_sample_index(
-        sizes,
-        doc,
-        sequence_length=3,
-        num_epochs=1,
-        tokens_per_epoch=16_777_228,
-        drop_last=True,
-        extra=1,
-    )
+    dropped = build_sample_index(sizes, doc, sequence_length=3, num_epochs=1,
+                                 tokens_per_epoch=16_777_228, drop_last=True, extra=1)
     assert dropped.shape[0] - 1 == 5_592_409
     np.testing.assert_array_equal(dropped, kept[:-1])
 
@@ -101,42 +80,24 @@ def test_dtype_rule():
 
 
 def test_empty_stream_gives_one_row():
-    ours = build_sample_index(
-        np.array([3], np.int32),
-        np.zeros(0, np.int32),
-        sequence_length=4,
-        num_epochs=1,
-        tokens_per_epoch=0,
-    )
+    ours = build_sample_index(np.array([3], np.int32), np.zeros(0, np.int32), sequence_length=4,
+                              num_epochs=1, tokens_per_epoch=0)
     assert ours.tolist() == [[0, 0]]
 
 
 def test_bad_inputs_are_config_errors():
     with pytest.raises(ConfigError):
-        build_sample_index(
-            np.array([3, 4]), np.array([0, 1]), sequence_length=0, num_epochs=1, tokens_per_epoch=7
-        )
+        build_sample_index(np.array([3, 4]), np.array([0, 1]), sequence_length=0, num_epochs=1,
+                           tokens_per_epoch=7)
     with pytest.raises(ConfigError):
-        build_sample_index(
-            np.array([3, 4]),
-            np.array([0, 1]),
-            sequence_length=2,
-            num_epochs=1,
-            tokens_per_epoch=7,
-            extra=2,
-        )
+        build_sample_index(np.array([3, 4]), np.array([0, 1]), sequence_length=2, num_epochs=1,
+                           tokens_per_epoch=7, extra=2)
     with pytest.raises(ConfigError):
-        build_sample_index(
-            np.array([3.0, 4.0]),
-            np.array([0, 1]),
-            sequence_length=2,
-            num_epochs=1,
-            tokens_per_epoch=7,
-        )
+        build_sample_index(np.array([3.0, 4.0]), np.array([0, 1]), sequence_length=2,
+                           num_epochs=1, tokens_per_epoch=7)
     with pytest.raises(ConfigError, match="ids in"):  # an id past the file: never wrapped
-        build_sample_index(
-            np.array([3, 4]), np.array([0, 2]), sequence_length=2, num_epochs=1, tokens_per_epoch=7
-        )
+        build_sample_index(np.array([3, 4]), np.array([0, 2]), sequence_length=2,
+                           num_epochs=1, tokens_per_epoch=7)
 
 
 @st.composite

@@ -57,9 +57,7 @@ def test_ranges_round_half_to_even():
     # 0.5 * 5 = 2.5 -> 2 (half to even), so train gets [0, 2) and valid [2, 5)
     assert split_ranges(split_matrix("1,1"), 5) == [(0, 2), (2, 5), None]
     assert split_ranges(split_matrix("1,1,1"), 100000) == [
-        (0, 33333),
-        (33333, 66667),
-        (66667, 100000),
+        (0, 33333), (33333, 66667), (66667, 100000)
     ]
 
 
@@ -85,9 +83,8 @@ def test_normalize_is_numpy_float64():
 
 
 def test_list_forms():
-    assert parse_blend(["30", " p1 ", "70", "p2"]) == Blend(
-        prefixes=("p1", "p2"), weights=(30.0, 70.0)
-    )
+    assert parse_blend(["30", " p1 ", "70", "p2"]) == Blend(prefixes=("p1", "p2"),
+                                                            weights=(30.0, 70.0))
     assert parse_blend("p1 p2 p3") == Blend(prefixes=("p1", "p2", "p3"))
     assert parse_blend(["p1", "p2"]) == Blend(prefixes=("p1", "p2"))  # even, non-numeric
     assert parse_blend(None) is None

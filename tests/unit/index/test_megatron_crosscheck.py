@@ -118,19 +118,13 @@ def test_cache_folder_names_and_bytes():
 
 def test_mock_dataset_matches_megatron():
     mock = json.loads(MOCK.read_text())
-    lengths = np.random.default_rng(seed=0).integers(low=1, high=4096, size=100000, dtype=np.int32)
+    lengths = np.random.default_rng(seed=0).integers(
+        low=1, high=4096, size=100000, dtype=np.int32
+    )
     assert lengths[:20].tolist() == mock["low_level"]["sequence_lengths_head"]
-    config = {
-        "blend": None,
-        "blend_per_split": None,
-        "split": "1,1,1",
-        "sizes": [10, 5, 5],
-        "random_seed": 1234,
-        "sequence_length": 16,
-        "add_extra_token_to_sequence": True,
-        "drop_last_partial_validation_sequence": True,
-        "mid_level_dataset_surplus": 0.005,
-    }
+    config = {"blend": None, "blend_per_split": None, "split": "1,1,1", "sizes": [10, 5, 5],
+              "random_seed": 1234, "sequence_length": 16, "add_extra_token_to_sequence": True,
+              "drop_last_partial_validation_sequence": True, "mid_level_dataset_surplus": 0.005}
     built = build_config(config, {None: lengths}, class_name="MockGPTDataset")
     for split in ("train", "valid", "test"):
         rec, ours = mock["splits"][split], built[split]

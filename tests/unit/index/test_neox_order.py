@@ -110,11 +110,8 @@ def test_split_datasets_match_neox(cid: str) -> None:
         )
         check_gpt(ix, rec, f"{cid}/{name}", lengths, case["seq_length"])
         files = neox_index_file_names(
-            case["data_path"],
-            name,
-            num_samples=case["num_samples"][k],
-            sequence_length=case["seq_length"],
-            seed=case["seed"],
+            case["data_path"], name, num_samples=case["num_samples"][k],
+            sequence_length=case["seq_length"], seed=case["seed"],
         )
         names += files.values()
     assert sorted(names) == case["cache_files"]
@@ -148,20 +145,14 @@ def test_weighted_blends_match_neox(cid: str) -> None:
         for j, path in enumerate(case[split][0]):
             lengths = LENGTHS[path]
             ix = build_neox_gpt_indices(
-                lengths,
-                np.arange(lengths.shape[0], dtype=np.int32),
-                num_samples=counts[j],
-                sequence_length=case["seq_length"],
-                seed=case["seed"],
+                lengths, np.arange(lengths.shape[0], dtype=np.int32), num_samples=counts[j],
+                sequence_length=case["seq_length"], seed=case["seed"],
                 num_epochs=case["num_epochs"][k],
             )
             check_gpt(ix, rec["members"][j], f"{cid}/{split}/d{j}", lengths, case["seq_length"])
             members.append(ix)
             names += neox_index_file_names(
-                path,
-                f"{split}_{j}",
-                num_samples=counts[j],
-                sequence_length=case["seq_length"],
+                path, f"{split}_{j}", num_samples=counts[j], sequence_length=case["seq_length"],
                 seed=case["seed"],
             ).values()
         lens = [len(m) for m in members]

@@ -22,14 +22,8 @@ def _cases():
     gap[_RUN_CHECK + 3] += 1  # ends and length of a run, one id inside repeated
     late = np.arange(0, N, dtype=np.int32)
     late[-2] = 0  # differs in the last, shorter block only
-    return {
-        "run": run,
-        "int64 run": np.arange(N, dtype=np.int64),
-        "reversed": run[::-1].copy(),
-        "one id repeated": gap,
-        "last block differs": late,
-        "short": np.arange(3, 10),
-    }
+    return {"run": run, "int64 run": np.arange(N, dtype=np.int64), "reversed": run[::-1].copy(),
+            "one id repeated": gap, "last block differs": late, "short": np.arange(3, 10)}
 
 
 @pytest.mark.parametrize("name", list(_cases()))

@@ -63,14 +63,8 @@ def test_a_schedule_is_the_run_resumed_at_each_start_with_the_next_weights():
     bounds = [s for s, _ in schedule] + [3000]
     for (start, weights), end in zip(schedule, bounds[1:]):
         active = [i for i, w in enumerate(weights) if w > 0]  # a zero weight = the source left out
-        phase = resume(
-            state,
-            [SOURCES[i] for i in active],
-            [weights[i] for i in active],
-            [WINDOWS[i] for i in active],
-            seed=5,
-            period=PERIOD,
-        )
+        phase = resume(state, [SOURCES[i] for i in active], [weights[i] for i in active],
+                       [WINDOWS[i] for i in active], seed=5, period=PERIOD)
         draws = phase.draw(np.arange(start, end))
         pieces.append((np.array(active)[draws.source], draws.cursor, draws.window))
         state = phase.state(end)
@@ -102,20 +96,18 @@ def test_samples_of_several_phases_in_one_call():
     for i, one in enumerate(singly):
         assert [int(x[i]) for x in draws] == [int(x[0]) for x in one]
     assert draws.source[1] == 0 and draws.source[2] == 1 and draws.source[3] == 0
-    assert chain.phase_of(4) == 0 and chain.phase_of(5) == 1 and chain.phase_of(10**9) == 2
+    assert chain.phase_of(4) == 0 and chain.phase_of(5) == 1 and chain.phase_of(10 ** 9) == 2
 
 
 def test_a_removed_source_keeps_its_cursor_through_a_chain():
     first = Mixture(SOURCES[:2], [1, 1], WINDOWS[:2], seed=5, period=PERIOD)
     state = first.state(100)
-    without_b = ScheduledMixture(
-        ["a", "c"], [(0, [1, 1])], [WINDOWS[0], WINDOWS[2]], seed=5, origin=state, period=PERIOD
-    )
+    without_b = ScheduledMixture(["a", "c"], [(0, [1, 1])], [WINDOWS[0], WINDOWS[2]], seed=5,
+                                 origin=state, period=PERIOD)
     later = without_b.state(300)
     assert later.cursors["b"] == state.cursors["b"] == 50  # carried, unchanged
-    back = ScheduledMixture(
-        SOURCES[:3], [(0, [1, 1, 1])], WINDOWS[:3], seed=5, origin=later, period=PERIOD
-    )
+    back = ScheduledMixture(SOURCES[:3], [(0, [1, 1, 1])], WINDOWS[:3], seed=5, origin=later,
+                            period=PERIOD)
     draws = back.draw(np.arange(300, 330))
     assert draws.cursor[draws.source == 1].tolist()[:3] == [50, 51, 52]  # b continues
 

@@ -42,15 +42,8 @@ def data(tmp_path_factory):
 def test_short_chaos_run(data):
     outcomes = []
     for i, (method, workers, kind, mode, faults, budget, expected) in enumerate(CASES):
-        case = chaos.Case(
-            method=method,
-            workers=workers,
-            kind=kind,
-            read_mode=mode,
-            faults=faults,
-            budget=budget,
-            seed=i,
-        )
+        case = chaos.Case(method=method, workers=workers, kind=kind, read_mode=mode,
+                          faults=faults, budget=budget, seed=i)
         dataset, want = data[kind, mode]
         outcome = chaos.run_case(case, dataset, want)
         outcomes.append(outcome)

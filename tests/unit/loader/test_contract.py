@@ -64,13 +64,9 @@ def _kinds(folder, a: str, b: str) -> dict[str, object]:
         ),
     }
     sizes: dict[str, list[int | None]] = {
-        "gpt": [None, None, 0],
-        "computed": [None, None, 0],
-        "neox": [200, 10, 0],
+        "gpt": [None, None, 0], "computed": [None, None, 0], "neox": [200, 10, 0]
     }
-    out: dict[str, object] = {
-        kind: build_datasets(c, sizes.get(kind, [200, 10, 0]))[0] for kind, c in configs.items()
-    }
+    out: dict[str, object] = {kind: build_datasets(c, sizes.get(kind, [200, 10, 0]))[0] for kind, c in configs.items()}
     out["flat"] = FlatTokenDataset(folder / "flat.bin", FlatDatasetConfig(block_size=SEQ))
     return out
 

@@ -62,23 +62,16 @@ def test_state_for_other_data_is_refused(dataset, tmp_path):
     assert "HINT" in str(info.value)
     with pytest.raises(StateError, match="version"):
         loader.load_state_dict({**state, "version": 99})
-    odd = dict(
-        build_dataloader(other, micro_batch_size=3, num_workers=0).state_dict(), consumed_samples=3
-    )
+    odd = dict(build_dataloader(other, micro_batch_size=3, num_workers=0).state_dict(), consumed_samples=3)
     with pytest.raises(StateError, match="not a multiple"):
         loader.load_state_dict(odd)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_start_methods(dataset, method):
-    loader = build_dataloader(
-        dataset, micro_batch_size=8, num_workers=2, multiprocessing_context=method
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, multiprocessing_context=method)
     got = _starts(itertools.islice(loader, 6))
-    want = [
-        dataset.__getitems__(list(range(i * 8, i * 8 + 8)))["tokens"][:, 0].tolist()
-        for i in range(6)
-    ]
+    want = [dataset.__getitems__(list(range(i * 8, i * 8 + 8)))["tokens"][:, 0].tolist() for i in range(6)]
     assert got == want
 
 
@@ -92,9 +85,7 @@ def test_bad_loader_config(dataset):
 def test_drop_last_false_counts_only_what_is_left_and_close_stops_workers(tmp_path):
     write_flat(tmp_path / "small.bin", np.arange(161) % 65_000)  # 10 windows of 16
     ds = FlatTokenDataset(tmp_path / "small.bin", FlatDatasetConfig(block_size=16, seed=1))
-    loader = build_dataloader(
-        ds, micro_batch_size=4, num_workers=2, drop_last=False, persistent_workers=True
-    )
+    loader = build_dataloader(ds, micro_batch_size=4, num_workers=2, drop_last=False, persistent_workers=True)
     sizes = [len(b["tokens"]) for b in loader]
     assert sizes == [4, 4, 2] and loader.state_dict()["consumed_samples"] == 10
     workers = loader.worker_processes
@@ -106,9 +97,7 @@ def test_drop_last_false_counts_only_what_is_left_and_close_stops_workers(tmp_pa
 
 
 def test_prefetch_factor_default_is_what_the_hint_and_docstring_say(dataset):
-    with pytest.raises(
-        ConfigError, match=r"prefetch_factor is 0\nHINT: use 1 or more \(or None for 4\)"
-    ):
+    with pytest.raises(ConfigError, match=r"prefetch_factor is 0\nHINT: use 1 or more \(or None for 4\)"):
         build_dataloader(dataset, micro_batch_size=2, prefetch_factor=0)
     loader = build_dataloader(dataset, micro_batch_size=2, num_workers=1)
     next(iter(loader))

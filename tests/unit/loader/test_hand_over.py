@@ -40,6 +40,7 @@ def test_a_dropped_batch_is_freed_before_the_next_is_read(tmp_path):
     assert ds.alive_at_read == [False, False, False]
 
 
+
 def test_workers_do_not_preempt_the_training_loop_when_woken(tmp_path):
     """Workers run as SCHED_BATCH: a credit that wakes one does not preempt the loop that sent it
     (on shared cores the loop waited for the worker's read inside next() after long steps)."""

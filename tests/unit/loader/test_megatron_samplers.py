@@ -30,19 +30,12 @@ def test_matches_megatron(case):
         kind, _, flag = key.rpartition("_")
         for rank, expected in enumerate(per_rank):
             if kind == "pretraining_drop_last":
-                plan = MicroBatchPlan(
-                    total_samples=total,
-                    micro_batch_size=mbs,
-                    dp_rank=rank,
-                    dp_size=dp,
-                    drop_last=flag == "True",
-                )
+                plan = MicroBatchPlan(total_samples=total, micro_batch_size=mbs, dp_rank=rank, dp_size=dp,
+                                      drop_last=flag == "True")
                 got = list(PretrainingSampler(plan, consumed))
             else:
                 assert kind == "random_data_sharding", key
-                plan = MicroBatchPlan(
-                    total_samples=total, micro_batch_size=mbs, dp_rank=rank, dp_size=dp
-                )
+                plan = MicroBatchPlan(total_samples=total, micro_batch_size=mbs, dp_rank=rank, dp_size=dp)
                 got = list(CyclicSampler(plan, consumed, data_sharding=flag == "True"))
             assert got == expected, (key, rank)
             checked += 1

@@ -113,9 +113,7 @@ def test_worker_private_memory_stays_flat(dataset, method):
     assert len(per_worker) == 2 and os.getpid() not in per_worker
     for pid, rows in per_worker.items():
         grew = _growth_kb(rows, SAMPLES)
-        assert grew < BOUND_KB, (
-            f"worker {pid} grew Private_Dirty by {grew} kB over {SAMPLES} samples"
-        )
+        assert grew < BOUND_KB, f"worker {pid} grew Private_Dirty by {grew} kB over {SAMPLES} samples"
 
 
 def test_the_probe_sees_a_leak(dataset):

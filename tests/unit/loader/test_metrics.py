@@ -63,11 +63,8 @@ def single(files):
 def blend(files):
     """Member b is tiny (5 documents) and weighs 90%: the blend draws it many times over."""
     config = MegatronDataConfig(
-        sequence_length=SEQ,
-        eod_id=999,
-        blend=["10", files["a"], "90", files["b"]],
-        split="100,0,0",
-        cache="off",
+        sequence_length=SEQ, eod_id=999, blend=["10", files["a"], "90", files["b"]],
+        split="100,0,0", cache="off",
     )
     return build_datasets(config, [2000, 0, 0])[0]
 
@@ -101,9 +98,7 @@ def test_counts_equal_what_the_batches_hold(request, kind, workers, context):
     assert [s["bytes_read"] for s in m["sources"]] == [n * (SEQ + 1) * 2 for n in samples]
     assert m["bytes_read"] == 30 * MBS * (SEQ + 1) * 2
     assert m["steps"] == m["data_wait"]["count"] == 30
-    assert m["consumed_samples"] == 30 * MBS and not any(
-        m["storage"].values()
-    )  # local files: no GETs
+    assert m["consumed_samples"] == 30 * MBS and not any(m["storage"].values())  # local files: no GETs
     assert json.loads(json.dumps(m)) == m  # plain data, ready for a log or a JSON file
 
 
@@ -142,13 +137,8 @@ class Slow:
 @pytest.mark.parametrize("workers,context", WORKERS[:2])
 def test_data_wait_is_measured_per_step_and_grows_with_a_slow_dataset(single, workers, context):
     def run(dataset):
-        loader = build_dataloader(
-            dataset,
-            micro_batch_size=MBS,
-            num_workers=workers,
-            multiprocessing_context=context,
-            prefetch_factor=2,
-        )
+        loader = build_dataloader(dataset, micro_batch_size=MBS, num_workers=workers,
+                                  multiprocessing_context=context, prefetch_factor=2)
         for _ in itertools.islice(loader, 20):
             pass
         loader.close()
@@ -184,10 +174,7 @@ def test_startup_reports_the_phases_a_dataset_records(single):
     plain = build_dataloader(single, micro_batch_size=MBS, num_workers=0)
     recorded = plain.metrics()["startup"]["phases"]
     assert recorded == single.startup_phases and recorded and all(v >= 0 for v in recorded.values())
-    assert {"header_reads", "index_build"} <= set(recorded) or {
-        "header_reads",
-        "index_load",
-    } <= set(recorded)
+    assert {"header_reads", "index_build"} <= set(recorded) or {"header_reads", "index_load"} <= set(recorded)
 
 
 def _repeat_warnings(caplog):
@@ -395,6 +382,4 @@ def test_packing_counts_add_up_every_batch_whenever_they_are_folded(sources) -> 
     for key, values in want.items():
         assert state[key] == values.tolist(), key
     found = np.array(state["rows_by_documents"])
-    assert (
-        np.array_equal(found, by_documents[: found.size]) and not by_documents[found.size :].any()
-    )
+    assert np.array_equal(found, by_documents[: found.size]) and not by_documents[found.size :].any()

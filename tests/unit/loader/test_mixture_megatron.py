@@ -26,32 +26,17 @@ SIZE = 640
 
 def megatron(files, weights: dict[str, float], *, schedule=None, change="continue", **kw):
     blend = [x for name, w in weights.items() for x in (str(w), files[name])]
-    cfg = MegatronDataConfig(
-        sequence_length=S,
-        blend=blend,
-        split="100,0,0",
-        cache="off",
-        mixture_change=change,
-        weights_schedule=schedule,
-        **kw,
-    )
+    cfg = MegatronDataConfig(sequence_length=S, blend=blend, split="100,0,0", cache="off",
+                             mixture_change=change, weights_schedule=schedule, **kw)
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 
 
 def run(dataset, samples, state=None, *, dp=2, mbs=4, workers=0, skip=None):
     """Token rows of the next ``samples`` global samples (all ranks, global order), the global
     indices they are, and rank 0's state after."""
-    loaders = [
-        build_dataloader(
-            dataset,
-            micro_batch_size=mbs,
-            dp_rank=r,
-            dp_size=dp,
-            num_workers=workers,
-            multiprocessing_context="fork",
-        )
-        for r in range(dp)
-    ]
+    loaders = [build_dataloader(dataset, micro_batch_size=mbs, dp_rank=r, dp_size=dp,
+                                num_workers=workers, multiprocessing_context="fork")
+               for r in range(dp)]
     for loader in loaders:
         if state is not None:
             loader.load_state_dict(json.loads(json.dumps(state)))
@@ -59,12 +44,8 @@ def run(dataset, samples, state=None, *, dp=2, mbs=4, workers=0, skip=None):
             loader.skip(samples=skip)
     start = loaders[0].consumed_samples
     iters = [iter(x) for x in loaders]
-    rows = [
-        row
-        for _ in range(samples // (dp * mbs))
-        for it in iters
-        for row in next(it)["tokens"].numpy().tolist()
-    ]
+    rows = [row for _ in range(samples // (dp * mbs)) for it in iters
+            for row in next(it)["tokens"].numpy().tolist()]
     state = loaders[0].state_dict()
     for x in loaders:
         x.close()
@@ -135,9 +116,8 @@ def test_a_schedule_is_the_same_stream_as_the_phases_resumed(files):
     schedule = [(0, [3, 1, 1, 0]), (160, [1, 0, 3, 0]), (416, [1, 2, 1, 2])]
     dataset = megatron(files, everyone, schedule=schedule, change="refuse")
     got, _, state = run(dataset, 160, dp=4, mbs=2)
-    more, _, state = run(
-        megatron(files, everyone, schedule=schedule), 192, state, dp=2, mbs=4, skip=64
-    )
+    more, _, state = run(megatron(files, everyone, schedule=schedule), 192, state, dp=2, mbs=4,
+                         skip=64)
     rest, _, _ = run(megatron(files, everyone, schedule=schedule), 224, state, dp=8, mbs=1)
     assert got + more + rest == rows
 
@@ -153,9 +133,8 @@ def test_resuming_a_changed_run_anywhere_continues_it_bit_exactly(files):
 def test_the_default_refuses_a_change_as_megatron(files):
     schedule = [(0, [1, 1]), (100, [1, 3])]
     _, _, state = run(megatron(files, {"a": 1, "b": 1}, schedule=schedule, change="refuse"), 48)
-    other = megatron(
-        files, {"a": 1, "b": 1}, schedule=[(0, [1, 1]), (100, [3, 1])], change="refuse"
-    )
+    other = megatron(files, {"a": 1, "b": 1}, schedule=[(0, [1, 1]), (100, [3, 1])],
+                     change="refuse")
     loader = build_dataloader(other, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
     with pytest.raises(StateError, match="other weights or sources") as err:
         loader.load_state_dict(state)
@@ -212,13 +191,8 @@ def per_split(files, train: dict, valid: dict, *, schedule=None, change="continu
     def blend(weights):
         return [x for name, w in weights.items() for x in (str(w), files[name])]
 
-    cfg = MegatronDataConfig(
-        sequence_length=S,
-        blend_per_split=[blend(train), blend(valid), None],
-        cache="off",
-        mixture_change=change,
-        weights_schedule=schedule,
-    )
+    cfg = MegatronDataConfig(sequence_length=S, blend_per_split=[blend(train), blend(valid), None],
+                             cache="off", mixture_change=change, weights_schedule=schedule)
     return build_datasets(cfg, [SIZE, 160, 0])[:2]
 
 
@@ -235,9 +209,7 @@ def test_per_split_blends_continue_each_source_at_its_cursor(files):
         np.testing.assert_array_equal(np.array(rows), theirs.__getitems__(ks)["tokens"])
         more, later, _ = run(second, n, state, dp=4, mbs=2)
         assert later == list(range(n, 2 * n))
-        owners = [prepared_sample(first, i) for i in ks] + [
-            prepared_sample(second, i) for i in later
-        ]
+        owners = [prepared_sample(first, i) for i in ks] + [prepared_sample(second, i) for i in later]
         for key in set(second.sources) | set(first.sources):
             served = [s for owner, s in owners if owner == key]
             assert served == list(range(len(served))), (k, key)  # none repeated, none skipped
@@ -253,13 +225,11 @@ def test_per_split_blends_continue_each_source_at_its_cursor(files):
     loader = build_dataloader(refusing, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
     with pytest.raises(StateError):
         loader.load_state_dict(state)
-    scheduled = per_split(
-        files, {"a": 1, "b": 1}, {"c": 1}, schedule=[(0, [3, 1]), (100, [1, 1])], change="refuse"
-    )[0]
+    scheduled = per_split(files, {"a": 1, "b": 1}, {"c": 1}, schedule=[(0, [3, 1]), (100, [1, 1])],
+                          change="refuse")[0]
     _, _, state = run(scheduled, 48)
-    other = per_split(
-        files, {"a": 1, "b": 1}, {"c": 1}, schedule=[(0, [3, 1]), (100, [1, 3])], change="refuse"
-    )[0]
+    other = per_split(files, {"a": 1, "b": 1}, {"c": 1}, schedule=[(0, [3, 1]), (100, [1, 3])],
+                      change="refuse")[0]
     loader = build_dataloader(other, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
     with pytest.raises(StateError, match="other weights or sources") as err:
         loader.load_state_dict(state)
@@ -273,9 +243,8 @@ def test_a_per_split_schedule_is_the_same_stream_as_the_phases_resumed(files):
     train = {"a": 1, "b": 1, "d": 1}  # the schedule replaces these weights
     whole, _, _ = run(per_split(files, train, {"c": 1}, schedule=schedule)[0], 320, dp=2, mbs=4)
     first, _, state = run(per_split(files, {"a": 3, "b": 1}, {"c": 1})[0], 160, dp=4, mbs=2)
-    rest, _, _ = run(
-        per_split(files, {"a": 1, "b": 3, "d": 1}, {"c": 1})[0], 160, state, dp=2, mbs=8
-    )
+    rest, _, _ = run(per_split(files, {"a": 1, "b": 3, "d": 1}, {"c": 1})[0], 160, state, dp=2,
+                     mbs=8)
     assert whole == first + rest
 
 
@@ -320,9 +289,8 @@ def test_a_schedule_builds_its_segments_as_reading_reaches_them(files):
 
 def _scheduled(files, schedule, **kw):
     blend = [x for name in ("a", "b", "c") for x in ("1", files[name])]
-    cfg = MegatronDataConfig(
-        sequence_length=S, blend=blend, split="100,0,0", weights_schedule=schedule, **kw
-    )
+    cfg = MegatronDataConfig(sequence_length=S, blend=blend, split="100,0,0",
+                             weights_schedule=schedule, **kw)
     return build_datasets(cfg, [SIZE, 0, 0])[0]
 
 
@@ -337,7 +305,8 @@ def test_in_memory_megatron_arrays_hold_the_first_segment_only(files):
     assert scheduled.megatron.dataset_index.shape == (160,)
     assert plain.dataset_index.shape == (SIZE,)
     for name in ("dataset_index", "dataset_sample_index"):
-        np.testing.assert_array_equal(getattr(scheduled.megatron, name), getattr(plain, name)[:160])
+        np.testing.assert_array_equal(getattr(scheduled.megatron, name),
+                                      getattr(plain, name)[:160])
     w = [0.2, 0.5, 0.3]
     for n in (1, 7, 160, 1000):
         head = [a[:n] for a in build_blending_indices(w, 1000)]
@@ -355,10 +324,8 @@ def test_a_changed_resume_in_the_first_entry_reads_megatron_arrays(files):
     di, dsi = build_blending_indices(list(resumed.plans[0].plan.weights), SIZE - 160)
     k = np.arange(160, SIZE)
     which, within = resumed._locate(k)
-    assert (
-        np.asarray(resumed.sources)[which].tolist()
-        == np.asarray(resumed.sources)[resumed.plans[0].active][di].tolist()
-    )
+    assert np.asarray(resumed.sources)[which].tolist() == np.asarray(resumed.sources)[
+        resumed.plans[0].active][di].tolist()
     np.testing.assert_array_equal(within - segment.base[which], dsi)
 
 
@@ -375,14 +342,12 @@ def test_a_schedule_caches_every_entrys_blending_as_one_cache(files, tmp_path):
     texts = sorted(p.read_text() for p in folder.glob("*-BlendedDataset-train-description.txt"))
     ours = [json.loads(t) for t in texts if '"tokenload"' in t]
     assert [(d["sizes"], [len(w) for w in d["weights"]]) for d in ours] == [
-        ([160, 160, 160, 160], [3, 3, 3, 2])
-    ]  # every entry's arrays, one after another
+        ([160, 160, 160, 160], [3, 3, 3, 2])]  # every entry's arrays, one after another
     assert len(texts) == 1  # the blend's only cache: as many to check as a fixed blend's
     plain = megatron(files, {"a": 5, "b": 3, "c": 2}, change="refuse")
     for name in ("dataset_index", "dataset_sample_index"):  # the first entry's: Megatron's
-        np.testing.assert_array_equal(
-            getattr(first.megatron, name)[:160], getattr(plain, name)[:160]
-        )
+        np.testing.assert_array_equal(getattr(first.megatron, name)[:160],
+                                      getattr(plain, name)[:160])
     again = _scheduled(files, SCHEDULE, path_to_cache=str(folder), build_policy="none")
     assert again.entry_spans == {1: (160, 160), 2: (320, 160), 3: (480, 160)}
     assert again.entry_arrays is again.megatron.indices and again.entry_arrays.paths is not None
@@ -403,7 +368,8 @@ def test_a_schedule_caches_every_entrys_blending_as_one_cache(files, tmp_path):
     rebuilt = _scheduled(files, SCHEDULE, path_to_cache=str(folder))
     assert [a.tolist() for a in rebuilt._locate(k)] == expected
     # missing, under a policy that builds nothing: a typed error naming what to do
-    ours = [p.name[:32] for p in folder.glob("*-description.txt") if '"tokenload"' in p.read_text()]
+    ours = [p.name[:32] for p in folder.glob("*-description.txt") if '"tokenload"' in
+            p.read_text()]
     assert len(ours) == 1
     for p in folder.glob(f"{ours[0]}-*"):
         p.unlink()

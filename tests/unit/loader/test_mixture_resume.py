@@ -44,14 +44,8 @@ def _run(dataset, steps: int, state=None, *, workers: int):
     """(file, window) of every sample the loader serves in ``steps`` micro-batches of 4 on one of
     two data-parallel ranks each (both ranks' batches, in global order), and the state after."""
     loaders = [
-        build_dataloader(
-            dataset,
-            micro_batch_size=4,
-            dp_rank=r,
-            dp_size=2,
-            num_workers=workers,
-            multiprocessing_context="fork",
-        )
+        build_dataloader(dataset, micro_batch_size=4, dp_rank=r, dp_size=2, num_workers=workers,
+                         multiprocessing_context="fork")
         for r in range(2)
     ]
     for loader in loaders:
@@ -65,9 +59,7 @@ def _run(dataset, steps: int, state=None, *, workers: int):
             first = batch["tokens"][:, 0].numpy() - 1
             files, within = np.divmod(first, FILE_BASE)
             assert (within % S == 0).all()
-            source = [
-                dataset.datasets[d].extent.grid.first_token for d in batch["dataset_id"].tolist()
-            ]
+            source = [dataset.datasets[d].extent.grid.first_token for d in batch["dataset_id"].tolist()]
             assert (within - np.array(source) >= 0).all()
             served += list(
                 zip(
@@ -126,9 +118,7 @@ def test_weights_and_sources_change_mid_run_without_repeats_or_skips(files, work
         served_all += served
     _check_sources(served_all, members)
     b_windows = members[names.index("b")].samples_per_epoch
-    assert (
-        sum(g == names.index("b") for g, _, _ in served_all) > b_windows
-    )  # b ran into its next epoch
+    assert sum(g == names.index("b") for g, _, _ in served_all) > b_windows  # b ran into its next epoch
 
 
 def test_resuming_the_same_blend_continues_the_uninterrupted_order(files):
@@ -156,19 +146,12 @@ def test_the_computed_blends_fingerprint_covers_sources_not_weights(files):
 
 def test_other_seeds_cyclic_samplers_and_megatron_blends_refuse_the_state(files):
     _, state = _run(_blend(files, {"a": 1, "b": 1}), 2, workers=0)
-    other_seed = build_dataloader(
-        _blend(files, {"a": 1, "b": 1}, random_seed=9),
-        micro_batch_size=4,
-        dp_size=2,
-        dp_rank=0,
-        num_workers=0,
-    )
+    other_seed = build_dataloader(_blend(files, {"a": 1, "b": 1}, random_seed=9), micro_batch_size=4, dp_size=2,
+                                  dp_rank=0, num_workers=0)
     with pytest.raises(StateError, match="order"):
         other_seed.load_state_dict(state)
     cyclic = [
-        build_dataloader(
-            _blend(files, w), micro_batch_size=4, dp_size=2, dp_rank=0, num_workers=0, kind="cyclic"
-        )
+        build_dataloader(_blend(files, w), micro_batch_size=4, dp_size=2, dp_rank=0, num_workers=0, kind="cyclic")
         for w in ({"a": 1, "b": 1}, {"a": 1, "b": 2})
     ]
     with pytest.raises(StateError, match="fingerprint"):
@@ -178,20 +161,11 @@ def test_other_seeds_cyclic_samplers_and_megatron_blends_refuse_the_state(files)
         cfg = MegatronDataConfig(
             sequence_length=S, blend=["1", files["a"], w, files["b"]], split="100,0,0", cache="off"
         )
-        megatron.append(
-            build_dataloader(
-                build_datasets(cfg, [400, 0, 0])[0],
-                micro_batch_size=4,
-                num_workers=0,
-                dp_rank=0,
-                dp_size=1,
-            )
-        )
+        megatron.append(build_dataloader(build_datasets(cfg, [400, 0, 0])[0], micro_batch_size=4, num_workers=0,
+                                         dp_rank=0, dp_size=1))
     with pytest.raises(StateError, match="fingerprint"):
         megatron[1].load_state_dict(megatron[0].state_dict())
     tampered = dict(state, mixture=dict(state["mixture"], consumed=state["consumed_samples"] + 8))
-    loader = build_dataloader(
-        _blend(files, {"a": 1, "b": 1}), micro_batch_size=4, dp_size=2, dp_rank=0, num_workers=0
-    )
+    loader = build_dataloader(_blend(files, {"a": 1, "b": 1}), micro_batch_size=4, dp_size=2, dp_rank=0, num_workers=0)
     with pytest.raises(StateError, match="mixture was saved after"):
         loader.load_state_dict(tampered)

@@ -26,15 +26,8 @@ TOTAL = 312
 def blend(files, schedule=SCHEDULE, names=NAMES, **kw):
     """A computed blend of ``names`` (weights 1 each, replaced by the schedule when given)."""
     paths = [x for name in names for x in ("1", files[name])]
-    cfg = MegatronDataConfig(
-        sequence_length=S,
-        blend=paths,
-        split="100,0,0",
-        eod_id=0,
-        order="computed",
-        weights_schedule=schedule,
-        **kw,
-    )
+    cfg = MegatronDataConfig(sequence_length=S, blend=paths, split="100,0,0", eod_id=0,
+                             order="computed", weights_schedule=schedule, **kw)
     return build_computed_datasets(cfg, [4000, 0, 0])[0]
 
 
@@ -43,14 +36,8 @@ def serve(dataset, samples: int, state=None, *, dp=2, mbs=4, workers=0, skip=Non
     micro-batches put back in global order), and rank 0's state after them. ``skip``: call
     ``loader.skip(samples=skip)`` on every rank first."""
     loaders = [
-        build_dataloader(
-            dataset,
-            micro_batch_size=mbs,
-            dp_rank=r,
-            dp_size=dp,
-            num_workers=workers,
-            multiprocessing_context="fork",
-        )
+        build_dataloader(dataset, micro_batch_size=mbs, dp_rank=r, dp_size=dp, num_workers=workers,
+                         multiprocessing_context="fork")
         for r in range(dp)
     ]
     for loader in loaders:
@@ -81,17 +68,9 @@ def identify(dataset, batch):
     return list(zip(file.tolist(), ((within - begin) // S).tolist()))
 
 
-@pytest.mark.parametrize(
-    "at, dp, mbs, workers",
-    [
-        (30, 3, 2, 0),
-        (48, 4, 3, 2),
-        (58, 1, 2, 0),
-        (130, 2, 13, 0),
-        (144, 3, 4, 2),
-        (202, 2, 1, 2),
-    ],
-)
+@pytest.mark.parametrize("at, dp, mbs, workers", [
+    (30, 3, 2, 0), (48, 4, 3, 2), (58, 1, 2, 0), (130, 2, 13, 0), (144, 3, 4, 2), (202, 2, 1, 2),
+])
 def test_resuming_anywhere_in_the_schedule_continues_bit_exactly(files, at, dp, mbs, workers):
     whole, _ = serve(blend(files), TOTAL, dp=4, mbs=2)
     head, state = serve(blend(files), at, dp=1, mbs=2)
@@ -120,7 +99,7 @@ def test_a_resume_into_another_schedule_continues_every_source(files):
     for f, member in enumerate(members):
         windows = [w for g, w in first + tail if g == f]
         np.testing.assert_array_equal(windows, member.order.global_windows(np.arange(len(windows))))
-    assert {g for g, _ in tail[150 - 80 :]} == {3}  # the other schedule's last entry, from 150
+    assert {g for g, _ in tail[150 - 80:]} == {3}  # the other schedule's last entry, from 150
     assert state2["mixture"]["phase"]["consumed"] == 80  # the new chain's origin
 
 
@@ -128,21 +107,11 @@ def test_schedules_are_checked_against_the_blend(files):
     with pytest.raises(ConfigError, match="3 sources"):
         blend(files, [(0, [1, 1, 1, 1])], names=["a", "b", "c"])
     with pytest.raises(ConfigError, match="not 'neox'"):
-        MegatronDataConfig(
-            sequence_length=S,
-            blend=["x", "y"],
-            split="1,0,0",
-            order="neox",
-            weights_schedule=[(0, [1, 1])],
-        )
+        MegatronDataConfig(sequence_length=S, blend=["x", "y"], split="1,0,0", order="neox",
+                           weights_schedule=[(0, [1, 1])])
     with pytest.raises(ConfigError, match="mixture_change"):
         MegatronDataConfig(sequence_length=S, blend=["x", "y"], split="1,0,0", mixture_change="yes")
     with pytest.raises(ConfigError, match="needs a blend"):
-        cfg = MegatronDataConfig(
-            sequence_length=S,
-            blend=[files["a"]],
-            split="1,0,0",
-            order="computed",
-            weights_schedule=[(0, [1])],
-        )
+        cfg = MegatronDataConfig(sequence_length=S, blend=[files["a"]], split="1,0,0",
+                                 order="computed", weights_schedule=[(0, [1])])
         build_computed_datasets(cfg, [100, 0, 0])

@@ -47,15 +47,8 @@ def test_the_stream_after_a_skip_is_the_unskipped_stream_from_there(files, dp, m
 
 def test_a_skip_mid_iteration_drops_the_batches_made_ahead(files):
     whole, _ = serve(blend(files), 160, dp=1, mbs=4)
-    loader = build_dataloader(
-        blend(files),
-        micro_batch_size=4,
-        dp_rank=0,
-        dp_size=1,
-        num_workers=2,
-        multiprocessing_context="fork",
-        prefetch_factor=4,
-    )
+    loader = build_dataloader(blend(files), micro_batch_size=4, dp_rank=0, dp_size=1,
+                              num_workers=2, multiprocessing_context="fork", prefetch_factor=4)
     it = iter(loader)
     got = [x for _ in range(3) for x in identify(loader.dataset, next(it))]
     loader.skip(samples=40)
@@ -93,14 +86,11 @@ def test_removed_sources_keep_their_figures(files):
 
 
 def test_megatron_order_blends_and_single_files_are_counted_exactly(files):
-    cfg = MegatronDataConfig(
-        sequence_length=S, blend=["1", files["a"], "2", files["c"]], split="100,0,0", cache="off"
-    )
+    cfg = MegatronDataConfig(sequence_length=S, blend=["1", files["a"], "2", files["c"]],
+                             split="100,0,0", cache="off")
     dataset = build_datasets(cfg, [400, 0, 0])[0]
-    loaders = [
-        build_dataloader(dataset, micro_batch_size=4, dp_rank=r, dp_size=2, num_workers=0)
-        for r in range(2)
-    ]
+    loaders = [build_dataloader(dataset, micro_batch_size=4, dp_rank=r, dp_size=2, num_workers=0)
+               for r in range(2)]
     its = [iter(x) for x in loaders]
     ids = [i for _ in range(6) for it in its for i in next(it)["dataset_id"].tolist()]
     for x in loaders:
@@ -110,9 +100,8 @@ def test_megatron_order_blends_and_single_files_are_counted_exactly(files):
     assert [s["samples"] for s in job["sources"]] == np.bincount(ids, minlength=2).tolist()
     skipped = np.bincount(dataset.dataset_index[48:64], minlength=2).tolist()
     assert [s["skipped"] for s in job["sources"]] == skipped
-    one_file = MegatronDataConfig(
-        sequence_length=S, blend=[files["d"]], split="100,0,0", cache="off"
-    )
+    one_file = MegatronDataConfig(sequence_length=S, blend=[files["d"]], split="100,0,0",
+                                  cache="off")
     single = build_datasets(one_file, [100, 0, 0])[0]
     loader = build_dataloader(single, micro_batch_size=4, dp_rank=0, dp_size=1, num_workers=0)
     it = iter(loader)

@@ -11,9 +11,7 @@ from tokenload.loader import CyclicSampler, MicroBatchPlan, PretrainingSampler
 
 
 def _plan(total, mbs, rank, dp, drop_last=True):
-    return MicroBatchPlan(
-        total_samples=total, micro_batch_size=mbs, dp_rank=rank, dp_size=dp, drop_last=drop_last
-    )
+    return MicroBatchPlan(total_samples=total, micro_batch_size=mbs, dp_rank=rank, dp_size=dp, drop_last=drop_last)
 
 
 def test_spec_example_single():

@@ -47,9 +47,8 @@ def tickets(tmp_path):
 
 
 def _want(dataset, steps: int) -> list[np.ndarray]:
-    return [
-        dataset.__getitems__(list(range(k * MBS, (k + 1) * MBS)))["tokens"] for k in range(steps)
-    ]
+    return [dataset.__getitems__(list(range(k * MBS, (k + 1) * MBS)))["tokens"]
+            for k in range(steps)]
 
 
 def _loader(dataset, **config):
@@ -144,13 +143,10 @@ def test_a_stall_beyond_the_budget_is_a_worker_error(dataset):
         next(it), next(it)
         victim = loader.worker_processes[0]
         os.kill(victim.pid, signal.SIGSTOP)
-        with pytest.raises(
-            WorkerError,
-            match=rf"worker 0 \(pid {victim.pid}\) made no progress"
-            r" while a batch was owed and was killed \(exit code -9\); last"
-            r" micro-batch it delivered in this iteration: micro-batch \d*[02468];"
-            r"(.|\n)*HINT:.*worker_timeout",
-        ):
+        with pytest.raises(WorkerError, match=rf"worker 0 \(pid {victim.pid}\) made no progress"
+                           r" while a batch was owed and was killed \(exit code -9\); last"
+                           r" micro-batch it delivered in this iteration: micro-batch \d*[02468];"
+                           r"(.|\n)*HINT:.*worker_timeout"):
             for _ in it:
                 pass
     finally:
@@ -212,19 +208,12 @@ def test_a_stuck_worker_s_stack_is_in_the_warning_the_metrics_and_the_error(
 
     error_tickets = Path(tickets) / "again"
     error_tickets.mkdir()
-    loader = _loader(
-        _WaitsForAThread(dataset, str(error_tickets), block_at=2),
-        worker_timeout=1.5,
-        max_worker_restarts=0,
-        multiprocessing_context=method,
-    )
+    loader = _loader(_WaitsForAThread(dataset, str(error_tickets), block_at=2), worker_timeout=1.5,
+                     max_worker_restarts=0, multiprocessing_context=method)
     try:
-        with pytest.raises(
-            WorkerError,
-            match=r"made no progress(.|\n)*its stack when it was killed:"
-            r"\nmain thread \(most recent call first\):\n(.|\n)*in __getitems__"
-            r"(.|\n)*in worker_main\nHINT",
-        ) as info:
+        with pytest.raises(WorkerError, match=r"made no progress(.|\n)*its stack when it was killed:"
+                           r"\nmain thread \(most recent call first\):\n(.|\n)*in __getitems__"
+                           r"(.|\n)*in worker_main\nHINT") as info:
             next(iter(loader))
         assert "_helper_that_never_ends" not in str(info.value)  # the error keeps the main thread
     finally:
@@ -434,14 +423,8 @@ def test_the_issue_reproduction_raises_a_worker_error_within_seconds(tmp_path, s
     args = [sys.executable, "-"] if source == "stdin" else [sys.executable, str(script)]
     began = time.monotonic()
     with open(script) as stdin:
-        done = subprocess.run(
-            args,
-            stdin=stdin if source == "stdin" else subprocess.DEVNULL,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = subprocess.run(args, stdin=stdin if source == "stdin" else subprocess.DEVNULL,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert "WorkerError: loader worker" in done.stderr and "while starting" in done.stderr
     assert "__name__ == '__main__'" in done.stderr
@@ -469,12 +452,8 @@ def test_storage_reads_retry_for_most_of_worker_timeout(workers, method):
     before = options.read_retry_window()
     try:
         for timeout, budget in ((50.0, 40.0), (None, -1.0)):
-            loader = _loader(
-                _Budget(),
-                num_workers=workers,
-                multiprocessing_context=method,
-                worker_timeout=timeout,
-            )
+            loader = _loader(_Budget(), num_workers=workers, multiprocessing_context=method,
+                             worker_timeout=timeout)
             got = next(iter(loader))["budget"]
             loader.close()
             assert got.tolist() == [budget] * MBS, timeout
@@ -522,9 +501,8 @@ def test_the_slow_worker_warning_names_the_file_it_is_reading(dataset, tickets, 
     os.mkfifo(fifo)
     keep = os.open(fifo, os.O_RDWR)  # a writer that never writes: the reader blocks in read(2)
     want = _want(dataset, 8)
-    loader = _loader(
-        _ReadsAFifo(dataset, tickets), num_workers=1, prefetch_factor=1, worker_timeout=2.0
-    )
+    loader = _loader(_ReadsAFifo(dataset, tickets), num_workers=1, prefetch_factor=1,
+                     worker_timeout=2.0)
     try:
         with caplog.at_level(logging.WARNING, logger="tokenload.loader.workers"):
             _check([b for _, b in zip(range(8), loader)], want)

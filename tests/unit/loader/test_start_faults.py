@@ -66,9 +66,8 @@ class _SlowStart:
 
 def _want(dataset, steps: int) -> list[np.ndarray]:
     """The fault-free batches: the dataset's own items, micro-batch by micro-batch."""
-    return [
-        dataset.__getitems__(list(range(k * MBS, (k + 1) * MBS)))["tokens"] for k in range(steps)
-    ]
+    return [dataset.__getitems__(list(range(k * MBS, (k + 1) * MBS)))["tokens"]
+            for k in range(steps)]
 
 
 @pytest.fixture
@@ -95,22 +94,15 @@ def kill_at_start(monkeypatch):
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 @pytest.mark.parametrize("worker", [0, 1])
-def test_a_worker_and_its_replacement_killed_while_starting_are_replaced(
-    dataset, kill_at_start, method, worker
-):
+def test_a_worker_and_its_replacement_killed_while_starting_are_replaced(dataset, kill_at_start,
+                                                                          method, worker):
     """Worker 0 is the first one awaited: when its replacement dies too, no worker has started
     yet (the case that failed fast); worker 1's replacement dies after worker 0 has started."""
     killed = kill_at_start(worker, 2)
     want = _want(dataset, 12)
-    loader = build_dataloader(
-        _SlowStart(dataset),
-        micro_batch_size=MBS,
-        num_workers=2,
-        dp_rank=0,
-        dp_size=1,
-        multiprocessing_context=method,
-        max_worker_restarts=10,
-    )
+    loader = build_dataloader(_SlowStart(dataset), micro_batch_size=MBS, num_workers=2,
+                              dp_rank=0, dp_size=1, multiprocessing_context=method,
+                              max_worker_restarts=10)
     try:
         got = [b["tokens"].numpy() for _, b in zip(range(12), loader)]
         for k, (a, b) in enumerate(zip(got, want)):
@@ -126,18 +118,11 @@ def test_a_worker_and_its_replacement_killed_while_starting_are_replaced(
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_starts_killed_beyond_the_budget_are_a_worker_error_that_names_the_signal(
-    dataset, kill_at_start, method
-):
+        dataset, kill_at_start, method):
     kill_at_start(0, 3)
-    loader = build_dataloader(
-        _SlowStart(dataset),
-        micro_batch_size=MBS,
-        num_workers=2,
-        dp_rank=0,
-        dp_size=1,
-        multiprocessing_context=method,
-        max_worker_restarts=2,
-    )
+    loader = build_dataloader(_SlowStart(dataset), micro_batch_size=MBS, num_workers=2,
+                              dp_rank=0, dp_size=1, multiprocessing_context=method,
+                              max_worker_restarts=2)
     try:
         with pytest.raises(WorkerError) as info:
             next(iter(loader))
@@ -166,14 +151,8 @@ def test_a_spawned_worker_that_cannot_import_the_main_module_still_fails_fast(tm
     start exits with code 1, the worker's own error. The second one is a WorkerError at once,
     with 9 of 10 restarts left, and its hint says what it saw."""
     began = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-"],
-        input=_SCRIPT,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
+    done = subprocess.run([sys.executable, "-"], input=_SCRIPT, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=200)
     error = done.stderr.rsplit("WorkerError", 1)[-1]
     assert done.returncode != 0, done.stderr
     assert "WorkerError: loader worker 0" in done.stderr, done.stderr

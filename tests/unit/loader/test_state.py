@@ -29,9 +29,7 @@ def dataset(tmp_path):
 
 
 def _loader(dataset, **config):
-    return build_dataloader(
-        dataset, num_workers=0, **{"micro_batch_size": 4, "dp_rank": 0, "dp_size": 1, **config}
-    )
+    return build_dataloader(dataset, num_workers=0, **{"micro_batch_size": 4, "dp_rank": 0, "dp_size": 1, **config})
 
 
 def _rows(loader, steps: int) -> list[list[int]]:
@@ -51,13 +49,9 @@ def test_cyclic_state_refuses_another_dp_size(dataset):
     loader = _loader(dataset, kind="cyclic", dp_rank=1, dp_size=2)
     with pytest.raises(StateError, match="dp_size=4") as info:
         loader.load_state_dict(state)
-    assert "HINT: resume on 4 data-parallel ranks" in str(info.value) and "kind='single'" in str(
-        info.value
-    )
+    assert "HINT: resume on 4 data-parallel ranks" in str(info.value) and "kind='single'" in str(info.value)
     with pytest.raises(StateError, match="micro_batch_size=4"):
-        _loader(dataset, kind="cyclic", micro_batch_size=8, dp_rank=1, dp_size=4).load_state_dict(
-            state
-        )
+        _loader(dataset, kind="cyclic", micro_batch_size=8, dp_rank=1, dp_size=4).load_state_dict(state)
 
 
 def test_cyclic_state_resumes_on_its_own_topology(dataset):
@@ -102,10 +96,7 @@ def test_state_is_bound_to_the_sampler_kind(dataset, saved, loaded):
         (True, r"consumed_samples is True \(bool\), expected an int"),
         (None, r"consumed_samples is None \(NoneType\), expected an int"),
         (-16, "consumed_samples is -16, expected 0 or more"),
-        (
-            WINDOWS + 4,
-            f"consumed_samples {WINDOWS + 4} is past the end of this loader's order of {WINDOWS}",
-        ),
+        (WINDOWS + 4, f"consumed_samples {WINDOWS + 4} is past the end of this loader's order of {WINDOWS}"),
     ],
 )
 def test_consumed_samples_is_checked_at_load(dataset, value, message):

@@ -38,17 +38,11 @@ def test_the_loader_is_refused_when_built(tmp_path):
     write_flat(tmp_path / "train.bin", np.arange(1_000))
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SCRIPT), str(tmp_path / "train.bin")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 2, result.stdout
     for line in lines:
-        assert line.startswith(
-            "refused: tokenload's DataLoader needs the Python package 'torch'"
-        ), line
-        assert (
-            "HINT: tokenload is not on a package index: pip install '.[torch]' in its clone" in line
-        )
+        assert line.startswith("refused: tokenload's DataLoader needs the Python package 'torch'"), line
+        assert "HINT: tokenload is not on a package index: pip install '.[torch]' in its clone" in line

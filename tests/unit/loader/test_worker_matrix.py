@@ -39,10 +39,7 @@ def prefixes(tmp_path_factory):
     rng = np.random.default_rng(11)
     files = []
     for name, count in (("a", 120), ("b", 80)):
-        docs = [
-            np.append(rng.integers(0, 999, size=int(n)), 999)
-            for n in rng.integers(3, 40, size=count)
-        ]
+        docs = [np.append(rng.integers(0, 999, size=int(n)), 999) for n in rng.integers(3, 40, size=count)]
         files.append(write_documents(folder / name, docs))
     return folder, files
 
@@ -68,9 +65,7 @@ def train_sets(prefixes):
     folder, (a, b) = prefixes
     sizes = {"prefix": [None, None, 0], "mock": [200, 20, 0]}
     return {
-        (kind, cache): build_datasets(
-            _config(kind, cache, folder, a, b), sizes.get(kind, [300, 10, 0])
-        )[0]
+        (kind, cache): build_datasets(_config(kind, cache, folder, a, b), sizes.get(kind, [300, 10, 0]))[0]
         for kind in KINDS
         for cache in CACHES
     }
@@ -106,9 +101,7 @@ def _check(dataset, method: str, shared_memory: bool = True) -> None:
     direct = dataset.__getitems__(list(range(MBS)))
     for key, value in direct.items():  # num_workers=0 is the dataset's own read
         np.testing.assert_array_equal(want[0][key].numpy(), value, err_msg=key)
-    got = _first_batches(
-        dataset, num_workers=2, multiprocessing_context=method, shared_memory=shared_memory
-    )
+    got = _first_batches(dataset, num_workers=2, multiprocessing_context=method, shared_memory=shared_memory)
     _assert_same(got, want)
 
 

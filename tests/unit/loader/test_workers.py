@@ -30,9 +30,7 @@ def _rings() -> set[str]:
 
 
 def _expected(dataset, mbs: int, steps: int) -> list[np.ndarray]:
-    return [
-        dataset.__getitems__(list(range(k * mbs, (k + 1) * mbs)))["tokens"] for k in range(steps)
-    ]
+    return [dataset.__getitems__(list(range(k * mbs, (k + 1) * mbs)))["tokens"] for k in range(steps)]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
@@ -40,14 +38,8 @@ def test_held_batches_keep_their_values(dataset, method):
     """Every batch is kept (more than the slots of a ring): none is overwritten by later ones,
     and writing into one does not change another."""
     before = _rings()
-    loader = build_dataloader(
-        dataset,
-        micro_batch_size=8,
-        num_workers=2,
-        dp_rank=0,
-        dp_size=1,
-        multiprocessing_context=method,
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              multiprocessing_context=method)
     held = list(loader)
     assert len(held) == len(dataset) // 8
     want = _expected(dataset, 8, len(held))
@@ -103,9 +95,8 @@ class FailingOddly(Failing):
 
 
 def test_an_error_in_a_worker_is_raised_with_its_type_and_traceback(dataset):
-    loader = build_dataloader(
-        Failing(dataset, 8 * 7 + 1), micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1
-    )
+    loader = build_dataloader(Failing(dataset, 8 * 7 + 1), micro_batch_size=8, num_workers=2, dp_rank=0,
+                              dp_size=1)
     seen = 0
     with pytest.raises(FormatError, match="sample is corrupt") as info:
         for _ in loader:
@@ -120,9 +111,7 @@ def test_an_error_in_a_worker_is_raised_with_its_type_and_traceback(dataset):
 
 
 def test_an_exception_that_cannot_be_pickled_still_reaches_the_loop(dataset):
-    loader = build_dataloader(
-        FailingOddly(dataset, 3), micro_batch_size=8, num_workers=1, dp_rank=0, dp_size=1
-    )
+    loader = build_dataloader(FailingOddly(dataset, 3), micro_batch_size=8, num_workers=1, dp_rank=0, dp_size=1)
     with pytest.raises(WorkerError, match=r"cannot be pickled(.|\n)*Unpicklable"):
         list(loader)
     loader.close()
@@ -130,20 +119,16 @@ def test_an_exception_that_cannot_be_pickled_still_reaches_the_loop(dataset):
 
 def test_a_killed_worker_beyond_the_restart_budget_is_reported(dataset):
     """(A killed worker within the budget is replaced: test_self_heal.)"""
-    loader = build_dataloader(
-        dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1, max_worker_restarts=0
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              max_worker_restarts=0)
     it = iter(loader)
     next(it), next(it)  # worker 1 has delivered micro-batch 1
     victim = loader.worker_processes[1]
     os.kill(victim.pid, signal.SIGKILL)
     t = time.monotonic()
-    with pytest.raises(
-        WorkerError,
-        match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"
-        r" \(SIGKILL\) \(exit code -9\); last micro-batch it delivered in this"
-        r" iteration: micro-batch \d*[13579]; ",
-    ) as info:
+    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim.pid}\) was killed by signal 9"
+                       r" \(SIGKILL\) \(exit code -9\); last micro-batch it delivered in this"
+                       r" iteration: micro-batch \d*[13579]; ") as info:
         for _ in it:
             pass
     assert time.monotonic() - t < 30
@@ -172,18 +157,10 @@ class PerItem:
 
 
 def test_per_item_datasets_travel_through_the_pipe_and_workers_never_import_torch():
-    loader = build_dataloader(
-        PerItem(30),
-        micro_batch_size=4,
-        num_workers=2,
-        dp_rank=0,
-        dp_size=1,
-        multiprocessing_context="spawn",
-    )
+    loader = build_dataloader(PerItem(30), micro_batch_size=4, num_workers=2, dp_rank=0, dp_size=1,
+                              multiprocessing_context="spawn")
     batches = list(loader)
-    assert [b["x"][:, 0].tolist() for b in batches] == [
-        list(range(k, k + 4)) for k in range(0, 28, 4)
-    ]
+    assert [b["x"][:, 0].tolist() for b in batches] == [list(range(k, k + 4)) for k in range(0, 28, 4)]
     assert not any(bool(b["torch"].any()) for b in batches)
     loader.close()
 
@@ -212,15 +189,8 @@ def test_workers_stop_when_the_loader_is_dropped(dataset):
 def test_idle_persistent_workers_survive_under_forkserver(dataset):
     """Workers check that their parent is alive while they wait; under forkserver their parent is
     the fork server, which must not read as the training process having died."""
-    loader = build_dataloader(
-        dataset,
-        micro_batch_size=8,
-        num_workers=2,
-        dp_rank=0,
-        dp_size=1,
-        multiprocessing_context="forkserver",
-        persistent_workers=True,
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              multiprocessing_context="forkserver", persistent_workers=True)
     want = _expected(dataset, 8, 3)
     first = [b["tokens"].numpy().copy() for b, _ in zip(loader, range(3))]
     time.sleep(2.5)  # longer than the workers' liveness checks
@@ -240,9 +210,7 @@ class Unshippable:
 
 
 def test_a_batch_that_cannot_be_pickled_is_an_error_in_the_loop():
-    loader = build_dataloader(
-        Unshippable(), micro_batch_size=2, num_workers=1, dp_rank=0, dp_size=1
-    )
+    loader = build_dataloader(Unshippable(), micro_batch_size=2, num_workers=1, dp_rank=0, dp_size=1)
     with pytest.raises(WorkerError, match=r"(?s)batch cannot be sent.*pickle.*loader worker 0"):
         list(loader)
     loader.close()
@@ -255,9 +223,7 @@ def test_ring_slots_round_trip_and_leave_no_file(monkeypatch, memfd):
     if not memfd:
         monkeypatch.delattr(ring.os, "memfd_create", raising=False)
     before = _rings()
-    worker = ring.WorkerRing(
-        ring.batch_bytes({"a": np.zeros((4, 8)), "b": np.zeros(3, np.int32)}), 2
-    )
+    worker = ring.WorkerRing(ring.batch_bytes({"a": np.zeros((4, 8)), "b": np.zeros(3, np.int32)}), 2)
     assert worker.path.startswith("/proc/") == memfd
     alloc = worker.allocator(1)
     a = alloc((4, 8), np.dtype(np.float64))
@@ -273,28 +239,16 @@ def test_ring_slots_round_trip_and_leave_no_file(monkeypatch, memfd):
     assert consumer.in_use(1)  # a view still refers to the slot
     del view
     assert not consumer.in_use(1)
-    assert (
-        worker.write(0, {"big": np.zeros(worker.slot_bytes + 1, np.uint8)}) is None
-    )  # too big: the pipe
+    assert worker.write(0, {"big": np.zeros(worker.slot_bytes + 1, np.uint8)}) is None  # too big: the pipe
     assert worker.write(0, {"text": np.array(["x"])}) is None  # not numeric: the pipe
 
 
 @pytest.mark.parametrize("shared_memory,pin", [(False, False), (True, True)])
-def test_without_shared_memory_and_with_pinning_the_batches_are_the_same(
-    dataset, shared_memory, pin
-):
+def test_without_shared_memory_and_with_pinning_the_batches_are_the_same(dataset, shared_memory, pin):
     """shared_memory=False: every batch travels pickled through the pipe (several per message);
     pin_memory=True on a machine without CUDA is skipped, as torch's DataLoader does."""
-    loader = build_dataloader(
-        dataset,
-        micro_batch_size=8,
-        num_workers=2,
-        dp_rank=0,
-        dp_size=1,
-        shared_memory=shared_memory,
-        pin_memory=pin,
-        prefetch_factor=8,
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              shared_memory=shared_memory, pin_memory=pin, prefetch_factor=8)
     want = _expected(dataset, 8, 40)
     for k, batch in zip(range(40), loader):
         assert np.array_equal(batch["tokens"].numpy(), want[k])
@@ -304,17 +258,14 @@ def test_without_shared_memory_and_with_pinning_the_batches_are_the_same(
 
 def _in_slots(batch, pool) -> bool:
     tokens = batch["tokens"].numpy()
-    return any(
-        np.shares_memory(tokens, s) for ring in pool._rings if ring is not None for s in ring._slots
-    )
+    return any(np.shares_memory(tokens, s) for ring in pool._rings if ring is not None for s in ring._slots)
 
 
 def test_abandoned_iterations_give_their_slots_back(dataset):
     """Breaking out of iterations (with batches made ahead and already received) many times over
     does not use up the slots: later batches still come through shared memory."""
-    loader = build_dataloader(
-        dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1, persistent_workers=True
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              persistent_workers=True)
     for _ in range(12):
         loader.restart(0)
         for _, batch in zip(range(5), loader):  # noqa: B007  (deleted below: no reference kept)
@@ -331,9 +282,8 @@ def test_abandoned_iterations_give_their_slots_back(dataset):
 def test_an_abandoned_iterator_collected_later_leaves_the_new_iteration_alone(dataset):
     """persistent_workers=False: workers stop with their iteration, but dropping an old iterator
     after a new one started must not stop the new one's workers."""
-    loader = build_dataloader(
-        dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1, persistent_workers=False
-    )
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1,
+                              persistent_workers=False)
     old = iter(loader)
     next(old)
     loader.restart(0)
@@ -367,10 +317,7 @@ def test_ring_tensors_are_fresh_aliases_that_hold_their_slot():
     layout = worker.write(1, {"a": a, "b": np.array([7, 8, 9], np.int32)})
     consumer = ring.ConsumerRing(worker.path, worker.slot_bytes, 2)
     holds = (
-        lambda t: t["a"][1:],
-        lambda t: t["b"].numpy(),
-        lambda t: t["a"].untyped_storage(),
-        lambda t: t,
+        lambda t: t["a"][1:], lambda t: t["b"].numpy(), lambda t: t["a"].untyped_storage(), lambda t: t
     )
     for hold in holds:
         got = consumer.tensors(1, layout)

@@ -46,8 +46,8 @@ def test_a_preprocess_run_never_imports_awkward(tokenizer_files, texts, tmp_path
     code = f"""
 import sys
 from tokenload.preprocess import PreprocessConfig, TokenizerSpec, preprocess
-spec = TokenizerSpec(kind="huggingface", model={tokenizer_files["bytelevel"]!r})
-result = preprocess(PreprocessConfig(inputs=({str(corpus)!r},), output_prefix={str(tmp_path / "out")!r},
+spec = TokenizerSpec(kind="huggingface", model={tokenizer_files['bytelevel']!r})
+result = preprocess(PreprocessConfig(inputs=({str(corpus)!r},), output_prefix={str(tmp_path / 'out')!r},
                     tokenizer=spec, append_eod=True, workers=2), progress=False)
 print(result.engine, result.documents, "awkward" in sys.modules)
 """
@@ -58,9 +58,7 @@ print(result.engine, result.documents, "awkward" in sys.modules)
     assert written.size > 30 * 40
 
 
-def test_gigatoken_read_from_the_file_ignores_its_truncation_and_padding(
-    tokenizer_files, texts, tmp_path
-):
+def test_gigatoken_read_from_the_file_ignores_its_truncation_and_padding(tokenizer_files, texts, tmp_path):
     """gigatoken now reads the tokenizer.json file itself; the native encoder drops the
     truncation and padding stored there (as transformers does per call), and so must the ids."""
     from tokenizers import Tokenizer
@@ -72,10 +70,7 @@ def test_gigatoken_read_from_the_file_ignores_its_truncation_and_padding(
     saved.save(str(path))
     assert json.loads(path.read_text())["truncation"]["max_length"] == 5
     spec = spec_for("bytelevel", {"bytelevel": str(path)})
-    tok, native = (
-        load_tokenizer(spec),
-        load_tokenizer(spec_for("bytelevel", {"bytelevel": str(path)}, engine="native")),
-    )
+    tok, native = load_tokenizer(spec), load_tokenizer(spec_for("bytelevel", {"bytelevel": str(path)}, engine="native"))
     assert tok.engine == "gigatoken"
     sample = [" ".join(texts[:30]), "", texts[1]]
     flat, lengths = tok.encode_batch(sample)
@@ -83,9 +78,7 @@ def test_gigatoken_read_from_the_file_ignores_its_truncation_and_padding(
     assert lengths[0] > 64
 
 
-def test_a_tokenizer_json_gigatoken_cannot_read_falls_back_to_the_loaded_tokenizer(
-    tokenizer_files, monkeypatch
-):
+def test_a_tokenizer_json_gigatoken_cannot_read_falls_back_to_the_loaded_tokenizer(tokenizer_files, monkeypatch):
     import gigatoken
 
     def refuse(data):

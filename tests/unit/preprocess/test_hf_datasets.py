@@ -70,9 +70,8 @@ def test_save_to_disk_folder_equals_jsonl(tmp_path, rows, reference):
     files = expand_inputs([str(tmp_path / "saved")])
     assert [Path(f.path).name for f in files] == [f"data-0000{i}-of-00003.arrow" for i in range(3)]
     assert {f.format for f in files} == {"arrow"}
-    result = run(
-        str(tmp_path / "saved"), tmp_path / "out", json_keys=("text", "title"), chunk_bytes=4096
-    )
+    result = run(str(tmp_path / "saved"), tmp_path / "out", json_keys=("text", "title"),
+                 chunk_bytes=4096)
     assert result.documents == len(rows)
     assert same(reference, str(tmp_path / "out"), ("text", "title"))
 
@@ -89,9 +88,8 @@ def test_json_keys_pick_the_column(tmp_path, rows):
 def test_dataset_objects_equal_jsonl_in_their_row_order(tmp_path, rows, reference):
     ds = datasets.Dataset.from_list(rows)
     # pieces of ~8 KiB: many resumable parts, and the output does not depend on the cuts
-    result = run(
-        ds, tmp_path / "obj", json_keys=("text", "title"), range_bytes=8192, chunk_bytes=2048
-    )
+    result = run(ds, tmp_path / "obj", json_keys=("text", "title"), range_bytes=8192,
+                 chunk_bytes=2048)
     assert result.files > 5
     assert same(reference, str(tmp_path / "obj"), ("text", "title"))
 
@@ -118,12 +116,8 @@ def test_iterable_datasets_equal_jsonl_shard_by_shard(tmp_path, rows, reference)
 
 def test_an_interrupted_object_run_resumes_its_finished_pieces(tmp_path, rows, monkeypatch):
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
-    clean = run(
-        datasets.load_from_disk(str(tmp_path / "saved")),
-        tmp_path / "clean",
-        range_bytes=8192,
-        chunk_bytes=2048,
-    )
+    clean = run(datasets.load_from_disk(str(tmp_path / "saved")), tmp_path / "clean",
+                range_bytes=8192, chunk_bytes=2048)
     original = hf.RowRange.tables
 
     def interrupted(self, *args):
@@ -133,20 +127,12 @@ def test_an_interrupted_object_run_resumes_its_finished_pieces(tmp_path, rows, m
 
     monkeypatch.setattr(hf.RowRange, "tables", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run(
-            datasets.load_from_disk(str(tmp_path / "saved")),
-            tmp_path / "out",
-            range_bytes=8192,
-            chunk_bytes=2048,
-        )
+        run(datasets.load_from_disk(str(tmp_path / "saved")), tmp_path / "out",
+            range_bytes=8192, chunk_bytes=2048)
     monkeypatch.setattr(hf.RowRange, "tables", original)
     # a new object of the same saved dataset has the same fingerprint, so its pieces match
-    resumed = run(
-        datasets.load_from_disk(str(tmp_path / "saved")),
-        tmp_path / "out",
-        range_bytes=8192,
-        chunk_bytes=2048,
-    )
+    resumed = run(datasets.load_from_disk(str(tmp_path / "saved")), tmp_path / "out",
+                  range_bytes=8192, chunk_bytes=2048)
     assert 1 <= resumed.files_resumed < resumed.files == clean.files
     assert same(str(tmp_path / "clean"), str(tmp_path / "out"))
 
@@ -157,9 +143,8 @@ def test_hub_snapshot_reads_its_one_split_without_the_card(tmp_path, rows, refer
     (snap / "README.md").write_text("---\nconfigs:\n- config_name: default\n---\n# card\n")
     (snap / ".gitattributes").write_text("*.parquet filter=lfs\n")
     table = pa.Table.from_pylist(rows)
-    pq.write_table(
-        table.slice(0, 120), snap / "data" / "train-00000-of-00002.parquet", row_group_size=50
-    )
+    pq.write_table(table.slice(0, 120), snap / "data" / "train-00000-of-00002.parquet",
+                   row_group_size=50)
     pq.write_table(table.slice(120), snap / "data" / "train-00001-of-00002.parquet")
     run(str(snap), tmp_path / "out", json_keys=("text", "title"))
     assert same(reference, str(tmp_path / "out"), ("text", "title"))
@@ -170,21 +155,17 @@ def test_hub_snapshot_with_several_splits_names_each_splits_glob(tmp_path, rows)
     (snap / "data").mkdir(parents=True)
     (snap / "README.md").write_text("---\nlicense: mit\n---\n")
     table = pa.Table.from_pylist(rows)
-    for name, part in (
-        ("train-00000-of-00002", table.slice(0, 100)),
-        ("train-00001-of-00002", table.slice(100, 100)),
-        ("test-00000-of-00001", table.slice(200)),
-    ):
+    for name, part in (("train-00000-of-00002", table.slice(0, 100)),
+                       ("train-00001-of-00002", table.slice(100, 100)),
+                       ("test-00000-of-00001", table.slice(200))):
         pq.write_table(part, snap / "data" / f"{name}.parquet")
     with pytest.raises(ConfigError, match="holds the splits train, test") as info:
         expand_inputs([str(snap)])
     train_glob = str(snap / "data" / "train-0000*")
     assert repr(train_glob) in info.value.hint
     files = expand_inputs([train_glob])
-    assert [Path(f.path).name for f in files] == [
-        "train-00000-of-00002.parquet",
-        "train-00001-of-00002.parquet",
-    ]
+    assert [Path(f.path).name for f in files] == ["train-00000-of-00002.parquet",
+                                                  "train-00001-of-00002.parquet"]
 
 
 def test_split_names_follow_the_hub_convention():
@@ -249,18 +230,11 @@ def test_truncated_arrow_file_is_a_record_error_and_skippable(tmp_path, rows):
 
 def test_arrow_ipc_file_format_reads_too(tmp_path, rows, reference):
     table = pa.Table.from_pylist(rows)
-    with (
-        pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, table.schema) as writer,
-    ):
+    with pa.OSFile(str(tmp_path / "rows.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         for batch in table.to_batches(max_chunksize=70):
             writer.write_batch(batch)
-    run(
-        str(tmp_path / "rows.arrow"),
-        tmp_path / "out",
-        json_keys=("text", "title"),
-        chunk_bytes=1024,
-    )
+    run(str(tmp_path / "rows.arrow"), tmp_path / "out", json_keys=("text", "title"),
+        chunk_bytes=1024)
     assert same(reference, str(tmp_path / "out"), ("text", "title"))
 
 

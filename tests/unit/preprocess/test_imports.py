@@ -36,7 +36,7 @@ def test_the_import_graph_has_no_cycle():
 
     def visit(node: str, path: list[str]) -> None:
         if node in path:
-            cycle = [*path[path.index(node) :], node]
+            cycle = [*path[path.index(node):], node]
             pytest.fail("import cycle: " + " -> ".join(cycle))
         if node in done:
             return
@@ -52,6 +52,4 @@ def test_the_import_graph_has_no_cycle():
 def test_each_tokenizer_module_imports_first_in_a_fresh_interpreter(module):
     code = f"import tokenload.preprocess.{module} as m; print(m.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == f"tokenload.preprocess.{module}", (
-        out.stderr
-    )
+    assert out.returncode == 0 and out.stdout.strip() == f"tokenload.preprocess.{module}", out.stderr

@@ -214,9 +214,7 @@ def test_a_changed_input_is_redone_and_a_different_job_is_refused(tmp_path, docs
         run(files, tmp_path / "out")
     write_jsonl(Path(files[0]), ["changed", *docs[1:50]])  # changes a finished file
     write_jsonl(Path(files[2]), docs[100:150])
-    with pytest.raises(
-        ConfigError, match=r"settings differ from this run.s \(differs in: append_eod\)"
-    ):
+    with pytest.raises(ConfigError, match=r"settings differ from this run.s \(differs in: append_eod\)"):
         run(files, tmp_path / "out", append_eod=True)
     result = run(files, tmp_path / "out")
     assert result.files_resumed == 1
@@ -298,9 +296,7 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="cannot name an output file"):
         PreprocessConfig(inputs=("a",), output_prefix="x", json_keys=("a/b",), tokenizer=BYTES)
     with pytest.raises(ConfigError, match="out of range"):
-        PreprocessConfig(
-            inputs=("a",), output_prefix="x", num_shards=2, shard_index=2, tokenizer=BYTES
-        )
+        PreprocessConfig(inputs=("a",), output_prefix="x", num_shards=2, shard_index=2, tokenizer=BYTES)
     with pytest.raises(ConfigError, match="workers is 0, expected at least 1") as info:
         PreprocessConfig(inputs=("a",), output_prefix="x", workers=0, tokenizer=BYTES)
     assert "usable CPU" in info.value.hint

@@ -61,11 +61,8 @@ def test_the_bar_moves_every_second_and_ends_counting_the_file(tmp_path, monkeyp
     monkeypatch.setattr(pipeline, "Progress", RecordingProgress)
     RecordingProgress.runs.clear()
     config = PreprocessConfig(
-        inputs=(str(path),),
-        output_prefix=str(tmp_path / "o"),
-        tokenizer=TokenizerSpec(kind="byte"),
-        workers=2,
-        executor="threads",
+        inputs=(str(path),), output_prefix=str(tmp_path / "o"), tokenizer=TokenizerSpec(kind="byte"),
+        workers=2, executor="threads",
     )
     preprocess(config, progress=True)
     (bar,) = RecordingProgress.runs

@@ -188,9 +188,7 @@ def test_folders_and_globs_skip_token_files_sidecars_and_work_folders(tmp_path):
     last_newline=st.booleans(),
     range_bytes=st.integers(1, 200),
 )
-def test_byte_ranges_hold_every_line_once_in_order(
-    tmp_path_factory, lines, last_newline, range_bytes
-):
+def test_byte_ranges_hold_every_line_once_in_order(tmp_path_factory, lines, last_newline, range_bytes):
     """Each line goes to the range its first byte lies in, so the ranges' chunks, joined, are the
     file, whatever the cut (empty lines, a line longer than a range, no final newline)."""
     from tokenload.preprocess.sources import byte_ranges, read_range_chunks

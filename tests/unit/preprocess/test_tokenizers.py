@@ -194,9 +194,7 @@ def test_eod_ids_per_kind(tokenizer_files):
     sp = spm.SentencePieceProcessor(model_file=tokenizer_files["sp_bpe"])
     assert load_tokenizer(spec_for("sp_bpe", tokenizer_files)).eod_id == sp.eos_id()
     tik = load_tokenizer(spec_for("tiktoken", tokenizer_files))
-    nranks = sum(
-        1 for line in Path(tokenizer_files["tiktoken"]).read_text().splitlines() if line.strip()
-    )
+    nranks = sum(1 for line in Path(tokenizer_files["tiktoken"]).read_text().splitlines() if line.strip())
     assert (tik.eod_id, tik.vocab_size) == (nranks, nranks + 1)
     assert load_tokenizer(spec_for("wordpiece", tokenizer_files)).eod_id is None
     assert load_tokenizer(spec_for("wordpiece", tokenizer_files, eod_token="[SEP]")).eod_id == 1
@@ -303,12 +301,7 @@ def test_a_tokenizer_shipped_as_bytes_encodes_like_the_original(tokenizer_files,
     ):
         shipped = files_of(spec)
         copy = local_spec(spec, shipped)
-        assert copy.model != spec.model and os.path.basename(copy.model) == os.path.basename(
-            spec.model
-        )
-        a, b = (
-            load_tokenizer(spec).encode_batch(texts[:50]),
-            load_tokenizer(copy).encode_batch(texts[:50]),
-        )
+        assert copy.model != spec.model and os.path.basename(copy.model) == os.path.basename(spec.model)
+        a, b = load_tokenizer(spec).encode_batch(texts[:50]), load_tokenizer(copy).encode_batch(texts[:50])
         assert (a[0] == b[0]).all() and (a[1] == b[1]).all()
         assert local_spec(spec, shipped) == copy  # written once per content

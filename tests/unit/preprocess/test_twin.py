@@ -75,9 +75,7 @@ def serial(s: TokenizerSpec, monkeypatch) -> object:
 
 
 @pytest.mark.parametrize("name", TWIN_KINDS)
-def test_twin_load_gives_the_serial_loads_tokenizer(
-    name, tokenizer_files, texts, forks, monkeypatch
-):
+def test_twin_load_gives_the_serial_loads_tokenizer(name, tokenizer_files, texts, forks, monkeypatch):
     s = spec(tokenizer_files[name])
     fast = load_tokenizer(s)
     assert len(forks) == 1
@@ -88,11 +86,7 @@ def test_twin_load_gives_the_serial_loads_tokenizer(
     reference = serial(s, monkeypatch)
     assert isinstance(reference.native, HFTokenizer)
     assert fast.identity() == reference.identity()
-    assert (fast.vocab_size, fast.eod_id, fast.dtype) == (
-        reference.vocab_size,
-        reference.eod_id,
-        reference.dtype,
-    )
+    assert (fast.vocab_size, fast.eod_id, fast.dtype) == (reference.vocab_size, reference.eod_id, reference.dtype)
     assert fast.prefix.tolist() == reference.prefix.tolist()
     assert fast.suffix.tolist() == reference.suffix.tolist()
     sample = texts[:200]
@@ -128,16 +122,10 @@ def test_another_thread_alive_means_a_serial_load(tokenizer_files, forks, monkey
 def test_what_is_not_one_tokenizer_json_loads_serially(kind, tokenizer_files, forks):
     specs = {
         "gpt2": TokenizerSpec(
-            kind="gpt2",
-            vocab_file=tokenizer_files["gpt2_vocab"],
-            merge_file=tokenizer_files["gpt2_merges"],
+            kind="gpt2", vocab_file=tokenizer_files["gpt2_vocab"], merge_file=tokenizer_files["gpt2_merges"]
         ),
-        "tiktoken": TokenizerSpec(
-            kind="tiktoken", model=tokenizer_files["tiktoken"], tiktoken_pattern="gpt2"
-        ),
-        "sentencepiece": TokenizerSpec(
-            kind="GPTSentencePieceTokenizer", model=tokenizer_files["sp_bpe"]
-        ),
+        "tiktoken": TokenizerSpec(kind="tiktoken", model=tokenizer_files["tiktoken"], tiktoken_pattern="gpt2"),
+        "sentencepiece": TokenizerSpec(kind="GPTSentencePieceTokenizer", model=tokenizer_files["sp_bpe"]),
         "native engine": spec(tokenizer_files["bytelevel"], engine="native"),
     }
     load_tokenizer(specs[kind])
@@ -145,9 +133,7 @@ def test_what_is_not_one_tokenizer_json_loads_serially(kind, tokenizer_files, fo
 
 
 def test_a_child_that_hangs_is_killed_and_the_load_is_serial(tokenizer_files, forks, monkeypatch):
-    monkeypatch.setattr(
-        twin, "_native_facts", lambda _spec: time.sleep(60)
-    )  # the child inherits it
+    monkeypatch.setattr(twin, "_native_facts", lambda _spec: time.sleep(60))  # the child inherits it
     monkeypatch.setattr(twin, "CHILD_TIMEOUT", 0.5)
     started = time.monotonic()
     tok = load_tokenizer(spec(tokenizer_files["bytelevel"]))
@@ -194,9 +180,7 @@ def test_a_probe_that_differs_in_the_child_leaves_the_verdict_to_the_serial_load
         ("json", "cannot load tokenizer.json"),
     ],
 )
-def test_user_errors_are_reported_as_by_the_serial_load(
-    problem, message, tokenizer_files, tmp_path, forks
-):
+def test_user_errors_are_reported_as_by_the_serial_load(problem, message, tokenizer_files, tmp_path, forks):
     if problem == "eod":
         s = spec(tokenizer_files["bytelevel"], eod_token="<nope>")
     else:

@@ -71,11 +71,7 @@ def test_a_token_file_goes_up_bin_then_sidecar_then_index(monkeypatch, staged):
     _patch(monkeypatch, upload, store)
     upload.publish_prefix(staged(".bin", ".idx", ".json"), URL)
     assert _short(store.ops, URL) == [
-        ("rm", ".idx"),
-        ("put", ".bin"),
-        ("put", ".json"),
-        ("put", ".idx"),
-    ]
+        ("rm", ".idx"), ("put", ".bin"), ("put", ".json"), ("put", ".idx")]
 
 
 def test_a_token_file_without_sidecar_removes_the_old_sidecar_before_its_index(monkeypatch, staged):
@@ -84,11 +80,7 @@ def test_a_token_file_without_sidecar_removes_the_old_sidecar_before_its_index(m
     _patch(monkeypatch, upload, store)
     upload.publish_prefix(staged(".bin", ".idx"), URL)
     assert _short(store.ops, URL) == [
-        ("rm", ".idx"),
-        ("put", ".bin"),
-        ("rm", ".json"),
-        ("put", ".idx"),
-    ]
+        ("rm", ".idx"), ("put", ".bin"), ("rm", ".json"), ("put", ".idx")]
     assert set(store.objects) == {URL + ".bin", URL + ".idx"}
 
 
@@ -106,25 +98,15 @@ def test_a_failed_token_file_upload_leaves_no_index(monkeypatch, staged, fail_at
 
 # -- index caches ------------------------------------------------------------------------------
 
-REMOTE = CacheFiles(
-    directory="s3://bucket/cache",
-    hash="0123abcd",
-    class_name="GPTDataset",
-    split="train",
-    arrays=GPT_ARRAYS,
-)
+REMOTE = CacheFiles(directory="s3://bucket/cache", hash="0123abcd", class_name="GPTDataset",
+                    split="train", arrays=GPT_ARRAYS)
 
 
 def _local_cache(tmp_path, name: str = "local", sidecar: bytes = b"{sidecar}") -> CacheFiles:
     folder = tmp_path / name
     folder.mkdir(exist_ok=True)
-    local = CacheFiles(
-        directory=str(folder),
-        hash=REMOTE.hash,
-        class_name=REMOTE.class_name,
-        split=REMOTE.split,
-        arrays=REMOTE.arrays,
-    )
+    local = CacheFiles(directory=str(folder), hash=REMOTE.hash, class_name=REMOTE.class_name,
+                       split=REMOTE.split, arrays=REMOTE.arrays)
     for array in local.arrays:
         with open(local.array(array), "wb") as f:
             f.write(array.encode())
@@ -144,9 +126,7 @@ def test_a_cache_goes_up_arrays_then_sidecar_then_description(monkeypatch, tmp_p
     _patch(monkeypatch, cache_remote, store)
     assert cache_remote.publish_cache(_local_cache(tmp_path), REMOTE) is True
     assert _names(store.ops) == [("put", f"{a}.npy") for a in GPT_ARRAYS] + [
-        ("put", "tokenload.json"),
-        ("put", "description.txt"),
-    ]
+        ("put", "tokenload.json"), ("put", "description.txt")]
 
 
 def test_a_stale_cache_loses_its_description_before_any_array_changes(monkeypatch, tmp_path):
@@ -155,12 +135,9 @@ def test_a_stale_cache_loses_its_description_before_any_array_changes(monkeypatc
     cache_remote.publish_cache(_local_cache(tmp_path, sidecar=b"{old fields}"), REMOTE)
     store.ops.clear()
     cache_remote.publish_cache(_local_cache(tmp_path, "new", sidecar=b"{new fields}"), REMOTE)
-    assert _names(store.ops) == [
-        ("rm", "description.txt"),
-        *[("put", f"{a}.npy") for a in GPT_ARRAYS],
-        ("put", "tokenload.json"),
-        ("put", "description.txt"),
-    ]
+    assert _names(store.ops) == [("rm", "description.txt"),
+                                 *[("put", f"{a}.npy") for a in GPT_ARRAYS],
+                                 ("put", "tokenload.json"), ("put", "description.txt")]
     assert store.objects[REMOTE.sidecar] == b"{new fields}"
 
 
@@ -185,16 +162,12 @@ def _complete_looking_is_whole(store: Store, want: dict[str, bytes]) -> None:
 
 
 @pytest.mark.parametrize("first_fails_at", [1, 2, 3, 4, 5])
-def test_two_failed_writers_never_leave_a_cache_that_looks_complete(
-    monkeypatch, tmp_path, first_fails_at
-):
+def test_two_failed_writers_never_leave_a_cache_that_looks_complete(monkeypatch, tmp_path,
+                                                                   first_fails_at):
     """Writer one fails at each of its uploads in turn, then writer two at each of its own (a
     stale cache was there before): no state between or after looks complete unless it is."""
-    stale = {
-        REMOTE.description: b"{description}",
-        REMOTE.sidecar: b"{old fields}",
-        **{REMOTE.array(a): b"old " + a.encode() for a in REMOTE.arrays},
-    }
+    stale = {REMOTE.description: b"{description}", REMOTE.sidecar: b"{old fields}",
+             **{REMOTE.array(a): b"old " + a.encode() for a in REMOTE.arrays}}
     local = _local_cache(tmp_path, sidecar=b"{new fields}")
     want = {url: Path(url.replace(REMOTE.directory, local.directory)).read_bytes() for url in stale}
     for second_fails_at in range(1, 6):
@@ -234,12 +207,8 @@ def test_each_cache_writer_stages_in_a_folder_of_its_own(monkeypatch, tmp_path):
 def test_an_upload_whose_local_file_is_gone_says_so(monkeypatch, tmp_path):
     """Not "the object does not exist" with a hint about PREFIX.idx (what a staged file removed
     by another writer used to give): the local file is named, and the staging folder."""
-    for name, value in {
-        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "TOKENLOAD_RETRIES": "0",
-    }.items():
+    for name, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+                        "AWS_SECRET_ACCESS_KEY": "s", "TOKENLOAD_RETRIES": "0"}.items():
         monkeypatch.setenv(name, value)
     gone = tmp_path / "staged-description.txt"
     with pytest.raises(StorageError) as caught:

@@ -53,16 +53,10 @@ class SilentServer:
 @pytest.fixture
 def silent(monkeypatch):
     server = SilentServer()
-    values = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}",
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "TOKENLOAD_CONNECT_TIMEOUT": "0.5",
-        "TOKENLOAD_READ_TIMEOUT": "0.5",
-        "TOKENLOAD_RETRY_BACKOFF": "0.05",
-        "TOKENLOAD_RETRY_MAX_BACKOFF": "0.2",
-    }
+    values = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.port}", "AWS_ACCESS_KEY_ID": "k",
+              "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1",
+              "TOKENLOAD_CONNECT_TIMEOUT": "0.5", "TOKENLOAD_READ_TIMEOUT": "0.5",
+              "TOKENLOAD_RETRY_BACKOFF": "0.05", "TOKENLOAD_RETRY_MAX_BACKOFF": "0.2"}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     try:
@@ -93,9 +87,8 @@ def _timed(fn):
 
 
 @pytest.mark.parametrize("request_kind", ["head", "ranged_get"])
-def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(
-    silent, monkeypatch, request_kind
-):
+def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(silent, monkeypatch,
+                                                                   request_kind):
     """One connection per attempt: botocore's own retry (its ``max_attempts`` counts retries, so
     1 doubled every attempt, 2 x 60 s) is off, and the read timeout ends each one."""
     monkeypatch.setenv("TOKENLOAD_RETRIES", "2")
@@ -104,20 +97,16 @@ def test_each_attempt_ends_at_the_read_timeout_and_is_one_request(
     if request_kind == "head":
         error, took = _timed(lambda: remote.info(URL, options))
     else:
-        error, took = _timed(
-            lambda: remote.call(
-                URL, "read it", lambda: remote.ranged_get(URL, 0, 10, options), options
-            )
-        )
+        error, took = _timed(lambda: remote.call(URL, "read it", lambda: remote.ranged_get(
+            URL, 0, 10, options), options))
     assert "still after 2 retries" in error.message and "Timeout" in error.message
     assert error.path == URL and "TOKENLOAD_READ_TIMEOUT" in error.hint
     assert len(silent.accepted) - before == 3
     assert 3 * 0.5 <= took < 3 * 0.5 + 5.0  # three timeouts, two backoffs (and a busy machine)
 
 
-def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeout(
-    silent, monkeypatch
-):
+def test_a_command_gives_up_on_a_silent_endpoint_within_the_first_contact_timeout(silent,
+                                                                                  monkeypatch):
     """The CLI's mode: 8 retries allowed, but no attempt starts that could end after
     TOKENLOAD_FIRST_CONTACT_TIMEOUT; later requests of the command give up at once."""
     monkeypatch.setenv("TOKENLOAD_READ_TIMEOUT", "1")
@@ -174,11 +163,8 @@ def test_a_read_budget_retries_by_time_and_ends_before_it(silent, monkeypatch, c
     caplog.clear()
     retry_reads_for(5.0)
     assert read_retry_window() == 5.0
-    error, took = _timed(
-        lambda: remote.call(
-            URL, "read bytes [0, 10)", lambda: remote.ranged_get(URL, 0, 10, options), options
-        )
-    )
+    error, took = _timed(lambda: remote.call(
+        URL, "read bytes [0, 10)", lambda: remote.ranged_get(URL, 0, 10, options), options))
     assert took <= 5.0 + 1.0  # no attempt starts that could end after the budget
     made = len(silent.accepted) - before
     assert made >= 2  # TOKENLOAD_RETRIES=0, yet retried within the budget
@@ -186,17 +172,12 @@ def test_a_read_budget_retries_by_time_and_ends_before_it(silent, monkeypatch, c
     retries = [r for r in caplog.records if "; retry " in r.getMessage()]
     assert len(retries) == made - 1 and retries[0].levelno == logging.WARNING
     assert all(r.levelno == logging.DEBUG for r in retries[1:])
-    assert all(
-        "retrying for up to" in r.getMessage() and "s more" in r.getMessage() for r in retries
-    )
+    assert all("retrying for up to" in r.getMessage() and "s more" in r.getMessage() for r in retries)
 
 
 def test_bad_timeouts_and_budgets_are_config_errors(monkeypatch):
-    for name, value in (
-        ("TOKENLOAD_READ_TIMEOUT", "0"),
-        ("TOKENLOAD_CONNECT_TIMEOUT", "inf"),
-        ("TOKENLOAD_FIRST_CONTACT_TIMEOUT", "-1"),
-    ):
+    for name, value in (("TOKENLOAD_READ_TIMEOUT", "0"), ("TOKENLOAD_CONNECT_TIMEOUT", "inf"),
+                        ("TOKENLOAD_FIRST_CONTACT_TIMEOUT", "-1")):
         monkeypatch.setenv(name, value)
         with pytest.raises(ConfigError) as caught:
             StorageOptions.from_env()
@@ -218,11 +199,8 @@ class _HeadOnly(BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:  # the name http.server calls
         self.send_response(200)
-        for name, value in (
-            ("Content-Length", "4096"),
-            ("ETag", '"e1"'),
-            ("Last-Modified", "Wed, 02 Dec 2026 04:00:00 GMT"),
-        ):
+        for name, value in (("Content-Length", "4096"), ("ETag", '"e1"'),
+                            ("Last-Modified", "Wed, 02 Dec 2026 04:00:00 GMT")):
             self.send_header(name, value)
         self.end_headers()
 
@@ -244,17 +222,12 @@ def test_a_training_read_of_a_server_gone_silent_ends_within_its_budget(monkeypa
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     _HeadOnly.released.clear()
-    values = {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
-        "AWS_ACCESS_KEY_ID": "k",
-        "AWS_SECRET_ACCESS_KEY": "s",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "TOKENLOAD_RETRIES": "0",
-        "TOKENLOAD_CONNECT_TIMEOUT": "0.5",
-        "TOKENLOAD_READ_TIMEOUT": "0.5",
-        "TOKENLOAD_RETRY_BACKOFF": "0.05",
-        "TOKENLOAD_PREFETCH": "0",
-    }
+    values = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}",
+              "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+              "AWS_DEFAULT_REGION": "us-east-1",
+              "TOKENLOAD_RETRIES": "0", "TOKENLOAD_CONNECT_TIMEOUT": "0.5",
+              "TOKENLOAD_READ_TIMEOUT": "0.5", "TOKENLOAD_RETRY_BACKOFF": "0.05",
+              "TOKENLOAD_PREFETCH": "0"}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
     try:
