@@ -278,12 +278,16 @@ def test_damaged_values_are_a_cache_error_naming_their_array(packed):
         (offsets, 3, -5, "row_index"),  # before the pieces
         (offsets, len(offsets) - 1, len(table) + 3, "row_index"),  # past them
         (offsets, 5, int(offsets[6]) + 1, "row_index"),  # decreasing
+        # a row of 2^28 pieces: refused before their positions are allocated (2 GiB)
+        (offsets, len(offsets) - 1, 1 << 28, "row_index"),
+        (offsets, 4, -(1 << 31), "row_index"),  # the int32 count before it wraps around
         (shuffle, 0, len(offsets) - 1, "shuffle_index"),  # a row past the plan
         (table, int(np.flatnonzero(table < 0)[0]), -1 - len(cuts), "piece_index"),
         (table, int(np.flatnonzero(table >= 0)[0]), len(lengths), "piece_index"),
         (table, int(np.flatnonzero(table >= 0)[0]), 7, "piece_index"),  # an empty document
         (cuts[:, 0], 0, len(lengths), "window_index"),  # a sequence past the file
         (cuts[:, 1], 0, lengths[int(cuts[0, 0])] + 1, "window_index"),  # past its sequence
+        (cuts[:, 1], 0, int(cuts[0, 1]) - 1, "window_index"),  # an end no full window has
     ]
     for array, at, value, name in cases:
         kept = array[at]

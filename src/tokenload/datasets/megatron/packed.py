@@ -363,12 +363,15 @@ class PackedGPTDataset(OneSourceContract):
         except IndexError:
             raise self._bad_shuffle(offsets) from None
         lo = bounds[:, 0]
-        counts = bounds[:, 1] - lo  # (the offsets' dtype; cumsum makes int64)
-        if rows.size and (_MIN(counts) < 1 or _MIN(lo) < 0):
-            raise self._bad_offsets(table)
+        counts = bounds[:, 1] - lo  # (the offsets' dtype, which damage may wrap; cumsum: int64)
         ends = counts.cumsum()
+        total = int(ends[-1]) if ends.size else 0
+        # a row holds at most W pieces (each of a token or more): bounded before the positions
+        # of the pieces are allocated, so damaged offsets never make a huge array
+        if rows.size and (_MIN(counts) < 1 or _MIN(lo) < 0 or total > rows.size * self.item.window):
+            raise self._bad_offsets(table)
         first = ends - counts
-        at = upto(int(ends[-1]) if ends.size else 0) + (lo - first).repeat(counts)
+        at = upto(total) + (lo - first).repeat(counts)
         try:  # offsets past the pieces fail it
             seq = table[at]
         except IndexError:
@@ -419,6 +422,8 @@ class PackedGPTDataset(OneSourceContract):
         n -= start  # each piece's length
         if n.size and _MIN(n) < 1:
             raise self._damaged("piece_index")
+        if win.size and _MIN(n[win]) < self.item.window:  # an end no full window has
+            raise self._damaged("window_index")
         return seq, start, n
 
     def _damaged(self, name: str) -> CacheError:
