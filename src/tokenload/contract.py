@@ -67,12 +67,11 @@ def row_counts(documents: np.ndarray, row_tokens: np.ndarray, seq: int) -> np.nd
     """``ROW_COUNTS`` of packed rows of S = ``seq`` inputs: int64 ``(rows, 2)``, each row's
     documents among its inputs, and its padding label slots. Label slot i holds the window's
     token i + 1, so the slots from ``row_tokens - 1`` on are padding (with or without the extra
-    token: without it, the last label is padding in every row); a row holds 1 to S + extra
-    tokens."""
+    token: without it, the last label is padding in every row): S + 1 - ``row_tokens``, at most
+    S since a row holds 1 to S + extra tokens."""
     out = np.empty((row_tokens.size, 2), dtype=np.int64)
     out[:, 0] = documents
     np.subtract(seq + 1, row_tokens, out=out[:, 1])
-    np.minimum(out[:, 1], seq, out=out[:, 1])
     return out
 
 
