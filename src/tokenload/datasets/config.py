@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, Protocol, TypeAlias
 
 from ..contract import LoaderDataset
 from ..errors import ConfigError
+from ..fielddocs import FieldDocs, documented
 from ..index import Blend, parse_blend
 from ..index.interleave import DEFAULT_PERIOD
 from ..index.schedule import Schedule, check_schedule
@@ -252,8 +253,9 @@ def fields_for_order(fields: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
-class MegatronDataConfig:
+class MegatronDataConfig(metaclass=FieldDocs):
     """Everything that decides Megatron's datasets, their order and their items.
 
     The fields are flat, as users, importers and the CLI give them: the façade of the typed

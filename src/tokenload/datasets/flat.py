@@ -20,13 +20,15 @@ import numpy.typing as npt
 from ..arrays import distinct, sample_indices
 from ..contract import Allocator, MixtureCursors, SourceInfo, Sources
 from ..errors import ConfigError
+from ..fielddocs import FieldDocs, documented
 from ..format import FlatTokenFile, ReadMode
 from ..format.flat_file import content_fingerprint
 from ..index.permutation import KeyedPermutation
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
-class FlatDatasetConfig:
+class FlatDatasetConfig(metaclass=FieldDocs):
     """How windows are cut from a flat token file and ordered."""
 
     block_size: int

@@ -38,6 +38,7 @@ from typing import Any
 from ..contract import LoaderDataset
 from ..distributed import World
 from ..errors import ConfigError, ForeignStateError, StateError, require
+from ..fielddocs import FieldDocs, documented
 from ..storage.options import read_retry_window, retry_reads_for
 from .accounting import LoaderMetrics, summary_line
 from .collate import PACKING_COUNTS, fetch, to_tensors
@@ -60,8 +61,9 @@ from .workers import WorkerPool
 logger = logging.getLogger(__name__)
 
 
+@documented
 @dataclass(frozen=True, kw_only=True)
-class LoaderConfig:
+class LoaderConfig(metaclass=FieldDocs):
     """How batches are cut and delivered."""
 
     micro_batch_size: int
