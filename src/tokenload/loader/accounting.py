@@ -291,17 +291,20 @@ class PackingCounts:
         self.padding = np.zeros(sources, dtype=np.int64)
         self.slots = np.zeros(sources, dtype=np.int64)
         self.rows = np.zeros(sources, dtype=np.int64)
-        # per batch not yet added up: (documents, padding) per row, source per row (None: one
-        # source), and the rows' width
-        self._pending: list[tuple[np.ndarray, np.ndarray | None, int]] = []
+        # per batch not yet added up: the bytes of its int64 (documents, padding) per row, source
+        # per row (None: one source), and the rows' width
+        self._pending: list[tuple[bytes, np.ndarray | None, int]] = []
 
     def record(self, width: int, ids: np.ndarray | None, counts: Any) -> None:
         """Count a batch's rows of ``width`` inputs from ``counts`` (``collate.PACKING_COUNTS``:
-        each row's documents and padding label slots)."""
+        each row's documents and padding label slots, int64 ``(rows, 2)``; from a worker's ring,
+        already their bytes)."""
         # copies: the batch's memory (a worker's ring slot) is reused once it is freed
+        if not isinstance(counts, bytes):
+            values = counts.numpy() if hasattr(counts, "numpy") else counts
+            counts = np.asarray(values, dtype=np.int64).tobytes()
         pending = self._pending
-        values = counts.numpy() if hasattr(counts, "numpy") else np.asarray(counts)
-        pending.append((values.copy(), None if ids is None else np.array(ids), width))
+        pending.append((counts, None if ids is None else np.array(ids), width))
         if len(pending) >= self._FOLD:
             self._fold()
 
@@ -310,12 +313,11 @@ class PackingCounts:
         if not self._pending:
             return
         batches, self._pending = self._pending, []
-        pending = [c for c, _, _ in batches]
         pending_ids = [i for _, i, _ in batches]
         widths = [w for _, _, w in batches]
-        counts = np.concatenate(pending).astype(np.int64, copy=False)
+        counts = np.frombuffer(b"".join(c for c, _, _ in batches), dtype=np.int64).reshape(-1, 2)
         per_row, padding = counts[:, 0], counts[:, 1]
-        sizes = [c.shape[0] for c in pending]
+        sizes = [len(c) // 16 for c, _, _ in batches]  # rows: 2 int64 each
         width = np.repeat(np.array(widths, dtype=np.int64), sizes)
         found = np.bincount(per_row)
         if found.size > self.rows_by_documents.size:

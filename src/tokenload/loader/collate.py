@@ -15,7 +15,9 @@ PACKING_COUNTS = "_tokenload_packing_counts"
 which takes it out before handing the batch over (``accounting.PackingCounts``): int64
 ``(B, 2)``, each row's documents (pieces beginning among its S inputs) and its padding label
 slots (``contract.row_counts``). Counted from the read's own ``row_tokens`` and pieces, so the
-training process does not search the finished fields for them."""
+training process does not search the finished fields for them; out of a worker's ring slot it
+comes as a copy of its bytes, not as a tensor (``ConsumerRing``'s raw fields: nothing to make,
+nothing of the slot held)."""
 
 
 def fetch(

@@ -159,7 +159,13 @@ class WorkerRing:
 class ConsumerRing:
     """The consumer's side: maps a worker's slot file and lends tensors or arrays over its slots."""
 
-    def __init__(self, path: str, slot_bytes: int, slots: int) -> None:
+    def __init__(
+        self, path: str, slot_bytes: int, slots: int, raw: frozenset[str] = frozenset()
+    ) -> None:
+        """``raw``: fields that ``tensors`` gives as a copy of their bytes, not as a tensor (a
+        field the loader consumes itself, such as the packing counts: no tensor to make, and
+        nothing of the slot held)."""
+        self._raw = raw
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), slot_bytes * slots)
         if _named(path):
@@ -190,13 +196,17 @@ class ConsumerRing:
         copying, is alive. Arrays (``arrays``) where torch cannot count references to a storage
         or has no dtype for a field."""
         made = self._tensors[slot]
+        begin = slot * self._slot_bytes
         if made is None or made.layout != layout:
-            made = _SlotTensors.make(self._map, slot * self._slot_bytes, self._slot_bytes, layout)
+            made = _SlotTensors.make(self._map, begin, self._slot_bytes, layout, self._raw)
             if made is None:
                 return self.arrays(slot, layout)
             made.settle()
             self._tensors[slot] = made
-        return {name: view.detach() for name, view in made.fields.items()}
+        out: dict[str, Any] = {name: view.detach() for name, view in made.fields.items()}
+        for name, (offset, nbytes) in made.raw.items():
+            out[name] = self._map[begin + offset : begin + offset + nbytes]
+        return out
 
     def in_use(self, slot: int) -> bool:
         if sys.getrefcount(self._slots[slot]) > self._idle:
@@ -210,9 +220,16 @@ class _SlotTensors:
     object with the reference counts they leave when nothing else refers to the slot."""
 
     def __init__(
-        self, layout: Layout, fields: dict[str, Any], storage: Any, use_count: Any
+        self,
+        layout: Layout,
+        fields: dict[str, Any],
+        storage: Any,
+        use_count: Any,
+        raw: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.layout, self.fields, self.storage, self._use_count = layout, fields, storage, use_count
+        self.raw = raw or {}
+        """Fields given as bytes: (offset in the slot, bytes)."""
         self._address = storage._cdata
         self._idle_uses = self._idle_refs = 0
 
@@ -222,9 +239,17 @@ class _SlotTensors:
         self._idle_refs = sys.getrefcount(self.storage)
 
     @classmethod
-    def make(cls, buffer: mmap.mmap, begin: int, size: int, layout: Layout) -> _SlotTensors | None:
-        """Views over ``buffer[begin : begin + size]`` per field of ``layout``; None when torch
-        cannot count a storage's references or has no dtype for a field."""
+    def make(
+        cls,
+        buffer: mmap.mmap,
+        begin: int,
+        size: int,
+        layout: Layout,
+        raw: frozenset[str] = frozenset(),
+    ) -> _SlotTensors | None:
+        """Views over ``buffer[begin : begin + size]`` per field of ``layout`` but the ``raw``
+        ones (their offsets and sizes); None when torch cannot count a storage's references or
+        has no dtype for a field."""
         import torch
 
         use_count = getattr(torch._C, "_storage_Use_Count", None)
@@ -232,11 +257,14 @@ class _SlotTensors:
         if use_count is None or None in dtypes:
             return None
         whole = torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=begin)
-        fields = {}
+        fields, spans = {}, {}
         for (name, dtype, shape, offset), dt in zip(layout, dtypes):
             nbytes = np.dtype(dtype).itemsize * math.prod(shape)
-            fields[name] = whole[offset : offset + nbytes].view(dt).view(shape)
-        return cls(layout, fields, whole.untyped_storage(), use_count)
+            if name in raw:
+                spans[name] = (offset, nbytes)
+            else:
+                fields[name] = whole[offset : offset + nbytes].view(dt).view(shape)
+        return cls(layout, fields, whole.untyped_storage(), use_count, spans)
 
     def in_use(self) -> bool:
         """Whether a tensor, view, array or storage object besides these views refers to the

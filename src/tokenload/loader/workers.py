@@ -49,6 +49,7 @@ from typing import Any
 
 from ..contract import LoaderDataset
 from .channel import Channel
+from .collate import PACKING_COUNTS
 from .health import (
     Fault,
     WorkerError,
@@ -399,7 +400,10 @@ class WorkerPool:
     def _map_ring(self, w: int, k: int, message: RingMapped) -> None:
         now = self._workers[w].now
         try:
-            now.ring = ConsumerRing(message.path, message.slot_bytes, message.slots)
+            # the packing counts come as bytes (the loader adds them up itself: no tensor)
+            now.ring = ConsumerRing(
+                message.path, message.slot_bytes, message.slots, frozenset({PACKING_COUNTS})
+            )
         except FileNotFoundError:  # its memory went with it: the worker died after naming it
             now.process.join(_LIVENESS_S)
             if now.process.is_alive():

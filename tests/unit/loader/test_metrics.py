@@ -348,12 +348,14 @@ def test_metrics_of_per_sample_datasets_count_rows(tmp_path):
     assert source["name"] == "Items" and source["samples_per_epoch"] == 40
 
 
+@pytest.mark.parametrize("given", ["tensor", "bytes"])
 @pytest.mark.parametrize("sources", [1, 3])
-def test_packing_counts_add_up_every_batch_whenever_they_are_folded(sources) -> None:
+def test_packing_counts_add_up_every_batch_whenever_they_are_folded(sources, given) -> None:
     """``PackingCounts`` keeps each batch's counts and adds them up in one pass now and then:
     its totals (per source, and rows by documents per row) are those of every batch counted
     one by one, for one source (no ``dataset_id``) and a blend, rows of two widths, batches of
-    any size, read before, at and past the batches it keeps."""
+    any size, read before, at and past the batches it keeps; the counts given as a tensor (the
+    loader's own process) or as their bytes (from a worker's ring)."""
     from tokenload.loader.accounting import PackingCounts
 
     rng = np.random.default_rng(sources)
@@ -367,7 +369,7 @@ def test_packing_counts_add_up_every_batch_whenever_they_are_folded(sources) -> 
         padding = rng.integers(0, width, rows)
         ids = None if sources == 1 else rng.integers(0, sources, rows)
         counts = torch.from_numpy(np.stack([documents, padding], axis=1).astype(np.int64))
-        counted.record(width, ids, counts)
+        counted.record(width, ids, counts if given == "tensor" else counts.numpy().tobytes())
         who = np.zeros(rows, dtype=np.int64) if ids is None else ids
         np.add.at(want["rows"], who, 1)
         np.add.at(want["documents"], who, documents)

@@ -310,14 +310,14 @@ def test_a_worker_dying_before_its_ring_is_mapped_is_replaced(dataset, monkeypat
     real = workers_module.ConsumerRing
     killed = []
 
-    def die_first(path, slot_bytes, slots):
+    def die_first(path, slot_bytes, slots, *rest):
         if not killed:
             pid = int(path.split("/")[2])
             os.kill(pid, signal.SIGKILL)
             while Path(f"/proc/{pid}/fd").exists() and any(Path(f"/proc/{pid}/fd").iterdir()):
                 time.sleep(0.01)
             killed.append(pid)
-        return real(path, slot_bytes, slots)
+        return real(path, slot_bytes, slots, *rest)
 
     monkeypatch.setattr(workers_module, "ConsumerRing", die_first)
     want = _want(dataset, 12)

@@ -243,6 +243,32 @@ def test_ring_slots_round_trip_and_leave_no_file(monkeypatch, memfd):
     assert worker.write(0, {"text": np.array(["x"])}) is None  # not numeric: the pipe
 
 
+def test_a_raw_field_comes_as_its_bytes_and_holds_nothing_of_its_slot() -> None:
+    """The loader's own fields (the packing counts) come out of a slot as a copy of their bytes,
+    next to the tensors of the others: no tensor is made for them, and once the tensors are gone
+    the slot is free, whatever holds the bytes."""
+    from tokenload.loader import ring
+
+    counts = np.arange(32, dtype=np.int64).reshape(16, 2)
+    tokens = np.arange(64, dtype=np.int64).reshape(4, 16)
+    size = ring.batch_bytes({"tokens": tokens, "counts": counts})
+    assert size is not None
+    worker = ring.WorkerRing(size, 2)
+    layout = worker.write(0, {"tokens": tokens, "counts": counts})
+    assert layout is not None
+    consumer = ring.ConsumerRing(worker.path, worker.slot_bytes, 2, frozenset({"counts"}))
+    got = consumer.tensors(0, layout)
+    assert isinstance(got["counts"], bytes) and got["counts"] == counts.tobytes()
+    assert np.array_equal(got["tokens"].numpy(), tokens)
+    kept = got.pop("counts")
+    assert consumer.in_use(0)  # the tokens tensor
+    del got
+    assert not consumer.in_use(0) and kept == counts.tobytes()
+    worker.write(0, {"tokens": tokens + 1, "counts": counts + 1})  # the slot reused
+    again = consumer.tensors(0, layout)
+    assert again["counts"] == (counts + 1).tobytes() and kept == counts.tobytes()
+
+
 @pytest.mark.parametrize("shared_memory,pin", [(False, False), (True, True)])
 def test_without_shared_memory_and_with_pinning_the_batches_are_the_same(dataset, shared_memory, pin):
     """shared_memory=False: every batch travels pickled through the pipe (several per message);
