@@ -243,6 +243,31 @@ def test_ring_slots_round_trip_and_leave_no_file(monkeypatch, memfd):
     assert worker.write(0, {"text": np.array(["x"])}) is None  # not numeric: the pipe
 
 
+def test_arrays_the_allocator_made_stay_in_place_and_others_are_copied() -> None:
+    """``write`` leaves in place what the slot's allocator made (found by identity), and the
+    reshaped or sliced contiguous views of it (found by address); a strided view or an array of
+    ordinary memory is copied after them; every field reads back as written."""
+    from tokenload.loader import ring
+
+    worker = ring.WorkerRing(1 << 16, 2)
+    alloc = worker.allocator(1)
+    a = alloc((4, 8), np.dtype(np.int64))
+    a[...] = np.arange(32).reshape(4, 8)
+    b = alloc((6,), np.dtype(np.int32))
+    b[...] = np.arange(6)
+    flat, strided, plain = a.reshape(32), b[::2], np.array([5, 6, 7], np.int16)
+    batch = {"a": a, "flat": flat, "b": b, "strided": strided, "plain": plain}
+    layout = worker.write(1, batch)
+    assert layout is not None
+    offsets = {name: offset for name, _, _, offset in layout}
+    assert offsets["a"] == offsets["flat"] == 0 and offsets["b"] == 256  # in place (aligned)
+    assert offsets["strided"] >= 320 and offsets["plain"] > offsets["strided"]  # copied after
+    consumer = ring.ConsumerRing(worker.path, worker.slot_bytes, 2)
+    got = consumer.arrays(1, layout)
+    for name, value in batch.items():
+        assert np.array_equal(got[name], value), name
+
+
 def test_a_raw_field_comes_as_its_bytes_and_holds_nothing_of_its_slot() -> None:
     """The loader's own fields (the packing counts) come out of a slot as a copy of their bytes,
     next to the tensors of the others: no tensor is made for them, and once the tensors are gone
