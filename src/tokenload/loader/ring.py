@@ -15,7 +15,10 @@ loop may reshape in place without touching the cached view. Measured CPU per han
 fields of 16 x 2048 (layout unpickled, tensors made, idle slots found), 2-core VM: after a 2 ms
 sleep (a training step) 67 us for arrays plus ``torch.from_numpy`` against 48 us; back to back
 8.2 against 4.6 us. Handing out the cached views themselves would save ~15 us more after a sleep,
-but a loop's in-place reshape, ``.data =`` or ``share_memory_()`` would then reach later batches.
+but a loop's in-place reshape or ``.data =`` would then reach later batches. A loop's
+``share_memory_()`` (or a tensor pickled for a ``torch.multiprocessing`` queue) moves the data of
+the slot's one storage, and so of every alias, into a segment of its own: the consumer sees the
+storage's data pointer leave the slot and makes the slot's views again (``_SlotTensors.moved``).
 Every tensor, view or NumPy array made from an alias keeps a reference to the slot's storage, so
 the storage's use count (and the reference count of its Python object, which is what a loop
 holding only ``untyped_storage()`` keeps) says whether any of them is still alive. ``arrays``
@@ -148,14 +151,14 @@ class WorkerRing:
     def _offset(self, slot: int, value: np.ndarray) -> int | None:
         """Where ``value`` lies in ``slot`` when its allocator made it (contiguous, inside), else
         None."""
-        if not value.size:
+        if not value.size or not value.flags.c_contiguous:  # (strides set in place, say)
             return None
         made = self._made[slot].get(id(value))
         if made is not None and made[0] is value:
             return made[1]
         # else a view of an array it made (NumPy names the ring's memory as every view's base),
         # found by its address; an array of other memory is copied
-        if value.base is not self._memory or not value.flags.c_contiguous:
+        if value.base is not self._memory:
             return None
         at = value.ctypes.data - self._address - slot * self.slot_bytes
         return at if at >= 0 and at + value.nbytes <= self.slot_bytes else None
@@ -211,7 +214,7 @@ class ConsumerRing:
         or has no dtype for a field."""
         made = self._tensors[slot]
         begin = slot * self._slot_bytes
-        if made is None or made.layout != layout:
+        if made is None or made.layout != layout or made.moved():
             made = _SlotTensors.make(self._map, begin, self._slot_bytes, layout, self._raw)
             if made is None:
                 return self.arrays(slot, layout)
@@ -226,7 +229,8 @@ class ConsumerRing:
         if sys.getrefcount(self._slots[slot]) > self._idle:
             return True
         made = self._tensors[slot]
-        return made is not None and made.in_use()
+        # tensors whose storage was moved out of the slot (``moved``) no longer refer to it
+        return made is not None and not made.moved() and made.in_use()
 
 
 class _SlotTensors:
@@ -245,7 +249,16 @@ class _SlotTensors:
         self.raw = raw or {}
         """Fields given as bytes: (offset in the slot, bytes)."""
         self._address = storage._cdata
+        self._data = storage.data_ptr()
         self._idle_uses = self._idle_refs = 0
+
+    def moved(self) -> bool:
+        """Whether the storage's data left the slot: ``share_memory_()`` on any of its tensors
+        (which pickling one for a ``torch.multiprocessing`` queue does) copies the data into a
+        shared segment of its own and points the storage, so every view of it, there. These views
+        would then show that copy, frozen, and never the slot's later batches: they are made
+        again."""
+        return bool(self.storage.data_ptr() != self._data)
 
     def settle(self) -> None:
         """Take the counts of the idle slot (called once the frames that made these are gone)."""

@@ -773,8 +773,36 @@ def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_piece
     assert laid >= 2
 
 
+def test_a_state_saved_without_packing_counts_starts_them_from_zero(tmp_path) -> None:
+    """A state saved before the packing counts were kept (its ``packing`` None), loaded into a
+    loader that has counted batches already: every counter restarts from zero, the packing
+    counts with them, and counts the batches served after it."""
+    prefix, _ = corpus(tmp_path, 1, 900, seed=13)
+    train, _, _ = build_datasets(config(blend=[prefix]), [200, 0, 0])
+    assert train is not None
+    state = build_dataloader(train, micro_batch_size=2, num_workers=0).state_dict()
+    state["metrics"]["packing"] = None  # as an older version saved it
+    loader = build_dataloader(train, micro_batch_size=2, num_workers=0)
+
+    def packing():
+        counts = loader.metrics()["packing"]
+        assert counts is not None
+        return counts
+
+    it = iter(loader)
+    for _ in range(30):
+        next(it)
+    assert packing()["rows"] == 60
+    loader.load_state_dict(state)
+    assert loader.metrics()["samples"] == 0 and packing()["rows"] == packing()["documents"] == 0
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    assert packing()["rows"] == 10
+
+
 def test_the_packing_counts_kept_for_metrics_do_not_hold_the_workers_ring_slots(tmp_path) -> None:
-    """The loader keeps each packed batch's counts until it adds them up (every 64 batches): it
+    """The loader keeps each packed batch's counts until it adds them up (every 256 batches): it
     keeps copies, so a batch the training loop has dropped gives its worker's ring slot back."""
     prefix, _ = corpus(tmp_path, 1, 900, seed=41)
     train, _, _ = build_datasets(config(blend=[prefix]), [400, 0, 0])

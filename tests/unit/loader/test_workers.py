@@ -33,6 +33,33 @@ def _expected(dataset, mbs: int, steps: int) -> list[np.ndarray]:
     return [dataset.__getitems__(list(range(k * mbs, (k + 1) * mbs)))["tokens"] for k in range(steps)]
 
 
+@pytest.mark.parametrize("share", ["share_memory_", "pickled for a queue"])
+def test_a_batch_moved_to_shared_memory_leaves_later_batches_right(dataset, share):
+    """A loop that calls ``share_memory_()`` on a batch's tensor, or pickles one for a
+    ``torch.multiprocessing`` queue (which does the same), moves the slot storage's data into a
+    segment of its own: every later batch of that slot is still its own, and the moved one
+    keeps its values."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the tensors' reductions)
+
+    want = _expected(dataset, 8, 40)
+    loader = build_dataloader(dataset, micro_batch_size=8, num_workers=2, dp_rank=0, dp_size=1)
+    try:
+        for k, batch in zip(range(40), loader):
+            assert np.array_equal(batch["tokens"].numpy(), want[k]), k
+            if k == 3:
+                if share == "share_memory_":
+                    batch["tokens"].share_memory_()
+                else:
+                    ForkingPickler.dumps(batch["tokens"])
+                assert batch["tokens"].is_shared()
+                assert np.array_equal(batch["labels"].numpy()[:, :-1], want[3][:, 1:])
+            del batch  # its slot is reused
+    finally:
+        loader.close()
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_held_batches_keep_their_values(dataset, method):
     """Every batch is kept (more than the slots of a ring): none is overwritten by later ones,
@@ -266,6 +293,28 @@ def test_arrays_the_allocator_made_stay_in_place_and_others_are_copied() -> None
     got = consumer.arrays(1, layout)
     for name, value in batch.items():
         assert np.array_equal(got[name], value), name
+
+
+def test_an_array_whose_strides_were_set_in_place_is_copied_as_it_reads() -> None:
+    """An array the allocator made, made another layout in place (``strides =``: the same
+    object, no longer C-contiguous), is copied in its own order, not taken as laid out in C order
+    at its offset."""
+    import warnings
+
+    from tokenload.loader import ring
+
+    worker = ring.WorkerRing(4096, 2)
+    a = worker.allocator(0)((4, 6), np.dtype(np.int64))
+    a[...] = np.arange(24).reshape(4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # NumPy 2.4 deprecates it
+        a.shape = (6, 4)
+        a.strides = (8, 48)  # the transpose of the original 4 x 6
+    want = np.array(a)
+    layout = worker.write(0, {"x": a})
+    assert layout is not None
+    got = ring.ConsumerRing(worker.path, worker.slot_bytes, 2).arrays(0, layout)["x"]
+    assert np.array_equal(got, want)
 
 
 def test_a_raw_field_comes_as_its_bytes_and_holds_nothing_of_its_slot() -> None:
