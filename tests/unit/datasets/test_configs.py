@@ -349,6 +349,7 @@ def test_neox_data_keys_map_onto_fields(extra, fields):
     ({"split": 1}, "split is 1; expected a string"),
     ({"train_iters": 0}, "train_iters is 0; expected 1 or more"),
     ({"train_epochs": 2}, "no train_epochs with train_iters"),
+    ({"train_iters": 0, "train_epochs": 2}, "GPT-NeoX takes this pair, sizes training by"),
     ({"eval_interval": 0}, "eval_interval is 0"),
     ({"weighted_sampler_alpha": "x"}, "weighted_sampler_alpha is 'x'; expected a number"),
     ({"seed": 2**32}, "seed is 4294967296"),

@@ -323,6 +323,15 @@ def _check_neox_values(conf: Mapping[str, Any]) -> None:
     for key in ("split", "data_impl"):
         if not isinstance(conf[key], str):
             refuse(key, "a string")
+    if conf["train_iters"] == 0 and conf["train_epochs"]:
+        # NeoX's checks read both as truth values, so it takes this pair; its sizes then come
+        # from train_iters (0 samples) and it trains no step: never what a config means
+        raise ConfigError(
+            f"NeoX keys train_iters is 0 and train_epochs is {conf['train_epochs']!r}; expected"
+            " one of the two (GPT-NeoX takes this pair, sizes training by train_iters and trains"
+            " no step)",
+            hint="drop train_iters to train by epochs, or train_epochs to train by iterations",
+        )
     if conf["train_iters"] is not None and conf["train_epochs"] is not None:
         refuse("train_epochs", "no train_epochs with train_iters", "give one of the two")
     for key in ("train_iters", "train_epochs", "eval_interval", *_NEOX_BATCH):
