@@ -28,7 +28,6 @@ __all__ = [
     "piece_layout",
     "piece_starts",
     "read_rows",
-    "row_counts",
 ]
 
 

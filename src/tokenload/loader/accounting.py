@@ -251,10 +251,10 @@ class LoaderMetrics:
             steps, active = state["steps"], float(state["active_s"])
             wait = DurationHistogram()
             wait.load_state_dict(state["data_wait"])
+            # none in the state (saved before they were kept): from zero, as every counter
             packing = None if self.packing is None else PackingCounts(n)
             if packing is not None and state.get("packing") is not None:
-                packing.load_state_dict(state["packing"])  # (none saved before they were kept:
-                # they start from zero, as every counter does)
+                packing.load_state_dict(state["packing"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(
                 f"loader state 'metrics' is malformed ({exc!r}) for a loader of {n} source(s)",
