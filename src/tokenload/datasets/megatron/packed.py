@@ -343,7 +343,7 @@ class PackedGPTDataset(OneSourceContract):
         checked (a damaged plan is a ``CacheError`` naming its array). It runs per read on a few
         dozen rows, so it makes as few NumPy calls as the checks allow (each costs about a
         microsecond here, whatever its size): out-of-range numbers fail the lookups themselves
-        (a row past the plan, a window or a sequence past its array), and five reductions check
+        (a row past the plan, a window or a sequence past its array), and six reductions check
         the rest."""
         idx = sample_indices(indices)
         arrays = self._arrays()
