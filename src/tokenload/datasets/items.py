@@ -118,21 +118,21 @@ def _offsets(first: np.ndarray, total: int) -> np.ndarray:
     return offsets
 
 
-def _row_slots_of(offsets: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _slots_in_rows(first: np.ndarray, count: np.ndarray, length: np.ndarray) -> np.ndarray:
     """int64 slot where each piece begins in its row (pieces flat, row after row, laid back to
-    back from each row's slot 0; rows as CSR ``offsets``), and each row's piece count."""
-    count = np.diff(offsets)
-    slot = np.cumsum(length)
+    back from each row's slot 0; rows by their first piece and piece count)."""
+    slot = np.cumsum(length, dtype=np.int64)
     slot -= length  # each piece's first token among all the rows'
-    slot -= slot[offsets[:-1]].repeat(count)
-    return slot, count
+    slot -= slot[first].repeat(count)
+    return slot
 
 
 def piece_starts(length: np.ndarray, first: np.ndarray) -> np.ndarray:
     """Each row's pieces' first slots (``starts_matrix``), from the pieces' lengths flat
     (``first``: each row's first piece; every row has one)."""
     batch, total = first.size, length.size
-    slot, count = _row_slots_of(_offsets(first, total), np.asarray(length, dtype=np.int64))
+    count = np.diff(_offsets(first, total))
+    slot = _slots_in_rows(first, count, np.asarray(length, dtype=np.int64))
     rank = upto(total) - np.repeat(first, count)
     return starts_matrix(np.repeat(upto(batch), count), slot, rank, batch)
 
@@ -158,18 +158,34 @@ def piece_layout(
     row has a piece; no row holds more than S + 1 tokens): 2-byte slots while S + 1 < 32,768.
     ``documents=False``: the slots and input positions only (``documents`` left empty)."""
     offsets = np.asarray(offsets, dtype=np.int64)
-    small = np.int16 if seq + 1 < 1 << 15 else np.int32
     if offsets.size < 2:
-        empty = np.zeros(0, dtype=small)
+        empty = np.zeros(0, dtype=np.int16 if seq + 1 < 1 << 15 else np.int32)
         return PieceLayout(empty, empty, np.zeros(0, dtype=np.int32))
-    last = offsets[1:] - 1
-    inputs = np.array(length, dtype=np.int64)
-    slot, count = _row_slots_of(offsets, inputs)
-    inputs[last] = seq - slot[last]
+    count = np.diff(offsets)
+    return rows_layout(offsets[:-1], count, offsets[1:] - 1, length, seq, documents=documents)
+
+
+def rows_layout(
+    first: np.ndarray,
+    count: np.ndarray,
+    last: np.ndarray,
+    length: np.ndarray,
+    seq: int,
+    *,
+    documents: bool = True,
+) -> PieceLayout:
+    """``piece_layout`` of rows given as each row's first piece, piece count and
+    last piece (what a reader that has decoded its rows holds already)."""
+    small = np.int16 if seq + 1 < 1 << 15 else np.int32
+    length = np.asarray(length, dtype=np.int64)
+    slot = _slots_in_rows(first, count, length)
+    inputs = length.astype(small)
+    tail = slot[last]  # each row's last piece's slot: S for one on the label-only slot
+    inputs[last] = seq - tail
     per_row = np.zeros(0, dtype=np.int32)
     if documents:
-        per_row = (count - (inputs[last] == 0)).astype(np.int32)
-    return PieceLayout(slot.astype(small), inputs.astype(small), per_row)
+        per_row = (count - (tail >= seq)).astype(np.int32)
+    return PieceLayout(slot.astype(small), inputs, per_row)
 
 
 def _piece_positions(

@@ -45,15 +45,7 @@ import numpy.typing as npt
 
 from ...arrays import sample_indices
 from ...caches import describe, description_hash, gpt_identifiers
-from ...contract import (
-    PIECE_FIRST,
-    PIECE_INPUTS,
-    PIECE_LENGTH,
-    PIECE_SLOT,
-    ROW_COUNTS,
-    Allocator,
-    row_counts,
-)
+from ...contract import Allocator
 from ...errors import CacheError, ConfigError
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
@@ -64,7 +56,7 @@ from ...index.plan import MidLevelPlan
 from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
-from ..items import ItemConfig, finish_windows, upto
+from ..items import ItemConfig, finish_windows, rows_layout, upto
 from ..packed_rows import read_rows
 from ..sources import FactsGuard
 from .built import built_member, default_folder, placeless
@@ -475,31 +467,12 @@ class PackedGPTDataset(OneSourceContract):
         input positions it covers (a row's last piece: the rest of the row's S inputs), and each
         row's documents among its inputs and padding label slots (``ROW_COUNTS``)."""
         r = self._rows(indices)
-        seq, length = self.item.sequence_length, r.length
-        slot = length.cumsum()
-        total = int(slot[-1]) if slot.size else 0
-        slot -= length
-        slot -= slot[r.first].repeat(r.counts)
-        last = r.ends - 1
-        tail = slot[last]  # each row's last piece's slot
-        small = np.int16 if seq + 1 < 1 << 15 else np.int32
-        inputs = length.astype(small)
-        inputs[last] = seq - tail
-        tokens = r.tokens
-        documents = r.counts - (tail >= seq)  # (a last piece on slot S: labels only)
+        seq = self.item.sequence_length
+        layout = rows_layout(r.first, r.counts, r.ends - 1, r.length, seq)
         read = read_rows(
-            self.source, self.item, r.first, r.sequence, r.start, length, tokens=tokens
+            self.source, self.item, r.first, r.sequence, r.start, r.length, layout, tokens=r.tokens
         )
-        return {
-            "windows": read.windows,
-            "padded": total < r.first.size * self.item.window,
-            "row_tokens": tokens,
-            PIECE_FIRST: r.first,
-            PIECE_LENGTH: length,
-            PIECE_SLOT: slot.astype(small),
-            PIECE_INPUTS: inputs,
-            ROW_COUNTS: row_counts(documents, tokens, seq),
-        }
+        return read.batch(seq)
 
     def finish_batch(
         self, batch: dict[str, Any], alloc: Allocator | None = None
