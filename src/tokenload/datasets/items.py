@@ -161,21 +161,7 @@ def piece_layout(
     if offsets.size < 2:
         empty = np.zeros(0, dtype=np.int16 if seq + 1 < 1 << 15 else np.int32)
         return PieceLayout(empty, empty, np.zeros(0, dtype=np.int32))
-    count = np.diff(offsets)
-    return rows_layout(offsets[:-1], count, offsets[1:] - 1, length, seq, documents=documents)
-
-
-def rows_layout(
-    first: np.ndarray,
-    count: np.ndarray,
-    last: np.ndarray,
-    length: np.ndarray,
-    seq: int,
-    *,
-    documents: bool = True,
-) -> PieceLayout:
-    """``piece_layout`` of rows given as each row's first piece, piece count and
-    last piece (what a reader that has decoded its rows holds already)."""
+    first, last, count = offsets[:-1], offsets[1:] - 1, np.diff(offsets)
     small = np.int16 if seq + 1 < 1 << 15 else np.int32
     length = np.asarray(length, dtype=np.int64)
     slot = _slots_in_rows(first, count, length)
@@ -193,19 +179,61 @@ def _piece_positions(
     length: np.ndarray,
     out: np.ndarray,
     laid_out: tuple[np.ndarray, np.ndarray] | None = None,
+    rows: tuple[np.ndarray, int] | None = None,
 ) -> None:
     """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
     0 at its first slot, and a row's padding goes on counting its last piece's (as
     ``document_bounds``: a short sample's shortfall joins its last part). Each row's pieces
     are laid from its slot 0 (rows of up to S + 1 tokens). ``laid_out``: the plan's (slot,
-    input positions) per piece (``piece_layout``), else they are made here."""
+    input positions) per piece (``piece_layout``); else, with ``rows`` (each row's tokens and
+    the window's width W), counted over the windows laid end to end (``_window_positions``)."""
     batch, seq = out.shape
     if not batch:
         return
-    if laid_out is None:
+    if laid_out is not None:
+        _lay_positions(*laid_out, out)
+    elif rows is not None:
+        _window_positions(first, length, *rows, out)
+    else:
         layout = piece_layout(_offsets(first, length.size), length, seq, documents=False)
-        laid_out = layout.slot, layout.inputs
-    _lay_positions(*laid_out, out)
+        _lay_positions(layout.slot, layout.inputs, out)
+
+
+def _window_positions(
+    first: np.ndarray, length: np.ndarray, row_tokens: np.ndarray, window: int, out: np.ndarray
+) -> None:
+    """``_piece_positions`` from the pieces alone: the rows' windows of W slots laid end to end
+    hold the pieces back to back (each row's padding joined to its last piece), so a slot's
+    position is its place in that line less its piece's first place. Counted in 2-byte (past
+    W = 65,536: 4-byte) unsigned numbers, which wrap around: each difference is still exact, being
+    below W. A cumulative sum, a repeat, a subtraction and one converting copy, without the
+    pieces' slots in their rows (``piece_layout``)."""
+    batch, seq = out.shape
+    small = "uint16" if window <= 1 << 16 else "uint32"
+    sizes = np.asarray(length, dtype=np.int64)
+    if int(_MIN(row_tokens)) < window:  # short rows: their padding counts on their last piece
+        sizes = sizes.copy()
+        last = np.empty(batch, dtype=np.int64)
+        last[:-1] = first[1:]
+        last[-1] = sizes.size
+        sizes[last - 1] += window - row_tokens
+    begins = sizes.cumsum()
+    begins -= sizes
+    laid = begins.astype(small).repeat(sizes)
+    np.subtract(_wrapped_count(batch * window, small), laid, out=laid)
+    np.copyto(out, laid.reshape(batch, window)[:, :seq])
+
+
+def _wrapped_count(n: int, dtype: str) -> np.ndarray:
+    """``arange(n)`` in ``dtype``, wrapping around past its largest value (a read-only view)."""
+    return _wrapped(max(1 << 15, 1 << (n - 1).bit_length()), dtype)[:n]
+
+
+@functools.lru_cache(maxsize=4)
+def _wrapped(n: int, dtype: str) -> np.ndarray:
+    out = np.arange(n, dtype=np.int64).astype(dtype)
+    out.flags.writeable = False
+    return out
 
 
 def _lay_positions(slot: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None:
@@ -304,7 +332,8 @@ def build_items(
     position_ids = new((batch, seq), _INT64)
     starts = None  # where each position's document begins
     if pieces is not None:
-        _piece_positions(pieces[0], pieces[1], position_ids, laid_out)
+        rows = (row_tokens, text.shape[1]) if row_tokens is not None else None
+        _piece_positions(pieces[0], pieces[1], position_ids, laid_out, rows)
         # Megatron's EOD rule on top of the documents: with reset_position_ids or a reset
         # attention mask (and no inter_document_masking, whose boundaries are the documents'),
         # an EOD token inside a document also starts a new segment, as in a concatenated sample;

@@ -45,6 +45,8 @@ class PackedRead(NamedTuple):
     0, they are its document boundaries."""
     layout: PieceLayout | None = None
     """The pieces' places in their rows when the plan made them (``piece_layout``)."""
+    row_documents: np.ndarray | None = None
+    """Without a layout, each row's documents among its inputs when the reader counted them."""
 
     @property
     def documents(self) -> np.ndarray:
@@ -54,7 +56,7 @@ class PackedRead(NamedTuple):
     def batch(self, sequence_length: int) -> dict[str, Any]:
         """The ``read_batch`` result that ``items.finish_windows`` takes, for rows of
         ``sequence_length`` inputs; with the layout, each row's packing counts (``ROW_COUNTS``)
-        made for the whole read."""
+        made for the whole read (or with the reader's ``row_documents``)."""
         tokens = self.row_tokens
         out = {
             "windows": self.windows,
@@ -66,6 +68,8 @@ class PackedRead(NamedTuple):
         if self.layout is not None:
             out[PIECE_SLOT], out[PIECE_INPUTS] = self.layout.slot, self.layout.inputs
             out[ROW_COUNTS] = row_counts(self.layout.documents, tokens, sequence_length)
+        elif self.row_documents is not None:
+            out[ROW_COUNTS] = row_counts(self.row_documents, tokens, sequence_length)
         return out
 
 
@@ -79,6 +83,7 @@ def read_rows(
     layout: PieceLayout | None = None,
     *,
     tokens: np.ndarray | None = None,
+    documents: np.ndarray | None = None,
 ) -> PackedRead:
     """The windows, token counts and pieces of rows whose pieces are given flat (``first``: each
     row's first piece; every row has one, and no row holds more than ``S + extra`` tokens).
@@ -87,7 +92,8 @@ def read_rows(
     every piece but a row's last (its end, like the padding after it, is the row's end S): the
     layout of ``items.document_bounds`` without the extra token's rule, since a packed row's last
     slot holds a label only, whichever document it belongs to. ``tokens``: each row's tokens,
-    when the caller has summed them.
+    when the caller has summed them; ``documents``: each row's documents among its inputs, when
+    the caller has counted them (``PackedRead.row_documents``).
     """
     batch, width = first.size, item.window
     flat = source.read_pieces(sequence, start, length)
@@ -95,7 +101,7 @@ def read_rows(
     first = np.asarray(first, dtype=np.int64)
     if not batch:
         empty = np.zeros(0, dtype=np.int64)
-        return PackedRead(flat.reshape(0, width), empty, empty, empty, layout)
+        return PackedRead(flat.reshape(0, width), empty, empty, empty, layout, documents)
     if tokens is None:
         tokens = _ADD_AT(length, first)
     if flat.size == batch * width:  # every row full: its pieces back to back are the windows
@@ -114,7 +120,7 @@ def read_rows(
                 windows[short, n:] = 0
                 begin += n
             row = short + 1
-    return PackedRead(windows, tokens, first, length, layout)
+    return PackedRead(windows, tokens, first, length, layout, documents)
 
 
 _ADD_AT = np.add.reduceat

@@ -746,12 +746,15 @@ def test_a_grouped_read_cut_by_rows_gives_each_micro_batch_its_own_read(
 def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_pieces(
     tmp_path, extra, sources, order
 ) -> None:
-    """A packed read carries each piece's slot and input positions and each row's documents
-    (``packed_rows.piece_layout``: the computed order's plan lays them once per block, the
-    Megatron order once per read); the position ids and packing counts made from them equal
-    those worked out from the pieces alone (short rows, a last piece on the label-only slot, a
-    blend's merged rows, rows from two blocks)."""
-    from tokenload.contract import PIECE_INPUTS, PIECE_SLOT, ROW_COUNTS
+    """A packed read carries each row's documents (``ROW_COUNTS``) and, on the computed order,
+    each piece's slot and input positions (``packed_rows.piece_layout``, laid once per block by
+    the plan); the Megatron order's position ids are counted from the pieces' lengths over the
+    windows laid end to end (``items._window_positions``). Every way gives the position ids and
+    packing counts worked out from the pieces alone, and the position ids of each row's pieces
+    laid one by one (short rows, a last piece on the label-only slot, a blend's merged rows, rows
+    from two blocks)."""
+    from tokenload.contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_COUNTS
+    from tokenload.datasets import items
     from tokenload.loader.collate import PACKING_COUNTS, finish
 
     a, _ = corpus(tmp_path, 1, 400, seed=31)
@@ -761,16 +764,66 @@ def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_piece
                  path_to_cache=str(tmp_path / "cache") if order == "megatron" else None)
     train, _, _ = build_datasets(cfg, [150, 0, 0])
     assert train is not None
-    laid = 0
+    seq = cfg.sequence_length
+    short = laid = 0
     for idx in (list(range(0, 16)), list(range(16, 150)), [149, 3, 77, 3]):
         raw = train.read_batch(idx)
+        assert ROW_COUNTS in raw
         laid += PIECE_SLOT in raw
         bare = {k: v for k, v in raw.items() if k not in (PIECE_SLOT, PIECE_INPUTS, ROW_COUNTS)}
         got, want = finish(train, raw), finish(train, bare)
         assert set(got) == set(want) and PACKING_COUNTS in got
         for key in want:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    assert laid >= 2
+        first, length = raw[PIECE_FIRST], raw[PIECE_LENGTH]
+        tokens = raw["row_tokens"]
+        short += int(np.count_nonzero(tokens < seq + int(extra)))
+        by_layout = np.empty((len(idx), seq), dtype=np.int64)  # piece_layout of the pieces
+        items._piece_positions(first, length, by_layout)
+        by_windows = np.empty_like(by_layout)
+        items._piece_positions(first, length, by_windows, rows=(tokens, seq + int(extra)))
+        one_by_one = np.empty_like(by_layout)
+        for row in range(len(idx)):
+            slot = 0
+            for n in row_pieces(raw, row).tolist():  # each piece counts on to the row's end
+                one_by_one[row, slot:] = np.arange(max(0, seq - slot))
+                slot += n
+        for positions in (by_layout, by_windows, got["position_ids"]):
+            np.testing.assert_array_equal(positions, one_by_one)
+    assert laid == (3 if order == "computed" else 0)
+    assert short or not extra  # the padding of short rows goes on counting their last piece
+
+
+@pytest.mark.parametrize("seq", [1, 7, 2048, 65535, 65536, 70000])
+@pytest.mark.parametrize("extra", [0, 1])
+def test_window_positions_count_each_piece_from_its_first_slot(seq, extra) -> None:
+    """``items._window_positions`` (2-byte wrapping counts up to W = 65,536, 4-byte past it)
+    equals each row's pieces laid one by one, on random rows: full and short ones (the padding
+    counts on the last piece), a last piece on the label-only slot, one piece filling the row."""
+    from tokenload.datasets import items
+
+    rng = np.random.default_rng(seq * 2 + extra)
+    width = seq + extra
+    rows: list[list[int]] = []
+    for kind in range(12):
+        held = width if kind % 3 else int(rng.integers(1, width + 1))  # a third may be short
+        cuts = np.sort(rng.choice(np.arange(1, held), size=min(held - 1, kind), replace=False))
+        sizes = np.diff(np.concatenate(([0], cuts, [held]))).tolist()
+        if kind == 5 and extra and seq > 1:  # a last piece of one token on the label slot S
+            sizes = [seq, 1]
+        rows.append(sizes)
+    first = np.cumsum([0] + [len(r) for r in rows[:-1]]).astype(np.int64)
+    length = np.array([n for r in rows for n in r], dtype=np.int64)
+    tokens = np.array([sum(r) for r in rows], dtype=np.int64)
+    got = np.empty((len(rows), seq), dtype=np.int64)
+    items._window_positions(first, length, tokens, width, got)
+    want = np.empty_like(got)
+    for i, sizes in enumerate(rows):
+        slot = 0
+        for n in sizes:
+            want[i, slot:] = np.arange(max(0, seq - slot))
+            slot += n
+    np.testing.assert_array_equal(got, want)
 
 
 def test_a_state_saved_without_packing_counts_starts_them_from_zero(tmp_path) -> None:

@@ -17,9 +17,7 @@ import numpy.typing as npt
 from ...arrays import distinct, sample_indices
 from ...contract import (
     PIECE_FIRST,
-    PIECE_INPUTS,
     PIECE_LENGTH,
-    PIECE_SLOT,
     ROW_COUNTS,
     Allocator,
     MixtureCursors,
@@ -27,7 +25,7 @@ from ...contract import (
 )
 from ...index.blends import distinct_sources
 from ..contract_parts import BlendContract
-from ..packed_rows import merge_pieces, piece_layout
+from ..packed_rows import merge_pieces
 from ..pieces import blend_pieces, not_answered
 from .gpt_dataset import IndexArrays
 
@@ -116,25 +114,14 @@ class BlendedDataset(BlendContract):
                 row_tokens[rows[d]] = part["row_tokens"]
             batch["row_tokens"] = row_tokens
         item = self.datasets[0].item
-        if packed:  # packed rows: their pieces, and their layout when every member made one
+        if packed:  # packed rows: their pieces, and their counts (every member's read makes them)
             pieces = [(rows[d], part[PIECE_FIRST], part[PIECE_LENGTH]) for d, part in parts.items()]
-            if not parts:  # no row: the layout of none
-                batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
-                none = piece_layout(np.zeros(1, dtype=np.int64), np.zeros(0), item.sequence_length)
-                batch[PIECE_SLOT], batch[PIECE_INPUTS] = none.slot, none.inputs
-                batch[ROW_COUNTS] = np.zeros((0, 2), dtype=np.int64)
-            elif all(PIECE_SLOT in part for part in parts.values()):
-                laid = [(part[PIECE_SLOT], part[PIECE_INPUTS]) for part in parts.values()]
-                merged = merge_pieces(pieces, idx.size, laid)
-                batch[PIECE_FIRST], batch[PIECE_LENGTH], batch[PIECE_SLOT], batch[PIECE_INPUTS] = (
-                    merged
-                )
+            batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
+            if all(ROW_COUNTS in part for part in parts.values()):
                 counts = np.empty((idx.size, 2), dtype=np.int64)
                 for d, part in parts.items():
                     counts[rows[d]] = part[ROW_COUNTS]
                 batch[ROW_COUNTS] = counts
-            else:
-                batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
         elif item.inter_document_masking:
             # each row's document boundaries
             doc_bounds = np.empty((idx.size, item.sequence_length + 1), np.int32)

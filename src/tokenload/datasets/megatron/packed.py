@@ -56,7 +56,7 @@ from ...index.plan import MidLevelPlan
 from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
-from ..items import ItemConfig, finish_windows, rows_layout, upto
+from ..items import ItemConfig, finish_windows, upto
 from ..packed_rows import read_rows
 from ..sources import FactsGuard
 from .built import built_member, default_folder, placeless
@@ -461,16 +461,24 @@ class PackedGPTDataset(OneSourceContract):
         return np.flatnonzero(np.isin(shuffle, rows))
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
-        """The rows' windows and pieces, with their layout and counts made once for the whole
-        read (a worker's read serves several micro-batches, cut by rows), so that finishing each
-        micro-batch lays its position ids from them: each piece's first slot in its row, the
-        input positions it covers (a row's last piece: the rest of the row's S inputs), and each
-        row's documents among its inputs and padding label slots (``ROW_COUNTS``)."""
+        """The rows' windows and pieces, with each row's packing counts made once for the whole
+        read (a worker's read serves several micro-batches, cut by rows): its documents among its
+        inputs (its pieces, less a last one that begins on the label-only slot S) and padding
+        label slots (``ROW_COUNTS``). The position ids are laid from the pieces' lengths when
+        each micro-batch is finished (``items._window_positions``), with no layout of the
+        pieces in their rows (``items.piece_layout``: more steps per read)."""
         r = self._rows(indices)
         seq = self.item.sequence_length
-        layout = rows_layout(r.first, r.counts, r.ends - 1, r.length, seq)
+        documents = r.counts - (r.tokens - r.length[r.ends - 1] >= seq)
         read = read_rows(
-            self.source, self.item, r.first, r.sequence, r.start, r.length, layout, tokens=r.tokens
+            self.source,
+            self.item,
+            r.first,
+            r.sequence,
+            r.start,
+            r.length,
+            tokens=r.tokens,
+            documents=documents,
         )
         return read.batch(seq)
 
