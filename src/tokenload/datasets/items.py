@@ -179,14 +179,15 @@ def _piece_positions(
     length: np.ndarray,
     out: np.ndarray,
     laid_out: tuple[np.ndarray, np.ndarray] | None = None,
-    rows: tuple[np.ndarray, int] | None = None,
+    rows: tuple[np.ndarray, int, bool] | None = None,
 ) -> None:
     """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
     0 at its first slot, and a row's padding goes on counting its last piece's (as
     ``document_bounds``: a short sample's shortfall joins its last part). Each row's pieces
     are laid from its slot 0 (rows of up to S + 1 tokens). ``laid_out``: the plan's (slot,
-    input positions) per piece (``piece_layout``); else, with ``rows`` (each row's tokens and
-    the window's width W), counted over the windows laid end to end (``_window_positions``)."""
+    input positions) per piece (``piece_layout``); else, with ``rows`` (each row's tokens, the
+    window's width W and whether a row may be short), counted over the windows laid end to end
+    (``_window_positions``)."""
     batch, seq = out.shape
     if not batch:
         return
@@ -200,18 +201,24 @@ def _piece_positions(
 
 
 def _window_positions(
-    first: np.ndarray, length: np.ndarray, row_tokens: np.ndarray, window: int, out: np.ndarray
+    first: np.ndarray,
+    length: np.ndarray,
+    row_tokens: np.ndarray,
+    window: int,
+    padded: bool,
+    out: np.ndarray,
 ) -> None:
     """``_piece_positions`` from the pieces alone: the rows' windows of W slots laid end to end
     hold the pieces back to back (each row's padding joined to its last piece), so a slot's
     position is its place in that line less its piece's first place. Counted in 2-byte (past
     W = 65,536: 4-byte) unsigned numbers, which wrap around: each difference is still exact, being
     below W. A cumulative sum, a repeat, a subtraction and one converting copy, without the
-    pieces' slots in their rows (``piece_layout``)."""
+    pieces' slots in their rows (``piece_layout``). ``padded`` False: the read found no short
+    row, so none is looked for."""
     batch, seq = out.shape
     small = "uint16" if window <= 1 << 16 else "uint32"
     sizes = np.asarray(length, dtype=np.int64)
-    if int(_MIN(row_tokens)) < window:  # short rows: their padding counts on their last piece
+    if padded and int(_MIN(row_tokens)) < window:  # short rows: padding counts on the last piece
         sizes = sizes.copy()
         last = np.empty(batch, dtype=np.int64)
         last[:-1] = first[1:]
@@ -332,7 +339,7 @@ def build_items(
     position_ids = new((batch, seq), _INT64)
     starts = None  # where each position's document begins
     if pieces is not None:
-        rows = (row_tokens, text.shape[1]) if row_tokens is not None else None
+        rows = (row_tokens, text.shape[1], padded) if row_tokens is not None else None
         _piece_positions(pieces[0], pieces[1], position_ids, laid_out, rows)
         # Megatron's EOD rule on top of the documents: with reset_position_ids or a reset
         # attention mask (and no inter_document_masking, whose boundaries are the documents'),

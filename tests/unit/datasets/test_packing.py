@@ -781,7 +781,7 @@ def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_piece
         by_layout = np.empty((len(idx), seq), dtype=np.int64)  # piece_layout of the pieces
         items._piece_positions(first, length, by_layout)
         by_windows = np.empty_like(by_layout)
-        items._piece_positions(first, length, by_windows, rows=(tokens, seq + int(extra)))
+        items._piece_positions(first, length, by_windows, rows=(tokens, seq + int(extra), True))
         one_by_one = np.empty_like(by_layout)
         for row in range(len(idx)):
             slot = 0
@@ -816,7 +816,7 @@ def test_window_positions_count_each_piece_from_its_first_slot(seq, extra) -> No
     length = np.array([n for r in rows for n in r], dtype=np.int64)
     tokens = np.array([sum(r) for r in rows], dtype=np.int64)
     got = np.empty((len(rows), seq), dtype=np.int64)
-    items._window_positions(first, length, tokens, width, got)
+    items._window_positions(first, length, tokens, width, True, got)
     want = np.empty_like(got)
     for i, sizes in enumerate(rows):
         slot = 0
