@@ -428,6 +428,122 @@ def test_neox_epoch_mode():
                                "model_parallel_size": 4, "train_micro_batch_size_per_gpu": 4})
 
 
+# -- the job's GPUs as GPT-NeoX's launcher counts them (hostfile, num_nodes, num_gpus) -------------
+HOSTFILE = ("# the job's hosts\nworker-0 slots=8\nworker-1 slots=8\n\nworker-2 slots=8  # a comment\n"
+            "worker-3 slots=8 max_slots=8\n")
+LAUNCH_BASE = {"data_path": "p", "seq_length": 8, "train_iters": 10, "eval_iters": 0,
+               "train_micro_batch_size_per_gpu": 1}
+
+
+@pytest.fixture(autouse=True)
+def no_default_hostfile(monkeypatch, tmp_path_factory):
+    """NeoX reads DeepSpeed's /job/hostfile (or $DLTS_HOSTFILE) where the config names none: none
+    here, whatever the machine running the tests has."""
+    monkeypatch.setenv("DLTS_HOSTFILE", str(tmp_path_factory.getbasetemp() / "no-default-hostfile"))
+
+
+def launch_conf(tmp_path, text=HOSTFILE, **keys):
+    (tmp_path / "hostfile").write_text(text)
+    return {**LAUNCH_BASE, "hostfile": str(tmp_path / "hostfile"), **keys}
+
+
+@pytest.mark.parametrize(("keys", "gpus"), [
+    ({}, 32),  # every slot of the hostfile
+    ({"num_gpus": 8, "num_nodes": 4}, 32),
+    ({"num_gpus": 4, "num_nodes": 2}, 8),  # the first 2 hosts, 4 GPUs each
+    ({"num_nodes": 3}, 24),
+    ({"num_gpus": 12}, 48),  # num_gpus per host, as NeoX counts (and DeepSpeed launches), past the slots
+    ({"num_gpus": 0, "num_nodes": 0}, 32),  # NeoX reads them above 0 only
+    ({"include": "worker-1:0,2@worker-3:7"}, 3),
+    ({"include": "worker-1:0, 2@worker-1"}, 2),
+    # a host named without slot ids gets none in the DeepSpeed NeoX pins (DeepSpeed's docs say 10)
+    ({"include": "worker-0@worker-1:0,2"}, 2),
+    ({"exclude": "worker-0@worker-1:0,2"}, 22),
+    ({"include": "worker-1:0,2", "num_gpus": 2}, 2),  # num_gpus x hosts is what the launcher starts
+    ({"num_nodes": 2, "model_parallel_size": 2, "pipe_parallel_size": 2}, 16),  # 4 data-parallel ranks
+])
+def test_neox_gpus_from_the_hostfile_as_neoxs_launcher(tmp_path, keys, gpus):
+    """A config without global_num_gpus: NeoX's calculate_derived counts the hostfile's slots
+    (obtain_resource_pool: DeepSpeed's fetch_hostfile and parse_inclusion_exclusion), the first
+    num_nodes hosts, num_gpus a host; each count as GPT-NeoX ea7aefd with its DeeperSpeed 91d1c55
+    gives it, run side by side. It sizes the batch of a micro-batch-only config."""
+    got = neox_config_from_yaml(launch_conf(tmp_path, **keys))
+    model = keys.get("model_parallel_size", 1) * keys.get("pipe_parallel_size", 1)
+    assert got.extras["train_batch_size"] == gpus // model and got.sizes[0] == 10 * gpus // model
+    # the job's size given outright wins, and the hostfile is not read then
+    broken = launch_conf(tmp_path, "worker-0 slots=eight\n", **keys)
+    assert neox_config_from_yaml(broken, world_size=8 * model).extras["train_batch_size"] == 8
+    assert neox_config_from_yaml(broken, data_parallel_size=3).extras["train_batch_size"] == 3
+
+
+def test_neox_global_num_gpus_and_the_default_hostfile(tmp_path, monkeypatch):
+    """global_num_gpus in the config is NeoX's count as given: hostfile, num_gpus and num_nodes are
+    not read then. Without a hostfile key NeoX reads DeepSpeed's /job/hostfile, or $DLTS_HOSTFILE,
+    where it exists; with neither it counts this machine's GPUs, which a config reader cannot
+    know: the world size is this process's, as before (1 here)."""
+    broken = launch_conf(tmp_path, "worker-0 slots=eight\n", num_gpus=8, num_nodes=4, global_num_gpus=4)
+    assert neox_config_from_yaml(broken).extras["train_batch_size"] == 4
+    conf = {**LAUNCH_BASE, "num_gpus": 8, "num_nodes": 4}
+    assert neox_config_from_yaml(conf).extras["train_batch_size"] == 1  # no hostfile anywhere
+    monkeypatch.setenv("DLTS_HOSTFILE", launch_conf(tmp_path)["hostfile"])
+    assert neox_config_from_yaml(conf).extras["train_batch_size"] == 32
+    assert neox_config_from_yaml({**conf, "hostfile": ""}).extras["train_batch_size"] == 32  # NeoX: "" or default
+
+
+def test_neox_hostfile_not_on_this_machine_is_this_machine_alone(tmp_path, monkeypatch):
+    """NeoX's own 125M.yml names hostfile /mock_path: NeoX (DeepSpeed's fetch_hostfile) then runs
+    on this machine alone, counting its GPUs (unknown here: the world is this process's), or
+    num_gpus of them; more than one node is refused, as NeoX's launcher refuses it."""
+    files = [NEOX / "125M.yml", NEOX / "local_setup.yml"]  # micro batch 4
+    assert neox_config_from_yaml(files).extras["train_batch_size"] == 4
+    (tmp_path / "gpus.yml").write_text("num_gpus: 2\n")
+    assert neox_config_from_yaml([*files, tmp_path / "gpus.yml"]).extras["train_batch_size"] == 8
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "0")
+    assert neox_config_from_yaml(files).extras["train_batch_size"] == 32  # a rank of 8
+    (tmp_path / "gpus.yml").write_text("num_gpus: 8\nnum_nodes: 4\n")
+    with pytest.raises(ConfigError, match="num_nodes is 4 but the hostfile /mock_path is not a file on this"
+                                          " machine, so GPT-NeoX's launcher has this machine alone") as info:
+        neox_config_from_yaml([*files, tmp_path / "gpus.yml"])
+    assert "--prepare-cache-world-size" in info.value.hint
+
+
+@pytest.mark.parametrize(("text", "keys", "match"), [
+    ("worker-0 slots 4\n", {}, "line 1 of the hostfile is 'worker-0 slots 4'; expected 'HOST slots=N'"),
+    ("# hosts\nworker-0 slots=4.5\n", {}, "line 2 of the hostfile gives slots=4.5; expected a whole number of"
+                                          " slots \\(DeepSpeed would read it as 4\\)"),
+    ("worker-0 slots=4\nworker-0 slots=8\n", {}, "line 2 of the hostfile lists worker-0 again"),
+    ("# nothing yet\n\n", {}, "the hostfile lists no host"),
+    (b"\xff\xfe slots=4\n", {}, "the hostfile is not text"),
+    (HOSTFILE, {"include": "worker-9"}, "include names host 'worker-9', but the hostfile .* lists 4 host\\(s\\)"),
+    (HOSTFILE, {"exclude": "worker-1:8"}, "exclude names slot 8 of worker-1, which has slots=8"),
+    (HOSTFILE, {"include": "worker-0:x"}, "include is 'worker-0:x', whose 'worker-0:x' is not NAME or NAME:SLOT"),
+    (HOSTFILE, {"exclude": "worker-0:1:2"}, "is not NAME or NAME:SLOT"),
+    (HOSTFILE, {"include": "worker-1:0", "exclude": "worker-2"}, "include and exclude are both set"),
+    (HOSTFILE, {"num_nodes": 5}, "num_nodes is 5 but the hostfile .* lists 4 host\\(s\\) .*; expected num_nodes 4"
+                                 " or less \\(GPT-NeoX would run on those 4 alone\\)"),
+    (HOSTFILE, {"include": "worker-1:0", "num_nodes": 1}, "num_nodes is 1 with include 'worker-1:0'"),
+    (HOSTFILE, {"include": "worker-1:0,2", "num_gpus": 4},
+     "GPT-NeoX counts 4 x 1 host\\(s\\) = 4 GPUs, but its launcher drops num_gpus then and starts 2 processes"),
+    (HOSTFILE, {"include": "worker-0@worker-1"}, "leave no GPU: .*, with include 'worker-0@worker-1'"),
+    ("worker-0 slots=0\n", {}, "leave no GPU: .*, with no slot on any"),
+    (HOSTFILE, {"num_gpus": "8"}, "num_gpus is '8'; expected an int"),
+    (HOSTFILE, {"num_nodes": True}, "num_nodes is True; expected an int"),
+    (HOSTFILE, {"include": ["worker-0"]}, "include is \\['worker-0'\\]; expected a string"),
+])
+def test_neox_launcher_keys_neox_refuses_are_named(tmp_path, text, keys, match):
+    """What GPT-NeoX's launcher refuses (a bad hostfile, an unknown host or slot, include with
+    exclude, num_nodes with either, a count it would not launch, no GPU), and num_nodes past the
+    hostfile's hosts (NeoX takes them all): a ConfigError saying what to change."""
+    path = tmp_path / "hostfile"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ConfigError, match=match) as info:
+        neox_config_from_yaml({**LAUNCH_BASE, "hostfile": str(path), **keys})
+    assert info.value.hint
+    with pytest.raises(ConfigError, match="hostfile is 5; expected a path"):
+        neox_config_from_yaml({**LAUNCH_BASE, "hostfile": 5})
+
+
 # -- an imported NeoX config serves NeoX's items ---------------------------------------------------
 NEOX_DATA = json.loads((FIXTURES / "neox" / "cases.json").read_text())
 NEOX_CASES = {c["id"]: c for c in NEOX_DATA["cases"]}

@@ -2,7 +2,8 @@
 
 ``neox_dataset`` builds a configuration's splits (in memory, on every rank), ``neox_indices`` is
 NeoX's index maths (NumPy), and ``neox_yaml`` reads NeoX's YAML files into
-``MegatronDataConfig`` fields.
+``MegatronDataConfig`` fields, with ``neox_launch`` counting the job's GPUs as NeoX's launcher
+does (hostfile, ``num_nodes``, ``num_gpus``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Files are read as NeoX reads them: several YAML files merged in order (a key twice is an error,
 as in NeoX's ``from_ymls``), ``-`` in keys read as ``_``, NeoX's defaults for what a file leaves
-out, and ``order="neox"``. Every key either maps onto a field, is recorded in ``extras``, is one
-of NeoX's known non-data keys (``NEOX_NON_DATA_KEYS``), or is a ``ConfigError`` that names it;
+out, and ``order="neox"``. Every key either maps onto a field, is recorded in ``extras``, counts
+the job's GPUs as NeoX's launcher does (``neox_launch``), is one of NeoX's known non-data keys
+(``NEOX_NON_DATA_KEYS``), or is a ``ConfigError`` that names it;
 a data key tokenload cannot reproduce (``NEOX_UNSUPPORTED_DATA_KEYS``) is refused unless left at
 NeoX's default. The sample counts follow NeoX's ``train_val_test_num_samples``.
 
@@ -22,6 +23,7 @@ from typing import Any, cast
 from ...distributed import World
 from ...errors import ConfigError, StorageError
 from ..config import ImportedConfig, register_importer
+from .neox_launch import LAUNCH_DEFAULTS, check_launch_values, launch_gpus
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 
@@ -29,54 +31,50 @@ NEOX_NON_DATA_KEYS = frozenset(
     """
 account activation activation_checkpointing adlr_autoresume adlr_autoresume_interval amp
 apply_query_key_layer_scaling attention_config attention_dropout attention_softmax_in_fp32
-autotuning autotuning_run base_shapes_file batch_size bf16 bias_dropout_fusion
-bias_gelu_fusion char_level_ppl checkpoint checkpoint_activations checkpoint_factor
-checkpoint_in_cpu checkpoint_num_layers checkpoint_scale
-checkpoint_validation_with_forward_pass clip_grad comet_experiment comet_experiment_name
-comet_others comet_project comet_tags comet_workspace comment comms_logger
-communication_data_type compression_training config_files contiguous_checkpointing
-coord_check csv_monitor data_types deepscale deepscale_config deepspeed
-deepspeed_activation_checkpointing deepspeed_extra_args deepspeed_mpi deepspeed_slurm
-dim_att distributed_backend do_test do_train do_valid dpo_beta dpo_fp32 dpo_reference_free
-dump_state dynamic_loss_scale elasticity eval_results_prefix eval_tasks exclude
-exit_interval expansion_factor extra_save_iters ffn_dim finetune flops_profiler force_multi
-fp16 fp16_lm_cross_entropy fp32_allreduce fp32_reinforce fused_kernels_build_path git_hash
-gmlp_attn_dim gpt_j_residual gpt_j_tied gradient_clipping
-gradient_noise_scale_cpu_offload gradient_noise_scale_n_batches gradient_predivide_factor
-head_size hidden_dropout hidden_size hostfile hysteresis include init_method init_method_std
-intermediate_size is_pipe_parallel iteration keep_last_n_checkpoints kl_div_beta kl_impl
-kto_beta kto_desirable_weight kto_fp32 kto_undesirable_weight launcher layernorm_epsilon
+autotuning autotuning_run base_shapes_file batch_size bf16 bias_dropout_fusion bias_gelu_fusion
+char_level_ppl checkpoint checkpoint_activations checkpoint_factor checkpoint_in_cpu
+checkpoint_num_layers checkpoint_scale checkpoint_validation_with_forward_pass clip_grad
+comet_experiment comet_experiment_name comet_others comet_project comet_tags comet_workspace
+comment comms_logger communication_data_type compression_training config_files
+contiguous_checkpointing coord_check csv_monitor data_types deepscale deepscale_config deepspeed
+deepspeed_activation_checkpointing deepspeed_extra_args deepspeed_mpi deepspeed_slurm dim_att
+distributed_backend do_test do_train do_valid dpo_beta dpo_fp32 dpo_reference_free dump_state
+dynamic_loss_scale elasticity eval_results_prefix eval_tasks exit_interval expansion_factor
+extra_save_iters ffn_dim finetune flops_profiler force_multi fp16 fp16_lm_cross_entropy
+fp32_allreduce fp32_reinforce fused_kernels_build_path git_hash gmlp_attn_dim gpt_j_residual
+gpt_j_tied gradient_clipping gradient_noise_scale_cpu_offload gradient_noise_scale_n_batches
+gradient_predivide_factor head_size hidden_dropout hidden_size hysteresis init_method
+init_method_std intermediate_size is_pipe_parallel iteration keep_last_n_checkpoints kl_div_beta
+kl_impl kto_beta kto_desirable_weight kto_fp32 kto_undesirable_weight launcher layernorm_epsilon
 layernorm_fusion lazy_mpu_init load local_rank log_dir log_grad_norm log_grad_pct_zeros
 log_gradient_noise_scale log_interval log_optimizer_states log_param_norm loss_scale
-loss_scale_window lr lr_decay_fraction lr_decay_iters lr_decay_style
-make_vocab_size_divisible_by mamba_causal_conv_fusion mamba_inner_func_fusion
-mamba_selective_fp32_params mamba_selective_scan_fusion mamba_use_bias_in_conv
-mamba_use_bias_in_linears master_addr master_port max_position_embeddings maximum_tokens
-memory_profiling memory_profiling_path min_lr min_scale mlp_multiple_of moe_expert_interval
-moe_jitter_eps moe_lbl_in_fp32 moe_num_experts moe_router_type moe_top_k mup_attn_temp
-mup_embedding_mult mup_init_scale mup_output_temp mup_rp_embedding_mult mup_width_scale
-no_load_optim no_load_rng no_save_optim no_save_rng no_ssh_check no_weight_tying norm
-num_attention_heads num_gpus num_kv_heads num_layers num_nodes num_samples num_unique_layers
-online_dataserver_ips online_dataserver_ports onnx_safe opt_pos_emb_offset optimizer
-optimizer_type output_layer_init_method output_layer_parallelism override_lr_scheduler
+loss_scale_window lr lr_decay_fraction lr_decay_iters lr_decay_style make_vocab_size_divisible_by
+mamba_causal_conv_fusion mamba_inner_func_fusion mamba_selective_fp32_params
+mamba_selective_scan_fusion mamba_use_bias_in_conv mamba_use_bias_in_linears master_addr
+master_port max_position_embeddings maximum_tokens memory_profiling memory_profiling_path min_lr
+min_scale mlp_multiple_of moe_expert_interval moe_jitter_eps moe_lbl_in_fp32 moe_num_experts
+moe_router_type moe_top_k mup_attn_temp mup_embedding_mult mup_init_scale mup_output_temp
+mup_rp_embedding_mult mup_width_scale no_load_optim no_load_rng no_save_optim no_save_rng
+no_ssh_check no_weight_tying norm num_attention_heads num_kv_heads num_layers num_samples
+num_unique_layers online_dataserver_ips online_dataserver_ports onnx_safe opt_pos_emb_offset
+optimizer optimizer_type output_layer_init_method output_layer_parallelism override_lr_scheduler
 padded_vocab_size param_sharing_style partition_activations peak_theoretical_tflops
 pipe_partition_method pos_emb precision prescale_gradients profile profile_backward
 profile_step_start profile_step_stop prompt_end rank recompute reinforce_leave_one_out
 return_logits rms_norm_epsilon rmsnorm_fusion rope_fusion rotary_emb_base rotary_pct
-rotary_save_freqs_buffer rpe_max_distance rpe_num_buckets s3_chunk_size s3_path
-sample_input_file sample_output_file save save_base_shapes scaled_masked_softmax_fusion
+rotary_save_freqs_buffer rpe_max_distance rpe_num_buckets s3_chunk_size s3_path sample_input_file
+sample_output_file save save_base_shapes scaled_masked_softmax_fusion
 scaled_upper_triang_masked_softmax_fusion scalenorm_epsilon scheduler sequence_parallel
 serve_model_weights short_seq_prob sliding_window_width soft_prompt_tuning sparse_attention
 sparse_gradients sparsity_config steps_per_print synchronize_each_layer te_columnparallel
 te_fp8_amax_compute_algo te_fp8_amax_history_len te_fp8_format te_fp8_margin te_fp8_mha
 te_fp8_wgrad te_layernorm_mlp te_mha te_rowparallel temperature tensorboard tensorboard_dir
 text_gen_type top_k top_p use_bias_in_attn_linear use_bias_in_mlp use_bias_in_norms
-use_bnb_optimizer use_checkpoint_lr_scheduler use_comet use_cpu_initialization
-use_flashattn_swiglu use_mup use_qk_layernorm use_wandb user_script wall_clock_breakdown
-wandb wandb_group wandb_host wandb_init_all_ranks wandb_project wandb_run_name wandb_team
-warmup weight_decay weight_server_port world_size z_loss zero_allgather_bucket_size
-zero_contiguous_gradients zero_optimization zero_reduce_bucket_size zero_reduce_scatter
-zero_stage
+use_bnb_optimizer use_checkpoint_lr_scheduler use_comet use_cpu_initialization use_flashattn_swiglu
+use_mup use_qk_layernorm use_wandb user_script wall_clock_breakdown wandb wandb_group wandb_host
+wandb_init_all_ranks wandb_project wandb_run_name wandb_team warmup weight_decay weight_server_port
+world_size z_loss zero_allgather_bucket_size zero_contiguous_gradients zero_optimization
+zero_reduce_bucket_size zero_reduce_scatter zero_stage
 """.split()  # noqa: SIM905 (a word list reads as text)
 )
 """Keys of GPT-NeoX's config schema (``megatron/neox_arguments``, commit ea7aefd) that decide no
@@ -135,6 +133,7 @@ _NEOX_DATA_DEFAULTS: dict[str, Any] = {
     "pipe_parallel_size": 0,
     "model_parallel_size": 1,
     "global_num_gpus": None,
+    **LAUNCH_DEFAULTS,
     "num_workers": 2,
     "vocab_file": None,
     "merge_file": None,
@@ -226,8 +225,9 @@ def neox_config_from_yaml(
     ``MegatronDataConfig`` fields with ``order="neox"`` and NeoX's sample counts.
 
     ``data_parallel_size``: for ``train_batch_size`` when the config gives only the micro batch
-    (default: the config's ``global_num_gpus``, else this process's world, divided by pipe x
-    model parallel sizes, as NeoX); ``world_size``: the job's GPUs instead (NeoX's
+    (default: the config's ``global_num_gpus``, else NeoX's launcher count from its hostfile,
+    ``num_nodes`` and ``num_gpus`` (``neox_launch``), else this process's world, divided by pipe
+    x model parallel sizes, as NeoX); ``world_size``: the job's GPUs instead (NeoX's
     ``global_num_gpus``, which it divides by pipe x model parallel sizes);
     ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``.
     """
@@ -245,6 +245,8 @@ def neox_config_from_yaml(
     if world_size is not None:
         conf["global_num_gpus"] = world_size
     _check_neox_values(conf)
+    if conf["global_num_gpus"] is None and data_parallel_size is None:
+        conf["global_num_gpus"] = launch_gpus(conf)  # NeoX's launcher: hostfile, num_gpus...
     if conf["seq_length"] is None:
         raise ConfigError("the NeoX config has no seq_length", hint="add seq_length")
     fields: dict[str, Any] = {
@@ -317,6 +319,7 @@ def _check_neox_values(conf: Mapping[str, Any]) -> None:
     for key in _NEOX_BOOLS:
         if not isinstance(conf[key], bool):
             refuse(key, "true or false")
+    check_launch_values(conf)
     alpha = conf["weighted_sampler_alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         refuse("weighted_sampler_alpha", "a number")
@@ -475,8 +478,8 @@ def _check_neox_batch(conf: Mapping[str, Any], dp: int) -> None:
 
 def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
     """The data-parallel size: ``dp`` given, else NeoX's ``calculate_derived`` with the config's
-    ``global_num_gpus`` (what NeoX's launcher writes into every rank's config), else this
-    process's world, over pipe x model parallel sizes."""
+    ``global_num_gpus`` (what NeoX's launcher writes into every rank's config, or counts from its
+    hostfile: ``neox_launch``), else this process's world, over pipe x model parallel sizes."""
     if dp is not None:
         return dp
     model = max(1, int(conf["pipe_parallel_size"])) * max(1, int(conf["model_parallel_size"]))
@@ -484,7 +487,7 @@ def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
     if gpus is not None and gpus < 1:  # an int (_check_neox_values)
         raise ConfigError(
             f"the NeoX config's global_num_gpus is {gpus!r}; expected a positive int",
-            hint="fix global_num_gpus, or remove it (the world size is then this job's)",
+            hint="fix global_num_gpus, or remove it (NeoX's launcher then counts the GPUs)",
         )
     world = gpus if gpus is not None else World.detect().world_size
     if world % model:
