@@ -95,3 +95,32 @@ def test_a_model_parallel_job_without_its_world_says_which_flag_gives_it(tmp_pat
     yml.write_text("{" + body + "}\n")
     out = run_cli("prepare-cache", "--neox-config", yml, "--json", "--prepare-cache-world-size", 96)
     assert json.loads(out.stdout)["train_valid_test_num_samples"] == [480, 144, 48]
+
+
+def test_the_jobs_gpus_from_its_hostfile_as_neoxs_launcher_counts_them(tmp_path):
+    """No global_num_gpus: NeoX's launcher counts the hostfile's hosts and slots with num_nodes and
+    num_gpus (8 GPUs on 4 of the 5 hosts: 32, a batch of 32 micro batches of 1), from the config's
+    hostfile or DeepSpeed's default ($DLTS_HOSTFILE); with no hostfile, this process's world (NeoX
+    would count the GPUs of the machine it runs on); an explicit --prepare-cache-world-size wins."""
+    prefix = neox_file(tmp_path, "a")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"worker-{i} slots=8\n" for i in range(5)))
+    yml = tmp_path / "job.yml"
+    body = (f'"data_path": "{prefix}", "seq_length": 16, "train_iters": 100, "eval_iters": 10,'
+            ' "eval_interval": 50, "train_micro_batch_size_per_gpu": 1, "num_gpus": 8, "num_nodes": 4')
+    yml.write_text("{" + body + f', "hostfile": "{hostfile}"}}\n')
+    missing = {"DLTS_HOSTFILE": str(tmp_path / "no-hostfile")}
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", env=missing)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [3200, 960, 320]
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", "--prepare-cache-world-size", 2, env=missing)
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [200, 60, 20]
+    yml.write_text("{" + body + "}\n")  # no hostfile key: DeepSpeed's default, where it exists
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", env={"DLTS_HOSTFILE": str(hostfile)})
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [3200, 960, 320]
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", env=missing)
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [100, 30, 10]
+    hostfile.write_text("worker-0 slots=8\nworker-1 slots=8\n")  # fewer hosts than num_nodes
+    out = run_cli("prepare-cache", "--neox-config", yml, env={"DLTS_HOSTFILE": str(hostfile)})
+    assert out.returncode == 2 and "num_nodes is 4 but the hostfile" in out.stderr
+    assert "--prepare-cache-world-size" in out.stderr and "Traceback" not in out.stderr

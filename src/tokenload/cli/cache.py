@@ -303,7 +303,8 @@ def _prepare_neox(args: argparse.Namespace) -> int:
         )
     for name in _LAUNCHER_VARS:  # one process (a world of 1 unless the config names its own)
         os.environ.pop(name, None)
-    # --prepare-cache-world-size left at 1: the config's global_num_gpus, as NeoX, if it has one
+    # --prepare-cache-world-size left at 1: the config's global_num_gpus, else NeoX's launcher
+    # count from its hostfile, num_nodes and num_gpus (neox_launch), where NeoX has one
     world = args.prepare_cache_world_size
     imported = neox_config_from_yaml(  # the job's GPUs: NeoX divides them by pipe x model
         args.neox_config, world_size=None if world == 1 else world
