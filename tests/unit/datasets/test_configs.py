@@ -490,14 +490,18 @@ def test_neox_global_num_gpus_and_the_default_hostfile(tmp_path, monkeypatch):
     assert neox_config_from_yaml({**conf, "hostfile": ""}).extras["train_batch_size"] == 32  # NeoX: "" or default
 
 
-def test_neox_hostfile_not_on_this_machine_is_this_machine_alone(tmp_path, monkeypatch):
+def test_neox_hostfile_not_on_this_machine_is_this_machine_alone(tmp_path, monkeypatch, caplog):
     """NeoX's own 125M.yml names hostfile /mock_path: NeoX (DeepSpeed's fetch_hostfile) then runs
     on this machine alone, counting its GPUs (unknown here: the world is this process's), or
-    num_gpus of them; more than one node is refused, as NeoX's launcher refuses it."""
+    num_gpus of them, with a warning naming the file; more than one node is refused, as NeoX's
+    launcher refuses it."""
     files = [NEOX / "125M.yml", NEOX / "local_setup.yml"]  # micro batch 4
     assert neox_config_from_yaml(files).extras["train_batch_size"] == 4
     (tmp_path / "gpus.yml").write_text("num_gpus: 2\n")
-    assert neox_config_from_yaml([*files, tmp_path / "gpus.yml"]).extras["train_batch_size"] == 8
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tokenload.datasets.neox.neox_launch"):
+        assert neox_config_from_yaml([*files, tmp_path / "gpus.yml"]).extras["train_batch_size"] == 8
+    assert "hostfile /mock_path is not on this machine" in caplog.text
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("RANK", "0")
     assert neox_config_from_yaml(files).extras["train_batch_size"] == 32  # a rank of 8

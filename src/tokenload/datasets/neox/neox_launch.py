@@ -23,6 +23,7 @@ either, a count its launcher would not start, no GPU left) is a ConfigError, and
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -44,6 +45,8 @@ LAUNCH_DEFAULTS: dict[str, Any] = {
     "num_gpus": None,
 }
 """The launcher keys, with GPT-NeoX's defaults (``deepspeed_args.py``)."""
+
+logger = logging.getLogger(__name__)
 
 _HOST_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # DeepSpeed's _parse_hostfile pattern
 _SLOT = re.compile(r"[0-9]+")
@@ -96,6 +99,14 @@ def launch_gpus(conf: Mapping[str, Any]) -> int | None:
         )
     if chosen is None:  # an exclude of slots on this machine, whose GPUs NeoX counts
         return None
+    if local and named:  # faithful to NeoX, but easy to miss where the file is on the cluster only
+        logger.warning(
+            "the NeoX config's hostfile %s is not on this machine: GPUs counted for this machine"
+            " alone, as GPT-NeoX's launcher would here; if the job runs on the hosts of a"
+            " hostfile elsewhere, give global_num_gpus (prepare-cache: --prepare-cache-world-size"
+            " N) or run where the hostfile is",
+            path,
+        )
     if nodes is not None and nodes > len(chosen):  # (chosen is the pool: no include/exclude)
         raise ConfigError(
             f"NeoX key num_nodes is {nodes} but {where}; expected num_nodes {len(chosen)} or less"
