@@ -12,6 +12,7 @@ writes, mappings) and ``storage`` (uploads, local copies).
 from __future__ import annotations
 
 from tokenload.caches.files import (
+    DAMAGED_HINT,
     CacheCheck,
     CacheState,
     CacheWriter,
@@ -53,4 +54,5 @@ __all__ = [
     "load_cache",
     "map_array",
     "check_cache",
+    "DAMAGED_HINT",
 ]

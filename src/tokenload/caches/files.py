@@ -72,6 +72,7 @@ __all__ = [
     "CacheCheck",
     "CacheState",
     "CacheWriter",
+    "DAMAGED_HINT",
     "array_digests",
     "check_cache",
     "list_folder",
@@ -90,6 +91,14 @@ SIDECAR_VERSION = 1
 VERIFY_AT_CHECK_BYTES = 256 << 20
 """Arrays up to this size have their content hash verified by ``check_cache`` (so ``auto``
 rebuilds a damaged cache instead of failing at its first batch); larger ones when first mapped."""
+
+DAMAGED_HINT = (
+    "delete the cache files of this hash (same name up to '-{array}.npy'), then build them"
+    " again: a build_policy other than 'none' rebuilds them at the next start; under 'none', run"
+    " the `tokenload prepare-cache` command that prepared them (a load under 'none' prints it"
+    " once they are missing)"
+)
+"""What to do about a damaged cache array, whichever build policy finds it."""
 
 _VERIFIED: set[tuple[int, int, int, int]] = set()
 """``(device, inode, size, mtime)`` of the array files whose content this process verified."""
@@ -369,8 +378,7 @@ def map_array(path: str, digest: str | None = None) -> npt.NDArray[Any]:
             f"cannot load the cached index array ({type(exc).__name__}: {exc}); expected a .npy "
             "file as numpy.save writes it",
             path=shown,
-            hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
-            "again: cache='auto' rebuilds them",
+            hint=DAMAGED_HINT,
         ) from None
 
 
@@ -392,8 +400,7 @@ def _verify(path: str, data: Any, key: tuple[int, int, int, int], digest: str | 
             f"{os.path.basename(path)} holds data whose xxh3-64 is {found}, expected {recorded} "
             f"(recorded in {where} when it was written): the index cache is damaged",
             path=path,
-            hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
-            "again: cache='auto' rebuilds them",
+            hint=DAMAGED_HINT,
         )
     _VERIFIED.add(key)
 

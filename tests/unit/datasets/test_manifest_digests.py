@@ -172,3 +172,37 @@ def test_a_manifest_without_digests_is_ignored(tmp_path, change, caplog):
     with pytest.raises(CacheError, match=r"stale|damaged"):
         _tokens(build_datasets(_none(cfg), SIZES)[0])
     assert "ignoring build manifest" in caplog.text
+
+
+def test_the_damaged_array_hint_under_none_leads_back_to_a_sound_cache(tmp_path):
+    """What the damaged-array error says to do under ``build_policy="none"`` works as written
+    (a new user's finding: it told a job already on ``cache='auto'`` to use ``cache='auto'``,
+    which rebuilds nothing under ``none``): the hint names this build's prepare-cache command;
+    deleting the files of that hash and running it makes the same samples again. A load from
+    the build manifest probes no file, so the command is in the damage's hint itself."""
+    import shlex
+
+    from support import run_cli
+
+    cfg = _config(tmp_path)
+    sound = _tokens(build_datasets(cfg, SIZES)[0])
+    path = _array(cfg.path_to_cache, "GPTDataset", "shuffle_index")
+    _swap_two(path)
+    with pytest.raises(CacheError, match="the index cache is damaged") as info:
+        _tokens(pickle.loads(pickle.dumps(build_datasets(_none(cfg), SIZES)[0])))  # a worker's
+    hint = info.value.hint
+    assert "cache='auto'" not in hint
+    command = hint.split("prepare them again with: ", 1)[1]
+    for stale in glob.glob(path.rsplit("-", 1)[0] + "-*"):  # same name up to '-{array}.npy'
+        os.remove(stale)
+    done = run_cli(*shlex.split(command)[1:])
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(_tokens(build_datasets(_none(cfg), SIZES)[0]), sound)
+    train = build_datasets(_none(cfg), SIZES)[0]
+    member = train.datasets[0].indices  # values out of range name the same command
+    assert member.corrupt("shuffle_index", "x", "y").hint.endswith(f"again with: {command}")
+    with open(path, "wb") as f:  # unreadable
+        f.write(b"not a npy file")
+    with pytest.raises(CacheError, match="cannot load the cached index array") as unreadable:
+        _tokens(pickle.loads(pickle.dumps(train)))
+    assert unreadable.value.hint.endswith(f"prepare them again with: {command}")

@@ -204,7 +204,8 @@ class MegatronBuilder:
             with self._phase("index_load"):
                 found = read_manifest(manifest.path, manifest.key)
             if found is not None:
-                return [None if e is None else self._from_entry(e) for e in found["splits"]]
+                remedy = prepare_command(TypedConfig(c, self.options), sizes)
+                return [None if e is None else self._from_entry(e, remedy) for e in found["splits"]]
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
         per_split = None if c.blend_per_split is None else list(c.blend_per_split)
@@ -253,18 +254,21 @@ class MegatronBuilder:
         return [None if b is None else b.dataset for b in built]
 
     # -- datasets from a manifest ---------------------------------------------------------------
-    def _from_entry(self, entry: Mapping[str, Any]) -> GPTDataset | BlendedDataset:
+    def _from_entry(self, entry: Mapping[str, Any], remedy: str) -> GPTDataset | BlendedDataset:
+        """A dataset of a build manifest's entry; ``remedy``: the prepare-cache command of the
+        build, for the hint of a damaged array."""
         folder = self.options.path_to_cache
         assert folder is not None  # a manifest is read only from path_to_cache
         indices = IndexArrays(
             paths={k: os.path.join(folder, v) for k, v in entry["arrays"].items()},
             shapes={k: tuple(v) for k, v in entry["shapes"].items()},
             digests=dict(entry["digests"]),
+            remedy=remedy,
         )
         if entry["kind"] == "packed":
             return packed_from_entry(self, entry, indices)  # type: ignore[return-value]
         if entry["kind"] == "blended":
-            members = [self._from_entry(m) for m in entry["members"]]
+            members = [self._from_entry(m, remedy) for m in entry["members"]]
             return BlendedDataset(
                 members, indices, identity=entry["identity"], length=entry["length"]
             )

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from ...arrays import distinct, sample_indices
 from ...byte_source import gather_index
-from ...caches import map_array
+from ...caches import DAMAGED_HINT, map_array
 from ...contract import Allocator, RowPieces
 from ...errors import CacheError
 from ...format import TokenFile
@@ -56,6 +56,7 @@ class IndexArrays:
         paths: dict[str, str] | None = None,
         shapes: dict[str, tuple[int, ...]] | None = None,
         digests: dict[str, str] | None = None,
+        remedy: str | None = None,
     ) -> None:
         if (arrays is None) == (paths is None):
             raise ValueError("give either arrays or paths")
@@ -66,6 +67,11 @@ class IndexArrays:
         self.digests = digests
         """The xxh3-64 each mapped file's data must have (a build manifest's), checked as it is
         first mapped in a process; without them, the cache's sidecar's (``map_array``)."""
+        self.remedy = remedy
+        """The command that prepares these caches again, for the hint of a damaged or unreadable
+        array (a load under ``build_policy="none"`` from a build manifest, which probes no file,
+        so deleting the damaged files would not make it name the command); None: the hint of any
+        policy (``caches.DAMAGED_HINT``)."""
         self._pid = os.getpid()
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -77,7 +83,12 @@ class IndexArrays:
         # in every process; mapped ones are mapped again in each process that uses them.
         if self.paths is not None and (self._arrays is None or self._pid != os.getpid()):
             digests = self.digests or {}
-            arrays = {k: map_array(p, digests.get(k)) for k, p in self.paths.items()}
+            try:
+                arrays = {k: map_array(p, digests.get(k)) for k, p in self.paths.items()}
+            except CacheError as exc:  # damaged or unreadable: what to do under this policy
+                if self.remedy is None:
+                    raise
+                raise CacheError(exc.message, path=exc.path, hint=self._hint()) from None
             for name, shape in (self.shapes or {}).items():
                 if arrays[name].shape != tuple(shape):
                     raise self.corrupt(
@@ -97,8 +108,15 @@ class IndexArrays:
         return CacheError(
             f"{name}{where} holds {found}; expected {expected}: the index cache is damaged",
             path=path,
-            hint="delete the cache files of this hash (same name up to '-{array}.npy') and build "
-            "again: cache='auto' rebuilds them",
+            hint=self._hint(),
+        )
+
+    def _hint(self) -> str:
+        if self.remedy is None:
+            return DAMAGED_HINT
+        return (
+            "delete the cache files of this hash (same name up to '-{array}.npy') and prepare them"
+            f" again with: {self.remedy}"
         )
 
     def __getstate__(self) -> dict[str, Any]:
