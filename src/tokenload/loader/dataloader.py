@@ -51,6 +51,8 @@ from .state import (
     LoaderState,
     Topology,
     continue_topologies,
+    differences,
+    reads,
     refusal_hint,
     restore_mixture,
     topology_history,
@@ -421,6 +423,9 @@ class TokenloadDataLoader:
         state["skips"] = self.ledger.state_dict()
         state["accounting"] = self.ledger.as_dict(self.consumed_samples)
         state["topologies"] = [list(t) for t in self._topologies]
+        described = reads(self.dataset)
+        if described is not None:  # what a refusal of this state then names
+            state["reads"] = described
         if self._mixture is not None and self._mixture_resumable:
             state["mixture"] = self._mixture.mixture_state(self.consumed_samples)
             state["weights_changes"] = [[start, list(w)] for start, w in self._changes]
@@ -442,7 +447,8 @@ class TokenloadDataLoader:
         try:
             self._load_state(loaded, state, mixture)
         except ForeignStateError as exc:  # saved for other data or another order: say what this is
-            raise ForeignStateError(exc.message, hint=refusal_hint(self.dataset)) from None
+            diff = differences(state.get("reads"), reads(self.dataset))
+            raise ForeignStateError(exc.message + diff, hint=refusal_hint(self.dataset)) from None
 
     def _load_state(self, loaded: LoaderState, state: dict[str, Any], mixture: Any) -> None:
         if mixture is None:

@@ -11,7 +11,8 @@ many samples, and how many of each source) and ``"accounting"`` (the job's per-s
 skipped and delivered samples, tokens and epochs: ``ledger.py``; informational, recomputed on
 load, printed by ``tokenload state``), and ``"topologies"`` (``topology_history``: the global
 sample from which each micro-batch size and data-parallel size served, for
-``tokenload.provenance``).
+``tokenload.provenance``), and ``"reads"`` (``reads``: order, packing, sequence length and item
+options, so that a refusal names the ones that differ).
 """
 
 from __future__ import annotations
@@ -213,41 +214,88 @@ def continue_topologies(
     return [*kept, (consumed, micro_batch_size, dp_size)][-TOPOLOGIES_KEPT:]
 
 
+_ITEM_OPTIONS = (
+    "add_extra_token",
+    "eod_id",
+    "pad_id",
+    "eod_mask_loss",
+    "reset_position_ids",
+    "reset_attention_mask",
+    "create_attention_mask",
+    "inter_document_masking",
+)
+
+
+def reads(data: Any) -> dict[str, Any] | None:
+    """What a tokenload dataset reads, in the terms its fingerprint covers beside the data
+    itself: order, packing, sequence length and item options (kept in a state as ``"reads"``, so
+    that a refusal can say which of them differ); None for another dataset."""
+    module = type(data).__module__
+    orders = [o for o in ("computed", "neox", "megatron") if f"datasets.{o}" in module]
+    if not orders:  # a flat file, or not one of tokenload's datasets
+        return None
+    sources = data.describe_sources()
+    lengths = sorted({m.sequence_length for m in sources.members if m.sequence_length})
+    members = getattr(data, "datasets", None) or [data]
+    item = getattr(data, "item", None) or getattr(members[0], "item", None)
+    out: dict[str, Any] = {
+        "order": orders[0],
+        "packing": "best-fit" if sources.packed else "concat",
+        "sequence_length": lengths[0] if len(lengths) == 1 else None,
+    }
+    if item is not None:
+        out.update({k: getattr(item, k) for k in _ITEM_OPTIONS})
+    return out
+
+
+def differences(saved: Any, here: dict[str, Any] | None) -> str:
+    """How a refused state's ``"reads"`` differ from this dataset's, in words ("" when either is
+    unknown)."""
+    if not isinstance(saved, dict) or here is None:
+        return ""
+    changed = [
+        f"{k}={saved.get(k)!r} (this loader: {here.get(k)!r})"
+        for k in here
+        if saved.get(k) != here.get(k)
+    ]
+    if changed:
+        return f"; the saved run read {', '.join(changed)}"
+    return (
+        "; the saved run read the same order, packing, sequence length and item options: its"
+        " token files, seed, split or blend differ"
+    )
+
+
 def refusal_hint(data: Any) -> str:
     """What to do when a state is refused for another fingerprint: this dataset's order and
     items in words (what a state of another run differs in: order, packing, sequence length, the
     item options the fingerprint covers), and the fix."""
-    module = type(data).__module__
-    orders = [o for o in ("computed", "neox", "megatron") if f"datasets.{o}" in module]
-    if not orders:  # a flat file, or not one of tokenload's datasets
+    facts = reads(data)
+    if facts is None:
         return (
             "resume with the same data and options as the saved run, or start the data order"
             " from scratch deliberately (consumed_samples=0)"
         )
-    order = f" in order={orders[0]!r}"
-    sources = data.describe_sources()
+    order = f" in order={facts['order']!r}"
     packing = (
         "packed rows of whole documents (`packing='best-fit'`)"
-        if sources.packed
+        if facts["packing"] == "best-fit"
         else "concatenated samples (`packing='concat'`)"
     )
-    lengths = sorted({m.sequence_length for m in sources.members if m.sequence_length})
-    length = f" of {lengths[0]} tokens" if len(lengths) == 1 else ""
-    members = getattr(data, "datasets", None) or [data]
-    item = getattr(data, "item", None) or getattr(members[0], "item", None)
+    length = "" if facts["sequence_length"] is None else f" of {facts['sequence_length']} tokens"
     items = ""
-    if item is not None:
-        eod = "no EOD id" if item.eod_id is None else f"EOD id {item.eod_id}"
+    if "eod_id" in facts:
+        eod = "no EOD id" if facts["eod_id"] is None else f"EOD id {facts['eod_id']}"
         on = [
             words
             for flag, words in (
-                (item.eod_mask_loss, "EOD loss masking"),
-                (item.reset_position_ids, "position ids reset at EODs"),
-                (item.reset_attention_mask, "attention mask reset at EODs"),
-                (item.create_attention_mask, "an attention mask"),
-                (item.inter_document_masking, "inter-document masking"),
+                ("eod_mask_loss", "EOD loss masking"),
+                ("reset_position_ids", "position ids reset at EODs"),
+                ("reset_attention_mask", "attention mask reset at EODs"),
+                ("create_attention_mask", "an attention mask"),
+                ("inter_document_masking", "inter-document masking"),
             )
-            if flag
+            if facts[flag]
         ]
         items = f", items with {', '.join([eod, *on])}" + ("" if on else " and no item option")
     return (

@@ -215,3 +215,36 @@ def test_a_run_started_between_groups_resumes_on_its_own_topology(dataset):
     assert list(itertools.chain(*_rows(halves, 6))) == list(itertools.chain(*whole[3:]))
     with pytest.raises(StateError, match="not a multiple of micro_batch_size"):
         _loader(dataset, micro_batch_size=8).load_state_dict(state)
+
+
+@pytest.mark.parametrize("order", ["megatron", "computed"])
+def test_a_refused_state_names_what_the_saved_run_read_differently(tmp_path, order):
+    """A state is refused by a dataset of other item options, packing or data (its fingerprint),
+    and the refusal says which of order, packing, sequence length and item options the saved run
+    had otherwise (a new user's finding: it named two fingerprints and this loader's options
+    only); when those are the same, that the data (token files, seed, split, blend) differs."""
+    from support import write_documents
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.errors import ForeignStateError
+
+    rng = np.random.default_rng(4)
+    prefix = write_documents(tmp_path / "a", [rng.integers(1, 900, size=int(n)) for n in rng.integers(5, 60, size=300)])
+
+    def train(**options):
+        cfg = MegatronDataConfig(sequence_length=16, blend=[prefix], split="100,0,0", order=order, eod_id=0,
+                                 **options)
+        return build_datasets(cfg, [200, 0, 0])[0]
+
+    state = _state(train(inter_document_masking=True, packing="best-fit"), 3)
+    assert state["reads"]["inter_document_masking"] is True and state["reads"]["packing"] == "best-fit"
+    _loader(train(inter_document_masking=True, packing="best-fit")).load_state_dict(state)  # the same
+    with pytest.raises(ForeignStateError, match=r"the saved run read inter_document_masking=True \(this loader: False\)"):
+        _loader(train(packing="best-fit")).load_state_dict(state)
+    with pytest.raises(ForeignStateError, match=r"packing='best-fit' \(this loader: 'concat'\)"):
+        _loader(train(inter_document_masking=True)).load_state_dict(state)
+    with pytest.raises(ForeignStateError, match="same order, packing, sequence length and item options: its token"):
+        _loader(train(inter_document_masking=True, packing="best-fit", random_seed=7)).load_state_dict(state)
+    del state["reads"]  # a state saved before it was kept: refused as before, without the words
+    with pytest.raises(ForeignStateError) as info:
+        _loader(train(packing="best-fit")).load_state_dict(state)
+    assert "the saved run read" not in info.value.message
