@@ -663,8 +663,9 @@ def _valid_samples(args: argparse.Namespace, iters: int, eval_gbs: int) -> int |
             "no --eval-interval: Megatron sizes the valid split as"
             " (train_iters // eval_interval + 1)"
             " x eval_iters x global batch",
-            hint="pass the job's --eval-interval (or --eval-iters 0"
-            " --skip-train when it evaluates never)",
+            hint="pass the job's --eval-interval, as megatron.training needs it too (it fails"
+            " without one unless --skip-train, which is evaluation only); a job that never"
+            " evaluates passes --eval-iters 0 with any --eval-interval",
         )
     points: int = iters // args.eval_interval + 1
     if args.start_eval_at_iter is not None:

@@ -135,6 +135,20 @@ def test_a_value_after_a_known_flags_values_is_refused_as_megatron_refuses_it(ar
         megatron_config_from_args([*base, "--seq-length", "8", *argv], world_size=1)
 
 
+def test_no_eval_interval_is_refused_with_a_hint_that_works():
+    """Megatron sizes the valid split from --eval-interval and fails without it (unless
+    --skip-train, which is evaluation only): the hint says so and that a job that never evaluates
+    passes --eval-iters 0 with any --eval-interval, which then gives an empty valid split (it
+    once suggested --skip-train for that: a new user's finding)."""
+    base = ["--data-path", "p", "--global-batch-size", "4", "--train-iters", "3", "--seq-length", "8"]
+    with pytest.raises(ConfigError, match="no --eval-interval") as info:
+        megatron_config_from_args([*base, "--eval-iters", "0"], world_size=1)
+    assert "--eval-iters 0 with any --eval-interval" in info.value.hint
+    assert "evaluation only" in info.value.hint
+    sizes = megatron_config_from_args([*base, "--eval-iters", "0", "--eval-interval", "7"], world_size=1).sizes
+    assert sizes[0] == 12 and sizes[1] == 0
+
+
 NON_DATA_CASES = json.loads((FIXTURES / "megatron" / "non_data_flags.json").read_text())["cases"]
 
 

@@ -238,7 +238,8 @@ def test_a_refused_state_names_what_the_saved_run_read_differently(tmp_path, ord
     state = _state(train(inter_document_masking=True, packing="best-fit"), 3)
     assert state["reads"]["inter_document_masking"] is True and state["reads"]["packing"] == "best-fit"
     _loader(train(inter_document_masking=True, packing="best-fit")).load_state_dict(state)  # the same
-    with pytest.raises(ForeignStateError, match=r"the saved run read inter_document_masking=True \(this loader: False\)"):
+    saved = r"the saved run read inter_document_masking=True \(this loader: False\)"
+    with pytest.raises(ForeignStateError, match=saved):
         _loader(train(packing="best-fit")).load_state_dict(state)
     with pytest.raises(ForeignStateError, match=r"packing='best-fit' \(this loader: 'concat'\)"):
         _loader(train(inter_document_masking=True)).load_state_dict(state)
