@@ -18,7 +18,9 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def _sample() -> str:
     text = README.read_text(encoding="utf-8")
     section = text.split("### Resuming, on any number of ranks", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found is not None, "README's resume section has no Python sample"
+    return found.group(1)
 
 
 def test_the_readme_resume_sample_continues_the_stream_on_other_ranks(tmp_path):
