@@ -34,6 +34,20 @@ def test_misspelled_flag_shows_the_subcommands_usage_and_the_flag_meant(tmp_path
     assert "did you mean --json?" in out.stderr
 
 
+def test_a_bad_value_is_not_lost_above_a_screen_of_usage():
+    """prepare-cache's usage is about 60 lines: an error shows a one-line usage pointing at
+    --help, then the error (a new user's finding); a short usage is shown whole."""
+    out = run_cli("prepare-cache", "--seq-length", "x")
+    assert out.returncode == 2
+    lines = out.stderr.splitlines()
+    assert lines == [
+        "usage: tokenload prepare-cache [flags]  (`tokenload prepare-cache --help` lists them)",
+        "tokenload prepare-cache: error: argument --seq-length: 'x' is not an integer",
+    ], out.stderr
+    out = run_cli("info", "--jsn")
+    assert out.stderr.splitlines()[0] == "usage: tokenload info [-h] [--json] PREFIX [PREFIX ...]"
+
+
 @pytest.mark.parametrize("command", subcommands())
 def test_every_subcommand_help_has_a_description_and_its_defaults(command):
     parser = subcommand_parser(build_parser(), command)

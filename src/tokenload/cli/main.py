@@ -49,6 +49,10 @@ class DefaultsFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+_USAGE_LINES = 8
+"""A usage of more lines than this is shortened in an error (``SubcommandParser.error``)."""
+
+
 class SubcommandParser(argparse.ArgumentParser):
     """The parser class of every subcommand: help with defaults, and every usage error followed by
     a "did you mean" for each flag of the command line this subcommand does not know."""
@@ -65,8 +69,16 @@ class SubcommandParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
+        """The usage, then the error on its own line, as argparse prints them; a usage longer than
+        a few lines (prepare-cache's flags: about 60) is one line pointing at ``--help``, so
+        that the error is not lost above a screen of flags."""
         hints = did_you_mean(self, self._seen)
-        super().error(f"{message} ({hints})" if hints else message)
+        usage = self.format_usage()
+        if usage.count("\n") > _USAGE_LINES:
+            usage = f"usage: {self.prog} [flags]  (`{self.prog} --help` lists them)\n"
+        sys.stderr.write(usage)
+        text = f"{message} ({hints})" if hints else message
+        self.exit(2, f"{self.prog}: error: {text}\n")
 
     def error_about(self, message: str, flags: Sequence[str]) -> NoReturn:
         """``error`` with a "did you mean" for ``flags`` only (a training job's command line:
