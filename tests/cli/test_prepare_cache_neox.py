@@ -36,6 +36,7 @@ def test_a_neox_yaml_is_checked_and_built_once_with_nothing_written(tmp_path):
     assert set(p.name for p in tmp_path.iterdir()) == before
     text = run_cli("prepare-cache", "--neox-config", yml)
     assert text.returncode == 0 and "nothing to prepare" in text.stdout
+    assert "--order megatron prepares the caches of this data in the Megatron order" in text.stdout
 
 
 def test_a_neox_yaml_with_an_unsupported_key_or_megatron_data_flags_is_one_line(tmp_path):
@@ -46,7 +47,8 @@ def test_a_neox_yaml_with_an_unsupported_key_or_megatron_data_flags_is_one_line(
     out = run_cli("prepare-cache", "--neox-config", yml)
     assert out.returncode == 2 and "no_such_key" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     out = run_cli("prepare-cache", "--neox-config", yml, "--data-path", prefix)
-    assert out.returncode == 2 and "both describe the data" in out.stderr
+    assert out.returncode == 2 and "--data-path is refused with --neox-config" in out.stderr
+    assert "the NeoX config defines the data" in out.stderr  # every other flag: its own tests
 
 
 def test_global_num_gpus_sizes_the_batch_as_neox_derives_it(tmp_path):
@@ -67,6 +69,9 @@ def test_global_num_gpus_sizes_the_batch_as_neox_derives_it(tmp_path):
     out = run_cli("prepare-cache", "--neox-config", yml, "--json",
                   "--prepare-cache-world-size", 2)  # fmt: skip
     assert json.loads(out.stdout)["train_valid_test_num_samples"] == [1600, 480, 160]
+    # at its default value too (1 was read as "not given", and global_num_gpus won)
+    out = run_cli("prepare-cache", "--neox-config", yml, "--json", "--prepare-cache-world-size", 1)
+    assert json.loads(out.stdout)["train_valid_test_num_samples"] == [800, 240, 80]
     yml.write_text(yml.read_text().replace('"global_num_gpus": 8', '"global_num_gpus": 0'))
     out = run_cli("prepare-cache", "--neox-config", yml)
     assert out.returncode == 2 and "global_num_gpus is 0" in out.stderr

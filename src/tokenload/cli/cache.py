@@ -31,6 +31,7 @@ from ..format.sequences import counts_of, unique_prefixes, write_sequences
 from ..index import Blend
 from ..megatron_args import (
     LEGACY_SPLIT,
+    TOKENIZER_VALUE_FLAGS,
     Batches,
     batch_flags,
     batches,
@@ -151,7 +152,9 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
         "--order",
         choices=("megatron", "computed"),
         default="megatron",
-        help="the job's sample order: 'computed' needs no cache",
+        help="the job's sample order (default: %(default)s): 'computed' needs no cache; with"
+        " --neox-config, NeoX's own unless 'megatron' is given, which prepares the caches of the"
+        " NeoX data in the Megatron order",
     )
     g.add_argument(
         "--per-dataset-sequences-path",
@@ -175,7 +178,10 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
         nargs="+",
         metavar="YML",
         help="a GPT-NeoX config instead of Megatron's flags (several files merge as NeoX"
-        " merges them): its data keys are checked and its datasets built once",
+        " merges them): its data keys are checked and its datasets built once in NeoX's order,"
+        " which needs no cache; with --order megatron (and --packing, --max-documents-per-row,"
+        " --data-cache-path) the Megatron order's caches of its data are prepared. The config"
+        " defines the data, lengths and batch: the flags that would give them again are refused",
     )
     lengths = p.add_argument_group("batch and length (Megatron's arithmetic)")
     batch_flags(lengths)
@@ -199,7 +205,8 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
     loader_flags(job)
     tokenload_flags(job)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.set_defaults(func=run_prepare_cache, megatron_job_flags=True)
+    # given_flags: the flags on the command line (SubcommandParser), which --neox-config checks
+    p.set_defaults(func=run_prepare_cache, megatron_job_flags=True, given_flags=())
 
 
 def packing_flags(g: argparse._ArgumentGroup) -> None:
@@ -276,41 +283,246 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     if args.data_cache_path is not None:
         _check_cache_folder(args.data_cache_path)  # the build makes it when it writes a file
     before = _listings(folders)
-    datasets = _build(config, counts)
+    datasets = _build(config, list(counts.samples))
     result = _result(args, counts, identity, datasets, sorted(_listings(folders) - before))
     _report_result(args, result, len(prefixes))
     return 0
 
 
+# -- prepare-cache --neox-config ------------------------------------------------------------------
+NEOX_TAKES = (
+    "--neox-config",
+    "--json",
+    "--prepare-cache-world-size",
+    "--per-dataset-sequences-path",
+)
+"""The flags ``--neox-config`` takes in either order: the result's form, the job's GPUs (NeoX's
+``global_num_gpus``, which the config may lack) and the sequences JSON the job opens its files
+with (``sequences_path=``), none of which the NeoX config gives."""
+
+NEOX_MEGATRON_ORDER = ("--order", "--packing", "--max-documents-per-row", "--data-cache-path")
+"""The flags ``--neox-config`` takes with ``--order megatron``: the overrides of
+``imported.config(order="megatron", packing=..., max_documents_per_row=..., path_to_cache=...)``,
+the Megatron order's own fields, which the NeoX order (built in memory, unpacked) does not read."""
+
+_DATA = "the data (data_path and split, or train/valid/test_data_paths and their weights)"
+_LENGTHS = (
+    "the batch and the training length (train_batch_size or train_micro_batch_size_per_gpu,"
+    " gradient_accumulation_steps, train_iters or train_epochs, eval_iters, eval_interval), from"
+    " which NeoX's arithmetic gives the samples per split"
+)
+_PARALLEL = "the parallel sizes (pipe_parallel_size, model_parallel_size)"
+_TOKENIZER = (
+    "the tokenizer (tokenizer_type, vocab_file, merge_file); the caches of an imported NeoX"
+    " config are named without a tokenizer identity, as imported.config(order='megatron')"
+    " builds them"
+)
+_JOB_LINE = (
+    "a flag of a Megatron training command, and no cache depends on it: with --neox-config the"
+    " NeoX config is the job's"
+)
+
+#: ``--neox-config``'s refusals: the flag -> (what the NeoX config defines instead, or None;
+#: why the flag does not apply, or None; what to do besides dropping the flag, or ""). Every
+#: flag of prepare-cache is here, in NEOX_TAKES or in NEOX_MEGATRON_ORDER
+#: (tests/cli/test_prepare_cache_neox_flags.py).
+NEOX_REFUSES: dict[str, tuple[str | None, str | None, str]] = {
+    **{
+        flag: (
+            _DATA,
+            None,
+            "edit the NeoX config's data keys, or give Megatron's data flags without --neox-config",
+        )
+        for flag in (
+            "--data-path",
+            "--data-args-path",
+            "--train-data-path",
+            "--valid-data-path",
+            "--test-data-path",
+            "--per-split-data-args-path",
+            "--mock-data",
+        )
+    },
+    "--split": ("split", None, "edit split in the NeoX config"),
+    "--seq-length": ("seq_length", None, "edit seq_length in the NeoX config"),
+    "--seed": ("seed", None, "edit seed in the NeoX config"),
+    **{
+        flag: (
+            _LENGTHS,
+            None,
+            "edit those keys in the NeoX config; --prepare-cache-world-size N"
+            " gives the job's GPUs where the config does not count them",
+        )
+        for flag in (
+            "--global-batch-size",
+            "--micro-batch-size",
+            "--train-iters",
+            "--train-samples",
+            "--step-batch-size-schedule",
+            "--rampup-batch-size",
+            "--eval-iters",
+            "--eval-interval",
+            "--start-eval-at-iter",
+            "--eval-global-batch-size",
+            "--eval-micro-batch-size",
+            "--skip-train",
+            "--full-validation",
+            "--train-valid-test-num-samples",
+        )
+    },
+    **{
+        flag: (
+            _PARALLEL,
+            None,
+            "edit those keys in the NeoX config; --prepare-cache-world-size N gives the job's GPUs",
+        )
+        for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
+    },
+    "--context-parallel-size": (
+        None,
+        "GPT-NeoX has no context parallelism: its data-parallel size is the job's GPUs over"
+        " pipe_parallel_size x model_parallel_size",
+        "--prepare-cache-world-size N gives the job's GPUs",
+    ),
+    "--weights-schedule": (
+        None,
+        "the NeoX config's data weights blend its data for the whole run (GPT-NeoX has no"
+        " weights schedule)",
+        "edit the data weights in the NeoX config to change the blend",
+    ),
+    "--mid-level-dataset-surplus": (
+        None,
+        "an imported NeoX config keeps NeoX's blend surplus (0.005: its 1.005), in either order",
+        "",
+    ),
+    "--no-add-extra-token": (
+        None,
+        "NeoX's samples hold seq_length + 1 tokens (its text), in either order",
+        "",
+    ),
+    "--no-drop-last-partial-validation-sequence": (
+        None,
+        "the NeoX import does not read it: an imported config keeps its default, in either order",
+        "",
+    ),
+    "--eod-mask-loss": ("eod_mask_loss", None, "edit eod_mask_loss in the NeoX config"),
+    **{
+        flag: (
+            None,
+            "Megatron's item flags: a NeoX job has none, and no cache depends on them",
+            "",
+        )
+        for flag in (
+            "--no-create-attention-mask-in-dataloader",
+            "--reset-position-ids",
+            "--reset-attention-mask",
+        )
+    },
+    **{
+        flag: (_TOKENIZER, None, "")
+        for flag in (
+            "--tokenizer-identity",
+            "--tokenizer-type",
+            "--vocab-size",
+            "--null-tokenizer-eod-id",
+            "--null-tokenizer-pad-id",
+            *TOKENIZER_VALUE_FLAGS,
+        )
+    },
+    "--num-workers": ("num_workers", None, "edit num_workers in the NeoX config"),
+    **{
+        flag: (None, _JOB_LINE, "")
+        for flag in (
+            "--dataloader-fast-cache-load",
+            "--dataloader-defer-npy-index-mmap",
+            "--no-mmap-bin-files",
+            "--dataloader-inter-document-masking",
+            "--dataloader-type",
+            "--tokenload-dataloader-type",
+        )
+    },
+    "--tokenload-packing": (
+        None,
+        _JOB_LINE,
+        "--order megatron --packing is the packing of prepared caches",
+    ),
+}
+
+_NEOX_ORDER_ONLY = (
+    "NeoX's order builds its indices in memory on every rank: it reads and writes no cache and"
+    " packs no rows"
+)
+
+
+def _neox_refusal(flag: str, megatron: bool) -> ConfigError | None:
+    """The error for ``flag`` given with ``--neox-config`` (``megatron``: with ``--order
+    megatron``), or None where it is taken."""
+    if flag in NEOX_TAKES or (megatron and flag in NEOX_MEGATRON_ORDER):
+        return None
+    if flag in NEOX_MEGATRON_ORDER:
+        return ConfigError(
+            f"{flag} does not apply to --neox-config in NeoX's order: {_NEOX_ORDER_ONLY}",
+            hint=f"add --order megatron to prepare the Megatron order's caches of this config"
+            f" (imported.config(order='megatron', ...)), or drop {flag}",
+        )
+    defined, why, advice = NEOX_REFUSES.get(flag, (None, "not a flag of a NeoX job", ""))
+    hint = f"drop {flag}; {advice}" if advice else f"drop {flag}"
+    if defined is not None:
+        return ConfigError(
+            f"{flag} is refused with --neox-config: the NeoX config defines {defined}", hint=hint
+        )
+    return ConfigError(f"{flag} does not apply with --neox-config: {why}", hint=hint)
+
+
+def _check_neox_flags(args: argparse.Namespace) -> bool:
+    """The flags given with ``--neox-config`` (``args.given_flags``), each taken or refused with
+    what the NeoX config defines instead, or why it does not apply; True for ``--order megatron``
+    (the Megatron order's caches), False for NeoX's order (nothing to prepare)."""
+    given = list(args.given_flags)
+    if "--order" in given and args.order == "computed":
+        raise ConfigError(
+            "--order computed with --neox-config: the computed order uses no index cache, so"
+            " there is nothing to prepare",
+            hint="drop --order (the config is checked and built once in NeoX's order), or pass"
+            " --order megatron to prepare the Megatron order's caches",
+        )
+    megatron = "--order" in given
+    refused = [(f, e) for f in given if (e := _neox_refusal(f, megatron)) is not None]
+    if refused:
+        error = refused[0][1]
+        if len(refused) > 1:
+            others = ", ".join(f for f, _ in refused[1:])
+            error = ConfigError(f"{error.message} (also refused: {others})", hint=error.hint)
+        raise error
+    return megatron
+
+
 def _prepare_neox(args: argparse.Namespace) -> int:
-    """A NeoX job's data, checked: the YAML's data keys become a configuration in NeoX's order,
-    whose indices tokenload builds in memory on every rank (no cache file to prepare); the build
-    runs once here so that a wrong path, split or key fails now rather than on every rank."""
+    """A NeoX job's data: in NeoX's order, checked (the YAML's data keys become a configuration
+    whose indices tokenload builds in memory on every rank, no cache file to prepare; the build
+    runs once here so that a wrong path, split or key fails now rather than on every rank); with
+    ``--order megatron``, the Megatron order's caches of that data, prepared."""
     import time
 
     from ..datasets import build_datasets
     from ..datasets.neox.neox_yaml import neox_config_from_yaml
 
-    mixed = [
-        f
-        for f in ("data_path", "train_data_path", "valid_data_path", "test_data_path")
-        if getattr(args, f, None)
-    ]
-    if mixed:
-        raise ConfigError(
-            f"--neox-config and --{mixed[0].replace('_', '-')} both describe the data",
-            hint="give either the NeoX config or Megatron's data flags",
-        )
+    megatron = _check_neox_flags(args)
     for name in _LAUNCHER_VARS:  # one process (a world of 1 unless the config names its own)
         os.environ.pop(name, None)
-    # --prepare-cache-world-size left at 1: the config's global_num_gpus, else NeoX's launcher
+    # without --prepare-cache-world-size: the config's global_num_gpus, else NeoX's launcher
     # count from its hostfile, num_nodes and num_gpus (neox_launch), where NeoX has one
-    world = args.prepare_cache_world_size
+    given = "--prepare-cache-world-size" in args.given_flags
     imported = neox_config_from_yaml(  # the job's GPUs: NeoX divides them by pipe x model
-        args.neox_config, world_size=None if world == 1 else world
+        args.neox_config, world_size=args.prepare_cache_world_size if given else None
     )
+    overrides: dict[str, Any] = {}
+    if args.per_dataset_sequences_path is not None:
+        overrides["sequences_path"] = args.per_dataset_sequences_path
+    if megatron:
+        return _prepare_neox_megatron(args, imported, overrides)
     start = time.perf_counter()
-    datasets = build_datasets(imported.config(), imported.sizes)
+    datasets = build_datasets(imported.config(**overrides), imported.sizes)
     lengths = {
         name: None if ds is None else len(ds)
         for name, ds in zip(("train", "valid", "test"), datasets)
@@ -338,8 +550,78 @@ def _prepare_neox(args: argparse.Namespace) -> int:
     print(
         "nothing to prepare: tokenload builds NeoX's order in memory on every rank,"
         f" {result['build_seconds']} s"
-        " here for this configuration (no cache file is read or written)"
+        " here for this configuration (no cache file is read or written; --order megatron"
+        " prepares the caches of this data in the Megatron order)"
     )
+    return 0
+
+
+def _prepare_neox_megatron(
+    args: argparse.Namespace, imported: Any, overrides: dict[str, Any]
+) -> int:
+    """``--neox-config --order megatron``: the caches of ``imported.config(order="megatron",
+    packing=..., max_documents_per_row=..., path_to_cache=...)``, which a job given the same
+    overrides and ``build_policy="none"`` loads."""
+    check_packing_flags(args)
+    config = imported.config(
+        order="megatron",
+        packing=args.packing,
+        max_documents_per_row=args.max_documents_per_row,
+        path_to_cache=args.data_cache_path,
+        build_policy="rank0",
+        **overrides,
+    )
+    data = config.data_config()
+    per_split = None if data.blend_per_split is None else list(data.blend_per_split)
+    prefixes = _prefixes(data.blend, per_split)
+    if not args.json:
+        print(
+            f"GPT-NeoX config {' '.join(args.neox_config)}, in the Megatron order (packing"
+            f" {args.packing}): samples (train, valid, test) {list(imported.sizes)}"
+        )
+        folder = args.data_cache_path or "Megatron's default: PREFIX/cache/GPTDataset_indices"
+        print(f"  cache folder        {folder}")
+        if imported.fields.get("weight_by_num_documents"):
+            print(
+                "  note                weight_by_num_documents is NeoX's order's: the Megatron"
+                " order blends by the config's data weights"
+            )
+    for _ in _open_all(prefixes, "checking token files"):
+        pass
+    from ..datasets.megatron.built import default_folder
+
+    folders = (
+        [args.data_cache_path]
+        if args.data_cache_path is not None
+        else sorted({str(default_folder(None, p)) for p in prefixes})
+    )
+    if args.data_cache_path is not None:
+        _check_cache_folder(args.data_cache_path)
+    before = _listings(folders)
+    datasets = _build(config, list(imported.sizes))
+    lengths = {
+        name: None if ds is None else len(ds)
+        for name, ds in zip(("train", "valid", "test"), datasets)
+    }
+    result = {
+        "order": "megatron",
+        "packing": args.packing,
+        "max_documents_per_row": args.max_documents_per_row,
+        "train_valid_test_num_samples": list(imported.sizes),
+        **{f"{name}_dataset_length": n for name, n in lengths.items()},
+        "data_cache_path": args.data_cache_path,
+        "files_written": sorted(_listings(folders) - before),
+    }
+    _report_result(args, result, len(prefixes))
+    if not args.json:
+        keywords = [f"order='megatron', packing={args.packing!r}"]
+        if args.max_documents_per_row is not None:
+            keywords.append(f"max_documents_per_row={args.max_documents_per_row}")
+        if args.data_cache_path is not None:
+            keywords.append(f"path_to_cache={args.data_cache_path!r}")
+        print(
+            f"  the job loads them with imported.config({', '.join(keywords)}, build_policy='none')"
+        )
     return 0
 
 
@@ -443,14 +725,14 @@ def _config(
     )
 
 
-def _build(config: Any, counts: Batches) -> tuple[Any, Any, Any]:
+def _build(config: Any, samples: list[int | None]) -> tuple[Any, Any, Any]:
     from ..datasets import build_datasets
 
     # one process of rank 0, whatever launcher started it (as Megatron's tool)
     for name in _LAUNCHER_VARS:
         os.environ.pop(name, None)
     try:
-        return build_datasets(config, list(counts.samples))
+        return build_datasets(config, samples)
     except CacheError as exc:
         if not exc.message.startswith("cannot write the index cache"):
             raise

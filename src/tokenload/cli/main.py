@@ -66,7 +66,26 @@ class SubcommandParser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: Any = None
     ) -> Any:
         self._seen = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if self.get_default("given_flags") is not None:  # a subcommand that asks for them
+            parsed.given_flags = self.given_flags(self._seen)
+        return parsed, extras
+
+    def given_flags(self, words: Sequence[str]) -> tuple[str, ...]:
+        """The flags of this subcommand that ``words`` give (an abbreviation or ``--flag=value``
+        as its flag), by their long names in the parser's order: a flag given at its default
+        value (``--seed 1234``) is given, which comparing the parsed value with the default
+        cannot tell. ``words`` are parsed again into a namespace whose every value is a marker,
+        which argparse replaces only for the flags given."""
+        unset = object()
+        flagged = [a for a in self._actions if a.option_strings and a.dest != argparse.SUPPRESS]
+        probe = argparse.Namespace(**{a.dest: unset for a in flagged})
+        argparse.ArgumentParser.parse_known_args(self, list(words), probe)
+        return tuple(
+            next((s for s in a.option_strings if s.startswith("--")), a.option_strings[0])
+            for a in flagged
+            if getattr(probe, a.dest) is not unset
+        )
 
     def error(self, message: str) -> NoReturn:
         """The usage, then the error on its own line, as argparse prints them; a usage longer than
@@ -148,6 +167,20 @@ FIRST_CONTACT_RETRIES = 3
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
+    if extras and getattr(args, "neox_config", None):  # a NeoX job has no Megatron command line
+        from ..datasets.megatron_flags import unknown_flags
+
+        command = subcommand_parser(parser, args.command)
+        assert isinstance(command, SubcommandParser)
+        try:  # a "did you mean" for the flags that are not Megatron's (typos)
+            typos = unknown_flags(extras)
+        except TokenloadError:
+            typos = [word for word in extras if word.startswith("--")]
+        command.error_about(
+            f"unrecognized arguments: {' '.join(extras)} (with --neox-config the NeoX config is"
+            " the job's: a Megatron training command's flags do not apply)",
+            typos,
+        )
     if extras and getattr(args, "megatron_job_flags", False):  # a training job's command line
         from ..datasets.megatron_flags import check_strays, unknown_flags
 
