@@ -504,6 +504,28 @@ def test_neox_global_num_gpus_and_the_default_hostfile(tmp_path, monkeypatch):
     assert neox_config_from_yaml({**conf, "hostfile": ""}).extras["train_batch_size"] == 32  # NeoX: "" or default
 
 
+def test_neox_num_gpus_without_a_hostfile_says_why_they_were_not_used():
+    """A new user's finding: num_gpus 8 and num_nodes 2 with no hostfile, pipe 2 x model 2, failed
+    with "1 processes are not divisible by pipe x model parallel size 4" alone. Right (NeoX counts
+    this machine's GPUs then, not 8 x 2), but the error now says so, and what gives the count."""
+    conf = {**LAUNCH_BASE, "num_gpus": 8, "num_nodes": 2, "pipe_parallel_size": 2, "model_parallel_size": 2}
+    with pytest.raises(ConfigError) as info:
+        neox_config_from_yaml(conf)
+    assert info.value.message.startswith(
+        "1 processes are not divisible by pipe x model parallel size 4; num_gpus 8 and num_nodes 2 were not"
+        " used because there is no hostfile (the config names none, and DeepSpeed's default")
+    assert "GPT-NeoX counts the GPUs of the machine it runs on (torch.cuda.device_count())" in info.value.message
+    assert "--prepare-cache-world-size" in info.value.hint and "hostfile" in info.value.hint
+    assert neox_config_from_yaml(conf, world_size=16).sizes[0] == 10 * 4
+    # a named hostfile that is not here: this machine alone, whose GPUs NeoX counts without num_gpus
+    with pytest.raises(ConfigError, match="the hostfile /no/such/hostfile is not a file on this machine, so"
+                                          " GPT-NeoX's launcher has this machine alone and counts its GPUs"):
+        neox_config_from_yaml({**conf, "num_gpus": None, "num_nodes": -1, "hostfile": "/no/such/hostfile"})
+    with pytest.raises(ConfigError) as info:  # a GPU count given: the plain error, as before
+        neox_config_from_yaml({**conf, "global_num_gpus": 6})
+    assert info.value.message == "6 processes are not divisible by pipe x model parallel size 4"
+
+
 def test_neox_hostfile_not_on_this_machine_is_this_machine_alone(tmp_path, monkeypatch, caplog):
     """NeoX's own 125M.yml names hostfile /mock_path: NeoX (DeepSpeed's fetch_hostfile) then runs
     on this machine alone, counting its GPUs (unknown here: the world is this process's), or

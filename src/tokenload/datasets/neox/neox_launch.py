@@ -10,7 +10,9 @@ exists) it reads the pool with ``megatron.utils.obtain_resource_pool``: DeepSpee
 (91d1c55), a named hostfile that is not a file being this machine alone (``localhost``); keeps
 the first ``num_nodes`` hosts (where > 0); and counts every slot left, or ``num_gpus`` (where
 > 0) per host. Without a hostfile it counts this machine's GPUs (``torch.cuda.device_count()``),
-which a process reading a config cannot know: ``launch_gpus`` is then None.
+which a process reading a config cannot know: ``launch_gpus`` is then None, and
+``uncounted_gpus`` says why in the error that the process's own world then meets (the
+``num_gpus`` and ``num_nodes`` such a count leaves unused named).
 
 DeepSpeed's own quirks at that commit are NeoX's count, and kept: a host ``include`` names
 without slot ids gets no slot (``worker-0@worker-1:0,2`` is 2 GPUs, worker-1's; DeepSpeed's
@@ -31,7 +33,13 @@ from typing import Any
 
 from ...errors import ConfigError
 
-__all__ = ["DEFAULT_HOSTFILE", "LAUNCH_DEFAULTS", "check_launch_values", "launch_gpus"]
+__all__ = [
+    "DEFAULT_HOSTFILE",
+    "LAUNCH_DEFAULTS",
+    "check_launch_values",
+    "launch_gpus",
+    "uncounted_gpus",
+]
 
 DEFAULT_HOSTFILE = "/job/hostfile"
 """DeepSpeed's ``DLTS_HOSTFILE``, read where the config names no hostfile (and where it exists);
@@ -148,6 +156,37 @@ def launch_gpus(conf: Mapping[str, Any]) -> int | None:
             else "check the hostfile's slots, include and exclude",
         )
     return count
+
+
+def uncounted_gpus(conf: Mapping[str, Any]) -> str:
+    """Why GPT-NeoX would count ``conf``'s GPUs on the machine it runs on (where ``launch_gpus``
+    is None), with the launcher keys that count leaves unused, as a clause for an error: a config
+    with ``num_gpus: 8, num_nodes: 2`` and no hostfile is not 16 GPUs to NeoX."""
+    named = conf["hostfile"]
+    default = os.environ.get("DLTS_HOSTFILE", DEFAULT_HOSTFILE)
+    unknown = (
+        "which a process reading the config cannot know, so this process's world (a launched"
+        " job's WORLD_SIZE, else 1) was counted"
+    )
+    if named is None and not os.path.exists(default):
+        unused = [f"{k} {conf[k]}" for k in ("num_gpus", "num_nodes") if (conf[k] or 0) > 0]
+        where = (
+            f"there is no hostfile (the config names none, and DeepSpeed's default {default} is"
+            " not on this machine)"
+        )
+        count = (
+            "without one, GPT-NeoX counts the GPUs of the machine it runs on"
+            f" (torch.cuda.device_count()), {unknown}"
+        )
+        if unused:
+            verb = "were" if len(unused) > 1 else "was"
+            return f"{' and '.join(unused)} {verb} not used because {where}: {count}"
+        return f"{where}: {count}"
+    less = f" less the slots exclude {conf['exclude']!r} drops" if conf["exclude"] else ""
+    return (
+        f"the hostfile {named or default} is not a file on this machine, so GPT-NeoX's launcher"
+        f" has this machine alone and counts its GPUs (torch.cuda.device_count()){less}, {unknown}"
+    )
 
 
 def _read_hostfile(path: str) -> dict[str, int | None]:

@@ -23,7 +23,7 @@ from typing import Any, cast
 from ...distributed import World
 from ...errors import ConfigError, StorageError
 from ..config import ImportedConfig, register_importer
-from .neox_launch import LAUNCH_DEFAULTS, check_launch_values, launch_gpus
+from .neox_launch import LAUNCH_DEFAULTS, check_launch_values, launch_gpus, uncounted_gpus
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 
@@ -491,11 +491,14 @@ def _neox_dp(conf: Mapping[str, Any], dp: int | None) -> int:
         )
     world = gpus if gpus is not None else World.detect().world_size
     if world % model:
+        # without a GPU count, this process's world stands for NeoX's count of a machine's GPUs
+        why = "" if gpus is not None else f"; {uncounted_gpus(conf)}"
         raise ConfigError(
-            f"{world} processes are not divisible by pipe x model parallel size {model}",
-            hint="give the job's data-parallel size: data_parallel_size=N (prepare-cache:"
-            " --prepare-cache-world-size N), or global_num_gpus in the config, as NeoX's launcher"
-            " writes it",
+            f"{world} processes are not divisible by pipe x model parallel size {model}{why}",
+            hint="give the job's GPUs: global_num_gpus in the config, as NeoX's launcher writes"
+            " it, or world_size=N (prepare-cache: --prepare-cache-world-size N)"
+            + ("" if gpus is not None else ", or point hostfile at the job's hostfile")
+            + "; or its data-parallel size: data_parallel_size=N",
         )
     return world // model
 
