@@ -526,6 +526,26 @@ def test_neox_num_gpus_without_a_hostfile_says_why_they_were_not_used():
     assert info.value.message == "6 processes are not divisible by pipe x model parallel size 4"
 
 
+def test_neox_extras_hold_the_data_parallel_size(tmp_path, monkeypatch):
+    """A new user's finding: imported.extras had no data-parallel size. It is the one given, or
+    the job's GPUs over pipe x model parallel sizes as NeoX derives it; None in a lone process
+    that cannot know the job's GPUs (its sizes take a world of 1)."""
+    conf = {**LAUNCH_BASE, "pipe_parallel_size": 2, "model_parallel_size": 2}
+
+    def dp(config, **options):
+        return neox_config_from_yaml(config, **options).extras["data_parallel_size"]
+
+    assert dp(conf, data_parallel_size=3) == 3
+    assert dp(conf, world_size=16) == 4
+    assert dp({**conf, "global_num_gpus": 32}) == 8
+    assert dp(launch_conf(tmp_path, pipe_parallel_size=2, model_parallel_size=2)) == 8  # the hostfile's 32
+    assert dp([NEOX / "125M.yml", NEOX / "local_setup.yml"], data_parallel_size=1) == 1
+    assert dp(LAUNCH_BASE) is None
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("RANK", "0")
+    assert dp(conf) == 2  # a rank of a launched job of 8 processes
+
+
 def test_neox_hostfile_not_on_this_machine_is_this_machine_alone(tmp_path, monkeypatch, caplog):
     """NeoX's own 125M.yml names hostfile /mock_path: NeoX (DeepSpeed's fetch_hostfile) then runs
     on this machine alone, counting its GPUs (unknown here: the world is this process's), or

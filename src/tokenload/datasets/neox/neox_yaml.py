@@ -229,7 +229,10 @@ def neox_config_from_yaml(
     ``num_nodes`` and ``num_gpus`` (``neox_launch``), else this process's world, divided by pipe
     x model parallel sizes, as NeoX); ``world_size``: the job's GPUs instead (NeoX's
     ``global_num_gpus``, which it divides by pipe x model parallel sizes);
-    ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``.
+    ``eod_id``: the tokenizer's end-of-document id, needed with ``eod_mask_loss``. ``extras``
+    holds the data-parallel size that applies (None where the job's is unknown: a lone process
+    without ``global_num_gpus`` or a launcher count), the batch keys, the loader's settings and
+    the tokenizer files.
     """
     for name, value in (("data_parallel_size", data_parallel_size), ("world_size", world_size)):
         if value is not None and (
@@ -279,7 +282,12 @@ def neox_config_from_yaml(
     if sizes == [None, None, None]:
         fields["num_epochs"] = 1
     micro, steps = _neox_batches(conf, data_parallel_size)
+    known = _dp_known(conf, data_parallel_size)
     extras = {
+        # the job's data-parallel size: given, or the job's GPUs (global_num_gpus, the launcher's
+        # count, world_size=, a launched rank's world) over pipe x model; None in a lone process
+        # without them, whose sizes take a world of 1
+        "data_parallel_size": _neox_dp(conf, data_parallel_size) if known else None,
         "train_batch_size": batch,
         # the loader's micro batch (None where only train_batch_size is given and the job's
         # data-parallel size is unknown); train_epochs: run the one-epoch loader that many times
