@@ -25,11 +25,12 @@ Missing prefixes of a blend build in threads (NumPy's sorts and shuffles release
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, cast
@@ -204,7 +205,8 @@ class MegatronBuilder:
             with self._phase("index_load"):
                 found = read_manifest(manifest.path, manifest.key)
             if found is not None:
-                remedy = prepare_command(TypedConfig(c, self.options), sizes)
+                # the hint's command, made only if an array turns out damaged (it stats a folder)
+                remedy = functools.partial(prepare_command, TypedConfig(c, self.options), sizes)
                 return [None if e is None else self._from_entry(e, remedy) for e in found["splits"]]
         # Per-split blends describe themselves with a null split (Megatron spoofs it internally).
         split = MOCK_SPLIT if c.mock else (None if c.blend_per_split is not None else c.split)
@@ -254,7 +256,9 @@ class MegatronBuilder:
         return [None if b is None else b.dataset for b in built]
 
     # -- datasets from a manifest ---------------------------------------------------------------
-    def _from_entry(self, entry: Mapping[str, Any], remedy: str) -> GPTDataset | BlendedDataset:
+    def _from_entry(
+        self, entry: Mapping[str, Any], remedy: Callable[[], str]
+    ) -> GPTDataset | BlendedDataset:
         """A dataset of a build manifest's entry; ``remedy``: the prepare-cache command of the
         build, for the hint of a damaged array."""
         folder = self.options.path_to_cache

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,7 @@ class IndexArrays:
         paths: dict[str, str] | None = None,
         shapes: dict[str, tuple[int, ...]] | None = None,
         digests: dict[str, str] | None = None,
-        remedy: str | None = None,
+        remedy: Callable[[], str] | None = None,
     ) -> None:
         if (arrays is None) == (paths is None):
             raise ValueError("give either arrays or paths")
@@ -68,10 +69,11 @@ class IndexArrays:
         """The xxh3-64 each mapped file's data must have (a build manifest's), checked as it is
         first mapped in a process; without them, the cache's sidecar's (``map_array``)."""
         self.remedy = remedy
-        """The command that prepares these caches again, for the hint of a damaged or unreadable
-        array (a load under ``build_policy="none"`` from a build manifest, which probes no file,
-        so deleting the damaged files would not make it name the command); None: the hint of any
-        policy (``caches.DAMAGED_HINT``)."""
+        """Makes the command that prepares these caches again, for the hint of a damaged or
+        unreadable array (a load under ``build_policy="none"`` from a build manifest, which
+        probes no file, so deleting the damaged files would not make it name the command); made
+        only then (it looks at the cache folder: no system call at startup). None: the hint of
+        any policy (``caches.DAMAGED_HINT``)."""
         self._pid = os.getpid()
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -116,7 +118,7 @@ class IndexArrays:
             return DAMAGED_HINT
         return (
             "delete the cache files of this hash (same name up to '-{array}.npy') and prepare them"
-            f" again with: {self.remedy}"
+            f" again with: {self.remedy()}"
         )
 
     def __getstate__(self) -> dict[str, Any]:
