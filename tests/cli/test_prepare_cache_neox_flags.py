@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from support import run_cli, write_documents
-from tokenload.cli.cache import NEOX_MEGATRON_ORDER, NEOX_REFUSES, NEOX_TAKES
+from tokenload.cli.cache_neox import NEOX_MEGATRON_ORDER, NEOX_REFUSES, NEOX_TAKES
 from tokenload.cli.main import build_parser, main, subcommand_parser
 
 

@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-from ..errors import CacheError, ConfigError
-from ..format import TokenFile
-from ..format.sequences import counts_of, unique_prefixes, write_sequences
+from ..errors import ConfigError
+from ..format.sequences import counts_of, write_sequences
 from ..index import Blend
 from ..megatron_args import (
     LEGACY_SPLIT,
-    TOKENIZER_VALUE_FLAGS,
     Batches,
     batch_flags,
     batches,
@@ -45,50 +40,22 @@ from ..megatron_args import (
     tokenizer_identity,
     tokenload_flags,
 )
-from ..storage import is_url
-from ..storage.upload import list_objects
-
-#: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
-_LAUNCHER_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "SLURM_PROCID",
-    "SLURM_NTASKS",
-    "SLURM_LOCALID",
-    "SLURM_NTASKS_PER_NODE",
-    "SLURM_NODEID",
+from .cache_build import (
+    build_here,
+    check_cache_folder,
+    check_packing_flags,
+    listings,
+    open_all,
+    packing_flags,
+    prefixes_of,
+    report_result,
 )
 
 
+#: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     register_prepare_cache(sub)
     register_sequences(sub)
-
-
-# -- the blend flags both commands share ----------------------------------------------------------
-def _prefixes(blend: Blend | None, per_split: list[Blend | None] | None) -> list[str]:
-    blends = [blend] if blend is not None else list(per_split or [])
-    return unique_prefixes(b.prefixes if b is not None else None for b in blends)
-
-
-def _progress(items: list[str], what: str) -> Iterable[str]:
-    """A tqdm bar over ``items`` on a terminal; the plain list elsewhere (logs, pipes, tests)."""
-    if not sys.stderr.isatty():
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, desc=what, unit="prefix", file=sys.stderr)
-
-
-def _open_all(prefixes: list[str], what: str) -> Iterator[tuple[str, TokenFile]]:
-    """Each prefix's token file, opened (header read, sizes checked), under a progress bar."""
-    for prefix in _progress(prefixes, what):
-        token_file = TokenFile(prefix)
-        _ = token_file.header  # opens now: a missing or damaged file fails here, named
-        yield prefix, token_file
 
 
 # -- tokenload sequences --------------------------------------------------------------------------
@@ -115,8 +82,8 @@ def register_sequences(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def run_sequences(args: argparse.Namespace) -> int:
-    prefixes = _prefixes(*blends_of(args))
-    entries = {prefix: counts_of(tf) for prefix, tf in _open_all(prefixes, "reading headers")}
+    prefixes = prefixes_of(*blends_of(args))
+    entries = {prefix: counts_of(tf) for prefix, tf in open_all(prefixes, "reading headers")}
     write_sequences(args.per_dataset_sequences_path, entries)
     print(f"wrote {len(entries)} prefixes to {args.per_dataset_sequences_path}")
     return 0
@@ -209,47 +176,11 @@ def register_prepare_cache(sub: argparse._SubParsersAction[argparse.ArgumentPars
     p.set_defaults(func=run_prepare_cache, megatron_job_flags=True, given_flags=())
 
 
-def packing_flags(g: argparse._ArgumentGroup) -> None:
-    """``--packing`` and ``--max-documents-per-row``: the job's packing (prepare-cache, explain,
-    where)."""
-    g.add_argument(
-        "--packing",
-        choices=("concat", "best-fit"),
-        default=None,  # concat (check_packing_flags): None tells the flag was not given
-        help="the job's MegatronDataConfig(packing=...): 'best-fit' reads rows of whole"
-        " documents (its own plan and caches) instead of Megatron's concatenated samples",
-    )
-    g.add_argument(
-        "--max-documents-per-row",
-        type=positive(int),
-        default=None,
-        metavar="N",
-        help="the job's max_documents_per_row (with --packing best-fit)",
-    )
-
-
-def check_packing_flags(args: argparse.Namespace) -> None:
-    """A cap on documents per row without packed rows is refused in the flags' words, before
-    anything is read or created. The provider's ``--tokenload-packing`` (prepare-cache) is
-    ``--packing``."""
-    provider = getattr(args, "tokenload_packing", None)
-    if args.packing is not None and provider is not None and args.packing != provider:
-        raise ConfigError(
-            f"--packing {args.packing} and --tokenload-packing {provider} disagree",
-            hint="give one of them (--tokenload-packing is the job's, from its command line)",
-        )
-    args.packing = args.packing or provider or "concat"
-    if args.max_documents_per_row is not None and args.packing != "best-fit":
-        raise ConfigError(
-            f"--max-documents-per-row {args.max_documents_per_row} applies to --packing"
-            f" best-fit only; --packing is {args.packing}",
-            hint="add --packing best-fit (the job's packing), or drop --max-documents-per-row",
-        )
-
-
 def run_prepare_cache(args: argparse.Namespace) -> int:
-    if args.neox_config:
-        return _prepare_neox(args)
+    if args.neox_config:  # a module of its own: its flags' rules and the NeoX import
+        from .cache_neox import prepare_neox
+
+        return prepare_neox(args)
     if args.order == "computed":
         print(
             "--order computed: the computed order uses no index cache; there is nothing to prepare"
@@ -269,8 +200,8 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     split = (args.split or LEGACY_SPLIT) if blend is not None else None
     config = _config(args, blend, per_split, split, identity, schedule)  # checked: nothing made
     _report_plan(args, counts, identity, split, schedule)
-    prefixes = _prefixes(blend, per_split)
-    for _ in _open_all(prefixes, "checking token files"):
+    prefixes = prefixes_of(blend, per_split)
+    for _ in open_all(prefixes, "checking token files"):
         pass
     # without --data-cache-path, Megatron's folder beside each token file, as the job's build
     from ..datasets.megatron.built import default_folder
@@ -281,347 +212,11 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
         else sorted({str(default_folder(None, p)) for p in prefixes})
     )
     if args.data_cache_path is not None:
-        _check_cache_folder(args.data_cache_path)  # the build makes it when it writes a file
-    before = _listings(folders)
-    datasets = _build(config, list(counts.samples))
-    result = _result(args, counts, identity, datasets, sorted(_listings(folders) - before))
-    _report_result(args, result, len(prefixes))
-    return 0
-
-
-# -- prepare-cache --neox-config ------------------------------------------------------------------
-NEOX_TAKES = (
-    "--neox-config",
-    "--json",
-    "--prepare-cache-world-size",
-    "--per-dataset-sequences-path",
-)
-"""The flags ``--neox-config`` takes in either order: the result's form, the job's GPUs (NeoX's
-``global_num_gpus``, which the config may lack) and the sequences JSON the job opens its files
-with (``sequences_path=``), none of which the NeoX config gives."""
-
-NEOX_MEGATRON_ORDER = ("--order", "--packing", "--max-documents-per-row", "--data-cache-path")
-"""The flags ``--neox-config`` takes with ``--order megatron``: the overrides of
-``imported.config(order="megatron", packing=..., max_documents_per_row=..., path_to_cache=...)``,
-the Megatron order's own fields, which the NeoX order (built in memory, unpacked) does not read."""
-
-_DATA = "the data (data_path and split, or train/valid/test_data_paths and their weights)"
-_LENGTHS = (
-    "the batch and the training length (train_batch_size or train_micro_batch_size_per_gpu,"
-    " gradient_accumulation_steps, train_iters or train_epochs, eval_iters, eval_interval), from"
-    " which NeoX's arithmetic gives the samples per split"
-)
-_PARALLEL = "the parallel sizes (pipe_parallel_size, model_parallel_size)"
-_TOKENIZER = (
-    "the tokenizer (tokenizer_type, vocab_file, merge_file); the caches of an imported NeoX"
-    " config are named without a tokenizer identity, as imported.config(order='megatron')"
-    " builds them"
-)
-_JOB_LINE = (
-    "a flag of a Megatron training command, and no cache depends on it: with --neox-config the"
-    " NeoX config is the job's"
-)
-
-#: ``--neox-config``'s refusals: the flag -> (what the NeoX config defines instead, or None;
-#: why the flag does not apply, or None; what to do besides dropping the flag, or ""). Every
-#: flag of prepare-cache is here, in NEOX_TAKES or in NEOX_MEGATRON_ORDER
-#: (tests/cli/test_prepare_cache_neox_flags.py).
-NEOX_REFUSES: dict[str, tuple[str | None, str | None, str]] = {
-    **{
-        flag: (
-            _DATA,
-            None,
-            "edit the NeoX config's data keys, or give Megatron's data flags without --neox-config",
-        )
-        for flag in (
-            "--data-path",
-            "--data-args-path",
-            "--train-data-path",
-            "--valid-data-path",
-            "--test-data-path",
-            "--per-split-data-args-path",
-            "--mock-data",
-        )
-    },
-    "--split": ("split", None, "edit split in the NeoX config"),
-    "--seq-length": ("seq_length", None, "edit seq_length in the NeoX config"),
-    "--seed": ("seed", None, "edit seed in the NeoX config"),
-    **{
-        flag: (
-            _LENGTHS,
-            None,
-            "edit those keys in the NeoX config; --prepare-cache-world-size N"
-            " gives the job's GPUs where the config does not count them",
-        )
-        for flag in (
-            "--global-batch-size",
-            "--micro-batch-size",
-            "--train-iters",
-            "--train-samples",
-            "--step-batch-size-schedule",
-            "--rampup-batch-size",
-            "--eval-iters",
-            "--eval-interval",
-            "--start-eval-at-iter",
-            "--eval-global-batch-size",
-            "--eval-micro-batch-size",
-            "--skip-train",
-            "--full-validation",
-            "--train-valid-test-num-samples",
-        )
-    },
-    **{
-        flag: (
-            _PARALLEL,
-            None,
-            "edit those keys in the NeoX config; --prepare-cache-world-size N gives the job's GPUs",
-        )
-        for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size")
-    },
-    "--context-parallel-size": (
-        None,
-        "GPT-NeoX has no context parallelism: its data-parallel size is the job's GPUs over"
-        " pipe_parallel_size x model_parallel_size",
-        "--prepare-cache-world-size N gives the job's GPUs",
-    ),
-    "--weights-schedule": (
-        None,
-        "the NeoX config's data weights blend its data for the whole run (GPT-NeoX has no"
-        " weights schedule)",
-        "edit the data weights in the NeoX config to change the blend",
-    ),
-    "--mid-level-dataset-surplus": (
-        None,
-        "an imported NeoX config keeps NeoX's blend surplus (0.005: its 1.005), in either order",
-        "",
-    ),
-    "--no-add-extra-token": (
-        None,
-        "NeoX's samples hold seq_length + 1 tokens (its text), in either order",
-        "",
-    ),
-    "--no-drop-last-partial-validation-sequence": (
-        None,
-        "the NeoX import does not read it: an imported config keeps its default, in either order",
-        "",
-    ),
-    "--eod-mask-loss": ("eod_mask_loss", None, "edit eod_mask_loss in the NeoX config"),
-    **{
-        flag: (
-            None,
-            "Megatron's item flags: a NeoX job has none, and no cache depends on them",
-            "",
-        )
-        for flag in (
-            "--no-create-attention-mask-in-dataloader",
-            "--reset-position-ids",
-            "--reset-attention-mask",
-        )
-    },
-    **{
-        flag: (_TOKENIZER, None, "")
-        for flag in (
-            "--tokenizer-identity",
-            "--tokenizer-type",
-            "--vocab-size",
-            "--null-tokenizer-eod-id",
-            "--null-tokenizer-pad-id",
-            *TOKENIZER_VALUE_FLAGS,
-        )
-    },
-    "--num-workers": ("num_workers", None, "edit num_workers in the NeoX config"),
-    **{
-        flag: (None, _JOB_LINE, "")
-        for flag in (
-            "--dataloader-fast-cache-load",
-            "--dataloader-defer-npy-index-mmap",
-            "--no-mmap-bin-files",
-            "--dataloader-inter-document-masking",
-            "--dataloader-type",
-            "--tokenload-dataloader-type",
-        )
-    },
-    "--tokenload-packing": (
-        None,
-        _JOB_LINE,
-        "--order megatron --packing is the packing of prepared caches",
-    ),
-}
-
-_NEOX_ORDER_ONLY = (
-    "NeoX's order builds its indices in memory on every rank: it reads and writes no cache and"
-    " packs no rows"
-)
-
-
-def _neox_refusal(flag: str, megatron: bool) -> ConfigError | None:
-    """The error for ``flag`` given with ``--neox-config`` (``megatron``: with ``--order
-    megatron``), or None where it is taken."""
-    if flag in NEOX_TAKES or (megatron and flag in NEOX_MEGATRON_ORDER):
-        return None
-    if flag in NEOX_MEGATRON_ORDER:
-        return ConfigError(
-            f"{flag} does not apply to --neox-config in NeoX's order: {_NEOX_ORDER_ONLY}",
-            hint=f"add --order megatron to prepare the Megatron order's caches of this config"
-            f" (imported.config(order='megatron', ...)), or drop {flag}",
-        )
-    defined, why, advice = NEOX_REFUSES.get(flag, (None, "not a flag of a NeoX job", ""))
-    hint = f"drop {flag}; {advice}" if advice else f"drop {flag}"
-    if defined is not None:
-        return ConfigError(
-            f"{flag} is refused with --neox-config: the NeoX config defines {defined}", hint=hint
-        )
-    return ConfigError(f"{flag} does not apply with --neox-config: {why}", hint=hint)
-
-
-def _check_neox_flags(args: argparse.Namespace) -> bool:
-    """The flags given with ``--neox-config`` (``args.given_flags``), each taken or refused with
-    what the NeoX config defines instead, or why it does not apply; True for ``--order megatron``
-    (the Megatron order's caches), False for NeoX's order (nothing to prepare)."""
-    given = list(args.given_flags)
-    if "--order" in given and args.order == "computed":
-        raise ConfigError(
-            "--order computed with --neox-config: the computed order uses no index cache, so"
-            " there is nothing to prepare",
-            hint="drop --order (the config is checked and built once in NeoX's order), or pass"
-            " --order megatron to prepare the Megatron order's caches",
-        )
-    megatron = "--order" in given
-    refused = [(f, e) for f in given if (e := _neox_refusal(f, megatron)) is not None]
-    if refused:
-        error = refused[0][1]
-        if len(refused) > 1:
-            others = ", ".join(f for f, _ in refused[1:])
-            error = ConfigError(f"{error.message} (also refused: {others})", hint=error.hint)
-        raise error
-    return megatron
-
-
-def _prepare_neox(args: argparse.Namespace) -> int:
-    """A NeoX job's data: in NeoX's order, checked (the YAML's data keys become a configuration
-    whose indices tokenload builds in memory on every rank, no cache file to prepare; the build
-    runs once here so that a wrong path, split or key fails now rather than on every rank); with
-    ``--order megatron``, the Megatron order's caches of that data, prepared."""
-    import time
-
-    from ..datasets import build_datasets
-    from ..datasets.neox.neox_yaml import neox_config_from_yaml
-
-    megatron = _check_neox_flags(args)
-    for name in _LAUNCHER_VARS:  # one process (a world of 1 unless the config names its own)
-        os.environ.pop(name, None)
-    # without --prepare-cache-world-size: the config's global_num_gpus, else NeoX's launcher
-    # count from its hostfile, num_nodes and num_gpus (neox_launch), where NeoX has one
-    given = "--prepare-cache-world-size" in args.given_flags
-    imported = neox_config_from_yaml(  # the job's GPUs: NeoX divides them by pipe x model
-        args.neox_config, world_size=args.prepare_cache_world_size if given else None
-    )
-    overrides: dict[str, Any] = {}
-    if args.per_dataset_sequences_path is not None:
-        overrides["sequences_path"] = args.per_dataset_sequences_path
-    if megatron:
-        return _prepare_neox_megatron(args, imported, overrides)
-    start = time.perf_counter()
-    datasets = build_datasets(imported.config(**overrides), imported.sizes)
-    lengths = {
-        name: None if ds is None else len(ds)
-        for name, ds in zip(("train", "valid", "test"), datasets)
-    }
-    result = {
-        "order": "neox",
-        "train_valid_test_num_samples": list(imported.sizes),
-        **{f"{name}_dataset_length": n for name, n in lengths.items()},
-        "build_seconds": round(time.perf_counter() - start, 3),
-        "files_written": [],
-    }
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-        return 0
-    print(
-        f"GPT-NeoX config {' '.join(args.neox_config)}: samples (train, valid, test)"
-        f" {list(imported.sizes)}"
-    )
-    print(
-        "  "
-        + ", ".join(
-            f"{name} {n:,}" if n is not None else f"{name} none" for name, n in lengths.items()
-        )
-    )
-    print(
-        "nothing to prepare: tokenload builds NeoX's order in memory on every rank,"
-        f" {result['build_seconds']} s"
-        " here for this configuration (no cache file is read or written; --order megatron"
-        " prepares the caches of this data in the Megatron order)"
-    )
-    return 0
-
-
-def _prepare_neox_megatron(
-    args: argparse.Namespace, imported: Any, overrides: dict[str, Any]
-) -> int:
-    """``--neox-config --order megatron``: the caches of ``imported.config(order="megatron",
-    packing=..., max_documents_per_row=..., path_to_cache=...)``, which a job given the same
-    overrides and ``build_policy="none"`` loads."""
-    check_packing_flags(args)
-    config = imported.config(
-        order="megatron",
-        packing=args.packing,
-        max_documents_per_row=args.max_documents_per_row,
-        path_to_cache=args.data_cache_path,
-        build_policy="rank0",
-        **overrides,
-    )
-    data = config.data_config()
-    per_split = None if data.blend_per_split is None else list(data.blend_per_split)
-    prefixes = _prefixes(data.blend, per_split)
-    if not args.json:
-        print(
-            f"GPT-NeoX config {' '.join(args.neox_config)}, in the Megatron order (packing"
-            f" {args.packing}): samples (train, valid, test) {list(imported.sizes)}"
-        )
-        folder = args.data_cache_path or "Megatron's default: PREFIX/cache/GPTDataset_indices"
-        print(f"  cache folder        {folder}")
-        if imported.fields.get("weight_by_num_documents"):
-            print(
-                "  note                weight_by_num_documents is NeoX's order's: the Megatron"
-                " order blends by the config's data weights"
-            )
-    for _ in _open_all(prefixes, "checking token files"):
-        pass
-    from ..datasets.megatron.built import default_folder
-
-    folders = (
-        [args.data_cache_path]
-        if args.data_cache_path is not None
-        else sorted({str(default_folder(None, p)) for p in prefixes})
-    )
-    if args.data_cache_path is not None:
-        _check_cache_folder(args.data_cache_path)
-    before = _listings(folders)
-    datasets = _build(config, list(imported.sizes))
-    lengths = {
-        name: None if ds is None else len(ds)
-        for name, ds in zip(("train", "valid", "test"), datasets)
-    }
-    result = {
-        "order": "megatron",
-        "packing": args.packing,
-        "max_documents_per_row": args.max_documents_per_row,
-        "train_valid_test_num_samples": list(imported.sizes),
-        **{f"{name}_dataset_length": n for name, n in lengths.items()},
-        "data_cache_path": args.data_cache_path,
-        "files_written": sorted(_listings(folders) - before),
-    }
-    _report_result(args, result, len(prefixes))
-    if not args.json:
-        keywords = [f"order='megatron', packing={args.packing!r}"]
-        if args.max_documents_per_row is not None:
-            keywords.append(f"max_documents_per_row={args.max_documents_per_row}")
-        if args.data_cache_path is not None:
-            keywords.append(f"path_to_cache={args.data_cache_path!r}")
-        print(
-            f"  the job loads them with imported.config({', '.join(keywords)}, build_policy='none')"
-        )
+        check_cache_folder(args.data_cache_path)  # the build makes it when it writes a file
+    before = listings(folders)
+    datasets = build_here(config, list(counts.samples))
+    result = _result(args, counts, identity, datasets, sorted(listings(folders) - before))
+    report_result(args, result, len(prefixes))
     return 0
 
 
@@ -725,26 +320,6 @@ def _config(
     )
 
 
-def _build(config: Any, samples: list[int | None]) -> tuple[Any, Any, Any]:
-    from ..datasets import build_datasets
-
-    # one process of rank 0, whatever launcher started it (as Megatron's tool)
-    for name in _LAUNCHER_VARS:
-        os.environ.pop(name, None)
-    try:
-        return build_datasets(config, samples)
-    except CacheError as exc:
-        if not exc.message.startswith("cannot write the index cache"):
-            raise
-        # the library's hint offers an in-memory build: no way out for a command that writes
-        raise CacheError(
-            exc.message,
-            path=exc.path,
-            hint="free space on that filesystem, or pass another --data-cache-path (the"
-            " training job's, which reads the caches there)",
-        ) from None
-
-
 def _schedule_from(text: str | None) -> list[Any] | None:
     """``--weights-schedule``: JSON text, or a file of it (checked by the config)."""
     if text is None:
@@ -759,49 +334,6 @@ def _schedule_from(text: str | None) -> list[Any] | None:
     from ..index.schedule import check_schedule
 
     return list(check_schedule(value, what=source))
-
-
-def _check_cache_folder(folder: str) -> None:
-    """A local cache folder that exists is a folder; a missing one is made with its parents by
-    the build, when it writes the first cache file (so a command that fails first makes none)."""
-    if is_url(folder):
-        return
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise ConfigError(
-            f"--data-cache-path {folder!r} is a file, not a folder",
-            path=folder,
-            hint="pass the training job's cache folder",
-        )
-    if os.path.isdir(folder):
-        return
-    above = os.path.dirname(os.path.abspath(folder))  # the folder it would be made in
-    while not os.path.exists(above) and os.path.dirname(above) != above:
-        above = os.path.dirname(above)
-    if not os.path.isdir(above) or not os.access(above, os.W_OK | os.X_OK):
-        what = "is a file" if not os.path.isdir(above) else "cannot be written"
-        raise ConfigError(
-            f"cannot write the cache folder {folder!r}: {above!r} {what}; expected a folder"
-            " that can be made there",
-            path=folder,
-            hint="pass a --data-cache-path in a writable folder (the training job's)",
-        )
-
-
-def _listing(folder: str) -> set[str]:
-    """Names of the files in ``folder``, local or in object storage."""
-    if is_url(folder):
-        return {url.rsplit("/", 1)[1] for url in list_objects(folder)}
-    try:
-        return set(os.listdir(folder))
-    except FileNotFoundError:
-        return set()
-
-
-def _listings(folders: list[str]) -> set[str]:
-    """The files of one folder by name, of several by path."""
-    if len(folders) == 1:
-        return _listing(folders[0])
-    return {os.path.join(f, name) for f in folders for name in _listing(f)}
 
 
 def _result(
@@ -876,12 +408,3 @@ def _report_plan(
     if ignored:
         names = ", ".join("--" + f.replace("_", "-") for f in ignored)
         print(f"  note                {names}: item flags, no effect on the caches")
-
-
-def _report_result(args: argparse.Namespace, result: dict[str, Any], prefixes: int) -> None:
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(f"finished: {prefixes} token files, {len(result['files_written'])} files written")
-    for name in ("train", "valid", "test"):
-        print(f"  {name + ' dataset length':<22}{result[f'{name}_dataset_length']}")

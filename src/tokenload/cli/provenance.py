@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import CacheError, ConfigError, require
 from ..megatron_args import batch_flags, blend_flags, blends_of, item_flags
 from .args import at_least, positive
-from .cache import packing_flags
+from .cache_build import packing_flags
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -116,7 +116,8 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
 def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]:
     """The train dataset, the loader state, and the job's sample counts."""
     from ..datasets import MegatronDataConfig, build_datasets
-    from .cache import _counts, _schedule_from, check_packing_flags
+    from .cache import _counts, _schedule_from
+    from .cache_build import check_packing_flags
     from .state import find_state, read
 
     if args.seq_length is None:
