@@ -226,10 +226,11 @@ def test_a_weighted_blend_is_diagnosed_with_and_without_a_train_size(tmp_path):
         out = run_cli("doctor", "--data-path", *blend, "--seq-length", "64", "--steps", "6", *flags)
         assert out.returncode in (0, 1) and out.stderr == "", out.stderr
         assert "[startup]" in out.stdout and "[packing]" in out.stdout
-    f = packing_figures([TokenFile(p).sequence_lengths for p in prefixes], 64, weights=[30, 70])
+    train = [TokenFile(p).sequence_lengths[: round(0.9 * TokenFile(p).num_sequences)] for p in prefixes]
+    f = packing_figures(train, 64, weights=[30, 70])  # the train split of 90,5,5
     packing = _finding(out.stdout, "packing")
     stated = (
-        f"concatenation cuts {f['concat_cut']:,} of {f['documents']:,} documents,"
+        f"concatenation cuts {f['concat_cut']:,} of the train split's {f['documents']:,} documents,"
         f" {f['concat_cut_short']:,} of the {f['short']:,} that fit one row"
         f" ({f['concat_cut_short'] / f['short']:.1%})"
     )
@@ -333,3 +334,54 @@ def test_a_compare_folder_or_plot_path_that_cannot_work_is_refused_before_measur
         assert out.returncode == 2 and words in out.stderr, out.stderr
         assert "[" not in out.stdout, out.stdout  # no finding: nothing was measured
     assert list(folder.iterdir()) == []
+
+
+def _cut_by_concatenation(lengths, seq_length):
+    """Documents no sample holds whole, walking the stream: Megatron's sample k holds its tokens
+    [k S, k S + S + 1)."""
+    position, cut = 0, 0
+    for n in lengths:
+        if n == 0:
+            continue
+        first = position // seq_length
+        cut += not any(k * seq_length <= position and position + n <= k * seq_length + seq_length + 1
+                       for k in range(first + 1))
+        position += n
+    return cut
+
+
+def test_packing_is_measured_on_the_train_split_as_the_job_trains_on_it(tmp_path):
+    """The packing finding counted the whole token file, whatever the split (a user's 98,2,0
+    and 50,50,0 both said "cuts 251 of 290 documents"): it counts the train split's documents,
+    the first round(share x 290) by Megatron's rule, and states the padding and documents per
+    row the loader serves on that train split, in either order."""
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.format import TokenFile
+    from tokenload.loader import build_dataloader
+
+    prefix = _corpus(tmp_path / "data", documents=290)
+    lengths = TokenFile(prefix).sequence_lengths.tolist()
+    stated = {}
+    for split, train_share in (("98,2,0", 0.98), ("50,50,0", 0.5)):
+        train = lengths[: round(train_share * len(lengths))]  # Megatron's split of 290 sequences
+        cut = _cut_by_concatenation(train, 64)
+        for order in ("megatron", "computed"):
+            out = run_cli("doctor", "--data-path", prefix, "--seq-length", "64", "--split", split, "--steps", "2",
+                          "--order", order, "--packing", "best-fit")
+            packing = _finding(out.stdout, "packing")
+            assert f"concatenation cuts {cut} of the train split's {len(train)} documents," in packing, packing
+            config = MegatronDataConfig(sequence_length=64, blend=[prefix], split=split, order=order,
+                                        packing="best-fit")
+            loader = build_dataloader(build_datasets(config, [None, None, None])[0], micro_batch_size=4,
+                                      num_workers=0)
+            for _ in loader:  # one epoch of the train split's rows
+                pass
+            served = loader.metrics()["packing"]
+            median, p99 = served["documents_per_row"]["p50"], served["documents_per_row"]["p99"]
+            assert (
+                f"pads {served['padding_share']:.2%} of the slots, {median} document{'s' if median != 1 else ''}"
+                f" per row at the median (p99 {p99})"
+            ) in packing, packing
+            stated[split, order] = packing.split("; best-fit")[0]
+    assert stated["98,2,0", "megatron"] != stated["50,50,0", "megatron"]
+    assert stated["98,2,0", "megatron"] == stated["98,2,0", "computed"]

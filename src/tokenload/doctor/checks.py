@@ -544,17 +544,31 @@ def packing_figures(
     }
 
 
-def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> None:
-    """Would packing help: the documents concatenation cuts at this S against best-fit's, its
-    padding and documents per row, on up to ``PACKING_SAMPLE`` documents per prefix."""
+def train_documents(config: DoctorConfig, prefix: str) -> Any:
+    """The lengths of the documents (sequences) of ``prefix`` in the job's train split, in file
+    order: ``[begin, end)`` by Megatron's split rule (``index.split_range`` of the split matrix's
+    train bookend), the documents ``build_datasets`` gives the train split in either order."""
     import numpy as np
 
     from ..format import TokenFile
+    from ..index import split_matrix, split_range
 
-    parts = []
-    for prefix in prefixes:
-        lengths = TokenFile(prefix).sequence_lengths
-        parts.append(np.asarray(lengths[:PACKING_SAMPLE], dtype=np.int64))
+    lengths = TokenFile(prefix).sequence_lengths
+    bookend = split_matrix(config.split)[0]
+    begin, end = (0, 0) if bookend is None else split_range(bookend, len(lengths))
+    return np.asarray(lengths[begin:end], dtype=np.int64)
+
+
+def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> None:
+    """Would packing help: the documents concatenation cuts at this S against best-fit's, its
+    padding and documents per row, on the train split's documents (``train_documents``: the
+    ones the job trains on, whatever the other splits hold), up to ``PACKING_SAMPLE`` per
+    prefix. They are taken in file order: the computed order's stream; the Megatron order
+    concatenates the same documents in its shuffled document order, which moves the cuts
+    without changing how many there are by much."""
+    parts = [train_documents(config, prefix) for prefix in prefixes]
+    sampled = any(part.size > PACKING_SAMPLE for part in parts)
+    parts = [part[:PACKING_SAMPLE] for part in parts]
     from ..index import parse_blend
 
     blend = parse_blend(config.data_path)
@@ -565,10 +579,11 @@ def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> 
     f = packing_figures(parts, config.seq_length, weights=weights)  # a row holds one source
     share = f["concat_cut_short"] / f["short"] if f["short"] else 0.0
     median = f"{f['per_row_p50']:.0f}"
+    first = f" (the first {PACKING_SAMPLE:,} of each prefix)" if sampled else ""
     measured = (
         f"at sequence length {config.seq_length}, concatenation cuts {f['concat_cut']:,} of"
-        f" {f['documents']:,} documents, {f['concat_cut_short']:,} of the {f['short']:,} that"
-        f" fit one row ({share:.1%});"
+        f" the train split's {f['documents']:,} documents{first}, {f['concat_cut_short']:,} of"
+        f" the {f['short']:,} that fit one row ({share:.1%});"
         f" best-fit packing cuts {f['packed_cut']:,} (only longer ones), pads"
         f" {f['padding_share']:.2%} of the slots,"
         f" {median} document{'' if median == '1' else 's'} per row at the median"
