@@ -385,3 +385,47 @@ def test_packing_is_measured_on_the_train_split_as_the_job_trains_on_it(tmp_path
             stated[split, order] = packing.split("; best-fit")[0]
     assert stated["98,2,0", "megatron"] != stated["50,50,0", "megatron"]
     assert stated["98,2,0", "megatron"] == stated["98,2,0", "computed"]
+
+
+def test_the_prepare_cache_command_is_the_jobs_own_when_given_its_length_flags(tmp_path):
+    """The doctor printed `prepare-cache ... --train-valid-test-num-samples epoch epoch epoch`,
+    whose caches a job run with --train-iters does not find (the names hold the sample counts):
+    given the job's length flags, it prints them, and the caches that command writes are the
+    ones the job loads, Megatron's counts computed here by hand."""
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.errors import CacheError
+
+    prefix = _corpus(tmp_path / "data")
+    cache = tmp_path / "cache"
+    job = ("--train-iters", "20", "--global-batch-size", "8", "--eval-interval", "10", "--eval-iters", "2")
+    common = ("--data-path", prefix, "--data-cache-path", cache, "--split", "90,8,2", "--seq-length", "64",
+              "--steps", "2")
+    out = run_cli("doctor", *common, *job)
+    stall = _finding(out.stdout, "startup")
+    command = re.search(r"fix: run `(mkdir -p [^`]* && tokenload prepare-cache [^`]*)`", stall).group(1)
+    assert "--train-iters 20 --global-batch-size 8 --eval-iters 2 --eval-interval 10" in command, command
+    assert "--train-valid-test-num-samples" not in command and "--train-samples" not in command
+    prepared = run_shell(command)
+    assert prepared.returncode == 0, prepared.stderr
+    # Megatron's counts: train 20 x 8, valid (20 // 10 + 1) x 2 x 8, test 2 x 8
+    config = MegatronDataConfig(sequence_length=64, blend=[prefix], split="90,8,2", path_to_cache=str(cache),
+                                build_policy="none")
+    build_datasets(config, [160, 48, 16])  # loaded: build_policy="none" builds nothing
+    with pytest.raises(CacheError):
+        build_datasets(config, [None, None, None])  # the counts the doctor used to print
+    after = run_cli("doctor", *common, "--build-policy", "none", *job)
+    assert "[startup] ok: the index caches are prepared" in after.stdout, after.stdout + after.stderr
+    # without the job's flags the doctor counts one epoch per split: not the job's caches, and
+    # its command says so
+    bare = run_cli("doctor", *common, "--build-policy", "none")
+    stall = _finding(bare.stdout, "startup")
+    assert "PROBLEM" in stall and "--train-valid-test-num-samples epoch epoch epoch" in stall, stall
+    assert "a job with other counts does not find its caches" in stall
+    assert "Give the doctor the job's --train-iters (or --train-samples), --global-batch-size" in stall
+
+
+def test_the_jobs_length_flags_need_its_global_batch(tmp_path):
+    prefix = _corpus(tmp_path / "data")
+    out = run_cli("doctor", "--data-path", prefix, "--train-iters", "20", *FAST)
+    assert out.returncode == 2 and "need its --global-batch-size" in out.stderr, out.stderr
+    assert "[" not in out.stdout

@@ -7,7 +7,7 @@ import argparse
 import os
 
 from ..errors import ConfigError
-from .args import positive
+from .args import at_least, positive
 from .vocabulary import to_flags
 
 
@@ -34,6 +34,35 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="samples of the train split, as the job asks them (default: one epoch; for a"
         " weighted blend one pass over its train tokens, valid and test built empty)",
+    )
+    lengths = p.add_argument_group(
+        "the job's length flags (Megatron's)",
+        "with them the three splits are sized as the job sizes them (train = iterations x global"
+        " batch or --train-samples; valid = (iterations // eval interval + 1) x eval iterations x"
+        " global batch; test = eval iterations x global batch), as tokenload prepare-cache"
+        " computes them: the doctor looks for the job's own caches, whose names hold these"
+        " counts, and prints the prepare-cache command with these flags",
+    )
+    lengths.add_argument(
+        "--train-iters", type=positive(int), default=None, help="the job's --train-iters"
+    )
+    lengths.add_argument(
+        "--global-batch-size",
+        type=positive(int),
+        default=None,
+        help="the job's --global-batch-size (needed with the other length flags)",
+    )
+    lengths.add_argument(
+        "--eval-iters",
+        type=at_least(int, 0),
+        default=None,
+        help="the job's --eval-iters (default: Megatron's, 100)",
+    )
+    lengths.add_argument(
+        "--eval-interval",
+        type=positive(int),
+        default=None,
+        help="the job's --eval-interval (needed with the other length flags)",
     )
     p.add_argument("--seed", type=int, default=1234, help="the job's --seed")
     p.add_argument(
@@ -111,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
         data_cache_path=args.data_cache_path,
         split=args.split,
         train_samples=args.train_samples,
+        train_iters=args.train_iters,
+        global_batch_size=args.global_batch_size,
+        eval_iters=args.eval_iters,
+        eval_interval=args.eval_interval,
         seed=args.seed,
         build_policy=args.build_policy,
         order=args.order,

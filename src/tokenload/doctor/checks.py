@@ -8,7 +8,9 @@ thresholds are the judgement, and live here with it.
 
 from __future__ import annotations
 
+import argparse
 import os
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ from .report import DoctorConfig, Finding, Report
 if TYPE_CHECKING:
     from ..datasets import MegatronDataConfig
     from ..loader.report import WorkersReport
+    from ..megatron_args import Batches
 
 #: Opens + stats per rank above which a startup counts as a burst: a manifest load makes 1-2
 #: (one more with a sequences JSON), a per-dataset cache check about 13 per dataset.
@@ -82,6 +85,9 @@ def _sizes(config: DoctorConfig) -> list[int | None]:
     ``seq_length`` (what a job whose train length is one epoch of its data would ask)."""
     from ..index import parse_blend
 
+    job = job_counts(config)
+    if job is not None:
+        return list(job.samples)
     blend = parse_blend(config.data_path)
     if blend is None or blend.weights is None:
         return [config.train_samples, None, None]
@@ -89,6 +95,67 @@ def _sizes(config: DoctorConfig) -> list[int | None]:
     if train is None:
         train = _one_pass(config, blend.prefixes)
     return [train, 0, 0]
+
+
+#: The Megatron length flags of a job, in the order the prepare-cache command prints them.
+_LENGTH_FIELDS = (
+    "train_iters",
+    "train_samples",
+    "global_batch_size",
+    "eval_iters",
+    "eval_interval",
+)
+#: Megatron's ``--eval-iters`` when the job does not give it.
+MEGATRON_EVAL_ITERS = 100
+
+
+def _job_mode(config: DoctorConfig) -> bool:
+    """Whether the job's Megatron length flags size the splits (any but ``train_samples``)."""
+    return any(getattr(config, f) is not None for f in _LENGTH_FIELDS if f != "train_samples")
+
+
+def job_counts(config: DoctorConfig) -> Batches | None:
+    """The job's samples per split by Megatron's arithmetic (``megatron_args.batches``, as
+    ``tokenload prepare-cache`` computes them from the same flags; one process, no
+    model parallelism: the global batch is given), or None without the job's length flags."""
+    if not _job_mode(config):
+        return None
+    if config.global_batch_size is None:
+        raise ConfigError(
+            "the job's length flags (--train-iters, --eval-iters, --eval-interval) need its"
+            " --global-batch-size: Megatron's sample counts are iterations x global batch",
+            hint="pass the job's --global-batch-size",
+        )
+    if config.eval_interval is None:
+        raise ConfigError(
+            "the job's length flags need its --eval-interval: Megatron sizes the valid split as"
+            " (iterations // eval interval + 1) x eval iterations x global batch",
+            hint="pass the job's --eval-interval (any, with --eval-iters 0, for a job that never"
+            " evaluates)",
+        )
+    from ..megatron_args import batches
+
+    args = argparse.Namespace(
+        seq_length=config.seq_length,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        context_parallel_size=1,
+        prepare_cache_world_size=1,
+        rampup_batch_size=None,
+        step_batch_size_schedule=None,
+        global_batch_size=config.global_batch_size,
+        micro_batch_size=None,  # the doctor's is the loader's, not checked against the batch
+        train_iters=config.train_iters,
+        train_samples=config.train_samples,
+        skip_train=False,
+        full_validation=False,
+        eval_iters=MEGATRON_EVAL_ITERS if config.eval_iters is None else config.eval_iters,
+        eval_interval=config.eval_interval,
+        start_eval_at_iter=None,
+        eval_global_batch_size=None,
+        eval_micro_batch_size=None,
+    )
+    return batches(args)
 
 
 def _one_pass(config: DoctorConfig, prefixes: tuple[str, ...]) -> int:
@@ -157,7 +224,7 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
                     seconds,
                     computed[1],
                     "every rank builds every index at every start",
-                    _prepare_command(config),
+                    _prepare_advice(config),
                 )
             )
         else:
@@ -188,7 +255,7 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
             ),
             "every-rank": "every rank builds every index at every start",
         }[policy]
-        report.findings.append(_stall(policy, seconds, computed[1], what, _prepare_command(config)))
+        report.findings.append(_stall(policy, seconds, computed[1], what, _prepare_advice(config)))
     report.timeline = [(name, s) for name, s in phases.items()]
     _check_io(config, opens, stats, report)
     return train
@@ -245,23 +312,84 @@ def _check_cache_trust(config: DoctorConfig, report: Report) -> None:
         )
 
 
+#: The length flags a prepare-cache command line carries (``prepare_command``'s), and how many
+#: values each takes.
+_COMMAND_LENGTH_FLAGS = {
+    "--global-batch-size": 1,
+    "--train-samples": 1,
+    "--train-iters": 1,
+    "--eval-iters": 1,
+    "--eval-interval": 1,
+    "--full-validation": 0,
+    "--train-valid-test-num-samples": 3,
+}
+
+
 def _prepare_command(config: DoctorConfig) -> str:
+    """The ``tokenload prepare-cache`` command of the job's caches: with the job's own length
+    flags when the doctor has them (the same sample counts, so the same cache names), else with
+    the counts the doctor measured with."""
     from ..datasets.megatron.policy import prepare_command
 
-    return prepare_command(_data_config(config), _sizes(config))
+    command = prepare_command(_data_config(config), _sizes(config))
+    if not _job_mode(config):
+        return command
+    job = []
+    for name in _LENGTH_FIELDS:
+        value = getattr(config, name)
+        if name == "eval_iters" and value is None:
+            value = MEGATRON_EVAL_ITERS  # written out: the count depends on it
+        if value is not None:
+            job += [f"--{name.replace('_', '-')}", str(value)]
+    # the command's own length flags (the same counts, with a global batch of 1) give way to
+    # the job's, in their place
+    words = shlex.split(command)
+    cut = next(i for i in range(len(words)) if words[i : i + 2] == ["tokenload", "prepare-cache"])
+    args, kept, at, i = words[cut + 2 :], [], None, 0
+    while i < len(args):
+        values = _COMMAND_LENGTH_FLAGS.get(args[i])
+        if values is None:
+            kept.append(args[i])
+            i += 1
+        else:
+            at = len(kept) if at is None else at
+            i += 1 + values
+    at = len(kept) if at is None else at
+    line = shlex.join(["tokenload", "prepare-cache", *kept[:at], *job, *kept[at:]])
+    mkdir = words[: cut - 1] if cut else []  # "mkdir -p DIR &&" when the folder is not there
+    return f"{shlex.join(mkdir)} && {line}" if mkdir else line
 
 
-def _stall(policy: str, seconds: float, computed_s: float, what: str, command: str) -> Finding:
+def _prepare_advice(config: DoctorConfig) -> tuple[str, str]:
+    """How to prepare the job's caches, as (the command to run, a note on its sample counts):
+    the job's when the doctor has its length flags, else the doctor's, which a job whose
+    counts differ does not find (the caches' names hold them)."""
+    command = _prepare_command(config)
+    if _job_mode(config):
+        return f"`{command}` (the job's length flags: its sample counts, in the caches' names)", ""
+    return (
+        f"`{command}`",
+        ". That command's sample counts are the ones the doctor measured with, and the caches'"
+        " names hold them: a job with other counts does not find its caches. Give the doctor the"
+        " job's --train-iters (or --train-samples), --global-batch-size, --eval-iters and"
+        " --eval-interval for the command of the job's caches, or give prepare-cache those"
+        " flags in place of the counts (Megatron counts train = iters x batch, valid ="
+        " (iters // eval_interval + 1) x eval_iters x batch, test = eval_iters x batch)",
+    )
+
+
+def _stall(
+    policy: str, seconds: float, computed_s: float, what: str, advice: tuple[str, str]
+) -> Finding:
+    command, note = advice
     return Finding(
         "startup",
         True,
         f"no prepared index cache for this job: {what}; the build takes {seconds:.3f} s here on one"
         f" rank (build_policy={policy!r}), and grows with the data and the number of prefixes",
-        f"run `{command}` (tokenload prepare-cache with the job's flags) once, offline, then train"
-        " with"
+        f"run {command} once, offline, then train with"
         f' build_policy="none" (docs/SCALE.md); or use order="computed" (starts in {computed_s:.3f}'
-        " s here,"
-        " no index at all)",
+        f" s here, no index at all){note}",
     )
 
 

@@ -23,7 +23,21 @@ class DoctorConfig:
     train_samples: int | None = None
     """Samples of the train split (None: one epoch, as ``build_datasets``; for a weighted blend,
     one pass over its train tokens). A weighted blend's valid and test are built with size 0:
-    the doctor measures the train split."""
+    the doctor measures the train split. With the job's length flags below: its
+    ``--train-samples``."""
+    train_iters: int | None = None
+    """The job's ``--train-iters``. With it, ``global_batch_size``, ``eval_iters`` or
+    ``eval_interval``, the three splits are sized by Megatron's arithmetic, as ``tokenload
+    prepare-cache`` sizes them from the same flags (``megatron_args.batches``): the doctor then
+    looks for the job's own caches (their names hold the sample counts) and prints the
+    prepare-cache command with these flags."""
+    global_batch_size: int | None = None
+    """The job's ``--global-batch-size`` (needed with the other length flags, as is
+    ``eval_interval``)."""
+    eval_iters: int | None = None
+    """The job's ``--eval-iters`` (None: Megatron's default, 100)."""
+    eval_interval: int | None = None
+    """The job's ``--eval-interval``."""
     seed: int = 1234
     build_policy: str = "auto"
     order: str = "megatron"
