@@ -429,3 +429,57 @@ def test_the_jobs_length_flags_need_its_global_batch(tmp_path):
     out = run_cli("doctor", "--data-path", prefix, "--train-iters", "20", *FAST)
     assert out.returncode == 2 and "need its --global-batch-size" in out.stderr, out.stderr
     assert "[" not in out.stdout
+
+
+def test_exit_status_is_0_without_problems_1_with_2_on_an_error_130_interrupted_141_on_a_closed_pipe(
+        tmp_path, monkeypatch, capsys):
+    """The exit statuses docs/FEATURES.md ("Troubleshoot") and `tokenload doctor --help` list."""
+    import subprocess
+    import sys
+
+    import tokenload.doctor
+    from tokenload.cli.main import main
+    from tokenload.doctor.report import Finding, Report
+
+    prefix = _corpus(tmp_path / "data")
+    found: list[Finding] = []
+
+    def diagnose(config):
+        return Report(findings=list(found))
+
+    monkeypatch.setattr(tokenload.doctor, "diagnose", diagnose)
+    found[:] = [Finding("startup", False, "fine")]
+    assert main(["doctor", "--data-path", prefix, "--seq-length", "64"]) == 0
+    assert "no problem found" in capsys.readouterr().out
+    found.append(Finding("prefixes", True, "many", "merge them"))
+    assert main(["doctor", "--data-path", prefix, "--seq-length", "64"]) == 1
+    assert "1 problem(s)" in capsys.readouterr().out
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokenload.doctor, "diagnose", interrupted)
+    assert main(["doctor", "--data-path", prefix, "--seq-length", "64"]) == 130
+    assert "tokenload doctor: interrupted" in capsys.readouterr().err
+    # the real command: a problem found (no prepared cache for build_policy='none') is 1
+    none = run_cli("doctor", "--data-path", prefix, "--build-policy", "none", *FAST)
+    assert none.returncode == 1 and "PROBLEM" in none.stdout, none.stdout + none.stderr
+    # an error is 2, one line on stderr and no report: usage, a missing prefix, a bad value
+    for flags, words in (
+        (["--data-path", prefix, "--no-such-flag", *FAST], "--no-such-flag: no such flag"),
+        (["--data-path", tmp_path / "missing", *FAST], "missing"),
+        (["--data-path", prefix, "--seq-length", "0"], "must be greater than 0"),
+        (["--data-path", prefix, *FAST, "--split", "0,0,0"], "split"),
+    ):
+        out = run_cli("doctor", *flags)
+        assert out.returncode == 2 and words in out.stderr and "Traceback" not in out.stderr, out.stderr
+        assert "[" not in out.stdout, out.stdout
+    # a reader that has gone before the report is printed (`tokenload doctor ... | head`): 141
+    process = subprocess.Popen([sys.executable, "-m", "tokenload.cli.main", "doctor", "--data-path", prefix,
+                                "--order", "computed", *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.close()
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 141 and b"Traceback" not in err, err
+    usage = " ".join(run_cli("doctor", "--help").stdout.split())
+    assert "exit status: 0 no problem found; 1 one or more problems found" in usage
+    assert "2 an error" in usage and "130 interrupted" in usage and "141 the reader" in usage

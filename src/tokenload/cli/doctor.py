@@ -1,5 +1,7 @@
 """``tokenload doctor``: the scale guides' checklist, measured on this data and filesystem
-(``tokenload.doctor``); prints each finding with its fix. Exit status 1 when a problem is found."""
+(``tokenload.doctor``); prints each finding with its fix. Exit status (``EXIT_STATUS``): 0 no
+problem found, 1 problems found, 2 an error (``main``: usage, data, configuration, the plot's
+file), 130 interrupted, 141 the reader of the report gone."""
 
 from __future__ import annotations
 
@@ -10,10 +12,22 @@ from ..errors import ConfigError
 from .args import at_least, positive
 from .vocabulary import to_flags
 
+#: The exit statuses, as ``--help`` and docs/FEATURES.md ("Troubleshoot") list them: 0 and 1 are
+#: ``run``'s, the others ``main``'s, as for every command.
+EXIT_STATUS = (
+    "exit status: 0 no problem found; 1 one or more problems found (the report names them);"
+    " 2 an error, one line on stderr (a usage error, data or a configuration that cannot be"
+    " measured, a --compare or --plot path refused before measuring, or the plot not written"
+    " after the report); 130 interrupted; 141 the reader of the output gone (`| head`)"
+)
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "doctor", help="measure the scale guides' checklist on your data and print the fixes"
+        "doctor",
+        help="measure the scale guides' checklist on your data and print the fixes",
+        description="Measure the scale guides' checklist on your data and print the fixes.",
+        epilog=EXIT_STATUS,
     )
     p.add_argument(
         "--data-path",
