@@ -483,3 +483,37 @@ def test_exit_status_is_0_without_problems_1_with_2_on_an_error_130_interrupted_
     usage = " ".join(run_cli("doctor", "--help").stdout.split())
     assert "exit status: 0 no problem found; 1 one or more problems found" in usage
     assert "2 an error" in usage and "130 interrupted" in usage and "141 the reader" in usage
+
+
+def test_the_summary_line_says_what_each_problem_is_in_a_few_words(tmp_path, monkeypatch, capsys):
+    """The last line named the problems by key only ("2 problem(s) (io-burst, packing)"): each
+    comes with a few words on what it is, there and in `tokenload demo`'s line."""
+    prefix = _corpus(tmp_path / "data")
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", tmp_path / "cache", "--build-policy",
+                  "rank0", *FAST)
+    assert out.returncode == 1, out.stderr
+    opens, stats = map(int, re.search(r"\[io-burst\] PROBLEM: (\d+) opens and (\d+) stats", out.stdout).groups())
+    share = float(re.search(r"that fit one row \(([\d.]+)%\)", _finding(out.stdout, "packing")).group(1))
+    last = out.stdout.strip().splitlines()[-1]
+    assert last == (
+        "3 problem(s) found (startup: no prepared cache: indices built at startup;"
+        f" io-burst: {opens + stats} opens/stats per rank at startup;"
+        f" packing: concatenation cuts {share:.0f}% of documents that fit a row)"
+    ), last
+    # the demo's line (its doctor stubbed: the words are the findings')
+    import tokenload.cli.demo as demo
+    import tokenload.doctor
+    from tokenload.doctor.report import Finding, Report
+
+    report = Report(findings=[
+        Finding("io-burst", True, "10 opens and 3 stats", "a sequences JSON", "13 opens/stats per rank at startup"),
+        Finding("read-mode", False, "fine"),
+        Finding("packing", True, "cuts", "pack", "concatenation cuts 66% of documents that fit a row"),
+    ])
+    monkeypatch.setattr(tokenload.doctor, "diagnose", lambda config: report)
+    job = dict(prefix=prefix, seq_length=64, cache=None, split="100,0,0", sizes=[None], seed=1, sequences=None,
+               global_batch=8, step_ms=20.0)
+    demo._doctor(job, 2, "")
+    said = capsys.readouterr().out
+    assert ("2 problem(s) (io-burst: 13 opens/stats per rank at startup;"
+            " packing: concatenation cuts 66% of documents that fit a row) in") in said, said

@@ -313,7 +313,7 @@ def _launch(job: dict[str, Any], ranks: int, phase: str, title: str) -> bool:
 def _doctor(job: dict[str, Any], ranks: int, plot: str) -> None:
     """``tokenload doctor`` on the demo's data and prepared cache, as the ranks loaded them; its
     picture (the startup timeline, the data wait per step per worker count) to ``plot``."""
-    from ..doctor import DoctorConfig, diagnose
+    from ..doctor import DoctorConfig, diagnose, summary
     from ..doctor.report import plot as draw
     from ..errors import MissingExtraError
 
@@ -332,7 +332,7 @@ def _doctor(job: dict[str, Any], ranks: int, plot: str) -> None:
             step_ms=job["step_ms"],
         )
     )
-    names = ", ".join(f.check for f in report.problems)
+    names = summary(report)  # each problem's check and what it is, in a few words
     found = f" {len(report.problems)} problem(s){f' ({names})' if names else ''}" + (
         f" in {time.perf_counter() - start:.1f} s"
     )

@@ -44,7 +44,7 @@ from .measure import (
     loader_rate,
     window_read_rate,
 )
-from .report import DoctorConfig, Finding, Report, format_report, plot
+from .report import DoctorConfig, Finding, Report, format_report, plot, summary
 
 __all__ = [
     "READ_DELAY_ENV",
@@ -58,6 +58,7 @@ __all__ = [
     "format_report",
     "loader_rate",
     "plot",
+    "summary",
     "window_read_rate",
 ]
 

@@ -225,6 +225,7 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
                     computed[1],
                     "every rank builds every index at every start",
                     _prepare_advice(config),
+                    "every rank builds every index at every start",
                 )
             )
         else:
@@ -255,7 +256,14 @@ def check_startup(config: DoctorConfig, report: Report) -> Any:
             ),
             "every-rank": "every rank builds every index at every start",
         }[policy]
-        report.findings.append(_stall(policy, seconds, computed[1], what, _prepare_advice(config)))
+        brief = (
+            "no prepared cache: every rank fails"
+            if policy == "none"
+            else "no prepared cache: indices built at startup"
+        )
+        report.findings.append(
+            _stall(policy, seconds, computed[1], what, _prepare_advice(config), brief)
+        )
     report.timeline = [(name, s) for name, s in phases.items()]
     _check_io(config, opens, stats, report)
     return train
@@ -379,7 +387,12 @@ def _prepare_advice(config: DoctorConfig) -> tuple[str, str]:
 
 
 def _stall(
-    policy: str, seconds: float, computed_s: float, what: str, advice: tuple[str, str]
+    policy: str,
+    seconds: float,
+    computed_s: float,
+    what: str,
+    advice: tuple[str, str],
+    brief: str,
 ) -> Finding:
     command, note = advice
     return Finding(
@@ -390,6 +403,7 @@ def _stall(
         f"run {command} once, offline, then train with"
         f' build_policy="none" (docs/SCALE.md); or use order="computed" (starts in {computed_s:.3f}'
         f" s here, no index at all){note}",
+        brief,
     )
 
 
@@ -435,6 +449,7 @@ def _check_io(config: DoctorConfig, opens: int, stats: int, report: Report) -> N
                 f"{where}, made by every rank at the same moment:"
                 " a metadata burst on a shared filesystem at hundreds of nodes",
                 fix,
+                f"{opens + stats} opens/stats per rank at startup",
             )
         )
     else:
@@ -476,6 +491,7 @@ def check_steady_state(
             " disk)"
             if slow
             else None,
+            f"the loader at {rate / mock_rate if mock_rate else 0:.0%} of mock data's speed",
         )
     )
     _check_read_modes(config, prefixes, report)
@@ -508,6 +524,7 @@ def _check_read_modes(config: DoctorConfig, prefixes: list[str], report: Report)
             f" {'--no-mmap-bin-files' if other == 'pread' else 'drop --no-mmap-bin-files'})"
             if slow
             else None,
+            f"{other} reads {rates[other] / mine if mine else 0:.1f}x faster here",
         )
     )
 
@@ -539,6 +556,7 @@ def _check_workers(config: DoctorConfig, data: Any, report: Report) -> None:
                 "loading cannot keep up with this step: speed up the reads (read mode, local"
                 " staging, fewer and larger files) or raise prefetch_factor; more workers than"
                 " cores do not help",
+                f"data wait not hidden by up to {WORKER_COUNTS[-1]} workers",
             )
         )
     else:
@@ -568,6 +586,7 @@ def _check_worker_faults(health: list[WorkersReport], report: Report) -> None:
             " slow)"
             if restarts
             else None,
+            f"{restarts} loader worker(s) replaced while measuring",
         )
     )
 
@@ -588,6 +607,7 @@ def check_prefixes(prefixes: list[str], report: Report) -> None:
                 measured + ": every one costs opens and an index build at startup",
                 "merge them (`tokenload merge --input DIR --output-prefix merged`, Megatron's"
                 " merge_datasets), aiming for at least 10 GB per file",
+                f"{small} small prefixes to open and index",
             )
         )
     else:
@@ -727,6 +747,7 @@ def check_packing(config: DoctorConfig, prefixes: list[str], report: Report) -> 
             " 'Packing'); the order, resumes and mixtures work as before"
             if helps
             else None,
+            f"concatenation cuts {share:.0%} of documents that fit a row",
         )
     )
 
@@ -774,6 +795,7 @@ def check_copies(prefixes: list[str], compare: list[str], report: Report) -> Non
                 "copy the data again from one source (e.g. `rsync -c`) and check with `tokenload"
                 " verify --hashes`: ranks reading different copies train on different samples, and"
                 " a resume's fingerprint check refuses them",
+                f"copies of {len(differ)} file(s) differ",
             )
         )
     else:

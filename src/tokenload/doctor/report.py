@@ -56,6 +56,8 @@ class Finding:
     problem: bool
     measured: str
     fix: str | None = None
+    brief: str = ""
+    """A problem in a few words, for the summary line (``summary``): what, not the fix."""
 
 
 @dataclass
@@ -79,8 +81,14 @@ def format_report(report: Report) -> str:
         if f.problem and f.fix:
             lines.append(f"    fix: {f.fix}")
     n = len(report.problems)
-    lines.append(f"{n} problem(s) found" if n else "no problem found")
+    lines.append(f"{n} problem(s) found ({summary(report)})" if n else "no problem found")
     return "\n".join(lines)
+
+
+def summary(report: Report) -> str:
+    """The problems in one line, each its check and a few words on what it is
+    (``io-burst: 8 opens/stats per rank at startup; packing: ...``); empty without one."""
+    return "; ".join(f"{f.check}: {f.brief}" if f.brief else f.check for f in report.problems)
 
 
 def plot(
