@@ -62,6 +62,11 @@ FLAGS: dict[str, str | tuple[str, Callable[[str], str]]] = {
     # DoctorConfig (tokenload doctor)
     "split": "--split",
     "compare": "--compare",
+    "train_samples": "--train-samples",
+    "train_iters": "--train-iters",
+    "global_batch_size": "--global-batch-size",
+    "eval_iters": "--eval-iters",
+    "eval_interval": "--eval-interval",
     # megatron_config_from_args' world size (tokenload prepare-cache)
     "world_size": "--prepare-cache-world-size",
     # MegatronDataConfig (tokenload prepare-cache)

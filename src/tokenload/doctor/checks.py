@@ -122,15 +122,15 @@ def job_counts(config: DoctorConfig) -> Batches | None:
         return None
     if config.global_batch_size is None:
         raise ConfigError(
-            "the job's length flags (--train-iters, --eval-iters, --eval-interval) need its"
-            " --global-batch-size: Megatron's sample counts are iterations x global batch",
-            hint="pass the job's --global-batch-size",
+            "the job's `train_iters=`, `eval_iters=` and `eval_interval=` need its"
+            " `global_batch_size=`: Megatron's sample counts are iterations x global batch",
+            hint="pass the job's `global_batch_size=`",
         )
     if config.eval_interval is None:
         raise ConfigError(
-            "the job's length flags need its --eval-interval: Megatron sizes the valid split as"
+            "the job's sample counts need its `eval_interval=`: Megatron sizes the valid split as"
             " (iterations // eval interval + 1) x eval iterations x global batch",
-            hint="pass the job's --eval-interval (any, with --eval-iters 0, for a job that never"
+            hint="pass the job's `eval_interval=` (any, with `eval_iters=0`, for a job that never"
             " evaluates)",
         )
     from ..megatron_args import batches
@@ -323,13 +323,16 @@ def _check_cache_trust(config: DoctorConfig, report: Report) -> None:
 #: The length flags a prepare-cache command line carries (``prepare_command``'s), and how many
 #: values each takes.
 _COMMAND_LENGTH_FLAGS = {
-    "--global-batch-size": 1,
-    "--train-samples": 1,
-    "--train-iters": 1,
-    "--eval-iters": 1,
-    "--eval-interval": 1,
-    "--full-validation": 0,
-    "--train-valid-test-num-samples": 3,
+    f"--{name}": values
+    for name, values in (
+        ("global-batch-size", 1),
+        ("train-samples", 1),
+        ("train-iters", 1),
+        ("eval-iters", 1),
+        ("eval-interval", 1),
+        ("full-validation", 0),
+        ("train-valid-test-num-samples", 3),
+    )
 }
 
 
@@ -379,9 +382,9 @@ def _prepare_advice(config: DoctorConfig) -> tuple[str, str]:
         f"`{command}`",
         ". That command's sample counts are the ones the doctor measured with, and the caches'"
         " names hold them: a job with other counts does not find its caches. Give the doctor the"
-        " job's --train-iters (or --train-samples), --global-batch-size, --eval-iters and"
-        " --eval-interval for the command of the job's caches, or give prepare-cache those"
-        " flags in place of the counts (Megatron counts train = iters x batch, valid ="
+        " job's `train_iters=` (or `train_samples=`), `global_batch_size=`, `eval_iters=` and"
+        " `eval_interval=` for the command of the job's caches, or give prepare-cache the job's"
+        " length flags in place of the counts (Megatron's counts: train = iters x batch, valid ="
         " (iters // eval_interval + 1) x eval_iters x batch, test = eval_iters x batch)",
     )
 
