@@ -149,7 +149,7 @@ def test_packing_is_advised_when_concatenation_cuts_documents_and_not_once_packe
 
 
 def test_packing_figures_against_a_count_of_documents_no_sample_holds_whole():
-    from tokenload.doctor.checks import packing_figures
+    from tokenload.doctor.packing import packing_figures
 
     rng = np.random.default_rng(4)
     lengths = rng.integers(0, 200, 3000)
@@ -176,7 +176,7 @@ def test_packing_figures_of_a_blend_are_the_loaders_own(tmp_path):
     doctor packed every prefix's documents together, 0.00% padding and 2 documents per row at
     the median where the loader served 37.5% and 1)."""
     from tokenload.datasets import MegatronDataConfig, build_datasets
-    from tokenload.doctor.checks import packing_figures
+    from tokenload.doctor.packing import packing_figures
     from tokenload.loader import build_dataloader
 
     a = write_documents(tmp_path / "a", [np.arange(1, 4)] * 60)  # 3 tokens: one per row of 5 slots
@@ -213,7 +213,7 @@ def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp
 
 
 def test_a_weighted_blend_is_diagnosed_with_and_without_a_train_size(tmp_path):
-    from tokenload.doctor.checks import packing_figures
+    from tokenload.doctor.packing import packing_figures
     from tokenload.format import TokenFile
 
     prefixes = [_corpus(tmp_path / "a"), _corpus(tmp_path / "b", documents=300, seed=1)]
@@ -254,7 +254,7 @@ def test_a_blend_member_whose_test_split_holds_no_sample_is_diagnosed(tmp_path):
 
 def test_documents_per_row_is_singular_for_one(tmp_path):
     # documents of 40-60 tokens at S = 64: one per row; of 10-20 tokens: several
-    from tokenload.doctor.checks import packing_figures
+    from tokenload.doctor.packing import packing_figures
 
     rng = np.random.default_rng(2)
     for low, high, many in ((40, 60, False), (10, 20, True)):

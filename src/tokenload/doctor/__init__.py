@@ -23,7 +23,7 @@ was measured and, when it is a problem, the fix:
 
 The package: ``report.py`` (the config, the findings, their text and PNG), ``measure.py`` (the
 measuring tools, usable alone, and the ``READ_DELAY_ENV`` slow-storage rehearsal), ``checks.py``
-(each check and its threshold); this module runs the checks in order and re-exports the public
+(each check and its threshold; the packing check in ``packing.py``); this module runs the checks in order and re-exports the public
 names.
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from .checks import (
     check_copies,
-    check_packing,
     check_prefixes,
     check_startup,
     check_steady_state,
@@ -44,6 +43,7 @@ from .measure import (
     loader_rate,
     window_read_rate,
 )
+from .packing import check_packing
 from .report import DoctorConfig, Finding, Report, format_report, plot, summary
 
 __all__ = [
