@@ -23,8 +23,8 @@ was measured and, when it is a problem, the fix:
 
 The package: ``report.py`` (the config, the findings, their text and PNG), ``measure.py`` (the
 measuring tools, usable alone, and the ``READ_DELAY_ENV`` slow-storage rehearsal), ``checks.py``
-(each check and its threshold; the packing check in ``packing.py``); this module runs the checks in order and re-exports the public
-names.
+(each check and its threshold; the packing check in ``packing.py``); this module runs the checks
+in order and re-exports the public names.
 """
 
 from __future__ import annotations
