@@ -322,8 +322,8 @@ def _prepare_neox_megatron(
         print(f"  cache folder        {folder}")
         if imported.fields.get("weight_by_num_documents"):
             print(
-                "  note                weight_by_num_documents is NeoX's order's: the Megatron"
-                " order blends by the config's data weights"
+                "  blend weights       NeoX's, from the files' document counts"
+                " (weight_by_num_documents)"
             )
     for _ in open_all(prefixes, "checking token files"):
         pass

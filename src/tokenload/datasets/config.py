@@ -644,6 +644,10 @@ class ImportedConfig(NamedTuple):
     epoch, NeoX's ``train_epochs`` mode)."""
     extras: dict[str, Any]
     """Batch sizes, loader settings and tokenizer files: not dataset fields."""
+    to_order: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """The importer's own conversion of its fields for another order than its own (GPT-NeoX's
+    blend weighted by document counts, which only the NeoX order reads, becomes those weights),
+    applied by ``config(order=...)`` unless the overrides give the blend; None: none needed."""
 
     def config(self, **overrides: Any) -> MegatronDataConfig:
         """``MegatronDataConfig(**fields)``, without the fields the imported order does not read
@@ -654,7 +658,11 @@ class ImportedConfig(NamedTuple):
         ``packing="best-fit"``, ...); a field the order does not read is a ``ConfigError``."""
         imported = dict(self.fields)
         if "order" in overrides:  # the imported fields the chosen order reads
+            own = imported.get("order", "megatron")
             imported["order"] = overrides["order"]
+            blend_given = "blend" in overrides or "blend_per_split" in overrides
+            if self.to_order is not None and overrides["order"] != own and not blend_given:
+                imported = self.to_order(imported)
         return MegatronDataConfig(**{**fields_for_order(imported), **overrides})
 
 

@@ -769,3 +769,32 @@ def test_neox_batch_keys_as_neoxs_calculate_batch_parameters():
             with pytest.raises(ConfigError, match=f"{name} is {bad}; expected a positive int"):
                 neox_config_from_yaml(parallel, **{name: bad})
 
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.3])
+def test_a_neox_blend_weighted_by_document_counts_keeps_neoxs_weights_in_the_megatron_order(tmp_path, alpha):
+    """``weight_by_num_documents`` is NeoX's order's option: served in the Megatron (or computed)
+    order, an imported config blended by the config's data weights instead, other data than the
+    NeoX job's, without a word (a helper's finding). The blend now carries NeoX's weights from the
+    files' document counts; a blend given as an override is the user's own."""
+    from tokenload.datasets.neox.neox_indices import neox_weights_by_num_docs
+    from tokenload.format import TokenFile
+
+    neox_files(tmp_path, "abc")
+    paths = [str(tmp_path / p) for p in "abc"]
+    conf = {"train_data_paths": paths, "train_data_weights": [5.0, 1.0, 1.0], "valid_data_paths": paths[:1],
+            "test_data_paths": paths[1:], "weight_by_num_documents": True, "weighted_sampler_alpha": alpha,
+            "seq_length": 16, "train_iters": 30, "train_batch_size": 10, "eval_iters": 1, "eval_interval": 12}
+    got = neox_config_from_yaml(conf)
+    counts = [TokenFile(p).num_sequences for p in paths]
+    assert len(set(counts)) > 1  # the counts, not the data weights, must decide
+    want = neox_weights_by_num_docs(counts, alpha=alpha)
+    for order in ("megatron", "computed"):
+        config = got.config(order=order)
+        train = config.blend_per_split[0]
+        assert [float(w) for w in train[0::2]] == want and list(train[1::2]) == paths
+        assert config.blend_per_split[1] == ["1.0", paths[0]]  # one file: weight 1
+        assert not config.weight_by_num_documents
+    assert got.config().weight_by_num_documents  # the NeoX order reads it itself
+    own = got.config(order="megatron", blend_per_split=[["1", paths[0]], None, None])
+    assert own.blend_per_split[0] == ["1", paths[0]]

@@ -24,6 +24,7 @@ from ...distributed import World
 from ...errors import ConfigError, StorageError
 from ..config import ImportedConfig, register_importer
 from .neox_launch import LAUNCH_DEFAULTS, check_launch_values, launch_gpus, uncounted_gpus
+from .neox_weights import document_weights
 
 __all__ = ["NEOX_NON_DATA_KEYS", "NEOX_UNSUPPORTED_DATA_KEYS", "neox_config_from_yaml"]
 
@@ -298,7 +299,7 @@ def neox_config_from_yaml(
         "num_workers": conf["num_workers"],
         "tokenizer": {k: conf[k] for k in ("tokenizer_type", "vocab_file", "merge_file")},
     }
-    return ImportedConfig(fields, sizes, extras)
+    return ImportedConfig(fields, sizes, extras, to_order=document_weights)
 
 
 _NEOX_INTS = """seq_length seed train_iters train_epochs eval_iters eval_interval train_batch_size
