@@ -20,6 +20,7 @@ position ids restart at every boundary and ``cu_seqlens`` are the boundaries. Wi
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -60,6 +61,25 @@ class ItemConfig:
     position ids restarting at every document."""
 
     def __post_init__(self) -> None:
+        # Python ints and bools, whatever the caller passed (NumPy's, a tokenizer's): the fields
+        # are in fingerprints by their repr, which for np.int64(2) is not 2's (a resume with the
+        # same EOD id as a plain int was refused), and in states, which JSON and torch.load take
+        for name in ("sequence_length", "eod_id", "pad_id"):
+            value = getattr(self, name)
+            if (value is None and name == "eod_id") or type(value) is int:
+                continue
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                object.__setattr__(self, name, operator.index(value))
+            except TypeError:
+                raise ConfigError(
+                    f"{name} is {value!r} ({type(value).__name__}); expected an int",
+                    hint=f"pass {name} as a whole number",
+                    field=name,
+                ) from None
+        for name in _FLAGS:
+            object.__setattr__(self, name, bool(getattr(self, name)))
         if self.sequence_length < 1:
             raise ConfigError(
                 f"sequence_length is {self.sequence_length}", hint="use a positive sequence length"
@@ -81,6 +101,15 @@ class ItemConfig:
         """Tokens read per sample."""
         return self.sequence_length + self.extra
 
+
+_FLAGS = (
+    "add_extra_token",
+    "eod_mask_loss",
+    "reset_position_ids",
+    "reset_attention_mask",
+    "create_attention_mask",
+    "inter_document_masking",
+)
 
 NO_START = np.iinfo(np.int32).max
 """The fill of a ``doc_starts`` matrix past a row's pieces."""

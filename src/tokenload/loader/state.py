@@ -231,8 +231,10 @@ def reads(data: Any) -> dict[str, Any] | None:
     itself: order, packing, sequence length and item options (kept in a state as ``"reads"``, so
     that a refusal can say which of them differ); None for another dataset."""
     module = type(data).__module__
-    orders = [o for o in ("computed", "neox", "megatron") if f"datasets.{o}" in module]
-    if not orders:  # a flat file, or not one of tokenload's datasets
+    orders = [
+        o for o in ("computed", "neox", "megatron") if module.startswith(f"tokenload.datasets.{o}")
+    ]
+    if not orders or not hasattr(data, "describe_sources"):  # a flat file, or a user's own
         return None
     sources = data.describe_sources()
     lengths = sorted({m.sequence_length for m in sources.members if m.sequence_length})
@@ -243,9 +245,15 @@ def reads(data: Any) -> dict[str, Any] | None:
         "packing": "best-fit" if sources.packed else "concat",
         "sequence_length": lengths[0] if len(lengths) == 1 else None,
     }
-    if item is not None:
-        out.update({k: getattr(item, k) for k in _ITEM_OPTIONS})
+    if item is not None:  # plain Python values (a state goes through JSON and torch.load)
+        out.update({k: _plain(getattr(item, k)) for k in _ITEM_OPTIONS})
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value (``ItemConfig`` keeps plain ones; this guards the
+    state, which JSON and ``torch.load`` take, against any other)."""
+    return value.item() if type(value).__module__ == "numpy" else value
 
 
 def differences(saved: Any, here: dict[str, Any] | None) -> str:
@@ -261,8 +269,9 @@ def differences(saved: Any, here: dict[str, Any] | None) -> str:
     if changed:
         return f"; the saved run read {', '.join(changed)}"
     return (
-        "; the saved run read the same order, packing, sequence length and item options: its"
-        " token files, seed, split or blend differ"
+        "; the saved run read the same order, packing, sequence length and item options:"
+        " something else its fingerprint covers differs (the token files, seed, split, blend,"
+        " the samples asked for, block_size, max_documents_per_row or the tokenizer identity)"
     )
 
 

@@ -587,6 +587,8 @@ def test_neox_hostfile_not_on_this_machine_is_this_machine_alone(tmp_path, monke
      "GPT-NeoX counts 4 x 1 host\\(s\\) = 4 GPUs, but its launcher drops num_gpus then and starts 2 processes"),
     (HOSTFILE, {"include": "worker-0@worker-1"}, "leave no GPU: .*, with include 'worker-0@worker-1'"),
     ("worker-0 slots=0\n", {}, "leave no GPU: .*, with no slot on any"),
+    ("worker-0 slots=1000000000000\n", {}, "gives worker-0 slots=1000000000000; expected at most 65,536"),
+    ("a slots=10000000000000000000\n", {"exclude": "a:1"}, "expected at most 65,536 GPUs on one host"),
     (HOSTFILE, {"num_gpus": "8"}, "num_gpus is '8'; expected an int"),
     (HOSTFILE, {"num_nodes": True}, "num_nodes is True; expected an int"),
     (HOSTFILE, {"include": ["worker-0"]}, "include is \\['worker-0'\\]; expected a string"),

@@ -243,9 +243,65 @@ def test_a_refused_state_names_what_the_saved_run_read_differently(tmp_path, ord
         _loader(train(packing="best-fit")).load_state_dict(state)
     with pytest.raises(ForeignStateError, match=r"packing='best-fit' \(this loader: 'concat'\)"):
         _loader(train(inter_document_masking=True)).load_state_dict(state)
-    with pytest.raises(ForeignStateError, match="same order, packing, sequence length and item options: its token"):
+    with pytest.raises(ForeignStateError, match="same order, packing, sequence length and item options: something"):
         _loader(train(inter_document_masking=True, packing="best-fit", random_seed=7)).load_state_dict(state)
     del state["reads"]  # a state saved before it was kept: refused as before, without the words
     with pytest.raises(ForeignStateError) as info:
         _loader(train(packing="best-fit")).load_state_dict(state)
     assert "the saved run read" not in info.value.message
+
+
+def test_a_state_of_numpy_item_values_is_plain_and_resumes_into_plain_ones(tmp_path):
+    """``eod_id=np.int64(2)`` (a tokenizer's) and NumPy flags: the state stays JSON and
+    ``torch.load(weights_only=True)`` material, and resumes into a loader given ``eod_id=2``, its
+    fingerprint the same (``repr(np.int64(2))`` is not ``repr(2)``: such resumes were refused);
+    an id that is no integer is a ConfigError (it matched no token, silently). Red-team findings."""
+    import io
+    import json
+
+    import torch
+
+    from support import write_documents
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.errors import ConfigError
+
+    rng = np.random.default_rng(6)
+    prefix = write_documents(tmp_path / "a", [rng.integers(1, 900, size=int(n)) for n in rng.integers(5, 60, size=200)])
+
+    def train(eod_id, flag):
+        cfg = MegatronDataConfig(sequence_length=16, blend=[prefix], split="100,0,0", eod_id=eod_id,
+                                 eod_mask_loss=flag)
+        return build_datasets(cfg, [100, 0, 0])[0]
+
+    state = _state(train(np.int64(2), np.bool_(True)), 2)
+    assert type(state["reads"]["eod_id"]) is int and type(state["reads"]["eod_mask_loss"]) is bool
+    json.dumps(state)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    plain = _loader(train(2, True))
+    plain.load_state_dict(loaded)
+    assert plain.consumed_samples == state["consumed_samples"]
+    for bad in (2.5, "2", True):
+        with pytest.raises(ConfigError, match=f"eod_id is {bad!r}"):
+            train(bad, False)
+
+
+def test_a_users_own_dataset_in_a_module_named_like_tokenloads_saves_its_state():
+    """A user's dataset whose module is named like one of tokenload's order packages
+    (``mylab.datasets.megatron_style``) is not taken for one: its state saves (it raised an
+    AttributeError on every checkpoint). A red-team finding."""
+
+    class Windows:
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            return {"tokens": np.full(4, i, dtype=np.int64)}
+
+    Windows.__module__ = "mylab.datasets.megatron_style"
+    loader = _loader(Windows())
+    _rows(loader, 2)
+    state = loader.state_dict()
+    assert "reads" not in state and state["consumed_samples"] == 8

@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 _HOST_LINE = re.compile(r"(\S+)\s+slots=(\d+)")  # DeepSpeed's _parse_hostfile pattern
 _SLOT = re.compile(r"[0-9]+")
+_MOST_SLOTS = 1 << 16
+"""Slots (GPUs) one hostfile line may give: far above any machine's, low enough to list."""
 _FORMAT_HINT = "write one host a line as 'HOST slots=N' (# starts a comment)"
 
 
@@ -238,7 +240,15 @@ def _read_hostfile(path: str) -> dict[str, int | None]:
                 path=path,
                 hint=f"keep one line for {host}",
             )
-        pool[host] = int(match.group(2))
+        slots = int(match.group(2))
+        if slots > _MOST_SLOTS:  # (counted one by one below, as DeepSpeed lists them)
+            raise ConfigError(
+                f"line {number} of the hostfile gives {host} slots={slots}; expected at most"
+                f" {_MOST_SLOTS:,} GPUs on one host",
+                path=path,
+                hint=f"fix the slots of {host} (its GPU count)",
+            )
+        pool[host] = slots
     if not pool:
         raise ConfigError(
             "the hostfile lists no host; expected lines 'HOST slots=N' (GPT-NeoX's launcher"
