@@ -41,10 +41,8 @@ from ..megatron_args import (
     tokenload_flags,
 )
 from .cache_build import (
-    build_here,
-    check_cache_folder,
+    build_caches,
     check_packing_flags,
-    listings,
     open_all,
     packing_flags,
     prefixes_of,
@@ -52,7 +50,6 @@ from .cache_build import (
 )
 
 
-#: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     register_prepare_cache(sub)
     register_sequences(sub)
@@ -201,21 +198,8 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
     config = _config(args, blend, per_split, split, identity, schedule)  # checked: nothing made
     _report_plan(args, counts, identity, split, schedule)
     prefixes = prefixes_of(blend, per_split)
-    for _ in open_all(prefixes, "checking token files"):
-        pass
-    # without --data-cache-path, Megatron's folder beside each token file, as the job's build
-    from ..datasets.megatron.built import default_folder
-
-    folders = (
-        [args.data_cache_path]
-        if args.data_cache_path is not None
-        else sorted({str(default_folder(None, p)) for p in prefixes})
-    )
-    if args.data_cache_path is not None:
-        check_cache_folder(args.data_cache_path)  # the build makes it when it writes a file
-    before = listings(folders)
-    datasets = build_here(config, list(counts.samples))
-    result = _result(args, counts, identity, datasets, sorted(listings(folders) - before))
+    datasets, written = build_caches(config, list(counts.samples), prefixes, args.data_cache_path)
+    result = _result(args, counts, identity, datasets, written)
     report_result(args, result, len(prefixes))
     return 0
 

@@ -23,6 +23,7 @@ from ..storage.upload import list_objects
 
 __all__ = [
     "LAUNCHER_VARS",
+    "build_caches",
     "build_here",
     "check_cache_folder",
     "check_packing_flags",
@@ -33,6 +34,7 @@ __all__ = [
     "report_result",
 ]
 
+#: The launcher variables ``World.detect`` reads: prepare-cache is one process whatever the shell.
 LAUNCHER_VARS = (
     "RANK",
     "WORLD_SIZE",
@@ -178,3 +180,24 @@ def report_result(args: argparse.Namespace, result: dict[str, Any], prefixes: in
     print(f"finished: {prefixes} token files, {len(result['files_written'])} files written")
     for name in ("train", "valid", "test"):
         print(f"  {name + ' dataset length':<22}{result[f'{name}_dataset_length']}")
+
+
+def build_caches(
+    config: Any, samples: list[int | None], prefixes: list[str], folder: str | None
+) -> tuple[tuple[Any, Any, Any], list[str]]:
+    """The token files checked (opened under a progress bar), then the caches of ``config`` for
+    ``samples`` built here; the datasets, and the files written in the cache folder (``folder``,
+    the job's ``--data-cache-path``; without it, Megatron's folder beside each token file, as the
+    job's build)."""
+    for _ in open_all(prefixes, "checking token files"):
+        pass
+    from ..datasets.megatron.built import default_folder
+
+    folders = (
+        [folder] if folder is not None else sorted({str(default_folder(None, p)) for p in prefixes})
+    )
+    if folder is not None:
+        check_cache_folder(folder)  # the build makes it when it writes a file
+    before = listings(folders)
+    datasets = build_here(config, samples)
+    return datasets, sorted(listings(folders) - before)

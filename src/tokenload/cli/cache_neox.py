@@ -17,11 +17,8 @@ from ..errors import ConfigError
 from ..megatron_args import TOKENIZER_VALUE_FLAGS
 from .cache_build import (
     LAUNCHER_VARS,
-    build_here,
-    check_cache_folder,
+    build_caches,
     check_packing_flags,
-    listings,
-    open_all,
     prefixes_of,
     report_result,
 )
@@ -325,19 +322,7 @@ def _prepare_neox_megatron(
                 "  blend weights       NeoX's, from the files' document counts"
                 " (weight_by_num_documents)"
             )
-    for _ in open_all(prefixes, "checking token files"):
-        pass
-    from ..datasets.megatron.built import default_folder
-
-    folders = (
-        [args.data_cache_path]
-        if args.data_cache_path is not None
-        else sorted({str(default_folder(None, p)) for p in prefixes})
-    )
-    if args.data_cache_path is not None:
-        check_cache_folder(args.data_cache_path)
-    before = listings(folders)
-    datasets = build_here(config, list(imported.sizes))
+    datasets, written = build_caches(config, list(imported.sizes), prefixes, args.data_cache_path)
     lengths = {
         name: None if ds is None else len(ds)
         for name, ds in zip(("train", "valid", "test"), datasets)
@@ -349,7 +334,7 @@ def _prepare_neox_megatron(
         "train_valid_test_num_samples": list(imported.sizes),
         **{f"{name}_dataset_length": n for name, n in lengths.items()},
         "data_cache_path": args.data_cache_path,
-        "files_written": sorted(listings(folders) - before),
+        "files_written": written,
     }
     report_result(args, result, len(prefixes))
     if not args.json:
