@@ -30,6 +30,7 @@ import enum
 import hashlib
 import logging
 import math
+import operator
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,16 @@ from .state import (
 from .workers import WorkerPool
 
 logger = logging.getLogger(__name__)
+
+
+def _as_count(value: Any) -> int | None:
+    """``value`` as a non-negative int when it is an integer of another type (NumPy's), else
+    None."""
+    try:
+        count = operator.index(value)
+    except TypeError:
+        return None
+    return count if count >= 0 else None
 
 
 @documented
@@ -109,6 +120,25 @@ class LoaderConfig(metaclass=FieldDocs):
     (logging at INFO, logger ``tokenload.loader.dataloader``); None logs nothing."""
 
     def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "dp_rank", "dp_size", "num_workers"):
+            value = getattr(self, name)
+            optional = name in ("dp_rank", "dp_size")
+            if (value is None and optional) or (type(value) is int and value >= 0):
+                continue
+            if type(value) is not bool and _as_count(value) is not None:
+                object.__setattr__(self, name, _as_count(value))  # NumPy's ints, a tokenizer's
+                continue
+            raise ConfigError(
+                f"{name} is {value!r} ({type(value).__name__}); expected an int of 0 or more"
+                + (" or None" if optional else ""),
+                hint=f"pass {name} as a whole number (from the job's arguments: an int, not text"
+                " or a float)",
+                field=name,
+            )
+        if self.micro_batch_size < 1:
+            raise ConfigError(
+                f"micro_batch_size is {self.micro_batch_size}", hint="use 1 or more samples"
+            )
         if self.kind not in ("single", "cyclic"):
             raise ConfigError(
                 f"kind is {self.kind!r}, expected 'single' or 'cyclic'", hint="use kind='single'"

@@ -305,3 +305,16 @@ def test_a_users_own_dataset_in_a_module_named_like_tokenloads_saves_its_state()
     _rows(loader, 2)
     state = loader.state_dict()
     assert "reads" not in state and state["consumed_samples"] == 8
+
+
+@pytest.mark.parametrize("value", [None, "2", 2.0, True, -1])
+def test_a_micro_batch_size_that_is_no_count_is_a_config_error(dataset, value):
+    """``build_dataloader(micro_batch_size=extras["micro_batch_size"])`` with an import that could
+    not derive it (None), or a value read as text: a ConfigError naming the field (a TypeError
+    from deep in the sampler before, and 2.0 was taken silently: a new user's finding); NumPy's
+    ints are taken as ints."""
+    from tokenload.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"micro_batch_size is {value!r}"):
+        _loader(dataset, micro_batch_size=value)
+    assert _loader(dataset, micro_batch_size=np.int64(4)).config.micro_batch_size == 4
