@@ -301,16 +301,19 @@ def refusal_hint(data: Any) -> str:
                 ("eod_mask_loss", "EOD loss masking"),
                 ("reset_position_ids", "position ids reset at EODs"),
                 ("reset_attention_mask", "attention mask reset at EODs"),
-                ("create_attention_mask", "an attention mask"),
+                ("create_attention_mask", "an attention mask"),  # (not with the next: cu_seqlens)
                 ("inter_document_masking", "inter-document masking"),
             )
             if facts[flag]
+            and not (flag == "create_attention_mask" and facts["inter_document_masking"])
         ]
         items = f", items with {', '.join([eod, *on])}" + ("" if on else " and no item option")
     return (
         f"this dataset reads {packing}{length}{order}{items}; a state resumes only"
         " into the data and options of the run that saved it: build the dataset with that"
         " run's order, packing, `sequence_length=N`, `random_seed=N`, item options, token files,"
-        " blend and split, or start the data order from scratch deliberately"
-        " (consumed_samples=0)"
+        " blend and split; to go on from the saved point with other item options on purpose,"
+        " build the loader with consumed_samples=state['consumed_samples'] instead of loading"
+        " the state (its skips, weight changes and metrics are then not carried over); or start"
+        " the data order from scratch deliberately (consumed_samples=0)"
     )

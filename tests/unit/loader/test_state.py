@@ -239,8 +239,14 @@ def test_a_refused_state_names_what_the_saved_run_read_differently(tmp_path, ord
     assert state["reads"]["inter_document_masking"] is True and state["reads"]["packing"] == "best-fit"
     _loader(train(inter_document_masking=True, packing="best-fit")).load_state_dict(state)  # the same
     saved = r"the saved run read inter_document_masking=True \(this loader: False\)"
-    with pytest.raises(ForeignStateError, match=saved):
+    with pytest.raises(ForeignStateError, match=saved) as refused:
         _loader(train(packing="best-fit")).load_state_dict(state)
+    assert "consumed_samples=state['consumed_samples']" in refused.value.hint
+    # what the hint offers: the saved point, with the other item options, the same samples next
+    resumed = _loader(train(inter_document_masking=True, packing="best-fit"))
+    resumed.load_state_dict(state)
+    went_on = _loader(train(packing="best-fit"), consumed_samples=state["consumed_samples"])
+    np.testing.assert_array_equal(next(iter(went_on))["tokens"], next(iter(resumed))["tokens"])
     with pytest.raises(ForeignStateError, match=r"packing='best-fit' \(this loader: 'concat'\)"):
         _loader(train(inter_document_masking=True)).load_state_dict(state)
     with pytest.raises(ForeignStateError, match="same order, packing, sequence length and item options: something"):
