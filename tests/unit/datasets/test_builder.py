@@ -255,3 +255,18 @@ def test_a_blend_member_with_an_empty_split_asked_for_0_samples(tmp_path, add_ex
         assert [len(d) for d in build_datasets(cfg, [50, 0, 0])] == [50, 0, 0]
     packed = MegatronDataConfig(**{**cfg.__dict__, "packing": "best-fit"})
     assert [len(d) for d in build_datasets(packed, [50, 0, 0])] == [50, 0, 0]  # not megatron-core's rule
+
+
+def test_mock_data_under_build_policy_none_builds_in_memory(tmp_path):
+    """Mock data has no caches to prepare (prepare-cache refuses it): under ``none`` its indices
+    are made in memory, the same samples as under ``auto``, and nothing is written (it raised a
+    CacheError whose prepare-cache command had no data and failed: a new user's finding)."""
+    mock = json.loads((MEG / "mock.json").read_text())
+    fields = dict(sequence_length=mock["config"]["sequence_length"], random_seed=mock["config"]["random_seed"],
+                  vocab_size=mock["tokenizer"]["vocab_size"], eod_id=mock["tokenizer"]["eod"],
+                  path_to_cache=str(tmp_path / "cache"))
+    none = build_datasets(MegatronDataConfig(**fields, build_policy="none"), mock["config"]["sizes"])
+    assert not (tmp_path / "cache").exists()
+    auto = build_datasets(MegatronDataConfig(**fields), mock["config"]["sizes"])
+    for a, b in zip(none, auto):
+        np.testing.assert_array_equal(a.__getitems__([0, 1, 5])["tokens"], b.__getitems__([0, 1, 5])["tokens"])

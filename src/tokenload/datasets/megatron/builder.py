@@ -133,7 +133,10 @@ class MegatronBuilder:
         self.world = world
         self.item = data.item
         self.sizes: list[int | None] = []
-        policy = resolve(options.build_policy, world, options.cache)
+        # mock data has no caches to prepare (prepare-cache refuses it, as Megatron's tool does):
+        # under "none" its indices are made in memory, in a moment, rather than looked for
+        mock_none = data.mock and options.build_policy == "none"
+        policy = resolve(options.build_policy, world, "off" if mock_none else options.cache)
         self.role, self.sync = policy.role, policy.barrier
         self._sources: dict[str | None, MockSource | TokenFile] = {}
         self._length_copies: dict[str | None, np.ndarray] = {}
