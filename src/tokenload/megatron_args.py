@@ -751,3 +751,37 @@ def _identity_from(text: str) -> dict[str, Any]:
             hint='copy the "tokenizer" object of one of Megatron\'s ...-description.txt files',
         )
     return value
+
+
+def fast_load(args: argparse.Namespace) -> bool:
+    """Whether a Megatron job's flags ask for the fast cache load (``build_policy="none"``:
+    ``--dataloader-fast-cache-load`` or ``--dataloader-defer-npy-index-mmap``), with the checks
+    megatron-core's ``BlendedMegatronDatasetConfig`` makes of them, so that the importer, the
+    provider and prepare-cache take or refuse one command line alike: a cache folder is needed,
+    and the fast cache load refuses ``--data-path`` (the splits' own paths only)."""
+    fast = [
+        flag
+        for flag, on in (
+            ("--dataloader-fast-cache-load", getattr(args, "dataloader_fast_cache_load", False)),
+            (
+                "--dataloader-defer-npy-index-mmap",
+                getattr(args, "dataloader_defer_npy_index_mmap", False),
+            ),
+        )
+        if on
+    ]
+    if not fast:
+        return False
+    if getattr(args, "data_cache_path", None) is None:
+        raise ConfigError(
+            f"{fast[0]} needs --data-cache-path (Megatron asserts it too)",
+            hint="pass the folder that tokenload prepare-cache filled",
+        )
+    if getattr(args, "dataloader_fast_cache_load", False) and getattr(args, "data_path", None):
+        raise ConfigError(
+            "--dataloader-fast-cache-load and --data-path cannot be used together"
+            " (megatron-core's BlendedMegatronDatasetConfig asserts it)",
+            hint="give the splits' data with --train-data-path, --valid-data-path and"
+            " --test-data-path (or --per-split-data-args-path), or drop the fast load",
+        )
+    return True

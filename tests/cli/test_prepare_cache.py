@@ -255,7 +255,7 @@ def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tm
     job = ["--num-layers", "2", "--hidden-size", "8", "--num-attention-heads", "1", "--lr", "1e-4",
            "--lr-decay-style", "cosine", "--bf16", "--save", str(tmp_path / "ckpt"), "--log-interval", "1",
            "--micro-batch-size", "2", "--num-workers", "4", "--dataloader-type", "external",
-           "--dataloader-inter-document-masking", "--dataloader-fast-cache-load", "--no-mmap-bin-files",
+           "--dataloader-inter-document-masking", "--dataloader-defer-npy-index-mmap", "--no-mmap-bin-files",
            "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok.json",
            "--tokenload-dataloader-type", "single", "--tokenload-packing", "best-fit"]
     whole = _prepare_json(*job, *data, "--data-cache-path", tmp_path / "whole")

@@ -62,11 +62,39 @@ def prefixes(tmp_path):
     return out
 
 
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"data_cache_path": "CACHE"}, "--dataloader-fast-cache-load and --data-path cannot be used together"),
+    ({}, "--dataloader-fast-cache-load needs --data-cache-path"),
+])
+def test_the_fast_cache_load_is_checked_alike_by_the_provider_the_importer_and_prepare_cache(
+        prefixes, tmp_path, changes, match):
+    """megatron-core's BlendedMegatronDatasetConfig refuses the fast cache load with --data-path,
+    and without --data-cache-path: the provider took both (the second with Megatron's folder
+    beside each file), the importer refused them, prepare-cache took them (a new user's finding).
+    All three refuse them now, in the same words."""
+    from support import run_cli
+    from tokenload.datasets.megatron_flags import megatron_config_from_args
+    from tokenload.errors import ConfigError
+
+    cache = str(tmp_path / "cache")
+    values = {k: cache if v == "CACHE" else v for k, v in changes.items()}
+    args = megatron_args(data_path=[prefixes[0]], split="90,8,2", dataloader_fast_cache_load=True, **values)
+    with pytest.raises(ConfigError, match=match):
+        data_config_from_args(args, Tokenizer())
+    argv = ["--data-path", prefixes[0], "--split", "90,8,2", "--seq-length", "16", "--global-batch-size", "4",
+            "--train-iters", "3", "--eval-iters", "1", "--eval-interval", "2", "--dataloader-fast-cache-load",
+            *(["--data-cache-path", cache] if values else [])]
+    with pytest.raises(ConfigError, match=match):
+        megatron_config_from_args(argv, world_size=1)
+    done = run_cli("prepare-cache", *argv)
+    assert done.returncode == 2 and match.split(" (")[0] in done.stderr, done.stderr
+
+
 def test_args_map_onto_the_config(prefixes, tmp_path):
     args = megatron_args(data_path=["30", prefixes[0], "70", prefixes[1]], split="90,8,2",
                          data_cache_path=str(tmp_path / "cache"), mmap_bin_files=False,
                          create_attention_mask_in_dataloader=False, eod_mask_loss=True,
-                         dataloader_fast_cache_load=True, seed=7)
+                         dataloader_defer_npy_index_mmap=True, seed=7)
     config = data_config_from_args(args, Tokenizer())
     assert tuple(config.blend.weights) == (30.0, 70.0) and config.split == "90,8,2"
     assert (config.read_mode, config.build_policy, config.random_seed) == ("pread", "none", 7)

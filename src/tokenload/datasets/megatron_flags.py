@@ -372,27 +372,7 @@ def _megatron_tokenizer(args: argparse.Namespace, eod_id: int | None) -> dict[st
 def _megatron_loading(args: argparse.Namespace, fields: dict[str, Any]) -> None:
     """Cache folder, fast load (build_policy 'none'), sequences JSON and the .bin read mode."""
     fields["path_to_cache"] = args.data_cache_path
-    fast = [
-        f
-        for f, on in (
-            ("--dataloader-fast-cache-load", args.dataloader_fast_cache_load),
-            ("--dataloader-defer-npy-index-mmap", args.dataloader_defer_npy_index_mmap),
-        )
-        if on
-    ]
-    if fast:
-        if args.data_cache_path is None:
-            raise ConfigError(
-                f"{fast[0]} needs --data-cache-path (Megatron asserts it too)",
-                hint="pass the folder that tokenload prepare-cache filled",
-            )
-        if args.dataloader_fast_cache_load and fields.get("blend") is not None:
-            raise ConfigError(
-                "--dataloader-fast-cache-load and --data-path cannot be used together"
-                " (megatron-core's BlendedMegatronDatasetConfig asserts it)",
-                hint="give the splits' data with --train-data-path, --valid-data-path and"
-                " --test-data-path (or --per-split-data-args-path), or drop the fast load",
-            )
+    if megatron_args.fast_load(args):  # as megatron-core checks it (provider, prepare-cache too)
         fields["build_policy"] = "none"
     if args.per_dataset_sequences_path is not None:
         fields["sequences_path"] = args.per_dataset_sequences_path

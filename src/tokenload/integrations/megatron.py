@@ -63,7 +63,13 @@ from ..datasets.config import fields_for_order
 from ..errors import ConfigError
 from ..loader import TokenloadDataLoader, build_dataloader
 from ..loader.report import MetricsReport
-from ..megatron_args import LEGACY_SPLIT, StepBatchSchedule, blends_of, tokenload_flags
+from ..megatron_args import (
+    LEGACY_SPLIT,
+    StepBatchSchedule,
+    blends_of,
+    fast_load,
+    tokenload_flags,
+)
 
 __all__ = [
     "MegatronLoader",
@@ -127,9 +133,7 @@ def data_config_from_args(
             fields["split"] = args.split or LEGACY_SPLIT
     if not getattr(args, "mmap_bin_files", True):
         fields["read_mode"] = "pread"
-    if getattr(args, "dataloader_fast_cache_load", False) or getattr(
-        args, "dataloader_defer_npy_index_mmap", False
-    ):
+    if fast_load(args):  # checked as megatron-core and the importer check it
         fields["build_policy"] = "none"
     if getattr(args, "per_dataset_sequences_path", None) is not None:
         fields["sequences_path"] = args.per_dataset_sequences_path

@@ -115,7 +115,7 @@ def test_the_megatron_adapter_under_the_computed_order_drops_the_jobs_fast_load(
     from tokenload.integrations.megatron import data_config_from_args
 
     args = _megatron_args(str(tmp_path))
-    args.dataloader_fast_cache_load = True
+    args.dataloader_defer_npy_index_mmap = True  # (the fast cache load refuses --data-path)
     computed = data_config_from_args(args, order="computed")
     assert (computed.order, computed.path_to_cache, computed.build_policy) == (
         "computed",
