@@ -275,7 +275,12 @@ def test_the_training_jobs_whole_command_line_prepares_its_caches(one_prefix, tm
                        "--data-cache-path", tmp_path / "x")  # fmt: skip
     assert unquoted.returncode == 2
     assert "unrecognized argument '12:4' after --step-batch-size-schedule" in unquoted.stderr
-    assert "quote a value that holds spaces" in unquoted.stderr and "no such flag" not in unquoted.stderr
+    assert 'quote the whole value (--step-batch-size-schedule "0:4 12:4 ...")' in unquoted.stderr
+    assert "no such flag" not in unquoted.stderr
+    # the hint names the flag whose value was split, not another (a new user's finding)
+    split = run_cli("prepare-cache", *data[:2], "--split", "90,", "5,", "5", *data[4:], "--data-cache-path",
+                    tmp_path / "x")  # fmt: skip
+    assert split.returncode == 2 and 'quote the whole value (--split "90, 5, ...")' in split.stderr, split.stderr
     for job_packing, packing in (("best-fit", "concat"), ("concat", "best-fit")):  # the two disagree
         clash = run_cli("prepare-cache", *job[:-2], "--tokenload-packing", job_packing, "--packing", packing, *data,
                         "--data-cache-path", tmp_path / "x")  # fmt: skip

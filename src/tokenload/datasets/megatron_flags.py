@@ -197,7 +197,7 @@ def check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     as a value of some earlier unknown flag. After an unknown flag any number of values may
     follow (its arity is Megatron's, not known here)."""
     room: float | None = None  # values the current flag still takes; None: any
-    flag = None
+    flag, value = None, ""
     for token in argv:
         if token.startswith("--"):
             flag, given, _ = token.partition("=")
@@ -211,12 +211,15 @@ def check_strays(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
             else:
                 room = 1 if action.nargs in (None, "?") else int(action.nargs)
         elif room is not None:
+            if room > 0:
+                value = token
             if room <= 0:
                 raise ConfigError(
                     f"Megatron flags: unrecognized argument {token!r} after {flag} and its"
                     " value (Megatron's parser refuses it too)",
-                    hint="quote a value that holds spaces, e.g. --step-batch-size-schedule"
-                    ' "0:16 2.4B:320", so that it reaches the job as one argument',
+                    hint=f"if {token!r} belongs to {flag}'s value, quote the whole value"
+                    f' ({flag} "{value} {token} ...") so that it reaches the job as one'
+                    " argument; otherwise remove it",
                 )
             room -= 1
 
