@@ -342,3 +342,18 @@ def test_the_command_in_the_none_error_works_with_a_spaced_split_and_any_cache_f
         assert list((folder / "a" / "cache" / "GPTDataset_indices").glob("*.npy"))
     splits = build_datasets(cfg, sizes)
     np.testing.assert_array_equal(_tokens(splits[0]), reference[0])
+
+
+def test_none_with_a_cache_folder_that_does_not_exist_says_so(data, tmp_path):
+    """A mistyped cache folder under ``none`` read as every cache missing, with a hint to make
+    that folder and prepare into it (a new user's finding): the error says the folder does not
+    exist, and the hint to check its path comes first."""
+    cfg = MegatronDataConfig(sequence_length=8, blend=[str(data / "a")], split="90,10,0", eod_id=999,
+                             build_policy="none", path_to_cache=str(tmp_path / "typo"))
+    with pytest.raises(CacheError, match=r"the cache folder .*typo does not exist, so all \d+ are missing") as info:
+        build_datasets(cfg, [50, 10, 0])
+    assert info.value.hint.startswith("check the cache folder's path")
+    (tmp_path / "typo").mkdir()
+    with pytest.raises(CacheError, match=r"build_policy='none' loads index caches only, and \d+ are missing") as info:
+        build_datasets(cfg, [50, 10, 0])
+    assert info.value.hint.startswith("build them first")

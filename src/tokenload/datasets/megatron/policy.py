@@ -76,11 +76,18 @@ def missing_cache(
         if policy == "none"
         else " after the writer's build (is the cache folder shared by every rank that reads it?)"
     )
+    places = sorted(set(folders))
+    absent = [f for f in places if "://" not in f and not os.path.isdir(f)]  # (an error path)
+    if absent:  # a mistyped --data-cache-path reads as every cache missing: say what was found
+        found = f"the cache folder {', '.join(absent)} does not exist, so all {len(missing)} are"
+        check = "check the cache folder's path (the job's path_to_cache); if it is right, "
+    else:
+        found, check = f"{len(missing)} are", ""
     return CacheError(
-        f"build_policy={policy!r} loads index caches only, and {len(missing)} are missing or stale"
-        f"{after}: {'; '.join(shown)}; expected complete caches in"
-        f" {', '.join(sorted(set(folders)))}",
-        hint=f"build them first, in one process, with: {command}  (or use build_policy='auto')",
+        f"build_policy={policy!r} loads index caches only, and {found} missing or stale"
+        f"{after}: {'; '.join(shown)}; expected complete caches in {', '.join(places)}",
+        hint=f"{check}build them first, in one process, with: {command}  (or use"
+        " build_policy='auto')",
     )
 
 
