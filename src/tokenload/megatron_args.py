@@ -785,3 +785,22 @@ def fast_load(args: argparse.Namespace) -> bool:
             " --test-data-path (or --per-split-data-args-path), or drop the fast load",
         )
     return True
+
+
+def check_provider_flags(args: argparse.Namespace) -> None:
+    """The Megatron-LM provider's own flags (``--tokenload-dataloader-type``,
+    ``--tokenload-packing``) belong to a job under ``--dataloader-type external`` (the provider
+    runs there): elsewhere a ``ConfigError``, from the importer and prepare-cache alike."""
+    tokenload_type = getattr(args, "tokenload_dataloader_type", None)
+    if getattr(args, "dataloader_type", None) == "external":
+        return
+    if tokenload_type is None and getattr(args, "tokenload_packing", None) is None:
+        return
+    flag = "--tokenload-dataloader-type" if tokenload_type is not None else "--tokenload-packing"
+    raise ConfigError(
+        f"{flag} with --dataloader-type {getattr(args, 'dataloader_type', None) or 'single'}: it"
+        " is a flag of tokenload's Megatron-LM provider, which runs under --dataloader-type"
+        " external",
+        hint=f"drop {flag}, or give --dataloader-type external (another loop reading"
+        " these flags: imported.config(packing='best-fit'))",
+    )

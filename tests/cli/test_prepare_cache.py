@@ -14,7 +14,7 @@ import pytest
 
 from support import FIXTURES, run_cli, run_shell, write_documents
 from tokenload.datasets import MegatronDataConfig, build_datasets
-from tokenload.errors import CacheError
+from tokenload.errors import CacheError, ConfigError
 
 PREPARED = json.loads((FIXTURES / "megatron" / "prepare_cache" / "expected.json").read_text())
 CASES = {c["id"]: c for c in PREPARED["cases"]}
@@ -330,3 +330,22 @@ def test_a_full_disk_is_one_error_whose_hint_fits_the_command(tmp_path):
         assert out.returncode == 2 and "the filesystem is full" in out.stderr, out.stderr
         assert "--data-cache-path" in out.stderr and "in memory" not in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_the_providers_flags_without_the_external_loader_are_refused_as_the_importer_refuses_them(one_prefix,
+                                                                                                   tmp_path):
+    """``--tokenload-packing`` belongs to a job under ``--dataloader-type external`` (where the
+    provider runs): the importer refused it elsewhere, prepare-cache took it (a new user's
+    finding). Both refuse it now, in the same words; with the external loader both take it."""
+    from tokenload.datasets.megatron_flags import megatron_config_from_args
+
+    data = ["--data-path", one_prefix, "--split", "90,5,5", "--seq-length", "8", "--global-batch-size", "4",
+            "--train-iters", "6", "--eval-iters", "1", "--eval-interval", "3"]
+    words = "--tokenload-packing with --dataloader-type single: it is a flag of tokenload's Megatron-LM provider"
+    with pytest.raises(ConfigError, match=words):
+        megatron_config_from_args([*data, "--tokenload-packing", "best-fit"], world_size=1)
+    done = run_cli("prepare-cache", *data, "--tokenload-packing", "best-fit", "--data-cache-path", tmp_path / "c")
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    external = [*data, "--tokenload-packing", "best-fit", "--dataloader-type", "external"]
+    assert megatron_config_from_args(external, world_size=1).fields["packing"] == "best-fit"
+    assert _prepare_json(*external, "--data-cache-path", tmp_path / "c")["train_valid_test_num_samples"] == [24, 12, 4]

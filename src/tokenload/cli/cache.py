@@ -32,6 +32,7 @@ from ..megatron_args import (
     batches,
     blend_flags,
     blends_of,
+    check_provider_flags,
     fast_load,
     item_flags,
     json_or_file,
@@ -191,6 +192,7 @@ def run_prepare_cache(args: argparse.Namespace) -> int:
         )
     _require(args)
     fast_load(args)  # the job's fast-load flags, checked as its load checks them
+    check_provider_flags(args)  # and the provider's flags, as the importer checks them
     check_packing_flags(args)
     schedule = _schedule_from(args.weights_schedule)  # a malformed one is refused before any work
     blend, per_split = blends_of(args)

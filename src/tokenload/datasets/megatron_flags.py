@@ -270,16 +270,8 @@ def megatron_config_from_args(
                 " pretraining data only",
                 hint="drop --full-validation, or use pretrain_gpt.py's own provider for it",
             )
-    elif provider:
-        flag = "--tokenload-dataloader-type"
-        if args.tokenload_dataloader_type is None:
-            flag = "--tokenload-packing"
-        raise ConfigError(
-            f"{flag} with --dataloader-type {args.dataloader_type or 'single'}: it is a flag of"
-            " tokenload's Megatron-LM provider, which runs under --dataloader-type external",
-            hint=f"drop {flag}, or give --dataloader-type external (another loop reading"
-            " these flags: imported.config(packing='best-fit'))",
-        )
+    else:
+        megatron_args.check_provider_flags(args)
     if any(t.split("=", 1)[0] == "--prepare-cache-world-size" for t in argv):
         raise ConfigError(
             "--prepare-cache-world-size is tokenload prepare-cache's flag, not Megatron's",
