@@ -266,3 +266,55 @@ def test_a_batch_schedule_is_taken_for_the_global_batch(data, order):
                   *schedule[at + 2 :]]  # fmt: skip
     refused = run_cli("explain", "--step", 1, *with_sizes)
     assert refused.returncode == 2 and "both give the sizes" in refused.stderr
+
+
+#: A tokenizer identity as Megatron writes it into its descriptions (the job's cache names and
+#: its loader state's fingerprint hold it).
+IDENTITY = {"class": "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText",
+            "tokenizer_path": None, "vocab_size": "256"}  # fmt: skip
+
+
+def test_a_state_saved_over_a_tokenizer_identity_is_answered_with_the_tokenizer_flags(data, tmp_path):
+    """explain and where took the data flags of prepare-cache but not its tokenizer flags: a
+    state saved by a job whose dataset names a tokenizer (its fingerprint holds it) was always
+    refused, and --tokenizer-type was answered 'did you mean --tokenizer?' (the --text decoder's
+    flag)."""
+    _, prefixes, _ = data
+    named = dataset(prefixes, "megatron", tokenizer=IDENTITY)
+    state = saved_state(named, 3, skip_after=2)
+    (tmp_path / "state-megatron.json").write_text(json.dumps(state))
+    base = flags(tmp_path, prefixes, "megatron")
+    tokenizer = ["--tokenizer-identity", json.dumps(IDENTITY)]
+    rows = explain(named, step=2, global_batch_size=G, state=state)
+    done = run_cli("explain", "--step", 2, *base, *tokenizer)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()[2:]
+    assert len(printed) == sum(len(r.pieces) for r in rows)
+    for line, p in zip(printed, [p for r in rows for p in r.pieces]):
+        assert f"{p.document:8d}  [{p.start}, {p.stop})" in line
+    source, document = rows[0].pieces[0].source, rows[0].pieces[0].document
+    done = run_cli("where", "--source", source, "--document", document, *base, *tokenizer)
+    assert done.returncode == 0, done.stderr
+    assert any(x.split()[:1] == ["2"] for x in done.stdout.splitlines()[2:])  # step 2 holds it
+    other = {**IDENTITY, "vocab_size": "512"}
+    for given in ([], ["--tokenizer-identity", json.dumps(other)]):  # none, or another one
+        for command in (["explain", "--step", 2], ["where", "--document", document]):
+            done = run_cli(*command, *base, *given)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert "state" in done.stderr and "did you mean" not in done.stderr, done.stderr
+
+
+def test_null_tokenizer_flags_give_the_identity_of_the_jobs_state(data, tmp_path):
+    """--tokenizer-type NullTokenizer --vocab-size N, as prepare-cache derives its identity."""
+    from tokenload import megatron_args
+
+    _, prefixes, _ = data
+    null = {"class": megatron_args.NULL_TOKENIZER_CLASS, "tokenizer_path": None, "vocab_size": "256",
+            "pad_id": "-1"}  # fmt: skip
+    state = saved_state(dataset(prefixes, "megatron", tokenizer=null), 2)
+    (tmp_path / "state-megatron.json").write_text(json.dumps(state))
+    base = flags(tmp_path, prefixes, "megatron")
+    done = run_cli("explain", "--step", 1, *base, "--tokenizer-type", "NullTokenizer", "--vocab-size", 256)
+    assert done.returncode == 0, done.stderr
+    done = run_cli("explain", "--step", 1, *base, "--tokenizer-type", "NullTokenizer")
+    assert done.returncode == 2 and "needs --vocab-size" in done.stderr, done.stderr

@@ -11,7 +11,14 @@ import json
 from typing import Any
 
 from ..errors import CacheError, ConfigError, require
-from ..megatron_args import batch_flags, blend_flags, blends_of, item_flags
+from ..megatron_args import (
+    batch_flags,
+    blend_flags,
+    blends_of,
+    item_flags,
+    tokenizer_flags,
+    tokenizer_identity,
+)
 from .args import at_least, positive
 from .cache_build import packing_flags
 
@@ -100,6 +107,12 @@ def _data_flags(p: argparse.ArgumentParser) -> None:
         "items (the loader state's fingerprint covers them: give the job's, as it gave them)"
     )
     item_flags(items)
+    tokenizer_flags(
+        p.add_argument_group(
+            "tokenizer identity (Megatron's order: part of every cache name and of the loader"
+            " state's fingerprint; give the job's, as prepare-cache takes it)"
+        )
+    )
     items.add_argument(
         "--eod-id",
         type=at_least(int, 0),
@@ -152,7 +165,12 @@ def _dataset(args: argparse.Namespace) -> tuple[Any, dict[str, Any] | None, Any]
     if args.state is not None:
         state = find_state(read(args.state), args.state, args.state_key)
     counts = _counts(args)
+    identity = tokenizer_identity(args)
     options: dict[str, Any] = {}
+    if identity is not None and args.order == "megatron":
+        # the Megatron order's caches are named for it (another order reads none, as the
+        # Megatron-LM provider gives it)
+        options["tokenizer"] = identity
     if args.order == "megatron" and args.data_cache_path is not None:
         # read-only: the job's prepared caches are loaded, never written (a query whose flags
         # name another order, e.g. another packing, must not add that order's caches there)
