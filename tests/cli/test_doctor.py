@@ -3,6 +3,8 @@ command; the fix, applied, makes the finding go away."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import shutil
 
@@ -517,3 +519,61 @@ def test_the_summary_line_says_what_each_problem_is_in_a_few_words(tmp_path, mon
     said = capsys.readouterr().out
     assert ("2 problem(s) (io-burst: 13 opens/stats per rank at startup;"
             " packing: concatenation cuts 66% of documents that fit a row) in") in said, said
+
+
+def test_caches_named_for_a_tokenizer_are_found_with_the_jobs_tokenizer_flags(tmp_path):
+    """The doctor had no tokenizer flags: it looked for caches named for no tokenizer, said
+    `[startup] ok` for caches a job with a tokenizer identity does not find, and printed a
+    prepare-cache command whose caches that job does not load."""
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.errors import CacheError
+    from tokenload.megatron_args import NULL_TOKENIZER_CLASS
+
+    prefix = _corpus(tmp_path / "data")
+    cache = tmp_path / "cache"
+    job = ("--data-path", prefix, "--data-cache-path", cache, "--train-samples", "200", *FAST)
+    null = ("--tokenizer-type", "NullTokenizer", "--vocab-size", "256")
+    prepared = run_cli("prepare-cache", "--data-path", prefix, "--data-cache-path", cache, "--split", "100,0,0",
+                       "--seq-length", "64", "--train-valid-test-num-samples", "200", "epoch", "epoch", *null)
+    assert prepared.returncode == 0, prepared.stderr
+    named = run_cli("doctor", *job, "--build-policy", "none", *null)
+    assert "[startup] ok: the index caches are prepared" in named.stdout, named.stdout + named.stderr
+    identity = {"class": NULL_TOKENIZER_CLASS, "tokenizer_path": None, "vocab_size": "256", "pad_id": "-1"}
+    given = run_cli("doctor", *job, "--build-policy", "none", "--tokenizer-identity", json.dumps(identity))
+    assert "[startup] ok: the index caches are prepared" in given.stdout, given.stdout + given.stderr
+    bare = run_cli("doctor", *job, "--build-policy", "none")  # caches named for no tokenizer
+    assert "PROBLEM" in _finding(bare.stdout, "startup"), bare.stdout + bare.stderr
+    # and caches named for no tokenizer are not the job's: not `ok` (what the doctor said)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    prepared = run_cli("prepare-cache", "--data-path", prefix, "--data-cache-path", plain, "--split", "100,0,0",
+                       "--seq-length", "64", "--train-valid-test-num-samples", "200", "epoch", "epoch")
+    assert prepared.returncode == 0, prepared.stderr
+    unnamed = run_cli("doctor", *job[:2], "--data-cache-path", plain, *job[4:], "--build-policy", "none", *null)
+    assert "PROBLEM" in _finding(unnamed.stdout, "startup"), unnamed.stdout + unnamed.stderr
+    unnamed = run_cli("doctor", *job[:2], "--data-cache-path", plain, *job[4:], "--build-policy", "none")
+    assert "[startup] ok: the index caches are prepared" in unnamed.stdout, unnamed.stdout + unnamed.stderr
+    # the printed command writes the caches that a job naming the tokenizer loads
+    other = tmp_path / "other"
+    out = run_cli("doctor", "--data-path", prefix, "--data-cache-path", other, "--train-samples", "200", *FAST,
+                  "--build-policy", "rank0", "--tokenizer-identity", json.dumps(identity))
+    stall = _finding(out.stdout, "startup")
+    command = re.search(r"fix: run `(mkdir -p [^`]* && tokenload prepare-cache [^`]*)`", stall).group(1)
+    assert "--tokenizer-identity" in command, command
+    done = run_shell(command)
+    assert done.returncode == 0, done.stderr
+    config = MegatronDataConfig(sequence_length=64, blend=[prefix], split="100,0,0", path_to_cache=str(other),
+                                build_policy="none", tokenizer=identity)
+    build_datasets(config, [200, None, None])  # loaded: build_policy="none" builds nothing
+    with pytest.raises(CacheError):
+        build_datasets(dataclasses.replace(config, tokenizer=None), [200, None, None])
+
+
+def test_the_tokenizer_flags_are_checked_as_prepare_cache_checks_them(tmp_path):
+    prefix = _corpus(tmp_path / "data", documents=20)
+    for flags, words in ((("--tokenizer-type", "NullTokenizer"), "needs --vocab-size"),
+                         (("--tokenizer-type", "GPT2BPETokenizer"), "derives only NullTokenizer's"),
+                         (("--tokenizer-identity", "{"), "is not JSON")):
+        out = run_cli("doctor", "--data-path", prefix, *FAST, *flags)
+        assert out.returncode == 2 and words in out.stderr, out.stderr
+        assert "[" not in out.stdout  # refused before measuring

@@ -9,6 +9,7 @@ import argparse
 import os
 
 from ..errors import ConfigError
+from ..megatron_args import tokenizer_flags, tokenizer_identity
 from .args import at_least, positive
 from .vocabulary import to_flags
 
@@ -79,6 +80,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the job's --eval-interval (needed with the other length flags)",
     )
     p.add_argument("--seed", type=int, default=1234, help="the job's --seed")
+    tokenizer_flags(
+        p.add_argument_group(
+            "the job's tokenizer identity (part of every cache name)",
+            "as tokenload prepare-cache takes them: the doctor looks for the caches named for"
+            " this tokenizer, and prints the prepare-cache command that writes them",
+        )
+    )
     p.add_argument(
         "--build-policy",
         default="auto",
@@ -159,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         eval_iters=args.eval_iters,
         eval_interval=args.eval_interval,
         seed=args.seed,
+        tokenizer=tokenizer_identity(args),
         build_policy=args.build_policy,
         order=args.order,
         packing=args.packing,

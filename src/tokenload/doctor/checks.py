@@ -66,6 +66,7 @@ def _data_config(config: DoctorConfig, **overrides: Any) -> MegatronDataConfig:
         packing=config.packing,
         read_mode=config.read_mode,
         sequences_path=config.sequences_path,
+        tokenizer=config.tokenizer,
     )
     values.update(overrides)
     # the job's cache folder and policy belong to the Megatron order (timed beside the computed)

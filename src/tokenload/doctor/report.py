@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +41,10 @@ class DoctorConfig:
     eval_interval: int | None = None
     """The job's ``--eval-interval``."""
     seed: int = 1234
+    tokenizer: Mapping[str, Any] | None = None
+    """The job's tokenizer identity (Megatron's ``unique_identifiers``, as
+    ``MegatronDataConfig(tokenizer=...)``): part of every index cache's name, so the doctor looks
+    for the caches named for it and prints the prepare-cache command that writes them."""
     build_policy: str = "auto"
     order: str = "megatron"
     packing: str = "concat"
