@@ -318,3 +318,7 @@ def test_null_tokenizer_flags_give_the_identity_of_the_jobs_state(data, tmp_path
     assert done.returncode == 0, done.stderr
     done = run_cli("explain", "--step", 1, *base, "--tokenizer-type", "NullTokenizer")
     assert done.returncode == 2 and "needs --vocab-size" in done.stderr, done.stderr
+    tmp, _, _ = data  # the computed order reads no tokenizer identity: the flags change nothing
+    done = run_cli("explain", "--step", 1, *flags(tmp, prefixes, "computed"), "--tokenizer-type", "NullTokenizer",
+                   "--vocab-size", 256)  # fmt: skip
+    assert done.returncode == 0, done.stderr
