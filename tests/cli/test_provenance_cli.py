@@ -156,16 +156,8 @@ def test_packed_rows_are_answered_with_packing_and_a_packed_state_refused_withou
            "--dataloader-inter-document-masking"]  # fmt: skip
     rows = explain(dataset(prefixes, order, **packed), step=1, global_batch_size=G, state=state)
     assert any(len(r.pieces) > 1 for r in rows)  # packed rows: several documents in some
-    done = run_cli("explain", "--step", 1, *base, *job)
-    assert done.returncode == 0, done.stderr
-    printed = done.stdout.splitlines()[2:]
-    assert len(printed) == sum(len(r.pieces) for r in rows)
-    for line, p in zip(printed, [p for r in rows for p in r.pieces]):
-        assert f"{p.document:8d}  [{p.start}, {p.stop})" in line
-    source, document = rows[0].pieces[0].source, rows[0].pieces[0].document
-    done = run_cli("where", "--source", source, "--document", document, *base, *job)
-    assert done.returncode == 0, done.stderr
-    assert any(x.split()[:1] == ["1"] for x in done.stdout.splitlines()[2:])  # step 1 holds it
+    _explain_and_where(rows, 1, [*base, *job])
+    document = rows[0].pieces[0].document
     others = (
         ([], "--packing concat"),  # concatenated samples
         (job[:2] + job[4:], "--packing best-fit"),  # no cap
@@ -286,16 +278,8 @@ def test_a_state_saved_over_a_tokenizer_identity_is_answered_with_the_tokenizer_
     base = flags(tmp_path, prefixes, "megatron")
     tokenizer = ["--tokenizer-identity", json.dumps(IDENTITY)]
     rows = explain(named, step=2, global_batch_size=G, state=state)
-    done = run_cli("explain", "--step", 2, *base, *tokenizer)
-    assert done.returncode == 0, done.stderr
-    printed = done.stdout.splitlines()[2:]
-    assert len(printed) == sum(len(r.pieces) for r in rows)
-    for line, p in zip(printed, [p for r in rows for p in r.pieces]):
-        assert f"{p.document:8d}  [{p.start}, {p.stop})" in line
-    source, document = rows[0].pieces[0].source, rows[0].pieces[0].document
-    done = run_cli("where", "--source", source, "--document", document, *base, *tokenizer)
-    assert done.returncode == 0, done.stderr
-    assert any(x.split()[:1] == ["2"] for x in done.stdout.splitlines()[2:])  # step 2 holds it
+    _explain_and_where(rows, 2, [*base, *tokenizer])
+    document = rows[0].pieces[0].document
     other = {**IDENTITY, "vocab_size": "512"}
     for given in ([], ["--tokenizer-identity", json.dumps(other)]):  # none, or another one
         for command in (["explain", "--step", 2], ["where", "--document", document]):
@@ -322,3 +306,18 @@ def test_null_tokenizer_flags_give_the_identity_of_the_jobs_state(data, tmp_path
     done = run_cli("explain", "--step", 1, *flags(tmp, prefixes, "computed"), "--tokenizer-type", "NullTokenizer",
                    "--vocab-size", 256)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def _explain_and_where(rows, step: int, args: list) -> None:
+    """``tokenload explain --step STEP ARGS`` prints the pieces of ``rows`` (the library's
+    ``explain``), and ``tokenload where`` finds the first one's document at that step."""
+    done = run_cli("explain", "--step", step, *args)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()[2:]
+    assert len(printed) == sum(len(r.pieces) for r in rows)
+    for line, p in zip(printed, [p for r in rows for p in r.pieces]):
+        assert f"{p.document:8d}  [{p.start}, {p.stop})" in line
+    source, document = rows[0].pieces[0].source, rows[0].pieces[0].document
+    done = run_cli("where", "--source", source, "--document", document, *args)
+    assert done.returncode == 0, done.stderr
+    assert any(x.split()[:1] == [str(step)] for x in done.stdout.splitlines()[2:])  # it holds it
