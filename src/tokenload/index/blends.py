@@ -94,7 +94,22 @@ def parse_blend(items: Sequence[str] | str | None) -> Blend | None:
     for item in items:
         if not isinstance(item, str):
             raise ConfigError(f"blend item {item!r} is not a string; expected strings")
+    for item in items:  # (a cache's name holds its prefix: one name per token file pair)
+        if item.strip().endswith((".bin", ".idx")):
+            raise ConfigError(
+                f"blend item {item!r} names a file, not a token file's prefix; expected the"
+                " prefix (Megatron's --data-path takes prefixes, and index caches are named"
+                " after them)",
+                hint=f"write {item.strip()[:-4]!r}",
+            )
     if len(items) % 2 == 1:
+        numbers = [p for p in items if _is_number(p)]
+        if numbers:  # Megatron reads them as prefixes too, then fails to open them
+            raise ConfigError(
+                f"blend {items!r} has an odd number of items, so every item is a prefix,"
+                f" {numbers[0]!r} included; expected 'W1 PREFIX1 W2 PREFIX2 ...' or prefixes only",
+                hint="give each prefix its weight, or drop the weights",
+            )
         return Blend(prefixes=tuple(p.strip() for p in items))
     weights: list[float | None] = []
     for raw in items[0::2]:
@@ -116,6 +131,14 @@ def parse_blend(items: Sequence[str] | str | None) -> Blend | None:
     return Blend(
         prefixes=tuple(p.strip() for p in items[1::2]), weights=tuple(cast("list[float]", weights))
     )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _read_text(path: str | os.PathLike[str]) -> str:

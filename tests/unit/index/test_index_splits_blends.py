@@ -138,3 +138,19 @@ def test_per_split_json(tmp_path):
 def test_to_list_round_trips():
     b = Blend(prefixes=("p1", "p2"), weights=(0.25, 3.0))
     assert parse_blend(b.to_list()) == b
+
+
+@pytest.mark.parametrize(("items", "match", "hint"), [
+    (["0.3", "A", "B"], "odd number of items, so every item is a prefix, '0.3' included", "give each prefix"),
+    (["A_text_document.bin"], "names a file, not a token file's prefix", "write 'A_text_document'"),
+    (["0.5", "a", "0.5", "b.idx"], "'b.idx' names a file", "write 'b'"),
+])
+def test_a_blend_megatron_would_fail_on_later_is_refused_saying_why(items, match, hint):
+    """``--data-path 0.3 A B`` (a weight lost) reads '0.3' as a prefix, as Megatron does, which
+    then failed as '0.3.idx: cannot read the index'; a prefix given as its '.bin' or '.idx'
+    opened the pair but named the caches after the file, so a job without the suffix found no
+    cache (new users' findings). Both are ConfigErrors saying what to write."""
+    with pytest.raises(ConfigError, match=match) as info:
+        parse_blend(items)
+    assert info.value.hint.startswith(hint)
+    assert parse_blend(["A", "B", "C"]) is not None and parse_blend(["1", "a", "2", "b"]) is not None
