@@ -777,9 +777,17 @@ def fast_load(args: argparse.Namespace) -> bool:
             f"{fast[0]} needs --data-cache-path (Megatron asserts it too)",
             hint="pass the folder that tokenload prepare-cache filled",
         )
-    if getattr(args, "dataloader_fast_cache_load", False) and getattr(args, "data_path", None):
+    blend_flag = next(
+        (
+            f
+            for f, a in (("--data-path", "data_path"), ("--data-args-path", "data_args_path"))
+            if getattr(args, a, None)
+        ),
+        None,
+    )  # either gives megatron-core's blend, which the fast cache load refuses
+    if getattr(args, "dataloader_fast_cache_load", False) and blend_flag is not None:
         raise ConfigError(
-            "--dataloader-fast-cache-load and --data-path cannot be used together"
+            f"--dataloader-fast-cache-load and {blend_flag} cannot be used together"
             " (megatron-core's BlendedMegatronDatasetConfig asserts it)",
             hint="give the splits' data with --train-data-path, --valid-data-path and"
             " --test-data-path (or --per-split-data-args-path), or drop the fast load",

@@ -255,3 +255,34 @@ def test_an_evaluation_split_of_no_sample_gets_no_loader(prefixes):
     with pytest.raises(ConfigError, match="0 samples; a loader needs at least one") as info:
         build_dataloader(empty, micro_batch_size=2, num_workers=0)
     assert "needs no loader" in str(info.value)
+
+
+def test_a_tokenizers_numpy_ids_are_its_ids(prefixes):
+    """A tokenizer whose eod, pad and vocabulary size are NumPy ints: the same config as with
+    Python ints (they were dropped as no id: pad -1, no EOD: a red-team finding)."""
+
+    class NumpyTokenizer(Tokenizer):
+        eod = np.int64(EOD)
+        vocab_size = np.uint32(100)
+        pad = np.int64(5)
+
+    class IntTokenizer(Tokenizer):
+        pad = 5
+
+    args = megatron_args(data_path=[prefixes[0]], split="90,8,2")
+    got, want = data_config_from_args(args, NumpyTokenizer()), data_config_from_args(args, IntTokenizer())
+    assert (got.eod_id, got.pad_id, got.vocab_size) == (want.eod_id, want.pad_id, want.vocab_size) == (EOD, 5, 100)
+    assert type(got.eod_id) is int and got == want
+
+
+def test_the_fast_cache_load_refuses_a_data_args_path_blend_as_megatron_does(prefixes, tmp_path):
+    """``--data-args-path`` gives megatron-core's blend as ``--data-path`` does, and its fast
+    cache load asserts there is none (a red-team finding: it was taken)."""
+    from tokenload.errors import ConfigError
+
+    path = tmp_path / "blend.txt"
+    path.write_text(f"1 {prefixes[0]}\n")
+    args = megatron_args(data_args_path=str(path), split="90,8,2", dataloader_fast_cache_load=True,
+                         data_cache_path=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match="--dataloader-fast-cache-load and --data-args-path cannot be used"):
+        data_config_from_args(args, Tokenizer())

@@ -79,7 +79,14 @@ class ItemConfig:
                     field=name,
                 ) from None
         for name in _FLAGS:
-            object.__setattr__(self, name, bool(getattr(self, name)))
+            flag = getattr(self, name)
+            if not isinstance(flag, (bool, np.bool_)):  # "false" would be True
+                raise ConfigError(
+                    f"{name} is {flag!r} ({type(flag).__name__}); expected True or False",
+                    hint=f"pass {name}=True or {name}=False",
+                    field=name,
+                )
+            object.__setattr__(self, name, bool(flag))
         if self.sequence_length < 1:
             raise ConfigError(
                 f"sequence_length is {self.sequence_length}", hint="use a positive sequence length"

@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -154,12 +155,20 @@ def _tokenizer_fields(tokenizer: Any) -> dict[str, Any]:
     if identity is not None:
         out["tokenizer"] = dict(identity)
     for name, attr in (("eod_id", "eod"), ("vocab_size", "vocab_size")):
-        value = _attr(tokenizer, attr)
-        if isinstance(value, int):
+        value = _integer(_attr(tokenizer, attr))
+        if value is not None:
             out[name] = value
-    pad = _attr(tokenizer, "pad")  # Megatron uses -1 when the tokenizer has none
-    out["pad_id"] = pad if isinstance(pad, int) else -1
+    pad = _integer(_attr(tokenizer, "pad"))  # Megatron uses -1 when the tokenizer has none
+    out["pad_id"] = -1 if pad is None else pad
     return out
+
+
+def _integer(value: Any) -> int | None:
+    """A tokenizer's id as an int, NumPy's included (a tokenizer may hold np.int64 ids, which
+    were dropped as no id: a red-team finding); None for none or anything else."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
 
 
 def _attr(obj: Any, name: str) -> Any:

@@ -64,6 +64,19 @@ from .workers import WorkerPool
 logger = logging.getLogger(__name__)
 
 
+def _samples(value: Any) -> int:
+    """``consumed_samples`` as an int of 0 or more (NumPy's taken, as a state must hold a plain
+    int); anything else a ConfigError."""
+    count = None if isinstance(value, bool) else _as_count(value)
+    if count is None:
+        raise ConfigError(
+            f"consumed_samples is {value!r} ({type(value).__name__}); expected an int of 0 or more",
+            hint="pass the samples the job has consumed (Megatron's consumed_train_samples)",
+            field="consumed_samples",
+        )
+    return count
+
+
 def _as_count(value: Any) -> int | None:
     """``value`` as a non-negative int when it is an integer of another type (NumPy's), else
     None."""
@@ -120,9 +133,9 @@ class LoaderConfig(metaclass=FieldDocs):
     (logging at INFO, logger ``tokenload.loader.dataloader``); None logs nothing."""
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "dp_rank", "dp_size", "num_workers"):
+        for name in ("micro_batch_size", "dp_rank", "dp_size", "num_workers", "prefetch_factor"):
             value = getattr(self, name)
-            optional = name in ("dp_rank", "dp_size")
+            optional = name in ("dp_rank", "dp_size", "prefetch_factor")
             if (value is None and optional) or (type(value) is int and value >= 0):
                 continue
             if type(value) is not bool and _as_count(value) is not None:
@@ -139,6 +152,8 @@ class LoaderConfig(metaclass=FieldDocs):
             raise ConfigError(
                 f"micro_batch_size is {self.micro_batch_size}", hint="use 1 or more samples"
             )
+        if self.dp_size is not None and self.dp_size < 1:
+            raise ConfigError(f"dp_size is {self.dp_size}", hint="use 1 or more ranks, or None")
         if self.kind not in ("single", "cyclic"):
             raise ConfigError(
                 f"kind is {self.kind!r}, expected 'single' or 'cyclic'", hint="use kind='single'"
@@ -197,11 +212,11 @@ class TokenloadDataLoader:
             dp_size=self.dp_size,
             drop_last=config.drop_last,
         )
-        self.consumed_samples = consumed_samples
+        self.consumed_samples = _samples(consumed_samples)
         # (first global sample, micro_batch_size, dp_size) of each topology the run served with
         # (state.topology_history): a loader started at consumed_samples knows its own only
         self._topologies: list[Topology] = [
-            (consumed_samples, config.micro_batch_size, self.dp_size)
+            (self.consumed_samples, config.micro_batch_size, self.dp_size)
         ]
         self._pool: WorkerPool | None = None
         # the job's per-source figures and skips (ledger.py), also in metrics()["job"]
@@ -405,7 +420,7 @@ class TokenloadDataLoader:
 
     def restart(self, consumed_samples: int = 0) -> None:
         """Start the next iteration at ``consumed_samples`` (e.g. 0 for every validation pass)."""
-        self.consumed_samples = consumed_samples
+        self.consumed_samples = _samples(consumed_samples)
 
     def close(self) -> None:
         """Stop the worker processes now (they restart on the next iteration). Without it,

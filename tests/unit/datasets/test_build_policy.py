@@ -352,7 +352,7 @@ def test_none_with_a_cache_folder_that_does_not_exist_says_so(data, tmp_path):
                              build_policy="none", path_to_cache=str(tmp_path / "typo"))
     with pytest.raises(CacheError, match=r"the cache folder .*typo does not exist, so all \d+ are missing") as info:
         build_datasets(cfg, [50, 10, 0])
-    assert info.value.hint.startswith("check the cache folder's path")
+    assert info.value.hint.startswith("check the path of that cache folder")
     (tmp_path / "typo").mkdir()
     with pytest.raises(CacheError, match=r"build_policy='none' loads index caches only, and \d+ are missing") as info:
         build_datasets(cfg, [50, 10, 0])

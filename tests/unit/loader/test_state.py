@@ -324,3 +324,33 @@ def test_a_micro_batch_size_that_is_no_count_is_a_config_error(dataset, value):
     with pytest.raises(ConfigError, match=f"micro_batch_size is {value!r}"):
         _loader(dataset, micro_batch_size=value)
     assert _loader(dataset, micro_batch_size=np.int64(4)).config.micro_batch_size == 4
+
+
+@pytest.mark.parametrize(("field", "value"), [("consumed_samples", None), ("consumed_samples", "2"),
+                                              ("consumed_samples", 2.0), ("consumed_samples", True),
+                                              ("prefetch_factor", "2"), ("prefetch_factor", 2.0),
+                                              ("prefetch_factor", True), ("dp_size", 0)])
+def test_counts_that_are_no_counts_are_config_errors(dataset, field, value):
+    """consumed_samples, prefetch_factor and dp_size: a ConfigError naming the field (TypeErrors,
+    a ZeroDivisionError, or taken: red-team findings); NumPy ints become ints, so that a state
+    stays JSON."""
+    import json
+
+    from tokenload.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        _loader(dataset, **{field: value})
+    loader = _loader(dataset, consumed_samples=np.int64(8), prefetch_factor=np.int64(2))
+    assert type(loader.consumed_samples) is int and loader.config.prefetch_factor == 2
+    json.dumps(loader.state_dict())
+
+
+@pytest.mark.parametrize("flag", ["eod_mask_loss", "add_extra_token", "reset_position_ids"])
+def test_an_item_flag_given_as_text_is_refused(tmp_path, flag):
+    """``eod_mask_loss="false"`` became True (a red-team finding): flags are True or False."""
+    from tokenload.datasets import MegatronDataConfig, build_datasets
+    from tokenload.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{flag} is 'false'"):
+        build_datasets(MegatronDataConfig(sequence_length=8, blend=["p"], split="100,0,0", eod_id=0,
+                                          **{flag: "false"}), [10, 0, 0])

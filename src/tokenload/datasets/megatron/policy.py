@@ -77,10 +77,17 @@ def missing_cache(
         else " after the writer's build (is the cache folder shared by every rank that reads it?)"
     )
     places = sorted(set(folders))
-    absent = [f for f in places if "://" not in f and not os.path.isdir(f)]  # (an error path)
-    if absent:  # a mistyped --data-cache-path reads as every cache missing: say what was found
-        found = f"the cache folder {', '.join(absent)} does not exist, so all {len(missing)} are"
-        check = "check the cache folder's path (the job's path_to_cache); if it is right, "
+    local = [f for f in places if f and "://" not in f]  # (stat'ed on this error path only)
+    absent = [f for f in local if not os.path.exists(f)]
+    files = [f for f in local if os.path.exists(f) and not os.path.isdir(f)]
+    if absent or files:  # a mistyped cache folder reads as caches missing: say what was found
+        what = "; ".join(
+            [f"the cache folder {f} does not exist" for f in absent]
+            + [f"{f} is a file, not a folder" for f in files]
+        )
+        every = "all " if len(absent) + len(files) == len(places) else ""
+        found = f"{what}, so {every}{len(missing)} are"
+        check = "check the path of that cache folder; if it is right, "
     else:
         found, check = f"{len(missing)} are", ""
     return CacheError(
