@@ -214,26 +214,22 @@ def _piece_positions(
     first: np.ndarray,
     length: np.ndarray,
     out: np.ndarray,
+    rows: tuple[np.ndarray, int, bool],
     laid_out: tuple[np.ndarray, np.ndarray] | None = None,
-    rows: tuple[np.ndarray, int, bool] | None = None,
 ) -> None:
     """Position ids of packed rows into ``out`` (``(B, S)`` int64): each piece's slots count from
     0 at its first slot, and a row's padding goes on counting its last piece's (as
     ``document_bounds``: a short sample's shortfall joins its last part). Each row's pieces
     are laid from its slot 0 (rows of up to S + 1 tokens). ``laid_out``: the plan's (slot,
-    input positions) per piece (``piece_layout``); else, with ``rows`` (each row's tokens, the
-    window's width W and whether a row may be short), counted over the windows laid end to end
+    input positions) per piece (``piece_layout``); else counted over the windows laid end to end
+    from ``rows``: each row's tokens, the window's width W and whether a row may be short
     (``_window_positions``)."""
-    batch, seq = out.shape
-    if not batch:
+    if not out.shape[0]:
         return
     if laid_out is not None:
         _lay_positions(*laid_out, out)
-    elif rows is not None:
-        _window_positions(first, length, *rows, out)
     else:
-        layout = piece_layout(_offsets(first, length.size), length, seq, documents=False)
-        _lay_positions(layout.slot, layout.inputs, out)
+        _window_positions(first, length, *rows, out)
 
 
 def _window_positions(
@@ -375,8 +371,9 @@ def build_items(
     position_ids = new((batch, seq), _INT64)
     starts = None  # where each position's document begins
     if pieces is not None:
-        rows = (row_tokens, text.shape[1], padded) if row_tokens is not None else None
-        _piece_positions(pieces[0], pieces[1], position_ids, laid_out, rows)
+        assert row_tokens is not None  # (checked above: pieces come with row_tokens)
+        rows = (row_tokens, text.shape[1], padded)
+        _piece_positions(pieces[0], pieces[1], position_ids, rows, laid_out)
         # Megatron's EOD rule on top of the documents: with reset_position_ids or a reset
         # attention mask (and no inter_document_masking, whose boundaries are the documents'),
         # an EOD token inside a document also starts a new segment, as in a concatenated sample;

@@ -779,9 +779,11 @@ def test_the_plan_s_layout_gives_the_fields_and_counts_worked_out_from_the_piece
         tokens = raw["row_tokens"]
         short += int(np.count_nonzero(tokens < seq + int(extra)))
         by_layout = np.empty((len(idx), seq), dtype=np.int64)  # piece_layout of the pieces
-        items._piece_positions(first, length, by_layout)
+        offsets = np.append(first, length.size)
+        layout = items.piece_layout(offsets, length, seq, documents=False)
+        items._lay_positions(layout.slot, layout.inputs, by_layout)
         by_windows = np.empty_like(by_layout)
-        items._piece_positions(first, length, by_windows, rows=(tokens, seq + int(extra), True))
+        items._piece_positions(first, length, by_windows, (tokens, seq + int(extra), True))
         one_by_one = np.empty_like(by_layout)
         for row in range(len(idx)):
             slot = 0
