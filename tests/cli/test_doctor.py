@@ -497,11 +497,16 @@ def test_the_summary_line_says_what_each_problem_is_in_a_few_words(tmp_path, mon
     opens, stats = map(int, re.search(r"\[io-burst\] PROBLEM: (\d+) opens and (\d+) stats", out.stdout).groups())
     share = float(re.search(r"that fit one row \(([\d.]+)%\)", _finding(out.stdout, "packing")).group(1))
     last = out.stdout.strip().splitlines()[-1]
-    assert last == (
-        "3 problem(s) found (startup: no prepared cache: indices built at startup;"
-        f" io-burst: {opens + stats} opens/stats per rank at startup;"
-        f" packing: concatenation cuts {share:.0f}% of documents that fit a row)"
-    ), last
+    # the steady state is a timing: on a loaded machine it may be a problem too (then named)
+    slow = "PROBLEM" in _finding(out.stdout, "steady-state")
+    parts = [
+        "startup: no prepared cache: indices built at startup",
+        f"io-burst: {opens + stats} opens/stats per rank at startup",
+        *(["steady-state: the loader at "] if slow else []),
+        f"packing: concatenation cuts {share:.0f}% of documents that fit a row)",
+    ]
+    assert last.startswith(f"{3 + slow} problem(s) found (") and all(p in last for p in parts), last
+    assert last.endswith(parts[-1]), last
     # the demo's line (its doctor stubbed: the words are the findings')
     import tokenload.cli.demo as demo
     import tokenload.doctor
