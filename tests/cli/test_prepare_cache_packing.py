@@ -43,10 +43,10 @@ def test_the_printed_command_prepares_the_packed_plan_that_none_loads(packed_job
     out = run_shell(command)
     assert out.returncode == 0, out.stderr
     assert glob.glob(str(cache / "*-PackedGPTDataset-train-piece_index.npy"))
-    assert glob.glob(str(cache / "*-PackedGPTDataset-train-window_index.npy"))
+    assert glob.glob(str(cache / "*-PackedGPTDataset-train-piece_part.npy"))
     # the layout is in the cache's identity: a plan of another layout is another cache
     for description in glob.glob(str(cache / "*-PackedGPTDataset-*-description.txt")):
-        assert '"layout": "last-piece+windows"' in Path(description).read_text()
+        assert '"layout": "sequence+part, rows served in order, shuffled per block"' in Path(description).read_text()
     loaded = build_datasets(config, sizes)
     built = build_datasets(dataclasses.replace(config, build_policy="every-rank", path_to_cache=None), sizes)
     for got, want in zip(loaded[:2], built[:2]):
@@ -57,7 +57,7 @@ def test_the_printed_command_prepares_the_packed_plan_that_none_loads(packed_job
             np.testing.assert_array_equal(a[field], b[field])
 
 
-@pytest.mark.parametrize("array", ["piece_index", "window_index"])
+@pytest.mark.parametrize("array", ["piece_index", "piece_part"])
 def test_a_damaged_plan_is_refused_under_none(packed_job, array):
     config, sizes, cache = packed_job
     with pytest.raises(CacheError) as info:
@@ -68,7 +68,7 @@ def test_a_damaged_plan_is_refused_under_none(packed_job, array):
     assert len(files) == 2  # one per prefix
     for path in files:
         data = bytearray(Path(path).read_bytes())
-        # the last piece's sequence, or the last window's end: past any document
+        # the last piece's sequence, or its start: past any document
         data[-4:] = (10**6).to_bytes(4, "little")
         Path(path).write_bytes(bytes(data))
     train = build_datasets(config, sizes)[0]

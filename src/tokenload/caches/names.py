@@ -41,7 +41,7 @@ GPT_ARRAYS: tuple[str, ...] = ("document_index", "sample_index", "shuffle_index"
 BLENDED_ARRAYS: tuple[str, ...] = ("dataset_index", "dataset_sample_index")
 """The arrays of a ``BlendedDataset`` cache."""
 
-PACKED_ARRAYS: tuple[str, ...] = ("row_index", "piece_index", "window_index", "shuffle_index")
+PACKED_ARRAYS: tuple[str, ...] = ("row_index", "piece_index", "piece_part")
 """The arrays of a ``PackedGPTDataset`` cache (tokenload's packed rows; Megatron has none)."""
 
 CACHE_FILE_NAME = re.compile(

@@ -84,18 +84,25 @@ def build_document_index(
     num_epochs: int,
     rng: np.random.RandomState,
     separate_final_epoch: bool,
+    out: npt.NDArray[np.int32] | None = None,
 ) -> npt.NDArray[np.int32]:
     """Return the shuffled document index (int32, length ``num_epochs * len(documents)``).
 
     Identical to Megatron's ``_build_document_index`` for the same ``rng`` state, and leaves
     ``rng`` in the same state: one shuffle of all epochs, or, when ``separate_final_epoch`` and
     ``num_epochs > 1``, a shuffle of the first ``num_epochs - 1`` epochs then one of the last.
+    ``out``: an int32 array (or view) of that length to draw it in, returned.
     """
     docs = as_sequence_ids(documents)
     if num_epochs < 1:
         raise ConfigError(f"num_epochs is {num_epochs}; expected >= 1")
     n = docs.shape[0]
-    out = np.empty(num_epochs * n, dtype=np.int32)
+    if out is None:
+        out = np.empty(num_epochs * n, dtype=np.int32)
+    elif out.dtype != np.int32 or out.shape != (num_epochs * n,):
+        raise ValueError(
+            f"out must be int32 of shape ({num_epochs * n},); got {out.dtype} {out.shape}"
+        )
     out.reshape(num_epochs, n)[...] = docs
     if separate_final_epoch and num_epochs > 1:
         cut = (num_epochs - 1) * n

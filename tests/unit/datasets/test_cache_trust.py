@@ -535,10 +535,10 @@ def test_a_packed_plan_without_its_sidecar_is_never_used(tmp_path):
 
     want = rows()
     os.remove(_cache_file(cache, "tokenload.json"))
-    shuffled = _cache_file(cache, "shuffle_index.npy")
-    data = bytearray(Path(shuffled).read_bytes())
-    data[-8] ^= 1  # another row, still in range
-    Path(shuffled).write_bytes(bytes(data))
+    pieces = _cache_file(cache, "piece_index.npy")
+    data = bytearray(Path(pieces).read_bytes())
+    data[-8] ^= 1  # another sequence, still in range
+    Path(pieces).write_bytes(bytes(data))
     with pytest.raises(CacheError, match="sidecar"):
         rows(cache="strict")
     assert (rows() == want).all()  # auto: rebuilt, with its sidecar

@@ -1,8 +1,8 @@
-"""The Megatron order's packed plan (``datasets.megatron.packed``): its 4-byte-per-piece layout
+"""The Megatron order's packed plan (``datasets.megatron.packed``): its 6-byte-per-piece layout
 names exactly the pieces ``pack_block`` makes of Megatron's document index, the build holds the
-document index, the plan and one block's packing at its peak, and damaged values of the plan are
-a ``CacheError`` naming the array they came from (tests/unit/datasets/test_packing.py checks the
-rows served through both orders)."""
+plan and one block's packing at its peak (the document index lives in the pieces' buffer), and
+damaged values of the plan are a ``CacheError`` naming the array they came from
+(tests/unit/datasets/test_packing.py checks the rows served through both orders)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def lengths_with_every_case(n: int, window: int, extra: int, seed: int) -> np.nd
 
 def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, block):
     """Each row's (sequence, start, length) pieces straight from ``pack_block`` over the
-    document index, with one more epoch while the rows fall short (the module docstring)."""
+    document index, each block's rows in the order the generator then draws, with one more
+    epoch while the rows fall short (the module docstring)."""
     window = seq + extra
     docs = np.asarray(documents, dtype=np.int32)
     epochs = plan_epochs(
@@ -50,7 +51,8 @@ def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, 
     )
     num_epochs, separate = epochs.num_epochs, epochs.separate_final_epoch
     while True:
-        order = build_document_index(docs, num_epochs, seeded_random_state(seed), separate)
+        rng = seeded_random_state(seed)
+        order = build_document_index(docs, num_epochs, rng, separate)
         rows: list[list[tuple[int, int, int]]] = []
         # a separate final epoch's documents are packed on their own
         final = (num_epochs - 1) * docs.size if separate and num_epochs > 1 else order.size
@@ -58,7 +60,7 @@ def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, 
         spans += [(lo, min(lo + block, order.size)) for lo in range(final, order.size, block)]
         for lo, hi in spans:
             ids = order[lo:hi]
-            plan = pack_block(lengths[ids], window, extra, cap)
+            plan = pack_block(lengths[ids], window, extra, cap, row_order=rng.permutation)
             for r in range(plan.num_rows):
                 a, b = plan.row_offsets[r], plan.row_offsets[r + 1]
                 rows.append(
@@ -82,18 +84,13 @@ def reference_pieces(lengths, documents, *, num_samples, seq, extra, seed, cap, 
 def decoded_rows(plan, lengths, seq, extra):
     """The plan's rows by the layout of the module docstring, decoded entry by entry."""
     window = seq + extra
-    offsets, table, cuts = plan["row_index"], plan["piece_index"], plan["window_index"]
+    offsets, table, parts = plan["row_index"], plan["piece_index"], plan["piece_part"]
     rows = []
     for r in range(offsets.size - 1):
+        span = slice(offsets[r], offsets[r + 1])
         row = []
-        for e in table[offsets[r] : offsets[r + 1]].tolist():
-            if e < 0:  # a full window, by (sequence, end)
-                s, end = cuts[-1 - e].tolist()
-                row.append((s, end - window, window))
-            else:  # the last piece: whole, or the rest after the full windows
-                n = int(lengths[e])
-                full = (n - extra) // seq if n > window else 0
-                row.append((e, full * seq, n - full * seq))
+        for s, k in zip(table[span].tolist(), parts[span].tolist(), strict=True):
+            row.append((s, k * seq, min(window, int(lengths[s]) - k * seq)))
         rows.append(row)
     return rows
 
@@ -112,10 +109,13 @@ def test_the_plan_names_exactly_the_pieces_pack_block_makes(seq, extra, cap, num
     beg, end = 50, 1_950
     kwargs = dict(num_samples=num_samples, sequence_length=seq, extra=extra, seed=3)
     plan = build_packed_indices(lengths, range(beg, end), max_documents=cap, block=block, **kwargs)
+    assert plan.keys() == {"row_index", "piece_index", "piece_part"}
     assert plan["piece_index"].dtype == np.int32 and plan["piece_index"].ndim == 1
-    assert plan["window_index"].dtype == np.uint32 and plan["window_index"].shape[1] == 2
+    assert plan["piece_part"].dtype == np.uint16
+    assert plan["piece_part"].shape == plan["piece_index"].shape
     assert plan["row_index"].dtype == np.int32 and plan["row_index"][0] == 0
-    assert (plan["piece_index"] < 0).sum() == len(plan["window_index"]) > 0
+    assert plan["row_index"][-1] == plan["piece_index"].size
+    assert (plan["piece_part"] > 0).any()  # cut documents: pieces past their first
     want = reference_pieces(
         lengths,
         np.arange(beg, end),
@@ -137,12 +137,29 @@ def test_the_plan_names_exactly_the_pieces_pack_block_makes(seq, extra, cap, num
         assert array.dtype == same[name].dtype
 
 
+def test_a_sequence_of_2_16_windows_or_more_numbers_its_parts_in_uint32():
+    # piece_part is uint16 while every part number fits: a sequence of 2^16 windows of S tokens
+    # or more (here 1M tokens at S = 8) needs uint32, and its pieces decode the same
+    seq, extra = 8, 1
+    lengths = lengths_with_every_case(300, seq + extra, extra, seed=5)
+    for longest, dtype in ((seq * ((1 << 16) - 1) + extra + 3, np.uint16), (seq * (1 << 16) + extra + 3, np.uint32)):
+        lengths[17] = longest  # its rest is part (longest - extra) // seq
+        kwargs = dict(num_samples=None, sequence_length=seq, extra=extra, seed=2)
+        plan = build_packed_indices(lengths, range(0, 300), block=128, **kwargs)
+        assert plan["piece_part"].dtype == dtype
+        assert int(plan["piece_part"].max()) == (longest - extra) // seq
+        want = reference_pieces(
+            lengths, np.arange(300), num_samples=None, seq=seq, extra=extra, seed=2, cap=None, block=128
+        )
+        assert decoded_rows(plan, lengths, seq, extra) == want
+
+
 def served_before_a_repeat(plan, lengths, seq, extra) -> tuple[int, int]:
-    """(distinct pieces, rows) served in the shuffle index's order before a piece comes twice."""
+    """(distinct pieces, rows) served (row k is sample k) before a piece comes twice."""
     rows = decoded_rows(plan, lengths, seq, extra)
     seen: set[tuple[int, int, int]] = set()
-    for at, r in enumerate(plan["shuffle_index"].tolist()):
-        for piece in rows[r]:
+    for at, row in enumerate(rows):
+        for piece in row:
             if piece in seen:
                 return len(seen), at
             seen.add(piece)
@@ -176,16 +193,14 @@ def test_a_separate_final_epoch_is_served_last(share):
     )
     total = plan["row_index"].size - 1
     assert total >= num_samples > epoch_rows * (share - 0.05)
-    order = plan["shuffle_index"].astype(np.int64)
-    # the final epoch's rows: the longest tail of the shuffle index that is a shuffle of the
-    # last rows
-    tail = next(
-        t
-        for t in range(1, total)
-        if order[t:].min() == t and np.array_equal(np.sort(order[t:]), np.arange(t, total))
-    )
-    assert 0.5 * epoch_rows < total - tail < 1.05 * epoch_rows
     rows = decoded_rows(plan, lengths, seq, extra)
+    # the final epoch's rows: the shortest tail that holds every piece (rows before it repeat
+    # pieces of earlier epochs only, so a shorter tail misses a piece of its first row)
+    tail, seen = total, set()
+    while len(seen) < pieces:
+        tail -= 1
+        seen.update(rows[tail])
+    assert 0.5 * epoch_rows < total - tail < 1.05 * epoch_rows
     epochs = round(share + 0.5) if share != 1.0 else 2
     head = Counter(piece for r in range(tail) for piece in rows[r])
     assert len(head) == pieces and set(head.values()) == {epochs - 1}
@@ -196,7 +211,7 @@ def test_a_separate_final_epoch_is_served_last(share):
         assert distinct == pieces and served >= tail
 
 
-def test_the_build_holds_the_document_index_the_plan_and_one_block_at_its_peak():
+def test_the_build_holds_the_plan_and_one_block_at_its_peak():
     lengths = lengths_with_every_case(300_000, 257, 1, seed=4)
     block = 1 << 14
     tracemalloc.start()
@@ -214,11 +229,17 @@ def test_the_build_holds_the_document_index_the_plan_and_one_block_at_its_peak()
     finally:
         tracemalloc.stop()
     held = sum(a.nbytes for a in plan.values())
-    assert plan["piece_index"].nbytes == 4 * plan["row_index"][-1]  # 4 bytes per piece
-    order = 4 * lengths.size  # the document index (int32)
-    # one block's packing costs ~130 bytes per document (pack_block's int64 arrays): the plan
-    # is never held twice (parts and their concatenation) nor at 12 bytes per piece
-    assert peak <= held + order + 200 * block, (peak, held, order)
+    pieces = int(plan["row_index"][-1])
+    assert plan["piece_index"].nbytes + plan["piece_part"].nbytes == 6 * pieces
+    empty = 4 * int(np.count_nonzero(lengths == 0))  # their places in the pieces' buffer
+    # ``row_index`` is sized for a row per piece until the rows are counted (pages never written,
+    # so never resident, but tracemalloc counts them), and the document index (int32) lives in
+    # the end of piece_index's buffer; one block's packing costs ~130 bytes per document
+    # (pack_block's int64 arrays): the plan is never held twice, nor with a document index of
+    # its own (4 bytes per entry more)
+    sized = 4 * (pieces - plan["row_index"].size)
+    assert peak <= held + sized + empty + 200 * block, (peak, held, sized)
+    assert peak > held  # (tracemalloc sees the plan)
 
 
 @pytest.fixture
@@ -236,7 +257,7 @@ def packed(tmp_path):
     built = build_datasets(config, [None, 0, 0])[0]
     assert isinstance(built, PackedGPTDataset)
     arrays = {name: np.array(a) for name, a in built.indices.arrays().items()}  # writable
-    assert arrays["window_index"].size
+    assert (arrays["piece_part"] > 0).any()  # a cut document's later pieces
     data = PackedGPTDataset(
         built.source,
         IndexArrays(arrays=arrays),
@@ -269,8 +290,12 @@ def test_samples_of_a_cut_document_are_those_whose_inputs_hold_its_tokens(packed
 
 def test_damaged_values_are_a_cache_error_naming_their_array(packed):
     data, arrays, lengths = packed
-    table, cuts = arrays["piece_index"], arrays["window_index"]
-    offsets, shuffle = arrays["row_index"], arrays["shuffle_index"]
+    table, parts = arrays["piece_index"], arrays["piece_part"]
+    later = int(np.flatnonzero(parts > 0)[0])  # a piece of the cut document past its first
+    cut = int(table[later])
+    mine = np.flatnonzero(table == cut)
+    rest = int(mine[np.argmax(parts[mine])])  # its last piece, after its full windows
+    offsets = arrays["row_index"]
     everything = np.arange(len(data))
     data.__getitems__(everything)  # whole, it serves
     cases = [
@@ -281,28 +306,33 @@ def test_damaged_values_are_a_cache_error_naming_their_array(packed):
         # a row of 2^28 pieces: refused before their positions are allocated (2 GiB)
         (offsets, len(offsets) - 1, 1 << 28, "row_index"),
         (offsets, 4, -(1 << 31), "row_index"),  # the int32 count before it wraps around
-        (shuffle, 0, len(offsets) - 1, "shuffle_index"),  # a row past the plan
-        (table, int(np.flatnonzero(table < 0)[0]), -1 - len(cuts), "piece_index"),
-        (table, int(np.flatnonzero(table >= 0)[0]), len(lengths), "piece_index"),
-        (table, int(np.flatnonzero(table >= 0)[0]), 7, "piece_index"),  # an empty document
-        (cuts[:, 0], 0, len(lengths), "window_index"),  # a sequence past the file
-        (cuts[:, 1], 0, lengths[int(cuts[0, 0])] + 1, "window_index"),  # past its sequence
-        (cuts[:, 1], 0, int(cuts[0, 1]) - 1, "window_index"),  # an end no full window has
+        (table, 0, -1, "piece_index"),  # a negative sequence (read as uint32: past the file)
+        (table, 0, len(lengths), "piece_index"),  # a sequence past the file
+        (table, 0, 7, "piece_index"),  # an empty document
+        (table, later, 7, "piece_index"),  # an empty document, from a start past 0
+        (parts, later, -(-lengths[cut] // 16), "piece_part"),  # at its sequence's end
+        (parts, later, (1 << 16) - 1, "piece_part"),  # far past it
+        # a part that leaves more of the document to its piece than its row has room for
+        (parts, rest, 0, "piece_index"),
     ]
+    # consecutive samples slice the plan's arrays; others gather them: both check every value
+    scattered = np.random.default_rng(0).permutation(len(data))
     for array, at, value, name in cases:
         kept = array[at]
         array[at] = value
         try:
-            with pytest.raises(CacheError, match=name):
-                data.__getitems__(everything)
-            with pytest.raises(CacheError, match=name):
-                data.plan_pieces(everything)
+            for samples in (everything, scattered, everything.tolist()):
+                with pytest.raises(CacheError, match=name):
+                    data.__getitems__(samples)
+                with pytest.raises(CacheError, match=name):
+                    data.plan_pieces(samples)
         finally:
             array[at] = kept
     data.__getitems__(everything)
+    data.__getitems__(scattered)
 
 
-@pytest.mark.parametrize("array", ["row_index", "piece_index", "window_index"])
+@pytest.mark.parametrize("array", ["row_index", "piece_index", "piece_part"])
 def test_a_plan_array_mapped_without_a_manifest_is_checked_against_its_sidecar(tmp_path, array):
     """Arrays past ``VERIFY_AT_CHECK_BYTES`` (a 100M-document plan's ``piece_index`` is 400 MB)
     are verified when first mapped, against the digest the cache's sidecar records: a value
@@ -321,8 +351,12 @@ def test_a_plan_array_mapped_without_a_manifest_is_checked_against_its_sidecar(t
     )
     build_datasets(config, [None, 0, 0])
     (path,) = tmp_path.joinpath("cache").glob(f"*-PackedGPTDataset-train-{array}.npy")
+    values = np.load(path).ravel()
+    i = values.size - 1
+    j = int(np.flatnonzero(values != values[i])[-1])  # two entries that differ, swapped
+    values[i], values[j] = values[j], values[i]
     data = bytearray(path.read_bytes())
-    data[-4], data[-8] = data[-8], data[-4]  # two entries swapped (a valid value each)
+    data[len(data) - values.nbytes :] = values.tobytes()  # (a valid value each)
     path.write_bytes(bytes(data))
     files._VERIFIED.clear()  # as a fresh process
     with pytest.raises(CacheError, match=array):

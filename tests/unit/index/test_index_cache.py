@@ -102,7 +102,7 @@ def test_write_load_and_hit(tmp_path):
 
 
 def test_an_empty_array_is_written_checked_and_loaded(tmp_path):
-    # as a packed plan's window_index is (0, 2) when no document is cut
+    # as an empty split's arrays are
     uid = _gold()
     files = CacheFiles.of(tmp_path / "cache", uid)
     arrays = {**_arrays(), "sample_index": np.zeros((0, 2), dtype=np.int32)}

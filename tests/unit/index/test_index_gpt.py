@@ -66,6 +66,22 @@ def test_document_index_equals_mgrid_construction(n, epochs, separate, seed):
     np.testing.assert_array_equal(np.sort(ours), np.repeat(docs, epochs))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 50), st.integers(1, 4), st.booleans(), st.integers(0, 2**32 - 1))
+def test_document_index_drawn_in_the_end_of_a_larger_buffer_is_the_same(n, epochs, separate, seed):
+    # the packed plan draws it in the end of its pieces' buffer (a view): the same draws
+    docs = np.arange(3, 3 + n, dtype=np.int32)
+    r1, r2 = np.random.RandomState(seed), np.random.RandomState(seed)
+    buffer = np.full(epochs * n + 5, -7, dtype=np.int32)
+    got = build_document_index(docs, epochs, r1, separate, out=buffer[5:])
+    assert np.shares_memory(got, buffer)
+    np.testing.assert_array_equal(buffer[5:], build_document_index(docs, epochs, r2, separate))
+    assert (buffer[:5] == -7).all()  # nothing written before it
+    assert r1.randint(2**31) == r2.randint(2**31)
+    with pytest.raises(ValueError, match="int32 of shape"):
+        build_document_index(docs, epochs, r1, separate, out=buffer)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 300), st.integers(0, 300), st.integers(0, 2**32 - 1))
 def test_shuffle_index_equals_concatenation(a, b, seed):

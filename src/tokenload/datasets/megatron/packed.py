@@ -4,33 +4,46 @@ The documents come in Megatron's own document order: the epochs Megatron's plan 
 request (``index.epochs``) and its shuffled document index (``index.document``, the same
 ``RandomState`` draws as ``GPTDataset``). Consecutive blocks of ``PACK_BLOCK`` entries of that
 index are packed by ``index.packing.pack_block`` (best-fit decreasing; a document of at most
-S + extra tokens is never cut), and the rows are shuffled by Megatron's shuffle rule with the
-same generator, continued. When Megatron's plan has a separate final epoch (the request takes
-less than 80% of the last epoch), that epoch's documents are packed into rows of their own,
-shuffled apart and served last, as Megatron serves its samples (with two epochs: every piece once
-before any repeats). When packing leaves fewer rows than the request (rows hold whole documents,
-so a few more tokens per row go unused than with concatenation), one more epoch is planned, by
-the same 80% rule on the rows the epochs gave, and everything is built again: the plan depends
-on the data, the seed, S and the request only, never on ranks, micro-batches or workers.
+S + extra tokens is never cut), and each block's rows are laid out in a random order drawn from
+the same generator, continued (``RandomState.permutation``, block after block). Sample k is row
+k: the rows are served in the order the plan lays them out, so a micro-batch of consecutive
+samples reads one run of each plan array. The document index is shuffled over the whole split,
+so each block's documents are a uniform draw of them and its rows as mixed as a global shuffle
+of rows would make them; what stays together is a cut document's pieces, served among its
+block's rows (at S = 2,048 about 300,000 rows for a web-text mix), as in the computed order.
+When Megatron's plan has a separate final epoch (the request takes less than 80% of the last
+epoch), that epoch's documents are packed into blocks and rows of their own, served last, as
+Megatron serves its samples (with two epochs: every piece once before any repeats). When
+packing leaves fewer rows than the request (rows hold whole documents, so a few more tokens per
+row go unused than with concatenation), one more epoch is planned, by the same 80% rule on the
+rows the epochs gave, and everything is built again: the plan depends on the data, the seed, S
+and the request only, never on ranks, micro-batches or workers.
 
 The plan is an index cache like Megatron's (``PackedGPTDataset`` caches, beside them under the
-same folder rules, never read by Megatron), 4 bytes per piece (layout ``PLAN_LAYOUT``):
+same folder rules, never read by Megatron), 6 bytes per piece (layout ``PLAN_LAYOUT``):
 
 * ``row_index``: rows + 1 offsets (int32, int64 past 2^31 - 1 pieces): row r holds pieces
   ``row_index[r]..row_index[r + 1]``;
-* ``piece_index``: int32 per piece. An entry ``s >= 0`` is the last piece of sequence s, whose
-  start and length follow from the sequence's length L: all of it when L <= W = S + extra, else
-  the rest ``[m * S, L)`` after its m = (L - extra) // S full windows. An entry ``-1 - j`` is the
-  full window ``(s, e) = window_index[j]``: tokens ``[e - W, e)`` of sequence s;
-* ``window_index``: uint32 (windows, 2), the full windows of cut documents (one row each) by
-  sequence and end (the end where the last-piece rule then gives the window: see ``_pieces``);
-* ``shuffle_index``: Megatron's dtype rule.
+* ``piece_index``: int32 per piece, its sequence s;
+* ``piece_part``: uint16 per piece (uint32 when a sequence of the split has 2^16 windows of S
+  tokens or more), its number k in s: it starts at token k * S (0 for a whole document; a cut
+  document's full windows are k = 0..m - 1 and its rest k = m, m = (L - extra) // S). Its length
+  follows from the sequence's length L: ``min(W, L - k * S)`` with W = S + extra (a full window
+  has W tokens or more from its start on; a last piece, whole or a rest, fewer).
+
+A read of consecutive samples slices the plan's arrays and looks the pieces' sequences up once
+in the token file's lengths, which the check that each piece lies within its sequence needs
+anyway. The earlier layout (4 bytes per piece, rows in packing order with a ``shuffle_index``)
+named a cut document's full windows through a table of their own, made every start from the
+length and gathered every row at random: the loader's first pass cost ~13 us more per
+micro-batch of 16 rows (benchmarks/README.md).
 
 It is built, written, loaded, checked and listed in the build manifest by the same build
 policies as the concatenated order's caches, so ``tokenload prepare-cache --packing best-fit``
 prepares it and ``build_policy="none"`` loads it. Every value is range-checked as batches use
-it. The build holds the document index, the plan and one block's packing at its peak: each
-plan array is sized first and filled in place (``_pack``), and the split's document ids are an
+it. The build holds the plan and one block's packing at its peak: each plan array is sized first
+and filled in place, the document index is drawn in the end of ``piece_index``'s buffer and read
+from there as the pieces fill it from its start (``_pack``), and the split's document ids are an
 array only while the document index is drawn.
 """
 
@@ -43,17 +56,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ...arrays import sample_indices
+from ...arrays import from_end, sample_indices
 from ...caches import describe, description_hash, gpt_identifiers
 from ...contract import Allocator
-from ...errors import CacheError, ConfigError
+from ...errors import CacheError
 from ...index import split_range
 from ...index.document import build_document_index, tokens_per_epoch
 from ...index.epochs import SEPARATE_THRESHOLD, plan_epochs
 from ...index.gpt import seeded_random_state
 from ...index.packing import pack_block
 from ...index.plan import MidLevelPlan
-from ...index.shuffle import build_shuffle_index
 from ...index.splits import SplitMatrix
 from ..contract_parts import OneSourceContract
 from ..items import ItemConfig, finish_windows, upto
@@ -68,20 +80,19 @@ PACK_BLOCK = 1 << 20
 """Entries of the document index packed together: a block of 2^20 documents packs in about a
 second on this machine, with ~0.001% padding at S = 2,048 on a web-text mix."""
 
-PLAN_LAYOUT = "last-piece+windows"
+PLAN_LAYOUT = "sequence+part, rows served in order, shuffled per block"
 """The plan's arrays as the module docstring lays them out (in the cache's identity: a plan of
-another layout, such as the earlier ``(sequence, start, length)`` rows, is never read as this)."""
+another layout, such as the earlier ``last-piece+windows`` with a ``shuffle_index``, is never
+read as this)."""
 
 EPOCH_RULE = "final-epoch-apart"
 """How the plan treats Megatron's separate final epoch (in the cache's identity): its documents
-packed into rows of their own, shuffled apart and served last. Plans made before this rule mixed
+packed into rows of their own and served last. Plans made before this rule mixed
 the final epoch's rows with the others (a piece could repeat before every piece was served) and
 are never read as plans of this rule."""
 
-_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+_MIN, _MAX, _ALL = np.minimum.reduce, np.maximum.reduce, np.logical_and.reduce
 _INT32_MAX = int(np.iinfo(np.int32).max)
-_WINDOWS_MAX = 1 << 31
-"""Full windows a plan can number: ``piece_index`` names window j by ``-1 - j`` (int32)."""
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
 
 
@@ -96,10 +107,10 @@ def build_packed_indices(
     max_documents: int | None = None,
     block: int = PACK_BLOCK,
 ) -> dict[str, np.ndarray]:
-    """The packed plan of one split (module docstring): ``row_index``, ``piece_index``,
-    ``window_index``, ``shuffle_index``. ``documents``: the split's sequence ids, an array or a
-    ``range`` (made into an array only while the document index is drawn, then dropped: at 100M
-    documents, 400 MB the packing does not hold)."""
+    """The packed plan of one split (module docstring): ``row_index``, ``piece_index`` and
+    ``piece_part``, its rows in the order they are served. ``documents``: the split's sequence
+    ids, an array or a ``range`` (made into an array only while the document index is drawn,
+    then dropped: at 100M documents, 400 MB the packing does not hold)."""
     lengths = np.asarray(sequence_lengths)
     ids: np.ndarray | range
     if isinstance(documents, range) and documents.step == 1:
@@ -120,13 +131,21 @@ def build_packed_indices(
     window = sequence_length + extra
     while True:
         rng = seeded_random_state(seed)
+        entries = num_epochs * len(ids)
+        total, empty, longest = _piece_totals(lengths, ids, num_epochs, window, extra, block)
+        # the pieces' buffer holds the document index at its end while the pieces fill it from
+        # its start (``_pack``): no more than its pieces plus its empty documents' entries
+        buffer = np.empty(total + empty, dtype=np.int32)
         docs = np.arange(ids.start, ids.stop, dtype=np.int32) if isinstance(ids, range) else ids
-        order = build_document_index(docs, num_epochs, rng, separate)
+        build_document_index(docs, num_epochs, rng, separate, out=buffer[buffer.size - entries :])
         del docs
         # a separate final epoch is packed apart: no row mixes its documents with earlier ones
-        final = (num_epochs - 1) * len(ids) if separate and num_epochs > 1 else order.size
-        plan, sans_final = _pack(lengths, order, window, extra, max_documents, block, ids, final)
-        del order  # the plan's pieces name the sequences: the document index is done with
+        final = (num_epochs - 1) * len(ids) if separate and num_epochs > 1 else entries
+        parts = np.uint16 if (longest - extra) // sequence_length < 1 << 16 else np.uint32
+        plan = _pack(
+            lengths, buffer, entries, total, window, extra, max_documents, block, final, parts, rng
+        )
+        del buffer  # the plan's piece_index now (the document index is done with)
         rows = plan["row_index"].size - 1
         if num_samples is None or rows >= num_samples:
             break
@@ -136,83 +155,88 @@ def build_packed_indices(
         per_epoch = rows // num_epochs
         num_epochs += 1
         separate = num_samples - rows < int(SEPARATE_THRESHOLD * per_epoch)
-    # Megatron's shuffle rule: a separate final epoch's rows are shuffled apart and served last
-    plan["shuffle_index"] = build_shuffle_index(sans_final if separate else rows, rows, rng)
     return plan
+
+
+def _piece_totals(
+    lengths: np.ndarray,
+    documents: np.ndarray | range,
+    epochs: int,
+    window: int,
+    extra: int,
+    block: int,
+) -> tuple[int, int, int]:
+    """Pieces of ``epochs`` epochs of ``documents`` (each document's pieces follow from its
+    length: ``_piece_count``), their entries of empty documents (no piece), and the longest
+    document's tokens."""
+    total = empty = longest = 0
+    for lo in range(0, len(documents), block):
+        if isinstance(documents, range):  # one run of ids: a slice, no gather
+            ids = documents[lo : lo + block]
+            some = lengths[ids.start : ids.stop]
+        else:
+            some = lengths[documents[lo : lo + block]]
+        total += epochs * _piece_count(some, window, extra)
+        empty += epochs * (some.size - int(np.count_nonzero(some)))
+        longest = max(longest, int(some.max()))
+    return total, empty, longest
 
 
 def _pack(
     lengths: np.ndarray,
-    order: np.ndarray,
+    buffer: np.ndarray,
+    entries: int,
+    total: int,
     window: int,
     extra: int,
     max_documents: int | None,
     block: int,
-    documents: np.ndarray | range | None = None,
-    final: int | None = None,
-) -> tuple[dict[str, np.ndarray], int]:
-    """``row_index``, ``piece_index`` and ``window_index`` of the documents of ``order``, packed
-    block by block (module docstring), and the rows of its entries before ``final`` (a separate
-    final epoch's first entry: no block spans it). Each array is sized first (each document's
-    pieces and full windows follow from its length) and filled in place: the plan exists once at
-    the peak, never as parts plus their concatenation."""
-    final = order.size if final is None else final
-    total = windows = 0
-    if documents is not None and len(documents) and order.size % len(documents) == 0:
-        # the document index holds each document once per epoch: its pieces, counted once
-        epochs = order.size // len(documents)
-        for lo in range(0, len(documents), block):
-            if isinstance(documents, range):  # one run of ids: a slice, no gather
-                ids = documents[lo : lo + block]
-                some = lengths[ids.start : ids.stop]
-            else:
-                some = lengths[documents[lo : lo + block]]
-            p, w = _piece_count(some, window, extra)
-            total, windows = total + epochs * p, windows + epochs * w
-    else:
-        for lo in range(0, order.size, block):
-            p, w = _piece_count(lengths[order[lo : lo + block]], window, extra)
-            total, windows = total + p, windows + w
-    if windows > _WINDOWS_MAX:
-        raise ConfigError(
-            f"the packed plan holds {windows:,} full windows of cut documents; expected at most "
-            f"{_WINDOWS_MAX:,} (piece_index names them by negative int32 numbers)",
-            hint="use fewer epochs or a longer sequence_length, or split the token file",
-        )
-    pieces = np.empty(total, dtype=np.int32)
-    cut = np.empty((windows, 2), dtype=np.uint32)
+    final: int,
+    parts: type[np.unsignedinteger[Any]] = np.uint16,
+    rng: np.random.RandomState | None = None,
+) -> dict[str, np.ndarray]:
+    """``row_index``, ``piece_index`` and ``piece_part`` (of dtype ``parts``) of the document
+    index held in the last ``entries`` places of ``buffer`` (int32, ``total`` pieces plus the
+    index's empty documents), packed block by block (module docstring; no block spans ``final``,
+    a separate final epoch's first entry), each block's rows laid out in an order drawn from
+    ``rng`` (``RandomState.permutation``; None: as they were opened)
+
+    The pieces are written over ``buffer`` from its start, the document index being read from
+    its end: a block's entries are copied before its pieces are written, and the pieces written
+    never reach an entry not yet read (every entry of a non-empty document gives a piece at
+    least, and the buffer has a place more per empty one). So the document index costs no
+    memory of its own, and each array is sized first and filled in place: the plan exists once
+    at the peak, never as parts plus their concatenation."""
+    numbers = np.empty(total, dtype=parts)
+    stride = window - extra
     # rows <= pieces: sized for every piece in its own row; the pages past the last row are
     # never written (never resident), then cut off in place
     offsets = np.empty(total + 1, dtype=np.int32 if total <= _INT32_MAX else np.int64)
     offsets[0] = 0
-    base = rows = w = sans_final = 0
+    head = buffer.size - entries  # where the document index begins in the buffer
+    base = rows = 0
+    order = None if rng is None else rng.permutation
     spans = [(lo, min(lo + block, final)) for lo in range(0, final, block)]
-    spans += [(lo, min(lo + block, order.size)) for lo in range(final, order.size, block)]
+    spans += [(lo, min(lo + block, entries)) for lo in range(final, entries, block)]
     for lo, hi in spans:
-        if lo == final:
-            sans_final = rows
-        sequences = order[lo:hi]
+        sequences = buffer[head + lo : head + hi].copy()  # read before pieces overwrite them
         sizes = lengths[sequences].astype(np.int64)
-        plan = pack_block(sizes, window, extra, max_documents)
-        part = pieces[base : base + plan.piece_doc.size]
-        np.take(sequences, plan.piece_doc, out=part)
-        # the full windows of cut documents (a whole document of exactly W tokens is not one)
-        at = np.flatnonzero(plan.piece_length == window)
-        at = at[sizes[plan.piece_doc[at]] > window]
-        if at.size:
-            cut[w : w + at.size, 0] = part[at]
-            cut[w : w + at.size, 1] = plan.piece_start[at] + window  # its end
-            part[at] = -1 - np.arange(w, w + at.size, dtype=np.int64)
-            w += at.size
+        plan = pack_block(sizes, window, extra, max_documents, row_order=order)
+        count = plan.piece_doc.size
+        assert base + count <= head + hi  # never past the entries still to read
+        np.take(sequences, plan.piece_doc, out=buffer[base : base + count])
+        np.floor_divide(
+            plan.piece_start, stride, out=numbers[base : base + count], casting="unsafe"
+        )
         offsets[rows + 1 : rows + 1 + plan.num_rows] = plan.row_offsets[1:] + base
         rows += plan.num_rows
-        base += plan.piece_doc.size
-        del plan, part, sizes
-    assert base == total and w == windows  # split_documents' counts, and _piece_count's
+        base += count
+        del plan, sizes, sequences
+    assert base == total  # split_documents' count, and _piece_count's
+    if buffer.size > total:  # empty documents' places: cut off in place (no view of it is left)
+        buffer.resize(total, refcheck=False)
     offsets.resize(rows + 1, refcheck=False)  # in place: nothing else refers to it
-    if final == order.size:
-        sans_final = rows
-    return {"row_index": offsets, "piece_index": pieces, "window_index": cut}, sans_final
+    return {"row_index": offsets, "piece_index": buffer, "piece_part": numbers}
 
 
 def _unchecked(arrays: dict[str, np.ndarray]) -> list[str]:
@@ -233,41 +257,27 @@ def _rows_per_epoch(
     plan in this process yet) the tokens over a row's slots."""
     window = seq + extra
     pieces = shapes["piece_index"][0] if "piece_index" in shapes else 0
-    per_epoch = _piece_count(lengths, window, extra)[0]
+    # by blocks: a mask of a 100M-document split's lengths would cost 100 MB at the build's peak
+    per_epoch = _piece_totals(lengths, range(lengths.size), 1, window, extra, PACK_BLOCK)[0]
     if rows and pieces and per_epoch:
         return max(1, rows // max(1, pieces // per_epoch))
     tokens = int(np.sum(lengths, dtype=np.int64))
     return max(1, -(-tokens // window))
 
 
-def _piece_count(lengths: np.ndarray, window: int, extra: int) -> tuple[int, int]:
-    """Pieces, and of them full windows, of documents of these lengths
-    (``index.packing.split_documents``' rule): full windows and a rest for each longer than
-    the window, one for each other non-empty one."""
+def _piece_count(lengths: np.ndarray, window: int, extra: int) -> int:
+    """Pieces of documents of these lengths (``index.packing.split_documents``' rule): full
+    windows and a rest for each longer than the window, one for each other non-empty one."""
     stride = window - extra
     n = lengths[lengths > window].astype(np.int64)  # the long ones (a few): pieces apart
     full = (n - extra) // stride
     keep = n - full * stride > extra
-    fulls = int(full.sum())
-    return int(np.count_nonzero(lengths)) - n.size + fulls + int(np.count_nonzero(keep)), fulls
-
-
-def _last_piece_start(n: np.ndarray, extra: int, stride: int) -> np.ndarray:
-    """Where the last piece of a sequence of ``n`` tokens (or of a full window ending at ``n``)
-    starts: at the last multiple of S below ``n - extra`` (0 at least). All of it when n <= W,
-    else the rest after the (n - extra) // S full windows (a rest is kept only when it holds more
-    than ``extra`` tokens, so n - extra is then never a multiple of S); a window ends at
-    k * S + W, so it starts at k * S and holds W tokens."""
-    start: np.ndarray = np.maximum(n, extra + 1)
-    start -= extra + 1
-    start //= stride
-    start *= stride
-    return start
+    return int(np.count_nonzero(lengths)) - n.size + int(full.sum()) + int(np.count_nonzero(keep))
 
 
 class _Rows(NamedTuple):
     """Rows decoded from the plan (``PackedGPTDataset._rows``), their pieces flat, row after row
-    (int64, but ``sequence``: the plan's int32 when no piece is a full window)."""
+    (int64, but ``sequence`` and ``start``: the plan's values, viewed as uint32)."""
 
     first: np.ndarray
     """Each row's first piece."""
@@ -283,8 +293,8 @@ class _Rows(NamedTuple):
 
 
 class PackedGPTDataset(OneSourceContract):
-    """Packed rows of one split of one token file in the Megatron order: sample k is row
-    ``shuffle_index[k]`` of the plan (module docstring)."""
+    """Packed rows of one split of one token file in the Megatron order: sample k is row k of
+    the plan (module docstring)."""
 
     packed = True
 
@@ -325,50 +335,60 @@ class PackedGPTDataset(OneSourceContract):
     def plan_pieces(self, indices: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's pieces: ``(first, pieces)``, the flat index of each sample's first
         piece and the ``(sequence, start, length)`` of each piece (int64, pieces x 3, from
-        ``piece_index`` and ``window_index``), every value checked (a damaged plan is a
+        ``piece_index`` and ``piece_part``), every value checked (a damaged plan is a
         ``CacheError`` naming its file)."""
         rows = self._rows(indices)
         return rows.first, np.array((rows.sequence, rows.start, rows.length), dtype=np.int64).T
 
     def _rows(self, indices: npt.ArrayLike) -> _Rows:
-        """The pieces of the rows of samples ``indices``, decoded from the plan, every value
-        checked (a damaged plan is a ``CacheError`` naming its array). It runs per read on a few
-        dozen rows, so it makes as few NumPy calls as the checks allow (each costs about a
-        microsecond here, whatever its size): out-of-range numbers fail the lookups themselves
-        (a row past the plan, a window or a sequence past its array), and six reductions check
-        the rest."""
-        idx = sample_indices(indices)
+        """The pieces of the rows of samples ``indices`` (sample k is row k), decoded from the
+        plan, every value checked (a damaged plan is a ``CacheError`` naming its array). It runs
+        per read on a few dozen rows, so it makes as few NumPy calls as the checks allow (each
+        costs about a microsecond here, whatever its size): consecutive samples (a micro-batch)
+        read one run of each array; other samples are gathered, and out-of-range numbers fail
+        the lookups themselves (a row past the plan, a sequence past the file's)."""
         arrays = self._arrays()
-        shuffle, offsets, table = (
-            arrays["shuffle_index"],
-            arrays["row_index"],
-            arrays["piece_index"],
-        )
-        try:
-            rows = shuffle[idx]
-        except IndexError:
-            raise IndexError(f"sample indices must lie in [-{len(self)}, {len(self)})") from None
-        if rows.dtype.kind == "i" and rows.size and _MIN(rows) < 0:
-            raise self._bad_shuffle(offsets)
-        try:  # (B, 2) in one lookup: a row number past the plan fails it
-            bounds = offsets[rows[:, None] + _ROW_AND_NEXT]
-        except IndexError:
-            raise self._bad_shuffle(offsets) from None
-        lo = bounds[:, 0]
-        counts = bounds[:, 1] - lo  # (the offsets' dtype, which damage may wrap; cumsum: int64)
-        ends = counts.cumsum()
-        total = int(ends[-1]) if ends.size else 0
+        offsets, table = arrays["row_index"], arrays["piece_index"]
+        run = _run(indices, len(self))
+        if run is not None:
+            bounds = offsets[run[0] : run[1] + 1].astype(np.int64)
+            if bounds.size != run[1] - run[0] + 1:  # fewer offsets than the plan's rows
+                raise self._bad_offsets(table)
+            lo = int(bounds[0])
+            first = bounds[:-1] - lo
+            ends = bounds[1:] - lo
+            counts = ends - first
+            total = int(ends[-1])
+            at: slice | np.ndarray | None = slice(lo, lo + total)
+        else:
+            idx, _ = from_end(sample_indices(indices), len(self))
+            try:  # (B, 2) in one lookup: a row past the offsets fails it
+                both = offsets[idx[:, None] + _ROW_AND_NEXT]
+            except IndexError:
+                raise self._bad_offsets(table) from None
+            lo = int(_MIN(both[:, 0])) if idx.size else 0
+            counts = both[:, 1] - both[:, 0]  # (the offsets' dtype, which damage may wrap)
+            ends = counts.cumsum()  # int64
+            total = int(ends[-1]) if ends.size else 0
+            first = ends - counts
+            at = None  # made once the counts are checked
         # a row holds at most W pieces (each of a token or more): bounded before the positions
-        # of the pieces are allocated, so damaged offsets never make a huge array
-        if rows.size and (_MIN(counts) < 1 or _MIN(lo) < 0 or total > rows.size * self.item.window):
+        # of the pieces are allocated, so damaged offsets never make a huge array; a slice
+        # past the pieces would stop at their end: checked too
+        if counts.size and (
+            _MIN(counts) < 1
+            or lo < 0
+            or total > counts.size * self.item.window
+            or (run is not None and lo + total > table.size)
+        ):
             raise self._bad_offsets(table)
-        first = ends - counts
-        at = upto(total) + (lo - first).repeat(counts)
+        if at is None:
+            at = upto(total) + (both[:, 0] - first).repeat(counts)
         try:  # offsets past the pieces fail it
-            seq = table[at]
+            seq = table[at].view(np.uint32)  # a negative sequence: past the file's, refused
         except IndexError:
             raise self._bad_offsets(table) from None
-        seq, start, n = self._pieces(seq, arrays["window_index"])
+        start, n = self._pieces(seq, arrays["piece_part"][at])
         tokens = np.add.reduceat(n, first) if n.size else first
         if n.size and _MAX(tokens) > self.item.window:
             raise self._damaged("piece_index")
@@ -381,42 +401,22 @@ class PackedGPTDataset(OneSourceContract):
             f"increasing offsets within 0..{len(table)}",
         )
 
-    def _bad_shuffle(self, offsets: np.ndarray) -> CacheError:
-        return self.indices.corrupt(
-            "shuffle_index", "row numbers out of range", f"0..{offsets.size - 2}"
-        )
-
-    def _pieces(self, entries: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Sequence, start and length of ``piece_index`` entries (module docstring; ``entries``
-        is the caller's own copy, made the sequences in place), each checked against the token
-        file's sequences; start and length int64."""
-        seq = entries
-        win = (seq < 0).nonzero()[0]  # full windows (in most reads: 1 row in 6)
-        if win.size:
-            seq = seq.astype(np.int64)  # (a window's uint32 sequence, never negative)
-            try:  # window j is entry -1 - j, that is ~j
-                pair = cuts[~seq[win]]
-            except IndexError:
-                raise self._damaged("piece_index") from None
-            seq[win] = pair[:, 0]
-        try:  # every entry is a sequence number >= 0 now
-            n = self.source.sequence_lengths[seq].astype(np.int64)
+    def _pieces(self, seq: np.ndarray, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The int64 start and length of pieces ``part`` of sequences ``seq`` (module docstring:
+        ``k * S`` and ``min(W, L - k * S)``), each checked to lie within its sequence (a part
+        past its end, or an empty sequence, is a ``CacheError``; that a part is one the plan
+        made is its digest's to vouch for, verified before first use)."""
+        start = np.multiply(part, self.item.sequence_length, dtype=np.int64)
+        try:
+            n = self.source.sequence_lengths[seq] - start
         except IndexError:
-            lengths = self.source.sequence_lengths
-            bad = win.size and _MAX(pair[:, 0]) >= len(lengths)  # a window's sequence
-            raise self._damaged("window_index" if bad else "piece_index") from None
-        if win.size:  # a window ends at its end, within its sequence
-            ends = pair[:, 1]
-            if _MIN(n[win] - ends) < 0:
-                raise self._damaged("window_index")
-            n[win] = ends
-        start = _last_piece_start(n, self.item.extra, self.item.sequence_length)
-        n -= start  # each piece's length
+            raise self._damaged("piece_index") from None
+        np.minimum(n, self.item.window, out=n)
         if n.size and _MIN(n) < 1:
-            raise self._damaged("piece_index")
-        if win.size and _MIN(n[win]) < self.item.window:  # an end no full window has
-            raise self._damaged("window_index")
-        return seq, start, n
+            at = int(np.argmin(n))
+            empty = self.source.sequence_lengths[seq[at]] == 0
+            raise self._damaged("piece_index" if empty else "piece_part")
+        return start, n
 
     def _damaged(self, name: str) -> CacheError:
         return self.indices.corrupt(
@@ -436,29 +436,25 @@ class PackedGPTDataset(OneSourceContract):
     def samples_of(self, source: int, document: int) -> np.ndarray:
         """``contract.DocumentSamples``: the samples whose inputs hold a token of ``document``
         (a sequence id of the token file), from the plan: one pass over ``piece_index`` for its
-        pieces (the document itself, or its full windows' numbers in ``window_index``), their
-        rows (a binary search of ``row_index``), those where it lies among the S inputs (the
-        pieces ahead of it in its row decoded), then one pass over ``shuffle_index``."""
+        pieces, their rows (a binary search of ``row_index``), those where it lies among the S
+        inputs (the pieces ahead of it in its row decoded): row k is sample k."""
         if source != 0:
             return np.zeros(0, dtype=np.int64)
         arrays = self._arrays()
-        table, offsets, cuts = arrays["piece_index"], arrays["row_index"], arrays["window_index"]
-        windows = np.flatnonzero(np.asarray(cuts[:, 0]) == document)
-        if windows.size:
-            hits = np.flatnonzero(np.isin(table, [document, *(-1 - windows).tolist()]))
-        else:
-            hits = np.flatnonzero(np.asarray(table) == document)
+        table, offsets, parts = arrays["piece_index"], arrays["row_index"], arrays["piece_part"]
+        hits = np.flatnonzero(np.asarray(table) == document)
         if not hits.size:
             return hits
         rows = np.searchsorted(offsets, hits, side="right") - 1
         ahead = hits - offsets[rows]  # pieces ahead of each hit in its row
         at = np.arange(int(ahead.sum()), dtype=np.int64) + np.repeat(hits - np.cumsum(ahead), ahead)
-        tokens = np.concatenate(([0], np.cumsum(self._pieces(table[at], cuts)[2])))
+        tokens = np.concatenate(
+            ([0], np.cumsum(self._pieces(table[at].view(np.uint32), parts[at])[1]))
+        )
         ends = np.cumsum(ahead)
         slot = tokens[ends] - tokens[ends - ahead]
-        rows = rows[slot < self.item.sequence_length]
-        shuffle = arrays["shuffle_index"][: len(self)]
-        return np.flatnonzero(np.isin(shuffle, rows))
+        rows = np.unique(rows[slot < self.item.sequence_length])
+        return rows[rows < len(self)].astype(np.int64)
 
     def read_batch(self, indices: npt.ArrayLike) -> dict[str, Any]:
         """The rows' windows and pieces, with each row's packing counts made once for the whole
@@ -555,7 +551,7 @@ def packed_member(
     if len(builder._cache.missing) == missing:
         arrays = made[-1] if made else cached.indices.arrays()
         shapes = {k: tuple(v.shape) for k, v in arrays.items()}
-    rows = shapes["shuffle_index"][0] if shapes else 0
+    rows = shapes["row_index"][0] - 1 if shapes else 0
     per_epoch = _rows_per_epoch(lengths[beg:end], rows, shapes, c.sequence_length, extra)
     if not shapes:
         # the cache is missing here (reported by the builder after every split, a CacheError):
@@ -595,3 +591,32 @@ def packed_from_entry(builder: Any, entry: Any, indices: IndexArrays) -> PackedG
         samples_per_epoch=entry["samples_per_epoch"],
         file_facts=entry["token_file"] or None,
     )
+
+
+def _run(indices: Any, n: int) -> tuple[int, int] | None:
+    """``(a, b)`` when ``indices`` are the consecutive samples ``a..b - 1`` of ``n`` (a list of
+    ints, as samplers give, a ``range`` or an integer array), else None: the read of a
+    micro-batch, which slices the plan's arrays instead of gathering row by row."""
+    if isinstance(indices, list):
+        if not indices or type(indices[0]) is not int:
+            return None
+        a = indices[0]
+        b = a + len(indices)
+        if a < 0 or b > n or indices[-1] != b - 1 or indices != list(range(a, b)):
+            return None
+        return a, b
+    if isinstance(indices, range):
+        if indices.step == 1 and len(indices) and indices.start >= 0 and indices.stop <= n:
+            return indices.start, indices.stop
+        return None
+    if isinstance(indices, np.ndarray) and indices.ndim == 1 and indices.size:
+        if indices.dtype.kind not in "iu":
+            return None
+        a = int(indices[0])
+        b = a + indices.size
+        if a < 0 or b > n or int(indices[-1]) != b - 1:
+            return None
+        if indices.size > 2 and not _ALL(indices[1:] - indices[:-1] == 1):
+            return None
+        return a, b
+    return None
