@@ -301,6 +301,7 @@ def test_damaged_values_are_a_cache_error_naming_their_array(packed):
     cases = [
         (offsets, 3, int(offsets[2]), "row_index"),  # a row without pieces
         (offsets, 3, -5, "row_index"),  # before the pieces
+        (offsets, 0, -5, "row_index"),  # the first row's: its count still positive
         (offsets, len(offsets) - 1, len(table) + 3, "row_index"),  # past them
         (offsets, 5, int(offsets[6]) + 1, "row_index"),  # decreasing
         # a row of 2^28 pieces: refused before their positions are allocated (2 GiB)
