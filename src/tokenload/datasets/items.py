@@ -31,6 +31,7 @@ from ..contract import (  # the loader's contract
     PIECE_INPUTS,
     PIECE_LENGTH,
     PIECE_SLOT,
+    ROW_POSITIONS,
     Allocator,
 )
 from ..errors import ConfigError
@@ -240,17 +241,26 @@ def _window_positions(
     padded: bool,
     out: np.ndarray,
 ) -> None:
-    """``_piece_positions`` from the pieces alone: the rows' windows of W slots laid end to end
-    hold the pieces back to back (each row's padding joined to its last piece), so a slot's
-    position is its place in that line less its piece's first place. Counted in 2-byte (past
-    W = 65,536: 4-byte) unsigned numbers, which wrap around: each difference is still exact, being
-    below W. A cumulative sum, a repeat, a subtraction and one converting copy, without the
-    pieces' slots in their rows (``piece_layout``). ``padded`` False: the read found no short
-    row, so none is looked for."""
-    batch, seq = out.shape
+    """``_piece_positions`` from the pieces alone: ``window_positions``, its first S columns
+    converted into ``out``."""
+    np.copyto(out, window_positions(first, length, row_tokens, window, padded)[:, : out.shape[1]])
+
+
+def window_positions(
+    first: np.ndarray, length: np.ndarray, row_tokens: np.ndarray, window: int, padded: bool
+) -> np.ndarray:
+    """Position ids of packed rows over their whole windows, ``(B, W)`` in 2-byte unsigned
+    numbers (past W = 65,536: 4-byte), from the pieces alone: the rows' windows of W slots laid
+    end to end hold the pieces back to back (each row's padding joined to its last piece), so a
+    slot's position is its place in that line less its piece's first place. The numbers wrap
+    around: each difference is still exact, being below W. A cumulative sum, a repeat and a
+    subtraction, without the pieces' slots in their rows (``piece_layout``). ``first``: each
+    row's first piece; ``length``: every piece's tokens; ``padded`` False: the read found no
+    short row, so none is looked for."""
+    batch = row_tokens.shape[0]
     small = "uint16" if window <= 1 << 16 else "uint32"
     sizes = np.asarray(length, dtype=np.int64)
-    if padded and int(_MIN(row_tokens)) < window:  # short rows: padding counts on the last piece
+    if padded and batch and int(_MIN(row_tokens)) < window:  # short rows: padding on the last piece
         sizes = sizes.copy()
         last = np.empty(batch, dtype=np.int64)
         last[:-1] = first[1:]
@@ -260,7 +270,7 @@ def _window_positions(
     begins -= sizes
     laid = begins.astype(small).repeat(sizes)
     np.subtract(_wrapped_count(batch * window, small), laid, out=laid)
-    np.copyto(out, laid.reshape(batch, window)[:, :seq])
+    return laid.reshape(batch, window)
 
 
 def _wrapped_count(n: int, dtype: str) -> np.ndarray:
@@ -319,6 +329,7 @@ def build_items(
     row_tokens: np.ndarray | None = None,
     pieces: tuple[np.ndarray, np.ndarray] | None = None,
     laid_out: tuple[np.ndarray, np.ndarray] | None = None,
+    positions: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """Item fields for every row of ``text`` (token windows, shape ``(B, S + extra)``; int64 when
     padded, else any integer dtype).
@@ -336,7 +347,9 @@ def build_items(
     row's first piece, every piece's tokens, flat, row after row, laid back to back from each
     row's slot 0; needs ``row_tokens``), in place of ``bounds`` (the same fields; the boundaries
     are then made only for ``cu_seqlens``). ``laid_out``: with ``pieces``, the plan's first slot
-    and input positions per piece (``piece_layout``), which give the position ids.
+    and input positions per piece (``piece_layout``), which give the position ids; or
+    ``positions``: the rows' position ids over their windows, made with the read
+    (``window_positions``), whose first S columns they are.
     """
     if pieces is not None and row_tokens is None:
         raise ValueError("build_items(pieces=) needs row_tokens")
@@ -372,8 +385,11 @@ def build_items(
     starts = None  # where each position's document begins
     if pieces is not None:
         assert row_tokens is not None  # (checked above: pieces come with row_tokens)
-        rows = (row_tokens, text.shape[1], padded)
-        _piece_positions(pieces[0], pieces[1], position_ids, rows, laid_out)
+        if positions is not None:
+            np.copyto(position_ids, positions[:, :seq])
+        else:
+            rows = (row_tokens, text.shape[1], padded)
+            _piece_positions(pieces[0], pieces[1], position_ids, rows, laid_out)
         # Megatron's EOD rule on top of the documents: with reset_position_ids or a reset
         # attention mask (and no inter_document_masking, whose boundaries are the documents'),
         # an EOD token inside a document also starts a new segment, as in a concatenated sample;
@@ -437,6 +453,7 @@ def finish_windows(
         row_tokens=batch.get("row_tokens"),
         pieces=(batch[PIECE_FIRST], batch[PIECE_LENGTH]) if PIECE_FIRST in batch else None,
         laid_out=(batch[PIECE_SLOT], batch[PIECE_INPUTS]) if PIECE_SLOT in batch else None,
+        positions=batch.get(ROW_POSITIONS),
     )
 
 

@@ -16,8 +16,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..contract import PIECE_FIRST, PIECE_INPUTS, PIECE_LENGTH, PIECE_SLOT, ROW_COUNTS, row_counts
-from .items import ItemConfig, PieceLayout, piece_layout, piece_starts
+from ..contract import (
+    PIECE_FIRST,
+    PIECE_INPUTS,
+    PIECE_LENGTH,
+    PIECE_SLOT,
+    ROW_COUNTS,
+    ROW_POSITIONS,
+    row_counts,
+)
+from .items import ItemConfig, PieceLayout, piece_layout, piece_starts, window_positions
 from .sources import TokenSource
 
 __all__ = [
@@ -58,9 +66,10 @@ class PackedRead(NamedTuple):
         ``sequence_length`` inputs; with the layout, each row's packing counts (``ROW_COUNTS``)
         made for the whole read (or with the reader's ``row_documents``)."""
         tokens = self.row_tokens
+        padded = bool(tokens.size) and int(_MIN(tokens)) < self.windows.shape[1]
         out = {
             "windows": self.windows,
-            "padded": bool(tokens.size) and int(_MIN(tokens)) < self.windows.shape[1],
+            "padded": padded,
             "row_tokens": tokens,
             PIECE_FIRST: self.first,
             PIECE_LENGTH: self.length,
@@ -70,6 +79,10 @@ class PackedRead(NamedTuple):
             out[ROW_COUNTS] = row_counts(self.layout.documents, tokens, sequence_length)
         elif self.row_documents is not None:
             out[ROW_COUNTS] = row_counts(self.row_documents, tokens, sequence_length)
+            # the position ids of every row of the read at once (a worker's read of several
+            # micro-batches: a few NumPy calls per read, not per micro-batch)
+            width = self.windows.shape[1]
+            out[ROW_POSITIONS] = window_positions(self.first, self.length, tokens, width, padded)
         return out
 
 

@@ -10,6 +10,8 @@ import numpy as np
 
 from ..contract import PIECE_FIRST, PIECE_LENGTH, ROW_COUNTS, Allocator, LoaderDataset, row_counts
 
+_INT64 = np.dtype(np.int64)
+
 PACKING_COUNTS = "_tokenload_packing_counts"
 """A field that packed micro-batches carry from where they are made (a worker) to the loader,
 which takes it out before handing the batch over (``accounting.PackingCounts``): int64
@@ -47,7 +49,10 @@ def finish(dataset: LoaderDataset, read: Any, alloc: Allocator | None = None) ->
         if counts is None:
             seq = int(out["tokens"].shape[1])
             counts = packing_counts(read[PIECE_FIRST], read[PIECE_LENGTH], row_tokens, seq)
-        out[PACKING_COUNTS] = counts  # (a worker's ring copies it into the batch's slot)
+        if alloc is not None:  # made in the worker's ring slot, as the fields are: no copy later
+            counts, made = alloc(counts.shape, _INT64), counts
+            np.copyto(counts, made)
+        out[PACKING_COUNTS] = counts
     return out
 
 

@@ -19,6 +19,7 @@ from ...contract import (
     PIECE_FIRST,
     PIECE_LENGTH,
     ROW_COUNTS,
+    ROW_POSITIONS,
     Allocator,
     MixtureCursors,
     RowPieces,
@@ -117,11 +118,15 @@ class BlendedDataset(BlendContract):
         if packed:  # packed rows: their pieces, and their counts (every member's read makes them)
             pieces = [(rows[d], part[PIECE_FIRST], part[PIECE_LENGTH]) for d, part in parts.items()]
             batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
-            if all(ROW_COUNTS in part for part in parts.values()):
-                counts = np.empty((idx.size, 2), dtype=np.int64)
-                for d, part in parts.items():
-                    counts[rows[d]] = part[ROW_COUNTS]
-                batch[ROW_COUNTS] = counts
+            # per row, when every member's read made them (int64 counts, the rows' position
+            # ids in items.window_positions' type)
+            small = np.uint16 if width <= 1 << 16 else np.uint32
+            for key, shape, dt in ((ROW_COUNTS, 2, np.int64), (ROW_POSITIONS, width, small)):
+                if all(key in part for part in parts.values()):
+                    merged = np.empty((idx.size, shape), dtype=dt)
+                    for d, part in parts.items():
+                        merged[rows[d]] = part[key]
+                    batch[key] = merged
         elif item.inter_document_masking:
             # each row's document boundaries
             doc_bounds = np.empty((idx.size, item.sequence_length + 1), np.int32)
