@@ -351,12 +351,12 @@ class PackedGPTDataset(OneSourceContract):
         offsets, table = arrays["row_index"], arrays["piece_index"]
         run = _run(indices, len(self))
         if run is not None:
-            bounds = offsets[run[0] : run[1] + 1].astype(np.int64)
+            bounds = offsets[run[0] : run[1] + 1]
             if bounds.size != run[1] - run[0] + 1:  # fewer offsets than the plan's rows
                 raise self._bad_offsets(table)
             lo = int(bounds[0])
-            first = bounds[:-1] - lo
-            ends = bounds[1:] - lo
+            within = np.subtract(bounds, lo, dtype=np.int64)  # each row's pieces from lo
+            first, ends = within[:-1], within[1:]
             counts = ends - first
             total = int(ends[-1])
             at: slice | np.ndarray | None = slice(lo, lo + total)
