@@ -60,10 +60,10 @@ documents among its inputs and its padding label slots (a row per sample). Posit
 packing counts are then laid from them instead of worked out."""
 
 ROW_POSITIONS = "row_positions"
-"""Optional key of a packed ``read_batch`` result: each row's position ids over its whole window
-of W = S + extra slots, ``(rows, W)`` in 2-byte unsigned numbers (4-byte past W = 65,536), made
-for every row of the read at once (``items.window_positions``); finishing a micro-batch then
-converts its rows' first S columns (a row per sample)."""
+"""Optional key of a packed ``read_batch`` result: each row's position ids, ``(rows, S)`` or over
+its whole window of W = S + extra slots, in a narrow integer type (``items.laid_positions``,
+``items.window_positions``), made for every row of the read at once; finishing a micro-batch
+then converts its rows' first S columns (a row per sample)."""
 
 PIECE_KEYS = (PIECE_LENGTH, PIECE_SLOT, PIECE_INPUTS)
 """The keys of a packed read that hold a value per piece (cut with their rows' pieces)."""

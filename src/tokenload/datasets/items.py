@@ -287,11 +287,17 @@ def _wrapped(n: int, dtype: str) -> np.ndarray:
 
 def _lay_positions(slot: np.ndarray, sizes: np.ndarray, out: np.ndarray) -> None:
     """``out`` (``(B, S)`` int64) from each piece's first slot in its row and the input
-    positions it covers (a row's sum S): one repeat in the slots' narrow type, converted once."""
-    batch, seq = out.shape
-    laid = slot.repeat(sizes).reshape(batch, seq)
-    np.subtract(_row_slots(batch, seq, laid.dtype), laid, out=laid)
-    np.copyto(out, laid)
+    positions it covers (a row's sum S): ``laid_positions``, converted once."""
+    np.copyto(out, laid_positions(slot, sizes, out.shape[1]))
+
+
+def laid_positions(slot: np.ndarray, sizes: np.ndarray, seq: int) -> np.ndarray:
+    """Position ids of packed rows, ``(B, S)`` in the slots' narrow type, from each piece's first
+    slot in its row and the input positions it covers (a row's sum S; ``piece_layout``): one
+    repeat and one subtraction."""
+    laid = slot.repeat(sizes).reshape(-1, seq)
+    np.subtract(_row_slots(laid.shape[0], seq, laid.dtype), laid, out=laid)
+    return laid
 
 
 @functools.lru_cache(maxsize=8)

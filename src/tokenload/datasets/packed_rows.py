@@ -25,7 +25,14 @@ from ..contract import (
     ROW_POSITIONS,
     row_counts,
 )
-from .items import ItemConfig, PieceLayout, piece_layout, piece_starts, window_positions
+from .items import (
+    ItemConfig,
+    PieceLayout,
+    laid_positions,
+    piece_layout,
+    piece_starts,
+    window_positions,
+)
 from .sources import TokenSource
 
 __all__ = [
@@ -74,13 +81,15 @@ class PackedRead(NamedTuple):
             PIECE_FIRST: self.first,
             PIECE_LENGTH: self.length,
         }
+        # the position ids of every row of the read at once (a worker's read of several
+        # micro-batches: a few NumPy calls per read, not per micro-batch)
         if self.layout is not None:
             out[PIECE_SLOT], out[PIECE_INPUTS] = self.layout.slot, self.layout.inputs
             out[ROW_COUNTS] = row_counts(self.layout.documents, tokens, sequence_length)
+            lay = self.layout
+            out[ROW_POSITIONS] = laid_positions(lay.slot, lay.inputs, sequence_length)
         elif self.row_documents is not None:
             out[ROW_COUNTS] = row_counts(self.row_documents, tokens, sequence_length)
-            # the position ids of every row of the read at once (a worker's read of several
-            # micro-batches: a few NumPy calls per read, not per micro-batch)
             width = self.windows.shape[1]
             out[ROW_POSITIONS] = window_positions(self.first, self.length, tokens, width, padded)
         return out

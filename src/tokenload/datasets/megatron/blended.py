@@ -118,11 +118,15 @@ class BlendedDataset(BlendContract):
         if packed:  # packed rows: their pieces, and their counts (every member's read makes them)
             pieces = [(rows[d], part[PIECE_FIRST], part[PIECE_LENGTH]) for d, part in parts.items()]
             batch[PIECE_FIRST], batch[PIECE_LENGTH] = merge_pieces(pieces, idx.size)
-            # per row, when every member's read made them (int64 counts, the rows' position
-            # ids in items.window_positions' type)
-            small = np.uint16 if width <= 1 << 16 else np.uint32
-            for key, shape, dt in ((ROW_COUNTS, 2, np.int64), (ROW_POSITIONS, width, small)):
+            # per row, when every member's read made them: int64 counts, and the rows' position
+            # ids (each member's shape and type: items.window_positions'; none for no row)
+            small = np.dtype(np.uint16 if width <= 1 << 16 else np.uint32)
+            wanted = ((ROW_COUNTS, 2, np.dtype(np.int64)), (ROW_POSITIONS, width, small))
+            for key, shape, dt in wanted:
                 if all(key in part for part in parts.values()):
+                    made = [part[key] for part in parts.values()]
+                    if made:
+                        shape, dt = made[0].shape[1], np.result_type(*made)
                     merged = np.empty((idx.size, shape), dtype=dt)
                     for d, part in parts.items():
                         merged[rows[d]] = part[key]
