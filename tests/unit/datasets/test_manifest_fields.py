@@ -97,3 +97,59 @@ def test_auto_has_one_writer_in_the_job_not_one_per_node(rank, local_rank, role)
     worlds = [World(rank=r, world_size=6, local_rank=r % 2, local_world_size=2) for r in range(6)]
     writers = [resolve("auto", w, "auto")[0] for w in worlds]
     assert writers.count(Role.WRITE) == 1
+
+
+def test_a_packed_plan_made_by_other_rules_is_never_loaded_from_its_manifest(
+    tmp_path, blend, monkeypatch
+):
+    # a folder prepared by a tokenload whose packed plan had another layout: under "none" its
+    # manifest is not found (the plan's rules are in its key) and its caches, named by those
+    # rules too, are reported missing with the command that prepares them; never a KeyError or
+    # another plan's rows
+    from tokenload.datasets.megatron import manifest as manifest_module
+    from tokenload.datasets.megatron import packed as packed_module
+
+    cache = str(tmp_path / "cache")
+    made = build_datasets(_config(blend, packing="best-fit", path_to_cache=cache), SIZES)
+    want = _items(made)
+    other = ("an earlier layout", *packed_module.PLAN_IDENTITY[1:])
+    with monkeypatch.context() as m:
+        m.setattr(packed_module, "PLAN_LAYOUT", other[0])
+        m.setattr(manifest_module, "PLAN_IDENTITY", other)
+        with pytest.raises(CacheError, match="missing") as info:
+            build_datasets(
+                _config(blend, packing="best-fit", path_to_cache=cache, build_policy="none"), SIZES
+            )
+        assert "tokenload prepare-cache" in str(info.value) and "--packing best-fit" in str(
+            info.value
+        )
+    loaded = build_datasets(
+        _config(blend, packing="best-fit", path_to_cache=cache, build_policy="none"), SIZES
+    )
+    assert _same(_items(loaded), want)
+
+
+def test_a_manifest_entry_with_other_arrays_than_its_kind_is_not_used(tmp_path, blend, caplog):
+    # a manifest naming arrays this code does not read for the entry's kind (a hand-edited one,
+    # or one an older layout wrote under the same key) is ignored: the caches are checked one
+    # by one and serve the same items
+    import json
+    import logging
+
+    cache = tmp_path / "cache"
+    config = _config(blend, packing="best-fit", path_to_cache=str(cache))
+    want = _items(build_datasets(config, SIZES))
+    (path,) = cache.glob("*-tokenload-build.json")
+    data = json.loads(path.read_text())
+    for entry in data["splits"]:
+        for member in [entry, *(entry or {}).get("members", [])]:
+            if member and member.get("kind") == "packed":
+                arrays = member["arrays"]
+                arrays["window_index"] = arrays.pop("piece_part")  # an older layout's names
+                member["digests"]["window_index"] = member["digests"].pop("piece_part")
+    path.write_text(json.dumps(data))
+    none = dataclasses.replace(config, build_policy="none")
+    with caplog.at_level(logging.WARNING):
+        got = _items(build_datasets(none, SIZES))
+    assert _same(got, want)
+    assert "other arrays than its kind's" in caplog.text

@@ -31,12 +31,14 @@ from typing import Any
 
 from ...caches import jsontext
 from ...caches.files import write_failure
+from ...caches.names import BLENDED_ARRAYS, GPT_ARRAYS, PACKED_ARRAYS
 from ...errors import CacheError
 from ...format.atomic import write_atomic
 from ...index import Blend
 from ...storage import is_url
 from ...storage.upload import copy_or_none, upload_bytes
 from ..config import MegatronOptions, SupportsTyped
+from .packed import PLAN_IDENTITY
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -81,9 +83,10 @@ def manifest_key(config: SupportsTyped, sizes: Sequence[int | None]) -> dict[str
         "drop_last_partial_validation_sequence": data.drop_last_partial_validation_sequence,
         "mid_level_dataset_surplus": data.mid_level_dataset_surplus,
         "mock": [data.source.vocab_size, data.source.eod_id] if data.mock else None,
-        # packed rows are other datasets (a key only when asked: earlier manifests still match)
+        # packed rows are other datasets (a key only when asked: earlier manifests still match),
+        # made by this code's rules (a manifest of plans laid out another way is never found)
         **(
-            {"packing": [data.packing, data.max_documents_per_row]}
+            {"packing": [data.packing, data.max_documents_per_row, *PLAN_IDENTITY]}
             if data.packing != "concat"
             else {}
         ),
@@ -136,7 +139,25 @@ def read_manifest(path: str, key: dict[str, Any]) -> dict[str, Any] | None:
     if not all(_digested(e) for e in data.get("splits") or () if e is not None):
         logger.warning("ignoring build manifest %s: an array without its digest", path)
         return None
+    if not all(_named(e) for e in data.get("splits") or () if e is not None):
+        logger.warning(
+            "ignoring build manifest %s: a cache with other arrays than its kind's", path
+        )
+        return None
     return data
+
+
+_ARRAYS = {"gpt": set(GPT_ARRAYS), "blended": set(BLENDED_ARRAYS), "packed": set(PACKED_ARRAYS)}
+
+
+def _named(entry: Any) -> bool:
+    """Whether a manifest entry (and each member of a blend's) lists exactly the arrays this code
+    reads for its kind: one written by a version that laid them out otherwise is not used (the
+    caches are then checked one by one, and a missing one is reported as such)."""
+    wanted = _ARRAYS.get(str(entry.get("kind"))) if isinstance(entry, dict) else None
+    if wanted is None or set(entry.get("arrays") or ()) != wanted:
+        return False
+    return all(_named(m) for m in entry.get("members") or ())
 
 
 def _digested(entry: Any) -> bool:

@@ -91,6 +91,10 @@ packed into rows of their own and served last. Plans made before this rule mixed
 the final epoch's rows with the others (a piece could repeat before every piece was served) and
 are never read as plans of this rule."""
 
+PLAN_IDENTITY = (PLAN_LAYOUT, EPOCH_RULE, PACK_BLOCK)
+"""What of the plan's making the code decides (in the build manifest's key too: a manifest of a
+plan made another way is never found for this one)."""
+
 _MIN, _MAX, _ALL = np.minimum.reduce, np.maximum.reduce, np.logical_and.reduce
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _ROW_AND_NEXT = np.array([0, 1], dtype=np.int64)
