@@ -362,3 +362,31 @@ def test_a_plan_array_mapped_without_a_manifest_is_checked_against_its_sidecar(t
     files._VERIFIED.clear()  # as a fresh process
     with pytest.raises(CacheError, match=array):
         files.map_array(str(path))
+
+
+def test_consecutive_samples_read_one_run_and_serve_what_any_other_spelling_does(packed):
+    # a micro-batch of consecutive samples (a sampler's list, a range, an integer array) slices
+    # the plan; any other spelling gathers: the same rows; what is no sample index is refused
+    # as before (a float among ints), whichever path it would take
+    from tokenload.datasets.megatron.packed import _run
+
+    data, _, _ = packed
+    n = len(data)
+    assert _run([3, 4, 5], n) == (3, 5 + 1)
+    assert _run(range(3, 6), n) == (3, 6)
+    assert _run(np.arange(3, 6, dtype=np.uint32), n) == (3, 6)
+    for other in ([3, 5, 4], [3, 4, 6], [-1, 0], [n - 1, n], [], range(0, 4, 2), [3, 4.0, 5],
+                  [0, True, 2], np.array([3, 5, 4]), np.array([1.0, 2.0])):
+        assert _run(other, n) is None, other
+    want = data.__getitems__(np.array([7, 8, 9, 10])[::-1].copy())  # gathered
+    for spelling in ([7, 8, 9, 10], range(7, 11), np.arange(7, 11), np.arange(7, 11, dtype=np.int32)):
+        got = data.__getitems__(spelling)
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key][::-1], err_msg=f"{key} {spelling}")
+    for bad in ([7, 8.0, 9], [7.5]):
+        with pytest.raises(IndexError, match="integers"):
+            data.__getitems__(bad)
+    with pytest.raises(IndexError, match="must lie in"):
+        data.__getitems__([n - 1, n])
+    with pytest.raises(IndexError, match="must lie in"):
+        data.__getitems__(range(n - 1, n + 1))

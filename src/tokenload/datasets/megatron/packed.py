@@ -608,7 +608,8 @@ def _run(indices: Any, n: int) -> tuple[int, int] | None:
         b = a + len(indices)
         if a < 0 or b > n or indices[-1] != b - 1 or indices != list(range(a, b)):
             return None
-        return a, b
+        # ints only (1.0 == 1 and True == 1 too): anything else is sample_indices' to refuse
+        return (a, b) if len(set(map(type, indices))) == 1 else None
     if isinstance(indices, range):
         if indices.step == 1 and len(indices) and indices.start >= 0 and indices.stop <= n:
             return indices.start, indices.stop
