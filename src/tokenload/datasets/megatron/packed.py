@@ -203,7 +203,7 @@ def _pack(
     index held in the last ``entries`` places of ``buffer`` (int32, ``total`` pieces plus the
     index's empty documents), packed block by block (module docstring; no block spans ``final``,
     a separate final epoch's first entry), each block's rows laid out in an order drawn from
-    ``rng`` (``RandomState.permutation``; None: as they were opened)
+    ``rng`` (``RandomState.permutation``; None: as they were opened).
 
     The pieces are written over ``buffer`` from its start, the document index being read from
     its end: a block's entries are copied before its pieces are written, and the pieces written
@@ -281,7 +281,7 @@ def _piece_count(lengths: np.ndarray, window: int, extra: int) -> int:
 
 class _Rows(NamedTuple):
     """Rows decoded from the plan (``PackedGPTDataset._rows``), their pieces flat, row after row
-    (int64, but ``sequence`` and ``start``: the plan's values, viewed as uint32)."""
+    (int64, but ``sequence``: the plan's int32 viewed as uint32)."""
 
     first: np.ndarray
     """Each row's first piece."""
