@@ -13,6 +13,8 @@ import numpy as np
 
 __all__ = ["distinct", "from_end", "sample_indices"]
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 @overload
 def distinct(values: np.ndarray) -> np.ndarray: ...
@@ -43,12 +45,16 @@ def distinct(
 def sample_indices(indices: object) -> np.ndarray:
     """Sample indices as a flat int64 array; ``IndexError`` for any other kind of value (a float
     index was cast to an int, ``[1.5]`` serving sample 1, and booleans would be a mask in NumPy's
-    indexing): what a dataset's ``read_batch`` takes."""
+    indexing) or a uint64 one past int64 (cast, it wrapped to a negative index, served from the
+    end): what a dataset's ``read_batch`` takes."""
     idx = np.asarray(indices)
     empty_list = not idx.size and idx.dtype.kind == "f"  # NumPy makes [] float64
     if idx.dtype.kind not in "iu" and not empty_list:
         shown = idx.ravel()[:3]
         raise IndexError(f"sample indices must be integers, got {idx.dtype} ({shown})")
+    if idx.dtype == np.uint64 and idx.size and int(idx.max()) > _INT64_MAX:
+        # (cast, 2**64 - 1 would be -1: the last sample)
+        raise IndexError(f"sample indices must be integers below 2**63, got {int(idx.max())}")
     return idx.astype(np.int64, copy=False).ravel()
 
 

@@ -82,6 +82,13 @@ def test_sample_indices_are_integers(prefix, order, packing, blended):
     assert train.__getitems__([])["tokens"].shape[0] == 0
     np.testing.assert_array_equal(train.__getitems__(np.array([2], dtype=np.uint32))["tokens"],
                                   train.__getitems__([2])["tokens"])
+    # a uint64 index past int64 was cast to a negative one and served from the end (2**64 - 1 as
+    # the last sample; red-team finding): refused as any index past the samples
+    for huge in (np.array([2**64 - 1], dtype=np.uint64), np.array([3, 2**63], dtype=np.uint64)):
+        with pytest.raises(IndexError, match="sample indices must"):
+            train.__getitems__(huge)
+    with pytest.raises(IndexError, match="sample indices must"):
+        train[np.uint64(2**64 - 2)]
 
 
 @pytest.mark.parametrize(("packing", "blended"), [
