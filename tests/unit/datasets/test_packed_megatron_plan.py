@@ -333,6 +333,28 @@ def test_damaged_values_are_a_cache_error_naming_their_array(packed):
     data.__getitems__(scattered)
 
 
+def test_samples_of_checks_the_offsets_of_the_rows_it_decodes(packed):
+    """Red-team finding: ``samples_of`` (provenance's ``where``) used ``row_index`` unchecked: a
+    wrapped offset made a 16 GiB allocation, a first offset past 0 a raw ValueError, and an
+    offset past its row's pieces an answer from other rows. A ``CacheError``, as for a read."""
+    data, arrays, _ = packed
+    table, offsets = arrays["piece_index"], arrays["row_index"]
+    for at, value, document in (
+        (0, 5, int(table[0])),  # a hit before the first row
+        (40, 10**6, int(table[offsets[40]])),  # the row before it: 10^6 pieces
+        # (last: unchecked, it would allocate 16 GiB)
+        (40, -(1 << 31), int(table[offsets[40]])),  # ahead of a hit: 2^31 pieces
+    ):
+        kept = int(offsets[at])
+        offsets[at] = value
+        try:
+            with pytest.raises(CacheError, match="row_index"):
+                data.samples_of(0, document)
+        finally:
+            offsets[at] = kept
+        assert data.samples_of(0, document).size
+
+
 @pytest.mark.parametrize("array", ["row_index", "piece_index", "piece_part"])
 def test_a_plan_array_mapped_without_a_manifest_is_checked_against_its_sidecar(tmp_path, array):
     """Arrays past ``VERIFY_AT_CHECK_BYTES`` (a 100M-document plan's ``piece_index`` is 400 MB)

@@ -450,7 +450,16 @@ class PackedGPTDataset(OneSourceContract):
         if not hits.size:
             return hits
         rows = np.searchsorted(offsets, hits, side="right") - 1
-        ahead = hits - offsets[rows]  # pieces ahead of each hit in its row
+        # each hit within its row, a row of at most W pieces (damaged offsets are a CacheError,
+        # as for a read: unchecked, one wrapped offset made a 16 GiB allocation of ``at``)
+        if _MIN(rows) < 0 or _MAX(rows) >= offsets.size - 1:
+            raise self._bad_offsets(table)
+        begin, end = (offsets[rows + k].astype(np.int64) for k in (0, 1))
+        if not _ALL(
+            (begin >= 0) & (begin <= hits) & (hits < end) & (end - begin <= self.item.window)
+        ):
+            raise self._bad_offsets(table)
+        ahead = hits - begin  # pieces ahead of each hit in its row
         at = np.arange(int(ahead.sum()), dtype=np.int64) + np.repeat(hits - np.cumsum(ahead), ahead)
         tokens = np.concatenate(
             ([0], np.cumsum(self._pieces(table[at].view(np.uint32), parts[at])[1]))
