@@ -82,6 +82,7 @@ from .continuable import (
 )
 from .gpt_dataset import GPTDataset, IndexArrays
 from .manifest import ManifestFile, manifest_key, manifest_path, read_manifest
+from .near_miss import near_misses
 from .packed import packed_from_entry, packed_member
 from .policy import Role, missing_cache, prepare_command, resolve
 
@@ -243,6 +244,7 @@ class MegatronBuilder:
                 self._cache.missing,
                 self._cache.folders,
                 prepare_command(TypedConfig(c, self.options), sizes),
+                near_misses(self._cache.wanted),
             )
         entries = [None if b is None else b.entry for b in built]
         if not (

@@ -110,6 +110,8 @@ class IndexCache:
         """A loading rank's caches not found (``name: reasons``), for ``policy.missing_cache``."""
         self.folders: list[str] = []
         """The folders of ``missing``."""
+        self.wanted: list[tuple[str, str]] = []
+        """Each of ``missing``'s folder and description (``near_miss.near_misses``)."""
         self.deferred: list[PendingWrite] = []
         """The caches left to ``write_behind``."""
         self.wrote = False
@@ -204,6 +206,7 @@ class IndexCache:
                 f"{os.path.basename(files.description)[:-16]}: {'; '.join(check.reasons)}"
             )
             self.folders.append(folder)
+            self.wanted.append((folder, description))
             return CachedIndices(IndexArrays(paths=paths), None)
         if check.state is CacheState.STALE:
             if self.cache == "strict":

@@ -66,10 +66,15 @@ def resolve(policy: str, world: World, cache: str) -> PolicyRole:
 
 
 def missing_cache(
-    policy: str, missing: Sequence[str], folders: Sequence[str], command: str
+    policy: str,
+    missing: Sequence[str],
+    folders: Sequence[str],
+    command: str,
+    near: Sequence[str] = (),
 ) -> CacheError:
     """The error of a ``READ`` role that found caches missing or stale: every file (or reason),
-    and the command that makes them."""
+    the caches beside them that nearly match (``near``: ``near_miss.near_misses``), and the
+    command that makes them."""
     shown = list(missing[:8]) + ([f"... {len(missing) - 8} more"] if len(missing) > 8 else [])
     after = (
         ""
@@ -90,9 +95,15 @@ def missing_cache(
         check = "check the path of that cache folder; if it is right, "
     else:
         found, check = f"{len(missing)} are", ""
+    nearly = ""
+    if near:  # one value written otherwise names other files: say which, before "prepare"
+        nearly = f". Nearly matching: {'; '.join(near[:3])}"
+        check = check or (
+            "if the job meant the values of a cache found here, give them as it was prepared; else "
+        )
     return CacheError(
         f"build_policy={policy!r} loads index caches only, and {found} missing or stale"
-        f"{after}: {'; '.join(shown)}; expected complete caches in {', '.join(places)}",
+        f"{after}: {'; '.join(shown)}; expected complete caches in {', '.join(places)}{nearly}",
         hint=f"{check}build them first, in one process, with: {command}  (or use"
         " build_policy='auto')",
     )
