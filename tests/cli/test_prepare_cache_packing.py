@@ -42,6 +42,8 @@ def test_the_printed_command_prepares_the_packed_plan_that_none_loads(packed_job
     assert "--packing best-fit --max-documents-per-row 5" in command
     out = run_shell(command)
     assert out.returncode == 0, out.stderr
+    # the summary says which caches these are
+    assert "packing             best-fit (PackedGPTDataset caches, at most 5 documents per row)" in out.stdout
     assert glob.glob(str(cache / "*-PackedGPTDataset-train-piece_index.npy"))
     assert glob.glob(str(cache / "*-PackedGPTDataset-train-piece_part.npy"))
     # the layout is in the cache's identity: a plan of another layout is another cache

@@ -38,3 +38,7 @@ def test_the_state_command_says_it_counts_slots_padding_included(tmp_path, capsy
     (row,) = [line.split() for line in out if line.split()[:1] == [name]]
     assert int(row[3]) == 20 and int(row[4]) == 20 * S  # samples x S, padding included
     assert any("padding included" in line and "metrics()['packing']" in line for line in out)
+    # what the saved run read, which explain and where need the same of: order, packing, S, items
+    (read,) = [line for line in out if line.startswith("read: ")]
+    assert "order='computed'" in read and "packing='best-fit'" in read
+    assert f"sequence_length={S}" in read and "eod_id=" in read

@@ -373,6 +373,11 @@ def _report_plan(
         print(f"  split               {split!r}{note}")
     folder = args.data_cache_path or "Megatron's default: PREFIX/cache/GPTDataset_indices per file"
     print(f"  cache folder        {folder}")
+    packing = getattr(args, "packing", None) or "concat"
+    if packing != "concat":  # packed rows: other caches (PackedGPTDataset), named so
+        cap = getattr(args, "max_documents_per_row", None)
+        per_row = "" if cap is None else f", at most {cap} documents per row"
+        print(f"  packing             {packing} (PackedGPTDataset caches{per_row})")
     if schedule is not None:
         starts = ", ".join(str(start) for start, _ in schedule[1:]) or "none"
         print(f"  weights schedule    {len(schedule)} entries; changes at samples {starts}")

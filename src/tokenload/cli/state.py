@@ -235,6 +235,9 @@ def format_state(state: dict[str, Any]) -> str:
         f" {state.get('dp_size')}, micro_batch_size {state.get('micro_batch_size')};"
         f" fingerprint {state['fingerprint']})"
     ]
+    read = state.get("reads")
+    if isinstance(read, dict) and read:  # what the saved run read (explain/where need the same)
+        lines.append("read: " + ", ".join(f"{k}={v!r}" for k, v in read.items()))
     job = state.get("accounting")
     if not isinstance(job, dict):
         lines.append("no per-source accounting in this state (saved by an older tokenload)")

@@ -312,8 +312,10 @@ def refusal_hint(data: Any) -> str:
         f"this dataset reads {packing}{length}{order}{items}; a state resumes only"
         " into the data and options of the run that saved it: build the dataset with that"
         " run's order, packing, `sequence_length=N`, `random_seed=N`, item options, token files,"
-        " blend and split; to go on from the saved point with other item options on purpose,"
-        " build the loader with consumed_samples=state['consumed_samples'] instead of loading"
+        " blend and split; to go on from the saved point with other item options on purpose"
+        " (the same order, packing and sequence length: under others a sample count points"
+        " elsewhere in the data), build the loader with consumed_samples=state['consumed_samples']"
+        " instead of loading"
         " the state (its skips, weight changes and metrics are then not carried over); or start"
         " the data order from scratch deliberately (consumed_samples=0)"
     )
