@@ -212,6 +212,8 @@ def test_build_policy_none_without_a_prepared_cache_is_a_finding_not_a_crash(tmp
     assert out.returncode == 1, out.stdout + out.stderr
     stall = _finding(out.stdout, "startup")
     assert "every rank fails at once with a CacheError" in stall and "prepare-cache" in stall
+    # 'none' builds nothing: the time said is of building the caches it needs
+    assert "building them takes" in stall and "build_policy='none')" not in stall
 
 
 def test_a_weighted_blend_is_diagnosed_with_and_without_a_train_size(tmp_path):

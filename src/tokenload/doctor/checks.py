@@ -395,11 +395,17 @@ def _stall(
     brief: str,
 ) -> Finding:
     command, note = advice
+    # 'none' builds nothing: the time is of the build its caches need (measured in memory)
+    build = (
+        f"building them takes {seconds:.3f} s here on one rank"
+        if policy == "none"
+        else f"the build takes {seconds:.3f} s here on one rank (build_policy={policy!r})"
+    )
     return Finding(
         "startup",
         True,
-        f"no prepared index cache for this job: {what}; the build takes {seconds:.3f} s here on one"
-        f" rank (build_policy={policy!r}), and grows with the data and the number of prefixes",
+        f"no prepared index cache for this job: {what}; {build}, and grows with the data and the"
+        " number of prefixes",
         f"run {command} once, offline, then train with"
         f' build_policy="none" (docs/SCALE.md); or use order="computed" (starts in {computed_s:.3f}'
         f" s here, no index at all){note}",
