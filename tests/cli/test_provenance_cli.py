@@ -169,6 +169,11 @@ def test_packed_rows_are_answered_with_packing_and_a_packed_state_refused_withou
             assert done.returncode == 2 and "Traceback" not in done.stderr
             assert "state" in done.stderr and words in done.stderr, done.stderr
             assert "`" not in done.stderr  # the fields written as flags
+            # the saved run's reading flags, as this command takes them (not a training script's
+            # consumed_samples)
+            read = f"read with: --order {order} --packing best-fit --seq-length"
+            assert read in done.stderr and "--dataloader-inter-document-masking" in done.stderr
+            assert "consumed_samples" not in done.stderr
     assert list(cache.iterdir()) == []  # the queries only read the cache folder
 
 

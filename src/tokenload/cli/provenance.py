@@ -6,11 +6,14 @@ micro-batch and data-parallel sizes)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import shlex
+from collections.abc import Iterator
 from typing import Any
 
-from ..errors import CacheError, ConfigError, require
+from ..errors import CacheError, ConfigError, ForeignStateError, require
 from ..megatron_args import (
     batch_flags,
     blend_flags,
@@ -243,7 +246,8 @@ def run_explain(args: argparse.Namespace) -> int:
     dataset, state, counts = _dataset(args)
     names = _names(dataset)
     decode = _decoder(args.tokenizer) if args.text else None
-    rows = explain(dataset, step=args.step, state=state, **_topology(args, counts))
+    with _refused_with_flags(state):
+        rows = explain(dataset, step=args.step, state=state, **_topology(args, counts))
     print(f"step {args.step}: {len(rows)} rows")
     print("rank  micro  row  sample  source  document  tokens")
     for r in rows:
@@ -266,14 +270,15 @@ def run_where(args: argparse.Namespace) -> int:
     dataset, state, counts = _dataset(args)
     names = _names(dataset)
     train = counts.samples[0]  # the run's samples: its steps (None: the whole dataset)
-    found = where(
-        dataset,
-        source=args.source,
-        document=args.document,
-        state=state,
-        steps=_train_steps(args, counts, train),
-        **_topology(args, counts),
-    )
+    with _refused_with_flags(state):
+        found = where(
+            dataset,
+            source=args.source,
+            document=args.document,
+            state=state,
+            steps=_train_steps(args, counts, train),
+            **_topology(args, counts),
+        )
     name = names[args.source] if args.source < len(names) else "?"
     unplaced = f", {len(found.unplaced)} rows of unknown rank" if found.unplaced else ""
     covered = f" (from global sample {found.first_sample} on)" if found.first_sample else ""
@@ -292,6 +297,55 @@ def run_where(args: argparse.Namespace) -> int:
     for note in found.notes:
         print(f"note: {note}")
     return 0
+
+
+@contextlib.contextmanager
+def _refused_with_flags(state: dict[str, Any] | None) -> Iterator[None]:
+    """A state refused for what it read (``ForeignStateError``: another order, packing, S or
+    item options) gets, in place of the loader's advice to a training script, the flags of this
+    command that read as the saved run did."""
+    try:
+        yield
+    except ForeignStateError as exc:
+        flags = _read_flags(state.get("reads") if isinstance(state, dict) else None)
+        if not flags:
+            raise
+        read = (exc.hint or "").split("; a state resumes", 1)[0]  # what this command read
+        raise ForeignStateError(
+            exc.message,
+            path=exc.path,
+            hint=f"{read}; give the flags the saved run read with: {shlex.join(flags)} (with"
+            " the job's data, seed, split and length flags; tokenload state FILE prints what it"
+            " read)",
+        ) from None
+
+
+_SET_FLAGS = (
+    ("eod_mask_loss", "--eod-mask-loss"),
+    ("reset_position_ids", "--reset-position-ids"),
+    ("reset_attention_mask", "--reset-attention-mask"),
+    ("inter_document_masking", "--dataloader-inter-document-masking"),
+)
+
+
+def _read_flags(reads: Any) -> list[str]:
+    """The explain/where flags of a state's ``"reads"`` (``loader.state.reads``)."""
+    if not isinstance(reads, dict):
+        return []
+    flags: list[str] = []
+    for key, flag in (("order", "--order"), ("packing", "--packing")):
+        if reads.get(key) is not None:
+            flags += [flag, str(reads[key])]
+    if reads.get("sequence_length") is not None:
+        flags += ["--seq-length", str(reads["sequence_length"])]
+    if reads.get("add_extra_token") is False:
+        flags.append("--no-add-extra-token")
+    if reads.get("eod_id") is not None:
+        flags += ["--eod-id", str(reads["eod_id"])]
+    flags += [flag for key, flag in _SET_FLAGS if reads.get(key)]
+    if reads.get("create_attention_mask") is False:
+        flags.append("--no-create-attention-mask-in-dataloader")
+    return flags
 
 
 def _decoder(tokenizer: str | None) -> Any:
