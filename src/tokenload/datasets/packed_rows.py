@@ -83,10 +83,10 @@ class PackedRead(NamedTuple):
         }
         # the position ids of every row of the read at once (a worker's read of several
         # micro-batches: a few NumPy calls per read, not per micro-batch)
-        if self.layout is not None:
-            out[PIECE_SLOT], out[PIECE_INPUTS] = self.layout.slot, self.layout.inputs
-            out[ROW_COUNTS] = row_counts(self.layout.documents, tokens, sequence_length)
-            lay = self.layout
+        lay = self.layout
+        if lay is not None:
+            out[PIECE_SLOT], out[PIECE_INPUTS] = lay.slot, lay.inputs
+            out[ROW_COUNTS] = row_counts(lay.documents, tokens, sequence_length)
             out[ROW_POSITIONS] = laid_positions(lay.slot, lay.inputs, sequence_length)
         elif self.row_documents is not None:
             out[ROW_COUNTS] = row_counts(self.row_documents, tokens, sequence_length)
